@@ -1,0 +1,64 @@
+"""Per-request records: the public contract of a run folder's `requests.jsonl`.
+
+All times are seconds on one monotonic clock, relative to the run's start (`t0`), so that
+request records and telemetry samples (`timeseries.jsonl`) line up. One JSON object a line,
+appended and flushed as each request finishes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+RECORD_SCHEMA_VERSION = 1
+
+
+@dataclass
+class RequestRecord:
+    # identity and workload fields
+    id: str
+    index: int  # RequestSpec.index
+    prompt_len: int  # requested prompt tokens (workload)
+    output_len: int  # requested output tokens (workload max_tokens)
+    priority: int = 0
+    # timing (seconds from t0)
+    scheduled_s: float | None = None  # when the schedule said to send (open loop), else None
+    ready_s: float | None = None  # when it became eligible: scheduled time, or slot wait start
+    sent_s: float | None = None  # request bytes handed to the connection
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    token_times_s: list[float] = field(default_factory=list)  # one per output token (spread)
+    # derived latencies (seconds); None when undefined
+    ttft_s: float | None = None
+    tpot_s: float | None = None  # (e2e - ttft) / (output_tokens - 1)
+    e2e_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    client_queue_s: float | None = None  # waiting for a concurrency slot (open loop with cap)
+    send_lag_s: float | None = None  # actual send - scheduled send
+    server_queue_s: float | None = None  # server-reported arrival -> first scheduled
+    # token counts
+    prompt_tokens_client: int | None = None
+    output_tokens_client: int | None = None  # tokens the client counted in the stream
+    prompt_tokens_server: int | None = None  # usage.prompt_tokens
+    output_tokens_server: int | None = None  # usage.completion_tokens
+    finish_reason: str | None = None
+    # outcome
+    status: str = "ok"  # "ok" | "error"
+    error: str | None = None  # human-readable reason
+    error_kind: str | None = (
+        None  # "http_4xx" | "http_5xx" | "timeout" | "connection" | "stream" | ...
+    )
+    worker: int = 0
+    warmup: bool = False  # warmup requests are recorded but excluded from summaries
+    extra: dict = field(default_factory=dict)  # server-specific fields (e.g. scheduler name)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RequestRecord:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"

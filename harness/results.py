@@ -1,0 +1,129 @@
+"""A run folder: `requests.jsonl` (appended as requests finish), `timeseries.jsonl`
+(telemetry samples) and `run.json` (config, environment, summary).
+
+Writers flush every line so a killed process loses nothing already finished; readers
+tolerate a torn last line (the one being written when the process died).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cbbench.harness.errors import CbbenchError
+from cbbench.harness.records import RequestRecord
+
+RUN_SCHEMA_VERSION = 1
+REQUESTS_FILE = "requests.jsonl"
+TIMESERIES_FILE = "timeseries.jsonl"
+RUN_FILE = "run.json"
+
+
+class JsonlAppender:
+    """Thread-safe line appender; each line is flushed (and optionally fsync'd)."""
+
+    def __init__(self, path: Path, fsync: bool = False) -> None:
+        self.path = path
+        self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._lock = threading.Lock()
+        self._fsync = fsync
+
+    def write(self, obj: dict) -> None:
+        line = json.dumps(obj, separators=(",", ":"), allow_nan=False, default=str) + "\n"
+        with self._lock:
+            self._fh.write(line)
+            self._fh.flush()
+            if self._fsync:
+                os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._fh.closed:
+                self._fh.close()
+
+
+class RunWriter:
+    def __init__(self, run_dir: str | Path) -> None:
+        self.dir = Path(run_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.requests = JsonlAppender(self.dir / REQUESTS_FILE)
+        self.timeseries = JsonlAppender(self.dir / TIMESERIES_FILE)
+
+    def add_record(self, record: RequestRecord) -> None:
+        self.requests.write(record.to_dict())
+
+    def add_sample(self, sample: dict) -> None:
+        self.timeseries.write(sample)
+
+    def write_run(self, meta: dict[str, Any]) -> None:
+        meta = {"schema_version": RUN_SCHEMA_VERSION, **meta}
+        tmp = self.dir / (RUN_FILE + ".tmp")
+        tmp.write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
+        os.replace(tmp, self.dir / RUN_FILE)  # atomic: run.json is never half-written
+
+    def close(self) -> None:
+        self.requests.close()
+        self.timeseries.close()
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Read a JSONL file; a torn *last* line is dropped, a bad line elsewhere is an error."""
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    out: list[dict] = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if i == len(lines):
+                break
+            raise CbbenchError(f"{path}:{i}: not valid JSON ({exc.msg})") from None
+    return out
+
+
+@dataclass
+class Run:
+    dir: Path
+    meta: dict[str, Any]
+    records: list[RequestRecord]
+    timeseries: list[dict]
+
+    @property
+    def name(self) -> str:
+        return self.meta.get("name") or self.dir.name
+
+    def dataframe(self):  # -> pandas.DataFrame
+        import pandas as pd
+
+        return pd.DataFrame([r.to_dict() for r in self.records])
+
+
+def load_run(run_dir: str | Path) -> Run:
+    d = Path(run_dir)
+    if not d.is_dir():
+        raise CbbenchError(f"{d}: not a run folder (no such directory)")
+    req = d / REQUESTS_FILE
+    if not req.exists():
+        raise CbbenchError(f"{d}: not a run folder (no {REQUESTS_FILE})")
+    meta: dict[str, Any] = {}
+    if (d / RUN_FILE).exists():
+        try:
+            meta = json.loads((d / RUN_FILE).read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise CbbenchError(f"{d / RUN_FILE}: not valid JSON ({exc.msg})") from None
+        if not isinstance(meta, dict):
+            raise CbbenchError(f"{d / RUN_FILE}: expected a JSON object")
+    records = []
+    for i, row in enumerate(read_jsonl(req), 1):
+        try:
+            records.append(RequestRecord.from_dict(row))
+        except TypeError as exc:
+            raise CbbenchError(f"{req}: record {i}: {exc}") from None
+    return Run(dir=d, meta=meta, records=records, timeseries=read_jsonl(d / TIMESERIES_FILE))

@@ -1,0 +1,1 @@
+"""cbbench.reference_engine"""

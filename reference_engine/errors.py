@@ -1,0 +1,5 @@
+"""Errors a caller can cause: bad config, bad request parameters, unknown model."""
+
+
+class EngineError(ValueError):
+    """Raised for invalid engine or request configuration; the message says what and where."""

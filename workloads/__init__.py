@@ -1,0 +1,1 @@
+"""cbbench.workloads"""

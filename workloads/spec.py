@@ -1,0 +1,33 @@
+"""The unit every layer agrees on: one request of a workload, before it is sent."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    index: int  # position in the workload, 0..n-1; stable across load levels
+    prompt_len: int  # prompt tokens
+    output_len: int  # tokens to generate (sent as max_tokens, with ignore_eos where accepted)
+    arrival_s: float | None = None  # seconds from the start of the run; None = closed loop
+    priority: int = 0  # lower value = served earlier (vLLM's convention)
+    prefix_ids: tuple[int, ...] = ()  # hash ids of leading prompt blocks; equal ids = shared prefix
+    session_id: str | None = None
+    turn: int | None = None
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str  # preset name, trace path or spec file it came from
+    seed: int
+    requests: tuple[RequestSpec, ...]
+    prefix_block_size: int = 512  # tokens per prefix id in `prefix_ids`
+    source: dict = field(default_factory=dict)  # the spec as given, for run.json
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    @property
+    def open_loop(self) -> bool:
+        return any(r.arrival_s is not None for r in self.requests)
