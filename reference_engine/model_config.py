@@ -143,12 +143,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         num_key_value_heads=2,
         max_position_embeddings=2048,
     ),
-    # ~55M parameters: the CPU engine-comparison model
+    # ~54M parameters: the CPU engine-comparison model
     "small": dict(
         vocab_size=32000,
         hidden_size=512,
-        intermediate_size=1376,
-        num_hidden_layers=8,
+        intermediate_size=2048,
+        num_hidden_layers=9,
         num_attention_heads=8,
         num_key_value_heads=8,
         max_position_embeddings=4096,
