@@ -1,1 +1,111 @@
-"""cbbench.kernels"""
+"""cbbench.kernels: paged-attention backends over the engine's block-table KV cache.
+
+Cache layout, per layer: K and V each `[num_blocks, block_size, num_kv_heads, head_dim]`;
+a token's slot is `block * block_size + offset`.
+
+Backends: "torch" (vectorised torch, any device; the CPU path) and "triton" (Triton kernels;
+CUDA, or CPU tensors under `TRITON_INTERPRET=1` for testing). Triton is imported lazily, so
+CPU users without it never fail at import.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Protocol
+
+import torch
+
+BACKEND_NAMES = ("auto", "torch", "triton")
+
+
+class AttentionBackend(Protocol):
+    name: str
+
+    def describe(self) -> dict[str, object]: ...
+
+    def reshape_and_cache(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None: ...
+
+    def paged_attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor: ...
+
+    def paged_decode_attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor: ...
+
+
+def triton_unavailable_reason(device: str | torch.device) -> str | None:
+    """Why the Triton backend cannot run on `device`, or None when it can."""
+    if importlib.util.find_spec("triton") is None:
+        return "the 'triton' package is not installed (pip install 'cbbench[gpu]')"
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            return "CUDA is not available to torch"
+        return None
+    if dev.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+        return None
+    return f"Triton kernels need a CUDA device (got {dev}; CPU only with TRITON_INTERPRET=1)"
+
+
+def available_backends(device: str | torch.device = "cpu") -> list[str]:
+    """The backend names that can run on `device` here ("torch" always can)."""
+    names = ["torch"]
+    if triton_unavailable_reason(device) is None:
+        names.append("triton")
+    return names
+
+
+def get_attention_backend(
+    name: str = "auto", device: str | torch.device = "cpu"
+) -> AttentionBackend:
+    """ "auto": Triton on CUDA when it can run there, else torch. "torch" / "triton" force one;
+    forcing triton where it cannot run raises ValueError saying why. The returned backend's
+    `name` and `describe()` say which one was chosen, for start-up logs and run results."""
+    if name not in BACKEND_NAMES:
+        raise ValueError(f"unknown attention backend {name!r}; choose from {BACKEND_NAMES}")
+    dev = torch.device(device)
+    if name == "auto":
+        name = (
+            "triton" if dev.type == "cuda" and triton_unavailable_reason(dev) is None else "torch"
+        )
+    if name == "torch":
+        from cbbench.kernels.torch_backend import TorchAttentionBackend
+
+        return TorchAttentionBackend(dev)
+    reason = triton_unavailable_reason(dev)
+    if reason is not None:
+        raise ValueError(f"attention backend 'triton' cannot run: {reason}")
+    from cbbench.kernels.triton_backend import TritonAttentionBackend
+
+    return TritonAttentionBackend(dev)
+
+
+__all__ = [
+    "BACKEND_NAMES",
+    "AttentionBackend",
+    "available_backends",
+    "get_attention_backend",
+    "triton_unavailable_reason",
+]

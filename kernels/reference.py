@@ -1,0 +1,81 @@
+"""The oracle: paged attention written as plainly as possible, for tests only.
+
+Per sequence and per query token: look each cached position up through the block table
+(block = pos // block_size, offset = pos % block_size), then dense softmax attention in fp32.
+Deliberately shares no code with the backends it checks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """The first `num_tokens` positions of one sequence from a paged cache: [num_tokens, Hkv, D]."""
+    block_size = cache.shape[1]
+    rows = []
+    for pos in range(num_tokens):
+        block = int(block_table[pos // block_size])
+        rows.append(cache[block, pos % block_size])
+    return torch.stack(rows)
+
+
+def ref_reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    block_size = k_cache.shape[1]
+    for t in range(key.shape[0]):
+        slot = int(slot_mapping[t])
+        if slot < 0:
+            continue
+        k_cache[slot // block_size, slot % block_size] = key[t]
+        v_cache[slot // block_size, slot % block_size] = value[t]
+
+
+def ref_paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Varlen causal attention over the paged cache; returns fp32 [T, Hq, D]."""
+    num_q_heads = q.shape[1]
+    num_kv_heads = k_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    out = torch.zeros(q.shape, dtype=torch.float32)
+    for b in range(block_tables.shape[0]):
+        start, end = int(query_start_loc[b]), int(query_start_loc[b + 1])
+        seq_len = int(seq_lens[b])
+        qlen = end - start
+        if qlen == 0:
+            continue
+        k = gather_kv(k_cache, block_tables[b], seq_len).float()
+        v = gather_kv(v_cache, block_tables[b], seq_len).float()
+        for i in range(qlen):
+            pos = seq_len - qlen + i  # this query's absolute position
+            for h in range(num_q_heads):
+                kv_head = h // group
+                scores = (k[: pos + 1, kv_head] @ q[start + i, h].float()) * scale
+                probs = torch.softmax(scores, dim=0)
+                out[start + i, h] = probs @ v[: pos + 1, kv_head]
+    return out
+
+
+def ref_paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One query per sequence at position seq_lens[b] - 1; returns fp32 [B, Hq, D]."""
+    query_start_loc = torch.arange(q.shape[0] + 1, dtype=torch.int32)
+    return ref_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)

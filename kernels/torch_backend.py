@@ -1,0 +1,144 @@
+"""Paged attention in vectorised torch: the CPU backend of the reference engine.
+
+Decode gathers every sequence's blocks through the block table in one `index_select`, then
+runs one masked `scaled_dot_product_attention` over the batch. GQA costs no copy: the G query
+heads that share a KV head become G query rows of that head (one query position, so they
+share one mask row). Sequences with several query tokens (prefill, chunked prefill) run one
+at a time: their work is compute, not per-call overhead.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _check_paged(k_cache: torch.Tensor, v_cache: torch.Tensor, num_q_heads: int) -> None:
+    assert k_cache.dim() == 4 and k_cache.shape == v_cache.shape, "cache is [NB, BS, Hkv, D]"
+    assert num_q_heads % k_cache.shape[2] == 0, "GQA needs Hq % Hkv == 0"
+
+
+class TorchAttentionBackend:
+    name = "torch"
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def describe(self) -> dict[str, object]:
+        return {"name": self.name, "device": str(self.device)}
+
+    def reshape_and_cache(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        """Write key/value [T, Hkv, D] into their slots (block * BS + offset); slot < 0 skips."""
+        assert key.shape == value.shape and key.shape[0] == slot_mapping.shape[0]
+        slots = slot_mapping.long()
+        keep = slots >= 0
+        if not bool(keep.all()):
+            slots, key, value = slots[keep], key[keep], value[keep]
+        flat_k = k_cache.view(-1, *k_cache.shape[2:])
+        flat_v = v_cache.view(-1, *v_cache.shape[2:])
+        flat_k.index_copy_(0, slots, key.to(k_cache.dtype))
+        flat_v.index_copy_(0, slots, value.to(v_cache.dtype))
+
+    def paged_decode_attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        """q [B, Hq, D], one query per sequence at position seq_lens[b] - 1 -> [B, Hq, D]."""
+        num_seqs, num_q_heads, head_dim = q.shape
+        _check_paged(k_cache, v_cache, num_q_heads)
+        _, block_size, num_kv_heads, _ = k_cache.shape
+        group = num_q_heads // num_kv_heads
+        max_len = int(seq_lens.max())
+        num_blocks = -(-max_len // block_size)
+        ids = block_tables[:, :num_blocks].reshape(-1).long()
+        padded = num_blocks * block_size
+        # [B, Hkv, L, D] views over one gathered copy
+        k = k_cache.index_select(0, ids).view(num_seqs, padded, num_kv_heads, head_dim)
+        v = v_cache.index_select(0, ids).view(num_seqs, padded, num_kv_heads, head_dim)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        positions = torch.arange(padded, device=q.device)
+        mask = positions[None, :] < seq_lens.to(q.device).long()[:, None]  # [B, L]
+        query = q.view(num_seqs, num_kv_heads, group, head_dim)
+        out = F.scaled_dot_product_attention(
+            query, k, v, attn_mask=mask[:, None, None, :], scale=scale
+        )
+        return out.reshape(num_seqs, num_q_heads, head_dim)
+
+    def paged_attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        """Varlen causal attention: seq b's queries q[query_start_loc[b]:query_start_loc[b+1]]
+        sit at positions seq_lens[b] - qlen_b + i and see cached positions 0..their own."""
+        num_tokens, num_q_heads, head_dim = q.shape
+        _check_paged(k_cache, v_cache, num_q_heads)
+        starts = query_start_loc.tolist()
+        lens = seq_lens.tolist()
+        qlens = [starts[b + 1] - starts[b] for b in range(len(lens))]
+        assert starts[-1] == num_tokens, "query_start_loc[-1] must equal the number of tokens"
+        assert all(0 <= ql <= sl for ql, sl in zip(qlens, lens, strict=True)), (
+            "qlen must be <= seq_len"
+        )
+        decode = [b for b, ql in enumerate(qlens) if ql == 1]
+        if len(decode) == len(lens):
+            return self.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
+        out = torch.empty_like(q)
+        if decode:
+            rows = torch.tensor([starts[b] for b in decode], device=q.device)
+            idx = torch.tensor(decode, device=block_tables.device)
+            out[rows] = self.paged_decode_attention(
+                q[rows], k_cache, v_cache, block_tables[idx], seq_lens[idx], scale
+            )
+        for b, qlen in enumerate(qlens):
+            if qlen > 1:
+                out[starts[b] : starts[b + 1]] = self._prefill_one(
+                    q[starts[b] : starts[b + 1]], k_cache, v_cache, block_tables[b], lens[b], scale
+                )
+        return out
+
+    def _prefill_one(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        seq_len: int,
+        scale: float,
+    ) -> torch.Tensor:
+        qlen, num_q_heads, head_dim = q.shape
+        _, block_size, num_kv_heads, _ = k_cache.shape
+        group = num_q_heads // num_kv_heads
+        num_blocks = -(-seq_len // block_size)
+        ids = block_table[:num_blocks].long()
+        k = k_cache.index_select(0, ids).view(-1, num_kv_heads, head_dim)[:seq_len]
+        v = v_cache.index_select(0, ids).view(-1, num_kv_heads, head_dim)[:seq_len]
+        # [Hkv, G * qlen, D]: query heads of one KV group stacked as rows
+        query = q.view(qlen, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
+        query = query.reshape(num_kv_heads, group * qlen, head_dim)
+        # bottom-right causal: query i (position seq_len - qlen + i) sees keys 0..that position
+        q_pos = torch.arange(seq_len - qlen, seq_len, device=q.device)
+        k_pos = torch.arange(seq_len, device=q.device)
+        mask = (k_pos[None, :] <= q_pos[:, None]).repeat(group, 1)  # [G * qlen, L]
+        out = F.scaled_dot_product_attention(
+            query, k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale
+        )
+        out = out.view(num_kv_heads, group, qlen, head_dim).permute(2, 0, 1, 3)
+        return out.reshape(qlen, num_q_heads, head_dim)
