@@ -1,0 +1,77 @@
+"""A Markdown summary sized for a pull-request comment: one table and deltas vs the first run."""
+
+from __future__ import annotations
+
+from html import escape
+
+from cbbench.harness.report.runs import LoadedRun, comparability_warnings
+from cbbench.harness.report.table import SUMMARY_COLUMNS, Column, best_index, fmt
+
+MD_KEYS = (
+    "request_throughput",
+    "output_throughput",
+    "goodput",
+    "ttft.p50",
+    "ttft.p99",
+    "tpot.p50",
+    "tpot.p99",
+    "e2e.p99",
+    "error_rate",
+)
+DELTA_KEYS = ("output_throughput", "ttft.p50", "ttft.p99", "tpot.p99", "e2e.p99", "error_rate")
+
+
+def md_text(text: str) -> str:
+    """Text safe in a GitHub table cell: no HTML, no pipes, no line breaks."""
+    return escape(" ".join(str(text).split())).replace("|", "\\|").replace("`", "'")
+
+
+def _columns() -> list[Column]:
+    by_key = {c.key: c for c in SUMMARY_COLUMNS}
+    return [by_key[k] for k in MD_KEYS]
+
+
+def _delta(base: float | None, value: float | None, better: str | None) -> str:
+    if base is None or value is None:
+        return "–"
+    if base == 0:
+        return "±0" if value == 0 else f"{value:+.3g} (from 0)"
+    change = value / base - 1.0
+    if abs(change) < 0.005:
+        return f"{change:+.1%}"
+    good = (change > 0) == (better == "high")
+    return f"{change:+.1%} {'better' if good else 'worse'}"
+
+
+def render_markdown(runs: list[LoadedRun], rows: list[dict]) -> str:
+    cols = _columns()
+    lines = ["### cbbench report", ""]
+    for w in comparability_warnings(runs):
+        lines.append(f"> **Not comparable:** {md_text(w)}")
+    if any(lr.simulated for lr in runs):
+        lines.append("> Runs marked **SIMULATED** come from the simulator, not a measured server.")
+    if lines[-1] != "":
+        lines.append("")
+    head = ["run"] + [c.title + (" (ms)" if c.unit == "ms" else "") for c in cols]
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "---|" + "---:|" * len(cols))
+    best = {c.key: best_index([r.get(c.key) for r in rows], c.better) for c in cols}
+    for i, (lr, row) in enumerate(zip(runs, rows, strict=True)):
+        name = md_text(lr.label) + (" **SIMULATED**" if lr.simulated else "")
+        cells = [
+            f"**{fmt(row.get(c.key), c.unit)}**"
+            if i in best[c.key]
+            else fmt(row.get(c.key), c.unit)
+            for c in cols
+        ]
+        lines.append("| " + " | ".join([name, *cells]) + " |")
+    if len(runs) > 1:
+        by_key = {c.key: c for c in SUMMARY_COLUMNS}
+        lines += ["", f"Deltas vs **{md_text(runs[0].label)}**:", ""]
+        lines.append("| run | " + " | ".join(by_key[k].title for k in DELTA_KEYS) + " |")
+        lines.append("|---|" + "---:|" * len(DELTA_KEYS))
+        for lr, row in zip(runs[1:], rows[1:], strict=True):
+            cells = [_delta(rows[0].get(k), row.get(k), by_key[k].better) for k in DELTA_KEYS]
+            lines.append("| " + " | ".join([md_text(lr.label), *cells]) + " |")
+    lines += ["", "Best value per column in **bold**; latencies in ms."]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,118 @@
+"""The report's charts, built from runs; every series is downsampled to a fixed budget."""
+
+from __future__ import annotations
+
+import numpy as np
+from cbbench.harness.report.runs import LoadedRun, load_level
+from cbbench.harness.report.samples import RunSamples
+from cbbench.harness.report.svg import Series, chart, color, downsample_minmax
+
+CDF_POINTS = 200  # quantiles per CDF curve
+TIMELINE_POINTS = 600  # per run and metric
+SCATTER_POINTS = 3000  # over all runs
+
+CDF_METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E latency"))
+CURVE_METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E latency"))
+TIMELINES = (
+    ("running", "running requests", "requests", 1.0),
+    ("waiting", "waiting requests", "requests", 1.0),
+    ("kv_usage", "KV cache usage", "% of blocks", 100.0),
+    ("util_gpu", "GPU utilization", "%", 1.0),
+)
+
+
+def cdf_charts(runs: list[LoadedRun], samples: list[RunSamples]) -> list[str]:
+    out = []
+    q = np.linspace(0.0, 1.0, CDF_POINTS)
+    for metric, title in CDF_METRICS:
+        series = []
+        for i, (lr, s) in enumerate(zip(runs, samples, strict=True)):
+            v = s.latency(metric)
+            v = v[~np.isnan(v)]
+            if v.size:
+                xs = np.quantile(v, q) * 1e3 if v.size > CDF_POINTS else np.sort(v) * 1e3
+                ys = q if v.size > CDF_POINTS else np.arange(1, v.size + 1) / v.size
+                series.append(Series(lr.label, list(xs), list(ys), color(i), mode="step"))
+        out.append(chart(f"CDF of {title}", series, f"{title} (ms)", "fraction of requests"))
+    return out
+
+
+def curve_charts(runs: list[LoadedRun], samples: list[RunSamples], rows: list[dict]) -> list[str]:
+    """Latency vs achieved throughput, one line per sweep (or one for loose runs)."""
+    groups: dict[str, list[int]] = {}
+    for i, lr in enumerate(runs):
+        groups.setdefault(lr.sweep or "runs", []).append(i)
+    out = []
+    for metric, title in CURVE_METRICS:
+        series = []
+        for g, (name, idx) in enumerate(groups.items()):
+            idx = sorted(idx, key=lambda i: rows[i]["output_throughput"] or 0.0)
+            xs = [rows[i]["output_throughput"] for i in idx]
+            for stat, dash in (("p50", False), ("p99", True)):
+                ys = [
+                    None
+                    if rows[i][f"{metric}.{stat}"] is None
+                    else rows[i][f"{metric}.{stat}"] * 1e3
+                    for i in idx
+                ]
+                keep = [k for k in range(len(idx)) if xs[k] is not None and ys[k] is not None]
+                px, py = [xs[k] for k in keep], [ys[k] for k in keep]
+                tips = [
+                    f"{runs[idx[k]].label} ({load_level(runs[idx[k]].meta) or 'load ?'}): "
+                    f"{stat} {py[j]:.1f} ms at {px[j]:.1f} tok/s"
+                    for j, k in enumerate(keep)
+                ]
+                series.append(Series(f"{name} {stat}", px, py, color(g), dash=dash))
+                series.append(
+                    Series(f"{name} {stat}", px, py, color(g), "markers", labels=tips, legend=False)
+                )
+        out.append(
+            chart(f"{title} vs throughput", series, "output tokens/s", f"{title} p50 / p99 (ms)")
+        )
+    return out
+
+
+def timeline_charts(runs: list[LoadedRun], samples: list[RunSamples]) -> list[str]:
+    out = []
+    for key, title, unit, scale in TIMELINES:
+        series = []
+        for i, lr in enumerate(runs):
+            pts = [
+                (float(x["t_s"]), float(x[key]) * scale)
+                for x in lr.run.timeseries
+                if isinstance(x.get(key), (int, float)) and isinstance(x.get("t_s"), (int, float))
+            ]
+            if pts:
+                pts.sort()
+                xs, ys = downsample_minmax(
+                    np.array([p[0] for p in pts]), np.array([p[1] for p in pts]), TIMELINE_POINTS
+                )
+                series.append(Series(lr.label, xs, ys, color(i)))
+        if series:
+            y_range = (0.0, 100.0) if unit.startswith("%") else None
+            out.append(chart(title, series, "time since start (s)", unit, y_range=y_range))
+    series = []
+    for i, (lr, s) in enumerate(zip(runs, samples, strict=True)):
+        t = np.sort(s.finish_s[~np.isnan(s.finish_s)])
+        if t.size:
+            n = np.arange(1, t.size + 1, dtype=np.float64)
+            xs, ys = downsample_minmax(t, n, TIMELINE_POINTS)
+            series.append(Series(lr.label, xs, ys, color(i), mode="step"))
+    out.append(chart("completed requests", series, "time since start (s)", "requests done"))
+    return out
+
+
+def scatter_chart(runs: list[LoadedRun], samples: list[RunSamples]) -> str:
+    rng = np.random.default_rng(0)
+    per_run = max(1, SCATTER_POINTS // max(1, len(runs)))
+    series = []
+    for i, (lr, s) in enumerate(zip(runs, samples, strict=True)):
+        keep = np.flatnonzero(~np.isnan(s.ttft))
+        if keep.size > per_run:
+            keep = np.sort(rng.choice(keep, per_run, replace=False))
+        xs, ys = s.prompt_len[keep], s.ttft[keep] * 1e3
+        tips = [
+            f"{lr.label}: prompt {x:.0f} tok, TTFT {y:.1f} ms" for x, y in zip(xs, ys, strict=True)
+        ]
+        series.append(Series(lr.label, list(xs), list(ys), color(i), "markers", labels=tips))
+    return chart("prompt length vs TTFT", series, "prompt tokens", "TTFT (ms)")

@@ -1,0 +1,99 @@
+"""Per-request arrays of one run, the common input of reports and gates.
+
+Only measured requests count: warmup records are dropped. Latency arrays hold one value per
+successful request (NaN where the metric is undefined, e.g. TPOT of a 1-token output); ITL
+gaps are flattened with `itl_owner` naming the request each gap belongs to, so that a
+bootstrap can resample whole requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from cbbench.harness.results import Run
+
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e", "queue")
+
+
+def _arr(values: list[float | None]) -> np.ndarray:
+    return np.asarray([np.nan if v is None else float(v) for v in values], dtype=np.float64)
+
+
+@dataclass
+class RunSamples:
+    ttft: np.ndarray  # seconds, one per ok request
+    tpot: np.ndarray
+    e2e: np.ndarray
+    queue: np.ndarray  # server-reported queue time
+    itl: np.ndarray  # all gaps of all ok requests, flattened
+    itl_owner: np.ndarray  # index into the ok requests for each gap
+    prompt_len: np.ndarray  # one per ok request
+    output_tokens: np.ndarray  # one per ok request
+    finish_s: np.ndarray  # last token time of each ok request (seconds from t0)
+    n_total: int  # measured requests, ok or not
+    n_errors: int
+    window_s: float  # first send -> last token of the measured requests
+
+    @property
+    def n_ok(self) -> int:
+        return int(self.ttft.size)
+
+    @property
+    def error_rate(self) -> float:
+        return self.n_errors / self.n_total if self.n_total else 0.0
+
+    @property
+    def request_throughput(self) -> float | None:
+        return self.n_ok / self.window_s if self.window_s > 0 else None
+
+    @property
+    def output_throughput(self) -> float | None:
+        return float(self.output_tokens.sum()) / self.window_s if self.window_s > 0 else None
+
+    def latency(self, metric: str) -> np.ndarray:
+        assert metric in LATENCY_METRICS, metric
+        return getattr(self, metric)
+
+
+def _output_tokens(r) -> int:
+    for n in (r.output_tokens_server, r.output_tokens_client):
+        if n is not None:
+            return int(n)
+    return len(r.token_times_s)
+
+
+def _first_set(*values: float | None) -> float | None:
+    return next((v for v in values if v is not None), None)
+
+
+def extract(run: Run) -> RunSamples:
+    measured = [r for r in run.records if not r.warmup]
+    ok = [r for r in measured if r.ok]
+    itl: list[float] = []
+    owner: list[int] = []
+    for i, r in enumerate(ok):
+        itl.extend(float(x) for x in r.itl_s)
+        owner.extend([i] * len(r.itl_s))
+    starts = [r.sent_s for r in measured if r.sent_s is not None]
+    ends = [
+        t
+        for r in measured
+        for t in (_first_set(getattr(r, "end_s", None), r.last_token_s, r.sent_s),)
+        if t is not None
+    ]
+    window = (max(ends) - min(starts)) if starts and ends else 0.0
+    return RunSamples(
+        ttft=_arr([r.ttft_s for r in ok]),
+        tpot=_arr([r.tpot_s for r in ok]),
+        e2e=_arr([r.e2e_s for r in ok]),
+        queue=_arr([r.server_queue_s for r in ok]),
+        itl=np.asarray(itl, dtype=np.float64),
+        itl_owner=np.asarray(owner, dtype=np.int64),
+        prompt_len=np.asarray([r.prompt_len for r in ok], dtype=np.float64),
+        output_tokens=np.asarray([_output_tokens(r) for r in ok], dtype=np.float64),
+        finish_s=_arr([r.last_token_s for r in ok]),
+        n_total=len(measured),
+        n_errors=len(measured) - len(ok),
+        window_s=float(max(window, 0.0)),
+    )
