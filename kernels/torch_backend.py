@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+_CPU_GATHER_BYTES = 4 << 20  # K+V gathered per attention call on CPU: about an L2/L3 share
+
 
 def _check_paged(k_cache: torch.Tensor, v_cache: torch.Tensor, num_q_heads: int) -> None:
     assert k_cache.dim() == 4 and k_cache.shape == v_cache.shape, "cache is [NB, BS, Hkv, D]"
@@ -23,6 +25,7 @@ class TorchAttentionBackend:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self._workspace: torch.Tensor | None = None  # gather buffer, grown on demand
 
     def describe(self) -> dict[str, object]:
         return {"name": self.name, "device": str(self.device)}
@@ -60,21 +63,44 @@ class TorchAttentionBackend:
         _check_paged(k_cache, v_cache, num_q_heads)
         _, block_size, num_kv_heads, _ = k_cache.shape
         group = num_q_heads // num_kv_heads
-        max_len = int(seq_lens.max())
-        num_blocks = -(-max_len // block_size)
-        ids = block_tables[:, :num_blocks].reshape(-1).long()
+        num_blocks = -(-int(seq_lens.max()) // block_size)
         padded = num_blocks * block_size
-        # [B, Hkv, L, D] views over one gathered copy
-        k = k_cache.index_select(0, ids).view(num_seqs, padded, num_kv_heads, head_dim)
-        v = v_cache.index_select(0, ids).view(num_seqs, padded, num_kv_heads, head_dim)
-        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        # On CPU, gather a few sequences at a time so the copy is still in cache when
+        # attention reads it (measured: about 2x faster at 1k context than the whole batch).
+        per_seq = 2 * padded * k_cache[0, 0].numel() * k_cache.element_size()
+        step = num_seqs if q.device.type != "cpu" else max(1, _CPU_GATHER_BYTES // per_seq)
         positions = torch.arange(padded, device=q.device)
         mask = positions[None, :] < seq_lens.to(q.device).long()[:, None]  # [B, L]
         query = q.view(num_seqs, num_kv_heads, group, head_dim)
-        out = F.scaled_dot_product_attention(
-            query, k, v, attn_mask=mask[:, None, None, :], scale=scale
-        )
-        return out.reshape(num_seqs, num_q_heads, head_dim)
+        tables = block_tables[:, :num_blocks].long()
+        out = torch.empty_like(query)
+        for s in range(0, num_seqs, step):
+            e = min(num_seqs, s + step)
+            k, v = self._gather(k_cache, v_cache, tables[s:e].reshape(-1))
+            shape = (e - s, padded, num_kv_heads, head_dim)  # -> [n, Hkv, L, D] views
+            out[s:e] = F.scaled_dot_product_attention(
+                query[s:e],
+                k.view(shape).transpose(1, 2),
+                v.view(shape).transpose(1, 2),
+                attn_mask=mask[s:e, None, None, :],
+                scale=scale,
+            )
+        return out.view(num_seqs, num_q_heads, head_dim)
+
+    def _gather(
+        self, k_cache: torch.Tensor, v_cache: torch.Tensor, ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy blocks `ids` of both caches into reused buffers: [len(ids), BS, Hkv, D] each."""
+        shape = (ids.numel(), *k_cache.shape[1:])
+        need = 2 * ids.numel() * k_cache[0].numel()
+        buf = self._workspace
+        if buf is None or buf.numel() < need or buf.dtype != k_cache.dtype:
+            buf = torch.empty(need, dtype=k_cache.dtype, device=k_cache.device)
+            self._workspace = buf
+        half = need // 2
+        k = torch.index_select(k_cache, 0, ids, out=buf[:half].view(shape))
+        v = torch.index_select(v_cache, 0, ids, out=buf[half:need].view(shape))
+        return k, v
 
     def paged_attention(
         self,

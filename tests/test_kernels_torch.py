@@ -159,3 +159,14 @@ def test_selector_auto_on_cpu_is_torch():
 def test_selector_rejects_unknown_name():
     with pytest.raises(ValueError, match="unknown attention backend 'flash'"):
         get_attention_backend("flash")
+
+
+def test_decode_long_context_gathers_in_groups():
+    """Contexts past the CPU gather budget run one sequence per SDPA call; same answer."""
+    q, kc, vc, bt, sl, _ = make_case([1100, 700, 1030], [1] * 3, 16, 8, 1, head_dim=64)
+    be = TorchAttentionBackend(torch.device("cpu"))
+    out = be.paged_decode_attention(q, kc, vc, bt, sl, scale=0.125)
+    ref = ref_paged_decode_attention(q, kc, vc, bt, sl, scale=0.125)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
+    assert be._workspace is not None
+    assert be._workspace.numel() == 2 * 69 * 16 * 8 * 64  # one sequence's 69 blocks at a time
