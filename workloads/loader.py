@@ -1,0 +1,246 @@
+"""`load_workload(spec)`: a preset name, a trace file, or a TOML/JSON spec file -> Workload.
+
+Trace formats are told apart by suffix (.gz stripped) and content: .csv by its header (Azure or
+BurstGPT), .jsonl by its first line (native cbbench, Mooncake or ShareGPT), .json by its first
+character (`{` a spec file, `[` a ShareGPT array), .toml is a spec file.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+from cbbench.workloads.arrivals import with_arrivals
+from cbbench.workloads.errors import WorkloadError
+from cbbench.workloads.native import is_native_object, read_native
+from cbbench.workloads.presets import PRESETS
+from cbbench.workloads.spec import Workload
+from cbbench.workloads.synthetic import DEFAULT_NUM_REQUESTS, build_synthetic
+from cbbench.workloads.trace_csv import (
+    BURSTGPT_OPTIONS,
+    detect_csv_format,
+    read_azure,
+    read_burstgpt,
+)
+from cbbench.workloads.trace_mooncake import MOONCAKE_BLOCK_SIZE, read_mooncake
+from cbbench.workloads.trace_sharegpt import read_sharegpt
+from cbbench.workloads.tracefile import (
+    PACKAGED_PREFIX,
+    build_trace_workload,
+    display_name,
+    open_text,
+)
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+SPEC_KEYS = (
+    "name", "description", "seed", "num_requests", "trace", "arrival",
+    "prompt", "output", "priority", "prefix", "mixture",
+)  # fmt: skip
+TRACE_KEYS = ("path", "format", "tokenizer", *BURSTGPT_OPTIONS)
+TRACE_FORMATS = ("azure", "burstgpt", "mooncake", "sharegpt", "native")
+ARRIVAL_KEYS = ("kind", "rate", "cv", "time_scale", "target_rate", "ramp_up_s")
+
+
+def _first_text(path: str | Path) -> str:
+    """The first non-blank line (stripped), or '' for an empty file."""
+    with open_text(path) as f:
+        for line in f:
+            if line.strip():
+                return line.strip()
+    return ""
+
+
+def detect_format(path: str | Path) -> str:
+    name = display_name(path)
+    suffix = Path(name.removesuffix(".gz")).suffix.lower()
+    first = _first_text(path)
+    if suffix == ".csv":
+        fmt = detect_csv_format(first.split(","))
+        if fmt is None:
+            raise WorkloadError(
+                f"{name}:1: unknown CSV header {first!r}: expected Azure "
+                "(TIMESTAMP,ContextTokens,GeneratedTokens) or BurstGPT (Timestamp,...)"
+            )
+        return fmt
+    if suffix == ".jsonl":
+        try:
+            obj = json.loads(first) if first else {}
+        except json.JSONDecodeError:
+            obj = None
+        if is_native_object(obj) or not first:
+            return "native"
+        if isinstance(obj, dict) and "input_length" in obj:
+            return "mooncake"
+        if isinstance(obj, dict) and "conversations" in obj:
+            return "sharegpt"
+        raise WorkloadError(f"{name}: cannot tell the JSONL format from its first line")
+    if suffix == ".json" and first.startswith("["):
+        return "sharegpt"
+    if suffix in (".json", ".toml"):
+        return "spec"
+    raise WorkloadError(f"{name}: unknown file type '{suffix}' (.csv, .jsonl, .json, .toml, .gz)")
+
+
+def load_trace(
+    path: str | Path,
+    fmt: str | None = None,
+    seed: int = 0,
+    num_requests: int | None = None,
+    tokenizer: str | Path | None = None,
+    name: str | None = None,
+    **options,
+) -> Workload:
+    """One trace file as a workload; `options` are the BurstGPT filters."""
+    name = name or display_name(path)
+    fmt = fmt or detect_format(path)
+    if fmt not in TRACE_FORMATS:
+        raise WorkloadError(
+            f"{name}: unknown trace format {fmt!r} (one of {', '.join(TRACE_FORMATS)})"
+        )
+    if options and fmt != "burstgpt":
+        raise WorkloadError(f"{name}: {', '.join(options)} only apply to BurstGPT traces")
+    if tokenizer is not None and fmt != "sharegpt":
+        raise WorkloadError(f"{name}: a tokenizer only applies to ShareGPT traces")
+    if fmt == "native":
+        return read_native(path, name, num_requests)
+    skipped: Counter = Counter()
+    readers = {
+        "azure": lambda: read_azure(path, skipped),
+        "burstgpt": lambda: read_burstgpt(path, skipped, **options),
+        "mooncake": lambda: read_mooncake(path, skipped),
+        "sharegpt": lambda: read_sharegpt(path, skipped, tokenizer),
+    }
+    source = {"format": fmt, "path": display_name(path)}
+    if options:
+        source["options"] = dict(options)
+    block = MOONCAKE_BLOCK_SIZE if fmt == "mooncake" else 512
+    return build_trace_workload(readers[fmt](), name, seed, num_requests, source, skipped, block)
+
+
+def _check_int(value: object, key: str, where: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise WorkloadError(f"{where}: '{key}' must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _trace_from_spec(
+    trace: object, where: str, base: Path | None, seed: int, n: int | None, name: str
+):
+    if isinstance(trace, str):
+        trace = {"path": trace}
+    if not isinstance(trace, dict) or "path" not in trace:
+        raise WorkloadError(f"{where}: 'trace' must be a path or a table with 'path'")
+    for key in trace:
+        if key not in TRACE_KEYS:
+            raise WorkloadError(
+                f"{where}: trace: unknown key '{key}' (keys: {', '.join(TRACE_KEYS)})"
+            )
+    opts = dict(trace)
+    path = str(opts.pop("path"))
+    fmt = opts.pop("format", None)
+    tokenizer = opts.pop("tokenizer", None)
+    if path in PRESETS and "trace" in PRESETS[path].spec:
+        preset_trace = PRESETS[path].spec["trace"]
+        path, fmt = preset_trace["path"], fmt or preset_trace["format"]
+    elif base is not None and not path.startswith(PACKAGED_PREFIX) and not Path(path).is_absolute():
+        path = str(base / path)
+    if base is not None and tokenizer is not None and not Path(tokenizer).is_absolute():
+        tokenizer = str(base / tokenizer)
+    return load_trace(path, fmt, seed, n, tokenizer, name, **opts)
+
+
+def build_from_spec(
+    spec: dict,
+    name: str,
+    where: str,
+    seed: int | None = None,
+    num_requests: int | None = None,
+    base: Path | None = None,
+) -> Workload:
+    """A workload from a spec table (a spec file's content or a preset); see the README."""
+    for key in spec:
+        if key not in SPEC_KEYS:
+            raise WorkloadError(f"{where}: unknown key '{key}' (keys: {', '.join(SPEC_KEYS)})")
+    seed = _check_int(spec.get("seed", 0) if seed is None else seed, "seed", where, 0)
+    if num_requests is None and "num_requests" in spec:
+        num_requests = spec["num_requests"]
+    if num_requests is not None:
+        num_requests = _check_int(num_requests, "num_requests", where, 0)
+    name = spec.get("name", name)
+    if "trace" in spec:
+        extra = [k for k in ("prompt", "output", "priority", "prefix", "mixture") if k in spec]
+        if extra:
+            raise WorkloadError(f"{where}: '{extra[0]}' cannot be combined with 'trace'")
+        wl = _trace_from_spec(spec["trace"], where, base, seed, num_requests, name)
+    else:
+        n = DEFAULT_NUM_REQUESTS if num_requests is None else num_requests
+        wl = build_synthetic(spec, name, seed, n, where)
+    if "arrival" in spec:
+        arrival = spec["arrival"]
+        if not isinstance(arrival, dict) or "kind" not in arrival:
+            raise WorkloadError(f"{where}: 'arrival' must be a table with 'kind'")
+        for key in arrival:
+            if key not in ARRIVAL_KEYS:
+                raise WorkloadError(
+                    f"{where}: arrival: unknown key '{key}' (keys: {', '.join(ARRIVAL_KEYS)})"
+                )
+        try:
+            wl = with_arrivals(wl, seed=seed, **arrival)
+        except WorkloadError as exc:
+            raise WorkloadError(f"{where}: {exc}") from None
+    source = {"spec": spec} | wl.source
+    return Workload(wl.name, wl.seed, wl.requests, wl.prefix_block_size, source)
+
+
+def read_spec_file(path: Path) -> dict:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise WorkloadError(f"{path}: cannot open: {exc.strerror or exc}") from None
+    try:
+        spec = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise WorkloadError(f"{path}: not a valid spec file: {exc}") from None
+    if not isinstance(spec, dict):
+        raise WorkloadError(f"{path}: a spec file holds one table/object")
+    return spec
+
+
+def load_workload(
+    spec: str | Path,
+    seed: int | None = None,
+    num_requests: int | None = None,
+    tokenizer: str | Path | None = None,
+) -> Workload:
+    """Load a preset, trace or spec file. `seed`/`num_requests` override the spec's own;
+    `num_requests` takes the first N (the same prefix whatever N); None = the spec's default
+    (all rows for a trace). `tokenizer` (a tokenizer.json) counts ShareGPT tokens."""
+    if num_requests is not None:
+        _check_int(num_requests, "num_requests", str(spec), 0)
+    key = str(spec)
+    if key in PRESETS:
+        preset = PRESETS[key]
+        if tokenizer is not None:
+            raise WorkloadError(f"{key}: a tokenizer only applies to ShareGPT traces")
+        wl = build_from_spec(preset.spec, key, f"preset {key}", seed, num_requests)
+        return Workload(
+            wl.name, wl.seed, wl.requests, wl.prefix_block_size, {"preset": key} | wl.source
+        )
+    path = Path(key)
+    if not path.is_file():
+        names = ", ".join(PRESETS)
+        raise WorkloadError(f"unknown workload '{key}': not a preset ({names}) and no such file")
+    fmt = detect_format(path)
+    if fmt == "spec":
+        if tokenizer is not None:
+            raise WorkloadError(f"{path}: give the tokenizer inside the spec file's trace table")
+        return build_from_spec(
+            read_spec_file(path), key, str(path), seed, num_requests, path.parent
+        )
+    return load_trace(path, fmt, seed or 0, num_requests, tokenizer, key)

@@ -1,0 +1,102 @@
+"""Named workloads: the seeds' scenarios and the two packaged real traces.
+
+Each preset is a spec table (the same format as a spec file); synthetic ones have no arrival
+times (closed loop: the harness caps concurrency or adds a rate), traces replay their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cbbench.workloads.tracefile import PACKAGED_PREFIX
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    spec: dict
+    has_arrivals: bool  # True: requests carry the trace's timestamps
+
+    @property
+    def default_count(self) -> int | None:
+        return self.spec.get("num_requests")
+
+
+# Prompts for the synthetic mixes: lognormal around 256 tokens, a chat-like spread.
+_PROMPT = {"dist": "lognormal", "median": 256, "sigma": 0.6, "min": 16, "max": 2048}
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset(
+            "seed-demo",
+            "6 requests, outputs [10, 5, 8, 3, 12, 6], 32-token prompts, all at once",
+            {
+                "num_requests": 6,
+                "prompt": {"dist": "constant", "value": 32},
+                "output": {"dist": "sequence", "values": [10, 5, 8, 3, 12, 6]},
+            },
+            has_arrivals=False,
+        ),
+        Preset(
+            "uniform",
+            "200 requests, every prompt 256 and every output 256 tokens",
+            {
+                "num_requests": 200,
+                "prompt": {"dist": "constant", "value": 256},
+                "output": {"dist": "constant", "value": 256},
+            },
+            has_arrivals=False,
+        ),
+        Preset(
+            "mixed",
+            "200 requests, outputs uniform 10-1000, prompts lognormal (median 256, 16-2048)",
+            {
+                "num_requests": 200,
+                "prompt": _PROMPT,
+                "output": {"dist": "uniform", "min": 10, "max": 1000},
+            },
+            has_arrivals=False,
+        ),
+        Preset(
+            "heavy-mixed",
+            "200 requests, outputs uniform 1-4000, prompts lognormal (median 256, 16-2048)",
+            {
+                "num_requests": 200,
+                "prompt": _PROMPT,
+                "output": {"dist": "uniform", "min": 1, "max": 4000},
+            },
+            has_arrivals=False,
+        ),
+        Preset(
+            "chat",
+            "200 requests, short prompts (lognormal median 64, 4-1024), "
+            "outputs lognormal (median 160, sigma 0.8, 8-2048)",
+            {
+                "num_requests": 200,
+                "prompt": {"dist": "lognormal", "median": 64, "sigma": 0.8, "min": 4, "max": 1024},
+                "output": {"dist": "lognormal", "median": 160, "sigma": 0.8, "min": 8, "max": 2048},
+            },
+            has_arrivals=False,
+        ),
+        Preset(
+            "azure-conv",
+            "Azure LLM inference trace 2023, conversation: 19,366 requests over one hour, replayed",
+            {"trace": {"path": PACKAGED_PREFIX + "azure_llm_2023_conv.csv.gz", "format": "azure"}},
+            has_arrivals=True,
+        ),
+        Preset(
+            "mooncake-conv",
+            "Mooncake FAST'25 conversation trace: 12,031 requests over one hour with prefix "
+            "block ids, replayed",
+            {
+                "trace": {
+                    "path": PACKAGED_PREFIX + "mooncake_conversation.jsonl.gz",
+                    "format": "mooncake",
+                }
+            },
+            has_arrivals=True,
+        ),
+    )
+}

@@ -1,0 +1,157 @@
+"""CSV traces: Azure LLM inference 2023/2024 and BurstGPT, read row by row with the csv module.
+
+Azure: `TIMESTAMP` (wall clock such as `2023-11-16 18:15:46.6805900`, 100 ns digits; an ISO `T`
+and a `+00:00`/`Z` suffix are accepted), `ContextTokens`, `GeneratedTokens`.
+BurstGPT: `Timestamp` (seconds), `Model`, `Request tokens`, `Response tokens`, `Total tokens`,
+`Log Type`; failed requests (0 response tokens) are dropped by default and counted.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+from cbbench.workloads.errors import WorkloadError
+from cbbench.workloads.tracefile import (
+    TraceRow,
+    display_name,
+    open_text,
+    parse_length,
+    parse_seconds,
+)
+
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
+BURSTGPT_OPTIONS = ("drop_failed", "model", "log_type")
+
+
+def detect_csv_format(header: list[str]) -> str | None:
+    names = {h.strip() for h in header}
+    if set(AZURE_COLUMNS) <= names:
+        return "azure"
+    if set(BURSTGPT_COLUMNS) <= names:
+        return "burstgpt"
+    return None
+
+
+def _digits(text: str, lo: int, hi: int, what: str) -> int:
+    part = text[lo:hi]
+    if not (part.isascii() and part.isdigit()):
+        raise ValueError(what)
+    return int(part)
+
+
+def parse_wallclock_ns(text: str, days: dict[str, int]) -> int:
+    """`YYYY-MM-DD HH:MM:SS[.fffffffff][Z|±HH:MM]` as integer ns since 0001-01-01 UTC.
+
+    Exact integers, so 100 ns digits survive; `days` caches each date's ordinal (traces span
+    few dates), which keeps this fast without datetime.strptime per row.
+    """
+    s = text.strip()
+    if (
+        len(s) < 19
+        or s[4] != "-"
+        or s[7] != "-"
+        or s[10] not in " T"
+        or s[13] != ":"
+        or s[16] != ":"
+    ):
+        raise ValueError("layout")
+    day = days.get(s[:10])
+    if day is None:
+        _digits(s, 0, 4, "year"), _digits(s, 5, 7, "month"), _digits(s, 8, 10, "day")
+        day = days[s[:10]] = dt.date.fromisoformat(s[:10]).toordinal()
+    h, m, sec = _digits(s, 11, 13, "h"), _digits(s, 14, 16, "m"), _digits(s, 17, 19, "s")
+    if h > 23 or m > 59 or sec > 60:
+        raise ValueError("time out of range")
+    rest, offset_s = s[19:], 0
+    if rest.endswith("Z"):
+        rest = rest[:-1]
+    elif len(rest) >= 6 and rest[-6] in "+-" and rest[-3] == ":":
+        sign = 1 if rest[-6] == "+" else -1
+        offset_s = sign * (_digits(rest, -5, -3, "tz") * 3600 + _digits(rest, -2, None, "tz") * 60)
+        rest = rest[:-6]
+    frac_ns = 0
+    if rest:
+        if rest[0] != "." or not 2 <= len(rest) <= 10:
+            raise ValueError("fraction")
+        frac_ns = _digits(rest, 1, None, "fraction") * 10 ** (10 - len(rest))
+    return (day * 86400 + h * 3600 + m * 60 + sec - offset_s) * 10**9 + frac_ns
+
+
+def _column_index(header: list[str], columns: tuple[str, ...], where: str) -> dict[str, int]:
+    stripped = [h.strip() for h in header]
+    for col in columns:
+        if col not in stripped:
+            raise WorkloadError(f"{where}: missing column '{col}' (header: {','.join(header)})")
+    return {col: stripped.index(col) for col in stripped}
+
+
+def _rows(reader: Iterator[list[str]], index: dict[str, int], need: tuple[str, ...], name: str):
+    """(line, {column: field}) per non-blank row; a short row names the first missing column."""
+    width = max(index[c] for c in need) + 1
+    for fields in reader:
+        line = reader.line_num  # type: ignore[attr-defined]
+        if not fields or (len(fields) == 1 and not fields[0].strip()):
+            continue
+        where = f"{name}:{line}"
+        if len(fields) < width:
+            missing = next(c for c in need if index[c] >= len(fields))
+            raise WorkloadError(f"{where}: missing column '{missing}'")
+        yield where, {c: fields[i] for c, i in index.items() if i < len(fields)}
+
+
+def read_azure(path: str | Path, skipped: Counter) -> Iterator[TraceRow]:
+    name = display_name(path)
+    with open_text(path) as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None:
+            raise WorkloadError(f"{name}:1: empty file, expected a CSV header")
+        index = _column_index(header, AZURE_COLUMNS, f"{name}:1")
+        days: dict[str, int] = {}
+        first_ns: int | None = None
+        for where, row in _rows(reader, index, AZURE_COLUMNS, name):
+            stamp = row["TIMESTAMP"]
+            try:
+                ns = parse_wallclock_ns(stamp, days)
+            except ValueError:
+                raise WorkloadError(f"{where}: bad timestamp in TIMESTAMP: {stamp!r}") from None
+            first_ns = ns if first_ns is None else first_ns
+            yield TraceRow(
+                arrival_s=(ns - first_ns) / 1e9,
+                prompt_len=parse_length(row["ContextTokens"], "ContextTokens", where),
+                output_len=parse_length(row["GeneratedTokens"], "GeneratedTokens", where),
+            )
+
+
+def read_burstgpt(
+    path: str | Path,
+    skipped: Counter,
+    drop_failed: bool = True,
+    model: str | None = None,
+    log_type: str | None = None,
+) -> Iterator[TraceRow]:
+    name = display_name(path)
+    need = BURSTGPT_COLUMNS + (("Model",) if model else ()) + (("Log Type",) if log_type else ())
+    with open_text(path) as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None:
+            raise WorkloadError(f"{name}:1: empty file, expected a CSV header")
+        index = _column_index(header, need, f"{name}:1")
+        for where, row in _rows(reader, index, need, name):
+            t = parse_seconds(row["Timestamp"], "Timestamp", where)
+            prompt = parse_length(row["Request tokens"], "Request tokens", where)
+            output = parse_length(row["Response tokens"], "Response tokens", where)
+            if model and row["Model"].strip() != model:
+                skipped["model"] += 1
+            elif log_type and row["Log Type"].strip() != log_type:
+                skipped["log_type"] += 1
+            elif drop_failed and output == 0:
+                skipped["failed"] += 1
+            else:
+                yield TraceRow(arrival_s=t, prompt_len=prompt, output_len=output)
