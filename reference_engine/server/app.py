@@ -1,0 +1,362 @@
+"""The OpenAI-compatible HTTP app: /v1/completions, /v1/chat/completions, /v1/models,
+/health, /metrics. Routes validate and tokenize; AsyncEngine runs the engine; Generation
+turns outputs into text; this module wraps them in OpenAI shapes (SSE when streaming).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.sampling_params import SamplingParams
+from cbbench.reference_engine.server import protocol as P
+from cbbench.reference_engine.server.async_engine import AsyncEngine, RequestStream
+from cbbench.reference_engine.server.errors import (
+    APIError,
+    QueueFull,
+    ShuttingDown,
+    bad_request,
+    error_body,
+    truncate,
+)
+from cbbench.reference_engine.server.guard import GuardMiddleware
+from cbbench.reference_engine.server.metrics import CONTENT_TYPE, ServerMetrics
+from cbbench.reference_engine.server.serving import Delta, Generation
+from cbbench.reference_engine.tokenizer import Tokenizer, apply_chat_template
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp
+
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+@dataclass
+class ServerState:
+    engine: AsyncEngine
+    tokenizer: Tokenizer
+    model_name: str
+    scheduler: str
+    max_model_len: int
+    vocab_size: int
+    metrics: ServerMetrics
+    created: int
+
+
+def create_app(
+    engine: AsyncEngine,
+    tokenizer: Tokenizer,
+    *,
+    model_name: str,
+    scheduler: str,
+    max_model_len: int,
+    vocab_size: int,
+    metrics: ServerMetrics,
+    api_key: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> ASGIApp:
+    """The app serves an already-started AsyncEngine; whoever started it shuts it down."""
+    app = FastAPI(title="cbbench reference engine", version="0.1.0")
+    state = ServerState(
+        engine,
+        tokenizer,
+        model_name,
+        scheduler,
+        max_model_len,
+        vocab_size,
+        metrics,
+        int(time.time()),
+    )
+    app.state.cbbench = state
+    _install_error_handlers(app)
+
+    @app.post("/v1/completions")
+    async def completions(body: P.CompletionRequest, request: Request) -> Response:
+        if isinstance(body.prompt, str):
+            prompt_ids = tokenizer.encode(body.prompt)
+        else:
+            prompt_ids = list(body.prompt)
+        return await _generate(state, request, body, prompt_ids, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: P.ChatCompletionRequest, request: Request) -> Response:
+        prompt = apply_chat_template([(m.role, m.text()) for m in body.messages])
+        return await _generate(state, request, body, tokenizer.encode(prompt), chat=True)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {
+            "id": model_name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "cbbench",
+            "max_model_len": max_model_len,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not engine.accepting:
+            return JSONResponse(error_body("engine not running", "server_error"), 503)
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    return GuardMiddleware(app, scheduler, max_body_bytes, api_key)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse(exc.body(), exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        if first.get("type") == "json_invalid":
+            message = f"invalid JSON: {first.get('ctx', {}).get('error', 'decode error')}"
+            return JSONResponse(error_body(message, "invalid_request_error"), 400)
+        param = ".".join(loc) or None
+        message = f"{param or 'body'}: {first.get('msg', 'invalid value')}"
+        if len(errors) > 1:
+            message += f" (and {len(errors) - 1} more errors)"
+        return JSONResponse(error_body(message, "invalid_request_error", param), 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        body = error_body(truncate(str(exc.detail)), type_, None, exc.status_code)
+        return JSONResponse(body, exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, exc: Exception) -> JSONResponse:
+        message = f"internal error: {type(exc).__name__}"
+        return JSONResponse(error_body(message, "server_error"), 500)
+
+
+# --- one generation request -------------------------------------------------------------
+def _sampling_params(
+    state: ServerState, body: P.SamplingFields, prompt_ids: list[int], chat: bool
+) -> SamplingParams:
+    if body.model is not None and body.model != state.model_name:
+        raise APIError(
+            400,
+            f"model {body.model!r} is not served here (serving {state.model_name!r})",
+            param="model",
+            code="model_not_found",
+        )
+    if not prompt_ids:
+        raise bad_request("prompt is empty", "prompt")
+    bad = [t for t in prompt_ids if not 0 <= t < state.vocab_size]
+    if bad:
+        raise bad_request(
+            f"prompt token id {bad[0]} is outside the vocabulary [0, {state.vocab_size})",
+            "prompt",
+        )
+    room = state.max_model_len - len(prompt_ids)
+    if room < 1:
+        raise bad_request(
+            f"prompt has {len(prompt_ids)} tokens; the model's context is {state.max_model_len}",
+            "prompt" if not chat else "messages",
+            "context_length_exceeded",
+        )
+    max_tokens = body.max_tokens
+    if chat and isinstance(body, P.ChatCompletionRequest) and body.max_completion_tokens:
+        max_tokens = body.max_completion_tokens
+    if max_tokens is None:
+        max_tokens = room if chat else min(room, P.DEFAULT_COMPLETION_MAX_TOKENS)
+    if max_tokens > room:
+        raise bad_request(
+            f"max_tokens={max_tokens} plus the prompt's {len(prompt_ids)} tokens exceeds the "
+            f"model's context of {state.max_model_len}",
+            "max_tokens",
+            "context_length_exceeded",
+        )
+    if len(body.stop_strings()) > P.MAX_STOP_STRINGS or any(
+        len(s) > P.MAX_STOP_CHARS for s in body.stop_strings()
+    ):
+        raise bad_request(
+            f"stop: at most {P.MAX_STOP_STRINGS} strings of at most {P.MAX_STOP_CHARS} characters",
+            "stop",
+        )
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            min_tokens=body.min_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=-1 if body.top_k == 0 else body.top_k,
+            seed=body.seed,
+            ignore_eos=body.ignore_eos,
+        )
+    except EngineError as exc:
+        raise bad_request(str(exc)) from None
+
+
+async def _generate(
+    state: ServerState, request: Request, body: P.SamplingFields, prompt_ids: list[int], chat: bool
+) -> Response:
+    params = _sampling_params(state, body, prompt_ids, chat)
+    request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    try:
+        stream = await state.engine.add_request(request_id, prompt_ids, params, body.priority)
+    except QueueFull as exc:
+        raise APIError(429, str(exc), "rate_limit_error", None, "queue_full") from None
+    except ShuttingDown as exc:
+        raise APIError(503, str(exc), "server_error", None, "shutting_down") from None
+    except EngineError as exc:
+        raise bad_request(str(exc)) from None
+    gen = Generation(
+        request_id,
+        prompt_ids,
+        state.tokenizer.new_detokenizer(),
+        stop=body.stop_strings(),
+        min_tokens=body.min_tokens,
+        scheduler=state.scheduler,
+    )
+    shaper = _Shaper(state, gen, body, chat)
+    if body.stream:
+        return StreamingResponse(
+            _sse(stream, gen, shaper),
+            media_type="text/event-stream",
+            headers={"cache-control": "no-cache"},
+        )
+    return await _collect(stream, gen, shaper, request)
+
+
+async def _run_to_end(stream: RequestStream, gen: Generation) -> None:
+    async for out in stream:
+        gen.on_output(out)
+        if gen.finished:
+            stream.close()  # a stop string ended it early: abort in the engine
+            break
+
+
+async def _collect(
+    stream: RequestStream, gen: Generation, shaper: _Shaper, request: Request
+) -> Response:
+    """Non-streaming: wait for the end, aborting the request if the client goes away."""
+    work = asyncio.ensure_future(_run_to_end(stream, gen))
+    watch = asyncio.ensure_future(_until_disconnected(request))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not work.done():
+            work.cancel()
+            stream.close()
+    if work.cancelled():
+        return Response(status_code=499)  # nobody is listening
+    exc = work.exception()
+    if isinstance(exc, ShuttingDown):
+        raise APIError(503, str(exc), "server_error", None, "shutting_down")
+    if exc is not None:
+        raise exc
+    info = gen.cbbench_field()
+    headers = {}
+    if info["queue_time_s"] is not None:
+        headers["x-cbbench-queue-time-s"] = f"{info['queue_time_s']:.6f}"
+    return JSONResponse(shaper.final_body(), headers=headers)
+
+
+async def _until_disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _sse(stream: RequestStream, gen: Generation, shaper: _Shaper) -> AsyncIterator[str]:
+    try:
+        async for out in stream:
+            delta = gen.on_output(out)
+            if gen.finished and not out.finished:
+                stream.close()
+            yield _event(shaper.chunk(delta))
+            if gen.finished:
+                break
+        if shaper.include_usage:
+            yield _event(shaper.usage_chunk())
+    except ShuttingDown as exc:
+        yield _event(error_body(str(exc), "server_error", None, "shutting_down"))
+    finally:
+        stream.close()
+    yield "data: [DONE]\n\n"
+
+
+def _event(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+class _Shaper:
+    """Wraps a Generation's deltas in completion or chat chunk/body shapes."""
+
+    def __init__(self, state: ServerState, gen: Generation, body: P.SamplingFields, chat: bool):
+        self.gen = gen
+        self.chat = chat
+        self.return_token_ids = body.return_token_ids
+        self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        self.model = state.model_name
+        self.created = int(time.time())
+        self.first = True
+
+    def _envelope(self, stream: bool) -> dict[str, Any]:
+        if self.chat:
+            kind = "chat.completion.chunk" if stream else "chat.completion"
+        else:
+            kind = "text_completion"
+        return P.envelope(self.gen.request_id, kind, self.model, self.created)
+
+    def _usage(self) -> dict[str, int]:
+        return P.usage(len(self.gen.prompt_token_ids), len(self.gen.token_ids))
+
+    def chunk(self, delta: Delta) -> dict[str, Any]:
+        ids = delta.token_ids if self.return_token_ids else None
+        prompt_ids = self.gen.prompt_token_ids if self.return_token_ids and self.first else None
+        if self.chat:
+            d: dict[str, Any] = {"content": delta.text}
+            if self.first:
+                d = {"role": "assistant", **d}
+            choice = P.chat_choice(d, None, delta.finish_reason, ids, prompt_ids)
+        else:
+            choice = P.completion_choice(delta.text, delta.finish_reason, ids, prompt_ids)
+        self.first = False
+        out = {**self._envelope(stream=True), "choices": [choice]}
+        if self.include_usage:
+            out["usage"] = None
+        if delta.finish_reason is not None:
+            out["cbbench"] = self.gen.cbbench_field()
+        return out
+
+    def usage_chunk(self) -> dict[str, Any]:
+        return {
+            **self._envelope(stream=True),
+            "choices": [],
+            "usage": self._usage(),
+            "cbbench": self.gen.cbbench_field(),
+        }
+
+    def final_body(self) -> dict[str, Any]:
+        gen = self.gen
+        ids = gen.token_ids if self.return_token_ids else None
+        prompt_ids = gen.prompt_token_ids if self.return_token_ids else None
+        if self.chat:
+            message = {"role": "assistant", "content": gen.text}
+            choice = P.chat_choice(None, message, gen.finish_reason, ids, prompt_ids)
+        else:
+            choice = P.completion_choice(gen.text, gen.finish_reason, ids, prompt_ids)
+        return {
+            **self._envelope(stream=False),
+            "choices": [choice],
+            "usage": self._usage(),
+            "cbbench": gen.cbbench_field(),
+        }

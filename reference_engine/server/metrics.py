@@ -1,0 +1,173 @@
+"""Prometheus metrics under vLLM's names, so existing dashboards and scrapers work.
+
+One CollectorRegistry per server (no global state). Gauges are set after every engine step;
+counters and histograms are fed from each RequestOutput, on the engine's clock. Only the
+engine thread writes; prometheus-client is thread-safe for the scrape.
+"""
+
+from __future__ import annotations
+
+from cbbench.reference_engine.outputs import EngineStats, RequestOutput
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Bucket edges as vLLM uses them (seconds).
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+REQUEST_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str, scheduler: str):
+        self.registry = CollectorRegistry()
+        r, labels = self.registry, ["model_name"]
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, labels, registry=r, multiprocess_mode="livemostrecent")
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, labels, registry=r)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, labels, registry=r, buckets=buckets)
+
+        m = model_name
+        self.num_running = gauge(
+            "vllm:num_requests_running", "Requests in the running batch."
+        ).labels(m)
+        self.num_waiting = gauge(
+            "vllm:num_requests_waiting", "Requests waiting to be scheduled."
+        ).labels(m)
+        self.kv_usage = gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage: 1 means 100 percent."
+        ).labels(m)
+        self.batch_occupancy = gauge(
+            "cbbench:batch_occupancy", "Scheduled sequences / batch slots, last step."
+        ).labels(m)
+        self.kv_reserved_unused = gauge(
+            "cbbench:kv_reserved_unused_tokens",
+            "KV slots reserved but not (yet) filled: static/dynamic waste.",
+        ).labels(m)
+        self.preemptions = counter("vllm:num_preemptions", "Cumulative preemptions.").labels(m)
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Prefill tokens processed.").labels(m)
+        self.generation_tokens = counter("vllm:generation_tokens", "Generated tokens.").labels(m)
+        self.ttft = histogram(
+            "vllm:time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS
+        ).labels(m)
+        self.itl = histogram(
+            "vllm:inter_token_latency_seconds", "Inter-token latency.", ITL_BUCKETS
+        ).labels(m)
+        self.e2e = histogram(
+            "vllm:e2e_request_latency_seconds", "End-to-end request latency.", REQUEST_BUCKETS
+        ).labels(m)
+        self.queue_time = histogram(
+            "vllm:request_queue_time_seconds", "Arrival to first scheduled.", REQUEST_BUCKETS
+        ).labels(m)
+        info = Gauge(
+            "cbbench:scheduler_info",
+            "The batching policy of this server.",
+            ["model_name", "scheduler"],
+            registry=r,
+        )
+        info.labels(m, scheduler).set(1)
+        self._preempted_seen = 0
+
+    def update_stats(self, stats: EngineStats) -> None:
+        self.num_running.set(stats.num_running)
+        self.num_waiting.set(stats.num_waiting)
+        self.kv_usage.set(stats.kv_usage)
+        self.batch_occupancy.set(stats.batch_occupancy)
+        self.kv_reserved_unused.set(stats.kv_reserved_unused_tokens)
+        if stats.num_preempted_total > self._preempted_seen:
+            self.preemptions.inc(stats.num_preempted_total - self._preempted_seen)
+            self._preempted_seen = stats.num_preempted_total
+
+    def observe_output(self, out: RequestOutput, now: float, last_token_time: float | None) -> None:
+        """`now`: engine clock when the output was produced; `last_token_time`: when this
+        request's previous tokens were, None before its first."""
+        n = len(out.new_token_ids)
+        m = out.metrics
+        if n:
+            self.generation_tokens.inc(n)
+            if last_token_time is None:
+                self.prompt_tokens.inc(out.num_prompt_tokens)
+                first = m.first_token_time if m.first_token_time is not None else now
+                self.ttft.observe(max(0.0, first - m.arrival_time))
+                if m.queue_time is not None:
+                    self.queue_time.observe(max(0.0, m.queue_time))
+            else:
+                gap = max(0.0, now - last_token_time) / n
+                for _ in range(n):
+                    self.itl.observe(gap)
+        if out.finished and out.finish_reason != "abort":
+            end = m.finished_time if m.finished_time is not None else now
+            self.e2e.observe(max(0.0, end - m.arrival_time))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

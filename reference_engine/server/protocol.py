@@ -1,0 +1,147 @@
+"""Request schemas (OpenAI's, with vLLM's extensions) and response shapes.
+
+The schemas are strict: a field of the wrong JSON type is a 400, not a silent coercion.
+Unknown fields are ignored, as OpenAI-compatible servers do.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+INT64_MAX = 2**63 - 1
+INT32 = 2**31 - 1
+
+# Completions without max_tokens generate this many tokens (OpenAI's default); chat
+# completions without it may fill the context, as vLLM does.
+DEFAULT_COMPLETION_MAX_TOKENS = 16
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class SamplingFields(_Strict):
+    """Fields shared by both endpoints."""
+
+    model: str | None = Field(None, max_length=1024)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=100.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1)  # -1 or 0 = off
+    seed: int | None = Field(None, ge=0, le=INT64_MAX)
+    stop: str | list[str] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0)
+    n: int = Field(1, ge=1, le=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    priority: int = Field(0, ge=-INT32, le=INT32)
+    return_token_ids: bool = False
+    user: str | None = None
+
+    def stop_strings(self) -> tuple[str, ...]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return tuple(s for s in stops if s)
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[int] = Field(..., min_length=1)
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: str = Field(..., min_length=1, max_length=64)
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+
+# --- responses --------------------------------------------------------------------------
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def cbbench_info(
+    queue_time_s: float | None, scheduler: str, num_preemptions: int, num_cached_tokens: int
+) -> dict[str, Any]:
+    """The `cbbench` field of a final chunk or a non-streaming body: what the server saw."""
+    return {
+        "queue_time_s": queue_time_s,
+        "scheduler": scheduler,
+        "num_preemptions": num_preemptions,
+        "num_cached_tokens": num_cached_tokens,
+    }
+
+
+def completion_choice(
+    text: str,
+    finish_reason: str | None,
+    token_ids: list[int] | None,
+    prompt_token_ids: list[int] | None,
+) -> dict[str, Any]:
+    choice: dict[str, Any] = {
+        "index": 0,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": finish_reason,
+    }
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
+    if prompt_token_ids is not None:
+        choice["prompt_token_ids"] = prompt_token_ids
+    return choice
+
+
+def chat_choice(
+    delta: dict[str, Any] | None,
+    message: dict[str, Any] | None,
+    finish_reason: str | None,
+    token_ids: list[int] | None,
+    prompt_token_ids: list[int] | None,
+) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+    if delta is not None:
+        choice["delta"] = delta
+    if message is not None:
+        choice["message"] = message
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
+    if prompt_token_ids is not None:
+        choice["prompt_token_ids"] = prompt_token_ids
+    return choice
+
+
+def envelope(request_id: str, object_: str, model: str, created: int | None = None) -> dict:
+    return {
+        "id": request_id,
+        "object": object_,
+        "created": created if created is not None else int(time.time()),
+        "model": model,
+    }

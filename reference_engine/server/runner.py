@@ -1,0 +1,131 @@
+"""Serving an app on uvicorn: in the foreground (`cbbench serve`) or in a thread (tests).
+
+Both bind the socket themselves (port 0 = an ephemeral port) so the real port is known
+before the first request. On SIGINT/SIGTERM the engine is told to shut down *first*, so
+every in-flight stream ends with an error event and uvicorn's graceful wait never hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import uvicorn
+from starlette.types import ASGIApp
+
+# Backstop: connections still open this long after a shutdown signal are cancelled.
+GRACEFUL_SHUTDOWN_S = 5
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def base_url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+class Server(uvicorn.Server):
+    """uvicorn.Server with a ready callback and an on-signal hook; a signal ends `serve()`
+    normally (uvicorn re-raises it otherwise)."""
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        on_ready: Callable[[], None] | None = None,
+        on_stop: Callable[[], None] | None = None,
+    ):
+        super().__init__(config)
+        self.on_ready = on_ready
+        self.on_stop = on_stop
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.on_ready is not None:
+            self.on_ready()
+
+    def stop(self) -> None:
+        if self.on_stop is not None:
+            self.on_stop()
+        self.should_exit = True
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handle(sig: int, frame: object) -> None:
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True
+            self.stop()
+
+        sigs = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, handle) for sig in sigs}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def make_server(
+    app: ASGIApp,
+    on_ready: Callable[[], None] | None = None,
+    on_stop: Callable[[], None] | None = None,
+    log_level: str = "warning",
+) -> Server:
+    config = uvicorn.Config(
+        app,
+        lifespan="off",
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        http="h11",
+        loop="asyncio",
+    )
+    return Server(config, on_ready, on_stop)
+
+
+@dataclass
+class ThreadedServer:
+    """`with ThreadedServer(app, on_stop=engine.shutdown) as url:` serves on 127.0.0.1:0 in
+    a background thread until the block ends."""
+
+    app: ASGIApp
+    on_stop: Callable[[], None] | None = None
+    host: str = "127.0.0.1"
+    ready_timeout_s: float = 30.0
+
+    def __enter__(self) -> str:
+        self._sock = bind_socket(self.host, 0)
+        ready = threading.Event()
+        self._server = make_server(self.app, on_ready=ready.set, on_stop=self.on_stop)
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(self._server.serve(sockets=[self._sock])),
+            name="cbbench-uvicorn",
+            daemon=True,
+        )
+        self._thread.start()
+        if not ready.wait(self.ready_timeout_s):
+            self.__exit__(None, None, None)
+            raise RuntimeError("server thread did not start")
+        return base_url(self._sock)
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.stop()
+        self._thread.join(GRACEFUL_SHUTDOWN_S + 5)
+        self._sock.close()

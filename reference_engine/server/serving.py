@@ -1,0 +1,84 @@
+"""One request's journey from engine outputs to OpenAI chunks: detokenization, stop strings,
+token counting, and the `cbbench` field.
+
+`Generation` is endpoint-agnostic: it turns each RequestOutput into a `Delta` (text, token
+ids, finish reason); app.py wraps deltas in completion or chat shapes. Stop strings end
+the request as soon as the decoded text contains one (the text is cut before it, and the
+engine request is aborted); while streaming, the last `len(longest stop) - 1` characters are
+held back so a stop string split across tokens is never half-sent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cbbench.reference_engine.outputs import RequestMetrics, RequestOutput
+from cbbench.reference_engine.server.protocol import cbbench_info
+from cbbench.reference_engine.tokenizer import IncrementalDetokenizer
+
+
+@dataclass
+class Delta:
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None  # set on the last delta
+
+
+@dataclass
+class Generation:
+    request_id: str
+    prompt_token_ids: list[int]
+    detokenizer: IncrementalDetokenizer
+    stop: tuple[str, ...] = ()
+    min_tokens: int = 0
+    scheduler: str = ""
+    text: str = ""  # decoded so far (cut at a stop string)
+    sent: int = 0  # characters of `text` already returned in deltas
+    token_ids: list[int] = field(default_factory=list)  # generated so far
+    finish_reason: str | None = None
+    metrics: RequestMetrics | None = None
+    _scanned: int = 0  # stop strings were searched for in text[:_scanned]
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def on_output(self, out: RequestOutput) -> Delta:
+        """Apply one engine output. After a stop-string hit the result is finished even if
+        the engine is not: the caller aborts the engine request."""
+        assert not self.finished, "output after the generation finished"
+        self.metrics = out.metrics
+        self.token_ids.extend(out.new_token_ids)
+        self.text += self.detokenizer.push(out.new_token_ids)
+        if out.finished:
+            self.text += self.detokenizer.flush()
+        if self.stop and len(self.token_ids) >= self.min_tokens and self._cut_at_stop():
+            self.finish_reason = "stop"
+        elif out.finished:
+            self.finish_reason = out.finish_reason or "stop"
+        end = len(self.text)
+        if not self.finished and self.stop:
+            end = max(self.sent, end - (max(map(len, self.stop)) - 1))
+        delta = Delta(self.text[self.sent : end], list(out.new_token_ids), self.finish_reason)
+        self.sent = end
+        return delta
+
+    def _cut_at_stop(self) -> bool:
+        longest = max(map(len, self.stop))
+        start = max(0, self._scanned - longest + 1)
+        hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
+        self._scanned = len(self.text)
+        if not hits:
+            return False
+        self.text = self.text[: min(hits)]
+        self.sent = min(self.sent, len(self.text))
+        return True
+
+    def cbbench_field(self) -> dict:
+        m = self.metrics
+        return cbbench_info(
+            queue_time_s=m.queue_time if m is not None else None,
+            scheduler=self.scheduler,
+            num_preemptions=m.num_preemptions if m is not None else 0,
+            num_cached_tokens=m.num_cached_tokens if m is not None else 0,
+        )
