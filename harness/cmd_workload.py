@@ -1,0 +1,161 @@
+"""`cbbench workload`: list presets, show a workload's statistics, convert it to native JSONL."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+from cbbench.workloads import (
+    ARRIVAL_KINDS,
+    PRESETS,
+    Workload,
+    load_workload,
+    summarize_workload,
+    with_arrivals,
+    write_native_jsonl,
+)
+from rich.console import Console
+from rich.table import Table
+
+BAR_WIDTH = 40
+
+
+def _add_spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", metavar="SPEC", help="preset name, trace file or TOML/JSON spec file")
+    p.add_argument("--seed", type=int, default=None, help="seed (default: the spec's, else 0)")
+    p.add_argument(
+        "--num-requests", type=int, default=None, help="take the first N requests of the stream"
+    )
+    p.add_argument("--tokenizer", default=None, help="tokenizer.json to count ShareGPT tokens")
+    p.add_argument(
+        "--arrival",
+        choices=ARRIVAL_KINDS,
+        default=None,
+        help="replace the arrival times (default: keep the spec's)",
+    )
+    p.add_argument("--rate", type=float, default=None, help="requests/s for constant/poisson/gamma")
+    p.add_argument("--cv", type=float, default=1.0, help="gamma burstiness (CV of gaps)")
+    p.add_argument("--time-scale", type=float, default=1.0, help="replay: 2 = twice as fast")
+    p.add_argument("--target-rate", type=float, default=None, help="replay: rescale to this req/s")
+    p.add_argument("--ramp-up", type=float, default=0.0, help="seconds to ramp the rate up from 0")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("workload", help="list, show and convert workloads (presets, traces, specs)")
+    wsub = p.add_subparsers(dest="workload_command", metavar="ACTION", required=True)
+    wsub.add_parser("list", help="list the named presets")
+    show = wsub.add_parser("show", help="summary statistics and an output-length histogram")
+    _add_spec_args(show)
+    show.add_argument("--bins", type=int, default=16, help="histogram bins (default 16)")
+    show.add_argument("--json", action="store_true", help="print the summary as JSON")
+    conv = wsub.add_parser("convert", help="write any supported workload as native JSONL")
+    _add_spec_args(conv)
+    conv.add_argument("-o", "--output", required=True, help="output .jsonl path")
+    p.set_defaults(func=run)
+
+
+def load_from_args(args: argparse.Namespace) -> Workload:
+    wl = load_workload(args.spec, args.seed, args.num_requests, args.tokenizer)
+    if args.arrival is not None:
+        wl = with_arrivals(
+            wl,
+            args.arrival,
+            rate=args.rate,
+            cv=args.cv,
+            seed=wl.seed,
+            time_scale=args.time_scale,
+            target_rate=args.target_rate,
+            ramp_up_s=args.ramp_up,
+        )
+    return wl
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def stats_table(summary: dict) -> Table:
+    table = Table(title=f"workload {summary['name']} (seed {summary['seed']})")
+    table.add_column("tokens")
+    for col in ("mean", "p50", "p90", "p99", "max"):
+        table.add_column(col, justify="right")
+    for label, key in (("prompt", "prompt_len"), ("output", "output_len")):
+        d = summary[key]
+        if d["count"]:
+            table.add_row(
+                label, *(_fmt(d[c]) for c in ("mean", "p50", "p90", "p99")), f"{d['max']:,}"
+            )
+    return table
+
+
+def histogram(values: np.ndarray, bins: int) -> Table:
+    table = Table(title="output length histogram", show_header=True, box=None)
+    table.add_column("tokens", justify="right")
+    table.add_column("count", justify="right")
+    table.add_column("")
+    if not len(values):
+        return table
+    counts, edges = np.histogram(values, bins=max(1, bins))
+    peak = max(int(counts.max()), 1)
+    for i, c in enumerate(counts.tolist()):
+        bar = "█" * round(BAR_WIDTH * c / peak)
+        table.add_row(f"{edges[i]:,.0f}-{edges[i + 1]:,.0f}", f"{c:,}", bar)
+    return table
+
+
+def run_show(args: argparse.Namespace) -> int:
+    wl = load_from_args(args)
+    summary = summarize_workload(wl)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    console = Console(highlight=False)
+    console.print(f"requests: {summary['count']:,}")
+    console.print(stats_table(summary))
+    if summary["open_loop"]:
+        console.print(
+            f"duration: {_fmt(summary['duration_s'])} s   mean rate: "
+            f"{_fmt(summary['mean_rate'], 3)} req/s   burstiness (CV of gaps): "
+            f"{_fmt(summary['burstiness'], 3)}"
+        )
+    else:
+        console.print("arrivals: none (closed loop; all at once)")
+    skipped = summary["rows_skipped"]
+    console.print(
+        "rows skipped: " + (", ".join(f"{k} {v:,}" for k, v in skipped.items()) if skipped else "0")
+    )
+    if "with_prefix_ids" in summary:
+        console.print(f"requests with prefix ids: {summary['with_prefix_ids']:,}")
+    console.print(histogram(np.asarray([r.output_len for r in wl.requests]), args.bins))
+    return 0
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    wl = load_from_args(args)
+    write_native_jsonl(wl, args.output)
+    print(f"wrote {len(wl):,} requests to {args.output}")
+    return 0
+
+
+def run_list(args: argparse.Namespace) -> int:
+    table = Table(title="workload presets")
+    for col in ("name", "requests", "arrivals", "description"):
+        table.add_column(col)
+    for p in PRESETS.values():
+        count = p.default_count
+        table.add_row(
+            p.name,
+            "all rows" if count is None else str(count),
+            "trace timestamps" if p.has_arrivals else "none (all at once)",
+            p.description,
+        )
+    Console().print(table)
+    return 0
+
+
+ACTIONS = {"list": run_list, "show": run_show, "convert": run_convert}
+
+
+def run(args: argparse.Namespace) -> int:
+    return ACTIONS[args.workload_command](args)
