@@ -90,6 +90,14 @@ class ModelConfig:
         missing = [k for k in required if k not in cfg]
         if missing:
             raise EngineError(f"{where}: missing {', '.join(missing)}")
+        if cfg.get("hidden_act", "silu") != "silu" or cfg.get("mlp_bias"):
+            raise EngineError(f"{where}: only SiLU MLPs without bias are supported")
+        # transformers >= 5 writes `rope_parameters` (rope_theta inside); older, rope_scaling
+        rope_params = dict(cfg.get("rope_parameters") or {})
+        rope_theta = cfg.get("rope_theta", rope_params.pop("rope_theta", 10000.0))
+        rope_scaling = cfg.get("rope_scaling")
+        if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
+            rope_scaling = rope_params
         return cls(
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=int(cfg["hidden_size"]),
@@ -100,8 +108,8 @@ class ModelConfig:
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             head_dim=cfg.get("head_dim"),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-            rope_theta=float(cfg.get("rope_theta", 10000.0)),
-            rope_scaling=cfg.get("rope_scaling"),
+            rope_theta=float(rope_theta),
+            rope_scaling=rope_scaling,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
             architecture=arch,

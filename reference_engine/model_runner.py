@@ -1,0 +1,177 @@
+"""ModelRunner: the real Executor. It owns the model, the paged KV cache and the sampler, and
+runs each step's chunks as one flattened varlen forward.
+
+KV cache: one tensor `[layers, 2, num_kv_blocks, block_size, num_kv_heads, head_dim]`; block
+ids are the engine's (BlockManager's), a token's slot is `block * block_size + pos % block_size`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from cbbench.kernels import get_attention_backend
+from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.executor import ScheduledChunk
+from cbbench.reference_engine.loader import load_model, random_model, resolve_config, resolve_dtype
+from cbbench.reference_engine.model import AttentionMetadata
+from cbbench.reference_engine.model_config import PRESETS, ModelConfig
+from cbbench.reference_engine.sampler import SampleRequest, Sampler
+
+
+def default_num_threads() -> int:
+    """The CPUs this process may run on (cgroup/affinity aware), so torch never oversubscribes."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: str,
+        *,
+        num_kv_blocks: int,
+        block_size: int,
+        device: str = "cpu",
+        dtype: str = "float32",
+        attention_backend: str = "auto",
+        seed: int = 0,
+        num_threads: int | None = None,
+    ) -> None:
+        if num_kv_blocks < 1 or block_size < 1:
+            raise EngineError(
+                f"num_kv_blocks and block_size must be >= 1, got {num_kv_blocks}, {block_size}"
+            )
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise EngineError(f"device {device!r}: CUDA is not available to torch")
+        if self.device.type == "cpu":
+            torch.set_num_threads(num_threads or default_num_threads())
+        try:
+            self.backend = get_attention_backend(attention_backend, self.device)
+        except ValueError as exc:
+            raise EngineError(str(exc)) from None
+        if model in PRESETS or not Path(model).exists():
+            self.model = random_model(resolve_config(model), dtype, self.device, seed)
+        else:
+            self.model = load_model(model, dtype, self.device)
+        self.model_config: ModelConfig = self.model.config
+        self.dtype = resolve_dtype(dtype, self.model_config)
+        self.block_size = block_size
+        self.num_kv_blocks = num_kv_blocks
+        cfg = self.model_config
+        assert cfg.head_dim is not None
+        self.kv_cache = torch.zeros(
+            cfg.num_hidden_layers,
+            2,
+            num_kv_blocks,
+            block_size,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        self.sampler = Sampler(cfg.eos_token_ids, self.device, seed)
+
+    @property
+    def attention_backend_name(self) -> str:
+        return self.backend.name
+
+    @staticmethod
+    def kv_bytes_per_block(model_config: ModelConfig, block_size: int, dtype: str) -> int:
+        dtype_bytes = torch.empty(0, dtype=resolve_dtype(dtype, model_config)).element_size()
+        return model_config.kv_bytes_per_token(dtype_bytes) * block_size
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def execute(self, chunks: list[ScheduledChunk]) -> list[int | None]:
+        if not chunks:
+            return []
+        with torch.inference_mode():
+            input_ids, positions, max_position, meta, sample_rows = self._prepare(chunks)
+            hidden = self.model(
+                input_ids, positions, max_position, self.kv_cache, meta, self.backend
+            )
+            if not sample_rows:
+                return [None] * len(chunks)
+            rows = [r for _, r in sample_rows]
+            logits = self.model.compute_logits(hidden[rows])
+            reqs = [
+                SampleRequest(
+                    chunks[i].seq.sampling_params,
+                    chunks[i].seq.num_tokens,
+                    chunks[i].seq.num_output_tokens,
+                )
+                for i, _ in sample_rows
+            ]
+            tokens = self.sampler(logits, reqs)
+        out: list[int | None] = [None] * len(chunks)
+        for (i, _), tok in zip(sample_rows, tokens, strict=True):
+            out[i] = tok
+        return out
+
+    def _prepare(
+        self, chunks: list[ScheduledChunk]
+    ) -> tuple[torch.Tensor, torch.Tensor, int, AttentionMetadata, list[tuple[int, int]]]:
+        """Flatten the chunks: token ids, positions, slot mapping, block tables, sample rows."""
+        bs = self.block_size
+        input_ids: list[int] = []
+        starts: list[int] = []
+        qlens: list[int] = []
+        seq_lens: list[int] = []
+        tables: list[list[int]] = []
+        sample_rows: list[tuple[int, int]] = []  # (chunk index, row of its last token)
+        for i, c in enumerate(chunks):
+            seq, start, end = c.seq, c.start, c.end
+            assert 0 <= start < end <= seq.num_tokens, (
+                f"{seq.request_id}: chunk [{start}, {end}) outside 0..{seq.num_tokens}"
+            )
+            needed = -(-end // bs)
+            if len(seq.block_table) < needed:
+                raise EngineError(
+                    f"{seq.request_id}: {len(seq.block_table)} KV blocks for {end} tokens "
+                    f"(block size {bs}) — the scheduler must allocate before executing"
+                )
+            input_ids.extend(seq.token_ids[start:end])
+            starts.append(start)
+            qlens.append(end - start)
+            seq_lens.append(end)
+            tables.append(seq.block_table[:needed])
+            if c.samples:
+                sample_rows.append((i, len(input_ids) - 1))
+        decode_only = len(input_ids) == len(chunks)
+        vocab = self.model_config.vocab_size
+        if not decode_only and not all(0 <= t < vocab for t in input_ids):
+            bad = next(t for t in input_ids if not 0 <= t < vocab)
+            raise EngineError(f"token id {bad} is outside the vocabulary (size {vocab})")
+        max_blocks = max(len(t) for t in tables)
+        padded = [t + [0] * (max_blocks - len(t)) for t in tables]
+        dev = self.device
+        block_tables = torch.tensor(padded, dtype=torch.int32)
+        if decode_only:
+            pos = torch.tensor(starts, dtype=torch.int64)
+            seq_idx = torch.arange(len(chunks))
+        else:
+            qlen_t = torch.tensor(qlens, dtype=torch.int64)
+            seq_idx = torch.repeat_interleave(torch.arange(len(chunks)), qlen_t)
+            first = torch.cumsum(qlen_t, 0) - qlen_t  # row of each chunk's first token
+            pos = torch.arange(len(input_ids)) - first[seq_idx] + torch.tensor(starts)[seq_idx]
+        slots = block_tables[seq_idx, pos // bs].to(torch.int64) * bs + pos % bs
+        qsl = [0]
+        for q in qlens:
+            qsl.append(qsl[-1] + q)
+        meta = AttentionMetadata(
+            slot_mapping=slots.to(dev),
+            block_tables=block_tables.to(dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
+            decode_only=decode_only,
+        )
+        ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
+        return ids, pos.to(dev), max(seq_lens) - 1, meta, sample_rows

@@ -1,0 +1,87 @@
+"""Pick the next token from each sampling row's logits: greedy, or temperature / top-k / top-p.
+
+A request with a `seed` draws from its own generator, re-seeded from (seed, index of the token
+being sampled), so it gets the same tokens whatever else is in the batch, and again after a
+preemption recomputes it. Unseeded requests share the runner's generator.
+
+While a request has fewer than `min_tokens` outputs, its stop tokens (EOS unless
+`ignore_eos`, and `stop_token_ids`) are masked out, so the engine never has to stop early.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from cbbench.reference_engine.sampling_params import SamplingParams
+
+_SEED_MIX = 0x9E3779B97F4A7C15  # spreads (seed, step) over the generator's seed space
+
+
+@dataclass
+class SampleRequest:
+    params: SamplingParams
+    num_tokens: int  # tokens of the sequence so far; the sampled one gets this index
+    num_output_tokens: int
+
+
+class Sampler:
+    def __init__(self, eos_token_ids: tuple[int, ...], device: torch.device, seed: int = 0):
+        self.eos_token_ids = eos_token_ids
+        self.device = device
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self._row_generator = torch.Generator(device=device)
+
+    def __call__(self, logits: torch.Tensor, reqs: list[SampleRequest]) -> list[int]:
+        """logits [N, V] fp32, one row per request -> N token ids."""
+        assert logits.shape[0] == len(reqs)
+        self._mask_stop_tokens(logits, reqs)
+        if all(r.params.greedy for r in reqs):
+            return logits.argmax(dim=-1).tolist()
+        out = logits.argmax(dim=-1)
+        rows = [i for i, r in enumerate(reqs) if not r.params.greedy]
+        probs = self._probs(logits[rows], [reqs[i].params for i in rows])
+        # exponential race: argmax(p / E) with E ~ Exp(1) draws from p
+        noise = torch.empty_like(probs)
+        unseeded = [j for j, i in enumerate(rows) if reqs[i].params.seed is None]
+        if unseeded:
+            noise[unseeded] = noise[unseeded].exponential_(generator=self.generator)
+        for j, i in enumerate(rows):
+            seed = reqs[i].params.seed
+            if seed is not None:
+                step_seed = (seed * _SEED_MIX + reqs[i].num_tokens) % (1 << 63)
+                self._row_generator.manual_seed(step_seed)
+                noise[j].exponential_(generator=self._row_generator)
+        out[rows] = (probs / noise).argmax(dim=-1)
+        return out.tolist()
+
+    def _mask_stop_tokens(self, logits: torch.Tensor, reqs: list[SampleRequest]) -> None:
+        for i, r in enumerate(reqs):
+            p = r.params
+            if r.num_output_tokens < p.min_tokens:
+                stops = list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.eos_token_ids))
+                if stops:
+                    logits[i, stops] = float("-inf")
+
+    @staticmethod
+    def _probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+        """Row-wise temperature, then top-k, then top-p -> probabilities [n, V]."""
+        temps = torch.tensor([p.temperature for p in params], device=logits.device)
+        logits = logits / temps[:, None]
+        top_ks = [p.top_k for p in params]
+        top_ps = [p.top_p for p in params]
+        if any(k > 0 for k in top_ks) or any(p < 1.0 for p in top_ps):
+            vocab = logits.shape[-1]
+            sorted_logits, order = logits.sort(dim=-1, descending=True)
+            ks = torch.tensor([k if k > 0 else vocab for k in top_ks], device=logits.device)
+            rank = torch.arange(vocab, device=logits.device)
+            drop = rank[None, :] >= ks[:, None]
+            sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+            sorted_probs = sorted_logits.softmax(dim=-1)
+            ps = torch.tensor(top_ps, device=logits.device)
+            # drop a token when the mass before it already reaches top_p (the first always stays)
+            before = sorted_probs.cumsum(dim=-1) - sorted_probs
+            sorted_logits = sorted_logits.masked_fill(before >= ps[:, None], float("-inf"))
+            logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+        return logits.softmax(dim=-1)

@@ -1,0 +1,58 @@
+"""Test support for the model side: a minimal step loop that drives ModelRunner the way the
+engine does (blocks from a shuffled pool, optional chunked prefill under a token budget), so
+the model can be checked before and independently of the schedulers."""
+
+from __future__ import annotations
+
+import random
+
+from cbbench.reference_engine.executor import ScheduledChunk
+from cbbench.reference_engine.model_runner import ModelRunner
+from cbbench.reference_engine.outputs import RequestMetrics
+from cbbench.reference_engine.sampling_params import SamplingParams
+from cbbench.reference_engine.sequence import Sequence
+
+
+def make_seq(rid: str, prompt: list[int], max_tokens: int, **params) -> Sequence:
+    sp = SamplingParams(max_tokens=max_tokens, temperature=params.pop("temperature", 0.0), **params)
+    return Sequence(rid, list(prompt), sp, RequestMetrics(arrival_time=0.0))
+
+
+def generate(
+    runner: ModelRunner,
+    seqs: list[Sequence],
+    token_budget: int | None = None,
+    pool_seed: int = 0,
+) -> list[list[int]]:
+    """Run all sequences to max_tokens; returns each one's output tokens. Blocks are taken
+    from a shuffled pool so that block tables are not contiguous."""
+    bs = runner.block_size
+    pool = list(range(runner.num_kv_blocks))
+    random.Random(pool_seed).shuffle(pool)
+    live = list(seqs)
+    while live:
+        chunks: list[ScheduledChunk] = []
+        budget = token_budget if token_budget is not None else 1 << 30
+        for seq in live:
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if n <= 0:
+                continue
+            while len(seq.block_table) * bs < seq.num_computed_tokens + n:
+                seq.block_table.append(pool.pop())
+            chunks.append(ScheduledChunk(seq, n))
+            budget -= n
+        assert chunks, "budget too small to make progress"
+        snapshot = [(c.seq.num_computed_tokens, list(c.seq.token_ids)) for c in chunks]
+        results = runner.execute(chunks)
+        assert snapshot == [(c.seq.num_computed_tokens, c.seq.token_ids) for c in chunks], (
+            "execute must not mutate the sequences"
+        )
+        for c, tok in zip(chunks, results, strict=True):
+            assert (tok is not None) == c.samples
+            c.seq.num_computed_tokens += c.num_tokens
+            if tok is not None:
+                c.seq.token_ids.append(tok)
+        for seq in [s for s in live if s.num_output_tokens >= s.sampling_params.max_tokens]:
+            live.remove(seq)
+            pool.extend(seq.block_table)
+    return [s.output_token_ids for s in seqs]
