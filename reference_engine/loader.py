@@ -11,12 +11,11 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
-
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.model import LlamaForCausalLM
 from cbbench.reference_engine.model_config import PRESETS, ModelConfig, preset_config
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 DTYPES = {
     "float32": torch.float32,

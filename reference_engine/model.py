@@ -14,11 +14,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from cbbench.kernels import AttentionBackend
 from cbbench.reference_engine.model_config import ModelConfig
 from cbbench.reference_engine.rope import RotaryEmbedding
+from torch import nn
 
 
 @dataclass

@@ -12,14 +12,13 @@ import time
 from pathlib import Path
 
 import torch
-
 from cbbench.kernels import get_attention_backend
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.executor import ScheduledChunk
 from cbbench.reference_engine.loader import load_model, random_model, resolve_config, resolve_dtype
 from cbbench.reference_engine.model import AttentionMetadata
 from cbbench.reference_engine.model_config import PRESETS, ModelConfig
-from cbbench.reference_engine.sampler import SampleRequest, Sampler
+from cbbench.reference_engine.sampler import Sampler, SampleRequest
 
 
 def default_num_threads() -> int:

@@ -15,7 +15,6 @@ import math
 from typing import Any
 
 import torch
-
 from cbbench.reference_engine.errors import EngineError
 
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")

@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
 from cbbench.reference_engine.sampling_params import SamplingParams
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # spreads (seed, step) over the generator's seed space

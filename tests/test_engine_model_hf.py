@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_model_support import generate, make_seq
-
 from cbbench.reference_engine.loader import load_model
 from cbbench.reference_engine.model_runner import ModelRunner
+from engine_model_support import generate, make_seq
 
 transformers = pytest.importorskip("transformers")
 
