@@ -1,0 +1,101 @@
+"""Telemetry during a run: the server's Prometheus `/metrics` and NVML GPU samplers.
+
+`add_telemetry_args(parser)` adds the flags; `build_samplers(args, base_url)` turns them into
+samplers that follow the runner's protocol: `name`, `start(t0_ns, sink)`, `stop()`,
+`summary()` and `latest()`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from cbbench.harness.telemetry.gpu import GpuSampler
+from cbbench.harness.telemetry.server_sampler import ServerMetricsSampler
+
+DEFAULT_INTERVAL_S = 0.25  # 4 Hz
+
+
+def parse_gpus(text: str) -> list[int]:
+    """`--gpus 0,1` -> [0, 1] (NVML device indices)."""
+    try:
+        gpus = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated NVML device indices such as 0,1, got {text!r}"
+        ) from None
+    if not gpus or any(g < 0 for g in gpus):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated NVML device indices such as 0,1, got {text!r}"
+        )
+    return sorted(set(gpus))
+
+
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.01 <= value <= 60:  # also rejects NaN
+        raise argparse.ArgumentTypeError(f"expected seconds between 0.01 and 60, got {text!r}")
+    return value
+
+
+def add_telemetry_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("telemetry")
+    g.add_argument(
+        "--metrics-url",
+        default=None,
+        help="Prometheus endpoint of the server (default: the target's base URL + /metrics)",
+    )
+    g.add_argument(
+        "--no-server-metrics", action="store_true", help="do not scrape the server's /metrics"
+    )
+    g.add_argument(
+        "--metrics-interval",
+        type=_interval,
+        default=DEFAULT_INTERVAL_S,
+        metavar="SECONDS",
+        help=f"sampling interval of the server and GPU samplers (default {DEFAULT_INTERVAL_S} s = 4 Hz)",
+    )
+    g.add_argument(
+        "--gpus",
+        type=parse_gpus,
+        default=None,
+        metavar="0,1",
+        help="NVML indices of the GPUs to sample (default: every GPU NVML sees)",
+    )
+    g.add_argument("--no-gpu-metrics", action="store_true", help="do not sample GPUs (NVML)")
+
+
+def metrics_url_for(base_url: str) -> str:
+    """The default `/metrics` URL: at the server's root, even if `base_url` ends in /v1."""
+    url = base_url.rstrip("/")
+    if url.endswith("/v1"):
+        url = url[: -len("/v1")]
+    return url + "/metrics"
+
+
+def build_samplers(args: argparse.Namespace, base_url: str | None) -> list:
+    """Samplers for the run, from the flags `add_telemetry_args` added."""
+    interval = getattr(args, "metrics_interval", DEFAULT_INTERVAL_S)
+    samplers: list = []
+    if not getattr(args, "no_server_metrics", False):
+        url = getattr(args, "metrics_url", None)
+        if url is None and base_url:
+            url = metrics_url_for(base_url)
+        if url:
+            samplers.append(ServerMetricsSampler(url, interval_s=interval))
+    if not getattr(args, "no_gpu_metrics", False):
+        samplers.append(GpuSampler(interval_s=interval, gpus=getattr(args, "gpus", None)))
+    return samplers
+
+
+__all__ = [
+    "DEFAULT_INTERVAL_S",
+    "GpuSampler",
+    "ServerMetricsSampler",
+    "add_telemetry_args",
+    "build_samplers",
+    "metrics_url_for",
+    "parse_gpus",
+]

@@ -1,0 +1,147 @@
+"""Engine adapters: map each engine's Prometheus names onto cbbench's common fields.
+
+The engine is detected from the names present in a scrape. Every adapter reads the same
+common fields; a field an engine does not export stays absent (never zero) and is listed
+as unavailable in the run's summary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cbbench.harness.telemetry.prom import Histogram, Scrape
+
+# Per-sample fields of a server sample, in display order.
+SERVER_FIELDS = (
+    "running",
+    "waiting",
+    "kv_usage",
+    "preemptions_total",
+    "prefix_cache_hit_rate",
+    "batch_occupancy",
+    "kv_reserved_unused_tokens",
+)
+# Summary-only field: needs a queue-time histogram.
+QUEUE_TIME = "queue_time"
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """Names of one engine's metrics. Each field lists alternatives, newest name first."""
+
+    engine: str
+    prefix: str  # a name starting with this marks the engine
+    running: tuple[str, ...] = ()
+    waiting: tuple[str, ...] = ()
+    kv_usage: tuple[str, ...] = ()  # a 0-1 gauge
+    preemptions_total: tuple[str, ...] = ()  # a counter
+    prefix_cache_hit_rate: tuple[str, ...] = ()  # a 0-1 gauge
+    prefix_cache_counters: tuple[str, str] | None = None  # (hits, queries) counters
+    batch_occupancy: tuple[str, ...] = ()
+    kv_reserved_unused_tokens: tuple[str, ...] = ()
+    queue_time_histogram: tuple[str, ...] = ()
+
+    def detects(self, scrape: Scrape) -> bool:
+        return any(n.startswith(self.prefix) for n in scrape.names)
+
+    def _first(self, scrape: Scrape, names: tuple[str, ...], how: str) -> float | None:
+        for name in names:
+            v = scrape.value(name, how)
+            if v is not None:
+                return v
+        return None
+
+    def read(self, scrape: Scrape) -> dict[str, float]:
+        """The common fields present in `scrape` (absent fields are left out)."""
+        out: dict[str, float | None] = {
+            "running": self._first(scrape, self.running, "sum"),
+            "waiting": self._first(scrape, self.waiting, "sum"),
+            "kv_usage": self._first(scrape, self.kv_usage, "mean"),
+            "preemptions_total": self._first(scrape, self.preemptions_total, "sum"),
+            "prefix_cache_hit_rate": self.hit_rate(scrape),
+            "batch_occupancy": self._first(scrape, self.batch_occupancy, "mean"),
+            "kv_reserved_unused_tokens": self._first(scrape, self.kv_reserved_unused_tokens, "sum"),
+        }
+        return {k: v for k, v in out.items() if v is not None}
+
+    def hit_rate(self, scrape: Scrape, since: Scrape | None = None) -> float | None:
+        """Prefix-cache hit rate: the gauge, or hits/queries (over a window if `since`)."""
+        gauge = self._first(scrape, self.prefix_cache_hit_rate, "mean")
+        if gauge is not None or self.prefix_cache_counters is None:
+            return gauge
+        hits_name, queries_name = self.prefix_cache_counters
+        hits, queries = scrape.value(hits_name), scrape.value(queries_name)
+        if hits is None or queries is None:
+            return None
+        if since is not None:
+            hits -= since.value(hits_name) or 0.0
+            queries -= since.value(queries_name) or 0.0
+        return hits / queries if queries > 0 else None
+
+    def queue_histogram(self, scrape: Scrape) -> Histogram | None:
+        for name in self.queue_time_histogram:
+            h = scrape.histogram(name)
+            if h is not None:
+                return h
+        return None
+
+
+VLLM = Adapter(
+    engine="vllm",
+    prefix="vllm:",
+    running=("vllm:num_requests_running",),
+    waiting=("vllm:num_requests_waiting",),
+    kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    preemptions_total=("vllm:num_preemptions_total",),
+    prefix_cache_hit_rate=("vllm:gpu_prefix_cache_hit_rate",),  # older vLLM: a gauge
+    prefix_cache_counters=("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
+    # vLLM 0.6 called the queue-time histogram `time_in_queue_requests`.
+    queue_time_histogram=("vllm:request_queue_time_seconds", "vllm:time_in_queue_requests"),
+)
+
+# cbbench's reference engine exports vLLM's names plus its own batching gauges.
+CBBENCH = Adapter(
+    engine="cbbench",
+    prefix="cbbench:",
+    running=VLLM.running,
+    waiting=VLLM.waiting,
+    kv_usage=VLLM.kv_usage,
+    preemptions_total=VLLM.preemptions_total,
+    prefix_cache_hit_rate=VLLM.prefix_cache_hit_rate,
+    prefix_cache_counters=VLLM.prefix_cache_counters,
+    batch_occupancy=("cbbench:batch_occupancy",),
+    kv_reserved_unused_tokens=("cbbench:kv_reserved_unused_tokens",),
+    queue_time_histogram=VLLM.queue_time_histogram,
+)
+
+# SGLang's `num_retracted_reqs` is a gauge of requests retracted right now, not a count of
+# preemptions, so preemptions stay unavailable for SGLang.
+SGLANG = Adapter(
+    engine="sglang",
+    prefix="sglang:",
+    running=("sglang:num_running_reqs",),
+    waiting=("sglang:num_queue_reqs",),
+    kv_usage=("sglang:token_usage",),
+    prefix_cache_hit_rate=("sglang:cache_hit_rate",),
+    queue_time_histogram=("sglang:queue_time_seconds",),
+)
+
+# TGI exports batch size and queue size but no KV-cache or prefix-cache gauge.
+TGI = Adapter(
+    engine="tgi",
+    prefix="tgi_",
+    running=("tgi_batch_current_size",),
+    waiting=("tgi_queue_size",),
+    queue_time_histogram=("tgi_request_queue_duration",),
+)
+
+# Detection order: cbbench before vLLM (cbbench also exports vllm: names).
+ADAPTERS: tuple[Adapter, ...] = (CBBENCH, VLLM, SGLANG, TGI)
+
+
+def detect(scrape: Scrape) -> Adapter | None:
+    """The adapter whose names appear in `scrape`; None for an engine no adapter knows."""
+    for adapter in ADAPTERS:
+        if adapter.detects(scrape):
+            return adapter
+    return None
