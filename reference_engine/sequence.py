@@ -28,6 +28,7 @@ class Sequence:
     token_ids: list[int] = field(default_factory=list)  # prompt + generated
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache (vLLM v1 semantics)
     block_table: list[int] = field(default_factory=list)
+    seq_index: int = 0  # order in which the engine received it (the tie-break among equals)
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -1,0 +1,312 @@
+"""LLMEngine: add requests, step (schedule -> execute -> update), read outputs and stats.
+
+The same loop drives the real model (ModelRunner, wall clock) and the simulator
+(SimExecutor, virtual clock); only the scheduler named in the config changes the policy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cbbench.reference_engine.block_manager import BlockManager
+from cbbench.reference_engine.config import EngineConfig
+from cbbench.reference_engine.cost_model import CostModel, get_hardware
+from cbbench.reference_engine.errors import EngineError, QueueFullError
+from cbbench.reference_engine.executor import Executor
+from cbbench.reference_engine.model_config import PRESETS, ModelConfig, preset_config
+from cbbench.reference_engine.outputs import EngineStats, RequestMetrics, RequestOutput
+from cbbench.reference_engine.sampling_params import SamplingParams
+from cbbench.reference_engine.scheduler import make_scheduler
+from cbbench.reference_engine.sequence import Sequence, SequenceStatus
+
+__all__ = ["LLMEngine", "QueueFullError", "resolve_model_config"]
+
+CPU_KV_CACHE_MAX_GB = 1.0  # default KV pool cap on the CPU
+
+
+def resolve_model_config(model: str) -> ModelConfig:
+    """A preset name, an HF folder or its config.json."""
+    if model in PRESETS:
+        return preset_config(model)
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.exists():
+        raise EngineError(
+            f"model {model!r} is neither a preset ({', '.join(PRESETS)}) nor an HF folder "
+            f"with a config.json"
+        )
+    return ModelConfig.from_file(path)
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_config: ModelConfig,
+        executor: Executor,
+        num_kv_blocks: int,
+        max_model_len: int,
+    ) -> None:
+        self.config = config
+        self.model_config = model_config
+        self.executor = executor
+        self.max_model_len = max_model_len
+        self.block_manager = BlockManager(
+            num_kv_blocks, config.block_size, config.enable_prefix_caching
+        )
+        self.scheduler = make_scheduler(config, self.block_manager, max_model_len)
+        self._check_capacity()
+        self.seqs: dict[str, Sequence] = {}  # unfinished requests
+        self._num_added = 0
+        self.num_steps = 0
+        self._stats = EngineStats(0, 0, 0, 0, num_kv_blocks, 0, 0.0, 0, 0.0)
+
+    # --- construction -----------------------------------------------------------------
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLMEngine:
+        mc = resolve_model_config(config.model)
+        max_model_len = config.max_model_len or mc.max_position_embeddings
+        if max_model_len > mc.max_position_embeddings:
+            raise EngineError(
+                f"max_model_len {max_model_len} exceeds the model's max_position_embeddings "
+                f"({mc.max_position_embeddings})"
+            )
+        dtype = mc.torch_dtype if config.dtype == "auto" else config.dtype
+        if config.executor == "sim":
+            from cbbench.reference_engine.sim_executor import SimExecutor
+
+            cost = CostModel(mc, get_hardware(config.hardware), dtype)
+            if config.num_kv_blocks:
+                num_blocks = config.num_kv_blocks
+            elif config.kv_cache_memory_gb:
+                num_blocks = int(
+                    config.kv_cache_memory_gb * 1e9 // (cost.kv_bytes_per_token * config.block_size)
+                )
+            else:
+                num_blocks = cost.kv_pool_blocks(config.block_size)
+            executor: Executor = SimExecutor(mc, cost, seed=config.seed)
+        else:
+            from cbbench.reference_engine.model_runner import ModelRunner
+
+            num_blocks = config.num_kv_blocks or cls._default_num_blocks(
+                config, mc, dtype, max_model_len, ModelRunner.kv_bytes_per_block
+            )
+            executor = ModelRunner(
+                config.model,
+                num_kv_blocks=num_blocks,
+                block_size=config.block_size,
+                device=config.device,
+                dtype=config.dtype,
+                attention_backend=config.attention_backend,
+                seed=config.seed,
+            )
+            mc = executor.model_config
+        if num_blocks < 1:
+            raise EngineError("the KV cache holds no block: raise kv_cache_memory_gb")
+        return cls(config, mc, executor, num_blocks, max_model_len)
+
+    @staticmethod
+    def _default_num_blocks(config, mc, dtype, max_model_len, bytes_per_block_fn) -> int:
+        per_block = bytes_per_block_fn(mc, config.block_size, dtype)
+        if config.kv_cache_memory_gb:
+            return int(config.kv_cache_memory_gb * 2**30 // per_block)
+        if config.device.startswith("cuda"):
+            import torch
+
+            free, _ = torch.cuda.mem_get_info(torch.device(config.device))
+            weights = mc.num_params() * (
+                per_block // (mc.kv_bytes_per_token(1) * config.block_size)
+            )
+            return max(1, int((free * 0.85 - weights) // per_block))
+        # CPU: enough for every slot at full length, capped
+        want = config.max_batch_slots * -(-max_model_len // config.block_size)
+        return max(1, min(want, int(CPU_KV_CACHE_MAX_GB * 2**30 // per_block)))
+
+    def _check_capacity(self) -> None:
+        cfg, bm = self.config, self.block_manager
+        if cfg.scheduler == "static":
+            need = cfg.static.batch_size * bm.blocks_for(self.max_model_len)
+            if need > bm.num_blocks:
+                raise EngineError(
+                    f"static batching reserves max_model_len ({self.max_model_len}) tokens per "
+                    f"slot: batch_size {cfg.static.batch_size} needs {need} KV blocks but the "
+                    f"pool has {bm.num_blocks}; lower the batch size or max_model_len, or give "
+                    f"the KV cache more memory"
+                )
+        if (
+            cfg.scheduler == "continuous"
+            and not cfg.continuous.enable_chunked_prefill
+            and cfg.continuous.max_num_batched_tokens < self.max_model_len
+        ):
+            raise EngineError(
+                f"without chunked prefill, max_num_batched_tokens "
+                f"({cfg.continuous.max_num_batched_tokens}) must be >= max_model_len "
+                f"({self.max_model_len})"
+            )
+
+    # --- public API -------------------------------------------------------------------
+    @property
+    def scheduler_name(self) -> str:
+        return self.scheduler.name
+
+    def now(self) -> float:
+        return self.executor.now()
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int = 0,
+        arrival_time: float | None = None,
+    ) -> None:
+        if request_id in self.seqs:
+            raise EngineError(f"request {request_id!r}: id already in use")
+        if not prompt_token_ids:
+            raise EngineError(f"request {request_id!r}: empty prompt")
+        vocab = self.model_config.vocab_size
+        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:
+            raise EngineError(f"request {request_id!r}: prompt token ids must lie in [0, {vocab})")
+        total = len(prompt_token_ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise EngineError(
+                f"request {request_id!r}: prompt ({len(prompt_token_ids)} tokens) + max_tokens "
+                f"({params.max_tokens}) = {total} exceeds max_model_len ({self.max_model_len})"
+            )
+        bm = self.block_manager
+        if bm.blocks_for(total) > bm.num_blocks:
+            raise EngineError(
+                f"request {request_id!r}: {total} tokens need {bm.blocks_for(total)} KV blocks "
+                f"but the pool has {bm.num_blocks}"
+            )
+        limit = self.config.max_waiting
+        if self.config.scheduler == "dynamic" and self.config.dynamic.max_queue_size:
+            limit = min(limit or 1 << 62, self.config.dynamic.max_queue_size)
+        if limit is not None and self.scheduler.num_waiting >= limit:
+            raise QueueFullError(
+                f"request {request_id!r}: the waiting queue is full ({limit} requests)"
+            )
+        seq = Sequence(
+            request_id=request_id,
+            prompt_token_ids=list(prompt_token_ids),
+            sampling_params=params,
+            metrics=RequestMetrics(
+                arrival_time=self.now() if arrival_time is None else arrival_time
+            ),
+            priority=priority,
+            seq_index=self._num_added,
+        )
+        self._num_added += 1
+        self.seqs[request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> None:
+        """Finish a request in any state ("abort") and free its KV blocks now. Unknown or
+        already finished ids are ignored (a client may disconnect after the end)."""
+        seq = self.seqs.pop(request_id, None)
+        if seq is None:
+            return
+        self.scheduler.abort(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = "abort"
+        seq.metrics.finished_time = self.now()
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.seqs)
+
+    def next_wakeup(self) -> float | None:
+        return self.scheduler.next_wakeup(self.now())
+
+    def step(self) -> list[RequestOutput]:
+        now = self.now()
+        out = self.scheduler.schedule(now)
+        if out.is_empty:
+            self._update_stats(0, 0, 0.0)
+            return []
+        samples = [c.samples for c in out.chunks]
+        for c in out.chunks:
+            if c.seq.metrics.first_scheduled_time is None:
+                c.seq.metrics.first_scheduled_time = now
+        tokens = self.executor.execute(out.chunks)
+        end = self.now()
+        self.num_steps += 1
+        outputs: list[RequestOutput] = []
+        bm = self.block_manager
+        for chunk, sample, tok in zip(out.chunks, samples, tokens, strict=True):
+            seq = chunk.seq
+            assert (tok is not None) == sample, f"{seq.request_id}: executor/sample mismatch"
+            seq.num_computed_tokens += chunk.num_tokens
+            if tok is None:
+                bm.cache_blocks(seq)
+                continue
+            seq.token_ids.append(tok)
+            if seq.metrics.first_token_time is None:
+                seq.metrics.first_token_time = end
+            bm.cache_blocks(seq)
+            reason = self._stop_reason(seq, tok)
+            if reason is not None:
+                seq.status = SequenceStatus.FINISHED
+                seq.finish_reason = reason
+                seq.metrics.finished_time = end
+                del self.seqs[seq.request_id]
+                self.scheduler.finish(seq)
+            outputs.append(
+                RequestOutput(
+                    request_id=seq.request_id,
+                    new_token_ids=[tok],
+                    num_prompt_tokens=seq.num_prompt_tokens,
+                    num_output_tokens=seq.num_output_tokens,
+                    finished=reason is not None,
+                    finish_reason=reason,
+                    metrics=seq.metrics,
+                )
+            )
+        self._update_stats(len(out.chunks), out.num_batched_tokens, end - now)
+        return outputs
+
+    def _stop_reason(self, seq: Sequence, tok: int) -> str | None:
+        p = seq.sampling_params
+        n = seq.num_output_tokens
+        if n >= p.min_tokens and (
+            (not p.ignore_eos and tok in self.model_config.eos_token_ids) or tok in p.stop_token_ids
+        ):
+            return "stop"
+        if n >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    # --- stats ------------------------------------------------------------------------
+    def _update_stats(self, num_seqs: int, num_tokens: int, step_time: float) -> None:
+        bm = self.block_manager
+        self._stats = EngineStats(
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting,
+            num_preempted_total=self.scheduler.num_preemptions,
+            kv_blocks_used=bm.num_used_blocks,
+            kv_blocks_total=bm.num_blocks,
+            kv_reserved_unused_tokens=self.scheduler.reserved_unused_tokens(),
+            batch_occupancy=num_seqs / self.config.max_batch_slots,
+            num_batched_tokens=num_tokens,
+            step_time_s=step_time,
+        )
+
+    def get_stats(self) -> EngineStats:
+        """Stats as of the end of the last step (queue counts are current)."""
+        s = self._stats
+        s.num_waiting = self.scheduler.num_waiting
+        s.num_running = self.scheduler.num_running
+        s.kv_blocks_used = self.block_manager.num_used_blocks
+        return s
+
+    def check_invariants(self) -> None:
+        """Asserts on the whole engine state (tests call it after every step)."""
+        holders = self.scheduler.holders()
+        self.block_manager.check_invariants(holders)
+        for seq in self.scheduler.waiting:
+            assert not seq.block_table, f"waiting {seq.request_id} holds KV blocks"
+            assert seq.num_computed_tokens == 0
+        for seq in self.scheduler.running():
+            assert seq.request_id in self.seqs
+            assert seq.num_computed_tokens <= len(seq.block_table) * self.block_manager.block_size
+        assert self.scheduler.num_running <= self.config.max_batch_slots

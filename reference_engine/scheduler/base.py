@@ -1,0 +1,81 @@
+"""The scheduler interface: what runs in the next step, and who holds which KV blocks."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from cbbench.reference_engine.block_manager import BlockManager
+from cbbench.reference_engine.config import EngineConfig
+from cbbench.reference_engine.executor import ScheduledChunk
+from cbbench.reference_engine.scheduler.queues import RequestQueue, fcfs_key
+from cbbench.reference_engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class SchedulerOutput:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)  # preempted in this step
+    num_batched_tokens: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+class Scheduler(ABC):
+    name: str
+
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, max_model_len: int):
+        self.config = config
+        self.block_manager = block_manager
+        self.max_model_len = max_model_len
+        self.waiting = RequestQueue(fcfs_key)
+        self.num_preemptions = 0
+
+    # --- bookkeeping the engine drives --------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.add(seq)
+
+    @abstractmethod
+    def schedule(self, now: float) -> SchedulerOutput: ...
+
+    @abstractmethod
+    def finish(self, seq: Sequence) -> None:
+        """seq just finished (status already FINISHED): release what the policy releases."""
+
+    @abstractmethod
+    def abort(self, seq: Sequence) -> None:
+        """Remove seq from wherever it is and free its blocks now."""
+
+    @abstractmethod
+    def running(self) -> list[Sequence]:
+        """Sequences that hold a batch slot and are not finished."""
+
+    def holders(self) -> list[Sequence]:
+        """Every sequence holding KV blocks (static/dynamic: finished members too)."""
+        return self.running()
+
+    def next_wakeup(self, now: float) -> float | None:
+        """Engine-clock time at which a waiting policy acts without new input (None: it
+        acts whenever schedule() is called, or has nothing to do)."""
+        return None
+
+    # --- stats --------------------------------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running())
+
+    def reserved_unused_tokens(self) -> int:
+        """KV token slots held but not filled by a live sequence's computed tokens."""
+        bs = self.block_manager.block_size
+        total = 0
+        for seq in self.holders():
+            held = len(seq.block_table) * bs
+            total += held if seq.is_finished else held - seq.num_computed_tokens
+        return total

@@ -1,0 +1,164 @@
+"""Continuous (iteration-level) batching over paged KV, vLLM v1 style.
+
+Each step, with a token budget of `max_num_batched_tokens`:
+1. running sequences, most important first, each get the tokens it lacks (1 for a decode,
+   the rest of a prompt, or a chunk of it with chunked prefill); KV blocks are allocated on
+   demand and when the pool runs dry the least important running sequence is preempted by
+   recompute (blocks freed, back to the waiting queue, computed tokens reset, its generated
+   tokens kept so the recompute prefills prompt + outputs);
+2. waiting sequences are admitted, in queue order (FCFS, or priority with aging), into free
+   slots within max_num_seqs, the remaining budget and the free blocks (keeping a watermark),
+   with an optional cap on prefills per step. Nothing new is admitted in a step that had to
+   preempt, except a request overdue by `max_queue_wait_s`, which is admitted by force,
+   preempting the least important running sequences if it must.
+A sequence that finishes frees its slot and blocks at once, so the next step refills it.
+"""
+
+from __future__ import annotations
+
+from cbbench.reference_engine.executor import ScheduledChunk
+from cbbench.reference_engine.scheduler.base import Scheduler, SchedulerOutput
+from cbbench.reference_engine.scheduler.queues import RequestQueue, SortKey, priority_key
+from cbbench.reference_engine.sequence import Sequence, SequenceStatus
+
+FORCED: SortKey = (float("-inf"),)
+
+
+class ContinuousScheduler(Scheduler):
+    name = "continuous"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        cfg = self.config.continuous
+        if cfg.policy == "priority":
+            self.waiting = RequestQueue(priority_key(cfg.aging_rate))
+        self._running: dict[Sequence, None] = {}  # admission order
+        self._forced: set[Sequence] = set()  # admitted by max_queue_wait: preempted last
+        self.watermark_blocks = int(cfg.watermark * self.block_manager.num_blocks)
+
+    def _key(self, seq: Sequence) -> tuple:
+        return (0 if seq in self._forced else 1, self.waiting.key(seq))
+
+    # --- one step -----------------------------------------------------------------------
+    def schedule(self, now: float) -> SchedulerOutput:
+        cfg = self.config.continuous
+        bm = self.block_manager
+        budget = cfg.max_num_batched_tokens
+        scheduled: dict[Sequence, int] = {}
+        preempted: list[Sequence] = []
+
+        def preempt_worst(exclude: Sequence | None = None) -> Sequence | None:
+            candidates = [s for s in self._running if s is not exclude]
+            if not candidates:
+                return None
+            victim = max(candidates, key=self._key)
+            nonlocal budget
+            budget += scheduled.pop(victim, 0)
+            self._preempt(victim)
+            preempted.append(victim)
+            return victim
+
+        # 1. running sequences, most important first
+        for seq in sorted(self._running, key=self._key):
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted as a victim above
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            assert n >= 1, f"{seq.request_id} is running with nothing to compute"
+            while not bm.allocate_slots(seq, seq.num_computed_tokens + n):
+                if preempt_worst() is seq:
+                    break
+            else:
+                scheduled[seq] = n
+                budget -= n
+
+        # 2. waiting sequences
+        num_prefills = 0
+        while self.waiting and budget > 0:
+            overdue = self._overdue(now)
+            seq = overdue or self.waiting.peek()
+            forced = overdue is not None
+            if seq in preempted:
+                break  # never re-admit in the step that preempted it
+            if not forced and (
+                preempted
+                or (cfg.max_prefills_per_step and num_prefills >= cfg.max_prefills_per_step)
+            ):
+                break
+            if len(self._running) >= cfg.max_num_seqs and not (forced and preempt_worst()):
+                break
+            computed = bm.get_computed_blocks(seq)
+            num_cached = len(computed) * bm.block_size
+            need = seq.num_tokens - num_cached
+            if not cfg.enable_chunked_prefill and need > budget:
+                break
+            n = min(need, budget)
+            watermark = self.watermark_blocks if self._running else 0
+            while not bm.allocate_slots(seq, num_cached + n, computed, watermark):
+                if not forced or preempt_worst() is None:
+                    break
+                watermark = self.watermark_blocks if self._running else 0
+            else:
+                self.waiting.remove(seq)
+                if forced:
+                    self._forced.add(seq)
+                seq.status = SequenceStatus.RUNNING
+                seq.num_computed_tokens = num_cached
+                if seq.metrics.first_scheduled_time is None:
+                    seq.metrics.num_cached_tokens = num_cached
+                self._running[seq] = None
+                scheduled[seq] = n
+                budget -= n
+                num_prefills += 1
+                continue
+            break
+
+        chunks = [ScheduledChunk(s, n) for s, n in scheduled.items()]
+        out = SchedulerOutput(
+            chunks=chunks, preempted=preempted, num_batched_tokens=sum(scheduled.values())
+        )
+        assert out.num_batched_tokens <= cfg.max_num_batched_tokens
+        assert len(self._running) <= cfg.max_num_seqs
+        assert len(chunks) == len({id(c.seq) for c in chunks})
+        return out
+
+    def _overdue(self, now: float) -> Sequence | None:
+        limit = self.config.continuous.max_queue_wait_s
+        if limit is None:
+            return None
+        oldest = self.waiting.oldest()
+        if oldest is not None and now - oldest.metrics.arrival_time >= limit:
+            return oldest
+        return None
+
+    def _preempt(self, seq: Sequence) -> None:
+        del self._running[seq]
+        self._forced.discard(seq)
+        self.block_manager.free(seq, finished=False)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.PREEMPTED
+        seq.metrics.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.add(seq)
+
+    # --- engine callbacks -------------------------------------------------------------
+    def finish(self, seq: Sequence) -> None:
+        del self._running[seq]
+        self._forced.discard(seq)
+        self.block_manager.free(seq)
+
+    def abort(self, seq: Sequence) -> None:
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        elif seq in self._running:
+            del self._running[seq]
+            self._forced.discard(seq)
+        self.block_manager.free(seq)
+
+    def running(self) -> list[Sequence]:
+        return list(self._running)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
