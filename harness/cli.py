@@ -16,6 +16,7 @@ COMMAND_MODULES: list[str] = [
     "cbbench.harness.cmd_version",
     "cbbench.harness.cmd_workload",
     "cbbench.harness.cmd_report",
+    "cbbench.reference_engine.cmd_serve",
 ]
 
 # User-caused errors: one clear line and a non-zero exit, never a traceback.

@@ -128,6 +128,9 @@ def _install_error_handlers(app: FastAPI) -> None:
             message = f"invalid JSON: {first.get('ctx', {}).get('error', 'decode error')}"
             return JSONResponse(error_body(message, "invalid_request_error"), 400)
         param = ".".join(loc) or None
+        if param is None and first.get("type") == "model_attributes_type":
+            message = "the request body must be a JSON object (Content-Type: application/json)"
+            return JSONResponse(error_body(message, "invalid_request_error"), 400)
         message = f"{param or 'body'}: {first.get('msg', 'invalid value')}"
         if len(errors) > 1:
             message += f" (and {len(errors) - 1} more errors)"

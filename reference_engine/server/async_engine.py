@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.errors import EngineError, QueueFullError
 from cbbench.reference_engine.outputs import RequestOutput
 from cbbench.reference_engine.sampling_params import SamplingParams
 from cbbench.reference_engine.server.errors import QueueFull, ShuttingDown
@@ -105,14 +105,16 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="cbbench-engine", daemon=True)
         self._thread.start()
 
-    def shutdown(self, reason: str = "server shutting down", timeout: float = 10.0) -> None:
-        """Fail every in-flight request with ShuttingDown(reason) and stop the thread."""
+    def shutdown(self, reason: str = "server shutting down", wait: bool = True) -> None:
+        """Fail every in-flight request with ShuttingDown(reason) and stop the thread (wait:
+        until it has stopped, at most 10 s)."""
         with self._cv:
             if self._closing is None:
                 self._closing = reason
             self._cv.notify()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+        thread = self._thread
+        if wait and thread is not None and thread is not threading.current_thread():
+            thread.join(10.0)
 
     @property
     def accepting(self) -> bool:
@@ -211,9 +213,10 @@ class AsyncEngine:
             self.engine.add_request(
                 cmd.request_id, cmd.prompt_token_ids, cmd.sampling_params, priority=cmd.priority
             )
-        except EngineError as exc:  # QueueFullError is an EngineError too
-            if type(exc).__name__ == "QueueFullError":
-                exc = QueueFull(str(exc))
+        except QueueFullError as exc:
+            cmd.stream.put(QueueFull(str(exc)))
+            return
+        except EngineError as exc:
             cmd.stream.put(exc)
             return
         self._streams[cmd.request_id] = cmd.stream
