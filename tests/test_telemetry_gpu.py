@@ -172,3 +172,18 @@ def test_real_pynvml_records_only_when_a_driver_answers() -> None:
     else:
         assert samples == [] and summary["reason"]
         assert summary["unavailable"] == list(SUMMARY_FIELDS)
+
+
+def test_gpu_check_exit_code_follows_nvml(tmp_path) -> None:
+    """`python -m cbbench.harness.telemetry.gpu_check`: non-zero exactly when there is no GPU."""
+    import json
+
+    from cbbench.harness.telemetry.gpu_check import main
+
+    rc = main(["--out", str(tmp_path), "--seconds", "0.2"])
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    if report["summary"]["available"]:
+        assert rc == 0 and report["samples"] and report["load"]["matmuls"] > 0
+    else:
+        assert rc == 1 and report["samples"] == [] and report["load"] is None
+        assert report["summary"]["reason"].startswith("no NVIDIA")

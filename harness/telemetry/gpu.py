@@ -100,12 +100,12 @@ class GpuSampler:
                 self._nvml.nvmlShutdown()
 
     def latest(self) -> dict:
-        """The latest tick over the chosen devices: mean utilization, summed memory and power."""
+        """The latest tick for the live view: mean utilization, summed memory and power."""
         with self._lock:
             latest = list(self._latest.values())
         if not latest:
             return {}
-        out: dict = {"t_s": max(s["t_s"] for s in latest), "devices": len(latest)}
+        out: dict = {}
         for key, how in (
             ("util_gpu", "mean"),
             ("util_mem", "mean"),
@@ -116,6 +116,7 @@ class GpuSampler:
             vals = [s[key] for s in latest if key in s]
             if vals:
                 out[key] = sum(vals) / len(vals) if how == "mean" else sum(vals)
+        out["devices"] = len(latest)
         return out
 
     def summary(self) -> dict:

@@ -134,7 +134,7 @@ class ServerMetricsSampler:
             fields = self.adapter.read(scrape) if self.adapter else {}
             for k, v in fields.items():
                 self._values[k].append(v)
-            self._latest = {"t_s": t_s, **fields}
+            self._latest = dict(fields)
             self.samples += 1
         sample: dict = {"t_s": t_s, "source": "server", **fields}
         if self.adapter is None:
