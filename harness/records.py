@@ -26,6 +26,7 @@ class RequestRecord:
     sent_s: float | None = None  # request bytes handed to the connection
     first_token_s: float | None = None
     last_token_s: float | None = None
+    end_s: float | None = None  # when the request finished, failed or not (response over)
     token_times_s: list[float] = field(default_factory=list)  # one per output token (spread)
     # derived latencies (seconds); None when undefined
     ttft_s: float | None = None

@@ -1,0 +1,293 @@
+"""Async OpenAI-compatible client (httpx, HTTP/1.1 keep-alive) that fills a RequestRecord.
+
+One `send` = one request: every raw read off the socket is timestamped with
+`time.monotonic_ns()` and fed to the incremental SSE parser. A chunk's token count comes from
+`token_ids` (vLLM's `return_token_ids`, the reference engine), else from a `usage` delta,
+else one token per non-empty text chunk. A chunk that carries k tokens spreads the gap since
+the previous token evenly over its k tokens, so the ITL list has one entry per token after the
+first and its mean equals TPOT (tokens of the first chunk after the first one get gap 0: they
+arrived with it). Failures never raise: they end in `status="error"` with a reason and kind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+import httpx
+from cbbench.harness.records import RequestRecord
+from cbbench.harness.sse import SSEParser
+
+ERROR_TEXT_LIMIT = 300
+
+
+@dataclass
+class ClientConfig:
+    base_url: str
+    model: str
+    endpoint: str = "completions"  # "completions" | "chat"
+    stream: bool = True
+    api_key: str | None = None
+    timeout_s: float = 600.0
+    extensions: bool = True  # ignore_eos, min_tokens, return_token_ids, priority (vLLM accepts)
+    extra_body: dict = field(default_factory=dict)
+    max_connections: int = 100
+    collect_server_times: bool = False  # selftest: keep per-chunk (recv - server t_send_ns)
+
+    @property
+    def url(self) -> str:
+        path = "/v1/chat/completions" if self.endpoint == "chat" else "/v1/completions"
+        return self.base_url.rstrip("/") + path
+
+
+class RequestFailed(Exception):
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def build_payload(cfg: ClientConfig, prompt: list[int] | str, rec: RequestRecord) -> dict:
+    body: dict = {"model": cfg.model, "max_tokens": rec.output_len, "stream": cfg.stream}
+    if cfg.endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    if cfg.stream:
+        body["stream_options"] = {"include_usage": True}
+    if cfg.extensions:
+        body.update(ignore_eos=True, min_tokens=rec.output_len, return_token_ids=True)
+        if rec.priority:
+            body["priority"] = rec.priority
+    body.update(cfg.extra_body)
+    return body
+
+
+class OpenAIClient:
+    def __init__(self, cfg: ClientConfig, t0_ns: int = 0) -> None:
+        self.cfg = cfg
+        self.t0_ns = t0_ns
+        headers = {"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+        n = max(1, cfg.max_connections)
+        self.http = httpx.AsyncClient(
+            headers=headers,
+            timeout=httpx.Timeout(cfg.timeout_s),
+            limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
+            http1=True,
+            http2=False,
+            trust_env=False,
+        )
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    def _s(self, t_ns: int) -> float:
+        return (t_ns - self.t0_ns) / 1e9
+
+    async def send(self, rec: RequestRecord, prompt: list[int] | str) -> RequestRecord:
+        """Send one request and fill `rec` in place (timing, tokens, outcome)."""
+        chunks: list[tuple[int, int]] = []  # (arrival ns, tokens in chunk)
+        state: dict = {}
+        body = json.dumps(build_payload(self.cfg, prompt, rec)).encode()
+        if isinstance(prompt, list):
+            rec.prompt_tokens_client = len(prompt)
+        try:
+            await asyncio.wait_for(self._exchange(rec, body, chunks, state), self.cfg.timeout_s)
+        except RequestFailed as exc:
+            _fail(rec, exc.kind, str(exc))
+        except asyncio.TimeoutError:
+            _fail(rec, "timeout", f"no complete response within {self.cfg.timeout_s:g} s")
+        except httpx.TimeoutException as exc:
+            _fail(rec, "timeout", f"{type(exc).__name__}: {exc}")
+        except httpx.ConnectError as exc:
+            _fail(rec, "connection", f"cannot connect to {self.cfg.base_url}: {exc}")
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            kind = "stream" if chunks or state.get("status") else "connection"
+            _fail(rec, kind, f"{type(exc).__name__}: {exc or 'connection closed'}")
+        except httpx.HTTPError as exc:
+            _fail(rec, "http", f"{type(exc).__name__}: {exc}")
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            _fail(rec, "protocol", f"unexpected response: {type(exc).__name__}: {exc}")
+        self._finish(rec, chunks, state)
+        return rec
+
+    async def _exchange(self, rec: RequestRecord, body: bytes, chunks: list, state: dict) -> None:
+        headers = {"content-type": "application/json", "x-request-id": rec.id}
+        req = self.http.build_request("POST", self.cfg.url, content=body, headers=headers)
+        rec.sent_s = self._s(time.monotonic_ns())
+        resp = await self.http.send(req, stream=True)
+        try:
+            state["status"] = resp.status_code
+            scheduler = resp.headers.get("x-cbbench-scheduler")
+            if scheduler:
+                rec.extra["scheduler"] = scheduler
+            if resp.status_code >= 400:
+                text = (await resp.aread()).decode("utf-8", "replace")
+                raise RequestFailed(
+                    f"http_{resp.status_code // 100}xx",
+                    f"HTTP {resp.status_code}: {_error_message(text)}",
+                )
+            if self.cfg.stream:
+                await self._read_stream(resp, chunks, state)
+            else:
+                raw = await resp.aread()
+                t = time.monotonic_ns()
+                k = self._apply(json.loads(raw), state)
+                chunks.append((t, state.get("ids_total") or state.get("usage_out") or k))
+        finally:
+            await resp.aclose()
+
+    async def _read_stream(self, resp: httpx.Response, chunks: list, state: dict) -> None:
+        parser = SSEParser()
+        sends = state.setdefault("server_send_ns", []) if self.cfg.collect_server_times else None
+        async for raw in resp.aiter_raw():
+            t = time.monotonic_ns()
+            for data in parser.feed(raw):
+                if data == b"[DONE]":
+                    state["done"] = True
+                    continue
+                obj = json.loads(data)
+                k = self._apply(obj, state)
+                if k:
+                    chunks.append((t, k))
+                    if sends is not None and "t_send_ns" in obj:
+                        sends.append(t - obj["t_send_ns"])
+        if not state.get("done"):
+            raise RequestFailed("stream", "stream ended without [DONE]")
+
+    def _apply(self, obj: dict, state: dict) -> int:
+        """Fold one response object into `state`; return the tokens it carries."""
+        if "error" in obj and not obj.get("choices"):
+            err = obj["error"]
+            msg = err.get("message", err) if isinstance(err, dict) else err
+            raise RequestFailed("server_error", f"error in stream: {str(msg)[:ERROR_TEXT_LIMIT]}")
+        if "cbbench" in obj:
+            state["cbbench"] = obj["cbbench"]
+        usage = obj.get("usage")
+        k_usage = None
+        if usage:
+            state["usage_prompt"] = usage.get("prompt_tokens")
+            out = usage.get("completion_tokens")
+            if out is not None:
+                if "usage_out" in state:  # per-chunk usage (vLLM continuous_usage_stats)
+                    k_usage = out - state["usage_out"]
+                state["usage_out"] = out
+        choices = obj.get("choices") or ()
+        if not choices:
+            return 0
+        c = choices[0]
+        if c.get("finish_reason"):
+            state["finish"] = c["finish_reason"]
+        if "prompt_token_ids" in c and c["prompt_token_ids"] is not None:
+            state["prompt_ids"] = len(c["prompt_token_ids"])
+        ids = c.get("token_ids")
+        if ids is not None:
+            state["ids_total"] = state.get("ids_total", 0) + len(ids)
+            return len(ids)
+        if k_usage is not None and self.cfg.stream:
+            return k_usage
+        text = c.get("text")
+        if text is None:
+            msg = c.get("delta") or c.get("message") or {}
+            text = msg.get("content") or msg.get("reasoning_content")
+        return 1 if text else 0
+
+    def _finish(self, rec: RequestRecord, chunks: list, state: dict) -> None:
+        rec.end_s = self._s(time.monotonic_ns())
+        rec.finish_reason = state.get("finish")
+        rec.prompt_tokens_server = state.get("usage_prompt") or state.get("prompt_ids")
+        rec.output_tokens_server = state.get("usage_out")
+        if "cbbench" in state:
+            info = dict(state["cbbench"])
+            rec.server_queue_s = info.pop("queue_time_s", None)
+            rec.extra.update(info)
+        if "server_send_ns" in state:
+            rec.extra["recv_minus_send_s"] = [d / 1e9 for d in state["server_send_ns"]]
+        rec.output_tokens_client = sum(k for _, k in chunks) if chunks else 0
+        if chunks:
+            times = _spread(chunks)
+            rec.token_times_s = [self._s(t) for t in times]
+            rec.first_token_s = rec.token_times_s[0]
+            rec.last_token_s = rec.token_times_s[-1]
+        if not rec.ok or rec.sent_s is None or not chunks:
+            if rec.ok:
+                _fail(rec, "empty", "response carried no output tokens")
+            return
+        rec.e2e_s = rec.last_token_s - rec.sent_s
+        if self.cfg.stream:
+            rec.ttft_s = rec.first_token_s - rec.sent_s
+            rec.itl_s = [
+                b - a for a, b in zip(rec.token_times_s, rec.token_times_s[1:], strict=False)
+            ]
+            n = rec.output_tokens_server or rec.output_tokens_client
+            if n > 1:
+                rec.tpot_s = (rec.e2e_s - rec.ttft_s) / (n - 1)
+        else:
+            rec.token_times_s = []
+
+
+def _spread(chunks: list[tuple[int, int]]) -> list[int]:
+    """Token arrival times (ns): a chunk of k tokens spreads the gap since the last token."""
+    t_first, k_first = chunks[0]
+    times = [t_first] * k_first
+    prev = t_first
+    for t, k in chunks[1:]:
+        if k == 1:
+            times.append(t)
+        else:
+            gap = (t - prev) / k
+            times.extend(int(prev + gap * (j + 1)) for j in range(k))
+        prev = t
+    return times
+
+
+def _fail(rec: RequestRecord, kind: str, message: str) -> None:
+    if rec.status == "error":  # keep the first reason
+        return
+    rec.status = "error"
+    rec.error_kind = kind
+    rec.error = message[:ERROR_TEXT_LIMIT]
+
+
+def _error_message(text: str) -> str:
+    try:
+        err = json.loads(text).get("error")
+        msg = err.get("message") if isinstance(err, dict) else err
+        if msg:
+            return str(msg)[:ERROR_TEXT_LIMIT]
+    except (ValueError, AttributeError):
+        pass
+    return text.strip()[:ERROR_TEXT_LIMIT] or "(empty body)"
+
+
+def probe_server(base_url: str, api_key: str | None = None, timeout_s: float = 10.0) -> dict:
+    """GET /v1/models: the model ids and what the server says about itself. Unreachable or
+    not OpenAI-compatible -> CbbenchError (one line, exit 2)."""
+    from cbbench.harness.errors import CbbenchError
+
+    url = base_url.rstrip("/") + "/v1/models"
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        resp = httpx.get(url, headers=headers, timeout=timeout_s, trust_env=False)
+    except httpx.HTTPError as exc:
+        raise CbbenchError(
+            f"cannot reach server at {base_url} ({type(exc).__name__}: {exc})"
+        ) from None
+    if resp.status_code == 401:
+        raise CbbenchError(f"{url}: HTTP 401 unauthorized (check --api-key)")
+    if resp.status_code >= 400:
+        raise CbbenchError(f"{url}: HTTP {resp.status_code}: {_error_message(resp.text)}")
+    try:
+        data = resp.json().get("data") or []
+        models = [m["id"] for m in data]
+    except (ValueError, AttributeError, KeyError, TypeError):
+        raise CbbenchError(f"{url}: not an OpenAI-compatible model list") from None
+    info: dict = {"models": models}
+    if data:
+        first = data[0]
+        info.update({k: first[k] for k in ("owned_by", "max_model_len", "root") if k in first})
+    for h in ("server", "x-cbbench-scheduler"):
+        if h in resp.headers:
+            info[h] = resp.headers[h]
+    return info

@@ -1,0 +1,164 @@
+"""`cbbench bench`: replay a workload against an OpenAI-compatible server, vLLM-bench style."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+from cbbench.harness.errors import CbbenchError
+from cbbench.harness.runner import BenchConfig, run_bench
+from cbbench.harness.summary import parse_duration, parse_slo
+
+
+def add_load_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--base-url", required=True, help="server root, e.g. http://127.0.0.1:8000")
+    p.add_argument("--workload", default="mixed", help="preset name, trace file or spec file")
+    p.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
+    p.add_argument("--model", help="model name (default: the first one /v1/models lists)")
+    rate = p.add_mutually_exclusive_group()
+    rate.add_argument(
+        "--request-rate",
+        "--rate",
+        dest="rate",
+        type=float,
+        help="requests/s, open loop (inf = all at once); default: the workload's own arrival "
+        "times, else closed loop",
+    )
+    p.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="gamma shape of the arrival gaps as in vLLM: 1 = Poisson, < 1 burstier (with --rate)",
+    )
+    p.add_argument("--arrival", choices=("poisson", "constant"), help="arrival kind for --rate")
+    p.add_argument(
+        "--concurrency",
+        "--max-concurrency",
+        dest="concurrency",
+        type=int,
+        help="closed loop: requests in flight; with open loop: a cap (slot wait = client queue)",
+    )
+    count = p.add_mutually_exclusive_group()
+    count.add_argument("--num-requests", "--num-prompts", dest="num_requests", type=int)
+    count.add_argument("--duration", help="stop sending new requests after this long (e.g. 60s)")
+    p.add_argument(
+        "--warmup", type=int, default=0, help="requests sent first and left out of the summary"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--slo", help="goodput SLOs, e.g. ttft=200ms,tpot=50ms,e2e=10s")
+    p.add_argument("--tokenizer", help="tokenizer.json (or its folder): exact-length text prompts")
+    p.add_argument(
+        "--text-prompts", action="store_true", help="send text, not token ids, on completions"
+    )
+    p.add_argument("--api-key", help="sent as a Bearer token")
+    p.add_argument("--workers", type=int, default=1, help="load-generator processes")
+    p.add_argument("--timeout", type=float, default=600.0, help="per-request limit in seconds")
+    p.add_argument("--no-stream", action="store_true", help="non-streaming requests (no TTFT/ITL)")
+    p.add_argument(
+        "--no-extensions",
+        action="store_true",
+        help="plain OpenAI body: no ignore_eos, min_tokens, return_token_ids, priority",
+    )
+    p.add_argument("--extra-body", help="JSON object merged into every request body")
+    p.add_argument("--out", help="run folder (default results/runs/<timestamp>-<name>)")
+    p.add_argument("--name", help="run name (default: the workload's)")
+    p.add_argument("--no-live", action="store_true", help="no live view, only the final table")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="replay a workload against an OpenAI-compatible server and record every request",
+        description=__doc__,
+    )
+    add_load_args(p)
+    _add_telemetry_args(p)
+    p.set_defaults(func=run)
+
+
+def _add_telemetry_args(p: argparse.ArgumentParser) -> None:
+    """Telemetry flags (helper F's `add_telemetry_args`), when that module is there."""
+    try:
+        from cbbench.harness.telemetry import add_telemetry_args
+    except ImportError:
+        return
+    add_telemetry_args(p)
+
+
+def _build_samplers(args: argparse.Namespace, base_url: str) -> list:
+    try:
+        from cbbench.harness.telemetry import build_samplers
+    except ImportError:
+        return []
+    return list(build_samplers(args, base_url))
+
+
+def load_bench_workload(args: argparse.Namespace):
+    from cbbench.workloads import load_workload, with_arrivals
+
+    wl = load_workload(args.workload, seed=args.seed, num_requests=args.num_requests)
+    if len(wl) == 0:
+        raise CbbenchError(f"--workload {args.workload}: no requests")
+    if args.rate is not None:
+        if args.rate <= 0:
+            raise CbbenchError(f"--rate must be > 0, got {args.rate}")
+        if math.isinf(args.rate):
+            return with_arrivals(wl, "all-at-once")
+        if args.burstiness <= 0:
+            raise CbbenchError(f"--burstiness must be > 0, got {args.burstiness}")
+        kind = args.arrival or ("poisson" if args.burstiness == 1.0 else "gamma")
+        cv = 1.0 / math.sqrt(args.burstiness)  # gamma shape k has CV 1/sqrt(k)
+        return with_arrivals(wl, kind, rate=args.rate, cv=cv, seed=args.seed)
+    return wl
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    if args.concurrency is not None and args.concurrency < 1:
+        raise CbbenchError(f"--concurrency must be >= 1, got {args.concurrency}")
+    if args.timeout <= 0:
+        raise CbbenchError(f"--timeout must be > 0, got {args.timeout}")
+    extra = {}
+    if args.extra_body:
+        try:
+            extra = json.loads(args.extra_body)
+        except ValueError as exc:
+            raise CbbenchError(f"--extra-body: not JSON ({exc})") from None
+        if not isinstance(extra, dict):
+            raise CbbenchError("--extra-body: expected a JSON object")
+    wl = load_bench_workload(args)
+    duration = parse_duration(args.duration, "--duration") if args.duration else None
+    concurrency = args.concurrency
+    if not wl.open_loop and concurrency is None:
+        concurrency = len(wl)  # no rate, no cap, no timestamps: all at once, as vLLM does
+    return BenchConfig(
+        base_url=args.base_url,
+        workload=wl,
+        endpoint=args.endpoint,
+        model=args.model,
+        concurrency=concurrency,
+        duration_s=duration,
+        warmup=args.warmup,
+        slo=parse_slo(args.slo),
+        tokenizer=args.tokenizer,
+        api_key=args.api_key,
+        workers=args.workers,
+        out_dir=args.out,
+        name=args.name,
+        timeout_s=args.timeout,
+        stream=not args.no_stream,
+        extensions=not args.no_extensions,
+        extra_body=extra,
+        text_prompts=args.text_prompts,
+        load={"rate": args.rate, "burstiness": args.burstiness, "arrival": args.arrival},
+        command=list(sys.argv),
+        live=not args.no_live,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    samplers = _build_samplers(args, cfg.base_url)
+    result = run_bench(cfg, samplers)
+    return 130 if result.interrupted else 0

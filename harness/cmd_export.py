@@ -1,0 +1,45 @@
+"""`cbbench export RUN --csv PATH | --parquet PATH`: a run's records as a table (pandas).
+
+One row per request; list fields (token_times_s, itl_s) and `extra` are kept as JSON text in
+CSV, as lists/structs in Parquet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from cbbench.harness.errors import CbbenchError
+from cbbench.harness.results import load_run
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="write a run's per-request records as CSV or Parquet")
+    p.add_argument("run", help="run folder (holds requests.jsonl)")
+    fmt = p.add_mutually_exclusive_group(required=True)
+    fmt.add_argument("--csv", help="output CSV path")
+    fmt.add_argument("--parquet", help="output Parquet path (needs pyarrow)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    df = load_run(args.run).dataframe()
+    out = Path(args.csv or args.parquet)
+    if out.parent and not out.parent.exists():
+        raise CbbenchError(f"{out}: folder {out.parent} does not exist")
+    if args.csv:
+        for col in ("token_times_s", "itl_s", "extra"):
+            if col in df:
+                df[col] = df[col].map(lambda v: json.dumps(v, separators=(",", ":")))
+        df.to_csv(out, index=False)
+    else:
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise CbbenchError("--parquet needs pyarrow (pip install pyarrow)") from None
+        if "extra" in df:  # free-form dicts have no fixed Parquet schema: keep them as JSON
+            df["extra"] = df["extra"].map(lambda v: json.dumps(v, separators=(",", ":")))
+        df.to_parquet(out, index=False)
+    print(f"{len(df)} records -> {out}")
+    return 0

@@ -1,0 +1,294 @@
+"""A scripted OpenAI-compatible streaming server on raw asyncio, for tests and `cbbench selftest`.
+
+It generates no text worth reading: it follows a known token schedule (TTFT, gap per chunk,
+tokens per chunk) and can misbehave on purpose (HTTP errors, a reset mid-stream, a hang, short
+outputs). Every chunk carries `t_send_ns`, the server's `time.monotonic_ns()` just before the
+write; CLOCK_MONOTONIC is system-wide on Linux, so a client in another process can measure its
+own timing error against it.
+
+Behaviour is chosen per request by the integer suffix of its `x-request-id` header (the
+cbbench client sends `cbb-<index>`): `rules[index]` if present, else `default`.
+
+Run standalone: `python -m cbbench.harness.fake_server --config '{"default": {...}}'`; it
+prints `PORT <n>` once it listens on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+MODEL_ID = "fake-model"
+SCHEDULER = "fake"
+
+
+@dataclass
+class Behavior:
+    ttft_s: float = 0.0  # request received -> first chunk
+    itl_s: float = 0.0  # gap between chunks
+    tokens_per_chunk: int = 1
+    status: int = 200  # != 200: answer with this HTTP status and an OpenAI-style error body
+    reset_after_tokens: int | None = None  # abort the TCP connection after this many tokens
+    hang_s: float = 0.0  # wait this long before answering at all
+    short_by: int = 0  # generate this many tokens fewer than max_tokens (finish_reason "stop")
+    queue_time_s: float | None = 0.001  # reported in the final chunk's `cbbench` object
+
+
+@dataclass
+class FakeServerConfig:
+    default: Behavior = field(default_factory=Behavior)
+    rules: dict[int, Behavior] = field(default_factory=dict)
+
+    def behavior(self, index: int | None) -> Behavior:
+        return self.rules.get(index, self.default) if index is not None else self.default
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "default": asdict(self.default),
+                "rules": {k: asdict(v) for k, v in self.rules.items()},
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> FakeServerConfig:
+        d = json.loads(text) if text else {}
+        return cls(
+            default=Behavior(**d.get("default", {})),
+            rules={int(k): Behavior(**v) for k, v in d.get("rules", {}).items()},
+        )
+
+
+def _request_index(headers: dict[str, str]) -> int | None:
+    rid = headers.get("x-request-id", "")
+    tail = rid.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else None
+
+
+def _prompt_len(body: dict) -> int:
+    if "messages" in body:
+        return sum(len(str(m.get("content", "")).split()) for m in body["messages"])
+    prompt = body.get("prompt", "")
+    if isinstance(prompt, list):
+        return len(prompt)
+    return len(str(prompt).split())
+
+
+class FakeServer:
+    """The asyncio server; `serve_in_thread` or `python -m` to run it."""
+
+    def __init__(self, config: FakeServerConfig | None = None) -> None:
+        self.config = config or FakeServerConfig()
+        self.requests_seen = 0
+        self._server: asyncio.base_events.Server | None = None
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        self._server = await asyncio.start_server(self._handle, host, port, backlog=4096)
+        return self._server.sockets[0].getsockname()[1]
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                method, path, _ = lines[0].split(" ", 2)
+                headers = {}
+                for line in lines[1:]:
+                    if ":" in line:
+                        k, v = line.split(":", 1)
+                        headers[k.strip().lower()] = v.strip()
+                n = int(headers.get("content-length", "0"))
+                body = await reader.readexactly(n) if n else b""
+                if not await self._route(method, path, headers, body, writer):
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            writer.close()
+
+    async def _route(self, method, path, headers, body, writer) -> bool:
+        if method == "GET" and path == "/v1/models":
+            data = {"object": "list", "data": [{"id": MODEL_ID, "object": "model"}]}
+            return await self._json(writer, 200, data)
+        if method == "GET" and path == "/health":
+            return await self._json(writer, 200, {})
+        if method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
+            self.requests_seen += 1
+            try:
+                req = json.loads(body)
+            except ValueError:
+                return await self._error(writer, 400, "invalid JSON body")
+            b = self.config.behavior(_request_index(headers))
+            if b.hang_s:
+                await asyncio.sleep(b.hang_s)
+            if b.status != 200:
+                return await self._error(writer, b.status, f"scripted failure {b.status}")
+            return await self._generate(writer, req, b, chat=path.endswith("chat/completions"))
+        return await self._error(writer, 404, f"no route {method} {path}")
+
+    async def _json(self, writer, status: int, obj: dict, extra: str = "") -> bool:
+        payload = json.dumps(obj).encode()
+        writer.write(
+            f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n{extra}"
+            f"content-length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+        await writer.drain()
+        return True
+
+    async def _error(self, writer, status: int, msg: str) -> bool:
+        err = {"error": {"message": msg, "type": "fake_error", "code": status}}
+        return await self._json(writer, status, err)
+
+    async def _generate(self, writer, req: dict, b: Behavior, chat: bool) -> bool:
+        t_recv = time.monotonic()
+        max_tokens = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
+        n_out = max(1, max_tokens - b.short_by)
+        prompt_tokens = _prompt_len(req)
+        want_ids = bool(req.get("return_token_ids"))
+        kind = "chat.completion" if chat else "text_completion"
+        final_extra = {
+            "cbbench": {
+                "queue_time_s": b.queue_time_s,
+                "scheduler": SCHEDULER,
+                "num_preemptions": 0,
+                "num_cached_tokens": 0,
+            }
+        }
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": n_out,
+            "total_tokens": prompt_tokens + n_out,
+        }
+        finish = "length" if n_out == max_tokens else "stop"
+        if not req.get("stream"):
+            await _sleep_until(
+                t_recv + b.ttft_s + b.itl_s * max(0, -(-n_out // b.tokens_per_chunk) - 1)
+            )
+            text = " tok" * n_out
+            choice: dict = {"index": 0, "finish_reason": finish}
+            if chat:
+                choice["message"] = {"role": "assistant", "content": text}
+            else:
+                choice["text"] = text
+            if want_ids:
+                choice["token_ids"] = [10 + i % 500 for i in range(n_out)]
+            obj = {"id": "fake", "object": kind, "model": MODEL_ID, "choices": [choice]}
+            obj.update(usage=usage, t_send_ns=time.monotonic_ns(), **final_extra)
+            return await self._json(writer, 200, obj, f"x-cbbench-scheduler: {SCHEDULER}\r\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\nx-cbbench-scheduler: "
+            + SCHEDULER.encode()
+            + b"\r\n\r\n"
+        )
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        sent = 0
+        chunk_no = 0
+        while sent < n_out:
+            k = min(b.tokens_per_chunk, n_out - sent)
+            if b.reset_after_tokens is not None and sent + k > b.reset_after_tokens:
+                writer.transport.abort()
+                return False
+            await _sleep_until(t_recv + b.ttft_s + b.itl_s * chunk_no)
+            text = " tok" * k
+            choice = {"index": 0, "finish_reason": finish if sent + k == n_out else None}
+            if chat:
+                choice["delta"] = (
+                    {"content": text} if chunk_no else {"role": "assistant", "content": text}
+                )
+            else:
+                choice["text"] = text
+            if want_ids:
+                choice["token_ids"] = [10 + (sent + i) % 500 for i in range(k)]
+            obj = {"id": "fake", "object": kind, "model": MODEL_ID, "choices": [choice]}
+            sent += k
+            chunk_no += 1
+            if sent == n_out:
+                obj.update(final_extra)
+            obj["t_send_ns"] = time.monotonic_ns()
+            _write_event(writer, json.dumps(obj))
+            await writer.drain()
+            if not b.itl_s:
+                await asyncio.sleep(0)  # let the other streams interleave, as a real server would
+        if (req.get("stream_options") or {}).get("include_usage"):
+            obj = {"id": "fake", "object": kind, "model": MODEL_ID, "choices": [], "usage": usage}
+            _write_event(writer, json.dumps(obj))
+        _write_event(writer, "[DONE]")
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+
+def _write_event(writer: asyncio.StreamWriter, data: str) -> None:
+    payload = b"data: " + data.encode() + b"\n\n"
+    writer.write(b"%x\r\n%s\r\n" % (len(payload), payload))
+
+
+async def _sleep_until(t: float) -> None:
+    delay = t - time.monotonic()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+class ThreadedServer:
+    """A FakeServer on its own event loop in a daemon thread; `url`, then `stop()`."""
+
+    def __init__(self, config: FakeServerConfig | None = None) -> None:
+        self.server = FakeServer(config)
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        self.port = 0
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.port = self.loop.run_until_complete(self.server.start())
+            ready.set()
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=run, daemon=True, name="fake-server")
+        self.thread.start()
+        assert ready.wait(10), "fake server did not start"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        async def close() -> None:
+            assert self.server._server is not None
+            self.server._server.close()
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task():
+                    task.cancel()
+
+        asyncio.run_coroutine_threadsafe(close(), self.loop).result(5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--config", default="", help="FakeServerConfig as JSON")
+    args = p.parse_args(argv)
+
+    async def serve() -> None:
+        server = FakeServer(FakeServerConfig.from_json(args.config))
+        port = await server.start(port=args.port)
+        print(f"PORT {port}", flush=True)
+        await asyncio.Event().wait()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

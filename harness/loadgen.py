@@ -1,0 +1,274 @@
+"""Load scheduling inside one worker process: open loop by arrival time, closed loop by
+concurrency, open loop with a concurrency cap (slot wait = client queue time), warmup.
+
+`run_worker` is the same coroutine in-process (`--workers 1`) and in each spawned worker
+(`workers.py`); it reports through `emit(kind, payload)`:
+  ("record", RequestRecord)  a finished request (ok or failed), times relative to t0
+  ("sample", dict)           a client self-check sample (event-loop lag, CPU) for timeseries
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+
+from cbbench.harness.client import ClientConfig, OpenAIClient
+from cbbench.harness.prompts import PromptBuilder
+from cbbench.harness.records import RequestRecord
+
+SAMPLE_PERIOD_S = 0.1  # event-loop lag probe
+REPORT_PERIOD_S = 1.0  # one client sample a second to timeseries
+
+Emit = Callable[[str, object], None]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One request to send: the workload fields a worker needs (picklable, small)."""
+
+    index: int
+    prompt_len: int
+    output_len: int
+    arrival_s: float | None = None
+    priority: int = 0
+    prefix_ids: tuple[int, ...] = ()
+    warmup: bool = False
+
+
+@dataclass
+class WorkerPlan:
+    worker: int
+    jobs: list[Job]
+    warmup_jobs: list[Job]
+    client: ClientConfig
+    concurrency: int | None  # closed loop slots, or the cap in open loop; None = no cap
+    duration_s: float | None  # stop issuing new requests after this (from t0)
+    seed: int = 0
+    prefix_block_size: int = 512
+    tokenizer: str | None = None
+    text_prompts: bool = False  # chat endpoint or --text-prompts: text of (about) the length
+
+
+@dataclass
+class WorkerStats:
+    """Live counters and self-check samples of one worker."""
+
+    sent: int = 0
+    finished: int = 0
+    cancelled: int = 0  # in flight when the run was stopped: not recorded
+    loop_lag_s: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+
+    @property
+    def in_flight(self) -> int:
+        return self.sent - self.finished
+
+
+def _now_s(t0_ns: int) -> float:
+    return (time.monotonic_ns() - t0_ns) / 1e9
+
+
+async def _sleep_until_s(t_s: float, t0_ns: int, stop: asyncio.Event) -> None:
+    delay = t_s - _now_s(t0_ns)
+    if delay > 0:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+
+
+def shift_record(rec: RequestRecord, delta_s: float) -> None:
+    """Move every absolute time of `rec` by delta_s (warmup records measured before t0)."""
+    for f in fields(rec):
+        if f.name.endswith("_s") and f.name in _ABSOLUTE:
+            v = getattr(rec, f.name)
+            if v is not None:
+                setattr(rec, f.name, v + delta_s)
+    rec.token_times_s = [t + delta_s for t in rec.token_times_s]
+
+
+_ABSOLUTE = {"scheduled_s", "ready_s", "sent_s", "first_token_s", "last_token_s", "end_s"}
+
+
+class Worker:
+    def __init__(self, plan: WorkerPlan, emit: Emit) -> None:
+        self.plan = plan
+        self.emit = emit
+        self.stats = WorkerStats()
+        self.prompts = PromptBuilder(plan.seed, plan.prefix_block_size, plan.tokenizer)
+        self.stop = asyncio.Event()
+        self.t0_ns = 0
+        self._tasks: set[asyncio.Task] = set()
+
+    def _record(self, job: Job) -> RequestRecord:
+        tag = "w" if job.warmup else ""
+        return RequestRecord(
+            id=f"cbb-{tag}{job.index}",
+            index=job.index,
+            prompt_len=job.prompt_len,
+            output_len=job.output_len,
+            priority=job.priority,
+            worker=self.plan.worker,
+            warmup=job.warmup,
+        )
+
+    def _prompt(self, job: Job) -> list[int] | str:
+        build = self.prompts.text if self.plan.text_prompts else self.prompts.token_ids
+        return build(job.index, job.prompt_len, job.prefix_ids)
+
+    async def warmup(self, client: OpenAIClient) -> list[RequestRecord]:
+        """Send the warmup jobs (before t0); their records are shifted once t0 is known."""
+        if not self.plan.warmup_jobs:
+            return []
+        client.t0_ns = time.monotonic_ns()
+        slots = asyncio.Semaphore(self.plan.concurrency or len(self.plan.warmup_jobs))
+
+        async def one(job: Job) -> RequestRecord:
+            async with slots:
+                return await client.send(self._record(job), self._prompt(job))
+
+        recs = await asyncio.gather(*(one(j) for j in self.plan.warmup_jobs))
+        self._warmup_t0_ns = client.t0_ns
+        return list(recs)
+
+    async def _send(
+        self, client: OpenAIClient, job: Job, rec: RequestRecord, prompt, slots
+    ) -> None:
+        try:
+            if slots is not None:
+                async with slots:
+                    if self.stop.is_set():
+                        raise asyncio.CancelledError
+                    if rec.scheduled_s is not None:
+                        rec.client_queue_s = max(0.0, _now_s(self.t0_ns) - rec.ready_s)
+                    await self._send_now(client, rec, prompt)
+            else:
+                await self._send_now(client, rec, prompt)
+        except asyncio.CancelledError:
+            self.stats.cancelled += 1
+            return
+        self.stats.finished += 1
+        self.emit("record", rec)
+
+    async def _send_now(self, client: OpenAIClient, rec: RequestRecord, prompt) -> None:
+        self.stats.sent += 1
+        await client.send(rec, prompt)
+        assert rec.sent_s is not None and rec.ready_s is not None
+        rec.send_lag_s = rec.sent_s - rec.ready_s - (rec.client_queue_s or 0.0)
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _open_loop(self, client: OpenAIClient) -> None:
+        slots = asyncio.Semaphore(self.plan.concurrency) if self.plan.concurrency else None
+        for job in sorted(self.plan.jobs, key=lambda j: (j.arrival_s or 0.0, j.index)):
+            t = job.arrival_s or 0.0
+            if self.plan.duration_s is not None and t >= self.plan.duration_s:
+                break
+            prompt = self._prompt(job)  # built before the wait, off the send path
+            rec = self._record(job)
+            await _sleep_until_s(t, self.t0_ns, self.stop)
+            if self.stop.is_set():
+                break
+            rec.scheduled_s = rec.ready_s = t
+            self._spawn(self._send(client, job, rec, prompt, slots))
+
+    async def _closed_loop(self, client: OpenAIClient) -> None:
+        jobs = iter(self.plan.jobs)
+        deadline = self.plan.duration_s
+
+        async def slot() -> None:
+            for job in jobs:
+                if self.stop.is_set() or (deadline is not None and _now_s(self.t0_ns) >= deadline):
+                    return
+                rec = self._record(job)
+                prompt = self._prompt(job)
+                rec.ready_s = _now_s(self.t0_ns)
+                await self._send(client, job, rec, prompt, None)
+
+        n = self.plan.concurrency or 1
+        await asyncio.gather(*(self._spawn(slot()) for _ in range(n)), return_exceptions=True)
+
+    async def _sampler(self) -> None:
+        period = SAMPLE_PERIOD_S
+        last_report = time.monotonic()
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        lags: list[float] = []
+        while True:
+            t = time.monotonic()
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            lags.append(max(0.0, now - t - period))
+            if now - last_report >= REPORT_PERIOD_S:
+                cpu = (time.process_time() - cpu0) / (now - wall0)
+                self.stats.loop_lag_s.extend(lags)
+                self.stats.cpu.append(cpu)
+                self.emit(
+                    "sample",
+                    {
+                        "t_s": _now_s(self.t0_ns),
+                        "source": "client",
+                        "worker": self.plan.worker,
+                        "loop_lag_max_s": max(lags),
+                        "cpu": cpu,
+                        "in_flight": self.stats.in_flight,
+                    },
+                )
+                lags = []
+                last_report = now
+                cpu0, wall0 = time.process_time(), now
+
+    async def run(self, client: OpenAIClient, t0_ns: int) -> None:
+        """The measured phase: from t0 until every job is done, the duration ends, or stop."""
+        self.t0_ns = client.t0_ns = t0_ns
+        sampler = asyncio.ensure_future(self._sampler())
+        open_loop = any(j.arrival_s is not None for j in self.plan.jobs)
+        try:
+            await (self._open_loop(client) if open_loop else self._closed_loop(client))
+            while self._tasks and not self.stop.is_set():
+                await asyncio.wait(
+                    [*self._tasks, asyncio.ensure_future(self.stop.wait())],
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+            sampler.cancel()
+
+
+async def run_worker(
+    plan: WorkerPlan,
+    emit: Emit,
+    wait_t0: Callable[[], object],
+    stop_check: Callable[[], bool] | None = None,
+) -> WorkerStats:
+    """Warm up, wait for t0 (`await wait_t0()` -> int ns), run, emit records; returns stats."""
+    worker = Worker(plan, emit)
+    client = OpenAIClient(plan.client)
+    try:
+        warm = await worker.warmup(client)
+        t0_ns = await wait_t0()
+        for rec in warm:
+            shift_record(rec, (worker._warmup_t0_ns - t0_ns) / 1e9)
+            emit("record", rec)
+        watcher = None
+        if stop_check is not None:
+
+            async def watch() -> None:
+                while not stop_check():
+                    await asyncio.sleep(0.05)
+                worker.stop.set()
+
+            watcher = asyncio.ensure_future(watch())
+        await worker.run(client, t0_ns)
+        if watcher is not None:
+            watcher.cancel()
+    finally:
+        await client.aclose()
+    return worker.stats

@@ -1,0 +1,176 @@
+"""Prompts of exact token length, deterministic from the seed.
+
+Token-id prompts (completions endpoint of vLLM and the reference engine): a prompt is its
+shared-prefix blocks followed by request-specific ids. Prefix id `p` always expands to the same
+`prefix_block_size` ids (drawn from a generator seeded with (seed, p)), so requests that share
+prefix ids share a real token prefix, as prefix caching needs.
+
+Text prompts (chat, or servers that only take text): with a `tokenizers` tokenizer.json, ids
+are drawn from single-token words that survive a decode/encode round trip and the text is
+checked to encode to exactly the asked length. Without one, the text is common one-token
+English words separated by spaces: about one token per word on BPE tokenizers (GPT, Llama,
+Qwen), an approximation that the client reconciles with the server's usage numbers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from cbbench.harness.errors import CbbenchError
+
+# Short, very common words: one token each (with their leading space) on common BPE vocabularies.
+WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "that",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "his",
+    "he",
+    "it",
+    "an",
+    "be",
+    "are",
+    "this",
+    "had",
+    "not",
+    "or",
+    "but",
+    "which",
+    "have",
+    "one",
+    "they",
+    "you",
+    "were",
+    "her",
+    "all",
+    "she",
+    "there",
+    "would",
+    "their",
+    "we",
+    "him",
+    "been",
+    "has",
+    "when",
+    "who",
+    "will",
+    "more",
+    "no",
+    "if",
+    "out",
+    "so",
+    "said",
+    "what",
+    "up",
+    "its",
+    "about",
+    "into",
+    "than",
+    "them",
+    "can",
+    "only",
+    "other",
+]
+
+DEFAULT_ID_RANGE = (10, 500)  # valid for every preset model (the smallest vocab has 512 ids)
+
+
+class PromptBuilder:
+    def __init__(
+        self,
+        seed: int = 0,
+        prefix_block_size: int = 512,
+        tokenizer_path: str | None = None,
+        id_range: tuple[int, int] = DEFAULT_ID_RANGE,
+    ) -> None:
+        assert prefix_block_size > 0 and id_range[1] > id_range[0]
+        self.seed = seed
+        self.prefix_block_size = prefix_block_size
+        self.tokenizer = None
+        self._vocab = np.arange(*id_range, dtype=np.int64)
+        if tokenizer_path:
+            self.tokenizer = _load_tokenizer(tokenizer_path)
+            self._vocab = _single_token_words(self.tokenizer, tokenizer_path)
+        self._prefix_cache: dict[int, np.ndarray] = {}
+
+    def _draw(self, key: tuple[int, ...], n: int) -> np.ndarray:
+        rng = np.random.default_rng((self.seed, *key))
+        return self._vocab[rng.integers(0, len(self._vocab), size=n)]
+
+    def token_ids(self, index: int, prompt_len: int, prefix_ids: tuple[int, ...] = ()) -> list[int]:
+        """Exactly `prompt_len` ids: prefix blocks (truncated to fit), then request-own ids."""
+        parts = []
+        for p in prefix_ids:
+            if p not in self._prefix_cache:
+                self._prefix_cache[p] = self._draw((1, p), self.prefix_block_size)
+            parts.append(self._prefix_cache[p])
+        prefix = np.concatenate(parts)[:prompt_len] if parts else np.empty(0, dtype=np.int64)
+        own = self._draw((2, index), prompt_len - len(prefix))
+        ids = np.concatenate([prefix, own])
+        assert len(ids) == prompt_len
+        return ids.tolist()
+
+    def text(self, index: int, prompt_len: int, prefix_ids: tuple[int, ...] = ()) -> str:
+        ids = self.token_ids(index, prompt_len, prefix_ids)
+        if self.tokenizer is None:
+            return " ".join(WORDS[i % len(WORDS)] for i in ids)
+        text = self.tokenizer.decode(ids)
+        n = len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        if n != prompt_len:  # words were picked to round-trip; say so if one did not
+            raise CbbenchError(
+                f"tokenizer: a {prompt_len}-token prompt re-encodes to {n} tokens; "
+                "this tokenizer does not round-trip its single-token words"
+            )
+        return text
+
+    def count(self, text: str) -> int | None:
+        """Tokens in `text` per the local tokenizer; None without one."""
+        if self.tokenizer is None:
+            return None
+        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def _load_tokenizer(path: str):
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+
+    p = Path(path)
+    if p.is_dir():
+        p = p / "tokenizer.json"
+    if not p.is_file():
+        raise CbbenchError(f"--tokenizer {path}: no tokenizer.json there")
+    try:
+        return Tokenizer.from_file(str(p))
+    except Exception as exc:  # tokenizers raises a bare Exception on a bad file
+        raise CbbenchError(f"--tokenizer {p}: cannot load ({exc})") from None
+
+
+def _single_token_words(tok, path: str) -> np.ndarray:
+    """Ids of plain ASCII words whose repetition decodes and re-encodes to the same ids."""
+    vocab = tok.get_vocab()
+    candidates = []
+    for _, i in sorted(vocab.items(), key=lambda kv: kv[1]):
+        word = tok.decode([i]).strip()
+        if len(word) > 1 and word.isalpha() and word.isascii():
+            candidates.append(i)
+        if len(candidates) >= 4000:
+            break
+    ok = []
+    for i in candidates:
+        enc = tok.encode(tok.decode([i, i, i]), add_special_tokens=False).ids
+        if enc == [i, i, i]:
+            ok.append(i)
+    if len(ok) < 50:
+        raise CbbenchError(f"--tokenizer {path}: found only {len(ok)} round-tripping word tokens")
+    return np.asarray(ok, dtype=np.int64)

@@ -1,0 +1,269 @@
+"""One benchmark run: probe the server, write the run folder, drive the load (in-process or
+in worker processes), telemetry samplers, live view, summary, run.json; survives Ctrl-C.
+
+run.json is written at the start (status "running") and rewritten at the end, so even a killed
+run leaves a valid one next to every request that finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cbbench.harness.client import ClientConfig, probe_server
+from cbbench.harness.environment import environment
+from cbbench.harness.errors import CbbenchError
+from cbbench.harness.live import LiveStats, LiveView, summary_table
+from cbbench.harness.loadgen import Job, WorkerPlan, run_worker
+from cbbench.harness.records import RECORD_SCHEMA_VERSION, RequestRecord
+from cbbench.harness.results import RunWriter
+from cbbench.harness.summary import summarize
+from cbbench.harness.workers import run_workers
+from cbbench.workloads.spec import Workload
+from rich.console import Console
+
+
+@dataclass
+class BenchConfig:
+    base_url: str
+    workload: Workload
+    endpoint: str = "completions"
+    model: str | None = None
+    concurrency: int | None = None
+    duration_s: float | None = None
+    warmup: int = 0
+    slo: dict = field(default_factory=dict)
+    tokenizer: str | None = None
+    api_key: str | None = None
+    workers: int = 1
+    out_dir: str | Path | None = None
+    name: str | None = None
+    timeout_s: float = 600.0
+    stream: bool = True
+    extensions: bool = True
+    extra_body: dict = field(default_factory=dict)
+    text_prompts: bool = False
+    load: dict = field(default_factory=dict)  # load flags as given (rate, burstiness), for run.json
+    command: list[str] = field(default_factory=list)
+    live: bool = True
+    collect_server_times: bool = False
+
+
+@dataclass
+class BenchResult:
+    run_dir: Path
+    summary: dict
+    interrupted: bool
+    records: list[RequestRecord]
+    meta: dict
+
+
+def _now_iso() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def default_out_dir(name: str) -> Path:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("results") / "runs" / f"{stamp}-{name}"
+
+
+def _jobs(wl: Workload, warmup: int) -> tuple[list[Job], list[Job]]:
+    def job(r, is_warmup=False):
+        return Job(
+            r.index,
+            r.prompt_len,
+            r.output_len,
+            None if is_warmup else r.arrival_s,
+            r.priority,
+            tuple(r.prefix_ids),
+            is_warmup,
+        )
+
+    warm = [job(r, True) for r in wl.requests[:warmup]]
+    return [job(r) for r in wl.requests], warm
+
+
+def _plans(cfg: BenchConfig, client: ClientConfig) -> list[WorkerPlan]:
+    jobs, warm = _jobs(cfg.workload, cfg.warmup)
+    n = cfg.workers
+    plans = []
+    for w in range(n):
+        share = None
+        if cfg.concurrency:
+            share = cfg.concurrency // n + (1 if w < cfg.concurrency % n else 0)
+            if share == 0:
+                continue
+        plans.append(
+            WorkerPlan(
+                worker=w,
+                jobs=jobs[w::n],
+                warmup_jobs=warm[w::n],
+                client=client,
+                concurrency=share,
+                duration_s=cfg.duration_s,
+                seed=cfg.workload.seed,
+                prefix_block_size=cfg.workload.prefix_block_size,
+                tokenizer=cfg.tokenizer,
+                text_prompts=cfg.text_prompts or cfg.endpoint == "chat",
+            )
+        )
+    return plans
+
+
+def _run_inprocess(plan: WorkerPlan, on_event, stop_flag: threading.Event) -> dict[int, dict]:
+    async def main() -> dict[int, dict]:
+        loop = asyncio.get_running_loop()
+        try:
+            loop.add_signal_handler(signal.SIGINT, stop_flag.set)
+            handled = True
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+            handled = False
+
+        async def wait_t0() -> int:
+            t0 = time.monotonic_ns()
+            on_event("t0", t0)
+            return t0
+
+        try:
+            stats = await run_worker(plan, on_event, wait_t0, stop_flag.is_set)
+        finally:
+            if handled:
+                loop.remove_signal_handler(signal.SIGINT)
+        return {0: {"loop_lag_s": stats.loop_lag_s, "cpu": stats.cpu, "cancelled": stats.cancelled}}
+
+    return asyncio.run(main())
+
+
+def run_bench(
+    cfg: BenchConfig, samplers: list | None = None, console: Console | None = None
+) -> BenchResult:
+    samplers = list(samplers or [])
+    console = console or Console(stderr=True)
+    if cfg.workers < 1:
+        raise CbbenchError(f"--workers must be >= 1, got {cfg.workers}")
+    engine = probe_server(cfg.base_url, cfg.api_key)
+    model = cfg.model or (engine["models"][0] if engine["models"] else None)
+    if not model:
+        raise CbbenchError(f"{cfg.base_url}/v1/models lists no model; pass --model")
+    name = cfg.name or f"{cfg.workload.name.replace('/', '_')}"
+    run_dir = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(Path(name).name)
+    if (run_dir / "requests.jsonl").exists():
+        raise CbbenchError(f"{run_dir}: already holds a run; choose another --out")
+    client = ClientConfig(
+        base_url=cfg.base_url,
+        model=model,
+        endpoint=cfg.endpoint,
+        stream=cfg.stream,
+        api_key=cfg.api_key,
+        timeout_s=cfg.timeout_s,
+        extensions=cfg.extensions,
+        extra_body=cfg.extra_body,
+        max_connections=cfg.concurrency or max(1, len(cfg.workload)),
+        collect_server_times=cfg.collect_server_times,
+    )
+    plans = _plans(cfg, client)
+    open_loop = cfg.workload.open_loop
+    meta: dict = {
+        "name": name,
+        "status": "running",
+        "command": cfg.command,
+        "record_schema_version": RECORD_SCHEMA_VERSION,
+        "workload": {
+            "name": cfg.workload.name,
+            "seed": cfg.workload.seed,
+            "num_requests": len(cfg.workload),
+            "prefix_block_size": cfg.workload.prefix_block_size,
+            "source": cfg.workload.source,
+        },
+        "target": {
+            "base_url": cfg.base_url,
+            "model": model,
+            "endpoint": cfg.endpoint,
+            "engine": engine,
+        },
+        "load": {
+            "mode": "open" if open_loop else "closed",
+            "concurrency": cfg.concurrency,
+            "duration_s": cfg.duration_s,
+            "warmup": cfg.warmup,
+            "workers": len(plans),
+            "stream": cfg.stream,
+            "timeout_s": cfg.timeout_s,
+            "extensions": cfg.extensions,
+            "text_prompts": cfg.text_prompts or cfg.endpoint == "chat",
+            "tokenizer": cfg.tokenizer,
+            "slo_s": cfg.slo,
+            **cfg.load,
+        },
+        "environment": environment(),
+        "started_at": _now_iso(),
+        "ended_at": None,
+        "interrupted": False,
+    }
+    writer = RunWriter(run_dir)
+    writer.write_run(meta)
+    records: list[RequestRecord] = []
+    live = LiveStats(len(cfg.workload), samplers)
+    stop_flag = threading.Event()
+    started: list = []
+
+    def on_event(kind: str, payload) -> None:
+        if kind == "record":
+            writer.add_record(payload)
+            records.append(payload)
+            live.on_record(payload)
+        elif kind == "sample":
+            writer.add_sample(payload)
+            live.on_sample(payload)
+        elif kind == "t0":
+            for s in samplers:
+                s.start(payload, writer.add_sample)
+                started.append(s)
+
+    worker_stats: dict[int, dict] = {}
+    try:
+        with LiveView(live, console, enabled=cfg.live):
+            if len(plans) == 1:
+                worker_stats = _run_inprocess(plans[0], on_event, stop_flag)
+            else:
+                previous = signal.signal(signal.SIGINT, lambda *_: stop_flag.set())
+                try:
+                    worker_stats = run_workers(plans, on_event, stop_flag)
+                finally:
+                    signal.signal(signal.SIGINT, previous)
+    finally:
+        for s in started:
+            s.stop()
+        interrupted = stop_flag.is_set()
+        client_samples = {"loop_lag_s": [], "cpu": []}
+        for st in worker_stats.values():
+            client_samples["loop_lag_s"] += st.get("loop_lag_s", [])
+            client_samples["cpu"] += st.get("cpu", [])
+        summary = summarize(records, None, cfg.slo, client_samples)
+        summary["cancelled_in_flight"] = sum(st.get("cancelled", 0) for st in worker_stats.values())
+        crashed = [st["crashed"] for st in worker_stats.values() if "crashed" in st]
+        if crashed:
+            summary["worker_crashes"] = crashed
+        if started:
+            summary["telemetry"] = {
+                getattr(s, "name", type(s).__name__): s.summary() for s in started
+            }
+        scheduler = next((r.extra["scheduler"] for r in records if "scheduler" in r.extra), None)
+        if scheduler:
+            meta["target"]["scheduler"] = scheduler
+        meta.update(
+            status="interrupted" if interrupted else "complete",
+            ended_at=_now_iso(),
+            interrupted=interrupted,
+            summary=summary,
+        )
+        writer.write_run(meta)
+        writer.close()
+    console.print(summary_table(summary, f"cbbench bench: {name}"))
+    console.print(f"run folder: {run_dir}")
+    return BenchResult(run_dir, summary, interrupted, records, meta)

@@ -1,0 +1,182 @@
+"""Records -> summary dict: a pure function, shared by bench, report, gate and locust.
+
+Latency statistics cover successful, non-warmup requests only; failures are counted by kind
+and reason, never mixed into percentiles. Vectorised with numpy (1M records in seconds).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+from cbbench.harness.errors import CbbenchError
+from cbbench.harness.metrics import PERCENTILES
+from cbbench.harness.records import RequestRecord
+
+SLO_KEYS = ("ttft", "tpot", "e2e")
+# The client set the pace when any of these is exceeded (seconds, or a fraction of one core).
+SEND_LAG_P50_LIMIT_S = 0.002
+SEND_LAG_P99_LIMIT_S = 0.010
+LOOP_LAG_P99_LIMIT_S = 0.020
+CPU_LIMIT = 0.90
+
+_UNITS = {"ms": 1e-3, "us": 1e-6, "s": 1.0, "m": 60.0, "": 1.0}
+
+
+def parse_duration(text: str, what: str) -> float:
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(ms|us|s|m)?\s*", text)
+    if not m:
+        raise CbbenchError(f"{what}: {text!r} is not a duration (e.g. 200ms, 1.5s)")
+    return float(m.group(1)) * _UNITS[m.group(2) or ""]
+
+
+def parse_slo(text: str | None) -> dict[str, float]:
+    """'ttft=200ms,tpot=50ms,e2e=10s' -> {'ttft': 0.2, 'tpot': 0.05, 'e2e': 10.0} (seconds)."""
+    if not text:
+        return {}
+    out: dict[str, float] = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in SLO_KEYS:
+            raise CbbenchError(f"--slo: {part!r}: expected one of {', '.join(SLO_KEYS)}=DURATION")
+        out[key] = parse_duration(value, f"--slo {key}")
+    return out
+
+
+def describe_array(arr: np.ndarray) -> dict[str, float | int | None]:
+    """`metrics.describe` on a float array; NaN means absent."""
+    arr = arr[~np.isnan(arr)]
+    if arr.size == 0:
+        return {"mean": None, **{f"p{p}": None for p in PERCENTILES}, "max": None, "count": 0}
+    pct = np.percentile(arr, PERCENTILES)
+    return {
+        "mean": float(arr.mean()),
+        **{f"p{p}": float(v) for p, v in zip(PERCENTILES, pct, strict=True)},
+        "max": float(arr.max()),
+        "count": int(arr.size),
+    }
+
+
+def _col(records: Sequence[RequestRecord], name: str) -> np.ndarray:
+    return np.array([getattr(r, name) for r in records], dtype=np.float64)
+
+
+def _first(*cols: np.ndarray) -> np.ndarray:
+    out = cols[0].copy()
+    for c in cols[1:]:
+        out = np.where(np.isnan(out), c, out)
+    return out
+
+
+def summarize(
+    records: Sequence[RequestRecord],
+    duration_s: float | None = None,
+    slo: dict[str, float] | None = None,
+    client: dict | None = None,
+) -> dict:
+    """Summary of a run. `client`: optional {"loop_lag_s": [...], "cpu": [...]} samples."""
+    measured = [r for r in records if not r.warmup]
+    ok = [r for r in measured if r.ok]
+    failed = [r for r in measured if not r.ok]
+    if duration_s is None:
+        starts = _col(measured, "sent_s")
+        ends = _first(_col(measured, "end_s"), _col(measured, "last_token_s"))
+        valid = bool(measured) and not np.all(np.isnan(starts)) and not np.all(np.isnan(ends))
+        duration_s = float(np.nanmax(ends) - min(0.0, np.nanmin(starts))) if valid else 0.0
+
+    ttft, tpot, e2e = _col(ok, "ttft_s"), _col(ok, "tpot_s"), _col(ok, "e2e_s")
+    n_itl = sum(len(r.itl_s) for r in ok)
+    itl = np.fromiter(itertools.chain.from_iterable(r.itl_s for r in ok), np.float64, n_itl)
+    out_tokens = _first(_col(ok, "output_tokens_server"), _col(ok, "output_tokens_client"))
+    out_tokens = np.nan_to_num(out_tokens)
+    in_tokens = _first(_col(ok, "prompt_tokens_server"), _col(ok, "prompt_tokens_client"))
+    in_tokens = np.where(np.isnan(in_tokens), _col(ok, "prompt_len"), in_tokens)
+    asked = _col(ok, "output_len")
+    p_client, p_server = (
+        _col(measured, "prompt_tokens_client"),
+        _col(measured, "prompt_tokens_server"),
+    )
+    both = ~np.isnan(p_client) & ~np.isnan(p_server)
+    mismatch = both & (p_client != p_server)
+
+    dur = duration_s if duration_s > 0 else float("nan")
+    summary: dict = {
+        "duration_s": duration_s,
+        "counts": {
+            "total": len(measured),
+            "completed": len(ok),
+            "failed": len(failed),
+            "warmup_excluded": len(records) - len(measured),
+            "short_outputs": int(np.sum(out_tokens < asked)),
+            "prompt_token_mismatch": int(mismatch.sum()),
+        },
+        "error_rate": len(failed) / len(measured) if measured else 0.0,
+        "errors_by_kind": dict(Counter(r.error_kind or "unknown" for r in failed)),
+        "errors_by_reason": dict(Counter(_reason(r.error) for r in failed).most_common(10)),
+        "ttft_s": describe_array(ttft),
+        "tpot_s": describe_array(tpot),
+        "itl_s": describe_array(itl),
+        "e2e_s": describe_array(e2e),
+        "client_queue_s": describe_array(_col(measured, "client_queue_s")),
+        "server_queue_s": describe_array(_col(ok, "server_queue_s")),
+        "send_lag_s": describe_array(_col(measured, "send_lag_s")),
+        "request_throughput": _rate(len(ok), dur),
+        "output_throughput": _rate(float(out_tokens.sum()), dur),
+        "total_token_throughput": _rate(float(out_tokens.sum() + in_tokens.sum()), dur),
+        "total_output_tokens": int(out_tokens.sum()),
+        "total_input_tokens": int(in_tokens.sum()),
+        "prompt_token_mismatch_mean": (
+            float(np.mean(p_server[mismatch] - p_client[mismatch])) if mismatch.any() else None
+        ),
+    }
+    summary["goodput"] = _goodput(slo, ttft, tpot, e2e, len(measured), dur) if slo else None
+    client_stats = {
+        "loop_lag_s": describe_array(np.asarray((client or {}).get("loop_lag_s", []), float)),
+        "cpu": describe_array(np.asarray((client or {}).get("cpu", []), float)),
+    }
+    summary["client"] = client_stats
+    scheduled = [r for r in measured if r.scheduled_s is not None]  # open loop only
+    reasons = _client_bound_reasons(describe_array(_col(scheduled, "send_lag_s")), client_stats)
+    summary["client_bound"] = bool(reasons)
+    summary["client_bound_reason"] = "; ".join(reasons) or None
+    return summary
+
+
+def _rate(x: float, dur: float) -> float | None:
+    return None if np.isnan(dur) else x / dur
+
+
+def _reason(msg: str | None) -> str:
+    return re.sub(r"\d+(\.\d+)?", "N", msg or "unknown")[:120]
+
+
+def _goodput(slo, ttft, tpot, e2e, n_measured: int, dur: float) -> dict:
+    good = np.ones(len(ttft), dtype=bool)
+    for key, arr in (("ttft", ttft), ("tpot", tpot), ("e2e", e2e)):
+        if key in slo:  # an undefined metric (e.g. TPOT of a 1-token output) does not fail it
+            good &= np.isnan(arr) | (arr <= slo[key])
+    n = int(good.sum())
+    return {
+        "slo_s": dict(slo),
+        "requests": n,
+        "requests_per_s": _rate(n, dur),
+        "fraction": n / n_measured if n_measured else None,
+    }
+
+
+def _client_bound_reasons(send_lag: dict, client: dict) -> list[str]:
+    out = []
+    p50, p99 = send_lag["p50"], send_lag["p99"]
+    if p50 is not None and (p50 > SEND_LAG_P50_LIMIT_S or p99 > SEND_LAG_P99_LIMIT_S):
+        out.append(f"send lag p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms behind schedule")
+    lag99 = client["loop_lag_s"]["p99"]
+    if lag99 is not None and lag99 > LOOP_LAG_P99_LIMIT_S:
+        out.append(f"event-loop lag p99 {lag99 * 1e3:.1f} ms")
+    cpu = client["cpu"]["mean"]
+    if cpu is not None and cpu > CPU_LIMIT:
+        out.append(f"client CPU {cpu * 100:.0f}% of a core per worker")
+    return out
