@@ -14,6 +14,9 @@ import sys
 # Subcommand modules, in the order `cbbench --help` lists them.
 COMMAND_MODULES: list[str] = [
     "cbbench.harness.cmd_version",
+    "cbbench.harness.cmd_bench",
+    "cbbench.harness.cmd_export",
+    "cbbench.harness.cmd_selftest",
     "cbbench.harness.cmd_workload",
     "cbbench.harness.cmd_report",
     "cbbench.reference_engine.cmd_serve",
