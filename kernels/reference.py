@@ -79,3 +79,63 @@ def ref_paged_decode_attention(
     """One query per sequence at position seq_lens[b] - 1; returns fp32 [B, Hq, D]."""
     query_start_loc = torch.arange(q.shape[0] + 1, dtype=torch.int32)
     return ref_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
+
+
+def make_paged_case(
+    seq_lens: list[int],
+    query_lens: list[int],
+    block_size: int,
+    num_kv_heads: int,
+    group: int,
+    head_dim: int = 16,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    num_blocks: int | None = None,
+    seed: int = 0,
+) -> dict[str, torch.Tensor]:
+    """Random inputs for paged attention: a cache pool with every sequence's blocks drawn
+    shuffled (non-contiguous) from it, tables padded with a spare column, varlen queries.
+
+    With `num_blocks` past what the sequences need, the pool is allocated but only the used
+    blocks are written: a pool of 2**31+ elements costs only the pages touched.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [-(-s // block_size) for s in seq_lens]
+    need = sum(blocks_per_seq)
+    pool = num_blocks if num_blocks is not None else 2 * need + 3
+    assert pool >= need
+    shape = (pool, block_size, num_kv_heads, head_dim)
+    k_cache = torch.empty(shape, dtype=dtype, device=device)
+    v_cache = torch.empty(shape, dtype=dtype, device=device)
+    if num_blocks is None:
+        ids = torch.randperm(pool, generator=gen)[:need]
+        k_cache.copy_(torch.randn(shape, generator=gen))
+        v_cache.copy_(torch.randn(shape, generator=gen))
+    else:  # huge pool: use blocks spread up to its very end, write only those
+        spread = (pool - 1) // (4 * need)
+        assert spread >= 1, "an explicit num_blocks must be > 4x the blocks needed"
+        candidates = pool - 1 - torch.arange(4 * need) * spread
+        ids = candidates[torch.randperm(4 * need, generator=gen)[:need]]
+        if not bool((ids == pool - 1).any()):
+            ids[0] = pool - 1  # reach the largest offset
+        row = (len(ids), block_size, num_kv_heads, head_dim)
+        k_cache[ids.to(device)] = torch.randn(row, generator=gen).to(dtype).to(device)
+        v_cache[ids.to(device)] = torch.randn(row, generator=gen).to(dtype).to(device)
+    tables = torch.zeros((len(seq_lens), max(blocks_per_seq) + 1), dtype=torch.int32)
+    used = 0
+    for b, n in enumerate(blocks_per_seq):
+        tables[b, :n] = ids[used : used + n]
+        used += n
+    num_q_heads = num_kv_heads * group
+    q = torch.randn(sum(query_lens), num_q_heads, head_dim, generator=gen)
+    starts = [0]
+    for n in query_lens:
+        starts.append(starts[-1] + n)
+    return {
+        "q": q.to(dtype).to(device),
+        "k_cache": k_cache,
+        "v_cache": v_cache,
+        "block_tables": tables.to(device),
+        "seq_lens": torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        "query_start_loc": torch.tensor(starts, dtype=torch.int32, device=device),
+    }

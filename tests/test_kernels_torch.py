@@ -6,6 +6,7 @@ import pytest
 import torch
 from cbbench.kernels import available_backends, get_attention_backend
 from cbbench.kernels.reference import (
+    make_paged_case,
     ref_paged_attention,
     ref_paged_decode_attention,
     ref_reshape_and_cache,
@@ -16,42 +17,15 @@ from cbbench.kernels.torch_backend import TorchAttentionBackend
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
 
 
-def make_case(
-    seq_lens: list[int],
-    qlens: list[int],
-    block_size: int,
-    num_kv_heads: int,
-    group: int,
-    head_dim: int = 16,
-    dtype: torch.dtype = torch.float32,
-    pool_blocks: int | None = None,
-    seed: int = 0,
-):
-    """Random paged cache with non-contiguous, shuffled block tables drawn from a pool."""
-    gen = torch.Generator().manual_seed(seed)
-    blocks_per_seq = [-(-s // block_size) for s in seq_lens]
-    max_blocks = max(blocks_per_seq) + 1  # one spare column: tables are padded
-    need = sum(blocks_per_seq)
-    num_blocks = pool_blocks or need * 2 + 3
-    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
-    v_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
-    perm = torch.randperm(num_blocks, generator=gen)[:need]
-    tables = torch.full((len(seq_lens), max_blocks), -1, dtype=torch.int32)
-    used = 0
-    for b, n in enumerate(blocks_per_seq):
-        tables[b, :n] = perm[used : used + n]
-        used += n
-    tables[tables < 0] = 0  # padding entries point at a real block, never read
-    num_q_heads = num_kv_heads * group
-    q = torch.randn(sum(qlens), num_q_heads, head_dim, generator=gen)
-    qsl = torch.tensor([0, *torch.tensor(qlens).cumsum(0).tolist()], dtype=torch.int32)
+def make_case(seq_lens, qlens, block_size, num_kv_heads, group, **kw):
+    c = make_paged_case(seq_lens, qlens, block_size, num_kv_heads, group, **kw)
     return (
-        q.to(dtype),
-        k_cache.to(dtype),
-        v_cache.to(dtype),
-        tables,
-        torch.tensor(seq_lens, dtype=torch.int32),
-        qsl,
+        c["q"],
+        c["k_cache"],
+        c["v_cache"],
+        c["block_tables"],
+        c["seq_lens"],
+        c["query_start_loc"],
     )
 
 

@@ -1,0 +1,253 @@
+"""Triton kernels against the oracle, run by the Triton interpreter on CPU tensors.
+
+TRITON_INTERPRET=1 must be set before the kernel modules are imported (triton.jit reads it at
+decoration time), so this module sets it before importing them, restores the environment
+(an autouse fixture sets it again around each test, since the interpreter reads it while
+running too), and asserts the kernels really are interpreted. A subprocess test proves the same wiring
+from a fresh interpreter.
+
+Tolerances against the fp32 oracle: fp32 1e-5 (only the summation order differs); bf16
+2e-2 absolute and relative (the output is rounded to bf16: 8 bits of mantissa).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+_saved = os.environ.get("TRITON_INTERPRET")
+os.environ["TRITON_INTERPRET"] = "1"
+try:
+    from cbbench.kernels import triton_attention, triton_cache
+    from triton.runtime.interpreter import InterpretedFunction
+finally:
+    if _saved is None:
+        del os.environ["TRITON_INTERPRET"]
+    else:
+        os.environ["TRITON_INTERPRET"] = _saved
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from cbbench.kernels import get_attention_backend  # noqa: E402
+from cbbench.kernels.reference import (  # noqa: E402
+    make_paged_case,
+    ref_paged_attention,
+    ref_paged_decode_attention,
+    ref_reshape_and_cache,
+)
+from cbbench.kernels.triton_backend import TritonAttentionBackend  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _interpret(monkeypatch):
+    """The interpreter also reads TRITON_INTERPRET while kernels run, not only at import."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+SCALE = 0.25
+
+
+def test_kernels_are_interpreted():
+    for kernel in (
+        triton_attention._decode_split_kernel,
+        triton_attention._decode_merge_kernel,
+        triton_attention._prefill_kernel,
+        triton_cache._reshape_and_cache_kernel,
+    ):
+        assert isinstance(kernel, InterpretedFunction), kernel
+
+
+# (seq_lens, query_lens, block_size, num_kv_heads, group)
+PREFILL_GRID = [
+    ([7], [7], 1, 2, 1),  # block size 1
+    ([37, 5], [37, 5], 16, 1, 4),  # lengths off the block size, GQA 4
+    ([40, 23], [8, 23], 16, 2, 8),  # chunked prefill on a 32-token cached prefix, GQA 8
+    ([70, 9, 33, 1], [1, 3, 1, 1], 32, 2, 4),  # mixed decode + chunk batch, block 32
+    ([100], [90], 64, 1, 1),  # block 64; the query tile straddles the cached prefix
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", PREFILL_GRID)
+def test_paged_attention_matches_oracle(case, dtype):
+    c = make_paged_case(*case, dtype=dtype)
+    out = triton_attention.paged_prefill_attention(
+        c["q"],
+        c["k_cache"],
+        c["v_cache"],
+        c["block_tables"],
+        c["seq_lens"],
+        c["query_start_loc"],
+        SCALE,
+        block_m=32,
+        block_n=32,
+    )
+    ref = ref_paged_attention(
+        c["q"],
+        c["k_cache"],
+        c["v_cache"],
+        c["block_tables"],
+        c["seq_lens"],
+        c["query_start_loc"],
+        SCALE,
+    )
+    assert out.dtype == dtype and out.shape == c["q"].shape
+    torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+# (seq_lens, block_size, num_kv_heads, group, num_splits)
+DECODE_GRID = [
+    ([1, 17, 100], 1, 2, 1, 1),
+    ([130, 5, 64], 16, 2, 4, 3),  # split-KV: seq 5 leaves splits 1..2 empty
+    ([300, 33], 16, 1, 8, 5),
+    ([77, 200], 64, 4, 1, 2),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", DECODE_GRID)
+def test_decode_matches_oracle(case, dtype):
+    seq_lens, block_size, num_kv_heads, group, num_splits = case
+    c = make_paged_case(seq_lens, [1] * len(seq_lens), block_size, num_kv_heads, group, dtype=dtype)
+    args = (c["q"], c["k_cache"], c["v_cache"], c["block_tables"], c["seq_lens"], SCALE)
+    out = triton_attention.paged_decode_attention(*args, num_splits=num_splits, block_n=32)
+    ref = ref_paged_decode_attention(*args)
+    torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def test_split_count_does_not_change_the_answer():
+    c = make_paged_case([250, 90], [1, 1], 16, 2, 4)
+    args = (c["q"], c["k_cache"], c["v_cache"], c["block_tables"], c["seq_lens"], SCALE)
+    one = triton_attention.paged_decode_attention(*args, num_splits=1, block_n=16)
+    many = triton_attention.paged_decode_attention(*args, num_splits=8, block_n=16)
+    torch.testing.assert_close(one, many, atol=1e-6, rtol=1e-6)
+
+
+HUGE_POOL = 2**23 + 64  # blocks of 16 x 1 x 16 = 256 elements: 2**31 + 16384 in all
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_huge_pool_uses_int64_offsets(dtype):
+    """Block ids near the end of a pool past 2**31 elements (only touched pages are real)."""
+    c = make_paged_case([45, 20], [5, 20], 16, 1, 4, dtype=dtype, num_blocks=HUGE_POOL)
+    assert c["k_cache"].numel() > 2**31 and int(c["block_tables"].max()) == HUGE_POOL - 1
+    keys = ("q", "k_cache", "v_cache", "block_tables", "seq_lens", "query_start_loc")
+    args = [c[k] for k in keys]
+    ref = ref_paged_attention(*args, SCALE)
+    out = triton_attention.paged_prefill_attention(*args, SCALE, block_m=16, block_n=16)
+    torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
+    last = torch.tensor([4, 24])  # each sequence's final query token, decoded alone
+    dec = triton_attention.paged_decode_attention(
+        c["q"][last], *args[1:5], SCALE, num_splits=2, block_n=16
+    )
+    torch.testing.assert_close(dec.float(), ref[last], atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reshape_and_cache_matches_oracle(dtype):
+    gen = torch.Generator().manual_seed(7)
+    kc = torch.zeros(9, 16, 2, 24, dtype=dtype)  # head_dim 24: not a power of two
+    vc = torch.zeros_like(kc)
+    key = torch.randn(7, 2, 24, generator=gen).to(dtype)
+    value = torch.randn(7, 2, 24, generator=gen).to(dtype)
+    slots = torch.tensor([0, 15, 16, -1, 143, 77, -5], dtype=torch.int64)
+    triton_cache.reshape_and_cache(key, value, kc, vc, slots)
+    rk, rv = torch.zeros_like(kc), torch.zeros_like(vc)
+    ref_reshape_and_cache(key, value, rk, rv, slots)
+    assert torch.equal(kc, rk) and torch.equal(vc, rv)
+    assert int((kc != 0).any(dim=(2, 3)).sum()) == 5
+
+
+def test_reshape_and_cache_huge_pool():
+    kc = torch.empty(HUGE_POOL, 16, 1, 16, dtype=torch.bfloat16)
+    vc = torch.empty_like(kc)
+    key = torch.randn(2, 1, 16).to(torch.bfloat16)
+    slots = torch.tensor([HUGE_POOL * 16 - 1, 3], dtype=torch.int64)
+    triton_cache.reshape_and_cache(key, -key, kc, vc, slots)
+    assert torch.equal(kc[HUGE_POOL - 1, 15], key[0]) and torch.equal(vc[0, 3], -key[1])
+
+
+def test_selector_forced_triton_on_cpu_calls_the_kernels(monkeypatch):
+    """Dispatch wiring: with the interpreter on, 'triton' on CPU tensors runs these kernels."""
+    calls = []
+    for name in ("paged_decode_attention", "paged_prefill_attention"):
+        real = getattr(triton_attention, name)
+
+        def spy(*a, _real=real, _name=name, **kw):
+            calls.append(_name)
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(triton_attention, name, spy)
+    be = get_attention_backend("triton", "cpu")
+    assert isinstance(be, TritonAttentionBackend) and be.describe()["interpreted"] is True
+    c = make_paged_case([20, 9], [4, 1], 8, 2, 2)
+    keys = ("q", "k_cache", "v_cache", "block_tables", "seq_lens", "query_start_loc")
+    out = be.paged_attention(*[c[k] for k in keys], SCALE)
+    dec = be.paged_decode_attention(
+        c["q"][[3, 4]], c["k_cache"], c["v_cache"], c["block_tables"], c["seq_lens"], SCALE
+    )
+    assert calls == ["paged_prefill_attention", "paged_decode_attention"]
+    torch.testing.assert_close(dec, out[[3, 4]], atol=1e-5, rtol=1e-5)
+
+
+def test_selector_refuses_triton_on_cpu_without_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="'triton' cannot run: Triton kernels need a CUDA"):
+        get_attention_backend("triton", "cpu")
+    assert get_attention_backend("auto", "cpu").name == "torch"
+
+
+FRESH = """
+import os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+import torch
+from cbbench.kernels import available_backends, get_attention_backend
+from cbbench.kernels.reference import make_paged_case, ref_paged_decode_attention
+from cbbench.kernels import triton_attention
+be = get_attention_backend("triton", "cpu")
+c = make_paged_case([33, 7], [1, 1], 16, 2, 4)
+args = (c["q"], c["k_cache"], c["v_cache"], c["block_tables"], c["seq_lens"], 0.5)
+err = (be.paged_decode_attention(*args) - ref_paged_decode_attention(*args)).abs().max()
+print(be.name, type(triton_attention._decode_split_kernel).__name__, available_backends("cpu"),
+      get_attention_backend("auto", "cpu").name, float(err) < 1e-5)
+"""
+
+
+def test_fresh_interpreter_dispatch():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", FRESH], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [
+        "triton",
+        "InterpretedFunction",
+        "['torch',",
+        "'triton']",
+        "torch",
+        "True",
+    ]
+
+
+NO_TRITON = """
+import sys
+sys.modules["triton"] = None  # as if not installed
+from cbbench.kernels import available_backends, get_attention_backend
+print(available_backends("cpu"), get_attention_backend("auto", "cpu").name)
+try:
+    get_attention_backend("triton", "cpu")
+except ValueError as e:
+    print(e)
+"""
+
+
+def test_import_and_torch_path_without_triton():
+    proc = subprocess.run(
+        [sys.executable, "-c", NO_TRITON], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "['torch'] torch"
+    assert "'triton' package is not installed" in lines[1]
