@@ -19,7 +19,9 @@ COMMAND_MODULES: list[str] = [
     "cbbench.harness.cmd_selftest",
     "cbbench.harness.cmd_workload",
     "cbbench.harness.cmd_report",
+    "cbbench.harness.cmd_gate",
     "cbbench.reference_engine.cmd_serve",
+    "cbbench.harness.cmd_sim",
 ]
 
 # User-caused errors: one clear line and a non-zero exit, never a traceback.

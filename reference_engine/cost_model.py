@@ -160,7 +160,7 @@ class CostModel:
         """KV blocks that fit the device after the weights (simulated devices only)."""
         hw = self.hardware
         if hw.steps:
-            return 1 << 20
+            return 1 << 16
         free = hw.mem_gb * 1e9 * hw.gpu_memory_utilization - self.weight_bytes
         n = int(free // (self.kv_bytes_per_token * block_size))
         if n < 1:

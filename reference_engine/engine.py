@@ -60,6 +60,7 @@ class LLMEngine:
         self.seqs: dict[str, Sequence] = {}  # unfinished requests
         self._num_added = 0
         self.num_steps = 0
+        self.last_scheduled: list[str] = []  # request ids computed in the last step
         self._stats = EngineStats(0, 0, 0, 0, num_kv_blocks, 0, 0.0, 0, 0.0)
 
     # --- construction -----------------------------------------------------------------
@@ -221,6 +222,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         now = self.now()
         out = self.scheduler.schedule(now)
+        self.last_scheduled = [c.seq.request_id for c in out.chunks]
         if out.is_empty:
             self._update_stats(0, 0, 0.0)
             return []

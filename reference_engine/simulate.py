@@ -1,0 +1,257 @@
+"""Offline simulation: the real engine and scheduler code over SimExecutor's virtual clock.
+
+`simulate(requests, config)` replays RequestSpecs (arrival_s None = all at time 0) and
+returns per-request timings, the per-step series and, on request, the slot timeline.
+Every number it produces is SIMULATED: a modelled step time, not a measurement.
+"""
+
+from __future__ import annotations
+
+import heapq
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+from cbbench.reference_engine.config import EngineConfig
+from cbbench.reference_engine.engine import LLMEngine
+from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.sampling_params import SamplingParams
+from cbbench.reference_engine.sim_executor import SimExecutor
+from cbbench.workloads.spec import RequestSpec
+
+
+@dataclass
+class SimRequest:
+    request_id: str
+    index: int
+    prompt_len: int
+    output_len: int  # asked (max_tokens)
+    priority: int
+    arrival_s: float
+    first_scheduled_s: float | None = None
+    first_token_s: float | None = None
+    finished_s: float | None = None
+    token_times_s: list[float] = field(default_factory=list)
+    output_token_ids: list[int] = field(default_factory=list)
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0
+    finish_reason: str | None = None
+
+    @property
+    def queue_s(self) -> float | None:
+        return None if self.first_scheduled_s is None else self.first_scheduled_s - self.arrival_s
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
+
+    @property
+    def e2e_s(self) -> float | None:
+        return None if self.finished_s is None else self.finished_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        n = len(self.token_times_s)
+        if n < 2 or self.first_token_s is None or self.finished_s is None:
+            return None
+        return (self.finished_s - self.first_token_s) / (n - 1)
+
+
+@dataclass
+class StepRecord:
+    index: int
+    start_s: float
+    end_s: float
+    num_seqs: int
+    num_batched_tokens: int
+    num_running: int
+    num_waiting: int
+    kv_blocks_used: int
+    kv_reserved_unused_tokens: int
+    batch_occupancy: float
+    slots: list[str | None] | None = None  # request id computed in each slot (timeline only)
+    held: list[str | None] | None = None  # request id holding each slot (idle if not computed)
+
+
+@dataclass
+class SimResult:
+    config: EngineConfig
+    hardware: str
+    num_kv_blocks: int
+    max_model_len: int
+    requests: list[SimRequest]
+    steps: list[StepRecord]
+
+    @property
+    def duration_s(self) -> float:
+        ends = [r.finished_s for r in self.requests if r.finished_s is not None]
+        return max(ends) if ends else 0.0
+
+    def summary(self) -> dict:
+        """Throughput, latency percentiles, batch occupancy and KV usage (time-weighted over
+        steps). All values simulated."""
+        dur = self.duration_s
+        out_tokens = sum(len(r.token_times_s) for r in self.requests)
+        w = np.array([s.end_s - s.start_s for s in self.steps], dtype=np.float64)
+        if w.sum() <= 0:
+            w = np.ones(len(self.steps))
+
+        def wmean(vals: list[float]) -> float | None:
+            return float(np.average(vals, weights=w)) if len(vals) else None
+
+        kv = [s.kv_blocks_used / self.num_kv_blocks for s in self.steps]
+        return {
+            "simulated": True,
+            "duration_s": dur,
+            "num_requests": len(self.requests),
+            "num_steps": len(self.steps),
+            "request_throughput": len(self.requests) / dur if dur > 0 else None,
+            "output_throughput": out_tokens / dur if dur > 0 else None,
+            "total_output_tokens": out_tokens,
+            "ttft_s": _describe([r.ttft_s for r in self.requests]),
+            "tpot_s": _describe([r.tpot_s for r in self.requests]),
+            "e2e_s": _describe([r.e2e_s for r in self.requests]),
+            "queue_s": _describe([r.queue_s for r in self.requests]),
+            "batch_occupancy_mean": wmean([s.batch_occupancy for s in self.steps]),
+            "kv_usage_mean": wmean(kv),
+            "kv_usage_max": max(kv) if kv else None,
+            "kv_reserved_unused_tokens_mean": wmean(
+                [s.kv_reserved_unused_tokens for s in self.steps]
+            ),
+            "num_preemptions": sum(r.num_preemptions for r in self.requests),
+        }
+
+
+def _describe(values: list[float | None]) -> dict:
+    arr = np.array([v for v in values if v is not None], dtype=np.float64)
+    if arr.size == 0:
+        return {"mean": None, "p50": None, "p90": None, "p99": None, "max": None, "count": 0}
+    p50, p90, p99 = np.percentile(arr, (50, 90, 99))
+    return {
+        "mean": float(arr.mean()),
+        "p50": float(p50),
+        "p90": float(p90),
+        "p99": float(p99),
+        "max": float(arr.max()),
+        "count": int(arr.size),
+    }
+
+
+def prompt_tokens(spec: RequestSpec, vocab_size: int, prefix_block_size: int = 512) -> list[int]:
+    """Deterministic prompt ids: one block of `prefix_block_size` ids per prefix id (equal ids
+    give equal blocks, so prefix caching can hit), then ids unique to the request."""
+    out: list[int] = []
+    for pid in spec.prefix_ids:
+        base = zlib.crc32(f"prefix:{pid}".encode())
+        out.extend((base + 7919 * j) % vocab_size for j in range(prefix_block_size))
+    out = out[: spec.prompt_len]
+    base = zlib.crc32(f"req:{spec.index}".encode())
+    out.extend((base + 104729 * j) % vocab_size for j in range(spec.prompt_len - len(out)))
+    return out
+
+
+def simulate(
+    requests: Sequence[RequestSpec],
+    config: EngineConfig,
+    *,
+    prefix_block_size: int = 512,
+    timeline: bool = False,
+    max_steps: int = 10_000_000,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> SimResult:
+    """Run `requests` through the engine with the simulated executor (virtual clock)."""
+    cfg = replace(config, executor="sim")
+    engine = LLMEngine.from_config(cfg)
+    ex = engine.executor
+    assert isinstance(ex, SimExecutor)
+    vocab = engine.model_config.vocab_size
+    order = sorted(requests, key=lambda r: (r.arrival_s or 0.0, r.index))
+    recs: dict[str, SimRequest] = {}
+    steps: list[StepRecord] = []
+    pending = 0
+    slot_of: dict[str, int] = {}
+    free_slots = list(range(cfg.max_batch_slots))
+    num_done = 0
+    while pending < len(order) or engine.has_unfinished_requests():
+        now = engine.now()
+        while pending < len(order) and (order[pending].arrival_s or 0.0) <= now:
+            spec = order[pending]
+            pending += 1
+            rid = f"req-{spec.index}"
+            arrival = spec.arrival_s or 0.0
+            try:
+                engine.add_request(
+                    rid,
+                    prompt_tokens(spec, vocab, prefix_block_size),
+                    SamplingParams(max_tokens=spec.output_len, ignore_eos=True),
+                    priority=spec.priority,
+                    arrival_time=arrival,
+                )
+            except EngineError as exc:
+                raise EngineError(f"workload request {spec.index}: {exc}") from None
+            recs[rid] = SimRequest(
+                rid, spec.index, spec.prompt_len, spec.output_len, spec.priority, arrival
+            )
+        if not engine.has_unfinished_requests():
+            ex.advance_to(order[pending].arrival_s or 0.0)
+            continue
+        outputs = engine.step()
+        end = engine.now()
+        if end == now and not outputs:  # the policy is waiting: idle to its next event
+            wake = [t for t in (engine.next_wakeup(),) if t is not None and t > now]
+            if pending < len(order):
+                wake.append(order[pending].arrival_s or 0.0)
+            if not wake:
+                raise EngineError(
+                    f"simulation stalled at t={now:.3f}s with {engine.scheduler.num_waiting} "
+                    f"waiting requests and nothing to wake the {engine.scheduler_name} scheduler"
+                )
+            ex.advance_to(min(wake))
+            continue
+        if len(steps) >= max_steps:
+            raise EngineError(f"simulation exceeded {max_steps} steps")
+        stats = engine.get_stats()
+        computed = engine.last_scheduled
+        rec = StepRecord(
+            len(steps), now, end, len(computed), stats.num_batched_tokens, stats.num_running,
+            stats.num_waiting, stats.kv_blocks_used, stats.kv_reserved_unused_tokens,
+            stats.batch_occupancy,
+        )  # fmt: skip
+        if timeline:
+            for rid in computed:
+                if rid not in slot_of:
+                    slot_of[rid] = heapq.heappop(free_slots)
+            rec.slots = [None] * cfg.max_batch_slots
+            rec.held = [None] * cfg.max_batch_slots
+            for rid, slot in slot_of.items():
+                rec.held[slot] = rid
+            for rid in computed:
+                rec.slots[slot_of[rid]] = rid
+            holding = {s.request_id for s in engine.scheduler.holders()}
+            for rid in [r for r in slot_of if r not in holding]:
+                heapq.heappush(free_slots, slot_of.pop(rid))
+        steps.append(rec)
+        for o in outputs:
+            r = recs[o.request_id]
+            r.token_times_s.extend([end] * len(o.new_token_ids))
+            r.output_token_ids.extend(o.new_token_ids)
+            if o.finished:
+                m = o.metrics
+                r.first_scheduled_s = m.first_scheduled_time
+                r.first_token_s = m.first_token_time
+                r.finished_s = m.finished_time
+                r.num_preemptions = m.num_preemptions
+                r.num_cached_tokens = m.num_cached_tokens
+                r.finish_reason = o.finish_reason
+                num_done += 1
+                if on_progress:
+                    on_progress(num_done, len(order))
+    return SimResult(
+        config=cfg,
+        hardware=ex.cost_model.hardware.name,
+        num_kv_blocks=engine.block_manager.num_blocks,
+        max_model_len=engine.max_model_len,
+        requests=[recs[f"req-{s.index}"] for s in requests],
+        steps=steps,
+    )
