@@ -71,9 +71,7 @@ def _constant(d: dict, where: str):
 
 
 def _uniform(d: dict, where: str):
-    lo, hi = _num(d, "min", where), _num(d, "max", where)
-    if lo > hi:
-        raise WorkloadError(f"{where}: uniform needs min <= max, got {lo} > {hi}")
+    lo, hi = _num(d, "min", where), _num(d, "max", where)  # parse_dist checks lo <= hi
     return lambda rng, n: rng.integers(int(lo), int(hi), size=n, endpoint=True)
 
 

@@ -29,11 +29,12 @@ BURSTGPT_OPTIONS = ("drop_failed", "model", "log_type")
 
 
 def detect_csv_format(header: list[str]) -> str | None:
+    """By the columns it shares with each format; the loader then names any missing one."""
     names = {h.strip() for h in header}
-    if set(AZURE_COLUMNS) <= names:
-        return "azure"
-    if set(BURSTGPT_COLUMNS) <= names:
-        return "burstgpt"
+    azure = len(names & set(AZURE_COLUMNS))
+    burst = len(names & {*BURSTGPT_COLUMNS, "Model", "Total tokens", "Log Type"})
+    if azure or burst:
+        return "azure" if azure >= burst else "burstgpt"
     return None
 
 
