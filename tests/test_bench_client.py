@@ -1,0 +1,119 @@
+"""The client against the scripted server on loopback: timing vs a known schedule, token
+counting, multi-token chunks, and every failure mode ending in a failed record.
+
+Tolerance: the client may see a chunk at most TOL after the server sent it (same monotonic
+clock; loopback plus a loaded 2-core CI box), and never before.
+"""
+
+import asyncio
+import socket
+import time
+
+import openai
+import pytest
+from cbbench.harness.client import ClientConfig, OpenAIClient
+from cbbench.harness.records import RequestRecord
+from servers.fake import Behavior, FakeServerConfig, threaded
+
+TOL = 0.05
+
+
+def _send(url, output_len=10, prompt=None, **cfg):
+    async def go():
+        client = OpenAIClient(ClientConfig(base_url=url, model="m", **cfg), time.monotonic_ns())
+        try:
+            rec = RequestRecord(id="cbb-1", index=1, prompt_len=5, output_len=output_len)
+            return await client.send(rec, prompt if prompt is not None else [11, 12, 13, 14, 15])
+        finally:
+            await client.aclose()
+
+    return asyncio.run(go())
+
+
+def test_timing_agrees_with_the_server_schedule():
+    with threaded(FakeServerConfig(Behavior(ttft_s=0.1, itl_s=0.02, queue_time_s=0.123))) as srv:
+        r = _send(srv.url, collect_server_times=True)
+    assert r.ok, r.error
+    assert r.output_tokens_client == r.output_tokens_server == 10
+    assert r.prompt_tokens_client == r.prompt_tokens_server == 5
+    lags = r.extra["recv_minus_send_s"]
+    assert len(lags) == 10 and all(0 <= d < TOL for d in lags)
+    assert 0.1 <= r.ttft_s < 0.1 + TOL
+    assert r.tpot_s == pytest.approx(0.02, abs=TOL / 9)
+    assert len(r.itl_s) == 9 and sum(r.itl_s) == pytest.approx(r.e2e_s - r.ttft_s)
+    assert r.e2e_s == pytest.approx(r.last_token_s - r.sent_s)
+    assert r.server_queue_s == 0.123
+    assert r.extra["scheduler"] == "fake" and r.finish_reason == "length"
+
+
+def test_multi_token_chunks_spread_their_gap_over_their_tokens():
+    with threaded(FakeServerConfig(Behavior(itl_s=0.04, tokens_per_chunk=4))) as srv:
+        r = _send(srv.url, output_len=12)
+    assert r.ok and r.output_tokens_client == 12 and len(r.token_times_s) == 12
+    itl = r.itl_s
+    assert itl[:3] == [0.0, 0.0, 0.0]  # arrived with the first token
+    for a, b in ((3, 7), (7, 11)):
+        assert max(itl[a:b]) - min(itl[a:b]) < 1e-6  # one chunk: equal shares
+        gap = r.token_times_s[b] - r.token_times_s[a]
+        assert sum(itl[a:b]) == pytest.approx(gap)
+        assert itl[a] == pytest.approx(0.01, abs=TOL / 4)
+    assert r.tpot_s == pytest.approx(sum(itl) / 11)
+
+
+def test_without_token_ids_counts_chunks_and_keeps_server_usage():
+    with threaded(FakeServerConfig(Behavior(tokens_per_chunk=4))) as srv:
+        r = _send(srv.url, output_len=12, extensions=False)
+    assert r.ok and r.output_tokens_client == 3 and r.output_tokens_server == 12
+    assert r.tpot_s == pytest.approx((r.e2e_s - r.ttft_s) / 11)  # TPOT uses the server count
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_non_streaming_and_chat(endpoint):
+    with threaded(FakeServerConfig(Behavior(ttft_s=0.02))) as srv:
+        r = _send(srv.url, endpoint=endpoint, stream=False, prompt="hello there world")
+        s = _send(srv.url, endpoint=endpoint, prompt="hello there world")
+    assert r.ok and r.output_tokens_server == 10 and r.e2e_s >= 0.02
+    assert r.ttft_s is None and r.itl_s == []  # undefined without a stream
+    assert s.ok and s.output_tokens_client == 10 and s.ttft_s >= 0.02
+
+
+@pytest.mark.parametrize(
+    ("behavior", "kind", "text"),
+    [
+        (Behavior(status=500), "http_5xx", "scripted failure 500"),
+        (Behavior(status=429), "http_4xx", "HTTP 429"),
+        (Behavior(reset_after_tokens=3), "stream", ""),
+        (Behavior(hang_s=3.0), "timeout", "0.3 s"),
+    ],
+)
+def test_failures_become_failed_records(behavior, kind, text):
+    with threaded(FakeServerConfig(Behavior(), rules={1: behavior})) as srv:
+        r = _send(srv.url, timeout_s=0.3)
+    assert r.status == "error" and r.error_kind == kind, r.error
+    assert text in r.error
+    assert r.end_s is not None and r.e2e_s is None
+    if kind == "stream":
+        assert r.output_tokens_client == 3  # what arrived is kept
+
+
+def test_refused_connection_is_a_connection_error():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once closed
+    r = _send(f"http://127.0.0.1:{port}")
+    assert r.status == "error" and r.error_kind == "connection"
+
+
+def test_fake_server_speaks_what_the_official_openai_client_expects():
+    with threaded(FakeServerConfig(Behavior())) as srv:
+        c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x")
+        chunks = list(
+            c.completions.create(model="fake-model", prompt=[1, 2], max_tokens=5, stream=True)
+        )
+        chat = c.chat.completions.create(
+            model="fake-model", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+        )
+    assert sum(len(ch.choices[0].text.split()) for ch in chunks if ch.choices) == 5
+    assert (
+        chat.choices[0].message.content.split() == ["tok"] * 3 and chat.usage.completion_tokens == 3
+    )
