@@ -1,0 +1,174 @@
+"""`cbbench gate --baseline RUN --candidate RUN`: exit 0 pass, 1 regression, 2 unusable input."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from cbbench.harness.errors import CbbenchError
+from cbbench.harness.gate_policy import LATENCY, THROUGHPUT
+
+VERDICT_STYLE = {"pass": "green", "noisy": "yellow", "fail": "bold red", "n/a": "dim"}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "gate",
+        help="fail CI on a statistically clear regression between two runs",
+        description="Judge every policy rule with a seeded bootstrap confidence interval over "
+        "the per-request records; a rule fails only when the whole interval is beyond its "
+        "limit. Exit 0 pass, 1 regression, 2 unusable or mismatched input.",
+    )
+    p.add_argument("--baseline", required=True, metavar="RUN", help="baseline run folder")
+    p.add_argument("--candidate", required=True, metavar="RUN", help="candidate run folder")
+    p.add_argument("--policy", metavar="TOML", help="rules file (default: the built-in policy)")
+    p.add_argument("--junit", metavar="FILE", help="also write JUnit XML (one test per rule)")
+    p.add_argument("--markdown", metavar="FILE", help="also write a Markdown table")
+    p.set_defaults(func=run)
+
+
+def fmt_value(metric: str, v: float | None) -> str:
+    if v is None or v != v:
+        return "–"
+    if metric in LATENCY:
+        return f"{v * 1e3:.1f} ms"
+    if metric in THROUGHPUT:
+        return f"{v:.2f}/s"
+    return f"{v:.2%}"
+
+
+def fmt_change(r) -> tuple[str, str]:
+    """(estimate, interval) as shown: a % change for relative rules, a value otherwise."""
+    if r.verdict == "n/a":
+        return "–", "–"
+    if r.rule.relative:
+        return f"{r.estimate - 1:+.1%}", f"[{r.low - 1:+.1%}, {r.high - 1:+.1%}]"
+    m = r.rule.metric
+    return fmt_value(m, r.estimate), f"[{fmt_value(m, r.low)}, {fmt_value(m, r.high)}]"
+
+
+def fmt_limit(r) -> str:
+    if r.rule.limit == "max_increase":
+        return f"<= +{r.rule.value:.0%}"
+    if r.rule.limit == "max_decrease":
+        return f">= -{r.rule.value:.0%}"
+    op = "<=" if r.rule.limit == "max" else ">="
+    return f"{op} {fmt_value(r.rule.metric, r.rule.value)}"
+
+
+def print_table(gate) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    conf = f"{gate.policy.confidence:.0%}"
+    t = Table(
+        title=f"cbbench gate ({gate.policy.source}, {conf} bootstrap CI, "
+        f"{gate.policy.resamples} resamples)"
+    )
+    for col in ("rule", "baseline", "candidate", "change", f"{conf} CI", "limit", "verdict"):
+        t.add_column(col, justify="left" if col in ("rule", "verdict") else "right")
+    for r in gate.results:
+        est, ci = fmt_change(r)
+        style = VERDICT_STYLE[r.verdict]
+        t.add_row(
+            r.rule.title,
+            fmt_value(r.rule.metric, r.baseline),
+            fmt_value(r.rule.metric, r.candidate),
+            est,
+            ci,
+            fmt_limit(r),
+            f"[{style}]{r.verdict}[/]" + (f" ({r.note})" if r.note else ""),
+        )
+    console = Console(highlight=False)
+    console.width = max(console.width, 132)  # CI logs are not terminals: keep rows on one line
+    console.print(t, markup=True)
+    failed = [r for r in gate.results if r.failed]
+    console.print(
+        f"[bold red]REGRESSION: {len(failed)} of {len(gate.results)} rules failed[/]"
+        if failed
+        else f"[green]PASS: {len(gate.results)} rules[/]"
+    )
+
+
+def markdown(gate) -> str:
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+
+    conf = f"{gate.policy.confidence:.0%}"
+    head = "PASS" if gate.passed else "REGRESSION"
+    lines = [
+        f"### cbbench gate: {head}",
+        "",
+        f"| rule | baseline | candidate | change | {conf} CI | limit | verdict |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in gate.results:
+        est, ci = fmt_change(r)
+        verdict = f"**{r.verdict}**" if r.failed else r.verdict
+        row = [
+            r.rule.title,
+            fmt_value(r.rule.metric, r.baseline),
+            fmt_value(r.rule.metric, r.candidate),
+            est,
+            ci,
+            fmt_limit(r),
+            verdict,
+        ]
+        lines.append("| " + " | ".join(cell(x) for x in row) + " |")
+    lines += ["", "A rule fails only when its whole bootstrap interval lies beyond the limit."]
+    return "\n".join(lines) + "\n"
+
+
+def junit(gate) -> str:
+    failed = sum(r.failed for r in gate.results)
+    suite = ET.Element(
+        "testsuite",
+        name="cbbench.gate",
+        tests=str(len(gate.results)),
+        failures=str(failed),
+        errors="0",
+        skipped=str(sum(r.verdict == "n/a" for r in gate.results)),
+    )
+    for r in gate.results:
+        case = ET.SubElement(suite, "testcase", classname="cbbench.gate", name=r.rule.title)
+        est, ci = fmt_change(r)
+        detail = (
+            f"baseline {fmt_value(r.rule.metric, r.baseline)}, candidate "
+            f"{fmt_value(r.rule.metric, r.candidate)}, change {est} CI {ci}, "
+            f"limit {fmt_limit(r)}"
+        )
+        if r.failed:
+            ET.SubElement(case, "failure", message=f"{r.rule.title}: {detail}").text = detail
+        elif r.verdict == "n/a":
+            ET.SubElement(case, "skipped", message=r.note)
+        else:
+            ET.SubElement(case, "system-out").text = f"{r.verdict}: {detail}"
+    return ET.tostring(ET.ElementTree(suite).getroot(), encoding="unicode", xml_declaration=True)
+
+
+def _write(path: str, text: str) -> None:
+    p = Path(path)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(p.name + ".tmp")
+        tmp.write_text(text + ("" if text.endswith("\n") else "\n"), encoding="utf-8")
+        os.replace(tmp, p)
+    except OSError as exc:
+        raise CbbenchError(f"{p}: cannot write ({exc.strerror})") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from cbbench.harness.gate import run_gate
+    from cbbench.harness.gate_policy import DEFAULT_POLICY, load_policy
+    from cbbench.harness.results import load_run
+
+    policy = load_policy(args.policy) if args.policy else DEFAULT_POLICY
+    gate = run_gate(load_run(args.baseline), load_run(args.candidate), policy)
+    print_table(gate)
+    if args.junit:
+        _write(args.junit, junit(gate))
+    if args.markdown:
+        _write(args.markdown, markdown(gate))
+    return 0 if gate.passed else 1
