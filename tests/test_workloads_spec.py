@@ -135,3 +135,16 @@ def test_cli_list_names_every_preset(capsys):
     out = capsys.readouterr().out
     for name in PRESETS:
         assert name in out
+
+
+def test_empirical_trace_path_is_relative_to_the_spec_file(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "t.jsonl").write_text(
+        "".join(json.dumps({"prompt_len": 1, "output_len": n}) + "\n" for n in (7, 70, 700))
+    )
+    output = {"dist": "empirical", "trace": "t.jsonl", "column": "output"}
+    (tmp_path / "sub" / "s.json").write_text(json.dumps({"prompt": 5, "output": output}))
+    wl = load_workload(str(tmp_path / "sub" / "s.json"))
+    assert len(wl) == 200
+    assert {r.output_len for r in wl.requests} == {7, 70, 700}
+    assert wl.source["spec"]["output"]["trace"] == "t.jsonl"  # the spec as given

@@ -155,6 +155,20 @@ def _trace_from_spec(
     return load_trace(path, fmt, seed, n, tokenizer, name, **opts)
 
 
+def _resolve_traces(node: object, base: Path | None) -> object:
+    """A copy of a spec with empirical `trace` paths made relative to the spec file's folder."""
+    if isinstance(node, list):
+        return [_resolve_traces(v, base) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _resolve_traces(v, base) for k, v in node.items()}
+    trace = out.get("trace")
+    relative = isinstance(trace, str) and trace not in PRESETS and not Path(trace).is_absolute()
+    if base is not None and out.get("dist") == "empirical" and relative:
+        out["trace"] = str(base / trace)  # type: ignore[operator]
+    return out
+
+
 def build_from_spec(
     spec: dict,
     name: str,
@@ -180,7 +194,7 @@ def build_from_spec(
         wl = _trace_from_spec(spec["trace"], where, base, seed, num_requests, name)
     else:
         n = DEFAULT_NUM_REQUESTS if num_requests is None else num_requests
-        wl = build_synthetic(spec, name, seed, n, where)
+        wl = build_synthetic(_resolve_traces(spec, base), name, seed, n, where)
     if "arrival" in spec:
         arrival = spec["arrival"]
         if not isinstance(arrival, dict) or "kind" not in arrival:
