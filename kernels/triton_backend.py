@@ -1,11 +1,23 @@
 """The Triton attention backend: kernels from triton_attention / triton_cache, imported on
-first construction so that `cbbench.kernels` never needs triton to import."""
+first construction so that `cbbench.kernels` never needs triton to import.
+
+Launch sizes (splits, query tiles) come from host-side bounds, so that a step on the GPU
+never waits on a `.max()` of a device tensor; callers that know the exact maxima may pass
+`max_seq_len` / `max_query_len`."""
 
 from __future__ import annotations
 
 import os
 
 import torch
+
+
+def _max_seq_len_bound(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> int:
+    """max(seq_lens), exactly when it is on the CPU; on a GPU the bound the block table
+    width gives (no device sync; extra splits are empty and weigh nothing in the merge)."""
+    if seq_lens.device.type == "cpu":
+        return int(seq_lens.max())
+    return block_tables.shape[1] * block_size
 
 
 class TritonAttentionBackend:
@@ -48,6 +60,8 @@ class TritonAttentionBackend:
         scale: float,
         max_seq_len: int | None = None,
     ) -> torch.Tensor:
+        if max_seq_len is None:
+            max_seq_len = _max_seq_len_bound(block_tables, seq_lens, k_cache.shape[1])
         return self._attn.paged_decode_attention(
             q, k_cache, v_cache, block_tables, seq_lens, scale, max_seq_len=max_seq_len
         )
@@ -66,7 +80,10 @@ class TritonAttentionBackend:
     ) -> torch.Tensor:
         """Decode-only batches (every qlen 1) take the split-KV decode kernel."""
         if max_query_len is None:
-            max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+            if query_start_loc.device.type == "cpu":
+                max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+            else:
+                max_query_len = q.shape[0]  # an upper bound without a device sync
         if max_query_len == 1 and q.shape[0] == block_tables.shape[0]:
             return self.paged_decode_attention(
                 q, k_cache, v_cache, block_tables, seq_lens, scale, max_seq_len=max_seq_len

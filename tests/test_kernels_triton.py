@@ -251,3 +251,21 @@ def test_import_and_torch_path_without_triton():
     lines = proc.stdout.splitlines()
     assert lines[0] == "['torch'] torch"
     assert "'triton' package is not installed" in lines[1]
+
+
+def test_host_side_upper_bounds_give_the_same_answer():
+    """On a GPU the backend launches from bounds (table width, total tokens), never a sync."""
+    c = make_paged_case([150, 40, 3], [6, 1, 3], 16, 2, 4)
+    keys = ("q", "k_cache", "v_cache", "block_tables", "seq_lens", "query_start_loc")
+    args = [c[k] for k in keys]
+    ref = ref_paged_attention(*args, SCALE)
+    out = triton_attention.paged_prefill_attention(
+        *args, SCALE, max_query_len=c["q"].shape[0], block_m=16, block_n=32
+    )
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    last = torch.tensor([5, 6, 9])
+    bound = c["block_tables"].shape[1] * 16  # 11 blocks: 176 > 150
+    dec = triton_attention.paged_decode_attention(
+        c["q"][last], *args[1:5], SCALE, max_seq_len=bound, num_splits=4, block_n=32
+    )
+    torch.testing.assert_close(dec, ref[last], atol=1e-5, rtol=1e-5)
