@@ -254,6 +254,7 @@ async def run_worker(
     try:
         warm = await worker.warmup(client)
         t0_ns = await wait_t0()
+        await asyncio.sleep(max(0.0, (t0_ns - time.monotonic_ns()) / 1e9))  # t0 may be ahead
         for rec in warm:
             shift_record(rec, (worker._warmup_t0_ns - t0_ns) / 1e9)
             emit("record", rec)

@@ -1,0 +1,96 @@
+"""Whole runs (`run_bench`) against the scripted server: open loop with a cap, closed loop,
+warmup, --workers 2 merging, and a server killed mid-run."""
+
+import io
+import json
+import threading
+
+import pytest
+from cbbench.harness.results import load_run
+from cbbench.harness.runner import BenchConfig, run_bench
+from cbbench.workloads.spec import RequestSpec, Workload
+from rich.console import Console
+from servers.fake import Behavior, FakeServerConfig, process, threaded
+
+
+def _wl(n, output_len=5, arrival=None):
+    return Workload("t", 0, tuple(RequestSpec(i, 8, output_len, arrival) for i in range(n)))
+
+
+def _run(url, wl, tmp_path, **kw):
+    cfg = BenchConfig(base_url=url, workload=wl, out_dir=tmp_path / "run", live=False, **kw)
+    return run_bench(cfg, console=Console(file=io.StringIO()))
+
+
+def _max_overlap(records):
+    events = sorted([(r.sent_s, 1) for r in records] + [(r.end_s, -1) for r in records])
+    cur = best = 0
+    for _, d in events:
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+def test_open_loop_with_cap_reports_client_queue_time(tmp_path):
+    with threaded(FakeServerConfig(Behavior(ttft_s=0.1))) as srv:
+        res = _run(srv.url, _wl(6, arrival=0.0), tmp_path, concurrency=2)
+    recs = sorted(res.records, key=lambda r: r.sent_s)
+    assert len(recs) == 6 and all(r.ok for r in recs)
+    assert all(r.scheduled_s == 0.0 for r in recs)
+    assert sum(r.client_queue_s > 0.09 for r in recs) == 4  # two waves waited for a slot
+    for r in recs:  # the wait is client queue time, not TTFT
+        assert r.ttft_s < 0.1 + 0.05
+        assert r.sent_s == pytest.approx(r.scheduled_s + r.client_queue_s + r.send_lag_s)
+    assert _max_overlap(recs) <= 2
+    q = res.summary["client_queue_s"]
+    assert q["count"] == 6 and q["max"] >= 0.18
+
+
+def test_closed_loop_keeps_concurrency_and_excludes_warmup(tmp_path):
+    beh = Behavior(itl_s=0.002, short_by=1)
+    with threaded(FakeServerConfig(beh)) as srv:
+        res = _run(srv.url, _wl(12), tmp_path, concurrency=3, warmup=2)
+    measured = [r for r in res.records if not r.warmup]
+    warm = [r for r in res.records if r.warmup]
+    assert len(measured) == 12 and len(warm) == 2
+    assert all(r.sent_s < 0 for r in warm) and all(r.sent_s >= 0 for r in measured)
+    assert _max_overlap(measured) <= 3
+    s = res.summary
+    assert s["counts"]["completed"] == 12 and s["counts"]["warmup_excluded"] == 2
+    assert s["counts"]["short_outputs"] == 12  # every output came back 1 token short
+    run = load_run(res.run_dir)
+    assert run.meta["status"] == "complete" and run.meta["interrupted"] is False
+    assert run.meta["summary"]["counts"] == s["counts"]
+    assert run.meta["target"]["model"] == "fake-model" and run.meta["target"]["scheduler"] == "fake"
+    assert {r.id for r in run.records} == {r.id for r in res.records}
+    samples = [x for x in run.timeseries if x.get("source") == "client"]
+    assert all("loop_lag_max_s" in x and "cpu" in x for x in samples)
+
+
+def test_two_workers_merge_without_loss_or_duplicates(tmp_path):
+    with threaded(FakeServerConfig(Behavior(itl_s=0.001))) as srv:
+        res = _run(srv.url, _wl(40), tmp_path, concurrency=4, workers=2)
+    lines = (res.run_dir / "requests.jsonl").read_text().splitlines()
+    recs = [json.loads(x) for x in lines]
+    assert sorted(r["index"] for r in recs) == list(range(40))
+    assert len({r["id"] for r in recs}) == 40
+    assert all(r["worker"] == r["index"] % 2 for r in recs)
+    assert all(r["status"] == "ok" and r["sent_s"] >= 0 for r in recs)
+    assert res.meta["load"]["workers"] == 2
+
+
+def test_server_killed_mid_run_every_request_on_disk(tmp_path):
+    with process(FakeServerConfig(Behavior(itl_s=0.02))) as srv:
+        timer = threading.Timer(0.6, srv.kill)
+        timer.start()
+        res = _run(srv.url, _wl(12, output_len=15), tmp_path, concurrency=3, timeout_s=5)
+        timer.join()
+    recs = load_run(res.run_dir).records
+    assert len(recs) == 12 and len({r.index for r in recs}) == 12
+    ok = [r for r in recs if r.ok]
+    failed = [r for r in recs if not r.ok]
+    assert ok and failed
+    assert {r.error_kind for r in failed} <= {"stream", "connection"}
+    s = res.summary
+    assert s["counts"]["failed"] == len(failed) and s["ttft_s"]["count"] == len(ok)
+    assert s["error_rate"] == pytest.approx(len(failed) / 12)
