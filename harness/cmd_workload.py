@@ -90,17 +90,21 @@ def stats_table(summary: dict) -> Table:
 
 
 def histogram(values: np.ndarray, bins: int) -> Table:
+    """Integer-aligned bins: each row covers lengths lo..hi inclusive, all rows equally wide."""
     table = Table(title="output length histogram", show_header=True, box=None)
     table.add_column("tokens", justify="right")
     table.add_column("count", justify="right")
     table.add_column("")
     if not len(values):
         return table
-    counts, edges = np.histogram(values, bins=max(1, bins))
+    lo, hi = int(values.min()), int(values.max())
+    width = -(-(hi - lo + 1) // max(1, bins))
+    counts = np.bincount((values - lo) // width)
     peak = max(int(counts.max()), 1)
     for i, c in enumerate(counts.tolist()):
-        bar = "█" * round(BAR_WIDTH * c / peak)
-        table.add_row(f"{edges[i]:,.0f}-{edges[i + 1]:,.0f}", f"{c:,}", bar)
+        start = lo + i * width
+        label = f"{start:,}" if width == 1 else f"{start:,}-{min(start + width - 1, hi):,}"
+        table.add_row(label, f"{c:,}", "█" * round(BAR_WIDTH * c / peak))
     return table
 
 
@@ -112,6 +116,8 @@ def run_show(args: argparse.Namespace) -> int:
         return 0
     console = Console(highlight=False)
     console.print(f"requests: {summary['count']:,}")
+    if not summary["count"]:
+        return 0
     console.print(stats_table(summary))
     if summary["open_loop"]:
         console.print(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import shutil
@@ -148,3 +149,21 @@ def test_empirical_trace_path_is_relative_to_the_spec_file(tmp_path):
     assert len(wl) == 200
     assert {r.output_len for r in wl.requests} == {7, 70, 700}
     assert wl.source["spec"]["output"]["trace"] == "t.jsonl"  # the spec as given
+
+
+@pytest.mark.parametrize("bins", [1, 7, 16, 5000])
+def test_histogram_bins_cover_every_length_once(bins):
+    from cbbench.harness.cmd_workload import histogram
+    from rich.console import Console
+
+    values = np.asarray([r.output_len for r in load_workload("chat").requests])
+    console = Console(record=True, width=120, file=io.StringIO())
+    console.print(histogram(values, bins))
+    rows = re.findall(r"^\s*([\d,]+)(?:-([\d,]+))?\s+([\d,]+)", console.export_text(), re.M)
+    num = lambda s: int(s.replace(",", ""))  # noqa: E731
+    spans = [(num(a), num(b or a), num(c)) for a, b, c in rows]
+    assert spans[0][0] == values.min() and spans[-1][1] == values.max()
+    assert all(nxt[0] == cur[1] + 1 for cur, nxt in zip(spans, spans[1:], strict=False))
+    assert sum(c for _, _, c in spans) == len(values)
+    for lo, hi, c in spans:
+        assert c == ((values >= lo) & (values <= hi)).sum()
