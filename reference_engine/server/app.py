@@ -114,6 +114,17 @@ def create_app(
     return GuardMiddleware(app, scheduler, max_body_bytes, api_key)
 
 
+_UNION_TAGS = {"body", "str", "int", "float", "bool", "none", "list", "dict"}
+
+
+def _is_field(part: object) -> bool:
+    """Field names and indices in a validation error's location, without pydantic's union
+    member tags (`str`, `list[int]`, ...)."""
+    if isinstance(part, int):
+        return True
+    return isinstance(part, str) and part.isidentifier() and part not in _UNION_TAGS
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -123,17 +134,22 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         first = errors[0] if errors else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         if first.get("type") == "json_invalid":
             message = f"invalid JSON: {first.get('ctx', {}).get('error', 'decode error')}"
             return JSONResponse(error_body(message, "invalid_request_error"), 400)
-        param = ".".join(loc) or None
-        if param is None and first.get("type") == "model_attributes_type":
+        if first.get("type") == "model_attributes_type" and len(first.get("loc", ())) <= 1:
             message = "the request body must be a JSON object (Content-Type: application/json)"
             return JSONResponse(error_body(message, "invalid_request_error"), 400)
-        message = f"{param or 'body'}: {first.get('msg', 'invalid value')}"
-        if len(errors) > 1:
-            message += f" (and {len(errors) - 1} more errors)"
+        # A union field fails once per member: name the deepest location, list every reason.
+        paths = [[str(p) for p in e.get("loc", ()) if _is_field(p)] for e in errors]
+        field = paths[0][:1]
+        same = [i for i, p in enumerate(paths) if p[:1] == field]
+        deepest = max(same, key=lambda i: len(paths[i]))
+        param = ".".join(paths[deepest]) or None
+        reasons = list(dict.fromkeys(errors[i].get("msg", "invalid value") for i in same))
+        message = f"{param or 'body'}: {' or '.join(reasons)}"
+        if len(same) < len(errors):
+            message += f" (and {len(errors) - len(same)} more errors)"
         return JSONResponse(error_body(message, "invalid_request_error", param), 400)
 
     @app.exception_handler(StarletteHTTPException)
