@@ -50,7 +50,7 @@ def _replay(wl: Workload, time_scale: float, target_rate: float | None) -> np.nd
         span = t[-1] if len(t) else 0.0
         if len(t) < 2 or span <= 0:
             raise WorkloadError(f"{wl.name}: target_rate needs >= 2 requests spread over time")
-        return t * ((len(t) - 1) / span / target_rate)
+        return (t / span) * ((len(t) - 1) / target_rate)  # normalise first: no overflow
     return t / time_scale
 
 
