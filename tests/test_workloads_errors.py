@@ -171,3 +171,15 @@ def test_replay_without_timestamps_is_an_error():
         from cbbench.workloads import with_arrivals
 
         with_arrivals(load_workload("seed-demo"), "replay")
+
+
+def test_arrival_seed_defaults_to_the_workload_seed_and_must_be_non_negative():
+    from cbbench.workloads import with_arrivals
+
+    wl = load_workload("mixed", seed=5, num_requests=50)
+    assert with_arrivals(wl, "poisson", rate=2) == with_arrivals(wl, "poisson", rate=2, seed=5)
+    assert with_arrivals(wl, "poisson", rate=2) != with_arrivals(wl, "poisson", rate=2, seed=6)
+    with pytest.raises(WorkloadError, match="seed must be an integer >= 0"):
+        with_arrivals(wl, "poisson", rate=2, seed=-1)
+    with pytest.raises(WorkloadError, match="'seed' must be an integer >= 0"):
+        load_workload("mixed", seed=-1)

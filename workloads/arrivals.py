@@ -70,12 +70,17 @@ def with_arrivals(
     kind: str,
     rate: float | None = None,
     cv: float = 1.0,
-    seed: int = 0,
+    seed: int | None = None,
     time_scale: float = 1.0,
     target_rate: float | None = None,
     ramp_up_s: float = 0.0,
 ) -> Workload:
-    """A copy of `wl` whose requests carry arrival times from `kind`; see the module doc."""
+    """A copy of `wl` whose requests carry arrival times from `kind`; see the module doc.
+
+    `seed` seeds the gaps (default: the workload's seed)."""
+    seed = wl.seed if seed is None else seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise WorkloadError(f"arrival seed must be an integer >= 0, got {seed!r}")
     if kind not in ARRIVAL_KINDS:
         raise WorkloadError(f"unknown arrival kind {kind!r} (one of {', '.join(ARRIVAL_KINDS)})")
     if not math.isfinite(ramp_up_s) or ramp_up_s < 0:
