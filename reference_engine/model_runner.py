@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,6 +20,17 @@ from cbbench.reference_engine.loader import load_model, random_model, resolve_co
 from cbbench.reference_engine.model import AttentionMetadata
 from cbbench.reference_engine.model_config import PRESETS, ModelConfig
 from cbbench.reference_engine.sampler import Sampler, SampleRequest
+
+
+@dataclass
+class Batch:
+    """One step's flattened inputs, on the model's device."""
+
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    max_position: int
+    meta: AttentionMetadata
+    sample_rows: list[tuple[int, int]]  # (chunk index, row of its last token) for sampling chunks
 
 
 def default_num_threads() -> int:
@@ -93,84 +105,82 @@ class ModelRunner:
         if not chunks:
             return []
         with torch.inference_mode():
-            input_ids, positions, max_position, meta, sample_rows = self._prepare(chunks)
+            b = prepare_batch(chunks, self.block_size, self.model_config.vocab_size, self.device)
             hidden = self.model(
-                input_ids, positions, max_position, self.kv_cache, meta, self.backend
+                b.input_ids, b.positions, b.max_position, self.kv_cache, b.meta, self.backend
             )
-            if not sample_rows:
-                return [None] * len(chunks)
-            rows = [r for _, r in sample_rows]
-            logits = self.model.compute_logits(hidden[rows])
+            out: list[int | None] = [None] * len(chunks)
+            if not b.sample_rows:
+                return out
+            logits = self.model.compute_logits(hidden[[row for _, row in b.sample_rows]])
             reqs = [
                 SampleRequest(
                     chunks[i].seq.sampling_params,
                     chunks[i].seq.num_tokens,
                     chunks[i].seq.num_output_tokens,
                 )
-                for i, _ in sample_rows
+                for i, _ in b.sample_rows
             ]
             tokens = self.sampler(logits, reqs)
-        out: list[int | None] = [None] * len(chunks)
-        for (i, _), tok in zip(sample_rows, tokens, strict=True):
+        for (i, _), tok in zip(b.sample_rows, tokens, strict=True):
             out[i] = tok
         return out
 
-    def _prepare(
-        self, chunks: list[ScheduledChunk]
-    ) -> tuple[torch.Tensor, torch.Tensor, int, AttentionMetadata, list[tuple[int, int]]]:
-        """Flatten the chunks: token ids, positions, slot mapping, block tables, sample rows."""
-        bs = self.block_size
-        input_ids: list[int] = []
-        starts: list[int] = []
-        qlens: list[int] = []
-        seq_lens: list[int] = []
-        tables: list[list[int]] = []
-        sample_rows: list[tuple[int, int]] = []  # (chunk index, row of its last token)
-        for i, c in enumerate(chunks):
-            seq, start, end = c.seq, c.start, c.end
-            assert 0 <= start < end <= seq.num_tokens, (
-                f"{seq.request_id}: chunk [{start}, {end}) outside 0..{seq.num_tokens}"
-            )
-            needed = -(-end // bs)
-            if len(seq.block_table) < needed:
-                raise EngineError(
-                    f"{seq.request_id}: {len(seq.block_table)} KV blocks for {end} tokens "
-                    f"(block size {bs}) — the scheduler must allocate before executing"
-                )
-            input_ids.extend(seq.token_ids[start:end])
-            starts.append(start)
-            qlens.append(end - start)
-            seq_lens.append(end)
-            tables.append(seq.block_table[:needed])
-            if c.samples:
-                sample_rows.append((i, len(input_ids) - 1))
-        decode_only = len(input_ids) == len(chunks)
-        vocab = self.model_config.vocab_size
-        if not decode_only and not all(0 <= t < vocab for t in input_ids):
-            bad = next(t for t in input_ids if not 0 <= t < vocab)
-            raise EngineError(f"token id {bad} is outside the vocabulary (size {vocab})")
-        max_blocks = max(len(t) for t in tables)
-        padded = [t + [0] * (max_blocks - len(t)) for t in tables]
-        dev = self.device
-        block_tables = torch.tensor(padded, dtype=torch.int32)
-        if decode_only:
-            pos = torch.tensor(starts, dtype=torch.int64)
-            seq_idx = torch.arange(len(chunks))
-        else:
-            qlen_t = torch.tensor(qlens, dtype=torch.int64)
-            seq_idx = torch.repeat_interleave(torch.arange(len(chunks)), qlen_t)
-            first = torch.cumsum(qlen_t, 0) - qlen_t  # row of each chunk's first token
-            pos = torch.arange(len(input_ids)) - first[seq_idx] + torch.tensor(starts)[seq_idx]
-        slots = block_tables[seq_idx, pos // bs].to(torch.int64) * bs + pos % bs
-        qsl = [0]
-        for q in qlens:
-            qsl.append(qsl[-1] + q)
-        meta = AttentionMetadata(
-            slot_mapping=slots.to(dev),
-            block_tables=block_tables.to(dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
-            decode_only=decode_only,
+
+def prepare_batch(
+    chunks: list[ScheduledChunk], block_size: int, vocab_size: int, device: torch.device
+) -> Batch:
+    """Flatten the chunks: token ids, positions, slot mapping, block tables, sample rows."""
+    bs = block_size
+    input_ids: list[int] = []
+    starts: list[int] = []
+    qlens: list[int] = []
+    seq_lens: list[int] = []
+    tables: list[list[int]] = []
+    sample_rows: list[tuple[int, int]] = []  # (chunk index, row of its last token)
+    for i, c in enumerate(chunks):
+        seq, start, end = c.seq, c.start, c.end
+        assert 0 <= start < end <= seq.num_tokens, (
+            f"{seq.request_id}: chunk [{start}, {end}) outside 0..{seq.num_tokens}"
         )
-        ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
-        return ids, pos.to(dev), max(seq_lens) - 1, meta, sample_rows
+        needed = -(-end // bs)
+        if len(seq.block_table) < needed:
+            raise EngineError(
+                f"{seq.request_id}: {len(seq.block_table)} KV blocks for {end} tokens "
+                f"(block size {bs}) — the scheduler must allocate before executing"
+            )
+        input_ids.extend(seq.token_ids[start:end])
+        starts.append(start)
+        qlens.append(end - start)
+        seq_lens.append(end)
+        tables.append(seq.block_table[:needed])
+        if c.samples:
+            sample_rows.append((i, len(input_ids) - 1))
+    decode_only = len(input_ids) == len(chunks)
+    if not decode_only and not all(0 <= t < vocab_size for t in input_ids):
+        bad = next(t for t in input_ids if not 0 <= t < vocab_size)
+        raise EngineError(f"token id {bad} is outside the vocabulary (size {vocab_size})")
+    max_blocks = max(len(t) for t in tables)
+    padded = [t + [0] * (max_blocks - len(t)) for t in tables]
+    block_tables = torch.tensor(padded, dtype=torch.int32)
+    if decode_only:
+        pos = torch.tensor(starts, dtype=torch.int64)
+        seq_idx = torch.arange(len(chunks))
+    else:
+        qlen_t = torch.tensor(qlens, dtype=torch.int64)
+        seq_idx = torch.repeat_interleave(torch.arange(len(chunks)), qlen_t)
+        first = torch.cumsum(qlen_t, 0) - qlen_t  # row of each chunk's first token
+        pos = torch.arange(len(input_ids)) - first[seq_idx] + torch.tensor(starts)[seq_idx]
+    slots = block_tables[seq_idx, pos // bs].to(torch.int64) * bs + pos % bs
+    qsl = [0]
+    for q in qlens:
+        qsl.append(qsl[-1] + q)
+    meta = AttentionMetadata(
+        slot_mapping=slots.to(device),
+        block_tables=block_tables.to(device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
+        decode_only=decode_only,
+    )
+    ids = torch.tensor(input_ids, dtype=torch.int64, device=device)
+    return Batch(ids, pos.to(device), max(seq_lens) - 1, meta, sample_rows)

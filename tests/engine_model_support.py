@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import random
 
+import torch
+from cbbench.kernels import get_attention_backend
 from cbbench.reference_engine.executor import ScheduledChunk
-from cbbench.reference_engine.model_runner import ModelRunner
+from cbbench.reference_engine.model_runner import ModelRunner, prepare_batch
 from cbbench.reference_engine.outputs import RequestMetrics
 from cbbench.reference_engine.sampling_params import SamplingParams
 from cbbench.reference_engine.sequence import Sequence
+
+_TORCH = get_attention_backend("torch", "cpu")
 
 
 def make_seq(rid: str, prompt: list[int], max_tokens: int, **params) -> Sequence:
@@ -56,3 +60,25 @@ def generate(
             live.remove(seq)
             pool.extend(seq.block_table)
     return [s.output_token_ids for s in seqs]
+
+
+def paged_logits(model, tokens: list[int], block_size: int = 4) -> torch.Tensor:
+    """Last-position logits of one prompt through the model's paged forward (torch backend),
+    its blocks scattered out of order."""
+    cfg = model.config
+    nblocks = -(-len(tokens) // block_size)
+    seq = make_seq("r", tokens, 1)
+    seq.block_table = list(reversed(range(nblocks)))
+    kv = torch.zeros(
+        cfg.num_hidden_layers,
+        2,
+        nblocks,
+        block_size,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+        dtype=model.lm_head.weight.dtype,
+    )
+    with torch.inference_mode():
+        b = prepare_batch([ScheduledChunk(seq, len(tokens))], block_size, cfg.vocab_size, "cpu")
+        hidden = model(b.input_ids, b.positions, b.max_position, kv, b.meta, _TORCH)
+        return model.compute_logits(hidden[-1:])

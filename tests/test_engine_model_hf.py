@@ -8,7 +8,7 @@ import pytest
 import torch
 from cbbench.reference_engine.loader import load_model
 from cbbench.reference_engine.model_runner import ModelRunner
-from engine_model_support import generate, make_seq
+from engine_model_support import generate, make_seq, paged_logits
 
 transformers = pytest.importorskip("transformers")
 
@@ -102,17 +102,8 @@ def test_logits_match_transformers(llama_dir):
     hf = transformers.AutoModelForCausalLM.from_pretrained(llama_dir, dtype=torch.float32).eval()
     prompt = PROMPTS[2]
     with torch.no_grad():
-        want = hf(torch.tensor([prompt])).logits[0]
-    ours = load_model(llama_dir)
-    runner = ModelRunner(llama_dir, num_kv_blocks=16, block_size=8)
-    seq = make_seq("x", prompt, 1)
-    seq.block_table = [3, 1, 7]
-    from cbbench.reference_engine.executor import ScheduledChunk
-
-    with torch.inference_mode():
-        ids, pos, maxp, meta, _ = runner._prepare([ScheduledChunk(seq, len(prompt))])
-        hidden = ours(ids, pos, maxp, runner.kv_cache, meta, runner.backend)
-        got = ours.compute_logits(hidden)
+        want = hf(torch.tensor([prompt])).logits[0, -1:]
+    got = paged_logits(load_model(llama_dir), prompt, block_size=8)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
