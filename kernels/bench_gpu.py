@@ -1,0 +1,370 @@
+"""GPU check for the paged-attention kernels: correctness on CUDA, decode bandwidth, prefill
+throughput, and the engine end to end on the Triton path. Under 5 minutes on one GPU.
+
+    python -m cbbench.kernels.bench_gpu --out results/gpu-check
+
+Writes DIR/bench_gpu.json and DIR/summary.txt. Exits 1 without CUDA or Triton, and 3 when a
+correctness case fails or the engine does not run on the Triton kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from cbbench.kernels import get_attention_backend
+from cbbench.kernels.bench_report import decode_bytes, peak_bandwidth, write_results
+from cbbench.kernels.reference import make_paged_case, ref_paged_attention
+from cbbench.kernels.torch_backend import TorchAttentionBackend
+
+GOAL = {"batch": 64, "context": 4096, "fraction": 0.80}
+HEADS = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "block_size": 16}  # llama-3-8b
+KEYS = ("q", "k_cache", "v_cache", "block_tables", "seq_lens", "query_start_loc")
+TOL = {torch.float32: 2e-3, torch.float16: 5e-3, torch.bfloat16: 2e-2}
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class CheckResult:
+    name: str
+    dtype: str
+    max_abs_err: float
+    tol: float
+    passed: bool
+
+
+def correctness_grid(device: torch.device, dtypes: list[torch.dtype], quick: bool) -> list:
+    """Triton vs the oracle (small cases, oracle on CPU) and vs the torch backend on the same
+    device (long contexts); also reshape_and_cache. Runs on CPU under TRITON_INTERPRET=1."""
+    triton_be = get_attention_backend("triton", device)
+    torch_be = TorchAttentionBackend(device)
+    small = [  # seq_lens, query_lens, block_size, Hkv, group
+        ([7], [7], 1, 2, 1),
+        ([40, 23], [8, 23], 16, 2, 8),
+        ([70, 9, 33, 1], [1, 3, 1, 1], 32, 2, 4),
+        ([130, 5, 64], [1, 1, 1], 16, 2, 4),
+    ]
+    large = (
+        []
+        if quick
+        else [
+            ([4096, 1000, 17], [1, 1, 1], 16, 8, 4),
+            ([32768, 5000], [1, 1], 16, 8, 4),
+            ([3000, 2048], [1000, 2048], 16, 8, 4),  # chunked prefill on a 2000-token prefix
+            ([8192], [8192], 64, 8, 1),
+        ]
+    )
+    results = []
+    for dtype in dtypes:
+        name = str(dtype).removeprefix("torch.")
+        for case in small + large:
+            head_dim = 16 if case in small else 128
+            c = make_paged_case(*case, head_dim=head_dim, dtype=dtype, device=device)
+            args = [c[k] for k in KEYS]
+            out = triton_be.paged_attention(*args, head_dim**-0.5).float()
+            if case in small:
+                ref = ref_paged_attention(*[a.cpu() for a in args], head_dim**-0.5).to(device)
+            else:
+                ref = torch_be.paged_attention(*args, head_dim**-0.5).float()
+            err = float((out - ref).abs().max())
+            tol = TOL[dtype] * max(1.0, float(ref.abs().max()))
+            label = f"attn seq_lens={case[0]} qlens={case[1]} bs={case[2]} g={case[4]}"
+            results.append(CheckResult(label, name, err, tol, err <= tol))
+        kc = torch.zeros(64, 16, 8, 128, dtype=dtype, device=device)
+        vc = torch.zeros_like(kc)
+        key = torch.randn(50, 8, 128, device=device).to(dtype)
+        slots = torch.randperm(64 * 16, device=device)[:50]
+        slots[::7] = -1
+        triton_be.reshape_and_cache(key, -key, kc, vc, slots)
+        rk, rv = torch.zeros_like(kc), torch.zeros_like(vc)
+        torch_be.reshape_and_cache(key, -key, rk, rv, slots)
+        err = float(((kc - rk).abs().max() + (vc - rv).abs().max()).float())
+        results.append(CheckResult("reshape_and_cache", name, err, 0.0, err == 0.0))
+    return results
+
+
+def time_ms(fn) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=10, rep=40))
+
+
+def decode_inputs(device: torch.device, batch: int, context: int) -> dict[str, torch.Tensor]:
+    """bf16 llama-3-8b-shaped decode inputs, drawn on the device; shuffled block tables."""
+    hq, hkv, hd, bs = (HEADS[k] for k in ("num_q_heads", "num_kv_heads", "head_dim", "block_size"))
+    nb = -(-context // bs)
+    k_cache = torch.randn(batch * nb, bs, hkv, hd, device=device, dtype=torch.bfloat16)
+    return {
+        "q": torch.randn(batch, hq, hd, device=device, dtype=torch.bfloat16),
+        "k_cache": k_cache,
+        "v_cache": torch.randn_like(k_cache),
+        "block_tables": torch.randperm(batch * nb, device=device).to(torch.int32).view(batch, nb),
+        "seq_lens": torch.full((batch,), context, dtype=torch.int32, device=device),
+    }
+
+
+def decode_benchmark(device, batches, contexts, peak: float, budget_bytes: int) -> list[dict]:
+    """Triton decode vs dense SDPA on the same K/V, bytes moved per call / time."""
+    triton_be = get_attention_backend("triton", device)
+    hq, hkv, hd = (HEADS[k] for k in ("num_q_heads", "num_kv_heads", "head_dim"))
+    rows = []
+    for ctx in contexts:
+        for b in batches:
+            nbytes = decode_bytes(b, ctx, hq, hkv, hd, 2)
+            if 2 * nbytes > budget_bytes:  # paged pool + its dense copy
+                continue
+            c = decode_inputs(device, b, ctx)
+            args = [c[k] for k in KEYS[:5]]
+            tri = time_ms(
+                lambda a=args, n=ctx: triton_be.paged_decode_attention(*a, hd**-0.5, max_seq_len=n)
+            )
+            # dense baseline: the same K/V gathered to [B, Hkv, L, D]; GQA as G query rows
+            ids = c["block_tables"].long()
+            kd = c["k_cache"][ids].view(b, -1, hkv, hd)[:, :ctx].transpose(1, 2).contiguous()
+            vd = c["v_cache"][ids].view(b, -1, hkv, hd)[:, :ctx].transpose(1, 2).contiguous()
+            qd = c["q"].view(b, hkv, hq // hkv, hd)
+            sdpa = time_ms(
+                lambda q=qd, k=kd, v=vd: F.scaled_dot_product_attention(q, k, v, scale=hd**-0.5)
+            )
+            del c, args, kd, vd
+            torch.cuda.empty_cache()
+            rows.append(
+                {
+                    "batch": b,
+                    "context": ctx,
+                    "bytes": nbytes,
+                    "triton_ms": tri,
+                    "triton_gbps": nbytes / tri / 1e6,
+                    "triton_frac_peak": nbytes / tri / 1e-3 / peak,
+                    "sdpa_dense_ms": sdpa,
+                    "sdpa_dense_gbps": nbytes / sdpa / 1e6,
+                    "sdpa_dense_frac_peak": nbytes / sdpa / 1e-3 / peak,
+                }
+            )
+    return rows
+
+
+def block_n_sweep(device, peak: float) -> list[dict]:
+    """The goal point with other decode tile sizes: what to tune if the goal is missed."""
+    from cbbench.kernels import triton_attention
+
+    b, ctx = GOAL["batch"], GOAL["context"]
+    c = decode_inputs(device, b, ctx)
+    args = [c[k] for k in KEYS[:5]]
+    nbytes = decode_bytes(b, ctx, HEADS["num_q_heads"], HEADS["num_kv_heads"], HEADS["head_dim"], 2)
+    rows = []
+    for block_n in (32, 64, 128):
+        for warps in (4, 8):
+            ms = time_ms(
+                lambda n=block_n, w=warps: triton_attention.paged_decode_attention(
+                    *args, 0.088, max_seq_len=ctx, block_n=n, num_warps=w
+                )
+            )
+            rows.append(
+                {
+                    "block_n": block_n,
+                    "num_warps": warps,
+                    "ms": ms,
+                    "frac_peak": nbytes / ms / 1e-3 / peak,
+                }
+            )
+    return rows
+
+
+def prefill_benchmark(device) -> list[dict]:
+    triton_be = get_attention_backend("triton", device)
+    hq, hkv, hd, bs = (HEADS[k] for k in ("num_q_heads", "num_kv_heads", "head_dim", "block_size"))
+    rows = []
+    for num_seqs, new, cached in [(1, 2048, 0), (4, 2048, 0), (1, 8192, 0), (4, 1024, 3072)]:
+        lens = [new + cached] * num_seqs
+        c = make_paged_case(
+            lens,
+            [new] * num_seqs,
+            bs,
+            hkv,
+            hq // hkv,
+            head_dim=hd,
+            dtype=torch.bfloat16,
+            device=device,
+        )
+        args = [c[k] for k in KEYS]
+        tri = time_ms(
+            lambda a=args, n=new: triton_be.paged_attention(*a, hd**-0.5, max_query_len=n)
+        )
+        visible = num_seqs * (new * cached + new * (new + 1) // 2)  # (query, key) pairs
+        flops = 4 * visible * hq * hd
+        row = {
+            "num_seqs": num_seqs,
+            "new_tokens": new,
+            "cached_tokens": cached,
+            "triton_ms": tri,
+            "triton_tflops": flops / tri / 1e9,
+        }
+        if cached == 0:  # dense causal baseline on the same tokens
+            qd = c["q"].view(num_seqs, new, hq, hd).transpose(1, 2)
+            kd = torch.randn(num_seqs, hq, new, hd, device=device, dtype=torch.bfloat16)
+            vd = torch.randn_like(kd)
+            sd = time_ms(
+                lambda q=qd, k=kd, v=vd: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            )
+            row |= {"sdpa_dense_ms": sd, "sdpa_dense_tflops": flops / sd / 1e9}
+        rows.append(row)
+    return rows
+
+
+def engine_check(
+    device: str,
+    model: str,
+    backend: str = "auto",
+    num_requests: int = 16,
+    max_tokens: int = 64,
+    max_prompt: int = 600,
+) -> dict:
+    """The reference engine (continuous batching, fp32, greedy) with `backend`, then with
+    "torch": which backend ran, how many attention calls went through it, output tokens/s,
+    and how many greedy token streams are identical. Passes when the Triton path ran."""
+    from cbbench.reference_engine.config import EngineConfig
+    from cbbench.reference_engine.engine import LLMEngine
+    from cbbench.reference_engine.sampling_params import SamplingParams
+
+    result: dict = {"model": model, "device": device}
+    streams = {}
+    for label, name in (("checked", backend), ("torch", "torch")):
+        cfg = EngineConfig(
+            model=model,
+            device=device,
+            dtype="float32",
+            scheduler="continuous",
+            num_kv_blocks=2048,
+            max_model_len=1024,
+            attention_backend=name,
+        )
+        engine = LLMEngine.from_config(cfg)
+        be = engine.executor.backend
+        calls = {"n": 0}
+        for method in ("paged_attention", "paged_decode_attention"):
+
+            def counted(*a, _real=getattr(be, method), _calls=calls, **kw):
+                _calls["n"] += 1
+                return _real(*a, **kw)
+
+            setattr(be, method, counted)
+        gen = torch.Generator().manual_seed(0)
+        vocab = engine.model_config.vocab_size
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        tokens: dict[str, list[int]] = {}
+        for i in range(num_requests):
+            n = 8 + (37 * i) % max_prompt
+            prompt = torch.randint(0, vocab, (n,), generator=gen).tolist()
+            engine.add_request(f"r{i}", prompt, params)
+            tokens[f"r{i}"] = []
+        t0, steps = time.perf_counter(), 0
+        while engine.has_unfinished_requests() and steps < 5000:
+            for out in engine.step():
+                tokens[out.request_id].extend(out.new_token_ids)
+            steps += 1
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - t0
+        streams[label] = tokens
+        result[label] = {
+            "backend": be.name,
+            "attention_calls": calls["n"],
+            "steps": steps,
+            "output_tok_per_s": sum(map(len, tokens.values())) / elapsed,
+        }
+    same = sum(streams["checked"][r] == streams["torch"][r] for r in tokens)
+    result["identical_streams"] = f"{same}/{len(tokens)}"
+    result["passed"] = (
+        result["checked"]["backend"] == "triton" and result["checked"]["attention_calls"] > 0
+    )
+    return result
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m cbbench.kernels.bench_gpu", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument(
+        "--out", type=Path, required=True, help="folder for bench_gpu.json + summary.txt"
+    )
+    p.add_argument("--dtypes", default="bfloat16,float16,float32", help="correctness dtypes")
+    p.add_argument("--batches", default="1,8,32,64,128,256")
+    p.add_argument("--contexts", default="512,1024,4096,8192,16384,32768")
+    p.add_argument("--quick", action="store_true", help="small correctness grid, goal point only")
+    p.add_argument("--engine-model", default="small", help="preset for the engine check ('' skips)")
+    args = p.parse_args(argv)
+    try:
+        args.dtypes = [DTYPES[d] for d in args.dtypes.split(",")]
+        args.batches = [int(b) for b in args.batches.split(",")]
+        args.contexts = [int(c) for c in args.contexts.split(",")]
+    except (KeyError, ValueError) as exc:
+        p.error(f"bad list value {exc}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_gpu: no CUDA device visible to torch; this check needs a GPU", file=sys.stderr)
+        return 1
+    try:
+        import triton
+    except ImportError:
+        print("bench_gpu: triton is not installed (pip install 'cbbench[gpu]')", file=sys.stderr)
+        return 1
+    device = torch.device("cuda")
+    name = torch.cuda.get_device_name(device)
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    copy_bw = 2 * src.numel() / time_ms(lambda s=src, d=dst: d.copy_(s)) / 1e-3  # read + write
+    del src, dst
+    peak = peak_bandwidth(name)
+    report: dict = {
+        "device": name,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "measured_copy_gbps": copy_bw / 1e9,
+        "peak_gbps": (peak or copy_bw) / 1e9,
+        "peak_source": "name table" if peak else "measured device-to-device copy",
+    }
+    peak = peak or copy_bw
+    t0 = time.perf_counter()
+    report["correctness"] = [asdict(r) for r in correctness_grid(device, args.dtypes, args.quick)]
+    free, _ = torch.cuda.mem_get_info(device)
+    batches = [GOAL["batch"]] if args.quick else args.batches
+    contexts = [GOAL["context"]] if args.quick else args.contexts
+    report["decode"] = decode_benchmark(device, batches, contexts, peak, int(0.6 * free))
+    goal_row = next(
+        (
+            r
+            for r in report["decode"]
+            if (r["batch"], r["context"]) == (GOAL["batch"], GOAL["context"])
+        ),
+        None,
+    )
+    report["goal"] = dict(GOAL)
+    if goal_row:
+        report["goal"] |= {
+            "measured": round(goal_row["triton_frac_peak"], 3),
+            "met": goal_row["triton_frac_peak"] >= GOAL["fraction"],
+        }
+    report["decode_tile_sweep"] = block_n_sweep(device, peak)
+    report["prefill"] = prefill_benchmark(device)
+    if args.engine_model:
+        report["engine"] = engine_check("cuda", args.engine_model)
+    report["wall_s"] = time.perf_counter() - t0
+    print(write_results(args.out, report), end="")
+    failed = not all(c["passed"] for c in report["correctness"])
+    if report.get("engine") and not report["engine"]["passed"]:
+        failed = True
+    return 3 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

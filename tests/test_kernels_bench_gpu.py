@@ -1,0 +1,107 @@
+"""The GPU check script's parts that run without a GPU: its refusal without CUDA, argument
+parsing, the peak table, byte counts, the correctness grid and the engine check under the
+Triton interpreter, and the JSON + summary it writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from cbbench.kernels.bench_report import decode_bytes, peak_bandwidth, write_results
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    """Kernel modules first imported here become interpreted; keep the flag set meanwhile."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def test_refuses_loudly_without_cuda(tmp_path):
+    assert not torch.cuda.is_available()
+    proc = subprocess.run(
+        [sys.executable, "-m", "cbbench.kernels.bench_gpu", "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1
+    assert "no CUDA device" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_parse_args():
+    from cbbench.kernels.bench_gpu import parse_args
+
+    args = parse_args(["--out", "x", "--dtypes", "bfloat16", "--batches", "1,64", "--quick"])
+    assert args.dtypes == [torch.bfloat16] and args.batches == [1, 64] and args.quick
+    assert args.contexts[0] == 512 and args.contexts[-1] == 32768
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--out", "x", "--dtypes", "float8"])
+    assert exc.value.code == 2
+
+
+@pytest.mark.parametrize(
+    "name,peak",
+    [
+        ("NVIDIA H100 80GB HBM3", 3.35e12),
+        ("NVIDIA H100 PCIe", 2.0e12),
+        ("NVIDIA H200", 4.8e12),
+        ("NVIDIA A100-SXM4-80GB", 2.039e12),
+        ("NVIDIA GeForce GTX 1080", None),
+    ],
+)
+def test_peak_bandwidth_table(name, peak):
+    assert peak_bandwidth(name) == peak
+
+
+def test_decode_bytes_at_the_goal_point():
+    # batch 64, 4k context, 8 KV heads x 128, bf16: K+V = 1 GiB; q and out 1 MiB
+    assert decode_bytes(64, 4096, 32, 8, 128, 2) == 2**30 + 2 * 64 * 32 * 128 * 2
+
+
+def test_correctness_grid_and_report_on_cpu(tmp_path, interpret):
+    from cbbench.kernels.bench_gpu import GOAL, correctness_grid
+
+    checks = correctness_grid(torch.device("cpu"), [torch.float32], quick=True)
+    assert len(checks) == 5 and all(c.passed for c in checks), checks
+    assert checks[-1].name == "reshape_and_cache" and checks[-1].max_abs_err == 0.0
+    report = {
+        "device": "cpu-test",
+        "peak_gbps": 3350.0,
+        "peak_source": "name table",
+        "measured_copy_gbps": 2900.0,
+        "correctness": [c.__dict__ for c in checks]
+        + [{"name": "x", "dtype": "bfloat16", "max_abs_err": 0.5, "tol": 0.02, "passed": False}],
+        "decode": [
+            {
+                "batch": 64,
+                "context": 4096,
+                "triton_gbps": 2800.0,
+                "triton_frac_peak": 0.836,
+                "sdpa_dense_gbps": 2500.0,
+                "sdpa_dense_frac_peak": 0.746,
+            }  # fmt: skip
+        ],
+        "goal": dict(GOAL, measured=0.836, met=True),
+    }
+    text = write_results(tmp_path / "out", report)
+    assert json.loads((tmp_path / "out" / "bench_gpu.json").read_text()) == report
+    assert (tmp_path / "out" / "summary.txt").read_text() == text
+    assert "correctness: 5/6 passed" in text and "FAIL x bfloat16" in text
+    assert "2800 (84%)" in text and "-> MET" in text
+
+
+def test_engine_check_runs_the_engine_on_triton_kernels(interpret):
+    """The engine end to end on the Triton path (interpreted on CPU), token-identical to torch."""
+    from cbbench.kernels.bench_gpu import engine_check
+
+    result = engine_check("cpu", "tiny", backend="triton", num_requests=3, max_tokens=6,
+                          max_prompt=40)  # fmt: skip
+    assert result["checked"]["backend"] == "triton" and result["torch"]["backend"] == "torch"
+    assert result["checked"]["attention_calls"] == 2 * 6  # 2 layers x (1 prefill + 5 decode)
+    assert result["identical_streams"] == "3/3" and result["passed"]
+    assert os.environ["TRITON_INTERPRET"] == "1"
