@@ -56,7 +56,7 @@ def open_text(path: str | Path) -> Iterator[IO[str]]:
         binary: IO[bytes] = raw if hasattr(raw, "peek") else io.BufferedReader(raw)
         if binary.peek(2)[:2] == GZIP_MAGIC:  # type: ignore[attr-defined]
             binary = gzip.GzipFile(fileobj=binary)
-        with io.TextIOWrapper(binary, encoding="utf-8", newline="") as text:
+        with io.TextIOWrapper(binary, encoding="utf-8-sig", newline="") as text:
             yield text
     except (OSError, EOFError, UnicodeDecodeError) as exc:
         raise WorkloadError(f"{display_name(s)}: cannot read: {exc}") from None
