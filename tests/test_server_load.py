@@ -1,0 +1,130 @@
+"""Load and lifecycle on a real in-process server: many concurrent streams, client
+disconnects, stop strings."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+from cbbench.reference_engine.config import ContinuousConfig, EngineConfig
+
+from tests.server_support import scrape, serve, wait_for_metric
+
+NUM_CLIENTS = 200
+MAX_TOKENS = 4
+
+
+@pytest.fixture(scope="module")
+def server():
+    config = EngineConfig(
+        scheduler="continuous", max_model_len=128, continuous=ContinuousConfig(max_num_seqs=64)
+    )
+    with serve(config) as (url, stack):
+        yield url, stack
+
+
+def test_200_concurrent_streaming_clients_finish_and_free_the_cache(server):
+    url, _ = server
+    before = scrape(url)
+
+    async def one(client: openai.AsyncOpenAI, i: int) -> tuple[int, int]:
+        stream = await client.completions.create(
+            model="tiny",
+            prompt=[3 + (i % 200), 10, 11, 12, 13],
+            max_tokens=MAX_TOKENS,
+            temperature=0.7,
+            seed=i,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True, "return_token_ids": True},
+        )
+        streamed, usage = 0, -1
+        async for chunk in stream:
+            if chunk.choices:
+                streamed += len(chunk.choices[0].token_ids)
+            if chunk.usage is not None:
+                usage = chunk.usage.completion_tokens
+        return streamed, usage
+
+    async def main() -> list[tuple[int, int]]:
+        limits = httpx.Limits(max_connections=NUM_CLIENTS + 10)
+        async with httpx.AsyncClient(limits=limits, timeout=120) as http:
+            client = openai.AsyncOpenAI(
+                base_url=url + "/v1", api_key="x", http_client=http, max_retries=0
+            )
+            return await asyncio.wait_for(
+                asyncio.gather(*(one(client, i) for i in range(NUM_CLIENTS))), timeout=120
+            )
+
+    results = asyncio.run(main())
+    assert results == [(MAX_TOKENS, MAX_TOKENS)] * NUM_CLIENTS
+    assert wait_for_metric(url, "vllm:kv_cache_usage_perc", 0.0) == 0.0
+    after = scrape(url)
+    assert after["vllm:num_requests_running"] == 0 and after["vllm:num_requests_waiting"] == 0
+    generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
+    assert generated == NUM_CLIENTS * MAX_TOKENS
+    finished = (
+        after["vllm:e2e_request_latency_seconds_count"]
+        - before["vllm:e2e_request_latency_seconds_count"]
+    )
+    assert finished == NUM_CLIENTS
+    assert after["vllm:num_preemptions_total"] >= 0
+
+
+def test_client_disconnect_aborts_and_frees_kv_blocks(server):
+    url, stack = server
+    before = scrape(url)["vllm:generation_tokens_total"]
+    body = {"prompt": "abort me", "max_tokens": 120, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        data = [ln for ln in (next(lines) for _ in range(6)) if ln.startswith("data: ")]
+        assert len(data) == 3 and json.loads(data[0][6:])["choices"][0]["finish_reason"] is None
+        assert scrape(url)["vllm:kv_cache_usage_perc"] > 0  # the request holds blocks
+    # the connection is closed here, mid-stream
+    assert wait_for_metric(url, "vllm:kv_cache_usage_perc", 0.0) == 0.0
+    assert wait_for_metric(url, "vllm:num_requests_running", 0.0) == 0.0
+    assert not stack.engine.engine.has_unfinished_requests()
+    generated = scrape(url)["vllm:generation_tokens_total"] - before
+    assert 3 <= generated < 120  # aborted long before max_tokens
+    # an aborted request is not a finished one
+    assert stack.engine.accepting
+
+
+def test_stop_strings_end_the_request_and_cut_the_text(server):
+    url, stack = server
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    prompt = [40, 41, 42, 43]
+    full = client.completions.create(
+        model="tiny",
+        prompt=prompt,
+        max_tokens=60,
+        temperature=0,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
+    text = full.choices[0].text
+    assert len(text) >= 6, "the greedy continuation should contain some text"
+    stop = text[3:5]
+    expected = text[: text.index(stop)]
+    for stream in (False, True):
+        r = client.completions.create(
+            model="tiny",
+            prompt=prompt,
+            max_tokens=60,
+            temperature=0,
+            stop=[stop, "\x00never"],
+            stream=stream,
+            extra_body={"ignore_eos": True, "return_token_ids": True},
+        )
+        chunks = list(r) if stream else [r]
+        got = "".join(c.choices[0].text for c in chunks)
+        ids = [t for c in chunks for t in c.choices[0].token_ids]
+        assert got == expected
+        assert chunks[-1].choices[0].finish_reason == "stop"
+        # generation stopped at the token that completed the stop string
+        assert ids == full.choices[0].token_ids[: len(ids)] and len(ids) < 60
+        assert stop in stack.tokenizer.decode(ids)
+        assert stop not in stack.tokenizer.decode(ids[:-1])
+    assert wait_for_metric(url, "vllm:kv_cache_usage_perc", 0.0) == 0.0
