@@ -7,6 +7,7 @@ character (`{` a spec file, `[` a ShareGPT array), .toml is a spec file.
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from collections import Counter
@@ -208,7 +209,7 @@ def build_from_spec(
             wl = with_arrivals(wl, seed=seed, **arrival)
         except WorkloadError as exc:
             raise WorkloadError(f"{where}: {exc}") from None
-    source = {"spec": spec} | wl.source
+    source = {"spec": copy.deepcopy(spec)} | wl.source
     return Workload(wl.name, wl.seed, wl.requests, wl.prefix_block_size, source)
 
 

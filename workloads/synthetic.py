@@ -137,5 +137,9 @@ def build_synthetic(spec: dict, name: str, seed: int, n: int, where: str) -> Wor
         )
     )
     return Workload(
-        name=name, seed=seed, requests=requests, prefix_block_size=block_size, source=dict(spec)
+        name=name,
+        seed=seed,
+        requests=requests,
+        prefix_block_size=block_size,
+        source={"format": "synthetic"},
     )
