@@ -1,0 +1,93 @@
+"""ModelRunner as the engine's Executor: batch-composition invariance, seeded sampling across
+batches, KV sizing, and clear errors for what a caller can get wrong."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.executor import ScheduledChunk
+from cbbench.reference_engine.loader import save_random_model
+from cbbench.reference_engine.model_config import preset_config
+from cbbench.reference_engine.model_runner import ModelRunner
+from engine_model_support import generate, make_seq
+
+PROMPTS = [[11, 12, 13, 14, 15, 16, 17], [400, 3], [9] * 19, [100, 200, 300, 400, 500]]
+
+
+def _runner(**kw) -> ModelRunner:
+    return ModelRunner("tiny", num_kv_blocks=kw.pop("num_kv_blocks", 64), block_size=4, **kw)
+
+
+def test_tokens_do_not_depend_on_batch_composition():
+    runner = _runner()
+    batched = generate(runner, [make_seq(str(i), p, 10) for i, p in enumerate(PROMPTS)])
+    alone = [generate(runner, [make_seq("a", p, 10)])[0] for p in PROMPTS]
+    chunked = generate(
+        runner, [make_seq(str(i), p, 10) for i, p in enumerate(PROMPTS)], token_budget=3
+    )
+    assert batched == alone == chunked
+    assert len({tuple(t) for t in batched}) == len(PROMPTS)
+
+
+def test_seeded_sampling_same_tokens_alone_and_batched():
+    runner = _runner(seed=3)
+    kw = dict(temperature=0.8, top_p=0.95, top_k=50, seed=1234)
+    alone = generate(runner, [make_seq("s", PROMPTS[0], 12, **kw)])[0]
+    mixed = [make_seq("u0", PROMPTS[1], 12, temperature=1.0)]
+    mixed += [make_seq("s", PROMPTS[0], 12, **kw), make_seq("g", PROMPTS[2], 12)]
+    assert generate(runner, mixed, token_budget=4)[1] == alone
+    other_seed = generate(runner, [make_seq("s", PROMPTS[0], 12, **{**kw, "seed": 99})])[0]
+    assert other_seed != alone
+
+
+def test_same_preset_and_seed_same_weights_and_folder_equals_preset(tmp_path):
+    a, b = _runner(seed=7), _runner(seed=7)
+    prompts = [make_seq("x", PROMPTS[3], 6)]
+    assert generate(a, prompts) == generate(b, [make_seq("x", PROMPTS[3], 6)])
+    save_random_model("tiny", tmp_path, seed=7)
+    from_folder = ModelRunner(str(tmp_path), num_kv_blocks=64, block_size=4)
+    assert generate(from_folder, [make_seq("x", PROMPTS[3], 6)]) == generate(
+        a, [make_seq("x", PROMPTS[3], 6)]
+    )
+    assert from_folder.attention_backend_name == "torch"
+
+
+def test_prefill_chunk_that_does_not_finish_the_prompt_samples_nothing():
+    runner = _runner()
+    seq = make_seq("p", PROMPTS[2], 4)
+    seq.block_table = [5, 6, 7, 8, 9]
+    assert runner.execute([ScheduledChunk(seq, 8)]) == [None]
+    assert runner.execute([]) == []
+
+
+def test_kv_bytes_per_block_and_cache_shape():
+    cfg = preset_config("small")
+    # 2 (K, V) x 9 layers x 8 kv heads x 64 dims x 4 bytes x 16 slots
+    assert ModelRunner.kv_bytes_per_block(cfg, 16, "float32") == 2 * 9 * 8 * 64 * 4 * 16
+    assert ModelRunner.kv_bytes_per_block(cfg, 16, "bfloat16") == 2 * 9 * 8 * 64 * 2 * 16
+    runner = _runner(num_kv_blocks=10, dtype="bfloat16")
+    assert runner.kv_cache.shape == (2, 2, 10, 4, 2, 16)
+    assert runner.kv_cache.dtype == torch.bfloat16
+    assert runner.kv_cache.numel() * 2 == 10 * ModelRunner.kv_bytes_per_block(
+        runner.model_config, 4, "bfloat16"
+    )
+
+
+def test_caller_errors_are_engine_errors():
+    runner = _runner()
+    seq = make_seq("short", PROMPTS[0], 4)
+    seq.block_table = [1]  # 7 tokens need 2 blocks of 4
+    with pytest.raises(EngineError, match="short: 1 KV blocks for 7 tokens"):
+        runner.execute([ScheduledChunk(seq, 7)])
+    bad = make_seq("bad", [1, 2, 512], 4)
+    bad.block_table = [0]
+    with pytest.raises(EngineError, match="token id 512 is outside the vocabulary"):
+        runner.execute([ScheduledChunk(bad, 3)])
+    with pytest.raises(EngineError, match="unknown attention backend 'flash'"):
+        _runner(attention_backend="flash")
+    with pytest.raises(EngineError, match="num_kv_blocks and block_size must be >= 1"):
+        _runner(num_kv_blocks=0)
+    if not torch.cuda.is_available():
+        with pytest.raises(EngineError, match="CUDA is not available"):
+            _runner(device="cuda")
