@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
+from cbbench.harness import http1
 from cbbench.harness.records import RequestRecord
 from cbbench.harness.sse import SSEParser
 
@@ -35,6 +36,7 @@ class ClientConfig:
     extra_body: dict = field(default_factory=dict)
     max_connections: int = 100
     collect_server_times: bool = False  # selftest: keep per-chunk (recv - server t_send_ns)
+    http_client: str = "raw"  # "raw" (http1.py, the fast path) | "httpx"
 
     @property
     def url(self) -> str:
@@ -69,18 +71,29 @@ class OpenAIClient:
         self.cfg = cfg
         self.t0_ns = t0_ns
         headers = {"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+        self.headers = {"content-type": "application/json", **headers}
+        self.path = "/v1/chat/completions" if cfg.endpoint == "chat" else "/v1/completions"
+        assert cfg.http_client in ("raw", "httpx"), cfg.http_client
+        self.pool = http1.H1Pool(cfg.base_url) if cfg.http_client == "raw" else None
         n = max(1, cfg.max_connections)
-        self.http = httpx.AsyncClient(
-            headers=headers,
-            timeout=httpx.Timeout(cfg.timeout_s),
-            limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
-            http1=True,
-            http2=False,
-            trust_env=False,
+        self.http = (
+            None
+            if self.pool
+            else httpx.AsyncClient(
+                headers=headers,
+                timeout=httpx.Timeout(cfg.timeout_s),
+                limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
+                http1=True,
+                http2=False,
+                trust_env=False,
+            )
         )
 
     async def aclose(self) -> None:
-        await self.http.aclose()
+        if self.pool is not None:
+            self.pool.close()
+        if self.http is not None:
+            await self.http.aclose()
 
     def _s(self, t_ns: int) -> float:
         return (t_ns - self.t0_ns) / 1e9
@@ -92,10 +105,17 @@ class OpenAIClient:
         body = json.dumps(build_payload(self.cfg, prompt, rec)).encode()
         if isinstance(prompt, list):
             rec.prompt_tokens_client = len(prompt)
+        exchange = self._exchange_raw if self.pool is not None else self._exchange
         try:
-            await asyncio.wait_for(self._exchange(rec, body, chunks, state), self.cfg.timeout_s)
+            await asyncio.wait_for(exchange(rec, body, chunks, state), self.cfg.timeout_s)
         except RequestFailed as exc:
             _fail(rec, exc.kind, str(exc))
+        except http1.ConnectFailed as exc:
+            _fail(rec, "connection", str(exc))
+        except http1.ConnectionLost as exc:
+            _fail(rec, "stream" if exc.got_response else "connection", str(exc))
+        except http1.BadResponse as exc:
+            _fail(rec, "protocol", str(exc))
         except asyncio.TimeoutError:
             _fail(rec, "timeout", f"no complete response within {self.cfg.timeout_s:g} s")
         except httpx.TimeoutException as exc:
@@ -109,6 +129,8 @@ class OpenAIClient:
             _fail(rec, "http", f"{type(exc).__name__}: {exc}")
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             _fail(rec, "protocol", f"unexpected response: {type(exc).__name__}: {exc}")
+        except OSError as exc:  # after asyncio.TimeoutError, which is an OSError on 3.11+
+            _fail(rec, "connection", f"{type(exc).__name__}: {exc}")
         self._finish(rec, chunks, state)
         return rec
 
@@ -138,21 +160,61 @@ class OpenAIClient:
         finally:
             await resp.aclose()
 
+    async def _exchange_raw(
+        self, rec: RequestRecord, body: bytes, chunks: list, state: dict
+    ) -> None:
+        assert self.pool is not None
+        parser = SSEParser()
+        sends = state.setdefault("server_send_ns", []) if self.cfg.collect_server_times else None
+        raw_body: list[bytes] = []
+        stream = self.cfg.stream
+
+        def on_data(data: bytes, t: int, status: int) -> None:
+            if stream and status < 400:
+                self._consume(data, t, parser, chunks, state, sends)
+            else:
+                raw_body.append(data)
+
+        headers = {**self.headers, "x-request-id": rec.id}
+        rec.sent_s = self._s(time.monotonic_ns())
+        proto = await self.pool.request("POST", self.path, headers, body, on_data)
+        state["status"] = proto.status
+        scheduler = proto.headers.get("x-cbbench-scheduler")
+        if scheduler:
+            rec.extra["scheduler"] = scheduler
+        await self.pool.finish(proto)
+        if proto.status >= 400:
+            text = b"".join(raw_body).decode("utf-8", "replace")
+            raise RequestFailed(
+                f"http_{proto.status // 100}xx", f"HTTP {proto.status}: {_error_message(text)}"
+            )
+        if stream:
+            if not state.get("done"):
+                raise RequestFailed("stream", "stream ended without [DONE]")
+        else:
+            t = time.monotonic_ns()
+            k = self._apply(json.loads(b"".join(raw_body)), state)
+            chunks.append((t, state.get("ids_total") or state.get("usage_out") or k))
+
+    def _consume(
+        self, raw: bytes, t: int, parser: SSEParser, chunks: list, state: dict, sends
+    ) -> None:
+        for data in parser.feed(raw):
+            if data == b"[DONE]":
+                state["done"] = True
+                continue
+            obj = json.loads(data)
+            k = self._apply(obj, state)
+            if k:
+                chunks.append((t, k))
+                if sends is not None and "t_send_ns" in obj:
+                    sends.append(t - obj["t_send_ns"])
+
     async def _read_stream(self, resp: httpx.Response, chunks: list, state: dict) -> None:
         parser = SSEParser()
         sends = state.setdefault("server_send_ns", []) if self.cfg.collect_server_times else None
         async for raw in resp.aiter_raw():
-            t = time.monotonic_ns()
-            for data in parser.feed(raw):
-                if data == b"[DONE]":
-                    state["done"] = True
-                    continue
-                obj = json.loads(data)
-                k = self._apply(obj, state)
-                if k:
-                    chunks.append((t, k))
-                    if sends is not None and "t_send_ns" in obj:
-                        sends.append(t - obj["t_send_ns"])
+            self._consume(raw, time.monotonic_ns(), parser, chunks, state, sends)
         if not state.get("done"):
             raise RequestFailed("stream", "stream ended without [DONE]")
 

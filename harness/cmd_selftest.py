@@ -43,14 +43,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokens", type=int, default=64, help="output tokens per request")
     p.add_argument("--requests", type=int, default=2000, help="at most this many per setting")
     p.add_argument("--seconds", type=float, default=5.0, help="at most this long per setting")
+    p.add_argument(
+        "--server-procs", type=int, default=1, help="fake-server processes (SO_REUSEPORT)"
+    )
     p.set_defaults(func=run)
 
 
 class ServerProcess:
     """The fake server in its own Python process; context manager."""
 
-    def __init__(self, config: FakeServerConfig) -> None:
+    def __init__(self, config: FakeServerConfig, procs: int = 1) -> None:
         self.config = config
+        self.procs = procs
         self.proc: subprocess.Popen | None = None
         self.url = ""
 
@@ -119,8 +123,8 @@ def measure(
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.tokens < 1 or args.requests < 1 or args.seconds <= 0:
-        raise CbbenchError("selftest: --tokens, --requests and --seconds must be positive")
+    if min(args.tokens, args.requests, args.server_procs) < 1 or args.seconds <= 0:
+        raise CbbenchError("selftest: --tokens, --requests, --seconds, --server-procs must be > 0")
     console = Console()
     table = Table(title=f"cbbench selftest: zero-delay local server, {args.tokens} tokens/request")
     for col in (
@@ -135,7 +139,8 @@ def run(args: argparse.Namespace) -> int:
         "client CPU",
     ):
         table.add_column(col, justify="right")
-    with ServerProcess(FakeServerConfig(default=Behavior(queue_time_s=None))) as server:
+    config = FakeServerConfig(default=Behavior(queue_time_s=None))
+    with ServerProcess(config, args.server_procs) as server:
         for w in args.workers:
             for s in args.streams:
                 m = measure(server.url, s, w, args.tokens, args.requests, args.seconds)

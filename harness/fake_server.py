@@ -9,16 +9,18 @@ own timing error against it.
 Behaviour is chosen per request by the integer suffix of its `x-request-id` header (the
 cbbench client sends `cbb-<index>`): `rules[index]` if present, else `default`.
 
-Run standalone: `python -m cbbench.harness.fake_server --config '{"default": {...}}'`; it
-prints `PORT <n>` once it listens on 127.0.0.1.
+Run standalone: `python -m cbbench.harness.fake_server --config '{"default": {...}}'
+[--procs N]`; it prints `PORT <n>` once it listens on 127.0.0.1 (N processes share the port
+through SO_REUSEPORT, so the server is not what limits a client measurement).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -86,13 +88,18 @@ class FakeServer:
     def __init__(self, config: FakeServerConfig | None = None) -> None:
         self.config = config or FakeServerConfig()
         self.requests_seen = 0
+        self.connections = 0
+        self._templates: dict[tuple, bytes] = {}
         self._server: asyncio.base_events.Server | None = None
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        self._server = await asyncio.start_server(self._handle, host, port, backlog=4096)
+    async def start(self, host: str = "127.0.0.1", port: int = 0, reuse_port: bool = False) -> int:
+        self._server = await asyncio.start_server(
+            self._handle, host, port, backlog=4096, reuse_port=reuse_port or None
+        )
         return self._server.sockets[0].getsockname()[1]
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -197,23 +204,21 @@ class FakeServer:
                 writer.transport.abort()
                 return False
             await _sleep_until(t_recv + b.ttft_s + b.itl_s * chunk_no)
-            text = " tok" * k
-            choice = {"index": 0, "finish_reason": finish if sent + k == n_out else None}
-            if chat:
-                choice["delta"] = (
-                    {"content": text} if chunk_no else {"role": "assistant", "content": text}
-                )
+            last = sent + k == n_out
+            if not last:  # the hot path: a cached body, only the send time is filled in
+                key = (chat, chunk_no == 0, k, want_ids)
+                head = self._templates.get(key)
+                if head is None:
+                    obj = _chunk(kind, chat, chunk_no == 0, k, want_ids, None)
+                    head = self._templates[key] = json.dumps(obj)[:-1].encode() + b', "t_send_ns": '
+                payload = b"data: %s%d}\n\n" % (head, time.monotonic_ns())
+                writer.write(b"%x\r\n%s\r\n" % (len(payload), payload))
             else:
-                choice["text"] = text
-            if want_ids:
-                choice["token_ids"] = [10 + (sent + i) % 500 for i in range(k)]
-            obj = {"id": "fake", "object": kind, "model": MODEL_ID, "choices": [choice]}
+                obj = _chunk(kind, chat, chunk_no == 0, k, want_ids, finish)
+                obj.update(final_extra, t_send_ns=time.monotonic_ns())
+                _write_event(writer, json.dumps(obj))
             sent += k
             chunk_no += 1
-            if sent == n_out:
-                obj.update(final_extra)
-            obj["t_send_ns"] = time.monotonic_ns()
-            _write_event(writer, json.dumps(obj))
             await writer.drain()
             if not b.itl_s:
                 await asyncio.sleep(0)  # let the other streams interleave, as a real server would
@@ -224,6 +229,18 @@ class FakeServer:
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         return True
+
+
+def _chunk(kind: str, chat: bool, first: bool, k: int, want_ids: bool, finish) -> dict:
+    text = " tok" * k
+    choice: dict = {"index": 0, "finish_reason": finish}
+    if chat:
+        choice["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
+    else:
+        choice["text"] = text
+    if want_ids:
+        choice["token_ids"] = [10 + i for i in range(k)]
+    return {"id": "fake", "object": kind, "model": MODEL_ID, "choices": [choice]}
 
 
 def _write_event(writer: asyncio.StreamWriter, data: str) -> None:
@@ -277,16 +294,35 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--config", default="", help="FakeServerConfig as JSON")
+    p.add_argument(
+        "--procs", type=int, default=1, help="server processes on one port (SO_REUSEPORT)"
+    )
     args = p.parse_args(argv)
+    children: list[subprocess.Popen] = []
 
     async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
         server = FakeServer(FakeServerConfig.from_json(args.config))
-        port = await server.start(port=args.port)
+        port = await server.start(port=args.port, reuse_port=args.procs > 1 or args.port > 0)
+        for _ in range(args.procs - 1):
+            cmd = [sys.executable, "-m", "cbbench.harness.fake_server", "--port", str(port)]
+            child = subprocess.Popen(
+                [*cmd, "--config", args.config], stdout=subprocess.PIPE, text=True
+            )
+            children.append(child)
+            assert child.stdout is not None and child.stdout.readline().startswith("PORT ")
         print(f"PORT {port}", flush=True)
-        await asyncio.Event().wait()
+        await stop.wait()
 
-    with contextlib.suppress(KeyboardInterrupt):
+    try:
         asyncio.run(serve())
+    finally:
+        for child in children:
+            child.terminate()
+            child.wait(10)
     return 0
 
 

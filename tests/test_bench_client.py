@@ -30,9 +30,13 @@ def _send(url, output_len=10, prompt=None, **cfg):
     return asyncio.run(go())
 
 
-def test_timing_agrees_with_the_server_schedule():
+HTTP_CLIENTS = pytest.mark.parametrize("hc", ["raw", "httpx"])
+
+
+@HTTP_CLIENTS
+def test_timing_agrees_with_the_server_schedule(hc):
     with threaded(FakeServerConfig(Behavior(ttft_s=0.1, itl_s=0.02, queue_time_s=0.123))) as srv:
-        r = _send(srv.url, collect_server_times=True)
+        r = _send(srv.url, collect_server_times=True, http_client=hc)
     assert r.ok, r.error
     assert r.output_tokens_client == r.output_tokens_server == 10
     assert r.prompt_tokens_client == r.prompt_tokens_server == 5
@@ -44,6 +48,23 @@ def test_timing_agrees_with_the_server_schedule():
     assert r.e2e_s == pytest.approx(r.last_token_s - r.sent_s)
     assert r.server_queue_s == 0.123
     assert r.extra["scheduler"] == "fake" and r.finish_reason == "length"
+
+
+def test_keep_alive_reuses_one_connection_for_sequential_requests():
+    async def go(url):
+        client = OpenAIClient(ClientConfig(base_url=url, model="m"), time.monotonic_ns())
+        recs = []
+        for i in range(3):
+            rec = RequestRecord(id=f"cbb-{i}", index=i, prompt_len=2, output_len=3)
+            recs.append(await client.send(rec, [1, 2]))
+        idle = len(client.pool._idle)
+        await client.aclose()
+        return recs, idle
+
+    with threaded(FakeServerConfig(Behavior())) as srv:
+        recs, idle = asyncio.run(go(srv.url))
+        assert srv.server.connections == 1
+    assert all(r.ok for r in recs) and idle == 1
 
 
 def test_multi_token_chunks_spread_their_gap_over_their_tokens():
@@ -67,11 +88,14 @@ def test_without_token_ids_counts_chunks_and_keeps_server_usage():
     assert r.tpot_s == pytest.approx((r.e2e_s - r.ttft_s) / 11)  # TPOT uses the server count
 
 
+@HTTP_CLIENTS
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
-def test_non_streaming_and_chat(endpoint):
+def test_non_streaming_and_chat(endpoint, hc):
     with threaded(FakeServerConfig(Behavior(ttft_s=0.02))) as srv:
-        r = _send(srv.url, endpoint=endpoint, stream=False, prompt="hello there world")
-        s = _send(srv.url, endpoint=endpoint, prompt="hello there world")
+        r = _send(
+            srv.url, endpoint=endpoint, stream=False, prompt="hello there world", http_client=hc
+        )
+        s = _send(srv.url, endpoint=endpoint, prompt="hello there world", http_client=hc)
     assert r.ok and r.output_tokens_server == 10 and r.e2e_s >= 0.02
     assert r.ttft_s is None and r.itl_s == []  # undefined without a stream
     assert s.ok and s.output_tokens_client == 10 and s.ttft_s >= 0.02
@@ -86,9 +110,10 @@ def test_non_streaming_and_chat(endpoint):
         (Behavior(hang_s=3.0), "timeout", "0.3 s"),
     ],
 )
-def test_failures_become_failed_records(behavior, kind, text):
+@HTTP_CLIENTS
+def test_failures_become_failed_records(behavior, kind, text, hc):
     with threaded(FakeServerConfig(Behavior(), rules={1: behavior})) as srv:
-        r = _send(srv.url, timeout_s=0.3)
+        r = _send(srv.url, timeout_s=0.3, http_client=hc)
     assert r.status == "error" and r.error_kind == kind, r.error
     assert text in r.error
     assert r.end_s is not None and r.e2e_s is None
@@ -96,11 +121,12 @@ def test_failures_become_failed_records(behavior, kind, text):
         assert r.output_tokens_client == 3  # what arrived is kept
 
 
-def test_refused_connection_is_a_connection_error():
+@HTTP_CLIENTS
+def test_refused_connection_is_a_connection_error(hc):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens here once closed
-    r = _send(f"http://127.0.0.1:{port}")
+    r = _send(f"http://127.0.0.1:{port}", http_client=hc)
     assert r.status == "error" and r.error_kind == "connection"
 
 
