@@ -88,6 +88,9 @@ CASES = [
         "missing column 'conversations'",
     ),
     ("s.json", '[\n{"id": 1, "conversations": []},\n{"id": 2,\n', 3, "not valid JSON"),
+    ("x.jsonl", '\n{"foo": 1}\n', 2, "cannot tell the JSONL format"),
+    ("x.jsonl", "\n\n{bad\n", 3, "not valid JSON"),
+    ("x.csv", "when,prompt,output\n1,2,3\n", 1, "unknown CSV header"),
 ]
 
 

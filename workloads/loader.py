@@ -45,42 +45,50 @@ SPEC_KEYS = (
 )  # fmt: skip
 TRACE_KEYS = ("path", "format", "tokenizer", *BURSTGPT_OPTIONS)
 TRACE_FORMATS = ("azure", "burstgpt", "mooncake", "sharegpt", "native")
+HEAD_CHARS = 1 << 20  # format detection reads no further
 ARRIVAL_KEYS = ("kind", "rate", "cv", "time_scale", "target_rate", "ramp_up_s")
 
 
-def _first_text(path: str | Path) -> str:
-    """The first non-blank line (stripped), or '' for an empty file."""
+def _first_text(path: str | Path) -> tuple[int, str]:
+    """(line number, text) of the first non-blank line, read from at most HEAD_CHARS
+    characters (a minified JSON file is one huge line); (1, '') for an empty file."""
     with open_text(path) as f:
-        for line in f:
-            if line.strip():
-                return line.strip()
-    return ""
+        head = f.read(HEAD_CHARS)
+    for number, line in enumerate(head.splitlines(), start=1):
+        if line.strip():
+            return number, line.strip()
+    return 1, ""
 
 
 def detect_format(path: str | Path) -> str:
     name = display_name(path)
     suffix = Path(name.removesuffix(".gz")).suffix.lower()
-    first = _first_text(path)
+    line, first = _first_text(path)
     if suffix == ".csv":
         fmt = detect_csv_format(first.split(","))
         if fmt is None:
             raise WorkloadError(
-                f"{name}:1: unknown CSV header {first!r}: expected Azure "
+                f"{name}:{line}: unknown CSV header {first!r}: expected Azure "
                 "(TIMESTAMP,ContextTokens,GeneratedTokens) or BurstGPT (Timestamp,...)"
             )
         return fmt
     if suffix == ".jsonl":
+        if not first:
+            return "native"
         try:
-            obj = json.loads(first) if first else {}
-        except json.JSONDecodeError:
-            obj = None
-        if is_native_object(obj) or not first:
+            obj = json.loads(first)
+        except json.JSONDecodeError as exc:
+            raise WorkloadError(f"{name}:{line}: not valid JSON: {exc.msg}") from None
+        if is_native_object(obj):
             return "native"
         if isinstance(obj, dict) and "input_length" in obj:
             return "mooncake"
         if isinstance(obj, dict) and "conversations" in obj:
             return "sharegpt"
-        raise WorkloadError(f"{name}: cannot tell the JSONL format from its first line")
+        raise WorkloadError(
+            f"{name}:{line}: cannot tell the JSONL format: expected native cbbench "
+            "(prompt_len), Mooncake (input_length) or ShareGPT (conversations) keys"
+        )
     if suffix == ".json" and first.startswith("["):
         return "sharegpt"
     if suffix in (".json", ".toml"):
