@@ -98,3 +98,16 @@ def test_bad_flags_exit_with_a_usage_error(argv: list[str], capsys) -> None:
         parse(argv)
     assert exc.value.code == 2
     assert argv[0] in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["vllm.txt", "vllm_v0.txt", "sglang.txt", "tgi.txt"])
+def test_steady_state_partial_parse_reads_the_same_fields(name: str) -> None:
+    from cbbench.harness.telemetry.adapters import detect
+    from cbbench.harness.telemetry.prom import only_samples
+
+    text = fixture(name)
+    full = parse_metrics(text)
+    adapter = detect(full)
+    part = only_samples(text, adapter.sample_names)
+    assert len(part) < len(text) / 2 and "#" not in part
+    assert adapter.read(parse_metrics(part)) == adapter.read(full)

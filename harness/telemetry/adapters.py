@@ -41,6 +41,22 @@ class Adapter:
     kv_reserved_unused_tokens: tuple[str, ...] = ()
     queue_time_histogram: tuple[str, ...] = ()
 
+    @property
+    def sample_names(self) -> frozenset[str]:
+        """Every sample name the per-sample fields read (not the queue-time histogram)."""
+        return frozenset(
+            (
+                *self.running,
+                *self.waiting,
+                *self.kv_usage,
+                *self.preemptions_total,
+                *self.prefix_cache_hit_rate,
+                *(self.prefix_cache_counters or ()),
+                *self.batch_occupancy,
+                *self.kv_reserved_unused_tokens,
+            )
+        )
+
     def detects(self, scrape: Scrape) -> bool:
         return any(n.startswith(self.prefix) for n in scrape.names)
 

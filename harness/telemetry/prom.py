@@ -95,8 +95,34 @@ def parse_metrics(text: str) -> Scrape:
     return scrape
 
 
-def fetch_metrics(client: httpx.Client, url: str) -> Scrape:
-    """GET `url` and parse it; httpx errors and ValueError (not Prometheus text) propagate."""
+def only_samples(text: str, names: frozenset[str]) -> str:
+    """The sample lines of `text` whose metric name is in `names` (comments dropped).
+
+    Parsing is the expensive part of a scrape (pure Python, every histogram bucket a line);
+    the per-sample fields need a handful of gauges and counters, whose values read the same
+    untyped. Full parses are kept for detection and the window's first and last scrape.
+    """
+    keep = []
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        end = len(line)
+        for sep in ("{", " "):
+            i = line.find(sep)
+            if 0 <= i < end:
+                end = i
+        if line[:end] in names:
+            keep.append(line)
+    return "\n".join(keep) + "\n"
+
+
+def get_text(client: httpx.Client, url: str) -> str:
+    """GET `url`; httpx errors (and HTTP error statuses) propagate."""
     resp = client.get(url)
     resp.raise_for_status()
-    return parse_metrics(resp.text)
+    return resp.text
+
+
+def fetch_metrics(client: httpx.Client, url: str) -> Scrape:
+    """GET `url` and parse it; httpx errors and ValueError (not Prometheus text) propagate."""
+    return parse_metrics(get_text(client, url))

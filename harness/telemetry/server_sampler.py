@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import httpx
 from cbbench.harness.telemetry.adapters import QUEUE_TIME, SERVER_FIELDS, Adapter, detect
-from cbbench.harness.telemetry.prom import Scrape, fetch_metrics
+from cbbench.harness.telemetry.prom import Scrape, get_text, only_samples, parse_metrics
 from cbbench.harness.telemetry.queue_time import estimate, histogram_delta
 
 log = logging.getLogger(__name__)
@@ -41,8 +41,8 @@ class ServerMetricsSampler:
         self._t0_ns = 0
         self._sink: Callable[[dict], None] = lambda _s: None
         self.adapter: Adapter | None = None
-        self._first: Scrape | None = None
-        self._last: Scrape | None = None
+        self._first: Scrape | None = None  # parsed in full
+        self._last_text: str | None = None
         self._values: dict[str, list[float]] = {f: [] for f in SERVER_FIELDS}
         self._latest: dict = {}
         self.samples = 0
@@ -84,8 +84,9 @@ class ServerMetricsSampler:
                 vals = self._values[f]
                 if vals:
                     out[f] = {"mean": sum(vals) / len(vals), "max": max(vals)}
-            if self.adapter and self._first and self._last:
-                self._window_fields(self.adapter, self._first, self._last, out)
+            if self.adapter and self._first and self._last_text is not None:
+                last = parse_metrics(self._last_text)
+                self._window_fields(self.adapter, self._first, last, out)
             out["unavailable"] = [f for f in SUMMARY_FIELDS if f not in out]
             return out
 
@@ -120,17 +121,22 @@ class ServerMetricsSampler:
         assert self._client is not None
         start_ns = time.monotonic_ns()
         try:
-            scrape = fetch_metrics(self._client, self.url)
+            text = get_text(self._client, self.url)
+            t_s = ((start_ns + time.monotonic_ns()) / 2 - self._t0_ns) / 1e9
+            adapter = self.adapter
+            if adapter is not None and self._first is not None:
+                scrape = parse_metrics(only_samples(text, adapter.sample_names))
+            else:
+                scrape = parse_metrics(text)  # full: detection and the window's first scrape
         except (httpx.HTTPError, ValueError) as exc:
             self._fail(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
             return
-        t_s = ((start_ns + time.monotonic_ns()) / 2 - self._t0_ns) / 1e9
         with self._lock:
             if self.adapter is None:
                 self.adapter = detect(scrape)
-            if self._first is None:
+            if self._first is None and self.adapter is not None:
                 self._first = scrape
-            self._last = scrape
+            self._last_text = text  # parsed in full once, when the summary needs it
             fields = self.adapter.read(scrape) if self.adapter else {}
             for k, v in fields.items():
                 self._values[k].append(v)

@@ -1,0 +1,211 @@
+"""What does sampling cost the load generator?  `python -m cbbench.harness.telemetry.overhead`
+
+Runs the same closed-loop streaming load against the zero-delay scripted server
+(`fake_server`, the one `cbbench selftest` uses) with and without the telemetry samplers,
+interleaved (off/on, on/off, ...) so drift and warm-up hit both alike, and prints requests/s of each
+pair and the median ratio. The samplers scrape a vLLM-sized Prometheus exposition served by
+a second process, at the interval given (default 4 Hz). It also prints the CPU one scrape
++ parse + mapping takes in this process, times the scrape rate: the samplers' share of one
+core, a figure that does not drift with the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+from cbbench.harness.telemetry import GpuSampler, ServerMetricsSampler
+from rich.console import Console
+from rich.table import Table
+
+# vLLM's histogram bounds (seconds / tokens), for an exposition the size of a real one.
+_LATENCY = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0)
+_REQUEST = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
+_TOKENS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+
+
+def vllm_like_exposition() -> bytes:
+    """Prometheus text with vLLM's names, types and bucket counts (about a real scrape's size)."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+    r = CollectorRegistry()
+    lab = ["model_name"]
+    m = "meta-llama/Llama-3.1-8B-Instruct"
+    for name, v in (
+        ("vllm:num_requests_running", 48),
+        ("vllm:num_requests_waiting", 7),
+        ("vllm:kv_cache_usage_perc", 0.62),
+    ):
+        Gauge(name, name, lab, registry=r).labels(m).set(v)
+    for name, v in (
+        ("vllm:num_preemptions", 3),
+        ("vllm:prompt_tokens", 1.2e6),
+        ("vllm:generation_tokens", 9.1e5),
+        ("vllm:prefix_cache_queries", 1.2e6),
+        ("vllm:prefix_cache_hits", 3.1e5),
+    ):
+        Counter(name, name, lab, registry=r).labels(m).inc(v)
+    for name, buckets in (
+        ("vllm:time_to_first_token_seconds", _LATENCY),
+        ("vllm:inter_token_latency_seconds", _LATENCY),
+        ("vllm:e2e_request_latency_seconds", _REQUEST),
+        ("vllm:request_queue_time_seconds", _REQUEST),
+        ("vllm:request_inference_time_seconds", _REQUEST),
+        ("vllm:request_prefill_time_seconds", _REQUEST),
+        ("vllm:request_decode_time_seconds", _REQUEST),
+        ("vllm:request_prompt_tokens", _TOKENS),
+        ("vllm:request_generation_tokens", _TOKENS),
+        ("vllm:iteration_tokens_total", _TOKENS),
+    ):
+        h = Histogram(name, name, lab, buckets=buckets, registry=r).labels(m)
+        for i in range(200):
+            h.observe(buckets[i % len(buckets)] * 0.9)
+    return generate_latest(r)
+
+
+def serve_metrics() -> int:
+    """Child process: serve `vllm_like_exposition()` at /metrics; print `PORT n`."""
+    body = vllm_like_exposition()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    print(f"PORT {httpd.server_address[1]}", flush=True)
+    httpd.serve_forever()
+    return 0
+
+
+class _Child:
+    def __init__(self, cmd: list[str]) -> None:
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line.startswith("PORT "), f"child did not start: {cmd}"
+        self.url = f"http://127.0.0.1:{int(line.split()[1])}"
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def scrape_cpu_s(url: str, n: int) -> tuple[float, int]:
+    """CPU seconds (this process) per steady-state sample: GET, parse, map, record."""
+    sampler = ServerMetricsSampler(url)
+    with httpx.Client(trust_env=False) as client:
+        size = len(client.get(url).content)
+        sampler._client, sampler._t0_ns = client, time.monotonic_ns()
+        sampler._scrape_once()  # the first scrape: full parse and detection
+        assert sampler.adapter is not None and sampler.failures == 0
+        start = time.process_time()
+        for _ in range(n):
+            sampler._scrape_once()
+        return (time.process_time() - start) / n, size
+
+
+def bench_once(url: str, metrics_url: str | None, args: argparse.Namespace) -> float:
+    from cbbench.harness.runner import BenchConfig, run_bench
+    from cbbench.workloads.spec import RequestSpec, Workload
+
+    wl = Workload(
+        "overhead", 0, tuple(RequestSpec(i, 16, args.tokens) for i in range(args.requests))
+    )
+    samplers = []
+    if metrics_url:
+        samplers = [
+            ServerMetricsSampler(metrics_url, interval_s=args.interval),
+            GpuSampler(interval_s=args.interval),
+        ]
+    with tempfile.TemporaryDirectory(prefix="cbbench-overhead-") as tmp:
+        cfg = BenchConfig(
+            base_url=url,
+            workload=wl,
+            concurrency=args.streams,
+            warmup=min(args.streams, 64),
+            out_dir=str(Path(tmp) / "run"),
+            name="overhead",
+            live=False,
+        )
+        res = run_bench(cfg, samplers, console=Console(file=io.StringIO()))
+    if metrics_url:
+        server = res.summary["telemetry"]["server"]
+        assert server["samples"] > 0 and server["failures"] == 0, server
+    return float(res.summary["request_throughput"] or 0.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m cbbench.harness.telemetry.overhead")
+    p.add_argument("--requests", type=int, default=3000, help="requests per measurement")
+    p.add_argument("--streams", type=int, default=64, help="closed-loop concurrency")
+    p.add_argument("--tokens", type=int, default=64, help="output tokens per request")
+    p.add_argument("--pairs", type=int, default=5, help="off/on measurement pairs")
+    p.add_argument("--interval", type=float, default=0.25, help="sampling interval (s)")
+    p.add_argument("--serve-metrics", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.serve_metrics:
+        return serve_metrics()
+
+    from cbbench.harness.fake_server import Behavior, FakeServerConfig
+
+    console = Console()
+    fake = _Child(
+        [
+            sys.executable,
+            "-m",
+            "cbbench.harness.fake_server",
+            "--config",
+            FakeServerConfig(default=Behavior(queue_time_s=None)).to_json(),
+        ]
+    )
+    metrics = _Child(
+        [sys.executable, "-m", "cbbench.harness.telemetry.overhead", "--serve-metrics"]
+    )
+    try:
+        cpu_s, size = scrape_cpu_s(metrics.url + "/metrics", 200)
+        table = Table(title=f"load generator with/without samplers at {1 / args.interval:g} Hz")
+        for col in ("pair", "off req/s", "on req/s", "on/off"):
+            table.add_column(col, justify="right")
+        ratios = []
+        for i in range(args.pairs):
+            if i % 2 == 0:  # alternate which goes first, so warm-up favours neither
+                off = bench_once(fake.url, None, args)
+                on = bench_once(fake.url, metrics.url + "/metrics", args)
+            else:
+                on = bench_once(fake.url, metrics.url + "/metrics", args)
+                off = bench_once(fake.url, None, args)
+            ratios.append(on / off)
+            table.add_row(str(i + 1), f"{off:.0f}", f"{on:.0f}", f"{on / off:.4f}")
+    finally:
+        fake.close()
+        metrics.close()
+    console.print(table)
+    med = statistics.median(ratios)
+    console.print(
+        f"median on/off throughput ratio {med:.4f} (cost {100 * (1 - med):+.2f}%), "
+        f"spread {min(ratios):.4f}..{max(ratios):.4f} over {len(ratios)} pairs"
+    )
+    console.print(
+        f"one scrape+parse+map of a {size / 1024:.1f} KiB exposition: {cpu_s * 1e3:.2f} ms CPU; "
+        f"at {1 / args.interval:g} Hz that is {100 * cpu_s / args.interval:.2f}% of one core"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
