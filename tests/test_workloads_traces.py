@@ -230,3 +230,14 @@ def test_empirical_from_trace_column_samples_trace_values():
     pool = set(pd.read_csv(AZURE)["GeneratedTokens"])
     assert set(values.tolist()) <= pool
     assert len(set(values.tolist())) > 100
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 64, 1 << 20])
+def test_sharegpt_minified_array_any_chunk_size(tmp_path, monkeypatch, chunk):
+    path = tmp_path / "sg.json.gz"
+    with gzip.open(path, "wt") as f:
+        f.write(json.dumps(SHAREGPT * 3, separators=(",", ":")))
+    monkeypatch.setattr(trace_sharegpt, "CHUNK_CHARS", chunk)
+    wl = load_workload(str(path))
+    assert [r.session_id for r in wl.requests] == ["a", "d"] * 3
+    assert wl.source["rows_skipped"] == {"empty_turn": 3, "no_reply": 3}
