@@ -111,3 +111,14 @@ def test_steady_state_partial_parse_reads_the_same_fields(name: str) -> None:
     part = only_samples(text, adapter.sample_names)
     assert len(part) < len(text) / 2 and "#" not in part
     assert adapter.read(parse_metrics(part)) == adapter.read(full)
+
+
+def test_percentiles_are_capped_by_markov_when_the_mean_is_tiny() -> None:
+    # 16 requests queued ~50 us each: all in vLLM's first bucket [0, 0.3] s
+    h = Histogram(buckets=[(0.3, 16), (0.5, 16), (INF, 16)], sum=16 * 5e-5, count=16)
+    assert quantile(h, 0.5) == pytest.approx(0.15)  # plain interpolation: the bucket's middle
+    est = estimate(h)
+    assert est["mean"] == pytest.approx(5e-5)
+    assert est["p50"] == pytest.approx(2 * 5e-5)  # at most mean / (1 - 0.5)
+    assert est["p99"] == pytest.approx(100 * 5e-5)
+    assert est["p50"] <= est["p90"] <= est["p95"] <= est["p99"]

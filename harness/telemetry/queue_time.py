@@ -54,10 +54,19 @@ def quantile(hist: Histogram, q: float) -> float | None:
 
 
 def estimate(hist: Histogram) -> dict:
-    """Mean (exact) and p50/p90/p95/p99 (interpolated) of a window's histogram, in seconds."""
+    """Mean (exact) and p50/p90/p95/p99 (interpolated) of a window's histogram, in seconds.
+
+    Queue times are >= 0, so by Markov's inequality the q-quantile is at most mean/(1-q);
+    each percentile is capped there. That matters when every request lands in the first
+    bucket (vLLM's is [0, 0.3] s): interpolation alone would spread them over the bucket.
+    """
     count = int(round(hist.count))
     out: dict = {"method": METHOD, "count": count}
-    out["mean"] = hist.sum / hist.count if hist.count > 0 else None
+    mean = hist.sum / hist.count if hist.count > 0 else None
+    out["mean"] = mean
     for p in QUANTILES:
-        out[f"p{p}"] = quantile(hist, p / 100.0)
+        q = quantile(hist, p / 100.0)
+        if q is not None and mean is not None:
+            q = min(q, max(mean, 0.0) / (1.0 - p / 100.0))
+        out[f"p{p}"] = q
     return out
