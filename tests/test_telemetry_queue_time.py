@@ -91,7 +91,14 @@ def test_flags_build_the_samplers() -> None:
 
 
 @pytest.mark.parametrize(
-    "argv", [["--gpus", "a,b"], ["--gpus", "-1"], ["--metrics-interval", "0"], ["--gpus", ""]]
+    "argv",
+    [
+        ["--gpus", "a,b"],
+        ["--gpus", "-1"],
+        ["--gpus", ""],
+        ["--metrics-interval", "0"],
+        ["--metrics-url", "localhost:9000/metrics"],
+    ],
 )
 def test_bad_flags_exit_with_a_usage_error(argv: list[str], capsys) -> None:
     with pytest.raises(SystemExit) as exc:

@@ -40,10 +40,17 @@ def _interval(text: str) -> float:
     return value
 
 
+def _url(text: str) -> str:
+    if not text.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(f"expected an http:// or https:// URL, got {text!r}")
+    return text
+
+
 def add_telemetry_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("telemetry")
     g.add_argument(
         "--metrics-url",
+        type=_url,
         default=None,
         help="Prometheus endpoint of the server (default: the target's base URL + /metrics)",
     )

@@ -56,7 +56,7 @@ class Scrape:
 
     def histogram(self, name: str) -> Histogram | None:
         """The histogram family `name`, bucket counts summed over label sets; None if absent."""
-        rows = self.series(name + "_bucket")
+        rows = [(lb, v) for lb, v in self.series(name + "_bucket") if "le" in lb]
         if not rows:
             return None
         by_le: dict[float, float] = {}

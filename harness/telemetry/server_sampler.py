@@ -63,7 +63,9 @@ class ServerMetricsSampler:
             return
         self._stop.set()
         self._thread.join(timeout=2 * self.timeout_s + 1.0)
-        if self._client is not None and not self._thread.is_alive():
+        if self._thread.is_alive():  # a scrape outlived its timeout: drop what it brings
+            self._sink = lambda _s: None
+        elif self._client is not None:
             self._client.close()
 
     def latest(self) -> dict:
@@ -85,8 +87,11 @@ class ServerMetricsSampler:
                 if vals:
                     out[f] = {"mean": sum(vals) / len(vals), "max": max(vals)}
             if self.adapter and self._first and self._last_text is not None:
-                last = parse_metrics(self._last_text)
-                self._window_fields(self.adapter, self._first, last, out)
+                try:
+                    last = parse_metrics(self._last_text)
+                    self._window_fields(self.adapter, self._first, last, out)
+                except (ValueError, KeyError) as exc:  # a malformed histogram, say
+                    out["last_error"] = f"summary: {type(exc).__name__}: {exc}"
             out["unavailable"] = [f for f in SUMMARY_FIELDS if f not in out]
             return out
 
@@ -128,7 +133,7 @@ class ServerMetricsSampler:
                 scrape = parse_metrics(only_samples(text, adapter.sample_names))
             else:
                 scrape = parse_metrics(text)  # full: detection and the window's first scrape
-        except (httpx.HTTPError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - any bad answer is a counted failure
             self._fail(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
             return
         with self._lock:
