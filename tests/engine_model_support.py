@@ -82,3 +82,58 @@ def paged_logits(model, tokens: list[int], block_size: int = 4) -> torch.Tensor:
         b = prepare_batch([ScheduledChunk(seq, len(tokens))], block_size, cfg.vocab_size, "cpu")
         hidden = model(b.input_ids, b.positions, b.max_position, kv, b.meta, _TORCH)
         return model.compute_logits(hidden[-1:])
+
+
+# the shape of the transformers-made checkpoints (eos None: generate never stops early)
+HF_TINY_SHAPE = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=0,
+)
+
+
+def save_hf_model(tmp_path_factory, name: str, config) -> str:
+    """A random transformers model saved with save_pretrained (biases made non-zero)."""
+    import transformers
+
+    torch.manual_seed(1234)
+    cls = {
+        "llama": transformers.LlamaForCausalLM,
+        "qwen2": transformers.Qwen2ForCausalLM,
+        "mistral": transformers.MistralForCausalLM,
+    }[config.model_type]
+    model = cls(config).eval()
+    with torch.no_grad():  # transformers zero-initialises biases; make them count
+        for pname, param in model.named_parameters():
+            if pname.endswith("bias"):
+                param.normal_(0.0, 0.2)
+    path = tmp_path_factory.mktemp(name)
+    model.save_pretrained(path, safe_serialization=True)
+    return str(path)
+
+
+def hf_greedy(path: str, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """transformers' own batched greedy generate (left padding, attention mask)."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=False,
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            pad_token_id=0,
+        )
+    return out[:, width:].tolist()

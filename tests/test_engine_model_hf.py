@@ -8,7 +8,14 @@ import pytest
 import torch
 from cbbench.reference_engine.loader import load_model
 from cbbench.reference_engine.model_runner import ModelRunner
-from engine_model_support import generate, make_seq, paged_logits
+from engine_model_support import (
+    HF_TINY_SHAPE,
+    generate,
+    hf_greedy,
+    make_seq,
+    paged_logits,
+    save_hf_model,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -19,53 +26,6 @@ PROMPTS = [
     [77, 66],
 ]
 MAX_TOKENS = 12
-SHAPE = dict(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    bos_token_id=None,
-    eos_token_id=None,
-    pad_token_id=0,
-)
-
-
-def _save_hf(tmp_path_factory, name: str, config) -> str:
-    torch.manual_seed(1234)
-    cls = {
-        "llama": transformers.LlamaForCausalLM,
-        "qwen2": transformers.Qwen2ForCausalLM,
-        "mistral": transformers.MistralForCausalLM,
-    }[config.model_type]
-    model = cls(config).eval()
-    with torch.no_grad():  # transformers zero-initialises biases; make them count
-        for name, param in model.named_parameters():
-            if name.endswith("bias"):
-                param.normal_(0.0, 0.2)
-    path = tmp_path_factory.mktemp(name)
-    model.save_pretrained(path, safe_serialization=True)
-    return str(path)
-
-
-def _hf_greedy(path: str, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    """transformers' own batched greedy generate (left padding, attention mask)."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            do_sample=False,
-            max_new_tokens=max_tokens,
-            min_new_tokens=max_tokens,
-            pad_token_id=0,
-        )
-    return out[:, width:].tolist()
 
 
 def _ours(path: str, prompts, max_tokens: int, token_budget: int | None = None, block_size=4):
@@ -76,13 +36,13 @@ def _ours(path: str, prompts, max_tokens: int, token_budget: int | None = None, 
 
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory) -> str:
-    cfg = transformers.LlamaConfig(**SHAPE, rope_theta=10000.0)
-    return _save_hf(tmp_path_factory, "llama", cfg)
+    cfg = transformers.LlamaConfig(**HF_TINY_SHAPE, rope_theta=10000.0)
+    return save_hf_model(tmp_path_factory, "llama", cfg)
 
 
 @pytest.fixture(scope="module")
 def llama_expected(llama_dir) -> list[list[int]]:
-    return _hf_greedy(llama_dir, PROMPTS, MAX_TOKENS)
+    return hf_greedy(llama_dir, PROMPTS, MAX_TOKENS)
 
 
 def test_llama_greedy_equals_transformers(llama_dir, llama_expected):
@@ -112,7 +72,7 @@ def test_logits_match_transformers(llama_dir):
     ["qwen2", "mistral", "llama3-rope", "linear-rope", "yarn-rope", "tied"],
 )
 def test_other_architectures_equal_transformers(tmp_path_factory, kind):
-    shape = dict(SHAPE)
+    shape = dict(HF_TINY_SHAPE)
     if kind == "qwen2":  # q/k/v biases, no GQA head-dim quirks
         cfg = transformers.Qwen2Config(**shape)
     elif kind == "mistral":
@@ -133,9 +93,9 @@ def test_other_architectures_equal_transformers(tmp_path_factory, kind):
         extra = {"tie_word_embeddings": True} if kind == "tied" else {}
         params = dict(scaling or {"rope_type": "default"}, rope_theta=500.0)
         cfg = transformers.LlamaConfig(**shape, rope_parameters=params, **extra)
-    path = _save_hf(tmp_path_factory, kind, cfg)
+    path = save_hf_model(tmp_path_factory, kind, cfg)
     if kind == "qwen2":
         loaded = load_model(path)
         assert loaded.config.attention_bias
         assert loaded.model.layers[0].self_attn.qkv_proj.bias.abs().sum() > 0
-    assert _ours(path, PROMPTS, 8) == _hf_greedy(path, PROMPTS, 8)
+    assert _ours(path, PROMPTS, 8) == hf_greedy(path, PROMPTS, 8)
