@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from cbbench.harness.cli import main
-from cbbench.workloads import load_trace, load_workload, trace_sharegpt
+from cbbench.workloads import WorkloadError, load_trace, load_workload, trace_sharegpt
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 AZURE = TRACES / "azure_llm_2023_conv.csv"
@@ -241,3 +241,31 @@ def test_sharegpt_minified_array_any_chunk_size(tmp_path, monkeypatch, chunk):
     wl = load_workload(str(path))
     assert [r.session_id for r in wl.requests] == ["a", "d"] * 3
     assert wl.source["rows_skipped"] == {"empty_turn": 3, "no_reply": 3}
+
+
+def test_loaders_stream_and_stop_after_num_requests(tmp_path):
+    """Rows past the first N are never parsed: a bad row after them does not matter."""
+    csv_path = tmp_path / "a.csv"
+    csv_path.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        + "".join(f"2023-11-16 18:15:{s:02d}.0000000,{s + 1},{s + 2}\n" for s in range(3))
+        + "garbage,row,here\n"
+    )
+    assert [r.prompt_len for r in load_trace(csv_path, num_requests=3).requests] == [1, 2, 3]
+    jsonl = tmp_path / "m.jsonl"
+    jsonl.write_text(
+        '{"timestamp": 0, "input_length": 4, "output_length": 1, "hash_ids": [0]}\n{not json\n'
+    )
+    assert len(load_trace(jsonl, num_requests=1)) == 1
+    with pytest.raises(WorkloadError, match=r"m\.jsonl:2: not valid JSON"):
+        load_trace(jsonl)
+
+
+def test_native_stops_after_num_requests(tmp_path):
+    path = tmp_path / "n.jsonl"
+    path.write_text(
+        '{"cbbench_workload": 1, "name": "n", "seed": 4}\n{"prompt_len": 3, "output_len": 2}\n{bad\n'
+    )
+    assert [r.prompt_len for r in load_workload(str(path), num_requests=1).requests] == [3]
+    empty = load_workload(str(path), num_requests=0)
+    assert len(empty) == 0 and empty.name == "n" and empty.seed == 4

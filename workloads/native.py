@@ -72,8 +72,6 @@ def read_native(path: str | Path, name: str, num_requests: int | None = None) ->
     header: dict = {}
     requests: list[RequestSpec] = []
     for where, obj in json_lines(path):
-        if num_requests is not None and len(requests) >= num_requests:
-            break
         if not isinstance(obj, dict):
             raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
         if HEADER_KEY in obj:
@@ -86,7 +84,11 @@ def read_native(path: str | Path, name: str, num_requests: int | None = None) ->
                 raise WorkloadError(f"{where}: unsupported format version {obj[HEADER_KEY]!r}")
             header = obj
             continue
+        if num_requests is not None and len(requests) >= num_requests:
+            break  # N = 0: the header is read, no request
         requests.append(_request(obj, len(requests), where))
+        if num_requests is not None and len(requests) >= num_requests:
+            break  # stop parsing once N are taken
     source = header.get("source", {"format": "native", "path": str(path)})
     return Workload(
         name=header.get("name", name),

@@ -115,10 +115,11 @@ def build_trace_workload(
     `skipped` is filled by the loader as it streams; it is read after the rows are consumed.
     """
     taken: list[TraceRow] = []
-    for row in rows:
-        if num_requests is not None and len(taken) >= num_requests:
-            break
-        taken.append(row)
+    if num_requests != 0:
+        for row in rows:  # stops pulling rows (parsing) once N are taken
+            taken.append(row)
+            if num_requests is not None and len(taken) >= num_requests:
+                break
     timed = [r.arrival_s is not None for r in taken]
     assert all(timed) or not any(timed), "a trace has times on every row or on none"
     reordered, t0 = 0, 0.0
