@@ -270,7 +270,7 @@ def paged_decode_attention(
     part_lse = torch.empty(
         (num_seqs, num_q_heads, num_splits), dtype=torch.float32, device=q.device
     )
-    block_d = triton.next_power_of_2(head_dim)
+    block_d = max(16, triton.next_power_of_2(head_dim))  # tl.dot needs K >= 16
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q,
         k_cache,
@@ -307,7 +307,7 @@ def paged_decode_attention(
         head_dim,
         num_q_heads,
         num_splits,
-        BLOCK_S=triton.next_power_of_2(num_splits),
+        BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
         BLOCK_D=block_d,
     )
     return out
@@ -358,7 +358,7 @@ def paged_prefill_attention(
         GROUP=group,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
-        BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         DOT_PRECISION=_dot_precision(k_cache.dtype),
         num_warps=num_warps,
     )

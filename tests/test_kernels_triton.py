@@ -59,13 +59,14 @@ def test_kernels_are_interpreted():
         assert isinstance(kernel, InterpretedFunction), kernel
 
 
-# (seq_lens, query_lens, block_size, num_kv_heads, group)
+# (seq_lens, query_lens, block_size, num_kv_heads, group[, head_dim])
 PREFILL_GRID = [
     ([7], [7], 1, 2, 1),  # block size 1
     ([37, 5], [37, 5], 16, 1, 4),  # lengths off the block size, GQA 4
     ([40, 23], [8, 23], 16, 2, 8),  # chunked prefill on a 32-token cached prefix, GQA 8
     ([70, 9, 33, 1], [1, 3, 1, 1], 32, 2, 4),  # mixed decode + chunk batch, block 32
     ([100], [90], 64, 1, 1),  # block 64; the query tile straddles the cached prefix
+    ([19, 6], [19, 2], 4, 1, 2, 8),  # head_dim 8: padded to the 16 tl.dot needs
 ]
 
 

@@ -1,0 +1,39 @@
+"""CPU attention speed of the torch backend, the engine's CPU path (pytest-benchmark; skipped
+by the default run). Shapes of the `small` preset: 8 KV heads x 64, block size 16, fp32.
+
+Run: python -m pytest tests/benchmarks/test_kernels_bench.py --benchmark-only
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cbbench.kernels.reference import make_paged_case, ref_paged_decode_attention
+from cbbench.kernels.torch_backend import TorchAttentionBackend
+
+KEYS = ("q", "k_cache", "v_cache", "block_tables", "seq_lens")
+
+
+@pytest.mark.parametrize("context", [300, 1000, 2000])
+@pytest.mark.parametrize("batch", [8, 32])
+def test_bench_torch_decode(benchmark, batch, context):
+    """One layer's decode attention; every sequence at `context` tokens."""
+    c = make_paged_case([context] * batch, [1] * batch, 16, 8, 1, head_dim=64)
+    args = [c[k] for k in KEYS]
+    be = TorchAttentionBackend(torch.device("cpu"))
+    out = benchmark(be.paged_decode_attention, *args, 0.125)
+    torch.testing.assert_close(
+        out[:2],
+        ref_paged_decode_attention(*[a[:2] if a.dim() < 4 else a for a in args], 0.125),
+        atol=2e-5,
+        rtol=2e-5,
+    )
+
+
+@pytest.mark.parametrize("prompt", [128, 512])
+def test_bench_torch_prefill(benchmark, prompt):
+    """One layer's prefill attention of 4 prompts."""
+    c = make_paged_case([prompt] * 4, [prompt] * 4, 16, 8, 1, head_dim=64)
+    be = TorchAttentionBackend(torch.device("cpu"))
+    out = benchmark(be.paged_attention, *[c[k] for k in (*KEYS, "query_start_loc")], 0.125)
+    assert out.shape == (4 * prompt, 8, 64)
