@@ -9,7 +9,7 @@ import json
 import httpx
 import openai
 import pytest
-from cbbench.reference_engine.config import ContinuousConfig, EngineConfig
+from cbbench.reference_engine.config import ContinuousConfig, EngineConfig, StaticConfig
 
 from tests.server_support import scrape, serve, wait_for_metric
 
@@ -128,3 +128,26 @@ def test_stop_strings_end_the_request_and_cut_the_text(server):
         assert stop in stack.tokenizer.decode(ids)
         assert stop not in stack.tokenizer.decode(ids[:-1])
     assert wait_for_metric(url, "vllm:kv_cache_usage_perc", 0.0) == 0.0
+
+
+def test_simulator_is_served_in_wall_clock_time():
+    # The static batch never fills: only the drain timeout, due on the virtual clock, flushes
+    # it. The server keeps the virtual clock on the wall clock, so that timeout comes.
+    config = EngineConfig(
+        scheduler="static",
+        executor="sim",
+        max_model_len=128,
+        num_kv_blocks=64,
+        static=StaticConfig(batch_size=4, drain_timeout_s=0.05),
+    )
+    with serve(config) as (url, stack):
+        r = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0).completions.create(
+            model="tiny",
+            prompt=[5, 6, 7],
+            max_tokens=5,
+            extra_body={"ignore_eos": True, "return_token_ids": True},
+        )
+        sim = stack.engine.engine.executor
+        expected = [sim.token_for(r.id, 3 + i) for i in range(5)]
+        assert r.choices[0].token_ids == expected
+        assert r.model_extra["cbbench"]["queue_time_s"] >= 0.05

@@ -6,6 +6,7 @@ answers each request through that request's asyncio.Queue, fed with
 `loop.call_soon_threadsafe`, so the event loop never blocks on the engine. With nothing to
 compute the thread sleeps on the condition until a command arrives or until the engine's
 `next_wakeup()` (a dynamic batcher's max queue delay, a static drain timeout) is due.
+A simulated executor (virtual clock) is paced to the wall clock, see `_WallClockPacer`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -162,11 +164,16 @@ class AsyncEngine:
 
     def _loop(self) -> None:
         engine = self.engine
+        pacer = _WallClockPacer(engine.executor) if _is_virtual(engine) else None
         progressed = False
         while True:
             with self._cv:
+                if pacer is not None:
+                    pacer.catch_up()
                 if not self._inbox and self._closing is None and not progressed:
                     self._cv.wait(self._idle_timeout())
+                    if pacer is not None:
+                        pacer.catch_up()
                 commands, self._inbox = self._inbox, []
                 closing = self._closing
             if closing is not None:
@@ -182,6 +189,8 @@ class AsyncEngine:
             progressed = False
             if engine.has_unfinished_requests():
                 outputs = engine.step()
+                if pacer is not None:
+                    pacer.wait_for_virtual_time()
                 stats = engine.get_stats()
                 progressed = bool(outputs) or stats.num_batched_tokens > 0
                 self._dispatch(outputs)
@@ -237,3 +246,25 @@ class AsyncEngine:
             if out.finished:
                 del self._streams[out.request_id]
                 self._last_token_time.pop(out.request_id, None)
+
+
+def _is_virtual(engine: Any) -> bool:
+    return hasattr(getattr(engine, "executor", None), "advance_to")
+
+
+class _WallClockPacer:
+    """Serves a simulator in real time: the virtual clock follows the wall clock while idle,
+    and a modelled step's outputs are released only when its modelled duration has passed,
+    so HTTP clients see the latencies of the simulated hardware."""
+
+    def __init__(self, executor: Any):
+        self.executor = executor
+        self.offset = time.monotonic() - executor.now()  # wall = virtual + offset
+
+    def catch_up(self) -> None:
+        self.executor.advance_to(time.monotonic() - self.offset)
+
+    def wait_for_virtual_time(self) -> None:
+        delay = self.executor.now() + self.offset - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
