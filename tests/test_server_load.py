@@ -151,3 +151,19 @@ def test_simulator_is_served_in_wall_clock_time():
         expected = [sim.token_for(r.id, 3 + i) for i in range(5)]
         assert r.choices[0].token_ids == expected
         assert r.model_extra["cbbench"]["queue_time_s"] >= 0.05
+
+
+def test_non_streaming_client_disconnect_aborts_a_waiting_request():
+    # A static batch that never fills holds the request in the waiting queue until the
+    # client gives up; its disconnect must take the request out of the engine.
+    config = EngineConfig(
+        scheduler="static",
+        max_model_len=64,
+        static=StaticConfig(batch_size=2, drain_timeout_s=600),
+    )
+    with serve(config) as (url, stack):
+        body = {"prompt": "never scheduled", "max_tokens": 4}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url + "/v1/completions", json=body, timeout=httpx.Timeout(30, read=0.5))
+        assert wait_for_metric(url, "vllm:num_requests_waiting", 0.0) == 0.0
+        assert not stack.engine.engine.has_unfinished_requests()
