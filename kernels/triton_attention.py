@@ -2,8 +2,11 @@
 prefill / chunked prefill over the paged cache.
 
 Both kernels gather K/V token by token through the block table (any block size, including 1)
-with int64 offsets, upcast to fp32 and multiply with `tl.dot`: for bf16/fp16 inputs the tf32
-product is exact (their mantissas fit in tf32's), for fp32 inputs it runs in IEEE fp32.
+with int64 offsets. Products run on `tl.dot` in the cache dtype for fp16/bf16 (fp32
+accumulation, probabilities rounded to the cache dtype for P @ V, as flash attention does),
+and in IEEE fp32 for fp32 caches. With DOT_F32 (fp32 caches, and bf16 on CPU, because the
+Triton interpreter's bf16 `tl.dot` is wrong) operands are upcast to fp32 first; fp16 runs the
+native path under the interpreter too, so both paths are tested on CPU.
 Importing this module imports triton; `triton_backend` does so lazily.
 """
 
@@ -42,6 +45,7 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    DOT_F32: tl.constexpr,
 ):
     """One program: one sequence, one KV head (all its GROUP query heads), one KV split."""
     b = tl.program_id(0).to(tl.int64)
@@ -60,7 +64,11 @@ def _decode_split_kernel(
         q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
         mask=g_mask[:, None] & d_mask[None, :],
         other=0.0,
-    ).to(tl.float32)
+    )
+    if DOT_F32:
+        q = q.to(tl.float32)
+    else:
+        q = q.to(k_cache_ptr.dtype.element_ty)
 
     m = tl.zeros([BLOCK_G], dtype=tl.float32) + NEG_INIT
     l_sum = tl.zeros([BLOCK_G], dtype=tl.float32)
@@ -72,14 +80,20 @@ def _decode_split_kernel(
         row = block.to(tl.int64) * stride_cb + (pos % block_size) * stride_cs + kv_head * stride_ch
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision=DOT_PRECISION) * scale
+        if DOT_F32:
+            k = k.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
         l_sum = l_sum * alpha + tl.sum(p, 1)
         v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision=DOT_PRECISION)
+        if DOT_F32:
+            pv = tl.dot(p, v.to(tl.float32), input_precision=DOT_PRECISION)
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
         m = m_new
 
     has = l_sum > 0.0  # an empty split (start >= seq_len) contributes weight exp(-inf) = 0
@@ -155,6 +169,7 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    DOT_F32: tl.constexpr,
 ):
     """One program: BLOCK_M queries of one sequence and one query head. Query i of a sequence
     with qlen queries sits at position seq_len - qlen + i and sees keys 0..that position."""
@@ -177,7 +192,11 @@ def _prefill_kernel(
             q_ptr + tokens[:, None] * stride_qt + head * stride_qh + d[None, :],
             mask=i_mask[:, None] & d_mask[None, :],
             other=0.0,
-        ).to(tl.float32)
+        )
+        if DOT_F32:
+            q = q.to(tl.float32)
+        else:
+            q = q.to(k_cache_ptr.dtype.element_ty)
 
         m = tl.zeros([BLOCK_M], dtype=tl.float32) + NEG_INIT
         l_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -196,7 +215,9 @@ def _prefill_kernel(
             )
             kv_mask = n_mask[:, None] & d_mask[None, :]
             k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision=DOT_PRECISION) * scale
+            if DOT_F32:
+                k = k.to(tl.float32)
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
             visible = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
             s = tl.where(visible, s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, 1))
@@ -204,7 +225,11 @@ def _prefill_kernel(
             p = tl.exp(s - m_new[:, None])
             l_sum = l_sum * alpha + tl.sum(p, 1)
             v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision=DOT_PRECISION)
+            if DOT_F32:
+                pv = tl.dot(p, v.to(tl.float32), input_precision=DOT_PRECISION)
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
             m = m_new
 
         out = acc / tl.where(l_sum > 0.0, l_sum, 1.0)[:, None]
@@ -216,7 +241,12 @@ def _prefill_kernel(
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
-    return "ieee" if dtype == torch.float32 else "tf32"
+    return "ieee" if dtype == torch.float32 else "tf32"  # tf32 only applies to fp32 operands
+
+
+def _dot_f32(cache: torch.Tensor) -> bool:
+    """fp32 caches, and bf16 off CUDA (the interpreter's bf16 tl.dot is wrong)."""
+    return cache.dtype == torch.float32 or (cache.dtype == torch.bfloat16 and not cache.is_cuda)
 
 
 def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> int:
@@ -296,6 +326,7 @@ def paged_decode_attention(
         BLOCK_N=block_n,
         BLOCK_D=block_d,
         DOT_PRECISION=_dot_precision(k_cache.dtype),
+        DOT_F32=_dot_f32(k_cache),
         num_warps=num_warps,
     )
     _decode_merge_kernel[(num_seqs, num_q_heads)](
@@ -360,6 +391,7 @@ def paged_prefill_attention(
         BLOCK_N=block_n,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         DOT_PRECISION=_dot_precision(k_cache.dtype),
+        DOT_F32=_dot_f32(k_cache),
         num_warps=num_warps,
     )
     return out

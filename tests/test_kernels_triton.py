@@ -6,8 +6,11 @@ decoration time), so this module sets it before importing them, restores the env
 running too), and asserts the kernels really are interpreted. A subprocess test proves the same wiring
 from a fresh interpreter.
 
-Tolerances against the fp32 oracle: fp32 1e-5 (only the summation order differs); bf16
-2e-2 absolute and relative (the output is rounded to bf16: 8 bits of mantissa).
+Tolerances against the fp32 oracle: fp32 1e-5 (only the summation order differs); fp16 5e-3
+(probabilities and output rounded to fp16, 11 significant bits); bf16 2e-2 absolute and
+relative (output rounded to bf16: 8 bits). fp16 runs the kernels' native 16-bit tl.dot path;
+fp32 and bf16 the fp32-upcast one (the interpreter's bf16 tl.dot is wrong; on CUDA, bf16 takes
+the native path, checked by bench_gpu).
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ def _interpret(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
-TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 SCALE = 0.25
 
 
@@ -70,7 +74,7 @@ PREFILL_GRID = [
 ]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", PREFILL_GRID)
 def test_paged_attention_matches_oracle(case, dtype):
     c = make_paged_case(*case, dtype=dtype)
@@ -107,7 +111,7 @@ DECODE_GRID = [
 ]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", DECODE_GRID)
 def test_decode_matches_oracle(case, dtype):
     seq_lens, block_size, num_kv_heads, group, num_splits = case
@@ -270,3 +274,10 @@ def test_host_side_upper_bounds_give_the_same_answer():
         c["q"][last], *args[1:5], SCALE, max_seq_len=bound, num_splits=4, block_n=32
     )
     torch.testing.assert_close(dec, ref[last], atol=1e-5, rtol=1e-5)
+
+
+def test_dot_paths_chosen_per_dtype():
+    """fp16 runs the native 16-bit tl.dot here, so the path CUDA uses for bf16 is tested."""
+    f32 = triton_attention._dot_f32
+    assert f32(torch.zeros(1)) and f32(torch.zeros(1, dtype=torch.bfloat16))
+    assert not f32(torch.zeros(1, dtype=torch.float16))
