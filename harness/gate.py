@@ -1,7 +1,8 @@
 """Regression gate: judge each policy rule with a bootstrap confidence interval.
 
-The bootstrap resamples *requests* (seeded, vectorised): one row of multinomial counts per
-resample weights every request's values, so the ITL gaps of a request move together.
+The bootstrap resamples *requests* (seeded, vectorised: one row of drawn request indices per
+resample, in chunks); ITL gaps are weighted by how often their request was drawn, so the
+gaps of a request move together.
 - Latency stats: the ratio candidate/baseline of the weighted statistic (mean, or the
   inverted-CDF percentile), each run resampled independently.
 - Throughput: per-request contributions through Little's law. A run's throughput is
@@ -61,20 +62,47 @@ class GateResult:
 
 
 class _Sample:
-    """Values sorted once, with the request each belongs to."""
+    """Values sorted once, with the request each belongs to (None: one value per request)."""
 
-    def __init__(self, values: np.ndarray, owner: np.ndarray, n_owners: int) -> None:
+    def __init__(self, values: np.ndarray, owner: np.ndarray | None, n_owners: int) -> None:
         keep = ~np.isnan(values)
         order = np.argsort(values[keep], kind="stable")
         self.values = values[keep][order]
-        self.owner = owner[keep][order]
-        self.n_owners = n_owners
+        self.owner = None if owner is None else owner[keep][order]
+        self.n = self.values.size if owner is None else n_owners  # what a resample draws
 
-    def stat(self, q: float | None, weights: np.ndarray | None = None) -> np.ndarray:
-        """Weighted mean (q None) or inverted-CDF q-quantile per row of `weights` (R x owners)."""
-        if weights is None:
-            weights = np.ones((1, self.n_owners))
-        w = weights[:, self.owner]  # R x values
+    def point(self, q: float | None) -> float:
+        if self.owner is not None:
+            return float(self._weighted(q, np.ones((1, self.n)))[0])
+        return float(self.values.mean() if q is None else self.values[self._rank(q)])
+
+    def _rank(self, q: float) -> int:
+        """Position of the inverted-CDF q-quantile in the sorted values."""
+        return max(0, math.ceil(q * self.values.size - 1e-9) - 1)
+
+    def draws(self, q: float | None, rng: np.random.Generator, resamples: int) -> np.ndarray:
+        """The statistic on `resamples` bootstrap resamples of the requests."""
+        m = self.values.size
+        if self.owner is None and q is not None:
+            # The k-th smallest of m uniform draws from the m sorted values is the value at
+            # floor(m * U_(k)), U_(k) ~ Beta(k+1, m-k): exact, and O(resamples), not O(m) each.
+            k = self._rank(q)
+            pos = np.floor(rng.beta(k + 1, m - k, size=resamples) * m).astype(np.int64)
+            return self.values[np.minimum(pos, m - 1)]
+        if self.owner is None:
+            return _boot(rng, m, resamples, m, lambda p: self.values[p].mean(axis=1))
+
+        def weighted(picks: np.ndarray) -> np.ndarray:
+            rows = picks.shape[0]
+            flat = (picks + (np.arange(rows) * self.n)[:, None]).ravel()
+            counts = np.bincount(flat, minlength=rows * self.n).reshape(rows, self.n)
+            return self._weighted(q, counts)
+
+        return _boot(rng, self.n, resamples, m, weighted)
+
+    def _weighted(self, q: float | None, counts: np.ndarray) -> np.ndarray:
+        """Grouped values (ITL gaps): each weighted by how often its request was drawn."""
+        w = counts[:, self.owner].astype(np.float64)
         total = w.sum(axis=1)
         with np.errstate(invalid="ignore", divide="ignore"):
             if q is None:
@@ -85,23 +113,21 @@ class _Sample:
         return np.where(total > 0, out, np.nan)
 
 
-def _counts(rng: np.random.Generator, n: int, rows: int) -> np.ndarray:
-    """rows x n: how often each of n requests is drawn in a resample of n (multinomial)."""
-    picks = rng.integers(0, n, size=(rows, n)) + (np.arange(rows) * n)[:, None]
-    return np.bincount(picks.ravel(), minlength=rows * n).reshape(rows, n).astype(np.float64)
-
-
 def _boot(rng: np.random.Generator, n: int, resamples: int, width: int, fn) -> np.ndarray:
-    """fn(counts: rows x n) -> rows, evaluated in chunks over `resamples` rows."""
+    """fn(picks: rows x n request indices drawn with replacement) -> rows, in chunks."""
     rows = max(1, CHUNK_ELEMENTS // max(1, width, n))
-    out = [fn(_counts(rng, n, min(rows, resamples - i))) for i in range(0, resamples, rows)]
-    return np.concatenate(out)
+    return np.concatenate(
+        [
+            fn(rng.integers(0, n, size=(min(rows, resamples - i), n)))
+            for i in range(0, resamples, rows)
+        ]
+    )
 
 
 def _latency_sample(s: RunSamples, metric: str) -> _Sample:
     if metric == "itl":
         return _Sample(s.itl, s.itl_owner, s.n_ok)
-    return _Sample(s.latency(metric), np.arange(s.n_ok), s.n_ok)
+    return _Sample(s.latency(metric), None, s.n_ok)
 
 
 def _throughput_boot(s: RunSamples, metric: str, rng, resamples: int) -> tuple[float, np.ndarray]:
@@ -113,7 +139,11 @@ def _throughput_boot(s: RunSamples, metric: str, rng, resamples: int) -> tuple[f
     in_flight = e2e.sum() / s.window_s
     per_req = s.output_tokens if metric == "output_throughput" else np.ones(s.n_ok)
     return point, _boot(
-        rng, s.n_ok, resamples, s.n_ok, lambda c: in_flight * (c @ per_req) / (c @ e2e)
+        rng,
+        s.n_ok,
+        resamples,
+        s.n_ok,
+        lambda p: in_flight * per_req[p].sum(axis=1) / e2e[p].sum(axis=1),
     )
 
 
@@ -152,7 +182,7 @@ def judge(rule: Rule, base: RunSamples, cand: RunSamples, policy: Policy) -> Rul
             verdict = "fail" if cand.n_errors else "pass"
             note = f"{cand.n_errors} of {cand.n_total} requests failed"
             return RuleResult(rule, base.error_rate, est, est, est, est, 0.0, verdict, note)
-        draws = _boot(rng, errs.size, n, errs.size, lambda c: (c @ errs) / errs.size)
+        draws = _boot(rng, errs.size, n, errs.size, lambda p: errs[p].mean(axis=1))
         low, high = _interval(draws, policy.confidence)
         verdict, bound = _verdict(rule, est, low, high)
         return RuleResult(rule, base.error_rate, est, est, low, high, bound, verdict)
@@ -174,9 +204,8 @@ def judge(rule: Rule, base: RunSamples, cand: RunSamples, policy: Policy) -> Rul
             which = "baseline" if bs.values.size == 0 else "candidate"
             raise CbbenchError(f"{rule.metric}: the {which} run has no values to compare")
         q = rule.quantile
-        b_point, c_point = float(bs.stat(q)[0]), float(cs.stat(q)[0])
-        b_draws = _boot(rng, bs.n_owners, n, bs.values.size, lambda c: bs.stat(q, c))
-        c_draws = _boot(rng, cs.n_owners, n, cs.values.size, lambda c: cs.stat(q, c))
+        b_point, c_point = bs.point(q), cs.point(q)
+        b_draws, c_draws = bs.draws(q, rng, n), cs.draws(q, rng, n)
     else:
         b_point, b_draws = _throughput_boot(base, rule.metric, rng, n)
         c_point, c_draws = _throughput_boot(cand, rule.metric, rng, n)

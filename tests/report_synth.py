@@ -24,6 +24,7 @@ def write_run(
     rate: float = 4.0,
     model: str = "tiny",
     error_message: str = "HTTP 500: engine overloaded",
+    max_output: int = 64,
 ) -> Path:
     """A run of `n` requests; `noise_seed` draws the latency noise (defaults to `seed`).
 
@@ -31,7 +32,7 @@ def write_run(
     """
     rng_w = np.random.default_rng(workload_seed)  # workload: same lengths for the same seed
     prompt = rng_w.integers(16, 512, n)
-    out = rng_w.integers(4, 64, n)
+    out = rng_w.integers(4, max_output, n)
     rng = np.random.default_rng(seed if noise_seed is None else noise_seed)
     ttft = (0.02 + prompt * 1e-4) * rng.lognormal(0.0, 0.25, n) * ttft_scale
     cut = np.quantile(ttft, 0.95)
@@ -44,7 +45,7 @@ def write_run(
         ok = i >= errors
         gaps = list(np.full(int(out[i]) - 1, tpot[i])) if ok else []
         first = sent + float(ttft[i])
-        times = [first + float(sum(gaps[:k])) for k in range(len(gaps) + 1)] if ok else []
+        times = list(first + np.concatenate([[0.0], np.cumsum(gaps)])) if ok else []
         e2e = times[-1] - sent if ok else None
         w.add_record(
             RequestRecord(
@@ -57,7 +58,7 @@ def write_run(
                 sent_s=sent,
                 first_token_s=first if ok else None,
                 last_token_s=times[-1] if ok else None,
-                token_times_s=times,
+                token_times_s=[float(t) for t in times],
                 ttft_s=float(ttft[i]) if ok else None,
                 tpot_s=float(tpot[i]) if ok and out[i] > 1 else None,
                 e2e_s=e2e,

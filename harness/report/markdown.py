@@ -31,9 +31,11 @@ def _columns() -> list[Column]:
     return [by_key[k] for k in MD_KEYS]
 
 
-def _delta(base: float | None, value: float | None, better: str | None) -> str:
+def _delta(base: float | None, value: float | None, better: str | None, unit: str) -> str:
     if base is None or value is None:
         return "–"
+    if unit == "%":  # fractions (error rate): the change in percentage points
+        return f"{(value - base) * 100:+.1f} pp"
     if base == 0:
         return "±0" if value == 0 else f"{value:+.3g} (from 0)"
     change = value / base - 1.0
@@ -71,7 +73,10 @@ def render_markdown(runs: list[LoadedRun], rows: list[dict]) -> str:
         lines.append("| run | " + " | ".join(by_key[k].title for k in DELTA_KEYS) + " |")
         lines.append("|---|" + "---:|" * len(DELTA_KEYS))
         for lr, row in zip(runs[1:], rows[1:], strict=True):
-            cells = [_delta(rows[0].get(k), row.get(k), by_key[k].better) for k in DELTA_KEYS]
+            cells = [
+                _delta(rows[0].get(k), row.get(k), by_key[k].better, by_key[k].unit)
+                for k in DELTA_KEYS
+            ]
             lines.append("| " + " | ".join([md_text(lr.label), *cells]) + " |")
     lines += ["", "Best value per column in **bold**; latencies in ms."]
     return "\n".join(lines) + "\n"

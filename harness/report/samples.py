@@ -33,7 +33,7 @@ class RunSamples:
     finish_s: np.ndarray  # last token time of each ok request (seconds from t0)
     n_total: int  # measured requests, ok or not
     n_errors: int
-    window_s: float  # first send -> last token of the measured requests
+    window_s: float  # the run's measured duration (see run_duration)
 
     @property
     def n_ok(self) -> int:
@@ -60,11 +60,30 @@ def _output_tokens(r) -> int:
     for n in (r.output_tokens_server, r.output_tokens_client):
         if n is not None:
             return int(n)
-    return len(r.token_times_s)
+    return 0  # as summary.summarize counts it
 
 
 def _first_set(*values: float | None) -> float | None:
     return next((v for v in values if v is not None), None)
+
+
+def run_duration(run: Run, measured: list) -> float:
+    """The measured window, as `cbbench bench`/`sim` summarised it in run.json when they did,
+    else as `summary.summarize` defines it (t0, or an earlier send, to the last response)."""
+    summary = run.meta.get("summary")
+    d = summary.get("duration_s") if isinstance(summary, dict) else None
+    if isinstance(d, (int, float)) and not isinstance(d, bool) and d > 0:
+        return float(d)
+    starts = [r.sent_s for r in measured if r.sent_s is not None]
+    ends = [
+        t
+        for r in measured
+        for t in (_first_set(getattr(r, "end_s", None), r.last_token_s),)
+        if t is not None
+    ]
+    if not starts or not ends:
+        return 0.0
+    return max(0.0, max(ends) - min(0.0, min(starts)))
 
 
 def extract(run: Run) -> RunSamples:
@@ -75,14 +94,7 @@ def extract(run: Run) -> RunSamples:
     for i, r in enumerate(ok):
         itl.extend(float(x) for x in r.itl_s)
         owner.extend([i] * len(r.itl_s))
-    starts = [r.sent_s for r in measured if r.sent_s is not None]
-    ends = [
-        t
-        for r in measured
-        for t in (_first_set(getattr(r, "end_s", None), r.last_token_s, r.sent_s),)
-        if t is not None
-    ]
-    window = (max(ends) - min(starts)) if starts and ends else 0.0
+    window = run_duration(run, measured)
     return RunSamples(
         ttft=_arr([r.ttft_s for r in ok]),
         tpot=_arr([r.tpot_s for r in ok]),
@@ -95,5 +107,5 @@ def extract(run: Run) -> RunSamples:
         finish_s=_arr([r.last_token_s for r in ok]),
         n_total=len(measured),
         n_errors=len(measured) - len(ok),
-        window_s=float(max(window, 0.0)),
+        window_s=window,
     )

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from cbbench.harness.metrics import describe
 from cbbench.harness.report.runs import LoadedRun
 from cbbench.harness.report.samples import LATENCY_METRICS, RunSamples, extract
+from cbbench.harness.summary import SLO_KEYS, summarize
 
 LATENCY_TITLES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "E2E", "queue": "queue"}
 STAT_KEYS = ("mean", "p50", "p90", "p95", "p99", "max")
@@ -40,40 +39,24 @@ SUMMARY_COLUMNS: tuple[Column, ...] = (
 )
 
 
-def _slo_seconds(meta: dict[str, Any]) -> dict[str, float]:
+def slo_seconds(meta: dict[str, Any]) -> dict[str, float]:
+    """Goodput SLOs of a run: bench's `load.slo_s` ({ttft, tpot, e2e} in seconds), or a
+    top-level `slo` with `_s`/`_ms` keys."""
+    load = meta.get("load")
+    slo = load.get("slo_s") if isinstance(load, dict) else None
+    if isinstance(slo, dict) and slo:
+        return {k: float(v) for k, v in slo.items() if k in SLO_KEYS and _num(v)}
     slo = meta.get("slo")
-    if not isinstance(slo, dict):
-        cfg = meta.get("config")
-        slo = cfg.get("slo") if isinstance(cfg, dict) else None
-    if not isinstance(slo, dict):
-        return {}
-    out = {}
-    for k, v in slo.items():
-        if not isinstance(v, (int, float)):
-            continue
+    out: dict[str, float] = {}
+    for k, v in (slo if isinstance(slo, dict) else {}).items():
         for suffix, scale in (("_ms", 1e-3), ("_s", 1.0)):
-            if k.endswith(suffix) and k[: -len(suffix)] in ("ttft", "tpot", "e2e"):
+            if _num(v) and k.endswith(suffix) and k[: -len(suffix)] in SLO_KEYS:
                 out[k[: -len(suffix)]] = float(v) * scale
     return out
 
 
-def goodput(s: RunSamples, meta: dict[str, Any]) -> float | None:
-    """Requests/s meeting every SLO in run.json (`slo` = {ttft_ms, tpot_ms, e2e_ms}); None if
-    the run has no SLO and its summary gives no goodput."""
-    slo = _slo_seconds(meta)
-    if not slo:
-        summary = meta.get("summary")
-        g = summary.get("goodput") if isinstance(summary, dict) else None
-        if isinstance(g, dict):
-            g = g.get("requests_per_s", g.get("value"))
-        return float(g) if isinstance(g, (int, float)) else None
-    if s.window_s <= 0:
-        return None
-    good = np.ones(s.n_ok, dtype=bool)
-    for metric, limit in slo.items():
-        v = s.latency(metric)
-        good &= np.nan_to_num(v, nan=0.0) <= limit  # undefined TPOT (1 token) meets the SLO
-    return float(good.sum()) / s.window_s
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _series_stats(timeseries: list[dict], key: str, scale: float) -> dict[str, float | None]:
@@ -84,17 +67,22 @@ def _series_stats(timeseries: list[dict], key: str, scale: float) -> dict[str, f
 
 
 def summary_row(lr: LoadedRun, s: RunSamples | None = None) -> dict[str, Any]:
+    """The run's numbers via `summary.summarize` (the same as bench prints), over the same
+    measured window the gate uses."""
     s = s or extract(lr.run)
+    summ = summarize(lr.run.records, s.window_s or None, slo_seconds(lr.meta) or None)
+    good = summ.get("goodput")
     row: dict[str, Any] = {
         "requests": f"{s.n_ok}/{s.n_total}",
-        "request_throughput": s.request_throughput,
-        "output_throughput": s.output_throughput,
-        "goodput": goodput(s, lr.meta),
-        "error_rate": s.error_rate if s.n_total else None,
+        "request_throughput": summ["request_throughput"],
+        "output_throughput": summ["output_throughput"],
+        "goodput": good.get("requests_per_s") if isinstance(good, dict) else None,
+        "error_rate": summ["error_rate"] if s.n_total else None,
         "errors": s.n_errors,
     }
     for m in LATENCY_METRICS:
-        for k, v in describe(x for x in s.latency(m) if not math.isnan(x)).items():
+        key = "server_queue_s" if m == "queue" else f"{m}_s"
+        for k, v in summ[key].items():
             row[f"{m}.{k}"] = v
     for k, v in _series_stats(lr.run.timeseries, "kv_usage", 1.0).items():
         row[f"kv_usage.{k}"] = v
