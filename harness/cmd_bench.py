@@ -61,6 +61,12 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="plain OpenAI body: no ignore_eos, min_tokens, return_token_ids, priority",
     )
+    p.add_argument(
+        "--http-client",
+        choices=("raw", "httpx"),
+        default="raw",
+        help="HTTP/1.1 transport: raw asyncio (default, lowest overhead) or httpx",
+    )
     p.add_argument("--extra-body", help="JSON object merged into every request body")
     p.add_argument("--out", help="run folder (default results/runs/<timestamp>-<name>)")
     p.add_argument("--name", help="run name (default: the workload's)")
@@ -154,6 +160,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         load={"rate": args.rate, "burstiness": args.burstiness, "arrival": args.arrival},
         command=list(sys.argv),
         live=not args.no_live,
+        http_client=args.http_client,
     )
 
 

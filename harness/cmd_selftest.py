@@ -43,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokens", type=int, default=64, help="output tokens per request")
     p.add_argument("--requests", type=int, default=2000, help="at most this many per setting")
     p.add_argument("--seconds", type=float, default=5.0, help="at most this long per setting")
+    p.add_argument("--http-client", choices=("raw", "httpx"), default="raw")
     p.add_argument(
         "--server-procs", type=int, default=1, help="fake-server processes (SO_REUSEPORT)"
     )
@@ -82,7 +83,13 @@ class ServerProcess:
 
 
 def measure(
-    url: str, streams: int, workers: int, tokens: int, requests: int, seconds: float
+    url: str,
+    streams: int,
+    workers: int,
+    tokens: int,
+    requests: int,
+    seconds: float,
+    http_client: str = "raw",
 ) -> dict:
     n = max(requests, 1)
     wl = Workload("selftest", 0, tuple(RequestSpec(i, 16, tokens) for i in range(n)))
@@ -98,6 +105,7 @@ def measure(
             name=f"selftest-s{streams}-w{workers}",
             live=False,
             collect_server_times=True,
+            http_client=http_client,
         )
         res = run_bench(cfg, console=Console(file=io.StringIO()))
     errs = [
@@ -111,6 +119,7 @@ def measure(
     return {
         "streams": streams,
         "workers": workers,
+        "http_client": http_client,
         "requests": s["counts"]["completed"],
         "failed": s["counts"]["failed"],
         "requests_per_s": s["request_throughput"] or 0.0,
@@ -119,14 +128,23 @@ def measure(
         "timing_error_ms_p50": float(np.percentile(err, 50)) if err.size else None,
         "timing_error_ms_p99": float(np.percentile(err, 99)) if err.size else None,
         "client_cpu_mean": s["client"]["cpu"]["mean"],
+        # the ceiling per core whatever the server's speed: tokens per second of client CPU
+        "tokens_per_client_cpu_s": (
+            (s["output_throughput"] or 0.0) / (s["client"]["cpu"]["mean"] * workers)
+            if s["client"]["cpu"]["mean"]
+            else None
+        ),
     }
 
 
 def run(args: argparse.Namespace) -> int:
     if min(args.tokens, args.requests, args.server_procs) < 1 or args.seconds <= 0:
         raise CbbenchError("selftest: --tokens, --requests, --seconds, --server-procs must be > 0")
-    console = Console()
-    table = Table(title=f"cbbench selftest: zero-delay local server, {args.tokens} tokens/request")
+    console = Console(width=max(Console().width, 120))
+    table = Table(
+        title=f"cbbench selftest: zero-delay local server, {args.tokens} tokens/request, "
+        f"{args.http_client} client; timing error in ms"
+    )
     for col in (
         "streams",
         "workers",
@@ -134,17 +152,21 @@ def run(args: argparse.Namespace) -> int:
         "req/s",
         "tok/s",
         "tok/s per worker",
-        "err p50 ms",
-        "err p99 ms",
+        "err p50",
+        "err p99",
         "client CPU",
+        "tok per CPU-s",
     ):
         table.add_column(col, justify="right")
     config = FakeServerConfig(default=Behavior(queue_time_s=None))
     with ServerProcess(config, args.server_procs) as server:
         for w in args.workers:
             for s in args.streams:
-                m = measure(server.url, s, w, args.tokens, args.requests, args.seconds)
+                m = measure(
+                    server.url, s, w, args.tokens, args.requests, args.seconds, args.http_client
+                )
                 fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+                fmt0 = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
                 table.add_row(
                     str(s),
                     str(w),
@@ -157,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
                     fmt(m["timing_error_ms_p50"]),
                     fmt(m["timing_error_ms_p99"]),
                     "-" if m["client_cpu_mean"] is None else f"{m['client_cpu_mean'] * 100:.0f}%",
+                    fmt0(m["tokens_per_client_cpu_s"]),
                 )
     console.print(table)
     console.print(

@@ -153,6 +153,8 @@ class Worker:
 
     async def _send_now(self, client: OpenAIClient, rec: RequestRecord, prompt) -> None:
         self.stats.sent += 1
+        if isinstance(prompt, str):  # text of the asked length (exact with --tokenizer)
+            rec.prompt_tokens_client = rec.prompt_len
         await client.send(rec, prompt)
         assert rec.sent_s is not None and rec.ready_s is not None
         rec.send_lag_s = rec.sent_s - rec.ready_s - (rec.client_queue_s or 0.0)

@@ -52,6 +52,7 @@ class BenchConfig:
     command: list[str] = field(default_factory=list)
     live: bool = True
     collect_server_times: bool = False
+    http_client: str = "raw"
 
 
 @dataclass
@@ -165,6 +166,7 @@ def run_bench(
         extra_body=cfg.extra_body,
         max_connections=cfg.concurrency or max(1, len(cfg.workload)),
         collect_server_times=cfg.collect_server_times,
+        http_client=cfg.http_client,
     )
     plans = _plans(cfg, client)
     open_loop = cfg.workload.open_loop
@@ -195,6 +197,7 @@ def run_bench(
             "stream": cfg.stream,
             "timeout_s": cfg.timeout_s,
             "extensions": cfg.extensions,
+            "http_client": cfg.http_client,
             "text_prompts": cfg.text_prompts or cfg.endpoint == "chat",
             "tokenizer": cfg.tokenizer,
             "slo_s": cfg.slo,

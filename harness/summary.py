@@ -7,6 +7,7 @@ and reason, never mixed into percentiles. Vectorised with numpy (1M records in s
 from __future__ import annotations
 
 import itertools
+import operator
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -61,8 +62,33 @@ def describe_array(arr: np.ndarray) -> dict[str, float | int | None]:
     }
 
 
-def _col(records: Sequence[RequestRecord], name: str) -> np.ndarray:
-    return np.array([getattr(r, name) for r in records], dtype=np.float64)
+_COLUMNS = (
+    "sent_s",
+    "end_s",
+    "last_token_s",
+    "ttft_s",
+    "tpot_s",
+    "e2e_s",
+    "output_tokens_server",
+    "output_tokens_client",
+    "prompt_tokens_server",
+    "prompt_tokens_client",
+    "prompt_len",
+    "output_len",
+    "client_queue_s",
+    "server_queue_s",
+    "send_lag_s",
+    "scheduled_s",
+)
+_ROW = operator.attrgetter(*_COLUMNS)
+
+
+def _table(records: Sequence[RequestRecord]) -> dict[str, np.ndarray]:
+    """The numeric fields as float columns (None -> NaN), in one pass over the records."""
+    if not records:
+        return {c: np.empty(0) for c in _COLUMNS}
+    t = np.array([_ROW(r) for r in records], dtype=np.float64)
+    return {c: t[:, i] for i, c in enumerate(_COLUMNS)}
 
 
 def _first(*cols: np.ndarray) -> np.ndarray:
@@ -80,35 +106,32 @@ def summarize(
 ) -> dict:
     """Summary of a run. `client`: optional {"loop_lag_s": [...], "cpu": [...]} samples."""
     measured = [r for r in records if not r.warmup]
-    ok = [r for r in measured if r.ok]
-    failed = [r for r in measured if not r.ok]
+    is_ok = np.array([r.status == "ok" for r in measured], dtype=bool)
+    failed = [r for r in measured if r.status != "ok"]
+    m = _table(measured)
+    ok = {c: v[is_ok] for c, v in m.items()}
+    n_ok = int(is_ok.sum())
     if duration_s is None:
-        starts = _col(measured, "sent_s")
-        ends = _first(_col(measured, "end_s"), _col(measured, "last_token_s"))
+        starts, ends = m["sent_s"], _first(m["end_s"], m["last_token_s"])
         valid = bool(measured) and not np.all(np.isnan(starts)) and not np.all(np.isnan(ends))
         duration_s = float(np.nanmax(ends) - min(0.0, np.nanmin(starts))) if valid else 0.0
 
-    ttft, tpot, e2e = _col(ok, "ttft_s"), _col(ok, "tpot_s"), _col(ok, "e2e_s")
-    n_itl = sum(len(r.itl_s) for r in ok)
-    itl = np.fromiter(itertools.chain.from_iterable(r.itl_s for r in ok), np.float64, n_itl)
-    out_tokens = _first(_col(ok, "output_tokens_server"), _col(ok, "output_tokens_client"))
-    out_tokens = np.nan_to_num(out_tokens)
-    in_tokens = _first(_col(ok, "prompt_tokens_server"), _col(ok, "prompt_tokens_client"))
-    in_tokens = np.where(np.isnan(in_tokens), _col(ok, "prompt_len"), in_tokens)
-    asked = _col(ok, "output_len")
-    p_client, p_server = (
-        _col(measured, "prompt_tokens_client"),
-        _col(measured, "prompt_tokens_server"),
-    )
-    both = ~np.isnan(p_client) & ~np.isnan(p_server)
-    mismatch = both & (p_client != p_server)
+    ttft, tpot, e2e = ok["ttft_s"], ok["tpot_s"], ok["e2e_s"]
+    ok_recs = [r for r, good in zip(measured, is_ok, strict=True) if good]
+    n_itl = sum(len(r.itl_s) for r in ok_recs)
+    itl = np.fromiter(itertools.chain.from_iterable(r.itl_s for r in ok_recs), np.float64, n_itl)
+    out_tokens = np.nan_to_num(_first(ok["output_tokens_server"], ok["output_tokens_client"]))
+    in_tokens = _first(ok["prompt_tokens_server"], ok["prompt_tokens_client"], ok["prompt_len"])
+    asked = ok["output_len"]
+    p_client, p_server = m["prompt_tokens_client"], m["prompt_tokens_server"]
+    mismatch = ~np.isnan(p_client) & ~np.isnan(p_server) & (p_client != p_server)
 
     dur = duration_s if duration_s > 0 else float("nan")
     summary: dict = {
         "duration_s": duration_s,
         "counts": {
             "total": len(measured),
-            "completed": len(ok),
+            "completed": n_ok,
             "failed": len(failed),
             "warmup_excluded": len(records) - len(measured),
             "short_outputs": int(np.sum(out_tokens < asked)),
@@ -121,10 +144,10 @@ def summarize(
         "tpot_s": describe_array(tpot),
         "itl_s": describe_array(itl),
         "e2e_s": describe_array(e2e),
-        "client_queue_s": describe_array(_col(measured, "client_queue_s")),
-        "server_queue_s": describe_array(_col(ok, "server_queue_s")),
-        "send_lag_s": describe_array(_col(measured, "send_lag_s")),
-        "request_throughput": _rate(len(ok), dur),
+        "client_queue_s": describe_array(m["client_queue_s"]),
+        "server_queue_s": describe_array(ok["server_queue_s"]),
+        "send_lag_s": describe_array(m["send_lag_s"]),
+        "request_throughput": _rate(n_ok, dur),
         "output_throughput": _rate(float(out_tokens.sum()), dur),
         "total_token_throughput": _rate(float(out_tokens.sum() + in_tokens.sum()), dur),
         "total_output_tokens": int(out_tokens.sum()),
@@ -139,8 +162,8 @@ def summarize(
         "cpu": describe_array(np.asarray((client or {}).get("cpu", []), float)),
     }
     summary["client"] = client_stats
-    scheduled = [r for r in measured if r.scheduled_s is not None]  # open loop only
-    reasons = _client_bound_reasons(describe_array(_col(scheduled, "send_lag_s")), client_stats)
+    open_loop_lag = m["send_lag_s"][~np.isnan(m["scheduled_s"])]  # scheduled sends only
+    reasons = _client_bound_reasons(describe_array(open_loop_lag), client_stats)
     summary["client_bound"] = bool(reasons)
     summary["client_bound_reason"] = "; ".join(reasons) or None
     return summary

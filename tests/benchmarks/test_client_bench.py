@@ -1,0 +1,88 @@
+"""The load generator's own speed (pytest-benchmark; skipped by the default run).
+
+Run: python -m pytest tests/benchmarks/test_client_bench.py --benchmark-only -s
+Each ceiling case prints requests/s, tokens/s, client CPU and the timing error (client
+receive time - the server's send time of each chunk, one monotonic clock) against the
+zero-delay fake server in its own processes (2, SO_REUSEPORT).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+from cbbench.harness.cmd_selftest import ServerProcess, measure
+from cbbench.harness.fake_server import Behavior, FakeServerConfig
+from cbbench.harness.records import RequestRecord
+from cbbench.harness.sse import SSEParser
+from cbbench.harness.summary import summarize
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServerProcess(FakeServerConfig(Behavior(queue_time_s=None)), procs=2) as srv:
+        yield srv
+
+
+@pytest.mark.parametrize(
+    ("streams", "workers", "http_client"),
+    [
+        (1, 1, "raw"),
+        (64, 1, "raw"),
+        (256, 1, "raw"),
+        (64, 2, "raw"),
+        (256, 2, "raw"),
+        (64, 1, "httpx"),
+    ],
+)
+def test_client_ceiling(benchmark, server, streams, workers, http_client):
+    m = benchmark.pedantic(
+        measure,
+        args=(server.url, streams, workers, 64, 4000, 5.0, http_client),
+        rounds=1,
+        iterations=1,
+    )
+    benchmark.extra_info.update(m)
+    print(
+        f"\n{http_client} streams={streams} workers={workers}: {m['requests_per_s']:.0f} req/s, "
+        f"{m['tokens_per_s']:.0f} tok/s ({m['tokens_per_s_per_worker']:.0f} per worker), "
+        f"client CPU {m['client_cpu_mean']:.0%} per worker, "
+        f"{m['tokens_per_client_cpu_s']:.0f} tok per client CPU-s, "
+        f"timing error p50 {m['timing_error_ms_p50']:.3f} ms p99 {m['timing_error_ms_p99']:.3f} ms"
+    )
+    assert m["failed"] == 0 and m["requests"] > 0
+
+
+def _sse_stream(n_events: int) -> list[bytes]:
+    event = b'data: {"id":"x","object":"text_completion","choices":[{"index":0,"text":" tok","token_ids":[17]}]}\n\n'
+    blob = event * n_events
+    rng = random.Random(0)
+    cuts = sorted(rng.sample(range(1, len(blob)), n_events // 4))
+    return [blob[a:b] for a, b in itertools.pairwise([0, *cuts, len(blob)])]
+
+
+def test_sse_parse_100k_events(benchmark):
+    reads = _sse_stream(100_000)
+
+    def parse() -> int:
+        p = SSEParser()
+        return sum(len(p.feed(r)) for r in reads)
+
+    assert benchmark(parse) == 100_000
+
+
+def test_summarize_1m_records(benchmark):
+    rng = random.Random(0)
+    recs = []
+    for i in range(1_000_000):
+        ttft = rng.random() * 0.2
+        r = RequestRecord(
+            str(i), i, 100, 8, sent_s=i * 1e-3, ttft_s=ttft, tpot_s=0.01, e2e_s=ttft + 0.07
+        )
+        r.itl_s = [0.01] * 7
+        r.output_tokens_client = 8
+        r.end_s = r.sent_s + r.e2e_s
+        recs.append(r)
+    s = benchmark.pedantic(summarize, args=(recs, None, {"ttft": 0.1}), rounds=1, iterations=1)
+    assert s["counts"]["completed"] == 1_000_000 and s["itl_s"]["count"] == 7_000_000
