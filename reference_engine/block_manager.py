@@ -42,9 +42,11 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.blocks = [KVBlock(i) for i in range(num_blocks)]
-        # LRU order: popped from the front; freed blocks go to the back.
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # Blocks are created on first use: ids >= len(self.blocks) are fresh (and free), so a
+        # huge simulated pool costs nothing. Fresh blocks are handed out before freed ones.
+        self.blocks: list[KVBlock] = []
+        # Used-then-freed blocks in LRU order: popped from the front, freed to the back.
+        self._free: OrderedDict[int, None] = OrderedDict()
         self._cached: dict[int, int] = {}  # block hash -> block id
         self._hashes: dict[str, list[int]] = {}  # request id -> chain hashes of full blocks
         self._num_registered: dict[str, int] = {}  # request id -> leading blocks registered
@@ -54,11 +56,11 @@ class BlockManager:
     # --- pool state -------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return self.num_blocks - len(self.blocks) + len(self._free)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        return len(self.blocks) - len(self._free)
 
     @property
     def usage(self) -> float:
@@ -148,6 +150,8 @@ class BlockManager:
         """Grow seq.block_table to hold `num_tokens` tokens, first adopting `computed_blocks`
         (prefix hits; only onto an empty table). Returns False, changing nothing, when fewer
         than `watermark` blocks would stay free."""
+        if not computed_blocks and num_tokens <= len(seq.block_table) * self.block_size:
+            return True  # the common decode case: the last block has room
         computed = list(computed_blocks)
         assert not computed or not seq.block_table
         if not self.can_allocate(seq, num_tokens, computed, watermark):
@@ -164,6 +168,10 @@ class BlockManager:
         return True
 
     def _pop_free(self) -> int:
+        if len(self.blocks) < self.num_blocks:
+            fresh = KVBlock(len(self.blocks), ref_count=1)
+            self.blocks.append(fresh)
+            return fresh.block_id
         bid, _ = self._free.popitem(last=False)
         b = self.blocks[bid]
         assert b.ref_count == 0, f"block {bid} in the free queue with ref_count {b.ref_count}"
@@ -193,7 +201,7 @@ class BlockManager:
     def check_invariants(self, seqs: Iterable[Sequence]) -> None:
         """Every block's ref count equals the number of tables holding it; a block is free
         exactly when nobody holds it; no table holds a block twice."""
-        owners = [0] * self.num_blocks
+        owners = [0] * len(self.blocks)
         for seq in seqs:
             assert len(set(seq.block_table)) == len(seq.block_table), (
                 f"{seq.request_id} holds a block twice"

@@ -208,9 +208,9 @@ class LLMEngine:
         seq = self.seqs.pop(request_id, None)
         if seq is None:
             return
-        self.scheduler.abort(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = "abort"
+        self.scheduler.abort(seq)
         seq.metrics.finished_time = self.now()
 
     def has_unfinished_requests(self) -> bool:
@@ -269,12 +269,12 @@ class LLMEngine:
 
     def _stop_reason(self, seq: Sequence, tok: int) -> str | None:
         p = seq.sampling_params
-        n = seq.num_output_tokens
+        n = len(seq.token_ids) - len(seq.prompt_token_ids)
         if n >= p.min_tokens and (
             (not p.ignore_eos and tok in self.model_config.eos_token_ids) or tok in p.stop_token_ids
         ):
             return "stop"
-        if n >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+        if n >= p.max_tokens or len(seq.token_ids) >= self.max_model_len:
             return "length"
         return None
 

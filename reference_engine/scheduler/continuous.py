@@ -10,7 +10,9 @@ Each step, with a token budget of `max_num_batched_tokens`:
    slots within max_num_seqs, the remaining budget and the free blocks (keeping a watermark),
    with an optional cap on prefills per step. Nothing new is admitted in a step that had to
    preempt, except a request overdue by `max_queue_wait_s`, which is admitted by force,
-   preempting the least important running sequences if it must.
+   preempting the least important running sequences if it must (never another forced one).
+   Forced sequences rank above all others from then on, so the order is total and stable
+   and the most important sequence always progresses: no preemption ping-pong.
 A sequence that finishes frees its slot and blocks at once, so the next step refills it.
 """
 
@@ -47,8 +49,8 @@ class ContinuousScheduler(Scheduler):
         scheduled: dict[Sequence, int] = {}
         preempted: list[Sequence] = []
 
-        def preempt_worst(exclude: Sequence | None = None) -> Sequence | None:
-            candidates = [s for s in self._running if s is not exclude]
+        def preempt_worst(spare_forced: bool = False) -> Sequence | None:
+            candidates = [s for s in self._running if not (spare_forced and s in self._forced)]
             if not candidates:
                 return None
             victim = max(candidates, key=self._key)
@@ -86,7 +88,9 @@ class ContinuousScheduler(Scheduler):
                 or (cfg.max_prefills_per_step and num_prefills >= cfg.max_prefills_per_step)
             ):
                 break
-            if len(self._running) >= cfg.max_num_seqs and not (forced and preempt_worst()):
+            if len(self._running) >= cfg.max_num_seqs and not (
+                forced and preempt_worst(spare_forced=True)
+            ):
                 break
             computed = bm.get_computed_blocks(seq)
             num_cached = len(computed) * bm.block_size
@@ -96,7 +100,7 @@ class ContinuousScheduler(Scheduler):
             n = min(need, budget)
             watermark = self.watermark_blocks if self._running else 0
             while not bm.allocate_slots(seq, num_cached + n, computed, watermark):
-                if not forced or preempt_worst() is None:
+                if not forced or preempt_worst(spare_forced=True) is None:
                     break
                 watermark = self.watermark_blocks if self._running else 0
             else:
@@ -133,8 +137,7 @@ class ContinuousScheduler(Scheduler):
         return None
 
     def _preempt(self, seq: Sequence) -> None:
-        del self._running[seq]
-        self._forced.discard(seq)
+        del self._running[seq]  # a forced sequence stays forced: the order must not flip
         self.block_manager.free(seq, finished=False)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.PREEMPTED
@@ -153,7 +156,7 @@ class ContinuousScheduler(Scheduler):
             self.waiting.remove(seq)
         elif seq in self._running:
             del self._running[seq]
-            self._forced.discard(seq)
+        self._forced.discard(seq)
         self.block_manager.free(seq)
 
     def running(self) -> list[Sequence]:

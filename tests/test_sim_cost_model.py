@@ -1,0 +1,126 @@
+"""The simulator's step-time model: roofline regimes, presets, and the least-squares fit."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from cbbench.reference_engine.cost_model import (
+    HARDWARE_PRESETS,
+    CostModel,
+    HardwareSpec,
+    StepWork,
+    fit_linear,
+    get_hardware,
+)
+from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.model_config import preset_config
+
+LLAMA = preset_config("llama-3-8b")
+
+
+def model(hw: str = "h100") -> CostModel:
+    return CostModel(LLAMA, get_hardware(hw), "bfloat16")
+
+
+def test_small_decode_is_memory_bound_on_the_weights():
+    cm = model()
+    hw = cm.hardware
+    t = cm.step_time([(100, 1, True)])
+    weights_time = cm.weight_bytes / (hw.mem_bw * hw.bw_efficiency)
+    assert cm.weight_bytes == pytest.approx(LLAMA.num_params() * 2)
+    assert weights_time < t < weights_time * 1.02 + hw.step_overhead_s + hw.per_seq_overhead_s
+    # batching decodes is almost free while memory-bound
+    t32 = cm.step_time([(100, 1, True)] * 32)
+    assert t32 / t < 1.2
+
+
+def test_long_prefill_is_compute_bound():
+    cm = model()
+    hw = cm.hardware
+    w = cm.work([(0, 8000, True)])
+    assert w.flops / (hw.peak_flops * hw.flops_efficiency) > w.bytes / (
+        hw.mem_bw * hw.bw_efficiency
+    )
+    # 2 FLOPs per linear param per token dominate, attention adds the causal square
+    assert w.flops > 2 * cm.linear_params * 8000
+    assert cm.step_time([(0, 8000, True)]) > 10 * cm.step_time([(0, 100, True)])
+
+
+def test_work_counts_attention_pairs_and_kv_traffic():
+    cm = model()
+    one = cm.work([(10, 1, True)])  # position 10 attends to 11 tokens
+    pairs_flops = one.flops - 2 * cm.linear_params - cm.head_flops
+    assert pairs_flops == pytest.approx(cm.attn_flops_per_pair * 11)
+    chunk = cm.work([(4, 3, False)])  # positions 4,5,6: 5+6+7 pairs, no LM head
+    assert chunk.flops - 6 * cm.linear_params == pytest.approx(cm.attn_flops_per_pair * 18)
+    assert chunk.bytes - cm.weight_bytes == (7 + 3) * cm.kv_bytes_per_token
+
+
+def test_faster_memory_means_faster_decode():
+    step = [(500, 1, True)] * 16
+    assert model("h200").step_time(step) < model("h100").step_time(step)
+    assert model("h100").step_time(step) < model("a100-80g").step_time(step)
+
+
+def test_steps_mode_and_empty_steps():
+    assert model("steps").step_time([(0, 500, True)]) == 1.0
+    assert model().step_time([]) == 0.0
+
+
+def test_hardware_names_aliases_and_json(tmp_path):
+    assert get_hardware("h100") is HARDWARE_PRESETS["h100-sxm"]
+    spec = HardwareSpec(
+        "mine", 1e12, 1e11, 16, linear={"c0": 1, "c_flops": 0, "c_bytes": 0, "c_seq": 0}
+    )
+    p = tmp_path / "hw.json"
+    p.write_text(json.dumps(spec.to_dict()))
+    assert get_hardware(str(p)) == spec
+    assert CostModel(LLAMA, spec, "float32").step_time([(0, 4, True)]) == 1.0
+    with pytest.raises(EngineError, match="unknown hardware 'tpu'"):
+        get_hardware("tpu")
+    p.write_text("{")
+    with pytest.raises(EngineError, match="not valid JSON"):
+        get_hardware(str(p))
+
+
+def test_kv_pool_fits_the_device_after_the_weights():
+    cm = model("h100")
+    blocks = cm.kv_pool_blocks(16)
+    kv_gb = blocks * 16 * cm.kv_bytes_per_token / 1e9
+    assert 50 < kv_gb + cm.weight_bytes / 1e9 <= 80 * 0.9
+    with pytest.raises(EngineError, match="do not leave room"):
+        CostModel(LLAMA, HardwareSpec("small", 1e12, 1e11, 10), "bfloat16").kv_pool_blocks(16)
+
+
+def test_fit_recovers_known_coefficients():
+    rng = np.random.default_rng(0)
+    true = {"c0": 0.003, "c_flops": 2e-11, "c_bytes": 1e-10, "c_seq": 1e-4}
+    works = [
+        StepWork(flops=float(f), bytes=float(b), num_seqs=int(s))
+        for f, b, s in zip(
+            rng.uniform(1e8, 1e11, 30),
+            rng.uniform(1e7, 1e9, 30),
+            rng.integers(1, 32, 30),
+            strict=True,
+        )
+    ]
+    times = [
+        true["c0"]
+        + true["c_flops"] * w.flops
+        + true["c_bytes"] * w.bytes
+        + true["c_seq"] * w.num_seqs
+        for w in works
+    ]
+    coef, err = fit_linear(works, times)
+    for k, v in true.items():
+        assert coef[k] == pytest.approx(v, rel=1e-6)
+    assert err["max_rel_error"] < 1e-6 and err["r2"] > 0.999999
+
+
+def test_fit_drops_terms_that_would_be_negative():
+    works = [StepWork(flops=float(i), bytes=float(100 - i), num_seqs=1) for i in range(1, 20)]
+    times = [0.01 + 1e-3 * w.flops - 1e-5 * w.bytes for w in works]  # a negative bytes term
+    coef, _ = fit_linear(works, times)
+    assert all(v >= 0 for v in coef.values())
