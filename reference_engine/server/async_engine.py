@@ -92,7 +92,6 @@ class RequestStream:
 class AsyncEngine:
     engine: Any  # LLMEngine (typed loosely: the server only uses its public methods)
     metrics: ServerMetrics | None = None
-    max_waiting: int | None = None  # waiting-queue limit; beyond it, add_request -> QueueFull
     _cv: threading.Condition = field(default_factory=threading.Condition)
     _inbox: list[_Add | _Abort] = field(default_factory=list)
     _closing: str | None = None  # set by shutdown(): the reason streams are failed with
@@ -213,11 +212,6 @@ class AsyncEngine:
                 self._last_token_time.pop(cmd.request_id, None)
                 self.engine.abort_request(cmd.request_id)
             return
-        if self.max_waiting is not None:
-            waiting = self.engine.get_stats().num_waiting
-            if waiting >= self.max_waiting:
-                cmd.stream.put(QueueFull(f"waiting queue is full ({waiting} requests)"))
-                return
         try:
             self.engine.add_request(
                 cmd.request_id, cmd.prompt_token_ids, cmd.sampling_params, priority=cmd.priority
@@ -226,6 +220,9 @@ class AsyncEngine:
             cmd.stream.put(QueueFull(str(exc)))
             return
         except EngineError as exc:
+            cmd.stream.put(exc)
+            return
+        except Exception as exc:  # an engine bug: fail this request (HTTP 500), keep serving
             cmd.stream.put(exc)
             return
         self._streams[cmd.request_id] = cmd.stream
