@@ -1,0 +1,67 @@
+"""`cbbench sim` end to end, in-process through the CLI dispatcher."""
+
+from __future__ import annotations
+
+import pytest
+from cbbench.harness.cli import main
+from cbbench.harness.results import load_run
+
+
+def test_seed_demo_prints_the_timeline(capsys):
+    rc = main(["sim", "--workload", "seed-demo", "--batch-size", "4", "--hardware", "steps"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "SIMULATED" in out
+    assert "static: 22 steps" in out and "dynamic: 22 steps" in out
+    assert "continuous: 15 steps" in out
+    assert "slot 3  DDD......." in out  # static: D's slot idles until the batch ends
+    assert "slot 3  DDDEEEEEEEEEEEE" in out  # continuous: E takes it at once
+    assert "1.47x" in out  # 44 tokens in 15 steps vs 22
+
+
+def test_out_writes_one_simulated_run_folder_per_scheduler(tmp_path, capsys):
+    rc = main(
+        ["sim", "--workload", "mixed", "--num-requests", "12", "--batch-size", "4",
+         "--out", str(tmp_path), "--scheduler", "static,continuous"]
+    )  # fmt: skip
+    assert rc == 0
+    runs = {name: load_run(tmp_path / name) for name in ("static", "continuous")}
+    for name, run in runs.items():
+        assert run.meta["simulated"] is True and run.meta["scheduler"] == name
+        assert run.meta["hardware"] == "h100-sxm" and run.meta["model"] == "llama-3-8b"
+        assert run.meta["workload"]["name"] == "mixed"
+        assert len(run.records) == 12
+        assert all(r.ttft_s > 0 and r.e2e_s >= r.ttft_s for r in run.records)
+        assert all(len(r.token_times_s) == r.output_len for r in run.records)
+        assert run.meta["summary"]["counts"]["completed"] == 12
+        assert run.meta["summary"]["sim"]["simulated"] is True
+        assert run.timeseries and all("kv_usage" in s for s in run.timeseries)
+    s, c = (runs[k].meta["summary"] for k in ("static", "continuous"))
+    assert c["output_throughput"] > s["output_throughput"]
+    assert s["total_output_tokens"] == c["total_output_tokens"]
+
+
+def test_static_batch_is_shrunk_to_the_kv_pool(capsys):
+    rc = main(
+        ["sim", "--workload", "uniform", "--num-requests", "4", "--batch-size", "100",
+         "--scheduler", "static"]
+    )  # fmt: skip
+    assert rc == 0
+    assert "static: batch size 100 -> 52" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--scheduler", "fifo"], "--scheduler: unknown ['fifo']"),
+        (["--hardware", "tpu"], "unknown hardware 'tpu'"),
+        (["--workload", "no-such-workload"], "no-such-workload"),
+        (["--model", "tiny", "--workload", "heavy-mixed"], "exceeds max_model_len"),
+    ],
+)
+def test_user_errors_are_one_line(argv, message, capsys):
+    rc = main(["sim", "--num-requests", "4", *argv])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.startswith("cbbench sim: error:") and message in err
+    assert len(err.strip().splitlines()) == 1
