@@ -9,7 +9,7 @@ from cbbench.harness.report.svg import Series, chart, color, downsample_minmax
 
 CDF_POINTS = 200  # quantiles per CDF curve
 TIMELINE_POINTS = 600  # per run and metric
-SCATTER_POINTS = 3000  # over all runs
+SCATTER_POINTS = 2000  # over all runs
 
 CDF_METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E latency"))
 CURVE_METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E latency"))
