@@ -34,11 +34,12 @@ class ContinuousScheduler(Scheduler):
         cfg = self.config.continuous
         if cfg.policy == "priority":
             self.waiting = RequestQueue(priority_key(cfg.aging_rate))
-        self._running: dict[Sequence, None] = {}  # admission order
+        # running sequence -> its rank (forced first, then the queue key); keys are static
+        self._running: dict[Sequence, tuple] = {}
         self._forced: set[Sequence] = set()  # admitted by max_queue_wait: preempted last
         self.watermark_blocks = int(cfg.watermark * self.block_manager.num_blocks)
 
-    def _key(self, seq: Sequence) -> tuple:
+    def _rank(self, seq: Sequence) -> tuple:
         return (0 if seq in self._forced else 1, self.waiting.key(seq))
 
     # --- one step -----------------------------------------------------------------------
@@ -53,7 +54,7 @@ class ContinuousScheduler(Scheduler):
             candidates = [s for s in self._running if not (spare_forced and s in self._forced)]
             if not candidates:
                 return None
-            victim = max(candidates, key=self._key)
+            victim = max(candidates, key=self._running.__getitem__)
             nonlocal budget
             budget += scheduled.pop(victim, 0)
             self._preempt(victim)
@@ -61,7 +62,7 @@ class ContinuousScheduler(Scheduler):
             return victim
 
         # 1. running sequences, most important first
-        for seq in sorted(self._running, key=self._key):
+        for seq in sorted(self._running, key=self._running.__getitem__):
             if budget == 0:
                 break
             if seq.status is not SequenceStatus.RUNNING:
@@ -111,7 +112,7 @@ class ContinuousScheduler(Scheduler):
                 seq.num_computed_tokens = num_cached
                 if seq.metrics.first_scheduled_time is None:
                     seq.metrics.num_cached_tokens = num_cached
-                self._running[seq] = None
+                self._running[seq] = self._rank(seq)
                 scheduled[seq] = n
                 budget -= n
                 num_prefills += 1

@@ -1,0 +1,59 @@
+"""Scheduler overhead per step at 16, 256 and 1024 running sequences (decode phase).
+
+`schedule` times the policy's decision alone (block allocation included); `step` times a
+whole engine iteration with the simulated executor (schedule + cost model + update +
+outputs), i.e. the engine's own per-step Python cost, no model. Run:
+    .venv/bin/python -m pytest tests/benchmarks/test_scheduler_bench.py -o addopts="" --benchmark-only
+"""
+
+from __future__ import annotations
+
+import pytest
+from cbbench.reference_engine.config import (
+    ContinuousConfig,
+    DynamicConfig,
+    EngineConfig,
+    StaticConfig,
+)
+from cbbench.reference_engine.engine import LLMEngine
+from cbbench.reference_engine.sampling_params import SamplingParams
+
+SIZES = (16, 256, 1024)
+
+
+def running_engine(scheduler: str, n: int) -> LLMEngine:
+    cfg = EngineConfig(
+        model="tiny",
+        executor="sim",
+        hardware="steps",
+        scheduler=scheduler,
+        static=StaticConfig(batch_size=n),
+        dynamic=DynamicConfig(max_batch_size=n, max_queue_delay_s=0.0),
+        continuous=ContinuousConfig(max_num_seqs=n, max_num_batched_tokens=max(2048, 32 * n)),
+        max_model_len=2048,
+        num_kv_blocks=n * 128,
+    )
+    engine = LLMEngine.from_config(cfg)
+    for i in range(n):
+        engine.add_request(
+            f"r{i}", [1 + i % 500] * 32, SamplingParams(max_tokens=1500, ignore_eos=True)
+        )
+    engine.step()  # every prompt prefilled: from here on, n decodes per step
+    assert engine.get_stats().num_running == n
+    return engine
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("scheduler", ["static", "dynamic", "continuous"])
+def test_schedule(benchmark, scheduler, n):
+    engine = running_engine(scheduler, n)
+    out = benchmark(engine.scheduler.schedule, engine.now())
+    assert len(out.chunks) == n and out.num_batched_tokens == n
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("scheduler", ["static", "continuous"])
+def test_step(benchmark, scheduler, n):
+    engine = running_engine(scheduler, n)
+    outputs = benchmark.pedantic(engine.step, rounds=100, iterations=1, warmup_rounds=2)
+    assert len(outputs) == n
