@@ -24,6 +24,7 @@ from cbbench.kernels.torch_backend import TorchAttentionBackend
 
 GOAL = {"batch": 64, "context": 4096, "fraction": 0.80}
 HEADS = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "block_size": 16}  # llama-3-8b
+PREFILL_CASES = [(1, 2048, 0), (4, 2048, 0), (1, 8192, 0), (4, 1024, 3072)]  # seqs, new, cached
 KEYS = ("q", "k_cache", "v_cache", "block_tables", "seq_lens", "query_start_loc")
 TOL = {torch.float32: 2e-3, torch.float16: 5e-3, torch.bfloat16: 2e-2}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -180,7 +181,7 @@ def prefill_benchmark(device) -> list[dict]:
     triton_be = get_attention_backend("triton", device)
     hq, hkv, hd, bs = (HEADS[k] for k in ("num_q_heads", "num_kv_heads", "head_dim", "block_size"))
     rows = []
-    for num_seqs, new, cached in [(1, 2048, 0), (4, 2048, 0), (1, 8192, 0), (4, 1024, 3072)]:
+    for num_seqs, new, cached in PREFILL_CASES:
         lens = [new + cached] * num_seqs
         c = make_paged_case(
             lens,
@@ -339,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     free, _ = torch.cuda.mem_get_info(device)
     batches = [GOAL["batch"]] if args.quick else args.batches
     contexts = [GOAL["context"]] if args.quick else args.contexts
+    report["decode_shape"] = dict(HEADS)
     report["decode"] = decode_benchmark(device, batches, contexts, peak, int(0.6 * free))
     goal_row = next(
         (

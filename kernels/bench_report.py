@@ -10,6 +10,7 @@ from pathlib import Path
 PEAK_BANDWIDTH = [
     ("H200", 4.8e12),
     ("H100 PCIe", 2.0e12),
+    ("H100 NVL", 3.9e12),
     ("H100", 3.35e12),  # SXM / HBM3
     ("A100-SXM4-80GB", 2.039e12),
     ("A100 80GB", 1.935e12),
@@ -49,8 +50,11 @@ def write_results(out_dir: Path, report: dict) -> str:
         f"  FAIL {c['name']} {c['dtype']}: {c['max_abs_err']:.3g} > {c['tol']:.3g}" for c in bad
     ]
     if report.get("decode"):
+        shape = report.get("decode_shape", {})
         lines.append(
-            "decode bf16 (Hq 32, Hkv 8, D 128): batch context  triton GB/s (peak)  sdpa-dense GB/s"
+            f"decode bf16 (heads {shape.get('num_q_heads')} q / {shape.get('num_kv_heads')} kv x "
+            f"{shape.get('head_dim')}, block {shape.get('block_size')}): "
+            "batch context  triton GB/s (of peak)  sdpa-dense GB/s (of peak)"
         )
         for r in report["decode"]:
             lines.append(

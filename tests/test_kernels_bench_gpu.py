@@ -76,6 +76,7 @@ def test_correctness_grid_and_report_on_cpu(tmp_path, interpret):
         "measured_copy_gbps": 2900.0,
         "correctness": [c.__dict__ for c in checks]
         + [{"name": "x", "dtype": "bfloat16", "max_abs_err": 0.5, "tol": 0.02, "passed": False}],
+        "decode_shape": {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "block_size": 16},
         "decode": [
             {
                 "batch": 64,
@@ -93,6 +94,7 @@ def test_correctness_grid_and_report_on_cpu(tmp_path, interpret):
     assert (tmp_path / "out" / "summary.txt").read_text() == text
     assert "correctness: 5/6 passed" in text and "FAIL x bfloat16" in text
     assert "2800 (84%)" in text and "-> MET" in text
+    assert "heads 32 q / 8 kv x 128, block 16" in text
 
 
 def test_engine_check_runs_the_engine_on_triton_kernels(interpret):
