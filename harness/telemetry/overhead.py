@@ -2,11 +2,12 @@
 
 Runs the same closed-loop streaming load against the zero-delay scripted server
 (`fake_server`, the one `cbbench selftest` uses) with and without the telemetry samplers,
-interleaved (off/on, on/off, ...) so drift and warm-up hit both alike, and prints requests/s of each
-pair and the median ratio. The samplers scrape a vLLM-sized Prometheus exposition served by
-a second process, at the interval given (default 4 Hz). It also prints the CPU one scrape
-+ parse + mapping takes in this process, times the scrape rate: the samplers' share of one
-core, a figure that does not drift with the machine's load.
+interleaved (off/on, on/off, ...) so drift and warm-up hit both alike. Prints per pair the
+requests/s and this process's CPU time per request (which the machine's other load moves far
+less than wall-clock throughput), and their median on/off ratios. The samplers scrape a
+vLLM-sized Prometheus exposition served by a second process, at the interval given (default
+4 Hz). It also prints the CPU one steady-state scrape takes here, times the scrape rate: the
+server sampler's share of one core.
 """
 
 from __future__ import annotations
@@ -119,7 +120,8 @@ def scrape_cpu_s(url: str, n: int) -> tuple[float, int]:
         return (time.process_time() - start) / n, size
 
 
-def bench_once(url: str, metrics_url: str | None, args: argparse.Namespace) -> float:
+def bench_once(url: str, metrics_url: str | None, args: argparse.Namespace) -> tuple[float, float]:
+    """(requests/s, CPU seconds of this process per completed request) of one run."""
     from cbbench.harness.runner import BenchConfig, run_bench
     from cbbench.workloads.spec import RequestSpec, Workload
 
@@ -142,11 +144,15 @@ def bench_once(url: str, metrics_url: str | None, args: argparse.Namespace) -> f
             name="overhead",
             live=False,
         )
+        cpu0 = time.process_time()
         res = run_bench(cfg, samplers, console=Console(file=io.StringIO()))
+        cpu = time.process_time() - cpu0
     if metrics_url:
         server = res.summary["telemetry"]["server"]
         assert server["samples"] > 0 and server["failures"] == 0, server
-    return float(res.summary["request_throughput"] or 0.0)
+    done = res.summary["counts"]["completed"]
+    assert done > 0, "no request completed"
+    return float(res.summary["request_throughput"] or 0.0), cpu / done
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,9 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cpu_s, size = scrape_cpu_s(metrics.url + "/metrics", 200)
         table = Table(title=f"load generator with/without samplers at {1 / args.interval:g} Hz")
-        for col in ("pair", "off req/s", "on req/s", "on/off"):
+        for col in ("pair", "off req/s", "on req/s", "on/off", "off CPU ms/req", "on CPU ms/req"):
             table.add_column(col, justify="right")
-        ratios = []
+        wall, cpu = [], []
         for i in range(args.pairs):
             if i % 2 == 0:  # alternate which goes first, so warm-up favours neither
                 off = bench_once(fake.url, None, args)
@@ -189,20 +195,33 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 on = bench_once(fake.url, metrics.url + "/metrics", args)
                 off = bench_once(fake.url, None, args)
-            ratios.append(on / off)
-            table.add_row(str(i + 1), f"{off:.0f}", f"{on:.0f}", f"{on / off:.4f}")
+            wall.append(on[0] / off[0])
+            cpu.append(on[1] / off[1])
+            table.add_row(
+                str(i + 1),
+                f"{off[0]:.0f}",
+                f"{on[0]:.0f}",
+                f"{wall[-1]:.4f}",
+                f"{off[1] * 1e3:.3f}",
+                f"{on[1] * 1e3:.3f}",
+            )
     finally:
         fake.close()
         metrics.close()
     console.print(table)
-    med = statistics.median(ratios)
+    w, c = statistics.median(wall), statistics.median(cpu)
     console.print(
-        f"median on/off throughput ratio {med:.4f} (cost {100 * (1 - med):+.2f}%), "
-        f"spread {min(ratios):.4f}..{max(ratios):.4f} over {len(ratios)} pairs"
+        f"throughput on/off: median {w:.4f} (spread {min(wall):.4f}..{max(wall):.4f}; wall-clock "
+        f"figures move with the machine's other load)"
     )
     console.print(
-        f"one scrape+parse+map of a {size / 1024:.1f} KiB exposition: {cpu_s * 1e3:.2f} ms CPU; "
-        f"at {1 / args.interval:g} Hz that is {100 * cpu_s / args.interval:.2f}% of one core"
+        f"client CPU per request on/off: median {c:.4f} (spread {min(cpu):.4f}..{max(cpu):.4f}) "
+        f"-> sampling costs the load generator {100 * (c - 1):+.2f}% CPU per request"
+    )
+    console.print(
+        f"one steady-state server sample (GET + parse + map) of a {size / 1024:.1f} KiB "
+        f"exposition: {cpu_s * 1e3:.2f} ms CPU; at {1 / args.interval:g} Hz that is "
+        f"{100 * cpu_s / args.interval:.2f}% of one core"
     )
     return 0
 
