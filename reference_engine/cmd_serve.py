@@ -42,6 +42,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         choices=("real", "sim"),
         help="real torch model, or the cost-model simulator (virtual time)",
     )
+    g.add_argument(
+        "--hardware",
+        default=None,
+        help="simulator only: a100, h100, h200, steps, or a calibration JSON (default: h100)",
+    )
+    g.add_argument("--attention-backend", default=None, choices=("auto", "torch", "triton"))
     g.add_argument("--seed", type=int, default=None)
     s = parser.add_argument_group("static scheduler")
     s.add_argument("--batch-size", type=int, default=None, help="requests per batch")
@@ -96,6 +102,8 @@ _FIELDS: dict[str, tuple[str | None, str]] = {
     "scheduler": (None, "scheduler"),
     "executor": (None, "executor"),
     "seed": (None, "seed"),
+    "hardware": (None, "hardware"),
+    "attention_backend": (None, "attention_backend"),
     "num_kv_blocks": (None, "num_kv_blocks"),
     "block_size": (None, "block_size"),
     "kv_cache_memory_gb": (None, "kv_cache_memory_gb"),
@@ -180,12 +188,16 @@ def run(args: argparse.Namespace) -> int:
         sock = bind_socket(args.host, args.port)
     except OSError as exc:
         raise EngineError(f"cannot bind {args.host}:{args.port}: {exc.strerror}") from None
-    stack = build_stack(
-        config,
-        served_model_name=args.served_model_name,
-        api_key=args.api_key,
-        max_body_bytes=max_body,
-    )
+    try:
+        stack = build_stack(
+            config,
+            served_model_name=args.served_model_name,
+            api_key=args.api_key,
+            max_body_bytes=max_body,
+        )
+    except BaseException:
+        sock.close()
+        raise
     url = base_url(sock)
 
     def ready() -> None:
