@@ -86,20 +86,20 @@ def get_attention_backend(
     if name not in BACKEND_NAMES:
         raise ValueError(f"unknown attention backend {name!r}; choose from {BACKEND_NAMES}")
     dev = torch.device(device)
-    if name == "auto":
-        name = (
-            "triton" if dev.type == "cuda" and triton_unavailable_reason(dev) is None else "torch"
-        )
-    if name == "torch":
-        from cbbench.kernels.torch_backend import TorchAttentionBackend
+    if name in ("auto", "triton") and (name == "triton" or dev.type == "cuda"):
+        reason = triton_unavailable_reason(dev)
+        if reason is None:
+            try:
+                from cbbench.kernels.triton_backend import TritonAttentionBackend
 
-        return TorchAttentionBackend(dev)
-    reason = triton_unavailable_reason(dev)
-    if reason is not None:
-        raise ValueError(f"attention backend 'triton' cannot run: {reason}")
-    from cbbench.kernels.triton_backend import TritonAttentionBackend
+                return TritonAttentionBackend(dev)
+            except ImportError as exc:  # installed but broken
+                reason = f"importing triton failed: {exc}"
+        if name == "triton":
+            raise ValueError(f"attention backend 'triton' cannot run: {reason}")
+    from cbbench.kernels.torch_backend import TorchAttentionBackend
 
-    return TritonAttentionBackend(dev)
+    return TorchAttentionBackend(dev)
 
 
 __all__ = [

@@ -281,3 +281,31 @@ def test_dot_paths_chosen_per_dtype():
     f32 = triton_attention._dot_f32
     assert f32(torch.zeros(1)) and f32(torch.zeros(1, dtype=torch.bfloat16))
     assert not f32(torch.zeros(1, dtype=torch.float16))
+
+
+BROKEN_TRITON = """
+import os
+os.environ["TRITON_INTERPRET"] = "1"
+from cbbench.kernels import get_attention_backend
+print(get_attention_backend("auto", "cpu").name)
+try:
+    get_attention_backend("triton", "cpu")
+except ValueError as e:
+    print(e)
+"""
+
+
+def test_broken_triton_install_is_one_clear_error(tmp_path):
+    fake = tmp_path / "triton"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('libcuda missing (test stand-in)')\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    proc = subprocess.run(
+        [sys.executable, "-c", BROKEN_TRITON], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "torch",
+        "attention backend 'triton' cannot run: importing triton failed: "
+        "libcuda missing (test stand-in)",
+    ]
