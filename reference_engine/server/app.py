@@ -27,7 +27,7 @@ from cbbench.reference_engine.server.errors import (
 )
 from cbbench.reference_engine.server.guard import GuardMiddleware
 from cbbench.reference_engine.server.metrics import CONTENT_TYPE, ServerMetrics
-from cbbench.reference_engine.server.serving import Delta, Generation
+from cbbench.reference_engine.server.serving import Generation, ResponseShaper
 from cbbench.reference_engine.tokenizer import Tokenizer, apply_chat_template
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -244,7 +244,7 @@ async def _generate(
         min_tokens=body.min_tokens,
         scheduler=state.scheduler,
     )
-    shaper = _Shaper(state, gen, body, chat)
+    shaper = ResponseShaper(gen, state.model_name, body, chat)
     if body.stream:
         return StreamingResponse(
             _sse(stream, gen, shaper),
@@ -263,7 +263,7 @@ async def _run_to_end(stream: RequestStream, gen: Generation) -> None:
 
 
 async def _collect(
-    stream: RequestStream, gen: Generation, shaper: _Shaper, request: Request
+    stream: RequestStream, gen: Generation, shaper: ResponseShaper, request: Request
 ) -> Response:
     """Non-streaming: wait for the end, aborting the request if the client goes away."""
     work = asyncio.ensure_future(_run_to_end(stream, gen))
@@ -294,7 +294,9 @@ async def _until_disconnected(request: Request) -> None:
         pass
 
 
-async def _sse(stream: RequestStream, gen: Generation, shaper: _Shaper) -> AsyncIterator[str]:
+async def _sse(
+    stream: RequestStream, gen: Generation, shaper: ResponseShaper
+) -> AsyncIterator[str]:
     try:
         async for out in stream:
             delta = gen.on_output(out)
@@ -314,68 +316,3 @@ async def _sse(stream: RequestStream, gen: Generation, shaper: _Shaper) -> Async
 
 def _event(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
-
-
-class _Shaper:
-    """Wraps a Generation's deltas in completion or chat chunk/body shapes."""
-
-    def __init__(self, state: ServerState, gen: Generation, body: P.SamplingFields, chat: bool):
-        self.gen = gen
-        self.chat = chat
-        self.return_token_ids = body.return_token_ids
-        self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        self.model = state.model_name
-        self.created = int(time.time())
-        self.first = True
-
-    def _envelope(self, stream: bool) -> dict[str, Any]:
-        if self.chat:
-            kind = "chat.completion.chunk" if stream else "chat.completion"
-        else:
-            kind = "text_completion"
-        return P.envelope(self.gen.request_id, kind, self.model, self.created)
-
-    def _usage(self) -> dict[str, int]:
-        return P.usage(len(self.gen.prompt_token_ids), len(self.gen.token_ids))
-
-    def chunk(self, delta: Delta) -> dict[str, Any]:
-        ids = delta.token_ids if self.return_token_ids else None
-        prompt_ids = self.gen.prompt_token_ids if self.return_token_ids and self.first else None
-        if self.chat:
-            d: dict[str, Any] = {"content": delta.text}
-            if self.first:
-                d = {"role": "assistant", **d}
-            choice = P.chat_choice(d, None, delta.finish_reason, ids, prompt_ids)
-        else:
-            choice = P.completion_choice(delta.text, delta.finish_reason, ids, prompt_ids)
-        self.first = False
-        out = {**self._envelope(stream=True), "choices": [choice]}
-        if self.include_usage:
-            out["usage"] = None
-        if delta.finish_reason is not None:
-            out["cbbench"] = self.gen.cbbench_field()
-        return out
-
-    def usage_chunk(self) -> dict[str, Any]:
-        return {
-            **self._envelope(stream=True),
-            "choices": [],
-            "usage": self._usage(),
-            "cbbench": self.gen.cbbench_field(),
-        }
-
-    def final_body(self) -> dict[str, Any]:
-        gen = self.gen
-        ids = gen.token_ids if self.return_token_ids else None
-        prompt_ids = gen.prompt_token_ids if self.return_token_ids else None
-        if self.chat:
-            message = {"role": "assistant", "content": gen.text}
-            choice = P.chat_choice(None, message, gen.finish_reason, ids, prompt_ids)
-        else:
-            choice = P.completion_choice(gen.text, gen.finish_reason, ids, prompt_ids)
-        return {
-            **self._envelope(stream=False),
-            "choices": [choice],
-            "usage": self._usage(),
-            "cbbench": gen.cbbench_field(),
-        }

@@ -2,7 +2,7 @@
 token counting, and the `cbbench` field.
 
 `Generation` is endpoint-agnostic: it turns each RequestOutput into a `Delta` (text, token
-ids, finish reason); app.py wraps deltas in completion or chat shapes. Stop strings end
+ids, finish reason); `ResponseShaper` wraps deltas in completion or chat shapes. Stop strings end
 the request as soon as the decoded text contains one (the text is cut before it, and the
 engine request is aborted); while streaming, the last `len(longest stop) - 1` characters are
 held back so a stop string split across tokens is never half-sent.
@@ -10,9 +10,12 @@ held back so a stop string split across tokens is never half-sent.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from cbbench.reference_engine.outputs import RequestMetrics, RequestOutput
+from cbbench.reference_engine.server import protocol as P
 from cbbench.reference_engine.server.protocol import cbbench_info
 from cbbench.reference_engine.tokenizer import IncrementalDetokenizer
 
@@ -82,3 +85,68 @@ class Generation:
             num_preemptions=m.num_preemptions if m is not None else 0,
             num_cached_tokens=m.num_cached_tokens if m is not None else 0,
         )
+
+
+class ResponseShaper:
+    """Wraps a Generation's deltas in completion or chat chunk/body shapes."""
+
+    def __init__(self, gen: Generation, model: str, body: P.SamplingFields, chat: bool):
+        self.gen = gen
+        self.chat = chat
+        self.return_token_ids = body.return_token_ids
+        self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        self.model = model
+        self.created = int(time.time())
+        self.first = True
+
+    def _envelope(self, stream: bool) -> dict[str, Any]:
+        if self.chat:
+            kind = "chat.completion.chunk" if stream else "chat.completion"
+        else:
+            kind = "text_completion"
+        return P.envelope(self.gen.request_id, kind, self.model, self.created)
+
+    def _usage(self) -> dict[str, int]:
+        return P.usage(len(self.gen.prompt_token_ids), len(self.gen.token_ids))
+
+    def chunk(self, delta: Delta) -> dict[str, Any]:
+        ids = delta.token_ids if self.return_token_ids else None
+        prompt_ids = self.gen.prompt_token_ids if self.return_token_ids and self.first else None
+        if self.chat:
+            d: dict[str, Any] = {"content": delta.text}
+            if self.first:
+                d = {"role": "assistant", **d}
+            choice = P.chat_choice(d, None, delta.finish_reason, ids, prompt_ids)
+        else:
+            choice = P.completion_choice(delta.text, delta.finish_reason, ids, prompt_ids)
+        self.first = False
+        out = {**self._envelope(stream=True), "choices": [choice]}
+        if self.include_usage:
+            out["usage"] = None
+        if delta.finish_reason is not None:
+            out["cbbench"] = self.gen.cbbench_field()
+        return out
+
+    def usage_chunk(self) -> dict[str, Any]:
+        return {
+            **self._envelope(stream=True),
+            "choices": [],
+            "usage": self._usage(),
+            "cbbench": self.gen.cbbench_field(),
+        }
+
+    def final_body(self) -> dict[str, Any]:
+        gen = self.gen
+        ids = gen.token_ids if self.return_token_ids else None
+        prompt_ids = gen.prompt_token_ids if self.return_token_ids else None
+        if self.chat:
+            message = {"role": "assistant", "content": gen.text}
+            choice = P.chat_choice(None, message, gen.finish_reason, ids, prompt_ids)
+        else:
+            choice = P.completion_choice(gen.text, gen.finish_reason, ids, prompt_ids)
+        return {
+            **self._envelope(stream=False),
+            "choices": [choice],
+            "usage": self._usage(),
+            "cbbench": gen.cbbench_field(),
+        }
