@@ -228,20 +228,22 @@ class Worker:
         """The measured phase: from t0 until every job is done, the duration ends, or stop."""
         self.t0_ns = client.t0_ns = t0_ns
         sampler = asyncio.ensure_future(self._sampler())
+        stopped = asyncio.ensure_future(self.stop.wait())
         open_loop = any(j.arrival_s is not None for j in self.plan.jobs)
+        main = asyncio.ensure_future(
+            self._open_loop(client) if open_loop else self._closed_loop(client)
+        )
         try:
-            await (self._open_loop(client) if open_loop else self._closed_loop(client))
-            while self._tasks and not self.stop.is_set():
-                await asyncio.wait(
-                    [*self._tasks, asyncio.ensure_future(self.stop.wait())],
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-        finally:
-            for task in list(self._tasks):
+            await asyncio.wait([main, stopped], return_when=asyncio.FIRST_COMPLETED)
+            while self._tasks and not self.stop.is_set():  # open loop: the last requests
+                await asyncio.wait([*self._tasks, stopped], return_when=asyncio.FIRST_COMPLETED)
+        finally:  # stopped (Ctrl-C): requests in flight are cancelled, not recorded
+            self.stop.set()
+            for task in [main, *self._tasks]:
                 task.cancel()
-            if self._tasks:
-                await asyncio.gather(*self._tasks, return_exceptions=True)
+            await asyncio.gather(main, *self._tasks, return_exceptions=True)
             sampler.cancel()
+            stopped.cancel()
 
 
 async def run_worker(

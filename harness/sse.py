@@ -17,8 +17,8 @@ class SSEParser:
 
     def feed(self, data: bytes) -> list[bytes]:
         buf = self._buf + data
-        if b"\r" in data:
-            buf = buf.replace(b"\r\n", b"\n")  # a CR left at the end is joined by the next feed
+        if b"\r" in data or self._buf.endswith(b"\r"):  # a CR at the end waits for its LF
+            buf = buf.replace(b"\r\n", b"\n")
         if b"\n\n" not in buf:
             self._buf = buf
             return []

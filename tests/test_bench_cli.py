@@ -84,11 +84,12 @@ def test_bench_then_export_csv_and_parquet(tmp_path):
     assert isinstance(itl, list)
 
 
-def test_sigint_writes_interrupted_run_and_keeps_finished_records(tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigint_writes_interrupted_run_and_keeps_finished_records(tmp_path, workers):
     out = tmp_path / "r"
     with threaded(FakeServerConfig(Behavior(itl_s=0.05))) as srv:
         args = [*CLI, "bench", "--base-url", srv.url, "--out", str(out), "--no-live"]
-        args += ["--workload", "seed-demo", "--concurrency", "2"]
+        args += ["--workload", "seed-demo", "--concurrency", "2", "--workers", str(workers)]
         args += ["--no-server-metrics", "--no-gpu-metrics"] if _has_telemetry() else []
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
@@ -110,3 +111,5 @@ def test_sigint_writes_interrupted_run_and_keeps_finished_records(tmp_path):
     assert 2 <= n < 6
     assert run.meta["summary"]["counts"]["total"] == n
     assert all(r.ok for r in run.records)  # cancelled in-flight requests are not failures
+    assert run.meta["summary"]["cancelled_in_flight"] >= 1
+    assert run.meta["load"]["workers"] == workers
