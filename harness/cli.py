@@ -20,8 +20,10 @@ COMMAND_MODULES: list[str] = [
     "cbbench.harness.cmd_workload",
     "cbbench.harness.cmd_report",
     "cbbench.harness.cmd_gate",
+    "cbbench.harness.cmd_sweep",
     "cbbench.reference_engine.cmd_serve",
     "cbbench.harness.cmd_sim",
+    "cbbench.reference_engine.cmd_calibrate",
 ]
 
 # User-caused errors: one clear line and a non-zero exit, never a traceback.

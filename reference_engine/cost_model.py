@@ -175,18 +175,21 @@ def fit_linear(
     works: list[StepWork], times: list[float]
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Least-squares fit of the linear step-time model with non-negative coefficients
-    (terms that come out negative are dropped and the rest refitted). Returns coefficients
-    and the fit error on the samples (mean and max relative error, R^2)."""
+    (terms that come out negative are dropped and the rest refitted), minimising the
+    *relative* error, since step times span orders of magnitude. Returns coefficients and
+    the fit error on the samples (mean and max relative error, R^2)."""
     assert len(works) == len(times) and len(works) >= len(LINEAR_TERMS)
     X = np.array([w.features() for w in works], dtype=np.float64)
     y = np.array(times, dtype=np.float64)
+    assert (y > 0).all()
     scale = np.abs(X).max(axis=0)
     scale[scale == 0] = 1.0
-    Xs = X / scale
+    Xs = X / scale / y[:, None]  # row i divided by y_i: residuals become relative
+    ones = np.ones_like(y)
     active = list(range(X.shape[1]))
     coef = np.zeros(X.shape[1])
     while active:
-        sol, *_ = np.linalg.lstsq(Xs[:, active], y, rcond=None)
+        sol, *_ = np.linalg.lstsq(Xs[:, active], ones, rcond=None)
         if (sol >= 0).all():
             coef[:] = 0
             coef[active] = sol
