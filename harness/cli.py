@@ -20,7 +20,6 @@ COMMAND_MODULES: list[str] = [
     "cbbench.harness.cmd_workload",
     "cbbench.harness.cmd_report",
     "cbbench.harness.cmd_gate",
-    "cbbench.harness.cmd_sweep",
     "cbbench.reference_engine.cmd_serve",
     "cbbench.harness.cmd_sim",
     "cbbench.reference_engine.cmd_calibrate",
