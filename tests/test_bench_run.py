@@ -94,3 +94,30 @@ def test_server_killed_mid_run_every_request_on_disk(tmp_path):
     s = res.summary
     assert s["counts"]["failed"] == len(failed) and s["ttft_s"]["count"] == len(ok)
     assert s["error_rate"] == pytest.approx(len(failed) / 12)
+
+
+def test_duration_stops_new_requests(tmp_path):
+    with threaded(FakeServerConfig(Behavior(itl_s=0.02))) as srv:
+        res = _run(srv.url, _wl(50, output_len=10), tmp_path, concurrency=2, duration_s=0.5)
+    recs = res.records
+    assert 2 <= len(recs) < 50  # each takes ~0.2 s: at most a few rounds of 2 fit
+    assert all(r.ok and r.ready_s < 0.5 for r in recs)  # none started after the duration
+
+
+def test_live_view_and_summary_table_render(tmp_path):
+    from cbbench.harness.live import LiveStats, LiveView, summary_table
+
+    with threaded(FakeServerConfig(Behavior())) as srv:
+        res = _run(srv.url, _wl(5), tmp_path, concurrency=2, slo={"e2e": 1.0})
+    stats = LiveStats(5)
+    for r in res.records:
+        stats.on_record(r)
+    stats.on_sample({"source": "client", "worker": 0, "in_flight": 3})
+    console = Console(file=io.StringIO(), force_terminal=True, width=120)
+    with LiveView(stats, console):
+        pass
+    console.print(stats.render())
+    console.print(summary_table(res.summary))
+    text = console.file.getvalue()
+    assert "done" in text and "5/5" in text and "in flight 3" in text
+    assert "TTFT (ms)" in text and "goodput" in text
