@@ -15,11 +15,13 @@ import sys
 COMMAND_MODULES: list[str] = [
     "cbbench.harness.cmd_version",
     "cbbench.harness.cmd_bench",
+    "cbbench.harness.cmd_locust",
     "cbbench.harness.cmd_export",
     "cbbench.harness.cmd_selftest",
     "cbbench.harness.cmd_workload",
     "cbbench.harness.cmd_report",
     "cbbench.harness.cmd_gate",
+    "cbbench.harness.cmd_sweep",
     "cbbench.reference_engine.cmd_serve",
     "cbbench.harness.cmd_sim",
     "cbbench.reference_engine.cmd_calibrate",
