@@ -5,7 +5,9 @@ runs closed-loop streaming load against it at each (streams, workers) setting. P
 setting requests/s, output tokens/s per worker process and the timing error: client receive
 time minus the server's own send time of each chunk (both CLOCK_MONOTONIC), p50 and p99.
 Whatever the client cannot do here, it cannot do against a real server either: when a real
-run gets near these figures, the client, not the server, sets the pace.
+run gets near these figures, the client, not the server, sets the pace. Against a zero-delay
+server any backlog at the ceiling shows up as timing error; `--itl-ms 20` paces the server
+instead, to measure the timing error at a load the client can carry.
 """
 
 from __future__ import annotations
@@ -44,6 +46,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--requests", type=int, default=2000, help="at most this many per setting")
     p.add_argument("--seconds", type=float, default=5.0, help="at most this long per setting")
     p.add_argument("--http-client", choices=("raw", "httpx"), default="raw")
+    p.add_argument(
+        "--itl-ms",
+        type=float,
+        default=0.0,
+        help="server gap between tokens (default 0: as fast as it can; e.g. 20 for a paced load)",
+    )
     p.add_argument(
         "--server-procs", type=int, default=1, help="fake-server processes (SO_REUSEPORT)"
     )
@@ -142,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
         raise CbbenchError("selftest: --tokens, --requests, --seconds, --server-procs must be > 0")
     console = Console(width=max(Console().width, 120))
     table = Table(
-        title=f"cbbench selftest: zero-delay local server, {args.tokens} tokens/request, "
+        title=f"cbbench selftest: local server, {args.itl_ms:g} ms between tokens, "
+        f"{args.tokens} tokens/request, "
         f"{args.http_client} client; timing error in ms"
     )
     for col in (
@@ -158,7 +167,9 @@ def run(args: argparse.Namespace) -> int:
         "tok per CPU-s",
     ):
         table.add_column(col, justify="right")
-    config = FakeServerConfig(default=Behavior(queue_time_s=None))
+    if args.itl_ms < 0:
+        raise CbbenchError("selftest: --itl-ms must be >= 0")
+    config = FakeServerConfig(default=Behavior(itl_s=args.itl_ms / 1e3, queue_time_s=None))
     with ServerProcess(config, args.server_procs) as server:
         for w in args.workers:
             for s in args.streams:

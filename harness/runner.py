@@ -144,7 +144,8 @@ def run_bench(
     cfg: BenchConfig, samplers: list | None = None, console: Console | None = None
 ) -> BenchResult:
     samplers = list(samplers or [])
-    console = console or Console(stderr=True)
+    out = console or Console()  # the final table: stdout
+    console = console or Console(stderr=True)  # the live view: stderr
     if cfg.workers < 1:
         raise CbbenchError(f"--workers must be >= 1, got {cfg.workers}")
     engine = probe_server(cfg.base_url, cfg.api_key)
@@ -267,6 +268,6 @@ def run_bench(
         )
         writer.write_run(meta)
         writer.close()
-    console.print(summary_table(summary, f"cbbench bench: {name}"))
-    console.print(f"run folder: {run_dir}")
+    out.print(summary_table(summary, f"cbbench bench: {name}"))
+    out.print(f"run folder: {run_dir}")
     return BenchResult(run_dir, summary, interrupted, records, meta)

@@ -54,6 +54,27 @@ def test_client_ceiling(benchmark, server, streams, workers, http_client):
     assert m["failed"] == 0 and m["requests"] > 0
 
 
+@pytest.fixture(scope="module")
+def paced_server():
+    with ServerProcess(FakeServerConfig(Behavior(itl_s=0.02, queue_time_s=None)), procs=2) as srv:
+        yield srv
+
+
+@pytest.mark.parametrize(("streams", "workers"), [(64, 1), (256, 1), (256, 2)])
+def test_client_timing_error_paced(benchmark, paced_server, streams, workers):
+    """20 ms between tokens: 50 tok/s per stream, a load the client carries."""
+    m = benchmark.pedantic(
+        measure, args=(paced_server.url, streams, workers, 64, 4000, 5.0), rounds=1, iterations=1
+    )
+    benchmark.extra_info.update(m)
+    print(
+        f"\npaced 20 ms streams={streams} workers={workers}: {m['tokens_per_s']:.0f} tok/s, "
+        f"client CPU {m['client_cpu_mean']:.0%} per worker, timing error p50 "
+        f"{m['timing_error_ms_p50']:.3f} ms p99 {m['timing_error_ms_p99']:.3f} ms"
+    )
+    assert m["failed"] == 0 and m["requests"] > 0
+
+
 def _sse_stream(n_events: int) -> list[bytes]:
     event = b'data: {"id":"x","object":"text_completion","choices":[{"index":0,"text":" tok","token_ids":[17]}]}\n\n'
     blob = event * n_events
