@@ -309,3 +309,32 @@ def test_broken_triton_install_is_one_clear_error(tmp_path):
         "attention backend 'triton' cannot run: importing triton failed: "
         "libcuda missing (test stand-in)",
     ]
+
+
+def _random_case(seed: int) -> tuple:
+    """A random mixed batch: decodes, full prefills and chunks on cached prefixes."""
+    gen = torch.Generator().manual_seed(seed)
+    pick = lambda xs: xs[int(torch.randint(len(xs), (1,), generator=gen))]  # noqa: E731
+    block_size, group, num_kv_heads = pick([1, 8, 16, 32, 128]), pick([1, 2, 4, 8]), pick([1, 2])
+    seq_lens, qlens = [], []
+    for _ in range(int(torch.randint(1, 6, (1,), generator=gen))):
+        n = int(torch.randint(1, 600, (1,), generator=gen))
+        seq_lens.append(n)
+        qlens.append(pick([1, n, max(1, n // 3)]))
+    return seq_lens, qlens, block_size, num_kv_heads, group
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seed", range(12))
+def test_random_batches_match_oracle(seed, dtype):
+    case = _random_case(seed)
+    c = make_paged_case(*case, head_dim=32, dtype=dtype, seed=seed)
+    keys = ("q", "k_cache", "v_cache", "block_tables", "seq_lens", "query_start_loc")
+    args = [c[k] for k in keys]
+    ref = ref_paged_attention(*args, SCALE)
+    out = triton_attention.paged_prefill_attention(*args, SCALE)
+    torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
+    last = (c["query_start_loc"][1:] - 1).long()  # each sequence's final query, decoded alone
+    dec = triton_attention.paged_decode_attention(c["q"][last], *args[1:5], SCALE)
+    torch.testing.assert_close(dec.float(), ref[last], atol=TOL[dtype], rtol=TOL[dtype])
