@@ -167,7 +167,7 @@ def save_model(
     cfg_dict.update(hidden_act="silu", torch_dtype=dtype_name)
     (folder / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n", encoding="utf-8")
     tensors = {
-        name: p[start:end].detach().to("cpu").clone()
+        name: p[start:end].detach().to("cpu").clone(memory_format=torch.contiguous_format)
         for name, (p, start, end) in model.hf_weight_slices().items()
     }
     shards: list[dict[str, torch.Tensor]] = [{}]

@@ -71,6 +71,8 @@ class ModelRunner:
             self.model = random_model(resolve_config(model), dtype, self.device, seed)
         else:
             self.model = load_model(model, dtype, self.device)
+        if self.device.type == "cpu":
+            self.model.use_column_major_weights()
         self.model_config: ModelConfig = self.model.config
         self.dtype = resolve_dtype(dtype, self.model_config)
         self.block_size = block_size
