@@ -2,7 +2,8 @@
 
 The one place the harness runs the engine in-process: its SimExecutor advances a virtual clock
 by a modelled step time (reference_engine/cost_model.py), so every number is SIMULATED and
-labelled so, on screen and in run.json (`"simulated": true`).
+labelled so, on screen and in run.json (`"simulated": true`). `--executor real` replays the
+same workload through the real model instead (offline, in-process, wall clock): MEASURED.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from cbbench.reference_engine.config import (
 )
 from cbbench.reference_engine.cost_model import CostModel, get_hardware
 from cbbench.reference_engine.engine import resolve_model_config
-from cbbench.reference_engine.simulate import SimResult, simulate
+from cbbench.reference_engine.simulate import SimResult, replay
 from cbbench.workloads import load_workload, with_arrivals
 from rich.console import Console
 from rich.table import Table
@@ -79,6 +80,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--kv-cache-memory-gb", type=float, default=None)
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--enable-prefix-caching", action="store_true")
+    p.add_argument(
+        "--executor",
+        default="sim",
+        choices=["sim", "real"],
+        help="sim: modelled step times (SIMULATED); real: the model on --device, offline "
+        "in-process, wall clock (MEASURED, no HTTP)",
+    )
+    p.add_argument("--device", default="cpu", help="--executor real only")
     p.add_argument("--timeline", action="store_true", help="print the step-by-step slot timeline")
     p.add_argument("--out", default=None, help="write one run folder per scheduler under DIR")
     p.set_defaults(func=run)
@@ -97,7 +106,8 @@ def engine_config(args: argparse.Namespace, scheduler: str) -> EngineConfig:
         model=args.model,
         dtype=args.dtype,
         scheduler=scheduler,
-        executor="sim",
+        executor=args.executor,
+        device=args.device,
         hardware=args.hardware,
         static=StaticConfig(batch_size=b, drain_timeout_s=args.drain_timeout),
         dynamic=DynamicConfig(
@@ -177,7 +187,7 @@ def to_records(res: SimResult, scheduler: str) -> list[RequestRecord]:
                 output_tokens_server=len(r.token_times_s),
                 finish_reason=r.finish_reason,
                 extra={
-                    "simulated": True,
+                    "simulated": res.simulated,
                     "scheduler": scheduler,
                     "num_preemptions": r.num_preemptions,
                     "num_cached_tokens": r.num_cached_tokens,
@@ -198,7 +208,7 @@ def write_run(out: Path, scheduler: str, res: SimResult, args, workload, argv) -
         for s in res.steps[::stride]:
             writer.add_sample(
                 {
-                    "source": "sim",
+                    "source": "sim" if res.simulated else "engine",
                     "t_s": s.end_s,
                     "running": s.num_running,
                     "waiting": s.num_waiting,
@@ -213,8 +223,8 @@ def write_run(out: Path, scheduler: str, res: SimResult, args, workload, argv) -
         summary["sim"] = res.summary()
         writer.write_run(
             {
-                "name": f"sim-{scheduler}",
-                "simulated": True,
+                "name": f"{'sim' if res.simulated else 'offline'}-{scheduler}",
+                "simulated": res.simulated,
                 "command": argv,
                 "scheduler": scheduler,
                 "hardware": res.hardware,
@@ -244,7 +254,8 @@ def _ms(d: dict, key: str) -> str:
 
 def comparison_table(results: dict[str, SimResult], title: str, steps_mode: bool) -> Table:
     t = Table(title=title, title_style="bold yellow")
-    t.add_column("metric (SIMULATED)")
+    simulated = all(r.simulated for r in results.values())
+    t.add_column(f"metric ({'SIMULATED' if simulated else 'MEASURED, offline'})")
     for name in results:
         t.add_column(name, justify="right")
     sums = {k: r.summary() for k, r in results.items()}
@@ -324,34 +335,46 @@ def run(args: argparse.Namespace) -> int:
     wl = load_workload(args.workload, seed=args.seed, num_requests=args.num_requests)
     if args.rate is not None:
         wl = with_arrivals(wl, "poisson", rate=args.rate, seed=args.seed)
+    real = args.executor == "real"
     hw = get_hardware(args.hardware)
-    steps_mode = hw.steps
+    steps_mode = hw.steps and not real
+    where = f"{args.device} (real model)" if real else hw.name
     timeline = args.timeline or (
         args.workload == "seed-demo" and args.batch_size == 4 and steps_mode
     )
     results: dict[str, SimResult] = {}
     for name in names:
         cfg = engine_config(args, name)
-        if name == "static":
+        if name == "static" and not real:
             cfg = fit_static_batch(cfg, console)
         t0 = time.perf_counter()
-        with console.status(f"simulating {name} on {hw.name} ({len(wl)} requests)..."):
-            results[name] = simulate(
+        verb = "running" if real else "simulating"
+        with console.status(f"{verb} {name} on {where} ({len(wl)} requests)..."):
+            results[name] = replay(
                 wl.requests, cfg, prefix_block_size=wl.prefix_block_size, timeline=timeline
             )
         wall = time.perf_counter() - t0
-        console.print(f"{name}: {len(results[name].steps)} steps simulated in {wall:.1f}s wall")
+        console.print(
+            f"{name}: {len(results[name].steps)} steps {'run' if real else 'simulated'} in {wall:.1f}s wall"
+        )
         if args.out:
             d = write_run(Path(args.out), name, results[name], args, wl, sys.argv)
             console.print(f"  run folder: {d}")
     title = (
-        f"SIMULATED: {args.model} on {hw.name}, workload {args.workload} "
-        f"({len(wl)} requests, seed {args.seed}), B={args.batch_size}"
-        + (" — 1 time unit per step" if steps_mode else " — modelled step times, not measurements")
+        f"{'MEASURED' if real else 'SIMULATED'}: {args.model} on {where}, workload "
+        f"{args.workload} ({len(wl)} requests, seed {args.seed}), B={args.batch_size}"
+        + (
+            " — offline in-process replay, wall clock, no HTTP"
+            if real
+            else " — 1 time unit per step"
+            if steps_mode
+            else " — modelled step times, not measurements"
+        )
     )
     console.print(comparison_table(results, title, steps_mode))
     if timeline:
-        console.print("[bold yellow]SIMULATED timeline[/bold yellow] (one column per engine step)")
+        label = "MEASURED" if real else "SIMULATED"
+        console.print(f"[bold yellow]{label} timeline[/bold yellow] (one column per engine step)")
         for name, res in results.items():
             print_timeline(console, name, res)
     return 0

@@ -1,13 +1,16 @@
-"""Offline simulation: the real engine and scheduler code over SimExecutor's virtual clock.
+"""Offline replay of a workload through the engine, in-process (no HTTP).
 
-`simulate(requests, config)` replays RequestSpecs (arrival_s None = all at time 0) and
-returns per-request timings, the per-step series and, on request, the slot timeline.
-Every number it produces is SIMULATED: a modelled step time, not a measurement.
+`simulate(requests, config)` replays RequestSpecs (arrival_s None = all at time 0) over
+SimExecutor's virtual clock and returns per-request timings, the per-step series and, on
+request, the slot timeline; every number it produces is SIMULATED (a modelled step time).
+`replay(..., config with executor="real")` runs the same loop on the real model runner in
+wall-clock time (times measured, relative to the start of the replay).
 """
 
 from __future__ import annotations
 
 import heapq
+import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -77,11 +80,12 @@ class StepRecord:
 @dataclass
 class SimResult:
     config: EngineConfig
-    hardware: str
+    hardware: str  # cost-model hardware (simulated) or the device (measured)
     num_kv_blocks: int
     max_model_len: int
     requests: list[SimRequest]
     steps: list[StepRecord]
+    simulated: bool = True
 
     @property
     def duration_s(self) -> float:
@@ -102,7 +106,7 @@ class SimResult:
 
         kv = [s.kv_blocks_used / self.num_kv_blocks for s in self.steps]
         return {
-            "simulated": True,
+            "simulated": self.simulated,
             "duration_s": dur,
             "num_requests": len(self.requests),
             "num_steps": len(self.steps),
@@ -151,21 +155,34 @@ def prompt_tokens(spec: RequestSpec, vocab_size: int, prefix_block_size: int = 5
     return out
 
 
-def simulate(
+def simulate(requests: Sequence[RequestSpec], config: EngineConfig, **kwargs) -> SimResult:
+    """Run `requests` through the engine with the simulated executor (virtual clock)."""
+    return replay(requests, replace(config, executor="sim"), **kwargs)
+
+
+def replay(
     requests: Sequence[RequestSpec],
-    config: EngineConfig,
+    cfg: EngineConfig,
     *,
     prefix_block_size: int = 512,
     timeline: bool = False,
     max_steps: int = 10_000_000,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> SimResult:
-    """Run `requests` through the engine with the simulated executor (virtual clock)."""
-    cfg = replace(config, executor="sim")
+    """Run `requests` through an engine built from `cfg` (its executor: "sim" = virtual
+    clock, "real" = the model on cfg.device in wall-clock time)."""
     engine = LLMEngine.from_config(cfg)
     ex = engine.executor
-    assert isinstance(ex, SimExecutor)
+    simulated = isinstance(ex, SimExecutor)
     vocab = engine.model_config.vocab_size
+    t0 = engine.now()
+
+    def idle_until(t: float) -> None:  # t relative to t0
+        if simulated:
+            ex.advance_to(t0 + t)
+        else:
+            time.sleep(max(0.0, t0 + t - engine.now()))
+
     order = sorted(requests, key=lambda r: (r.arrival_s or 0.0, r.index))
     recs: dict[str, SimRequest] = {}
     steps: list[StepRecord] = []
@@ -174,7 +191,7 @@ def simulate(
     free_slots = list(range(cfg.max_batch_slots))
     num_done = 0
     while pending < len(order) or engine.has_unfinished_requests():
-        now = engine.now()
+        now = engine.now() - t0
         while pending < len(order) and (order[pending].arrival_s or 0.0) <= now:
             spec = order[pending]
             pending += 1
@@ -186,7 +203,7 @@ def simulate(
                     prompt_tokens(spec, vocab, prefix_block_size),
                     SamplingParams(max_tokens=spec.output_len, ignore_eos=True),
                     priority=spec.priority,
-                    arrival_time=arrival,
+                    arrival_time=t0 + arrival,
                 )
             except EngineError as exc:
                 raise EngineError(f"workload request {spec.index}: {exc}") from None
@@ -194,12 +211,12 @@ def simulate(
                 rid, spec.index, spec.prompt_len, spec.output_len, spec.priority, arrival
             )
         if not engine.has_unfinished_requests():
-            ex.advance_to(order[pending].arrival_s or 0.0)
+            idle_until(order[pending].arrival_s or 0.0)
             continue
         outputs = engine.step()
-        end = engine.now()
-        if end == now and not outputs:  # the policy is waiting: idle to its next event
-            wake = [t for t in (engine.next_wakeup(),) if t is not None and t > now]
+        end = engine.now() - t0
+        if not engine.last_scheduled:  # the policy is waiting: idle to its next event
+            wake = [t - t0 for t in (engine.next_wakeup(),) if t is not None and t - t0 > now]
             if pending < len(order):
                 wake.append(order[pending].arrival_s or 0.0)
             if not wake:
@@ -207,7 +224,7 @@ def simulate(
                     f"simulation stalled at t={now:.3f}s with {engine.scheduler.num_waiting} "
                     f"waiting requests and nothing to wake the {engine.scheduler_name} scheduler"
                 )
-            ex.advance_to(min(wake))
+            idle_until(min(wake))
             continue
         if len(steps) >= max_steps:
             raise EngineError(f"simulation exceeded {max_steps} steps")
@@ -238,9 +255,11 @@ def simulate(
             r.output_token_ids.extend(o.new_token_ids)
             if o.finished:
                 m = o.metrics
-                r.first_scheduled_s = m.first_scheduled_time
-                r.first_token_s = m.first_token_time
-                r.finished_s = m.finished_time
+                assert m.first_scheduled_time is not None and m.first_token_time is not None
+                assert m.finished_time is not None
+                r.first_scheduled_s = m.first_scheduled_time - t0
+                r.first_token_s = m.first_token_time - t0
+                r.finished_s = m.finished_time - t0
                 r.num_preemptions = m.num_preemptions
                 r.num_cached_tokens = m.num_cached_tokens
                 r.finish_reason = o.finish_reason
@@ -249,9 +268,10 @@ def simulate(
                     on_progress(num_done, len(order))
     return SimResult(
         config=cfg,
-        hardware=ex.cost_model.hardware.name,
+        hardware=ex.cost_model.hardware.name if simulated else f"{cfg.device} (measured)",
         num_kv_blocks=engine.block_manager.num_blocks,
         max_model_len=engine.max_model_len,
         requests=[recs[f"req-{s.index}"] for s in requests],
         steps=steps,
+        simulated=simulated,
     )

@@ -65,3 +65,18 @@ def test_user_errors_are_one_line(argv, message, capsys):
     assert rc == 2
     assert err.startswith("cbbench sim: error:") and message in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_real_executor_replay_is_labelled_measured(tmp_path, capsys):
+    rc = main(
+        ["sim", "--executor", "real", "--model", "tiny", "--workload", "seed-demo",
+         "--batch-size", "4", "--max-model-len", "128", "--scheduler", "static,continuous",
+         "--out", str(tmp_path)]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "MEASURED: tiny on cpu (real model)" in out and "SIMULATED" not in out
+    assert "static: 22 steps" in out and "continuous: 15 steps" in out
+    run = load_run(tmp_path / "continuous")
+    assert run.meta["simulated"] is False and run.meta["name"] == "offline-continuous"
+    assert sorted(r.output_tokens_server for r in run.records) == [3, 5, 6, 8, 10, 12]
