@@ -31,6 +31,7 @@ from cbbench.reference_engine.server.serving import Generation, ResponseShaper
 from cbbench.reference_engine.tokenizer import Tokenizer, apply_chat_template
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp
@@ -76,6 +77,7 @@ def create_app(
     )
     app.state.cbbench = state
     _install_error_handlers(app)
+    _document_errors(app)
 
     @app.post("/v1/completions")
     async def completions(body: P.CompletionRequest, request: Request) -> Response:
@@ -112,6 +114,28 @@ def create_app(
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     return GuardMiddleware(app, scheduler, max_body_bytes, api_key)
+
+
+def _document_errors(app: FastAPI) -> None:
+    """The OpenAPI document says what the server does: invalid requests are 400 with the
+    OpenAI error body (FastAPI would document its own 422)."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            for operations in schema["paths"].values():
+                for op in operations.values():
+                    if op.get("responses", {}).pop("422", None) is not None:
+                        op["responses"]["400"] = {
+                            "description": "Invalid request",
+                            "content": {"application/json": {"schema": P.ERROR_SCHEMA}},
+                        }
+            for name in ("HTTPValidationError", "ValidationError"):
+                schema.get("components", {}).get("schemas", {}).pop(name, None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 _UNION_TAGS = {"body", "str", "int", "float", "bool", "none", "list", "dict"}

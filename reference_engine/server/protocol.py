@@ -7,7 +7,7 @@ Unknown fields are ignored, as OpenAI-compatible servers do.
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -54,7 +54,7 @@ class SamplingFields(_Strict):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int] = Field(..., min_length=1)
+    prompt: str | list[Annotated[int, Field(ge=0)]] = Field(..., min_length=1)
 
 
 class TextPart(_Strict):
@@ -145,3 +145,22 @@ def envelope(request_id: str, object_: str, model: str, created: int | None = No
         "created": created if created is not None else int(time.time()),
         "model": model,
     }
+
+
+# The error body every 4xx carries (documented in the OpenAPI schema).
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {
+                "message": {"type": "string", "maxLength": 300},
+                "type": {"type": "string"},
+                "param": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                "code": {"anyOf": [{"type": "string"}, {"type": "integer"}, {"type": "null"}]},
+            },
+        }
+    },
+}
