@@ -71,6 +71,7 @@ def test_real_executor_replay_is_labelled_measured(tmp_path, capsys):
     rc = main(
         ["sim", "--executor", "real", "--model", "tiny", "--workload", "seed-demo",
          "--batch-size", "4", "--max-model-len", "128", "--scheduler", "static,continuous",
+         "--drain-timeout", "0",
          "--out", str(tmp_path)]
     )  # fmt: skip
     out = capsys.readouterr().out
