@@ -90,6 +90,7 @@ def test_adapter_maps_every_field(name: str) -> None:
     assert [s["t_s"] for s in samples] == sorted(s["t_s"] for s in samples)
     assert summary["engine"] == engine
     assert summary["failures"] == 0 and summary["samples"] == len(samples)
+    assert summary["cpu_s"] >= 0.0  # the sampler thread's own CPU, reported
     assert summary["unavailable"] == [f for f in SUMMARY_FIELDS if f in unavailable]
     for f in ("running", "waiting", "kv_usage"):
         if f in fields:

@@ -187,3 +187,10 @@ def test_gpu_check_exit_code_follows_nvml(tmp_path) -> None:
     else:
         assert rc == 1 and report["samples"] == [] and report["load"] is None
         assert report["summary"]["reason"].startswith("no NVIDIA")
+
+
+def test_summary_reports_the_sampler_threads_own_cpu() -> None:
+    sampler = GpuSampler(interval_s=0.01, nvml=fake_nvml())
+    sample_for(sampler, ticks=2)
+    cpu = sampler.summary()["cpu_s"]
+    assert isinstance(cpu, float) and cpu > 0

@@ -26,3 +26,4 @@ def test_overhead_command_prints_the_ratios(capsys) -> None:
     out = capsys.readouterr().out
     assert re.search(r"client CPU per request on/off: median \d+\.\d{4}", out)
     assert re.search(r"that is \d+\.\d\d% of one core", out)
+    assert re.search(r"sampler threads' own CPU during the 'on' runs: median \d+\.\d\d%", out)

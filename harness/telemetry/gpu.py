@@ -77,6 +77,7 @@ class GpuSampler:
         self._latest: dict[int, dict] = {}
         self.failures = 0
         self.last_error: str | None = None
+        self.cpu_s: float | None = None
 
     # -- Sampler protocol -------------------------------------------------------------
     def start(self, t0_ns: int, sink: Callable[[dict], None]) -> None:
@@ -136,6 +137,7 @@ class GpuSampler:
                 "samples": len(every),
                 "failures": self.failures,
                 "last_error": self.last_error,
+                "cpu_s": self.cpu_s,
             }
             out.update(self._fields(every))
             energies = [d["energy_j"] for d in per_device.values() if "energy_j" in d]
@@ -211,6 +213,7 @@ class GpuSampler:
             next_t = max(next_t + self.interval_s, time.monotonic())
             if self._stop.wait(next_t - time.monotonic()):
                 break
+        self.cpu_s = time.thread_time()  # this thread's CPU: what sampling cost the client
 
     def _sample_all(self) -> None:
         for index, handle in self._handles.items():

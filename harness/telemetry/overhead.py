@@ -31,6 +31,7 @@ from rich.table import Table
 _LATENCY = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0)
 _REQUEST = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
 _TOKENS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+SAMPLER_SHARE: list[float] = []  # sampler-thread CPU seconds per run second, per "on" run
 
 
 def vllm_like_exposition() -> bytes:
@@ -152,6 +153,9 @@ def bench_once(url: str, metrics_url: str | None, args: argparse.Namespace) -> t
         assert server["samples"] > 0 and server["failures"] == 0, server
     done = res.summary["counts"]["completed"]
     assert done > 0, "no request completed"
+    if metrics_url:  # the samplers' own thread CPU, per second of run
+        used = sum(t.get("cpu_s") or 0.0 for t in res.summary["telemetry"].values())
+        SAMPLER_SHARE.append(used / res.summary["duration_s"])
     return float(res.summary["request_throughput"] or 0.0), cpu / done
 
 
@@ -217,6 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     console.print(
         f"client CPU per request on/off: median {c:.4f} (spread {min(cpu):.4f}..{max(cpu):.4f}) "
         f"-> sampling costs the load generator {100 * (c - 1):+.2f}% CPU per request"
+    )
+    console.print(
+        f"sampler threads' own CPU during the 'on' runs: median "
+        f"{100 * statistics.median(SAMPLER_SHARE):.2f}% of one core "
+        f"(max {100 * max(SAMPLER_SHARE):.2f}%)"
     )
     console.print(
         f"one steady-state server sample (GET + parse + map) of a {size / 1024:.1f} KiB "

@@ -47,6 +47,7 @@ class ServerMetricsSampler:
         self._latest: dict = {}
         self.samples = 0
         self.failures = 0
+        self.cpu_s: float | None = None
         self.last_error: str | None = None
 
     # -- Sampler protocol -------------------------------------------------------------
@@ -81,6 +82,7 @@ class ServerMetricsSampler:
                 "samples": self.samples,
                 "failures": self.failures,
                 "last_error": self.last_error,
+                "cpu_s": self.cpu_s,
             }
             for f in GAUGE_FIELDS:
                 vals = self._values[f]
@@ -121,6 +123,7 @@ class ServerMetricsSampler:
                 break
             self._scrape_once()
         self._scrape_once()  # closing scrape: the window ends when the run ends
+        self.cpu_s = time.thread_time()  # this thread's CPU: what sampling cost the client
 
     def _scrape_once(self) -> None:
         assert self._client is not None
