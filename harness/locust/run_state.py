@@ -1,0 +1,281 @@
+"""Per-process state of a cbbench Locust run, for each Locust role.
+
+- local (one process): hands out requests, sends them, keeps the run folder.
+- master: keeps the run folder and the telemetry; at each test start it gives every worker a
+  slot (`Plan`) and the shared t0 (wall clock); when a test stops it *drains* the workers:
+  each stops taking requests and answers with its last records and its count of requests
+  still in flight (those are cancelled, never recorded), so every finished request reaches
+  the run folder exactly once.
+- worker: hands out its slot's requests to its users and ships records to the master in
+  batches (`cbbench_records`, every FLUSH_PERIOD_S) and in the drain answer.
+
+Times in records are seconds from the master's t0: a worker maps the master's wall-clock t0
+onto its own monotonic clock (exact on one machine; across machines, as good as NTP).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import gevent
+from cbbench.harness.client import ClientConfig, probe_server
+from cbbench.harness.locust.collector import RunCollector
+from cbbench.harness.locust.dispenser import Dispenser, Plan, Ticket
+from cbbench.harness.locust.settings import LocustSettings, load_workload_for, workload_digest
+from cbbench.harness.prompts import PromptBuilder
+from cbbench.harness.records import RequestRecord
+from locust.runners import MasterRunner, WorkerRunner
+
+log = logging.getLogger("cbbench.locust")
+
+FLUSH_PERIOD_S = 0.5
+DRAIN_TIMEOUT_S = 10.0
+MSG_PLAN = "cbbench_plan"
+MSG_RECORDS = "cbbench_records"
+MSG_DRAIN = "cbbench_drain"
+MSG_DRAINED = "cbbench_drained"
+MSG_EXHAUSTED = "cbbench_exhausted"
+
+
+class LocustRun:
+    def __init__(self, environment, settings: LocustSettings) -> None:
+        self.env = environment
+        self.settings = settings
+        runner = environment.runner
+        self.role = (
+            "master"
+            if isinstance(runner, MasterRunner)
+            else "worker"
+            if isinstance(runner, WorkerRunner)
+            else "local"
+        )
+        self.workload = load_workload_for(settings)
+        self.digest = workload_digest(self.workload)
+        schedule = settings.schedule if settings.schedule is not None else self.workload.open_loop
+        self.dispenser = Dispenser(self.workload, schedule, settings.cycle)
+        if not settings.model:
+            models = probe_server(settings.base_url, settings.api_key)["models"]
+            settings.model = models[0] if models else "default"
+        self.client_cfg = ClientConfig(
+            base_url=settings.base_url,
+            model=settings.model,
+            endpoint=settings.endpoint,
+            stream=settings.stream,
+            api_key=settings.api_key,
+            timeout_s=settings.timeout_s,
+            extensions=settings.extensions,
+            extra_body=settings.extra_body,
+        )
+        self.prompts = PromptBuilder(
+            self.workload.seed, self.workload.prefix_block_size, settings.tokenizer
+        )
+        self.text_prompts = settings.text_prompts or settings.endpoint == "chat"
+        self.t0_ns: int | None = None
+        self.t0_wall: float | None = None
+        self.accepting = False  # records of this epoch are kept
+        self.outstanding = 0  # tickets taken and not yet finished (waiting or in flight)
+        self.dropped = 0  # finished after the drain: counted as cancelled at the drain
+        self.exhausted_sent = False
+        self.worker_id = 0
+        self.outbox: list[dict] = []
+        # master / local
+        self.collector: RunCollector | None = None
+        self.planned: dict[str, int] = {}  # worker client id -> slot, this epoch
+        self.acks: dict[str, dict] = {}
+        self.exhausted_workers: set[str] = set()
+        self.taken_max = -1
+        if self.role != "worker":
+            meta = {"workload_schedule": schedule}
+            self.collector = RunCollector(settings, self.workload, self.digest, meta)
+        self._register_messages(runner)
+
+    # -- messages ---------------------------------------------------------------------
+    def _register_messages(self, runner) -> None:
+        if self.role == "master":
+            runner.register_message(MSG_RECORDS, self._on_records)
+            runner.register_message(MSG_DRAINED, self._on_drained)
+            runner.register_message(MSG_EXHAUSTED, self._on_exhausted)
+        elif self.role == "worker":
+            runner.register_message(MSG_PLAN, self._on_plan)
+            runner.register_message(MSG_DRAIN, lambda environment, msg: self.drain())
+            gevent.spawn(self._flush_loop)
+
+    def _on_records(self, environment, msg) -> None:
+        assert self.collector is not None
+        self.collector.add_dicts(msg.data["records"])
+
+    def _on_drained(self, environment, msg) -> None:
+        assert self.collector is not None
+        self.collector.add_dicts(msg.data["records"])
+        self.collector.cancelled += msg.data["cancelled"]
+        self.taken_max = max(self.taken_max, msg.data["taken_max"])
+        self.acks[msg.node_id] = msg.data
+
+    def _on_exhausted(self, environment, msg) -> None:
+        self.exhausted_workers.add(msg.node_id)
+        if self.planned and set(self.planned) <= self.exhausted_workers:
+            self._finish("every worker ran out of requests")
+
+    def _on_plan(self, environment, msg) -> None:
+        d = msg.data
+        if d["digest"] != self.digest:
+            log.error(
+                "cbbench: this worker loaded a different workload than the master "
+                "(digest %s, master %s): check --workload/--seed/--num-requests; it sends nothing",
+                self.digest,
+                d["digest"],
+            )
+            return
+        self.t0_wall = d["t0_wall"]
+        self.t0_ns = time.monotonic_ns() - int((time.time() - d["t0_wall"]) * 1e9)
+        index = getattr(self.env.runner, "worker_index", -1)
+        self.worker_id = index if index >= 0 else d["slot"]
+        self.dispenser.assign(Plan(d["slot"], d["of"], d["base"], d["shift_s"]))
+        self.accepting = True
+        self.exhausted_sent = False
+
+    def _flush_loop(self) -> None:
+        while True:
+            gevent.sleep(FLUSH_PERIOD_S)
+            self.flush()
+
+    def flush(self) -> None:
+        if self.outbox:
+            batch, self.outbox = self.outbox, []
+            self.env.runner.send_message(MSG_RECORDS, {"records": batch})
+
+    # -- test lifecycle (local and master) ----------------------------------------------
+    def now_s(self) -> float:
+        assert self.t0_ns is not None
+        return (time.monotonic_ns() - self.t0_ns) / 1e9
+
+    def start_test(self) -> None:
+        assert self.collector is not None
+        if self.t0_ns is None:
+            self.t0_ns, self.t0_wall = time.monotonic_ns(), time.time()
+            self.collector.start_samplers(self.t0_ns)
+        done = [self.dispenser.position_of(r.index) for r in self.collector.records]
+        base = max([self.taken_max, self.dispenser.taken_max, *done]) + 1
+        shift = self.now_s() - self.dispenser.due_raw(base) if base else 0.0
+        self.exhausted_sent = False
+        self.exhausted_workers = set()
+        if self.role == "local":
+            self.dispenser.assign(Plan(0, 1, base, shift))
+            self.accepting = True
+            return
+        runner = self.env.runner
+        workers = runner.clients.ready + runner.clients.spawning + runner.clients.running
+        ids = sorted((w.id for w in workers), key=runner.get_worker_index)
+        self.planned = {cid: k for k, cid in enumerate(ids)}
+        self.acks = {}
+        for cid, k in self.planned.items():
+            data = {"slot": k, "of": len(ids), "base": base, "shift_s": shift}
+            data.update(t0_wall=self.t0_wall, digest=self.digest)
+            runner.send_message(MSG_PLAN, data, client_id=cid)
+
+    def drain(self) -> None:
+        """Stop handing out requests; keep what finished; count what is still in flight."""
+        if self.role == "master":
+            self._drain_workers()
+            return
+        if not self.accepting:
+            return
+        self.accepting = False
+        self.dispenser.close()
+        cancelled = self.outstanding
+        if self.role == "worker":
+            batch, self.outbox = self.outbox, []
+            data = {"records": batch, "cancelled": cancelled}
+            data["taken_max"] = self.dispenser.taken_max
+            self.env.runner.send_message(MSG_DRAINED, data)
+        else:
+            assert self.collector is not None
+            self.collector.cancelled += cancelled
+
+    def _drain_workers(self) -> None:
+        runner = self.env.runner
+        waiting = [cid for cid in self.planned if cid in runner.clients and cid not in self.acks]
+        for cid in waiting:
+            runner.send_message(MSG_DRAIN, None, client_id=cid)
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while time.monotonic() < deadline and any(
+            cid not in self.acks and cid in runner.clients for cid in waiting
+        ):
+            gevent.sleep(0.05)
+        missing = [cid for cid in waiting if cid not in self.acks]
+        if missing:
+            log.warning("cbbench: no drain answer from %d worker(s): %s", len(missing), missing)
+        self.planned = {}
+
+    def _finish(self, reason: str) -> None:
+        opts = self.env.parsed_options
+        headless = bool(opts and getattr(opts, "headless", False))
+        log.info("cbbench: %s; %s", reason, "quitting" if headless else "stopping the test")
+        runner = self.env.runner
+        gevent.spawn(runner.quit if headless else runner.stop)
+
+    def close(self) -> None:
+        """At quit: drain, stop the samplers, write the final run.json."""
+        self.drain()
+        if self.collector is not None:
+            runner = self.env.runner
+            workers = getattr(runner, "worker_index_max", 0) if self.role == "master" else 0
+            self.collector.close("complete", locust_workers=workers)
+            print(f"cbbench locust: run folder {self.collector.run_dir}", flush=True)
+
+    # -- users (local and worker) -------------------------------------------------------
+    def take(self) -> Ticket | None:
+        if not self.accepting:
+            return None
+        ticket = self.dispenser.take()
+        if ticket is not None:
+            self.outstanding += 1
+        return ticket
+
+    def new_record(self, ticket: Ticket) -> tuple[RequestRecord, list[int] | str]:
+        spec = ticket.spec
+        rec = RequestRecord(
+            id=f"cbb-{ticket.index}",
+            index=ticket.index,
+            prompt_len=spec.prompt_len,
+            output_len=spec.output_len,
+            priority=spec.priority,
+            worker=self.worker_id,
+        )
+        if ticket.lap:
+            rec.extra["lap"] = ticket.lap
+        build = self.prompts.text if self.text_prompts else self.prompts.token_ids
+        prompt = build(ticket.index, spec.prompt_len, spec.prefix_ids)
+        if self.text_prompts:
+            rec.prompt_tokens_client = spec.prompt_len
+        return rec, prompt
+
+    def release(self, rec: RequestRecord | None) -> bool:
+        """A ticket is done: `rec` finished (kept if still accepting), None = cancelled.
+        Returns whether the record was kept."""
+        self.outstanding -= 1
+        assert self.outstanding >= 0
+        kept = rec is not None and self.accepting
+        if kept:
+            if self.role == "worker":
+                self.outbox.append(rec.to_dict())
+            else:
+                assert self.collector is not None
+                self.collector.add(rec)
+        elif rec is not None:
+            self.dropped += 1
+        self._check_exhausted()
+        return kept
+
+    def _check_exhausted(self) -> None:
+        if self.exhausted_sent or not self.accepting or self.outstanding:
+            return
+        if not self.dispenser.exhausted:
+            return
+        self.exhausted_sent = True
+        if self.role == "worker":
+            self.flush()
+            self.env.runner.send_message(MSG_EXHAUSTED, {"taken_max": self.dispenser.taken_max})
+        else:
+            self._finish("the workload ran out of requests")

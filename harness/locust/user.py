@@ -1,0 +1,99 @@
+"""`CbbenchUser`: a Locust user that sends the workload's requests to an OpenAI-compatible
+streaming endpoint and reports LLM latencies into Locust's own statistics.
+
+Each user has one request in flight. Closed loop: a user takes the next request as soon as
+its previous one ends (load = user count). Schedule (open loop): a user takes the next
+request in arrival order and sends it when it is due; if every user is busy the request
+waits for one (recorded as `client_queue_s`, as `cbbench bench` does with a concurrency cap).
+Pacing: `wait_time` is Locust's `constant_pacing` (set by `--pacing`).
+
+Per finished request, Locust samples of request_type "LLM": "TTFT", "TPOT", "E2E" (response
+time in ms; E2E's response length is the output tokens) and one "ITL" sample per token gap.
+A failed request is one failed "E2E" sample carrying the error.
+"""
+
+from __future__ import annotations
+
+import gevent
+from cbbench.harness.locust.run_state import LocustRun
+from cbbench.harness.locust.sync_client import SyncOpenAIClient
+from cbbench.harness.records import RequestRecord
+from locust import User, constant, task
+
+REQUEST_TYPE = "LLM"
+IDLE_SLEEP_S = 0.2  # a user with nothing to send (workload done, or no slot yet)
+
+
+class LLMRequestError(Exception):
+    """A failed request, as Locust's failures table shows it."""
+
+
+def report_to_locust(events, rec: RequestRecord, itl_events: bool = True) -> None:
+    fire = events.request.fire
+
+    def sample(name: str, seconds: float, length: int = 0, exc: Exception | None = None) -> None:
+        fire(
+            request_type=REQUEST_TYPE,
+            name=name,
+            response_time=seconds * 1000.0,
+            response_length=length,
+            exception=exc,
+            context={"request_id": rec.id},
+        )
+
+    if not rec.ok:
+        elapsed = (rec.end_s or 0.0) - (rec.sent_s or rec.end_s or 0.0)
+        sample("E2E", elapsed, 0, LLMRequestError(f"{rec.error_kind}: {rec.error}"))
+        return
+    if rec.ttft_s is not None:
+        sample("TTFT", rec.ttft_s)
+    if rec.tpot_s is not None:
+        sample("TPOT", rec.tpot_s)
+    if itl_events:
+        for gap in rec.itl_s:
+            sample("ITL", gap, 1)
+    tokens = rec.output_tokens_server or rec.output_tokens_client or 0
+    sample("E2E", rec.e2e_s or 0.0, tokens)
+
+
+class CbbenchUser(User):
+    """Configured by `CBBENCH_LOCUST_SETTINGS` (see `cbbench locust`)."""
+
+    wait_time = constant(0)
+
+    def on_start(self) -> None:
+        self.run: LocustRun = self.environment.cbbench
+        self.client = SyncOpenAIClient(self.run.client_cfg)
+
+    def on_stop(self) -> None:
+        self.client.close()
+
+    @task
+    def send_next(self) -> None:
+        run = self.run
+        ticket = run.take()
+        if ticket is None:
+            gevent.sleep(IDLE_SLEEP_S)
+            return
+        finished: RequestRecord | None = None
+        try:
+            rec, prompt = run.new_record(ticket)
+            self.client.t0_ns = run.t0_ns
+            now = run.now_s()
+            if ticket.due_s is not None:
+                rec.scheduled_s = rec.ready_s = ticket.due_s
+                if ticket.due_s > now:
+                    gevent.sleep(ticket.due_s - now)
+                    if not run.accepting:
+                        return
+                else:  # late: every user was busy when it came due
+                    rec.client_queue_s = now - ticket.due_s
+            else:
+                rec.ready_s = now
+            self.client.send_sync(rec, prompt)
+            assert rec.sent_s is not None and rec.ready_s is not None
+            rec.send_lag_s = rec.sent_s - rec.ready_s - (rec.client_queue_s or 0.0)
+            finished = rec
+        finally:
+            if run.release(finished):
+                report_to_locust(self.environment.events, finished, run.settings.itl_events)
