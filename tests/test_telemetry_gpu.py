@@ -194,3 +194,27 @@ def test_summary_reports_the_sampler_threads_own_cpu() -> None:
     sample_for(sampler, ticks=2)
     cpu = sampler.summary()["cpu_s"]
     assert isinstance(cpu, float) and cpu > 0
+
+
+def test_validate_rejects_a_missing_index_before_the_run() -> None:
+    nvml = fake_nvml(devices=2)
+    GpuSampler(gpus=[1], nvml=nvml).validate()
+    with pytest.raises(CbbenchError, match="--gpus: no NVIDIA device 2 "):
+        GpuSampler(gpus=[2], nvml=nvml).validate()
+    assert nvml.calls == {"init": 2, "shutdown": 2}
+    GpuSampler(gpus=[7], nvml=fake_nvml(init_error="Driver Not Loaded")).validate()  # no driver
+
+
+def test_nvml_error_while_opening_devices_is_unavailable_not_a_crash() -> None:
+    nvml = fake_nvml()
+
+    def broken(i: int) -> int:
+        raise FakeNVMLError("GPU is lost")
+
+    nvml.nvmlDeviceGetHandleByIndex = broken
+    samples: list[dict] = []
+    sampler = GpuSampler(interval_s=0.01, nvml=nvml)
+    sampler.start(time.monotonic_ns(), samples.append)
+    sampler.stop()
+    assert samples == [] and nvml.calls["shutdown"] == 1
+    assert sampler.summary()["reason"] == "NVML could not open the GPUs (GPU is lost)"

@@ -93,7 +93,9 @@ def build_samplers(args: argparse.Namespace, base_url: str | None) -> list:
         if url:
             samplers.append(ServerMetricsSampler(url, interval_s=interval))
     if not getattr(args, "no_gpu_metrics", False):
-        samplers.append(GpuSampler(interval_s=interval, gpus=getattr(args, "gpus", None)))
+        gpu = GpuSampler(interval_s=interval, gpus=getattr(args, "gpus", None))
+        gpu.validate()  # a wrong --gpus index fails now, before the run starts
+        samplers.append(gpu)
     return samplers
 
 

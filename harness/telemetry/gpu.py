@@ -173,37 +173,66 @@ class GpuSampler:
             out["energy_j"] = energy
         return out
 
-    def _open(self) -> bool:
-        """Initialise NVML and pick devices; False (with a reason) when there is no GPU."""
+    def validate(self) -> None:
+        """Before the run: raise CbbenchError if `gpus` names a device NVML does not see.
+
+        Without a driver this passes; `start()` then says so once and records nothing.
+        """
+        if self.gpus is None or not self._init():
+            return
+        try:
+            self._check_indices(self._nvml.nvmlDeviceGetCount())
+        finally:
+            self._nvml.nvmlShutdown()
+
+    def _init(self) -> bool:
+        """Import and initialise NVML; False (with a reason) when there is no driver."""
         if self._nvml is None:
             try:
                 self._nvml = importlib.import_module("pynvml")
             except ImportError:
                 self.unavailable_reason = "pynvml (nvidia-ml-py) is not installed"
                 return False
-        nvml = self._nvml
         try:
-            nvml.nvmlInit()
-        except nvml.NVMLError as exc:
+            self._nvml.nvmlInit()
+        except self._nvml.NVMLError as exc:
             self.unavailable_reason = f"no NVIDIA driver ({exc})"
             return False
-        count = nvml.nvmlDeviceGetCount()
-        if count == 0:
-            nvml.nvmlShutdown()
-            self.unavailable_reason = "no NVIDIA GPU (NVML reports 0 devices)"
-            return False
+        return True
+
+    def _check_indices(self, count: int) -> list[int]:
         indices = list(range(count)) if self.gpus is None else list(self.gpus)
         missing = [i for i in indices if not 0 <= i < count]
         if missing:
-            nvml.nvmlShutdown()
             raise CbbenchError(
                 f"--gpus: no NVIDIA device {missing[0]} (NVML sees {count}: 0..{count - 1})"
             )
-        for i in indices:
-            self._handles[i] = nvml.nvmlDeviceGetHandleByIndex(i)
-            name = nvml.nvmlDeviceGetName(self._handles[i])
-            self.device_names[i] = name.decode() if isinstance(name, bytes) else str(name)
-            self._series[i] = []
+        return indices
+
+    def _open(self) -> bool:
+        """Initialise NVML and pick devices; False (with a reason) when there is no GPU."""
+        if not self._init():
+            return False
+        nvml = self._nvml
+        try:
+            count = nvml.nvmlDeviceGetCount()
+            if count == 0:
+                self.unavailable_reason = "no NVIDIA GPU (NVML reports 0 devices)"
+            else:
+                for i in self._check_indices(count):
+                    self._handles[i] = nvml.nvmlDeviceGetHandleByIndex(i)
+                    name = nvml.nvmlDeviceGetName(self._handles[i])
+                    self.device_names[i] = name.decode() if isinstance(name, bytes) else str(name)
+                    self._series[i] = []
+        except nvml.NVMLError as exc:
+            self.unavailable_reason = f"NVML could not open the GPUs ({exc})"
+        except CbbenchError:
+            nvml.nvmlShutdown()
+            raise
+        if self.unavailable_reason is not None:
+            self._handles, self.device_names, self._series = {}, {}, {}
+            nvml.nvmlShutdown()
+            return False
         return True
 
     def _loop(self) -> None:
