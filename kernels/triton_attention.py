@@ -16,7 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-NEG_INIT = -1.0e30  # running-max start: finite, so fully masked tiles never make NaN
+# Running-max start: finite, so fully masked tiles never make NaN. A jit function may read a
+# global only when it is a constexpr.
+NEG_INIT = tl.constexpr(-1.0e30)
 
 
 @triton.jit
