@@ -167,3 +167,18 @@ def test_non_streaming_client_disconnect_aborts_a_waiting_request():
             httpx.post(url + "/v1/completions", json=body, timeout=httpx.Timeout(30, read=0.5))
         assert wait_for_metric(url, "vllm:num_requests_waiting", 0.0) == 0.0
         assert not stack.engine.engine.has_unfinished_requests()
+
+
+def test_prefix_cache_hits_are_reported_per_request_and_in_metrics():
+    config = EngineConfig(scheduler="continuous", max_model_len=128, enable_prefix_caching=True)
+    prompt = [3 + (i * 13) % 250 for i in range(48)]  # three full 16-token blocks
+    with serve(config) as (url, _):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        cached = []
+        for _ in range(2):
+            r = client.completions.create(model="tiny", prompt=prompt, max_tokens=2)
+            cached.append(r.model_extra["cbbench"]["num_cached_tokens"])
+        assert cached[0] == 0 and 0 < cached[1] < len(prompt)
+        m = scrape(url)
+        assert m["vllm:prefix_cache_queries_total"] == 2 * len(prompt)
+        assert m["vllm:prefix_cache_hits_total"] == cached[1]

@@ -117,6 +117,12 @@ class ServerMetrics:
         self.preemptions = counter("vllm:num_preemptions", "Cumulative preemptions.").labels(m)
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prefill tokens processed.").labels(m)
         self.generation_tokens = counter("vllm:generation_tokens", "Generated tokens.").labels(m)
+        self.prefix_cache_queries = counter(
+            "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
+        ).labels(m)
+        self.prefix_cache_hits = counter(
+            "vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache."
+        ).labels(m)
         self.ttft = histogram(
             "vllm:time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS
         ).labels(m)
@@ -157,6 +163,8 @@ class ServerMetrics:
             self.generation_tokens.inc(n)
             if last_token_time is None:
                 self.prompt_tokens.inc(out.num_prompt_tokens)
+                self.prefix_cache_queries.inc(out.num_prompt_tokens)
+                self.prefix_cache_hits.inc(m.num_cached_tokens)
                 first = m.first_token_time if m.first_token_time is not None else now
                 self.ttft.observe(max(0.0, first - m.arrival_time))
                 if m.queue_time is not None:
