@@ -49,9 +49,9 @@ def render_markdown(runs: list[LoadedRun], rows: list[dict]) -> str:
     cols = _columns()
     lines = ["### cbbench report", ""]
     for w in comparability_warnings(runs):
-        lines.append(f"> **Not comparable:** {md_text(w)}")
+        lines.append(f"- **Not comparable:** {md_text(w)}")
     if any(lr.simulated for lr in runs):
-        lines.append("> Runs marked **SIMULATED** come from the simulator, not a measured server.")
+        lines.append("- Runs marked **SIMULATED** come from the simulator, not a measured server.")
     if lines[-1] != "":
         lines.append("")
     head = ["run"] + [c.title + (" (ms)" if c.unit == "ms" else "") for c in cols]

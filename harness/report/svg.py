@@ -118,6 +118,9 @@ def chart(
     y0, y1 = y_range or (min(0.0, min(p[1] for p in finite)), max(p[1] for p in finite))
     if x1 <= x0:
         x0, x1 = x0 - 0.5, x1 + 0.5
+    if any(s.mode == "markers" for s in series):  # keep edge markers inside the frame
+        pad = 0.03 * (x1 - x0)
+        x0, x1 = x0 - pad, x1 + pad
     if y1 <= y0:
         y1 = y0 + 1.0
     xt, yt = nice_ticks(x0, x1), nice_ticks(y0, y1)
