@@ -138,8 +138,11 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     concurrency = args.concurrency
     if not wl.open_loop and concurrency is None:
         concurrency = len(wl)  # no rate, no cap, no timestamps: all at once, as vLLM does
+    base_url = args.base_url.rstrip("/")
+    if base_url.endswith("/v1"):  # vLLM habits: the OpenAI client's base_url ends in /v1
+        base_url = base_url[: -len("/v1")]
     return BenchConfig(
-        base_url=args.base_url,
+        base_url=base_url,
         workload=wl,
         endpoint=args.endpoint,
         model=args.model,

@@ -24,7 +24,7 @@ class LiveStats:
         self.samplers = samplers or []
         self.done = 0
         self.failed = 0
-        self.in_flight: dict[int, int] = {}
+        self.sent: dict[int, int] = {}  # worker -> requests sent so far
         self.ttft: deque[float] = deque(maxlen=WINDOW)
         self.tpot: deque[float] = deque(maxlen=WINDOW)
         self.lag: deque[float] = deque(maxlen=WINDOW)
@@ -50,7 +50,12 @@ class LiveStats:
 
     def on_sample(self, sample: dict) -> None:
         if sample.get("source") == "client":
-            self.in_flight[sample.get("worker", 0)] = sample.get("in_flight", 0)
+            self.sent[sample.get("worker", 0)] = sample.get("sent", 0)
+
+    @property
+    def in_flight(self) -> int:
+        """Sent (as of each worker's last sample, once a second) minus finished (now)."""
+        return max(0, sum(self.sent.values()) - self.done)
 
     def tokens_per_s(self) -> float:
         now = time.monotonic()
@@ -65,9 +70,7 @@ class LiveStats:
             ttft, tpot, lag = list(self.ttft), list(self.tpot), list(self.lag)
             done, failed = self.done, self.failed
         total = f"/{self.total}" if self.total else ""
-        t.add_row(
-            "done", f"{done}{total}  failed {failed}  in flight {sum(self.in_flight.values())}"
-        )
+        t.add_row("done", f"{done}{total}  failed {failed}  in flight {self.in_flight}")
         t.add_row("TTFT p50/p99", _ms_pair(ttft))
         t.add_row("TPOT p50/p99", _ms_pair(tpot))
         t.add_row("send lag p50/p99", _ms_pair(lag))

@@ -218,6 +218,7 @@ class Worker:
                         "loop_lag_max_s": max(lags),
                         "cpu": cpu,
                         "in_flight": self.stats.in_flight,
+                        "sent": self.stats.sent,
                     },
                 )
                 lags = []

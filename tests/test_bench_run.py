@@ -112,7 +112,7 @@ def test_live_view_and_summary_table_render(tmp_path):
     stats = LiveStats(5)
     for r in res.records:
         stats.on_record(r)
-    stats.on_sample({"source": "client", "worker": 0, "in_flight": 3})
+    stats.on_sample({"source": "client", "worker": 0, "sent": 8})
     console = Console(file=io.StringIO(), force_terminal=True, width=120)
     with LiveView(stats, console):
         pass
