@@ -182,3 +182,28 @@ def test_prefix_cache_hits_are_reported_per_request_and_in_metrics():
         m = scrape(url)
         assert m["vllm:prefix_cache_queries_total"] == 2 * len(prompt)
         assert m["vllm:prefix_cache_hits_total"] == cached[1]
+
+
+def test_engine_failure_ends_streams_with_an_error_and_health_turns_503():
+    # Fault injection: the real engine's step raises after a few tokens.
+    config = EngineConfig(scheduler="continuous", max_model_len=64)
+    with serve(config) as (url, stack):
+        engine = stack.engine.engine
+        real_step, calls = engine.step, []
+
+        def failing_step():
+            calls.append(1)
+            if len(calls) > 3:
+                raise RuntimeError("device lost")
+            return real_step()
+
+        engine.step = failing_step
+        body = {"prompt": "x", "max_tokens": 30, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as r:
+            events = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
+        error = json.loads(events[-2][6:])["error"]
+        assert "engine failed: RuntimeError: device lost" in error["message"]
+        assert events[-1] == "data: [DONE]" and len(events) == 5  # 3 tokens, error, DONE
+        assert httpx.get(url + "/health").status_code == 503
+        r = httpx.post(url + "/v1/completions", json={"prompt": "x"}, timeout=30)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down"

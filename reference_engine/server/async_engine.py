@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -26,6 +27,8 @@ from cbbench.reference_engine.server.errors import QueueFull, ShuttingDown
 
 if TYPE_CHECKING:
     from cbbench.reference_engine.server.metrics import ServerMetrics
+
+logger = logging.getLogger("cbbench.server")
 
 # Upper bound on one idle sleep, so an engine whose next_wakeup() is None while it holds
 # unschedulable requests is still polled now and then.
@@ -135,7 +138,7 @@ class AsyncEngine:
         cmd = _Add(request_id, prompt_token_ids, sampling_params, priority, stream)
         with self._cv:
             if not self.accepting:
-                raise ShuttingDown(self._closing or "engine stopped")
+                raise ShuttingDown(self._closing or "engine failed")
             self._inbox.append(cmd)
             self._cv.notify()
         first = await queue.get()
@@ -155,11 +158,17 @@ class AsyncEngine:
         try:
             self._loop()
         except BaseException as exc:  # keep serving errors, never hang the clients
-            self.dead = exc
+            error = ShuttingDown(f"engine failed: {type(exc).__name__}: {str(exc)[:200]}")
+            with self._cv:
+                self.dead = exc
+                pending, self._inbox = self._inbox, []
+            for cmd in pending:
+                if isinstance(cmd, _Add):
+                    cmd.stream.put(error)
             for stream in self._streams.values():
-                stream.put(ShuttingDown(f"engine failed: {type(exc).__name__}: {exc}"))
+                stream.put(error)
             self._streams.clear()
-            raise
+            logger.exception("engine thread failed; the server now answers 503")
 
     def _loop(self) -> None:
         engine = self.engine
