@@ -37,6 +37,7 @@ class Behavior:
     tokens_per_chunk: int = 1
     status: int = 200  # != 200: answer with this HTTP status and an OpenAI-style error body
     reset_after_tokens: int | None = None  # abort the TCP connection after this many tokens
+    error_after_tokens: int | None = None  # an SSE error event (then [DONE]) after this many
     hang_s: float = 0.0  # wait this long before answering at all
     short_by: int = 0  # generate this many tokens fewer than max_tokens (finish_reason "stop")
     queue_time_s: float | None = 0.001  # reported in the final chunk's `cbbench` object
@@ -203,6 +204,10 @@ class FakeServer:
             if b.reset_after_tokens is not None and sent + k > b.reset_after_tokens:
                 writer.transport.abort()
                 return False
+            if b.error_after_tokens is not None and sent + k > b.error_after_tokens:
+                err = {"error": {"message": "scripted error event", "code": "fake"}}
+                _write_event(writer, json.dumps(err))
+                break
             await _sleep_until(t_recv + b.ttft_s + b.itl_s * chunk_no)
             last = sent + k == n_out
             if not last:  # the hot path: a cached body, only the send time is filled in

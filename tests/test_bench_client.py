@@ -107,6 +107,7 @@ def test_non_streaming_and_chat(endpoint, hc):
         (Behavior(status=500), "http_5xx", "scripted failure 500"),
         (Behavior(status=429), "http_4xx", "HTTP 429"),
         (Behavior(reset_after_tokens=3), "stream", ""),
+        (Behavior(error_after_tokens=2), "server_error", "scripted error event"),
         (Behavior(hang_s=3.0), "timeout", "0.3 s"),
     ],
 )
