@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -197,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
         url = f"http://{args.web_host}:{args.web_port}"
         print(f"cbbench locust: web UI at {url} (cbbench page: {url}/cbbench)", flush=True)
     proc = subprocess.Popen(cmd, env=env)
+    previous = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
     try:
         return proc.wait()
     except KeyboardInterrupt:  # Locust got the same SIGINT: let it write its results
@@ -205,3 +207,5 @@ def run(args: argparse.Namespace) -> int:
         except (KeyboardInterrupt, subprocess.TimeoutExpired):
             proc.kill()
             return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
