@@ -114,3 +114,29 @@ def test_bad_tokenizer_file_is_an_engine_error(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(EngineError, match="cannot load tokenizer"):
         load_tokenizer(str(tmp_path), TINY)
+
+
+def test_server_uses_the_model_folders_tokenizer(hf_folder):
+    import openai
+    from cbbench.reference_engine.config import EngineConfig
+    from cbbench.reference_engine.loader import save_random_model
+
+    from tests.server_support import serve
+
+    save_random_model("tiny", hf_folder)  # config.json + model.safetensors next to it
+    tok = load_tokenizer(str(hf_folder), TINY)
+    with serve(EngineConfig(model=str(hf_folder), max_model_len=64)) as (url, stack):
+        assert isinstance(stack.tokenizer, HFTokenizer)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        r = client.completions.create(
+            model=str(hf_folder),
+            prompt="hello world 🙂",
+            max_tokens=8,
+            extra_body={"ignore_eos": True, "return_token_ids": True},
+        )
+        choice = r.choices[0]
+        assert choice.prompt_token_ids == tok.encode("hello world 🙂")
+        assert (
+            r.usage.prompt_tokens == len(choice.prompt_token_ids) < len("hello world 🙂".encode())
+        )
+        assert choice.text == tok.decode(choice.token_ids)
