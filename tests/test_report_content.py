@@ -77,7 +77,7 @@ def test_markdown_table_and_deltas(tmp_path: Path) -> None:
 
 
 def test_big_run_is_downsampled(tmp_path: Path) -> None:
-    run = write_run(tmp_path / "big", n=20000, seed=1, rate=80.0, max_output=6)
+    run = write_run(tmp_path / "big", n=8000, seed=1, rate=20.0, max_output=6)
     html_path = tmp_path / "big.html"
     assert main(["report", str(run), "-o", str(html_path)]) == 0
     html = html_path.read_text()
