@@ -68,7 +68,9 @@ def print_table(gate) -> None:
         f"{gate.policy.resamples} resamples)"
     )
     for col in ("rule", "baseline", "candidate", "change", f"{conf} CI", "limit", "verdict"):
-        t.add_column(col, justify="left" if col in ("rule", "verdict") else "right")
+        t.add_column(
+            col, justify="left" if col in ("rule", "verdict") else "right", no_wrap=col != "verdict"
+        )
     for r in gate.results:
         est, ci = fmt_change(r)
         style = VERDICT_STYLE[r.verdict]
@@ -82,7 +84,7 @@ def print_table(gate) -> None:
             f"[{style}]{r.verdict}[/]" + (f" ({r.note})" if r.note else ""),
         )
     console = Console(highlight=False)
-    console.width = max(console.width, 132)  # CI logs are not terminals: keep rows on one line
+    console.width = max(console.width, 150)  # CI logs are not terminals: keep rows on one line
     console.print(t, markup=True)
     failed = [r for r in gate.results if r.failed]
     console.print(
