@@ -217,7 +217,7 @@ CHAT = _requests({"messages": MESSAGES})
 
 
 @settings(
-    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
     path_body=st.tuples(st.just("/v1/completions"), COMPLETION)
@@ -252,7 +252,7 @@ def test_fuzz_from_the_openapi_schema_never_gets_5xx(url):
         assert set(openapi["paths"][p]["post"]["responses"]) == {"200", "400"}
     bodies = st.one_of(*(st.tuples(st.just(p), body_strategy(openapi, p)) for p in paths))
 
-    @settings(max_examples=80, deadline=None)
+    @settings(max_examples=60, deadline=None)
     @given(bodies)
     def check(path_body):
         path, body = path_body
