@@ -175,6 +175,11 @@ def _caption(summary: dict, c: dict) -> str:
             f"warning: {c['prompt_token_mismatch']} prompts differ in length from the server's count "
             f"(mean server - client {summary['prompt_token_mismatch_mean']:+.1f} tokens)"
         )
+    if c.get("output_token_mismatch"):
+        lines.append(
+            f"note: in {c['output_token_mismatch']} responses the streamed chunks do not match "
+            "usage.completion_tokens (no token_ids): ITL is per chunk there, TPOT uses usage"
+        )
     if summary["client_bound"]:
         lines.append(f"CLIENT-BOUND: {summary['client_bound_reason']} (the client set the pace)")
     return "\n".join(lines)

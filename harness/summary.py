@@ -125,6 +125,8 @@ def summarize(
     asked = ok["output_len"]
     p_client, p_server = m["prompt_tokens_client"], m["prompt_tokens_server"]
     mismatch = ~np.isnan(p_client) & ~np.isnan(p_server) & (p_client != p_server)
+    o_client, o_server = ok["output_tokens_client"], ok["output_tokens_server"]
+    out_mismatch = ~np.isnan(o_client) & ~np.isnan(o_server) & (o_client != o_server)
 
     dur = duration_s if duration_s > 0 else float("nan")
     summary: dict = {
@@ -136,6 +138,7 @@ def summarize(
             "warmup_excluded": len(records) - len(measured),
             "short_outputs": int(np.sum(out_tokens < asked)),
             "prompt_token_mismatch": int(mismatch.sum()),
+            "output_token_mismatch": int(out_mismatch.sum()),
         },
         "error_rate": len(failed) / len(measured) if measured else 0.0,
         "errors_by_kind": dict(Counter(r.error_kind or "unknown" for r in failed)),
