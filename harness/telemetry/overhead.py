@@ -219,13 +219,15 @@ def main(argv: list[str] | None = None) -> int:
         f"figures move with the machine's other load)"
     )
     console.print(
-        f"client CPU per request on/off: median {c:.4f} (spread {min(cpu):.4f}..{max(cpu):.4f}) "
-        f"-> sampling costs the load generator {100 * (c - 1):+.2f}% CPU per request"
+        f"client CPU per request on/off: median {c:.4f} (spread {min(cpu):.4f}..{max(cpu):.4f}); "
+        f"the samplers cost CPU per second, not per request, so the slower the run the larger "
+        f"this share"
     )
+    share = statistics.median(SAMPLER_SHARE)
     console.print(
-        f"sampler threads' own CPU during the 'on' runs: median "
-        f"{100 * statistics.median(SAMPLER_SHARE):.2f}% of one core "
-        f"(max {100 * max(SAMPLER_SHARE):.2f}%)"
+        f"sampler threads' own CPU during the 'on' runs: median {100 * share:.2f}% of one core "
+        f"(max {100 * max(SAMPLER_SHARE):.2f}%): a load generator that saturates its core "
+        f"loses at most that share of its throughput"
     )
     console.print(
         f"one steady-state server sample (GET + parse + map) of a {size / 1024:.1f} KiB "
