@@ -23,6 +23,7 @@ import pytest
 from cbbench.harness.launcher import launch_reference_server
 from cbbench.harness.results import load_run
 from cbbench.harness.summary import summarize
+from cbbench.workloads import load_workload, with_arrivals
 from PIL import Image
 
 LOCUST_RUN_LIMIT = "45s"  # Locust's own cap; each workload here ends in a few seconds
@@ -57,11 +58,14 @@ def _csv_rows(prefix: Path) -> dict[tuple[str, str], dict]:
         return {(r["Type"], r["Name"]): r for r in csv.DictReader(fh)}
 
 
-def _check_records(out: Path, n: int) -> list:
+def _check_records(out: Path, n: int | None) -> list:
+    """Records of a finished run; with `n`, exactly requests 0..n-1, each once."""
     run = load_run(out)
     indices = sorted(r.index for r in run.records)
-    assert indices == list(range(n)), "every request exactly once"
-    assert len({r.id for r in run.records}) == n
+    assert len(set(indices)) == len(indices) == len({r.id for r in run.records})
+    if n is not None:
+        assert indices == list(range(n)), "every request exactly once"
+    n = len(indices)
     for r in run.records:
         assert r.ok, r.error
         assert r.output_tokens_client == r.output_tokens_server == r.output_len
@@ -78,15 +82,30 @@ def _check_records(out: Path, n: int) -> list:
     return run.records
 
 
-def test_headless_records_match_locust_csv(server, tmp_path):
-    n, out, prefix = 18, tmp_path / "run", tmp_path / "stats"
-    argv = [*_common(server, n, out), "--headless", "-u", "3", "-r", "50", "-t", LOCUST_RUN_LIMIT]
-    argv += ["--csv", str(prefix), "--web-port", str(_free_port())]
+def test_headless_open_loop_records_match_locust_csv(server, tmp_path):
+    """Arrival schedule (constant 40 req/s), cycling the workload until `-t` stops it: the
+    requests in flight then are cancelled and counted, every finished one is recorded once,
+    and Locust's CSV stats describe exactly the recorded requests."""
+    n, users, out, prefix = 12, 3, tmp_path / "run", tmp_path / "stats"
+    argv = [*_common(server, n, out), "--rate", "40", "--arrival", "constant", "--cycle"]
+    argv += ["--headless", "-u", str(users), "-r", "100", "-t", "3s", "--csv", str(prefix)]
+    argv += ["--web-port", str(_free_port())]
     proc = subprocess.run(_cmd(*argv), capture_output=True, text=True, timeout=PROC_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"cbbench locust: run folder {out}" in proc.stdout
-    records = _check_records(out, n)
+    records = _check_records(out, None)
     assert {r.worker for r in records} == {0}
+    cancelled = load_run(out).meta["summary"]["cancelled_in_flight"]
+    indices = {r.index for r in records}
+    assert len(indices) > n  # more than one lap
+    assert len(set(range(max(indices) + 1)) - indices) <= cancelled <= users
+    arrivals = [r.arrival_s for r in with_arrivals(load_workload("seed-demo", num_requests=n),
+                                                   "constant", rate=40.0).requests]  # fmt: skip
+    span = arrivals[-1] + (arrivals[-1] - arrivals[0]) / (n - 1)  # one lap of the schedule
+    for r in records:
+        lap, i = divmod(r.index, n)
+        assert r.scheduled_s == pytest.approx(lap * span + arrivals[i], abs=1e-9)
+        assert r.sent_s >= r.scheduled_s and r.send_lag_s >= 0
 
     rows = _csv_rows(prefix)
     itl = [g for r in records for g in r.itl_s]
