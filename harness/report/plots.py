@@ -38,14 +38,14 @@ def cdf_charts(runs: list[LoadedRun], samples: list[RunSamples]) -> list[str]:
 
 
 def curve_charts(runs: list[LoadedRun], samples: list[RunSamples], rows: list[dict]) -> list[str]:
-    """Latency vs achieved throughput, one line per sweep (or one for loose runs)."""
+    """Latency vs achieved throughput: a line per load sweep, a point per other run."""
     groups: dict[str, list[int]] = {}
     for i, lr in enumerate(runs):
-        groups.setdefault(lr.sweep or "runs", []).append(i)
+        groups.setdefault(lr.sweep if lr.in_sweep and lr.sweep else lr.label, []).append(i)
     out = []
     for metric, title in CURVE_METRICS:
         series = []
-        for g, (name, idx) in enumerate(groups.items()):
+        for name, idx in groups.items():
             idx = sorted(idx, key=lambda i: rows[i]["output_throughput"] or 0.0)
             xs = [rows[i]["output_throughput"] for i in idx]
             for stat, dash in (("p50", False), ("p99", True)):
@@ -62,9 +62,13 @@ def curve_charts(runs: list[LoadedRun], samples: list[RunSamples], rows: list[di
                     f"{stat} {py[j]:.1f} ms at {px[j]:.1f} tok/s"
                     for j, k in enumerate(keep)
                 ]
-                series.append(Series(f"{name} {stat}", px, py, color(g), dash=dash))
+                c = color(min(idx))  # the colour of the group's first run in every chart
+                if len(idx) > 1:
+                    series.append(Series(f"{name} {stat}", px, py, c, dash=dash))
                 series.append(
-                    Series(f"{name} {stat}", px, py, color(g), "markers", labels=tips, legend=False)
+                    Series(
+                        f"{name} {stat}", px, py, c, "markers", labels=tips, legend=len(idx) == 1
+                    )
                 )
         out.append(
             chart(f"{title} vs throughput", series, "output tokens/s", f"{title} p50 / p99 (ms)")

@@ -18,7 +18,8 @@ SWEEP_FILE = "sweep.json"
 class LoadedRun:
     run: Run
     label: str  # unique display name
-    sweep: str | None  # the sweep folder it came from, if any
+    sweep: str | None  # the folder it was found in, when given a folder of runs
+    in_sweep: bool = False  # that folder is a load sweep (has sweep.json)
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -65,7 +66,10 @@ def expand(paths: list[str | Path]) -> list[tuple[Path, str | None]]:
 
 def load_runs(paths: list[str | Path]) -> list[LoadedRun]:
     found = expand(paths)
-    runs = [LoadedRun(run=load_run(d), label="", sweep=s) for d, s in found]
+    runs = [
+        LoadedRun(load_run(d), "", s, s is not None and (d.parent / SWEEP_FILE).exists())
+        for d, s in found
+    ]
     seen: dict[str, int] = {}
     for lr in runs:
         base = lr.run.name if lr.sweep is None else f"{lr.sweep}/{lr.run.dir.name}"
@@ -95,6 +99,8 @@ def load_level(meta: dict[str, Any]) -> str | None:
             continue
         for key, unit in (("rate", "/s"), ("request_rate", "/s"), ("concurrency", "")):
             v = src.get(key)
+            if isinstance(v, float) and v == float("inf"):
+                return "all at once"
             if v is not None and not isinstance(v, (dict, list)):
                 return f"{key} {v}{unit}"
     return None

@@ -35,7 +35,7 @@ class Series:
     ys: Sequence[float]
     color: str
     mode: str = "line"  # "line" | "step" | "markers"
-    dash: bool = False
+    dash: bool = False  # dashed line; hollow markers
     labels: Sequence[str] | None = None  # tooltip per point (markers only)
     legend: bool = True
 
@@ -155,7 +155,8 @@ def chart(
         ]
         name = escape(s.name)
         if s.mode == "markers":
-            parts.append(f'<g class="series" fill="{s.color}"><title>{name}</title>')
+            paint = f'fill="none" stroke="{s.color}"' if s.dash else f'fill="{s.color}"'
+            parts.append(f'<g class="series" {paint}><title>{name}</title>')
             for x, y, i in pts:
                 tip = f"<title>{escape(s.labels[i])}</title>" if s.labels else ""
                 parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.6">{tip}</circle>')
@@ -176,7 +177,9 @@ def chart(
         ly = pad_t + ph + 52 + 18 * (k // 3)
         label = s.name if len(s.name) <= 28 else s.name[:27] + "…"
         parts.append(
-            f'<rect x="{lx:.1f}" y="{ly - 9}" width="12" height="10" fill="{s.color}"/>'
+            f'<rect x="{lx:.1f}" y="{ly - 9}" width="12" height="10" '
+            + (f'fill="none" stroke="{s.color}"' if s.dash else f'fill="{s.color}"')
+            + "/>"
             f'<text x="{lx + 16:.1f}" y="{ly}" class="lg">{escape(label)}</text>'
         )
     parts.append("</svg>")
