@@ -86,9 +86,8 @@ def test_without_token_ids_counts_chunks_and_keeps_server_usage():
     with threaded(FakeServerConfig(Behavior(tokens_per_chunk=4))) as srv:
         r = _send(srv.url, output_len=12, extensions=False)
     assert r.ok and r.output_tokens_client == 3 and r.output_tokens_server == 12
-    assert r.tpot_s == pytest.approx(
-        (r.e2e_s - r.ttft_s) / 11
-    )  # TPOT uses the server count    assert summarize([r])["counts"]["output_token_mismatch"] == 1
+    assert r.tpot_s == pytest.approx((r.e2e_s - r.ttft_s) / 11)  # TPOT uses the server count
+    assert summarize([r])["counts"]["output_token_mismatch"] == 1
 
 
 @HTTP_CLIENTS
