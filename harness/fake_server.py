@@ -47,6 +47,7 @@ class Behavior:
 class FakeServerConfig:
     default: Behavior = field(default_factory=Behavior)
     rules: dict[int, Behavior] = field(default_factory=dict)
+    drop_reused: int = 0  # close the first N requests that come on a kept-alive connection
 
     def behavior(self, index: int | None) -> Behavior:
         return self.rules.get(index, self.default) if index is not None else self.default
@@ -65,6 +66,7 @@ class FakeServerConfig:
         return cls(
             default=Behavior(**d.get("default", {})),
             rules={int(k): Behavior(**v) for k, v in d.get("rules", {}).items()},
+            drop_reused=int(d.get("drop_reused", 0)),
         )
 
 
@@ -90,6 +92,7 @@ class FakeServer:
         self.config = config or FakeServerConfig()
         self.requests_seen = 0
         self.connections = 0
+        self.dropped = 0
         self._templates: dict[tuple, bytes] = {}
         self._server: asyncio.base_events.Server | None = None
 
@@ -101,6 +104,7 @@ class FakeServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        served = 0
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -113,6 +117,11 @@ class FakeServer:
                         headers[k.strip().lower()] = v.strip()
                 n = int(headers.get("content-length", "0"))
                 body = await reader.readexactly(n) if n else b""
+                served += 1
+                if served > 1 and self.dropped < self.config.drop_reused:
+                    self.dropped += 1  # as if its keep-alive timeout fired just now
+                    writer.transport.abort()
+                    return
                 if not await self._route(method, path, headers, body, writer):
                     break
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):

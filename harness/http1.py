@@ -44,6 +44,7 @@ class H1Protocol(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.requests_sent = 0
         self._reset(None, None)
 
     def _reset(self, on_data: OnData | None, loop: asyncio.AbstractEventLoop | None) -> None:
@@ -211,12 +212,21 @@ class H1Pool:
         return proto
 
     async def request(
-        self, method: str, path: str, headers: dict[str, str], body: bytes, on_data: OnData
+        self,
+        method: str,
+        path: str,
+        headers: dict[str, str],
+        body: bytes,
+        on_data: OnData,
+        fresh: bool = False,
     ) -> H1Protocol:
         """Send; returns once the status line and headers are in (`proto.status`,
-        `proto.headers`); body bytes go to `on_data`; then `await finish(proto)`."""
+        `proto.headers`); body bytes go to `on_data`; then `await finish(proto)`.
+
+        A kept-alive connection the server closed just as we reused it (its idle timeout)
+        fails before any response byte: the request is sent once more on a new connection."""
         proto = None
-        while self._idle:
+        while self._idle and not fresh:
             cand = self._idle.pop()
             if not cand.closed:
                 proto = cand
@@ -230,8 +240,15 @@ class H1Pool:
         proto._reset(on_data, asyncio.get_running_loop())
         assert proto.transport is not None and proto.head is not None
         proto.transport.write(head + body)
+        reused = proto.requests_sent > 0
+        proto.requests_sent += 1
         try:
             await proto.head
+        except ConnectionLost as exc:
+            self.discard(proto)
+            if reused and not exc.got_response:
+                return await self.request(method, path, headers, body, on_data, fresh=True)
+            raise
         except BaseException:
             self.discard(proto)
             raise

@@ -68,6 +68,22 @@ def test_keep_alive_reuses_one_connection_for_sequential_requests():
     assert all(r.ok for r in recs) and idle == 1
 
 
+def test_request_dropped_on_a_reused_connection_is_sent_again_once():
+    async def go(url):
+        client = OpenAIClient(ClientConfig(base_url=url, model="m"), time.monotonic_ns())
+        recs = []
+        for i in range(3):
+            rec = RequestRecord(id=f"cbb-{i}", index=i, prompt_len=2, output_len=3)
+            recs.append(await client.send(rec, [1, 2]))
+        await client.aclose()
+        return recs
+
+    with threaded(FakeServerConfig(Behavior(), drop_reused=1)) as srv:
+        recs = asyncio.run(go(srv.url))
+        assert srv.server.dropped == 1 and srv.server.connections == 2
+    assert all(r.ok for r in recs), [r.error for r in recs]
+
+
 def test_multi_token_chunks_spread_their_gap_over_their_tokens():
     with threaded(FakeServerConfig(Behavior(itl_s=0.04, tokens_per_chunk=4))) as srv:
         r = _send(srv.url, output_len=12)
