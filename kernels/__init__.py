@@ -42,6 +42,8 @@ class AttentionBackend(Protocol):
         seq_lens: torch.Tensor,
         query_start_loc: torch.Tensor,
         scale: float,
+        max_query_len: int | None = None,
+        max_seq_len: int | None = None,
     ) -> torch.Tensor: ...
 
     def paged_decode_attention(
@@ -52,6 +54,7 @@ class AttentionBackend(Protocol):
         block_tables: torch.Tensor,
         seq_lens: torch.Tensor,
         scale: float,
+        max_seq_len: int | None = None,
     ) -> torch.Tensor: ...
 
 

@@ -57,13 +57,17 @@ class TorchAttentionBackend:
         block_tables: torch.Tensor,
         seq_lens: torch.Tensor,
         scale: float,
+        max_seq_len: int | None = None,
     ) -> torch.Tensor:
-        """q [B, Hq, D], one query per sequence at position seq_lens[b] - 1 -> [B, Hq, D]."""
+        """q [B, Hq, D], one query per sequence at position seq_lens[b] - 1 -> [B, Hq, D].
+        `max_seq_len` (optional, exact or an upper bound) spares reading seq_lens back."""
         num_seqs, num_q_heads, head_dim = q.shape
         _check_paged(k_cache, v_cache, num_q_heads)
         _, block_size, num_kv_heads, _ = k_cache.shape
         group = num_q_heads // num_kv_heads
-        num_blocks = -(-int(seq_lens.max()) // block_size)
+        if max_seq_len is None:
+            max_seq_len = int(seq_lens.max())
+        num_blocks = min(-(-max_seq_len // block_size), block_tables.shape[1])
         padded = num_blocks * block_size
         # On CPU, gather a few sequences at a time so the copy is still in cache when
         # attention reads it (measured: about 2x faster at 1k context than the whole batch).
@@ -111,9 +115,13 @@ class TorchAttentionBackend:
         seq_lens: torch.Tensor,
         query_start_loc: torch.Tensor,
         scale: float,
+        max_query_len: int | None = None,
+        max_seq_len: int | None = None,
     ) -> torch.Tensor:
         """Varlen causal attention: seq b's queries q[query_start_loc[b]:query_start_loc[b+1]]
-        sit at positions seq_lens[b] - qlen_b + i and see cached positions 0..their own."""
+        sit at positions seq_lens[b] - qlen_b + i and see cached positions 0..their own.
+        `max_query_len` / `max_seq_len` are accepted for interface parity with the Triton
+        backend (this one reads the lengths on the host anyway)."""
         num_tokens, num_q_heads, head_dim = q.shape
         _check_paged(k_cache, v_cache, num_q_heads)
         starts = query_start_loc.tolist()
@@ -125,7 +133,9 @@ class TorchAttentionBackend:
         )
         decode = [b for b, ql in enumerate(qlens) if ql == 1]
         if len(decode) == len(lens):
-            return self.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
+            return self.paged_decode_attention(
+                q, k_cache, v_cache, block_tables, seq_lens, scale, max_seq_len=max_seq_len
+            )
         out = torch.empty_like(q)
         if decode:
             rows = torch.tensor([starts[b] for b in decode], device=q.device)

@@ -144,3 +144,13 @@ def test_decode_long_context_gathers_in_groups():
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
     assert be._workspace is not None
     assert be._workspace.numel() == 2 * 69 * 16 * 8 * 64  # one sequence's 69 blocks at a time
+
+
+def test_length_hints_as_upper_bounds_change_nothing():
+    q, kc, vc, bt, sl, qsl = make_case([50, 7, 20], [1, 1, 1], 8, 2, 4)
+    be = TorchAttentionBackend(torch.device("cpu"))
+    exact = be.paged_attention(q, kc, vc, bt, sl, qsl, scale=0.25)
+    hinted = be.paged_attention(
+        q, kc, vc, bt, sl, qsl, scale=0.25, max_query_len=3, max_seq_len=999
+    )
+    torch.testing.assert_close(hinted, exact, atol=0, rtol=0)
