@@ -220,6 +220,10 @@ def test_web_ui_cbbench_page_renders_in_chromium(server, tmp_path):
 
         snap = _wait_for(finished)
         assert snap["summary"]["ttft_s"]["count"] == n and snap["series"]
+        # a restarted test finds the workload done: it stops at once, sending nothing again
+        assert httpx.post(ui + "/swarm", data={"user_count": 2, "spawn_rate": 10}).json()["success"]
+        again = _wait_for(lambda: (s := finished()) and s["tests_started"] == 2 and s)
+        assert again["summary"]["counts"]["total"] == n
         page = httpx.get(ui + "/cbbench", timeout=5).text
         assert f"{n} completed, 0 failed" in page and "<th>TTFT</th>" in page
         stats = httpx.get(ui + "/stats/requests", timeout=5).json()

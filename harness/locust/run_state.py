@@ -36,6 +36,7 @@ MSG_RECORDS = "cbbench_records"
 MSG_DRAIN = "cbbench_drain"
 MSG_DRAINED = "cbbench_drained"
 MSG_EXHAUSTED = "cbbench_exhausted"
+MSG_REFUSED = "cbbench_refused"
 
 
 class LocustRun:
@@ -85,6 +86,7 @@ class LocustRun:
         self.acks: dict[str, dict] = {}
         self.exhausted_workers: set[str] = set()
         self.taken_max = -1
+        self.tests_started = 0
         if self.role != "worker":
             meta = {"workload_schedule": schedule}
             self.collector = RunCollector(settings, self.workload, self.digest, meta)
@@ -96,6 +98,7 @@ class LocustRun:
             runner.register_message(MSG_RECORDS, self._on_records)
             runner.register_message(MSG_DRAINED, self._on_drained)
             runner.register_message(MSG_EXHAUSTED, self._on_exhausted)
+            runner.register_message(MSG_REFUSED, self._on_refused)
         elif self.role == "worker":
             runner.register_message(MSG_PLAN, self._on_plan)
             runner.register_message(MSG_DRAIN, lambda environment, msg: self.drain())
@@ -112,6 +115,21 @@ class LocustRun:
         self.taken_max = max(self.taken_max, msg.data["taken_max"])
         self.acks[msg.node_id] = msg.data
 
+    def _on_refused(self, environment, msg) -> None:
+        assert self.collector is not None
+        log.error(
+            "cbbench: worker %s loaded a different workload (digest %s, master %s); its share "
+            "of this test's requests is not sent",
+            msg.node_id,
+            msg.data["digest"],
+            self.digest,
+        )
+        self.collector.meta["load"]["refused_workers"] = (
+            self.collector.meta["load"].get("refused_workers", 0) + 1
+        )
+        self.planned.pop(msg.node_id, None)
+        self._on_exhausted(environment, msg)
+
     def _on_exhausted(self, environment, msg) -> None:
         self.exhausted_workers.add(msg.node_id)
         if self.planned and set(self.planned) <= self.exhausted_workers:
@@ -122,10 +140,12 @@ class LocustRun:
         if d["digest"] != self.digest:
             log.error(
                 "cbbench: this worker loaded a different workload than the master "
-                "(digest %s, master %s): check --workload/--seed/--num-requests; it sends nothing",
+                "(digest %s, master %s): check --workload/--seed/--num-requests; quitting",
                 self.digest,
                 d["digest"],
             )
+            self.env.runner.send_message(MSG_REFUSED, {"digest": self.digest})
+            gevent.spawn(self.env.runner.quit)
             return
         self.t0_wall = d["t0_wall"]
         self.t0_ns = time.monotonic_ns() - int((time.time() - d["t0_wall"]) * 1e9)
@@ -134,6 +154,7 @@ class LocustRun:
         self.dispenser.assign(Plan(d["slot"], d["of"], d["base"], d["shift_s"]))
         self.accepting = True
         self.exhausted_sent = False
+        self._check_exhausted()  # a restart after the whole workload ran: nothing to send
 
     def _flush_loop(self) -> None:
         while True:
@@ -152,6 +173,7 @@ class LocustRun:
 
     def start_test(self) -> None:
         assert self.collector is not None
+        self.tests_started += 1
         if self.t0_ns is None:
             self.t0_ns, self.t0_wall = time.monotonic_ns(), time.time()
             self.collector.start_samplers(self.t0_ns)
@@ -163,6 +185,7 @@ class LocustRun:
         if self.role == "local":
             self.dispenser.assign(Plan(0, 1, base, shift))
             self.accepting = True
+            self._check_exhausted()
             return
         runner = self.env.runner
         workers = runner.clients.ready + runner.clients.spawning + runner.clients.running

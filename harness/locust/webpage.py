@@ -50,6 +50,7 @@ class PageData:
             "base_url": self.run.settings.base_url,
             "model": self.run.settings.model,
             "state": getattr(runner, "state", None),
+            "tests_started": self.run.tests_started,
             "user_count": getattr(runner, "user_count", 0),
             "elapsed_s": self.run.now_s() if self.run.t0_ns is not None else 0.0,
             "summary": self.summary(),
