@@ -49,6 +49,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="workload seed")
     p.add_argument("--num-requests", type=int, default=None)
     p.add_argument("--rate", type=float, default=None, help="Poisson arrivals at R req/s")
+    p.add_argument(
+        "--drop-too-long",
+        action="store_true",
+        help="skip requests whose prompt + output exceed max_model_len (counted on screen)",
+    )
     p.add_argument("--model", default="llama-3-8b", help="model preset or HF folder (shape)")
     p.add_argument("--dtype", default="auto", help="auto = the model's dtype")
     p.add_argument(
@@ -298,6 +303,7 @@ def comparison_table(results: dict[str, SimResult], title: str, steps_mode: bool
         lambda s: f(s["kv_reserved_unused_tokens_mean"], "{:.0f}"),
     )
     row("preemptions", lambda s: str(s["num_preemptions"]))
+    row("prompt tokens from prefix cache", lambda s: f(s["prefix_cache_hit_rate"], "{:.0%}"))
     return t
 
 
@@ -335,6 +341,16 @@ def run(args: argparse.Namespace) -> int:
     wl = load_workload(args.workload, seed=args.seed, num_requests=args.num_requests)
     if args.rate is not None:
         wl = with_arrivals(wl, "poisson", rate=args.rate, seed=args.seed)
+    if args.drop_too_long:
+        limit = args.max_model_len or resolve_model_config(args.model).max_position_embeddings
+        kept = tuple(r for r in wl.requests if r.prompt_len + r.output_len <= limit)
+        console.print(
+            f"--drop-too-long: skipped {len(wl) - len(kept)} of {len(wl)} requests longer "
+            f"than max_model_len {limit}"
+        )
+        if not kept:
+            raise CbbenchError(f"every request of {args.workload} exceeds max_model_len {limit}")
+        wl = dataclasses.replace(wl, requests=kept)
     real = args.executor == "real"
     hw = get_hardware(args.hardware)
     steps_mode = hw.steps and not real

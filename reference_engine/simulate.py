@@ -124,6 +124,10 @@ class SimResult:
                 [s.kv_reserved_unused_tokens for s in self.steps]
             ),
             "num_preemptions": sum(r.num_preemptions for r in self.requests),
+            "prefix_cache_hit_rate": (
+                sum(r.num_cached_tokens for r in self.requests)
+                / max(1, sum(r.prompt_len for r in self.requests))
+            ),
         }
 
 
@@ -206,7 +210,10 @@ def replay(
                     arrival_time=t0 + arrival,
                 )
             except EngineError as exc:
-                raise EngineError(f"workload request {spec.index}: {exc}") from None
+                raise EngineError(
+                    f"workload request {spec.index}: {exc} (cbbench sim: --drop-too-long skips such "
+                    f"requests)"
+                ) from None
             recs[rid] = SimRequest(
                 rid, spec.index, spec.prompt_len, spec.output_len, spec.priority, arrival
             )

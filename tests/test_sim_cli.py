@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from cbbench.harness.cli import main
 from cbbench.harness.results import load_run
@@ -81,3 +83,15 @@ def test_real_executor_replay_is_labelled_measured(tmp_path, capsys):
     run = load_run(tmp_path / "continuous")
     assert run.meta["simulated"] is False and run.meta["name"] == "offline-continuous"
     assert sorted(r.output_tokens_server for r in run.records) == [3, 5, 6, 8, 10, 12]
+
+
+def test_drop_too_long_skips_and_counts(capsys):
+    rc = main(
+        ["sim", "--model", "tiny", "--workload", "heavy-mixed", "--num-requests", "20",
+         "--drop-too-long", "--scheduler", "continuous", "--hardware", "steps"]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0
+    skipped = int(out.split("--drop-too-long: skipped ")[1].split()[0])
+    assert 0 < skipped < 20
+    assert re.search(rf"│ requests\s+│\s+{20 - skipped} │", out)
