@@ -106,8 +106,6 @@ def run_level(args: argparse.Namespace, level: Level, out: Path) -> dict:
         raise CbbenchError(
             f"{cfg.out_dir}: level stopped while finishing ({watch.reason})"
         ) from None
-    if result.interrupted and watch.reason is None:
-        raise KeyboardInterrupt  # the user's Ctrl-C: stop the sweep, keep what finished
     s = result.summary
     return {
         "name": level.name,
@@ -121,6 +119,7 @@ def run_level(args: argparse.Namespace, level: Level, out: Path) -> dict:
         "ttft_p99_s": (s.get("ttft_s") or {}).get("p99"),
         "completed": (s.get("counts") or {}).get("completed"),
         "stopped_early": watch.reason,
+        "interrupted": result.interrupted and watch.reason is None,  # the user's Ctrl-C
         "wall_s": round(time.monotonic() - t, 3),
     }
 
@@ -186,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
             if lv["stopped_early"]:
                 print(f"  stopped early: {lv['stopped_early']}", file=sys.stderr)
             _write_index(out, index)
+            if lv["interrupted"]:
+                raise KeyboardInterrupt  # stop the sweep; the level keeps what finished
             if mode == "auto" and level.name == "max":
                 sync_rps = index["levels"][0]["request_throughput"] or 0.0
                 rates = auto_rates(sync_rps, lv["request_throughput"] or 0.0, args.between)

@@ -110,3 +110,38 @@ def test_existing_sweep_folder_is_refused(tmp_path: Path, capsys) -> None:
     argv = ["sweep", "--base-url", "http://127.0.0.1:9", "--rates", "1", "--out", str(tmp_path)]
     assert main(argv) == 2
     assert "already holds a sweep" in capsys.readouterr().err
+
+
+def test_ctrl_c_stops_the_sweep_and_keeps_finished_requests(tmp_path: Path) -> None:
+    import os
+    import signal
+    import threading
+
+    out = tmp_path / "int"
+    slow = Behavior(ttft_s=0.05, tokens_per_chunk=64)
+    with threaded(FakeServerConfig(default=slow)) as srv:
+        argv = ["sweep", "--base-url", srv.url, "--concurrency", "1,2", "--out", str(out)]
+        argv += ["--workload", "uniform", "--num-requests", "40"]
+        done = threading.Event()
+
+        def ctrl_c_after_three_requests() -> None:  # as a user would, mid-level
+            log = out / "concurrency-1" / "requests.jsonl"
+            while not done.wait(0.02):
+                if log.exists() and log.read_text().count("\n") >= 3:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    return
+
+        watcher = threading.Thread(target=ctrl_c_after_three_requests, daemon=True)
+        watcher.start()
+        try:
+            rc = main([*argv, "--no-live", "--no-server-metrics", "--no-gpu-metrics"])
+        finally:
+            done.set()
+            watcher.join(5)
+    assert rc == 130
+    index = json.loads((out / "sweep.json").read_text())
+    assert index["status"] == "interrupted"
+    assert index["runs"] == ["concurrency-1"]  # the second level never started
+    assert index["levels"][0]["interrupted"] is True
+    run = load_run(out / "concurrency-1")
+    assert 0 < len(run.records) < 40 and run.meta["interrupted"] is True
