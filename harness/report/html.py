@@ -155,7 +155,9 @@ def render(runs: list[LoadedRun], samples: list[RunSamples], rows: list[dict]) -
         (
             "Summary",
             _summary_table(runs, rows)
-            + '<p class="muted">★ best value per column. Latencies in ms. Goodput needs an SLO.</p>',
+            + '<p class="muted">★ best value per column (KV usage and GPU utilization are not'
+            " ranked: neither more nor less is better in itself). Latencies in ms. Goodput needs"
+            " an SLO (<code>--slo</code>).</p>",
         ),
         ("Latency percentiles", _percentile_tables(runs, rows)),
         (
