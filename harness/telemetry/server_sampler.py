@@ -33,7 +33,7 @@ class ServerMetricsSampler:
         assert interval_s > 0, "interval must be positive"
         self.url = url
         self.interval_s = interval_s
-        self.timeout_s = timeout_s or max(0.2, min(2.0, 2 * interval_s))
+        self.timeout_s = timeout_s or max(1.0, min(5.0, 2 * interval_s))
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
