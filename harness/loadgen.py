@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from cbbench.harness.client import ClientConfig, OpenAIClient
 from cbbench.harness.prompts import PromptBuilder
@@ -78,17 +78,16 @@ async def _sleep_until_s(t_s: float, t0_ns: int, stop: asyncio.Event) -> None:
             await asyncio.wait_for(stop.wait(), delay)
 
 
+_ABSOLUTE = ("scheduled_s", "ready_s", "sent_s", "first_token_s", "last_token_s", "end_s")
+
+
 def shift_record(rec: RequestRecord, delta_s: float) -> None:
     """Move every absolute time of `rec` by delta_s (warmup records measured before t0)."""
-    for f in fields(rec):
-        if f.name.endswith("_s") and f.name in _ABSOLUTE:
-            v = getattr(rec, f.name)
-            if v is not None:
-                setattr(rec, f.name, v + delta_s)
+    for name in _ABSOLUTE:
+        v = getattr(rec, name)
+        if v is not None:
+            setattr(rec, name, v + delta_s)
     rec.token_times_s = [t + delta_s for t in rec.token_times_s]
-
-
-_ABSOLUTE = {"scheduled_s", "ready_s", "sent_s", "first_token_s", "last_token_s", "end_s"}
 
 
 class Worker:
@@ -99,6 +98,7 @@ class Worker:
         self.prompts = PromptBuilder(plan.seed, plan.prefix_block_size, plan.tokenizer)
         self.stop = asyncio.Event()
         self.t0_ns = 0
+        self._warmup_t0_ns = 0
         self._tasks: set[asyncio.Task] = set()
 
     def _record(self, job: Job) -> RequestRecord:
