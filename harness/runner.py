@@ -91,14 +91,10 @@ def _jobs(wl: Workload, warmup: int) -> tuple[list[Job], list[Job]]:
 
 def _plans(cfg: BenchConfig, client: ClientConfig) -> list[WorkerPlan]:
     jobs, warm = _jobs(cfg.workload, cfg.warmup)
-    n = cfg.workers
+    n = min(cfg.workers, cfg.concurrency or cfg.workers)  # every worker holds >= 1 slot
     plans = []
     for w in range(n):
-        share = None
-        if cfg.concurrency:
-            share = cfg.concurrency // n + (1 if w < cfg.concurrency % n else 0)
-            if share == 0:
-                continue
+        share = cfg.concurrency // n + (w < cfg.concurrency % n) if cfg.concurrency else None
         plans.append(
             WorkerPlan(
                 worker=w,
@@ -140,6 +136,48 @@ def _run_inprocess(plan: WorkerPlan, on_event, stop_flag: threading.Event) -> di
     return asyncio.run(main())
 
 
+def _run_meta(cfg: BenchConfig, name: str, engine: dict, model: str, workers: int) -> dict:
+    """run.json as written at the start; the end adds status, ended_at and summary."""
+    return {
+        "name": name,
+        "status": "running",
+        "command": cfg.command,
+        "record_schema_version": RECORD_SCHEMA_VERSION,
+        "workload": {
+            "name": cfg.workload.name,
+            "seed": cfg.workload.seed,
+            "num_requests": len(cfg.workload),
+            "prefix_block_size": cfg.workload.prefix_block_size,
+            "source": cfg.workload.source,
+        },
+        "target": {
+            "base_url": cfg.base_url,
+            "model": model,
+            "endpoint": cfg.endpoint,
+            "engine": engine,
+        },
+        "load": {
+            "mode": "open" if cfg.workload.open_loop else "closed",
+            "concurrency": cfg.concurrency,
+            "duration_s": cfg.duration_s,
+            "warmup": cfg.warmup,
+            "workers": workers,
+            "stream": cfg.stream,
+            "timeout_s": cfg.timeout_s,
+            "extensions": cfg.extensions,
+            "http_client": cfg.http_client,
+            "text_prompts": cfg.text_prompts or cfg.endpoint == "chat",
+            "tokenizer": cfg.tokenizer,
+            "slo_s": cfg.slo,
+            **cfg.load,
+        },
+        "environment": environment(),
+        "started_at": _now_iso(),
+        "ended_at": None,
+        "interrupted": False,
+    }
+
+
 def run_bench(
     cfg: BenchConfig, samplers: list | None = None, console: Console | None = None
 ) -> BenchResult:
@@ -170,45 +208,7 @@ def run_bench(
         http_client=cfg.http_client,
     )
     plans = _plans(cfg, client)
-    open_loop = cfg.workload.open_loop
-    meta: dict = {
-        "name": name,
-        "status": "running",
-        "command": cfg.command,
-        "record_schema_version": RECORD_SCHEMA_VERSION,
-        "workload": {
-            "name": cfg.workload.name,
-            "seed": cfg.workload.seed,
-            "num_requests": len(cfg.workload),
-            "prefix_block_size": cfg.workload.prefix_block_size,
-            "source": cfg.workload.source,
-        },
-        "target": {
-            "base_url": cfg.base_url,
-            "model": model,
-            "endpoint": cfg.endpoint,
-            "engine": engine,
-        },
-        "load": {
-            "mode": "open" if open_loop else "closed",
-            "concurrency": cfg.concurrency,
-            "duration_s": cfg.duration_s,
-            "warmup": cfg.warmup,
-            "workers": len(plans),
-            "stream": cfg.stream,
-            "timeout_s": cfg.timeout_s,
-            "extensions": cfg.extensions,
-            "http_client": cfg.http_client,
-            "text_prompts": cfg.text_prompts or cfg.endpoint == "chat",
-            "tokenizer": cfg.tokenizer,
-            "slo_s": cfg.slo,
-            **cfg.load,
-        },
-        "environment": environment(),
-        "started_at": _now_iso(),
-        "ended_at": None,
-        "interrupted": False,
-    }
+    meta = _run_meta(cfg, name, engine, model, len(plans))
     writer = RunWriter(run_dir)
     writer.write_run(meta)
     records: list[RequestRecord] = []

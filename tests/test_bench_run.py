@@ -121,3 +121,10 @@ def test_live_view_and_summary_table_render(tmp_path):
     text = console.file.getvalue()
     assert "done" in text and "5/5" in text and "in flight 3" in text
     assert "TTFT (ms)" in text and "goodput" in text
+
+
+def test_more_workers_than_slots_loses_no_request(tmp_path):
+    with threaded(FakeServerConfig(Behavior())) as srv:
+        res = _run(srv.url, _wl(5), tmp_path, concurrency=1, workers=3)
+    assert sorted(r.index for r in res.records) == list(range(5))
+    assert res.meta["load"]["workers"] == 1 and _max_overlap(res.records) == 1
