@@ -206,3 +206,28 @@ def test_not_prometheus_text_is_a_counted_failure() -> None:
             time.sleep(0.01)
     assert samples == []
     assert summary["failures"] >= 1 and summary["samples"] == 0
+
+
+def test_bench_records_server_samples_from_metrics_url(tmp_path) -> None:
+    """`cbbench bench --metrics-url`: samples land in timeseries.jsonl, summary in run.json."""
+    from cbbench.harness.cli import main as cli_main
+    from cbbench.harness.fake_server import ThreadedServer
+    from cbbench.harness.results import load_run
+
+    target = ThreadedServer()
+    try:
+        with MetricsServer(fixture("tgi.txt")) as metrics:
+            argv = ["bench", "--base-url", target.url, "--workload", "seed-demo"]
+            argv += ["--out", str(tmp_path / "run"), "--no-live", "--no-gpu-metrics"]
+            argv += ["--metrics-url", metrics.url, "--metrics-interval", "0.05"]
+            assert cli_main(argv) == 0
+    finally:
+        target.stop()
+    run = load_run(tmp_path / "run")
+    samples = [s for s in run.timeseries if s["source"] == "server"]
+    assert len(samples) >= 2  # the first scrape and the closing one at least
+    assert all(s["running"] == 9.0 and s["waiting"] == 6.0 for s in samples)
+    assert samples[-1]["t_s"] >= max(r.last_token_s for r in run.records)
+    server = run.meta["summary"]["telemetry"]["server"]
+    assert server["engine"] == "tgi" and server["running"] == {"mean": 9.0, "max": 9.0}
+    assert "kv_usage" in server["unavailable"] and "kv_usage" not in server
