@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+import socket
+
 import httpx
 import openai
 import pytest
 from cbbench.reference_engine.config import DynamicConfig, EngineConfig, StaticConfig
 from cbbench.reference_engine.engine import LLMEngine
 from cbbench.reference_engine.sampling_params import SamplingParams
+from cbbench.reference_engine.server.build import build_stack
+from cbbench.reference_engine.server.runner import ThreadedServer
 from cbbench.reference_engine.tokenizer import apply_chat_template
 
 from tests.server_support import scrape, serve
@@ -189,3 +193,17 @@ def test_models_health_and_metrics(server):
     assert m["vllm:e2e_request_latency_seconds_count"] >= 1
     assert m["vllm:generation_tokens_total"] >= m["vllm:e2e_request_latency_seconds_count"]
     assert m["vllm:kv_cache_usage_perc"] == 0.0
+
+
+def test_connections_disable_nagle():
+    # Without TCP_NODELAY each SSE chunk would wait for the ACK of the one before (~40 ms).
+    stack = build_stack(CONFIGS["continuous"])
+    threaded = ThreadedServer(stack.app, on_stop=stack.stop_soon)
+    try:
+        with threaded as url, httpx.Client() as http:
+            assert http.get(url + "/health").status_code == 200
+            (conn,) = threaded.server.server_state.connections  # the client's keep-alive one
+            sock = conn.transport.get_extra_info("socket")
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    finally:
+        stack.shutdown()

@@ -24,7 +24,9 @@ GRACEFUL_SHUTDOWN_S = 5
 
 def bind_socket(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets that say TCP, and
+    # without it Nagle holds each SSE chunk until the previous one is ACKed (~40 ms).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.set_inheritable(True)
@@ -124,6 +126,10 @@ class ThreadedServer:
             self.__exit__(None, None, None)
             raise RuntimeError("server thread did not start")
         return base_url(self._sock)
+
+    @property
+    def server(self) -> Server:
+        return self._server
 
     def __exit__(self, *exc: object) -> None:
         self._server.stop()
