@@ -231,3 +231,29 @@ def test_bench_records_server_samples_from_metrics_url(tmp_path) -> None:
     server = run.meta["summary"]["telemetry"]["server"]
     assert server["engine"] == "tgi" and server["running"] == {"mean": 9.0, "max": 9.0}
     assert "kv_usage" in server["unavailable"] and "kv_usage" not in server
+
+
+def test_live_view_shows_kv_usage_running_and_waiting() -> None:
+    import io
+
+    from cbbench.harness.live import LiveStats
+    from rich.console import Console
+
+    with MetricsServer(fixture("vllm.txt")) as server:
+        sampler = ServerMetricsSampler(server.url, interval_s=0.02)
+        sampler.start(time.monotonic_ns(), lambda s: None)
+        deadline = time.monotonic() + 10
+        while not sampler.latest() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        live = LiveStats(total=10, samplers=[sampler])
+        out = io.StringIO()
+        Console(file=out, width=200).print(live.render())
+        server.text = set_value(server.text, "vllm:kv_cache_usage_perc", 0.9)
+        while sampler.latest().get("kv_usage") != 0.9 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        later = io.StringIO()
+        Console(file=later, width=200).print(live.render())
+        sampler.stop()
+    shown = out.getvalue()
+    assert "running 7" in shown and "waiting 3" in shown and "kv_usage 0.438" in shown
+    assert "kv_usage 0.9" in later.getvalue()  # it follows the server as it changes
