@@ -116,6 +116,7 @@ def measure(
             http_client=http_client,
         )
         res = run_bench(cfg, console=Console(file=io.StringIO()))
+    workers = res.meta["load"]["workers"]  # never more than streams
     errs = [
         d
         for r in res.records
@@ -180,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
                 fmt0 = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
                 table.add_row(
                     str(s),
-                    str(w),
+                    str(m["workers"]),
                     f"{m['requests']} ({m['failed']} failed)"
                     if m["failed"]
                     else str(m["requests"]),
