@@ -163,7 +163,7 @@ def save_model(
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     cfg_dict = model.config.to_hf_dict()
-    dtype_name = str(model.lm_head.weight.dtype).removeprefix("torch.")
+    dtype_name = str(model.model.embed_tokens.weight.dtype).removeprefix("torch.")
     cfg_dict.update(hidden_act="silu", torch_dtype=dtype_name)
     (folder / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n", encoding="utf-8")
     tensors = {

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from cbbench.kernels import get_attention_backend
+from cbbench.reference_engine.cpu_linear import optimize_cpu_linears
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.executor import ScheduledChunk
 from cbbench.reference_engine.loader import load_model, random_model, resolve_config, resolve_dtype
@@ -71,8 +72,10 @@ class ModelRunner:
             self.model = random_model(resolve_config(model), dtype, self.device, seed)
         else:
             self.model = load_model(model, dtype, self.device)
+        # "onednn" | "column-major" on the CPU (see cpu_linear.py), "torch" elsewhere
+        self.linear_impl = "torch"
         if self.device.type == "cpu":
-            self.model.use_column_major_weights()
+            self.linear_impl = optimize_cpu_linears(self.model)
         self.model_config: ModelConfig = self.model.config
         self.dtype = resolve_dtype(dtype, self.model_config)
         self.block_size = block_size

@@ -76,7 +76,7 @@ def paged_logits(model, tokens: list[int], block_size: int = 4) -> torch.Tensor:
         block_size,
         cfg.num_key_value_heads,
         cfg.head_dim,
-        dtype=model.lm_head.weight.dtype,
+        dtype=model.model.embed_tokens.weight.dtype,
     )
     with torch.inference_mode():
         b = prepare_batch([ScheduledChunk(seq, len(tokens))], block_size, cfg.vocab_size, "cpu")

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cbbench.reference_engine.cpu_linear import optimize_cpu_linears
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.executor import ScheduledChunk
-from cbbench.reference_engine.loader import save_random_model
+from cbbench.reference_engine.loader import random_model, save_random_model
 from cbbench.reference_engine.model_config import preset_config
 from cbbench.reference_engine.model_runner import ModelRunner
-from engine_model_support import generate, make_seq
+from engine_model_support import generate, make_seq, paged_logits
 
 PROMPTS = [[11, 12, 13, 14, 15, 16, 17], [400, 3], [9] * 19, [100, 200, 300, 400, 500]]
 
@@ -91,3 +92,16 @@ def test_caller_errors_are_engine_errors():
     if not torch.cuda.is_available():
         with pytest.raises(EngineError, match="CUDA is not available"):
             _runner(device="cuda")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_cpu_linear_layouts_keep_the_logits(dtype):
+    base = random_model("tiny", dtype, seed=11)
+    want = paged_logits(base, PROMPTS[2])
+    fast = random_model("tiny", dtype, seed=11)
+    impl = optimize_cpu_linears(fast)
+    assert impl == ("column-major" if dtype == "float16" else "onednn")
+    assert not any(isinstance(m, torch.nn.Linear) for m in fast.modules()) or impl != "onednn"
+    tol = 1e-4 if dtype == "float32" else 3e-2
+    torch.testing.assert_close(paged_logits(fast, PROMPTS[2]), want, rtol=tol, atol=tol)
+    assert _runner(dtype=dtype).linear_impl == impl
