@@ -40,8 +40,12 @@ class CheckResult:
 
 
 def correctness_grid(device: torch.device, dtypes: list[torch.dtype], quick: bool) -> list:
-    """Triton vs the oracle (small cases, oracle on CPU) and vs the torch backend on the same
-    device (long contexts); also reshape_and_cache. Runs on CPU under TRITON_INTERPRET=1."""
+    """Both attention kernels on every case: the prefill kernel on all queries, the decode
+    kernel on each sequence's last query. References: the oracle (small cases, run on CPU),
+    the torch backend on the same device (long contexts). Plus reshape_and_cache, exactly.
+    Runs on CPU tensors too, under TRITON_INTERPRET=1."""
+    from cbbench.kernels import triton_attention
+
     triton_be = get_attention_backend("triton", device)
     torch_be = TorchAttentionBackend(device)
     small = [  # seq_lens, query_lens, block_size, Hkv, group
@@ -50,32 +54,41 @@ def correctness_grid(device: torch.device, dtypes: list[torch.dtype], quick: boo
         ([70, 9, 33, 1], [1, 3, 1, 1], 32, 2, 4),
         ([130, 5, 64], [1, 1, 1], 16, 2, 4),
     ]
-    large = (
-        []
-        if quick
-        else [
-            ([4096, 1000, 17], [1, 1, 1], 16, 8, 4),
-            ([32768, 5000], [1, 1], 16, 8, 4),
-            ([3000, 2048], [1000, 2048], 16, 8, 4),  # chunked prefill on a 2000-token prefix
-            ([8192], [8192], 64, 8, 1),
-        ]
-    )
+    large = [
+        ([4096, 1000, 17], [1, 1, 1], 16, 8, 4),
+        ([32768, 5000], [1, 1], 16, 8, 4),
+        ([3000, 2048], [1000, 2048], 16, 8, 4),  # chunked prefill on a 2000-token prefix
+        ([8192], [8192], 64, 8, 1),
+    ]
+    cases = [(case, 16, None) for case in small]
+    if not quick:
+        cases += [(case, 128, None) for case in large]
+        cases.append((([45, 20], [5, 20], 16, 1, 4), 16, 2**23 + 64))  # pool past 2**31 elements
     results = []
     for dtype in dtypes:
         name = str(dtype).removeprefix("torch.")
-        for case in small + large:
-            head_dim = 16 if case in small else 128
-            c = make_paged_case(*case, head_dim=head_dim, dtype=dtype, device=device)
+        for case, head_dim, pool in cases:
+            c = make_paged_case(
+                *case, head_dim=head_dim, dtype=dtype, device=device, num_blocks=pool
+            )
             args = [c[k] for k in KEYS]
-            out = triton_be.paged_attention(*args, head_dim**-0.5).float()
-            if case in small:
-                ref = ref_paged_attention(*[a.cpu() for a in args], head_dim**-0.5).to(device)
+            scale = head_dim**-0.5
+            if case in small or pool:
+                ref = ref_paged_attention(*[a.cpu() for a in args], scale).to(device)
             else:
-                ref = torch_be.paged_attention(*args, head_dim**-0.5).float()
-            err = float((out - ref).abs().max())
+                ref = torch_be.paged_attention(*args, scale).float()
             tol = TOL[dtype] * max(1.0, float(ref.abs().max()))
-            label = f"attn seq_lens={case[0]} qlens={case[1]} bs={case[2]} g={case[4]}"
-            results.append(CheckResult(label, name, err, tol, err <= tol))
+            label = f"seq_lens={case[0]} qlens={case[1]} bs={case[2]} g={case[4]}"
+            if pool:
+                label += f" pool={pool} blocks"
+            out = triton_attention.paged_prefill_attention(*args, scale, max_query_len=max(case[1]))
+            err = float((out.float() - ref).abs().max())
+            results.append(CheckResult("prefill " + label, name, err, tol, err <= tol))
+            last = (c["query_start_loc"][1:] - 1).long()
+            dec = triton_be.paged_decode_attention(c["q"][last], *args[1:5], scale)
+            err = float((dec.float() - ref[last]).abs().max())
+            results.append(CheckResult("decode " + label, name, err, tol, err <= tol))
+            del c, args, ref, out, dec
         kc = torch.zeros(64, 16, 8, 128, dtype=dtype, device=device)
         vc = torch.zeros_like(kc)
         key = torch.randn(50, 8, 128, device=device).to(dtype)
@@ -129,16 +142,20 @@ def decode_benchmark(device, batches, contexts, peak: float, budget_bytes: int) 
             kd = c["k_cache"][ids].view(b, -1, hkv, hd)[:, :ctx].transpose(1, 2).contiguous()
             vd = c["v_cache"][ids].view(b, -1, hkv, hd)[:, :ctx].transpose(1, 2).contiguous()
             qd = c["q"].view(b, hkv, hq // hkv, hd)
+            dense = F.scaled_dot_product_attention(qd, kd, vd, scale=hd**-0.5).view(b, hq, hd)
+            paged = triton_be.paged_decode_attention(*args, hd**-0.5, max_seq_len=ctx)
+            err = float((paged.float() - dense.float()).abs().max())
             sdpa = time_ms(
                 lambda q=qd, k=kd, v=vd: F.scaled_dot_product_attention(q, k, v, scale=hd**-0.5)
             )
-            del c, args, kd, vd
+            del c, args, kd, vd, dense, paged
             torch.cuda.empty_cache()
             rows.append(
                 {
                     "batch": b,
                     "context": ctx,
                     "bytes": nbytes,
+                    "max_abs_err_vs_sdpa": err,
                     "triton_ms": tri,
                     "triton_gbps": nbytes / tri / 1e6,
                     "triton_frac_peak": nbytes / tri / 1e-3 / peak,

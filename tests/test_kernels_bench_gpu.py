@@ -61,7 +61,7 @@ def test_correctness_grid_and_report_on_cpu(tmp_path, interpret):
     from cbbench.kernels.bench_gpu import GOAL, correctness_grid
 
     checks = correctness_grid(torch.device("cpu"), [torch.float32], quick=True)
-    assert len(checks) == 5 and all(c.passed for c in checks), checks
+    assert len(checks) == 9 and all(c.passed for c in checks), checks  # 4 cases x 2 kernels + cache
     assert checks[-1].name == "reshape_and_cache" and checks[-1].max_abs_err == 0.0
     report = {
         "device": "cpu-test",
@@ -86,7 +86,7 @@ def test_correctness_grid_and_report_on_cpu(tmp_path, interpret):
     text = write_results(tmp_path / "out", report)
     assert json.loads((tmp_path / "out" / "bench_gpu.json").read_text()) == report
     assert (tmp_path / "out" / "summary.txt").read_text() == text
-    assert "correctness: 5/6 passed" in text and "FAIL x bfloat16" in text
+    assert "correctness: 9/10 passed" in text and "FAIL x bfloat16" in text
     assert "2800 (84%)" in text and "-> MET" in text
     assert "heads 32 q / 8 kv x 128, block 16" in text
 

@@ -39,6 +39,6 @@ def test_bench_gpu_quick(tmp_path):
 @pytest.mark.slow
 def test_bench_gpu_full_grid(tmp_path):
     report = _run_bench_gpu(tmp_path)
-    assert len(report["correctness"]) == 3 * 9  # 3 dtypes x (8 attention cases + cache)
+    assert len(report["correctness"]) == 3 * (9 * 2 + 1)  # dtypes x (9 cases x 2 kernels + cache)
     assert all(c["passed"] for c in report["correctness"])
     assert {(r["batch"], r["context"]) for r in report["decode"]} >= {(64, 4096)}
