@@ -14,7 +14,7 @@ partial UTF-8 character (held back until complete; invalid bytes become U+FFFD).
 from __future__ import annotations
 
 import codecs
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -128,15 +128,13 @@ class _HFDetokenizer:
     left context keep word-boundary spaces right for tokenizers that strip them."""
 
     tok: HFTokenizer
-    ids: list[int] | None = None
+    ids: list[int] = field(default_factory=list)
     prefix_offset: int = 0  # start of the context window
     read_offset: int = 0  # ids before this are already emitted as text
 
     CONTEXT = 5
 
     def push(self, token_ids: list[int]) -> str:
-        if self.ids is None:
-            self.ids = []
         self.ids.extend(token_ids)
         prefix = self.tok.decode(self.ids[self.prefix_offset : self.read_offset])
         full = self.tok.decode(self.ids[self.prefix_offset :])
