@@ -128,3 +128,18 @@ def test_more_workers_than_slots_loses_no_request(tmp_path):
         res = _run(srv.url, _wl(5), tmp_path, concurrency=1, workers=3)
     assert sorted(r.index for r in res.records) == list(range(5))
     assert res.meta["load"]["workers"] == 1 and _max_overlap(res.records) == 1
+
+
+def test_chat_with_tokenizer_sends_exact_length_text(tmp_path):
+    from test_bench_prompts import _word_tokenizer
+
+    _word_tokenizer(tmp_path / "tokenizer.json")
+    wl = Workload("t", 0, tuple(RequestSpec(i, 20 + i, 4, prefix_ids=(1,)) for i in range(4)), 8)
+    with threaded(FakeServerConfig(Behavior())) as srv:  # it counts prompt words as tokens
+        res = _run(srv.url, wl, tmp_path, endpoint="chat", tokenizer=str(tmp_path), concurrency=2)
+    assert all(r.ok for r in res.records)
+    assert all(
+        r.prompt_tokens_client == r.prompt_tokens_server == r.prompt_len for r in res.records
+    )
+    assert res.summary["counts"]["prompt_token_mismatch"] == 0
+    assert res.meta["load"]["text_prompts"] is True
