@@ -50,11 +50,13 @@ class LiveStats:
 
     def on_sample(self, sample: dict) -> None:
         if sample.get("source") == "client":
-            self.sent[sample.get("worker", 0)] = sample.get("sent", 0)
+            with self._lock:
+                self.sent[sample.get("worker", 0)] = sample.get("sent", 0)
 
     @property
     def in_flight(self) -> int:
-        """Sent (as of each worker's last sample, once a second) minus finished (now)."""
+        """Sent (as of each worker's last sample, once a second) minus finished (now).
+        Callers hold the lock."""
         return max(0, sum(self.sent.values()) - self.done)
 
     def tokens_per_s(self) -> float:
@@ -68,9 +70,9 @@ class LiveStats:
         t = Table(title="cbbench bench (live)", show_header=False, box=None)
         with self._lock:
             ttft, tpot, lag = list(self.ttft), list(self.tpot), list(self.lag)
-            done, failed = self.done, self.failed
+            done, failed, in_flight = self.done, self.failed, self.in_flight
         total = f"/{self.total}" if self.total else ""
-        t.add_row("done", f"{done}{total}  failed {failed}  in flight {self.in_flight}")
+        t.add_row("done", f"{done}{total}  failed {failed}  in flight {in_flight}")
         t.add_row("TTFT p50/p99", _ms_pair(ttft))
         t.add_row("TPOT p50/p99", _ms_pair(tpot))
         t.add_row("send lag p50/p99", _ms_pair(lag))
