@@ -145,6 +145,7 @@ def decode_benchmark(device, batches, contexts, peak: float, budget_bytes: int) 
             dense = F.scaled_dot_product_attention(qd, kd, vd, scale=hd**-0.5).view(b, hq, hd)
             paged = triton_be.paged_decode_attention(*args, hd**-0.5, max_seq_len=ctx)
             err = float((paged.float() - dense.float()).abs().max())
+            values_ok = err <= TOL[torch.bfloat16] * max(1.0, float(dense.abs().max()))
             sdpa = time_ms(
                 lambda q=qd, k=kd, v=vd: F.scaled_dot_product_attention(q, k, v, scale=hd**-0.5)
             )
@@ -156,6 +157,7 @@ def decode_benchmark(device, batches, contexts, peak: float, budget_bytes: int) 
                     "context": ctx,
                     "bytes": nbytes,
                     "max_abs_err_vs_sdpa": err,
+                    "values_ok": values_ok,
                     "triton_ms": tri,
                     "triton_gbps": nbytes / tri / 1e6,
                     "triton_frac_peak": nbytes / tri / 1e-3 / peak,
@@ -380,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     report["wall_s"] = time.perf_counter() - t0
     print(write_results(args.out, report), end="")
     failed = not all(c["passed"] for c in report["correctness"])
+    failed |= not all(r["values_ok"] for r in report["decode"])
     if report.get("engine") and not report["engine"]["passed"]:
         failed = True
     return 3 if failed else 0

@@ -60,6 +60,7 @@ def write_results(out_dir: Path, report: dict) -> str:
             lines.append(
                 f"  {r['batch']:>5} {r['context']:>7}  {r['triton_gbps']:8.0f} ({r['triton_frac_peak']:.0%})"
                 f"  {r['sdpa_dense_gbps']:8.0f} ({r['sdpa_dense_frac_peak']:.0%})"
+                + ("" if r.get("values_ok", True) else "  VALUES DIFFER from dense SDPA")
             )
     goal = report.get("goal")
     if goal:
