@@ -244,11 +244,14 @@ def engine_check(
     num_requests: int = 16,
     max_tokens: int = 64,
     max_prompt: int = 600,
+    token_budget: int = 2048,
 ) -> dict:
     """The reference engine (continuous batching, fp32, greedy) with `backend`, then with
     "torch": which backend ran, how many attention calls went through it, output tokens/s,
-    and how many greedy token streams are identical. Passes when the Triton path ran."""
-    from cbbench.reference_engine.config import EngineConfig
+    and how many greedy token streams are identical. Passes when the Triton path ran.
+    A `token_budget` below the prompt lengths makes prompts prefill in chunks on top of
+    their own cached prefix, mixed with other sequences' decodes."""
+    from cbbench.reference_engine.config import ContinuousConfig, EngineConfig
     from cbbench.reference_engine.engine import LLMEngine
     from cbbench.reference_engine.sampling_params import SamplingParams
 
@@ -263,6 +266,9 @@ def engine_check(
             num_kv_blocks=2048,
             max_model_len=1024,
             attention_backend=name,
+            continuous=ContinuousConfig(
+                max_num_seqs=min(64, token_budget), max_num_batched_tokens=token_budget
+            ),
         )
         engine = LLMEngine.from_config(cfg)
         be = engine.executor.backend

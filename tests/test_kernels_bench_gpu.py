@@ -92,12 +92,19 @@ def test_correctness_grid_and_report_on_cpu(tmp_path, interpret):
 
 
 def test_engine_check_runs_the_engine_on_triton_kernels(interpret):
-    """The engine end to end on the Triton path (interpreted on CPU), token-identical to torch."""
+    """The engine end to end on the Triton path (interpreted on CPU), token-identical to torch;
+    a 16-token step budget makes the 13- and 42-token prompts (beside an 8-token one) prefill
+    in chunks over their
+    cached prefix, batched with the other sequences' decodes."""
     from cbbench.kernels.bench_gpu import engine_check
 
-    result = engine_check("cpu", "tiny", backend="triton", num_requests=3, max_tokens=6,
-                          max_prompt=40)  # fmt: skip
-    assert result["checked"]["backend"] == "triton" and result["torch"]["backend"] == "torch"
-    assert result["checked"]["attention_calls"] == 2 * 6  # 2 layers x (1 prefill + 5 decode)
+    result = engine_check(
+        "cpu", "tiny", backend="triton", num_requests=3, max_tokens=6, max_prompt=40,
+        token_budget=16,
+    )  # fmt: skip
+    checked, torch_run = result["checked"], result["torch"]
+    assert checked["backend"] == "triton" and torch_run["backend"] == "torch"
+    assert checked["steps"] == torch_run["steps"] > 6  # chunking took extra steps
+    assert checked["attention_calls"] == 2 * checked["steps"]  # 2 layers, one call each
     assert result["identical_streams"] == "3/3" and result["passed"]
     assert os.environ["TRITON_INTERPRET"] == "1"
