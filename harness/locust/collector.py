@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime as dt
+import logging
 from pathlib import Path
 
 from cbbench.harness.environment import environment
@@ -21,6 +22,8 @@ from cbbench.harness.results import RunWriter
 from cbbench.harness.runner import default_out_dir
 from cbbench.harness.summary import summarize
 from cbbench.workloads.spec import Workload
+
+log = logging.getLogger("cbbench.locust")
 
 SPARK_POINTS = 600  # server samples kept in memory for the web page's sparklines
 
@@ -45,6 +48,7 @@ class RunCollector:
         self.cancelled = 0  # in flight when a test stopped: not recorded
         self.samplers: list = []
         self.closed = False
+        self.late = 0
         self.server_points: collections.deque = collections.deque(maxlen=SPARK_POINTS)
         self.meta: dict = {
             "name": name,
@@ -106,6 +110,11 @@ class RunCollector:
 
     # -- records ------------------------------------------------------------------------
     def add(self, rec: RequestRecord) -> None:
+        if self.closed:  # a worker's batch after the final run.json: cannot be written
+            self.late += 1
+            if self.late == 1:
+                log.warning("cbbench: records arrived after %s was closed", self.run_dir)
+            return
         key = (rec.worker, rec.index)
         if key in self.keys:
             self.duplicates += 1
