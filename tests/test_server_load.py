@@ -207,3 +207,43 @@ def test_engine_failure_ends_streams_with_an_error_and_health_turns_503():
         assert httpx.get(url + "/health").status_code == 503
         r = httpx.post(url + "/v1/completions", json={"prompt": "x"}, timeout=30)
         assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down"
+
+
+def test_priority_field_orders_waiting_requests():
+    # One sequence at a time: while A runs, B (priority 5) and then C (priority -5) wait;
+    # C is admitted first although it arrived later.
+    config = EngineConfig(
+        scheduler="continuous",
+        max_model_len=512,
+        continuous=ContinuousConfig(max_num_seqs=1, max_num_batched_tokens=512, policy="priority"),
+    )
+    with serve(config) as (url, _):
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+
+        async def ask(priority: int, max_tokens: int) -> dict:
+            r = await client.completions.create(
+                model="tiny",
+                prompt=[5, 6, 7],
+                max_tokens=max_tokens,
+                extra_body={"ignore_eos": True, "priority": priority},
+            )
+            return r.model_extra["cbbench"]
+
+        async def until(name: str, at_least: float) -> None:
+            for _ in range(2000):  # bounded: ~10 s
+                if scrape(url)[name] >= at_least:
+                    return
+                await asyncio.sleep(0.005)
+            raise AssertionError(f"{name} never reached {at_least}")
+
+        async def main() -> tuple[dict, dict, dict]:
+            a = asyncio.ensure_future(ask(0, 300))  # long: B and C arrive while it runs
+            await until("vllm:num_requests_running", 1)
+            b = asyncio.ensure_future(ask(5, 2))
+            await until("vllm:num_requests_waiting", 1)
+            c = asyncio.ensure_future(ask(-5, 2))
+            await until("vllm:num_requests_waiting", 2)
+            return await a, await b, await c
+
+        a, b, c = asyncio.run(main())
+        assert a["queue_time_s"] < c["queue_time_s"] < b["queue_time_s"]
