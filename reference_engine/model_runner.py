@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from cbbench.kernels import get_attention_backend
@@ -34,8 +33,16 @@ class Batch:
     sample_rows: list[tuple[int, int]]  # (chunk index, row of its last token) for sampling chunks
 
 
-def default_num_threads() -> int:
-    """The CPUs this process may run on (cgroup/affinity aware), so torch never oversubscribes."""
+SMALL_MODEL_PARAMS = 20_000_000  # below this, ops are too small to gain from more threads
+
+
+def default_num_threads(model_config: ModelConfig) -> int:
+    """All CPUs this process may run on (cgroup/affinity aware; never more), except one for
+    models under SMALL_MODEL_PARAMS: their ops are too small to split, and a second OpenMP
+    thread only adds barrier waits, ruinous when another process (a load generator) shares
+    the cores."""
+    if model_config.num_params() < SMALL_MODEL_PARAMS:
+        return 1
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
@@ -62,21 +69,22 @@ class ModelRunner:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise EngineError(f"device {device!r}: CUDA is not available to torch")
-        if self.device.type == "cpu":
-            torch.set_num_threads(num_threads or default_num_threads())
         try:
             self.backend = get_attention_backend(attention_backend, self.device)
         except ValueError as exc:
             raise EngineError(str(exc)) from None
-        if model in PRESETS or not Path(model).exists():
-            self.model = random_model(resolve_config(model), dtype, self.device, seed)
+        config = resolve_config(model)  # a preset, or the folder's config.json
+        if self.device.type == "cpu":
+            torch.set_num_threads(num_threads or default_num_threads(config))
+        if model in PRESETS:
+            self.model = random_model(config, dtype, self.device, seed)
         else:
             self.model = load_model(model, dtype, self.device)
+        self.model_config: ModelConfig = self.model.config
         # "onednn" | "column-major" on the CPU (see cpu_linear.py), "torch" elsewhere
         self.linear_impl = "torch"
         if self.device.type == "cpu":
             self.linear_impl = optimize_cpu_linears(self.model)
-        self.model_config: ModelConfig = self.model.config
         self.dtype = resolve_dtype(dtype, self.model_config)
         self.block_size = block_size
         self.num_kv_blocks = num_kv_blocks

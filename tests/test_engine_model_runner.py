@@ -10,7 +10,7 @@ from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.executor import ScheduledChunk
 from cbbench.reference_engine.loader import random_model, save_random_model
 from cbbench.reference_engine.model_config import preset_config
-from cbbench.reference_engine.model_runner import ModelRunner
+from cbbench.reference_engine.model_runner import ModelRunner, default_num_threads
 from engine_model_support import generate, make_seq, paged_logits
 
 PROMPTS = [[11, 12, 13, 14, 15, 16, 17], [400, 3], [9] * 19, [100, 200, 300, 400, 500]]
@@ -105,3 +105,18 @@ def test_cpu_linear_layouts_keep_the_logits(dtype):
     tol = 1e-4 if dtype == "float32" else 3e-2
     torch.testing.assert_close(paged_logits(fast, PROMPTS[2]), want, rtol=tol, atol=tol)
     assert _runner(dtype=dtype).linear_impl == impl
+
+
+def test_threads_one_for_tiny_models_all_cpus_for_larger():
+    import os
+
+    assert default_num_threads(preset_config("tiny")) == 1
+    assert default_num_threads(preset_config("small")) == len(os.sched_getaffinity(0))
+    before = torch.get_num_threads()
+    try:
+        _runner()
+        assert torch.get_num_threads() == 1
+        _runner(num_threads=2)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
