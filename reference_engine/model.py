@@ -38,7 +38,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
+        if x.dtype == torch.float32:  # one fused op, bitwise equal to the formula below
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        dtype = x.dtype  # HF's rounding for half types: normalise in fp32, round, then scale
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(dtype)
@@ -69,10 +71,12 @@ class LlamaAttention(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = RotaryEmbedding.apply(q.view(t, self.num_heads, self.head_dim), cos, sin)
-        k = RotaryEmbedding.apply(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)
+        # q and k are adjacent columns: rotate them in one go
+        qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)
+        q, k = RotaryEmbedding.apply(qk, cos, sin).split([self.num_heads, self.num_kv_heads], 1)
+        q, k = q.contiguous(), k.contiguous()
+        v = qkv[:, self.q_size + self.kv_size :].reshape(t, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         backend.reshape_and_cache(k, v, k_cache, v_cache, meta.slot_mapping)
         if meta.decode_only:
