@@ -247,3 +247,19 @@ def test_priority_field_orders_waiting_requests():
 
         a, b, c = asyncio.run(main())
         assert a["queue_time_s"] < c["queue_time_s"] < b["queue_time_s"]
+
+
+def test_gauges_are_current_when_the_client_gets_its_last_token(server):
+    # No polling: the scrape right after a finished response must already see the KV freed.
+    url, _ = server
+    with httpx.Client(timeout=30) as http:
+        for i in range(20):
+            body = {
+                "prompt": [5 + i, 6, 7],
+                "max_tokens": 3,
+                "ignore_eos": True,
+                "stream": i % 2 == 0,
+            }
+            assert http.post(url + "/v1/completions", json=body).status_code == 200
+            m = scrape(url)
+            assert m["vllm:kv_cache_usage_perc"] == 0 and m["vllm:num_requests_running"] == 0

@@ -201,9 +201,9 @@ class AsyncEngine:
                     pacer.wait_for_virtual_time()
                 stats = engine.get_stats()
                 progressed = bool(outputs) or stats.num_batched_tokens > 0
+                if self.metrics is not None:  # before the clients hear: a scrape right after
+                    self.metrics.update_stats(stats)  # a final token must see its blocks freed
                 self._dispatch(outputs)
-                if self.metrics is not None:
-                    self.metrics.update_stats(stats)
             elif self.metrics is not None:
                 self.metrics.update_stats(engine.get_stats())
 
