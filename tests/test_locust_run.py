@@ -260,3 +260,30 @@ def _assert_not_blank(png: Path, size: tuple[int, int]) -> None:
     drawn = 1 - max(count for count, _ in colors) / total
     assert 0.02 < drawn < 0.9, drawn  # text, table and sparklines on a plain background
     assert len(colors) > 20
+
+
+def test_worker_with_another_workload_is_turned_away(server, tmp_path):
+    out, master_port = tmp_path / "run", str(_free_port())
+    master = subprocess.Popen(
+        _cmd(*_common(server, 8, out), "--master", "--master-port", master_port,
+             "--web-port", str(_free_port())),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        worker = subprocess.run(
+            _cmd(*_common(server, 9, tmp_path / "w"), "--worker",
+                 "--master-port", master_port),
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert worker.returncode == 2
+        assert "loaded a different workload than the master" in worker.stderr
+    finally:
+        os.killpg(master.pid, signal.SIGINT)
+        try:
+            master.wait(timeout=60)
+        finally:
+            if master.poll() is None:
+                os.killpg(master.pid, signal.SIGKILL)
+                master.wait()
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["load"]["refused_workers"] == 1 and meta["summary"]["counts"]["total"] == 0

@@ -37,6 +37,8 @@ MSG_DRAIN = "cbbench_drain"
 MSG_DRAINED = "cbbench_drained"
 MSG_EXHAUSTED = "cbbench_exhausted"
 MSG_REFUSED = "cbbench_refused"
+MSG_HELLO = "cbbench_hello"
+MSG_REJECT = "cbbench_reject"
 
 
 class LocustRun:
@@ -99,10 +101,29 @@ class LocustRun:
             runner.register_message(MSG_DRAINED, self._on_drained)
             runner.register_message(MSG_EXHAUSTED, self._on_exhausted)
             runner.register_message(MSG_REFUSED, self._on_refused)
+            runner.register_message(MSG_HELLO, self._on_hello)
         elif self.role == "worker":
             runner.register_message(MSG_PLAN, self._on_plan)
             runner.register_message(MSG_DRAIN, lambda environment, msg: self.drain())
+            runner.register_message(MSG_REJECT, lambda environment, msg: self._reject(msg.data))
+            runner.send_message(MSG_HELLO, {"digest": self.digest})
             gevent.spawn(self._flush_loop)
+
+    def _on_hello(self, environment, msg) -> None:
+        """A worker joined: one with another workload is told to quit before any test."""
+        if msg.data["digest"] != self.digest:
+            self._on_refused(environment, msg)
+            self.env.runner.send_message(MSG_REJECT, {"digest": self.digest}, client_id=msg.node_id)
+
+    def _reject(self, master: dict) -> None:
+        log.error(
+            "cbbench: this worker loaded a different workload than the master (digest %s, "
+            "master %s): check --workload/--seed/--num-requests/--rate; quitting",
+            self.digest,
+            master["digest"],
+        )
+        self.env.process_exit_code = 2
+        gevent.spawn(self.env.runner.quit)
 
     def _on_records(self, environment, msg) -> None:
         assert self.collector is not None
@@ -118,8 +139,8 @@ class LocustRun:
     def _on_refused(self, environment, msg) -> None:
         assert self.collector is not None
         log.error(
-            "cbbench: worker %s loaded a different workload (digest %s, master %s); its share "
-            "of this test's requests is not sent",
+            "cbbench: worker %s loaded a different workload (digest %s, master %s); "
+            "it is told to quit and sends nothing",
             msg.node_id,
             msg.data["digest"],
             self.digest,
@@ -138,14 +159,8 @@ class LocustRun:
     def _on_plan(self, environment, msg) -> None:
         d = msg.data
         if d["digest"] != self.digest:
-            log.error(
-                "cbbench: this worker loaded a different workload than the master "
-                "(digest %s, master %s): check --workload/--seed/--num-requests; quitting",
-                self.digest,
-                d["digest"],
-            )
             self.env.runner.send_message(MSG_REFUSED, {"digest": self.digest})
-            gevent.spawn(self.env.runner.quit)
+            self._reject(d)
             return
         self.t0_wall = d["t0_wall"]
         self.t0_ns = time.monotonic_ns() - int((time.time() - d["t0_wall"]) * 1e9)
