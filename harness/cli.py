@@ -14,6 +14,7 @@ import sys
 # Subcommand modules, in the order `cbbench --help` lists them.
 COMMAND_MODULES: list[str] = [
     "cbbench.harness.cmd_version",
+    "cbbench.harness.cmd_run",
     "cbbench.harness.cmd_bench",
     "cbbench.harness.cmd_locust",
     "cbbench.harness.cmd_export",

@@ -1,0 +1,102 @@
+"""`cbbench run` end to end: real servers (tiny model, CPU) per scheduler, load over HTTP,
+run folders, the side-by-side table and the HTML report; `--sim`; flag forwarding; errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cbbench.harness.cli import build_parser, main
+from cbbench.harness.cmd_run import RUN_WORKLOAD, engine_flags
+from cbbench.harness.results import load_run
+from cbbench.workloads import load_workload
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def test_run_two_schedulers_end_to_end(tmp_path, capsys):
+    out = tmp_path / "demo"
+    argv = ["run", "--workload", "seed-demo", "--num-requests", "4", "--batch-size", "2"]
+    argv += ["--schedulers", "static,continuous", "--device", "cpu", "--no-live"]
+    assert main([*argv, "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    for name in ("static", "continuous"):
+        run = load_run(out / name)
+        assert run.meta["status"] == "complete"
+        assert run.meta["target"]["scheduler"] == name  # the server said which policy ran
+        assert len(run.records) == 4 and all(r.ok for r in run.records)
+        assert [r.output_tokens_server for r in sorted(run.records, key=lambda r: r.index)] == [
+            10,
+            5,
+            8,
+            3,
+        ]
+        # telemetry was on: the server's gauges were scraped into the time series
+        assert any(s.get("source") == "server" for s in run.timeseries)
+        assert "server" in run.meta["summary"]["telemetry"]
+        assert "--batch-size" in run.meta["load"]["engine_flags"] or name != "static"
+    html = (out / "report.html").read_text()
+    assert "static" in html and "continuous" in html and "<svg" in html
+    assert "output tok/s vs static" in text and "E2E p99 (ms)" in text
+    assert "batch occupancy" in text and "KV usage" in text
+    assert str(out / "report.html") in text.replace("\n", "")
+    assert not (out / "dynamic").exists()
+
+
+def test_run_sim_is_labelled_and_writes_runs(tmp_path, capsys):
+    out = tmp_path / "sim"
+    argv = ["run", "--sim", "steps", "--workload", "seed-demo", "--batch-size", "4"]
+    assert main([*argv, "--schedulers", "static,continuous", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "SIMULATED" in text
+    assert "22 steps" in text and "15 steps" in text  # the seed demo's timeline
+    for name in ("static", "continuous"):
+        meta = load_run(out / name).meta
+        assert meta["simulated"] is True
+    assert "SIMULATED" in (out / "report.html").read_text()
+
+
+def test_default_workload_spec_is_written_and_loads(tmp_path):
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(RUN_WORKLOAD))
+    wl = load_workload(str(path))
+    assert len(wl) == RUN_WORKLOAD["num_requests"] and wl.name == "run-demo"
+    outs = [r.output_len for r in wl.requests]
+    assert min(outs) >= 8 and max(outs) <= 1024 and max(outs) > 4 * min(outs)  # mixed
+
+
+def test_engine_flags_forward_what_was_given():
+    p = build_parser()
+    args = p.parse_args(
+        ["run", "--batch-size", "3", "--block-size", "8", "--no-enable-chunked-prefill"]
+        + ["--preferred-batch-sizes", "1,3", "--enable-prefix-caching", "--max-num-seqs", "5"]
+    )
+    static = engine_flags(args, "static")
+    assert static[static.index("--batch-size") + 1] == "3"
+    assert static[static.index("--block-size") + 1] == "8"
+    assert "--no-enable-chunked-prefill" in static and "--enable-prefix-caching" in static
+    assert static[static.index("--preferred-batch-sizes") + 1] == "1,3"
+    assert "--max-num-seqs" not in static
+    dynamic = engine_flags(args, "dynamic")
+    assert dynamic[dynamic.index("--max-batch-size") + 1] == "3"  # B
+    cont = engine_flags(args, "continuous")
+    assert cont[cont.index("--max-num-seqs") + 1] == "5"  # explicit flag beats B
+    assert "--batch-size" not in cont
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--schedulers", "static,fast"], "--schedulers"),
+        (["--batch-size", "0"], "--batch-size"),
+        (["--slo", "ttft=soon"], "--slo"),
+        (["--workload", "no-such-workload"], "no-such-workload"),
+    ],
+)
+def test_run_bad_input_is_one_line(tmp_path, capsys, argv, needle):
+    assert main(["run", *argv, "--out", str(tmp_path / "x"), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "Traceback" not in err and len(err.splitlines()) == 1
