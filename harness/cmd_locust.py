@@ -148,6 +148,12 @@ def locust_command(args: argparse.Namespace, locustfile: str, base_url: str) -> 
         raise CbbenchError("--master and --worker exclude each other")
     if args.processes is not None and (args.master or args.processes == 0):
         raise CbbenchError("--processes N (N >= 1 or -1) starts its own master; drop --master")
+    workers = args.processes if args.processes is not None else args.expect_workers
+    if args.users is not None and workers is not None and 0 < args.users < workers:
+        raise CbbenchError(
+            f"-u {args.users} is fewer users than the {workers} workers: a worker without "
+            "users would leave its share of the requests unsent"
+        )
     cmd = [sys.executable, "-m", "locust", "-f", locustfile, "--host", base_url]
     if args.worker:
         cmd += [

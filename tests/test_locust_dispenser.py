@@ -116,6 +116,8 @@ def test_locust_command_line():
     assert worker[worker.index("--master-host") + 1] == "10.0.0.2"
     with pytest.raises(CbbenchError, match="exclude"):
         locust_command(_args(["--master", "--worker"]), "f", "u")
+    with pytest.raises(CbbenchError, match="fewer users than the 3 workers"):
+        locust_command(_args(["--processes", "3", "-u", "2"]), "f", "u")
 
 
 @pytest.mark.parametrize(

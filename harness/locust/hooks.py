@@ -35,6 +35,8 @@ def on_init(environment, **_kw) -> None:
         print(f"cbbench locust: error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
     environment.cbbench = run
+    if run.role == "worker":
+        environment.events.spawning_complete.add_listener(lambda **_kw: run.on_spawning_complete())
     if settings.pacing_s:
         CbbenchUser.wait_time = constant_pacing(settings.pacing_s)
     if environment.web_ui is not None and run.collector is not None:

@@ -152,6 +152,15 @@ class LocustRun:
         self._on_exhausted(environment, msg)
 
     def _on_exhausted(self, environment, msg) -> None:
+        if (msg.data or {}).get("idle"):
+            assert self.collector is not None
+            log.warning(
+                "cbbench: worker %s got no users: its share of the requests is not sent "
+                "(start at least as many users as workers)",
+                msg.node_id,
+            )
+            load = self.collector.meta["load"]
+            load["idle_workers"] = load.get("idle_workers", 0) + 1
         self.exhausted_workers.add(msg.node_id)
         if self.planned and set(self.planned) <= self.exhausted_workers:
             self._finish("every worker ran out of requests")
@@ -170,6 +179,13 @@ class LocustRun:
         self.accepting = True
         self.exhausted_sent = False
         self._check_exhausted()  # a restart after the whole workload ran: nothing to send
+
+    def on_spawning_complete(self) -> None:
+        """Worker: with no users, its slot's requests are never sent; tell the master."""
+        if self.accepting and self.env.runner.user_count == 0 and not self.exhausted_sent:
+            self.exhausted_sent = True
+            log.warning("cbbench: this worker got no users; its share of requests is not sent")
+            self.env.runner.send_message(MSG_EXHAUSTED, {"idle": True})
 
     def _flush_loop(self) -> None:
         while True:
