@@ -36,11 +36,19 @@ class Batch:
 SMALL_MODEL_PARAMS = 20_000_000  # below this, ops are too small to gain from more threads
 
 
+THREADS_ENV = "CBBENCH_TORCH_THREADS"
+
+
 def default_num_threads(model_config: ModelConfig) -> int:
-    """All CPUs this process may run on (cgroup/affinity aware; never more), except one for
-    models under SMALL_MODEL_PARAMS: their ops are too small to split, and a second OpenMP
-    thread only adds barrier waits, ruinous when another process (a load generator) shares
-    the cores."""
+    """$CBBENCH_TORCH_THREADS if set; else all CPUs this process may run on (cgroup/affinity
+    aware; never more), except one for models under SMALL_MODEL_PARAMS: their ops are too
+    small to split, and a second OpenMP thread only adds barrier waits, ruinous when another
+    process (a load generator) shares the cores."""
+    env = os.environ.get(THREADS_ENV)
+    if env:
+        if not env.isdigit() or int(env) < 1:
+            raise EngineError(f"${THREADS_ENV} must be a positive integer, got {env!r}")
+        return int(env)
     if model_config.num_params() < SMALL_MODEL_PARAMS:
         return 1
     try:

@@ -107,9 +107,10 @@ def test_cpu_linear_layouts_keep_the_logits(dtype):
     assert _runner(dtype=dtype).linear_impl == impl
 
 
-def test_threads_one_for_tiny_models_all_cpus_for_larger():
+def test_threads_one_for_tiny_models_all_cpus_for_larger(monkeypatch):
     import os
 
+    monkeypatch.delenv("CBBENCH_TORCH_THREADS", raising=False)
     assert default_num_threads(preset_config("tiny")) == 1
     assert default_num_threads(preset_config("small")) == len(os.sched_getaffinity(0))
     before = torch.get_num_threads()
@@ -120,3 +121,11 @@ def test_threads_one_for_tiny_models_all_cpus_for_larger():
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_threads_from_the_environment(monkeypatch):
+    monkeypatch.setenv("CBBENCH_TORCH_THREADS", "3")
+    assert default_num_threads(preset_config("tiny")) == 3
+    monkeypatch.setenv("CBBENCH_TORCH_THREADS", "two")
+    with pytest.raises(EngineError, match=r"\$CBBENCH_TORCH_THREADS must be a positive integer"):
+        default_num_threads(preset_config("small"))
