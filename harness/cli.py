@@ -15,6 +15,7 @@ import sys
 COMMAND_MODULES: list[str] = [
     "cbbench.harness.cmd_version",
     "cbbench.harness.cmd_run",
+    "cbbench.harness.cmd_reproduce",
     "cbbench.harness.cmd_bench",
     "cbbench.harness.cmd_locust",
     "cbbench.harness.cmd_export",

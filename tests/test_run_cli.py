@@ -17,7 +17,8 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def test_run_two_schedulers_end_to_end(tmp_path, capsys):
+def test_run_two_schedulers_end_to_end(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # rich: one table row per line
     out = tmp_path / "demo"
     argv = ["run", "--workload", "seed-demo", "--num-requests", "4", "--batch-size", "2"]
     argv += ["--schedulers", "static,continuous", "--device", "cpu", "--no-live"]
@@ -42,11 +43,12 @@ def test_run_two_schedulers_end_to_end(tmp_path, capsys):
     assert "static" in html and "continuous" in html and "<svg" in html
     assert "output tok/s vs static" in text and "E2E p99 (ms)" in text
     assert "batch occupancy" in text and "KV usage" in text
-    assert str(out / "report.html") in text.replace("\n", "")
+    assert f"report: {out / 'report.html'}" in text
     assert not (out / "dynamic").exists()
 
 
-def test_run_sim_is_labelled_and_writes_runs(tmp_path, capsys):
+def test_run_sim_is_labelled_and_writes_runs(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
     out = tmp_path / "sim"
     argv = ["run", "--sim", "steps", "--workload", "seed-demo", "--batch-size", "4"]
     assert main([*argv, "--schedulers", "static,continuous", "--out", str(out)]) == 0
