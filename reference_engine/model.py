@@ -29,6 +29,8 @@ class AttentionMetadata:
     seq_lens: torch.Tensor  # [B] int32: context length after this step
     query_start_loc: torch.Tensor  # [B + 1] int32: cumsum of query lengths
     decode_only: bool  # every sequence has exactly one query token
+    max_query_len: int  # host copies of the maxima: backends need not read tensors back
+    max_seq_len: int
 
 
 class RMSNorm(nn.Module):
@@ -81,7 +83,13 @@ class LlamaAttention(nn.Module):
         backend.reshape_and_cache(k, v, k_cache, v_cache, meta.slot_mapping)
         if meta.decode_only:
             o = backend.paged_decode_attention(
-                q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale
+                q,
+                k_cache,
+                v_cache,
+                meta.block_tables,
+                meta.seq_lens,
+                self.scale,
+                max_seq_len=meta.max_seq_len,
             )
         else:
             o = backend.paged_attention(
@@ -92,6 +100,8 @@ class LlamaAttention(nn.Module):
                 meta.seq_lens,
                 meta.query_start_loc,
                 self.scale,
+                max_query_len=meta.max_query_len,
+                max_seq_len=meta.max_seq_len,
             )
         return self.o_proj(o.reshape(t, self.q_size))
 

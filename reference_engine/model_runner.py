@@ -202,6 +202,8 @@ def prepare_batch(
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
         query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
         decode_only=decode_only,
+        max_query_len=max(qlens),
+        max_seq_len=max(seq_lens),
     )
     ids = torch.tensor(input_ids, dtype=torch.int64, device=device)
     return Batch(ids, pos.to(device), max(seq_lens) - 1, meta, sample_rows)
