@@ -25,12 +25,13 @@ from cbbench.harness.locust.dispenser import Dispenser, Plan, Ticket
 from cbbench.harness.locust.settings import LocustSettings, load_workload_for, workload_digest
 from cbbench.harness.prompts import PromptBuilder
 from cbbench.harness.records import RequestRecord
-from locust.runners import MasterRunner, WorkerRunner
+from locust.runners import STATE_SPAWNING, MasterRunner, WorkerRunner
 
 log = logging.getLogger("cbbench.locust")
 
 FLUSH_PERIOD_S = 0.5
 DRAIN_TIMEOUT_S = 10.0
+SPAWN_WAIT_S = 60.0
 MSG_PLAN = "cbbench_plan"
 MSG_RECORDS = "cbbench_records"
 MSG_DRAIN = "cbbench_drain"
@@ -267,7 +268,15 @@ class LocustRun:
         headless = bool(opts and getattr(opts, "headless", False))
         log.info("cbbench: %s; %s", reason, "quitting" if headless else "stopping the test")
         runner = self.env.runner
-        gevent.spawn(runner.quit if headless else runner.stop)
+
+        def stop() -> None:
+            # a stop while Locust is still spawning would be undone when spawning completes
+            deadline = time.monotonic() + SPAWN_WAIT_S
+            while runner.state == STATE_SPAWNING and time.monotonic() < deadline:
+                gevent.sleep(0.05)
+            (runner.quit if headless else runner.stop)()
+
+        gevent.spawn(stop)
 
     def close(self) -> None:
         """At quit: drain, stop the samplers, write the final run.json."""
