@@ -21,6 +21,9 @@ from cbbench.reference_engine.model import AttentionMetadata
 from cbbench.reference_engine.model_config import PRESETS, ModelConfig
 from cbbench.reference_engine.sampler import Sampler, SampleRequest
 
+SMALL_MODEL_PARAMS = 20_000_000  # below this, ops are too small to gain from more threads
+THREADS_ENV = "CBBENCH_TORCH_THREADS"
+
 
 @dataclass
 class Batch:
@@ -31,12 +34,6 @@ class Batch:
     max_position: int
     meta: AttentionMetadata
     sample_rows: list[tuple[int, int]]  # (chunk index, row of its last token) for sampling chunks
-
-
-SMALL_MODEL_PARAMS = 20_000_000  # below this, ops are too small to gain from more threads
-
-
-THREADS_ENV = "CBBENCH_TORCH_THREADS"
 
 
 def default_num_threads(model_config: ModelConfig) -> int:
