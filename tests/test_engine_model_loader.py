@@ -3,6 +3,7 @@ one clear EngineError per broken checkpoint, naming the file or tensor."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -57,8 +58,7 @@ def test_save_load_round_trip_identical_logits(tmp_path, shard_bytes):
 
 
 def test_hf_tensor_names_and_tied_head(tmp_path):
-    cfg = ModelConfig(**{**vars(preset_config("tiny")), "tie_word_embeddings": True})
-    cfg.extra = {}
+    cfg = dataclasses.replace(preset_config("tiny"), tie_word_embeddings=True)
     save_random_model(cfg, tmp_path)
     names = set(load_file(tmp_path / "model.safetensors"))
     assert "lm_head.weight" not in names
