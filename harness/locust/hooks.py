@@ -1,7 +1,8 @@
 """Locust event listeners that drive a `LocustRun` (registered once, on import).
 
 init: settings from the environment, the run state, the web page; test_start: t0 and the
-workers' plans; test_stopping: drain; test_stop: run.json so far; quitting: the final run.json.
+workers' plans; test_stopping: no new requests; test_stop: drain (records in, the unfinished
+counted) and run.json so far; quitting: the final run.json.
 A setup error (bad workload, unreachable server) ends the process with one line and exit 2.
 """
 
@@ -10,11 +11,13 @@ from __future__ import annotations
 import logging
 import sys
 
+import gevent
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.locust.run_state import LocustRun
 from cbbench.harness.locust.settings import LocustSettings
 from cbbench.workloads.errors import WorkloadError
 from locust import constant_pacing, events
+from locust.stats import CSV_STATS_INTERVAL_SEC
 
 log = logging.getLogger("cbbench.locust")
 
@@ -56,18 +59,27 @@ def on_test_start(environment, **_kw) -> None:
 def on_test_stopping(environment, **_kw) -> None:
     run = _run(environment)
     if run is not None:
-        run.drain()
+        run.stopping()
 
 
 @events.test_stop.add_listener
 def on_test_stop(environment, **_kw) -> None:
     run = _run(environment)
-    if run is not None and run.collector is not None and not run.collector.closed:
+    if run is None:
+        return
+    run.drain()
+    if run.collector is not None and not run.collector.closed:
         run.collector.write("stopped")
 
 
 @events.quitting.add_listener
 def on_quitting(environment, **_kw) -> None:
     run = _run(environment)
-    if run is not None:
-        run.close()
+    if run is None:
+        return
+    run.close()
+    opts = environment.parsed_options
+    if run.role != "worker" and opts is not None and getattr(opts, "csv_prefix", None):
+        # Locust rewrites its --csv files once a second and not at exit: let it write once
+        # more, so the files hold every sample (none are fired after close())
+        gevent.sleep(CSV_STATS_INTERVAL_SEC + 0.2)

@@ -2,10 +2,12 @@
 
 - local (one process): hands out requests, sends them, keeps the run folder.
 - master: keeps the run folder and the telemetry; at each test start it gives every worker a
-  slot (`Plan`) and the shared t0 (wall clock); when a test stops it *drains* the workers:
-  each stops taking requests and answers with its last records and its count of requests
-  still in flight (those are cancelled, never recorded), so every finished request reaches
-  the run folder exactly once.
+  slot (`Plan`) and the shared t0 (wall clock). When a test stops, each process hands out
+  no more requests (test_stopping), lets Locust stop its users (at once, or within
+  `--stop-timeout`), then *drains* (test_stop): a worker answers the master with its last
+  records and its count of requests that did not finish (cancelled, never recorded), so
+  every finished request reaches the run folder exactly once. A quitting master stops no
+  workers itself, so it asks them to (`cbbench_drain`) and waits for their answers.
 - worker: hands out its slot's requests to its users and ships records to the master in
   batches (`cbbench_records`, every FLUSH_PERIOD_S) and in the drain answer.
 
@@ -25,7 +27,7 @@ from cbbench.harness.locust.dispenser import Dispenser, Plan, Ticket
 from cbbench.harness.locust.settings import LocustSettings, load_workload_for, workload_digest
 from cbbench.harness.prompts import PromptBuilder
 from cbbench.harness.records import RequestRecord
-from locust.runners import STATE_SPAWNING, MasterRunner, WorkerRunner
+from locust.runners import STATE_RUNNING, STATE_SPAWNING, MasterRunner, WorkerRunner
 
 log = logging.getLogger("cbbench.locust")
 
@@ -80,6 +82,7 @@ class LocustRun:
         self.accepting = False  # records of this epoch are kept
         self.outstanding = 0  # tickets taken and not yet finished (waiting or in flight)
         self.dropped = 0  # finished after the drain: counted as cancelled at the drain
+        self.abandoned = 0  # tickets given back unfinished since the epoch began
         self.exhausted_sent = False
         self.worker_id = 0
         self.outbox: list[dict] = []
@@ -105,10 +108,18 @@ class LocustRun:
             runner.register_message(MSG_HELLO, self._on_hello)
         elif self.role == "worker":
             runner.register_message(MSG_PLAN, self._on_plan)
-            runner.register_message(MSG_DRAIN, lambda environment, msg: self.drain())
+            runner.register_message(MSG_DRAIN, lambda environment, msg: self._on_drain())
             runner.register_message(MSG_REJECT, lambda environment, msg: self._reject(msg.data))
             runner.send_message(MSG_HELLO, {"digest": self.digest})
             gevent.spawn(self._flush_loop)
+
+    def _on_drain(self) -> None:
+        """Worker, asked by a quitting master: stop (users get Locust's --stop-timeout); the
+        answer goes out at test_stop. A worker with no test running answers at once."""
+        if self.env.runner.state in (STATE_SPAWNING, STATE_RUNNING):
+            gevent.spawn(self.env.runner.stop)
+        else:
+            self.drain(always_answer=True)
 
     def _on_hello(self, environment, msg) -> None:
         """A worker joined: one with another workload is told to quit before any test."""
@@ -179,6 +190,7 @@ class LocustRun:
         self.dispenser.assign(Plan(d["slot"], d["of"], d["base"], d["shift_s"]))
         self.accepting = True
         self.exhausted_sent = False
+        self.abandoned = 0
         self._check_exhausted()  # a restart after the whole workload ran: nothing to send
 
     def on_spawning_complete(self) -> None:
@@ -217,6 +229,7 @@ class LocustRun:
         if self.role == "local":
             self.dispenser.assign(Plan(0, 1, base, shift))
             self.accepting = True
+            self.abandoned = 0
             self._check_exhausted()
             return
         runner = self.env.runner
@@ -229,16 +242,21 @@ class LocustRun:
             data.update(t0_wall=self.t0_wall, digest=self.digest)
             runner.send_message(MSG_PLAN, data, client_id=cid)
 
-    def drain(self) -> None:
-        """Stop handing out requests; keep what finished; count what is still in flight."""
+    def stopping(self) -> None:
+        """A test is stopping: hand out no more requests; those in flight may still finish
+        while Locust stops the users (immediately, or within --stop-timeout)."""
+        self.dispenser.close()
+
+    def drain(self, always_answer: bool = False) -> None:
+        """The users are stopped: keep what finished, count what did not as cancelled."""
         if self.role == "master":
             self._drain_workers()
             return
-        if not self.accepting:
+        if not self.accepting and not always_answer:
             return
         self.accepting = False
         self.dispenser.close()
-        cancelled = self.outstanding
+        cancelled, self.abandoned = self.outstanding + self.abandoned, 0
         if self.role == "worker":
             batch, self.outbox = self.outbox, []
             data = {"records": batch, "cancelled": cancelled}
@@ -253,7 +271,7 @@ class LocustRun:
         waiting = [cid for cid in self.planned if cid in runner.clients and cid not in self.acks]
         for cid in waiting:
             runner.send_message(MSG_DRAIN, None, client_id=cid)
-        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S + (self.env.stop_timeout or 0.0)
         while time.monotonic() < deadline and any(
             cid not in self.acks and cid in runner.clients for cid in waiting
         ):
@@ -320,13 +338,15 @@ class LocustRun:
         self.outstanding -= 1
         assert self.outstanding >= 0
         kept = rec is not None and self.accepting
-        if kept:
+        if rec is None:
+            self.abandoned += 1  # killed in flight, or its test stopped before it was due
+        elif kept:
             if self.role == "worker":
                 self.outbox.append(rec.to_dict())
             else:
                 assert self.collector is not None
                 self.collector.add(rec)
-        elif rec is not None:
+        else:
             self.dropped += 1
         self._check_exhausted()
         return kept

@@ -86,7 +86,7 @@ class CbbenchUser(User):
                     # never early: libev's cached loop time can lag the monotonic clock
                     while (left := ticket.due_s - run.now_s()) > 0:
                         gevent.sleep(left)
-                    if not run.accepting:
+                    if not run.dispenser.is_open:  # the test is stopping: not sent
                         return
                 else:  # late: every user was busy when it came due
                     rec.client_queue_s = now - ticket.due_s
