@@ -129,3 +129,40 @@ def test_threads_from_the_environment(monkeypatch):
     monkeypatch.setenv("CBBENCH_TORCH_THREADS", "two")
     with pytest.raises(EngineError, match=r"\$CBBENCH_TORCH_THREADS must be a positive integer"):
         default_num_threads(preset_config("small"))
+
+
+TRITON_SCRIPT = """
+import os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, sys.argv[1])
+from engine_model_support import generate, make_seq
+from cbbench.reference_engine.model_runner import ModelRunner
+prompts = [[5, 17, 300, 42, 7, 99, 12], [250], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9], [77, 66]]
+out = {}
+for backend in ("triton", "torch"):
+    runner = ModelRunner("tiny", num_kv_blocks=64, block_size=4, attention_backend=backend)
+    assert runner.attention_backend_name == backend
+    seqs = [make_seq(str(i), p, 5) for i, p in enumerate(prompts)]
+    out[backend] = generate(runner, seqs, token_budget=5)  # chunked prefill + decode mixed
+print(out["triton"] == out["torch"], len({tuple(t) for t in out["torch"]}))
+"""
+
+
+def test_model_over_the_triton_backend_matches_torch():
+    """The model drives D's Triton kernels (CPU interpreter) the same as the torch path."""
+    pytest.importorskip("triton")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", TRITON_SCRIPT, str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["True", "4"]
