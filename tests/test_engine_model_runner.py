@@ -166,3 +166,12 @@ def test_model_over_the_triton_backend_matches_torch():
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["True", "4"]
+
+
+def test_cpu_linear_falls_back_without_onednn(monkeypatch):
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    model = random_model("tiny", seed=2)
+    want = paged_logits(random_model("tiny", seed=2), PROMPTS[0])
+    assert optimize_cpu_linears(model) == "column-major"
+    assert model.lm_head.weight.stride() == (1, model.config.vocab_size)
+    torch.testing.assert_close(paged_logits(model, PROMPTS[0]), want, rtol=1e-4, atol=1e-5)
