@@ -31,14 +31,15 @@ class PageData:
     def __init__(self, run) -> None:
         self.run = run
         self._at = 0.0
-        self._n = -1
+        self._key: tuple[int, int] = (-1, -1)
         self._summary: dict = {}
 
     def summary(self) -> dict:
         c = self.run.collector
-        if len(c.records) != self._n or time.monotonic() - self._at > CACHE_S:
+        key = (len(c.records), c.cancelled)
+        if key != self._key or time.monotonic() - self._at > CACHE_S:
             self._summary = c.summary()
-            self._n, self._at = len(c.records), time.monotonic()
+            self._key, self._at = key, time.monotonic()
         return self._summary
 
     def snapshot(self) -> dict:
