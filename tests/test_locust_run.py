@@ -89,10 +89,13 @@ def test_headless_open_loop_records_match_locust_csv(server, tmp_path):
     n, users, out, prefix = 12, 3, tmp_path / "run", tmp_path / "stats"
     argv = [*_common(server, n, out), "--rate", "40", "--arrival", "constant", "--cycle"]
     argv += ["--headless", "-u", str(users), "-r", "100", "-t", "3s", "--csv", str(prefix)]
-    argv += ["--web-port", str(_free_port())]
+    argv += ["--web-port", str(_free_port()), "--html", str(tmp_path / "report.html")]
     proc = subprocess.run(_cmd(*argv), capture_output=True, text=True, timeout=PROC_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"cbbench locust: run folder {out}" in proc.stdout
+    html = (tmp_path / "report.html").read_text()
+    for name in ("TTFT", "TPOT", "ITL", "E2E"):  # Locust's own HTML report
+        assert f'"name": "{name}"' in html, name
     records = _check_records(out, None)
     assert {r.worker for r in records} == {0}
     cancelled = load_run(out).meta["summary"]["cancelled_in_flight"]
