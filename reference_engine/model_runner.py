@@ -37,10 +37,11 @@ class Batch:
 
 
 def default_num_threads(model_config: ModelConfig) -> int:
-    """$CBBENCH_TORCH_THREADS if set; else all CPUs this process may run on (cgroup/affinity
-    aware; never more), except one for models under SMALL_MODEL_PARAMS: their ops are too
-    small to split, and a second OpenMP thread only adds barrier waits, ruinous when another
-    process (a load generator) shares the cores."""
+    """$CBBENCH_TORCH_THREADS if set; else one CPU less than this process may run on
+    (cgroup/affinity aware), at least one, and exactly one for models under
+    SMALL_MODEL_PARAMS. OpenMP threads wait for each other at every op: when anything else
+    needs a core (the server's own Python, a load generator on the same machine), a thread
+    per core stalls them all, measured several times slower than one thread here."""
     env = os.environ.get(THREADS_ENV)
     if env:
         if not env.isdigit() or int(env) < 1:
@@ -49,9 +50,10 @@ def default_num_threads(model_config: ModelConfig) -> int:
     if model_config.num_params() < SMALL_MODEL_PARAMS:
         return 1
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+        cpus = os.cpu_count() or 1
+    return max(1, cpus - 1)
 
 
 class ModelRunner:

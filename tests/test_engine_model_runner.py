@@ -107,12 +107,12 @@ def test_cpu_linear_layouts_keep_the_logits(dtype):
     assert _runner(dtype=dtype).linear_impl == impl
 
 
-def test_threads_one_for_tiny_models_all_cpus_for_larger(monkeypatch):
+def test_threads_one_for_tiny_models_one_cpu_spared_for_larger(monkeypatch):
     import os
 
     monkeypatch.delenv("CBBENCH_TORCH_THREADS", raising=False)
     assert default_num_threads(preset_config("tiny")) == 1
-    assert default_num_threads(preset_config("small")) == len(os.sched_getaffinity(0))
+    assert default_num_threads(preset_config("small")) == max(1, len(os.sched_getaffinity(0)) - 1)
     before = torch.get_num_threads()
     try:
         _runner()
