@@ -370,8 +370,10 @@ def run(args: argparse.Namespace) -> int:
                 wl.requests, cfg, prefix_block_size=wl.prefix_block_size, timeline=timeline
             )
         wall = time.perf_counter() - t0
+        tput = results[name].summary()["output_throughput"] or 0.0
         console.print(
-            f"{name}: {len(results[name].steps)} steps {'run' if real else 'simulated'} in {wall:.1f}s wall"
+            f"{name}: {len(results[name].steps)} steps {'run' if real else 'simulated'} in "
+            f"{wall:.1f}s wall; {tput:.1f} output tok/{'step' if steps_mode else 's'}"
         )
         if args.out:
             d = write_run(Path(args.out), name, results[name], args, wl, sys.argv)
