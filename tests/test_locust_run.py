@@ -290,3 +290,26 @@ def test_worker_with_another_workload_is_turned_away(server, tmp_path):
                 master.wait()
     meta = json.loads((out / "run.json").read_text())
     assert meta["load"]["refused_workers"] == 1 and meta["summary"]["counts"]["total"] == 0
+
+
+def test_processes_time_limit_lets_requests_in_flight_finish(server, tmp_path):
+    """`--processes 2`, cycling until `-t`; with Locust's --stop-timeout the requests in
+    flight finish: nothing is cancelled and each worker's records are exactly its slot's
+    first requests (k, k+2, k+4, ...), none missing, none twice."""
+    out, prefix = tmp_path / "run", tmp_path / "stats"
+    argv = [*_common(server, 12, out), "--cycle", "--headless", "-u", "4", "-r", "100"]
+    argv += ["-t", "3s", "--processes", "2", "--master-port", str(_free_port())]
+    argv += ["--web-port", str(_free_port()), "--csv", str(prefix), "--", "--stop-timeout", "20"]
+    proc = subprocess.run(_cmd(*argv), capture_output=True, text=True, timeout=PROC_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = _check_records(out, None)
+    run = load_run(out)
+    assert run.meta["summary"]["cancelled_in_flight"] == 0
+    slots: dict[int, list[int]] = {}
+    for r in records:
+        slots.setdefault(r.worker, []).append(r.index)
+    assert len(slots) == 2
+    for indices in slots.values():
+        slot = min(indices)
+        assert sorted(indices) == list(range(slot, slot + 2 * len(indices), 2))
+    assert int(_csv_rows(prefix)[("LLM", "E2E")]["Request Count"]) == len(records)
