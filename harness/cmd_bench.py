@@ -46,7 +46,9 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--warmup", type=int, default=0, help="requests sent first and left out of the summary"
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed", type=int, default=None, help="workload seed (default: the spec file's, else 0)"
+    )
     p.add_argument("--slo", help="goodput SLOs, e.g. ttft=200ms,tpot=50ms,e2e=10s")
     p.add_argument("--tokenizer", help="tokenizer.json (or its folder): exact-length text prompts")
     p.add_argument(
