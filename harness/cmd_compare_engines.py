@@ -12,11 +12,13 @@ longest member is done, and the extra tokens it computes are its waste.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from cbbench.harness.errors import CbbenchError
@@ -135,19 +137,42 @@ def _bench(base_url: str, wl, args, out: Path, name: str) -> tuple[int, float]:
 
 
 def run(args: argparse.Namespace) -> int:
+    names = _engines(args.engines)
+    if args.threads < 0:
+        raise CbbenchError(f"--threads must be >= 0, got {args.threads}")
+    with torch_threads(args.threads):
+        return _run(args, names)
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """n torch threads here and in the engines started meanwhile (0: leave the defaults);
+    restored afterwards, so an in-process caller keeps its own settings."""
+    if not n:
+        yield
+        return
+    import torch
+
+    saved_threads = torch.get_num_threads()
+    saved_env = {v: os.environ.get(v) for v in ("CBBENCH_TORCH_THREADS", "OMP_NUM_THREADS")}
+    torch.set_num_threads(n)  # transformers, in this process
+    os.environ.update(dict.fromkeys(saved_env, str(n)))  # servers and in-process runners
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved_threads)
+        for var, value in saved_env.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
+
+
+def _run(args: argparse.Namespace, names: list[str]) -> int:
     from cbbench.harness import peer_engines as peers
     from cbbench.harness.prompts import PromptBuilder
     from cbbench.workloads import load_workload
 
-    names = _engines(args.engines)
-    if args.threads < 0:
-        raise CbbenchError(f"--threads must be >= 0, got {args.threads}")
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)  # transformers, in this process
-        for var in ("CBBENCH_TORCH_THREADS", "OMP_NUM_THREADS"):  # the servers we start
-            os.environ[var] = str(args.threads)
     if args.max_batch < 1:
         raise CbbenchError(f"--max-batch must be >= 1, got {args.max_batch}")
     if args.num_requests is not None and args.num_requests < 1:

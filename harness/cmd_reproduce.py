@@ -171,8 +171,16 @@ def measured(args: argparse.Namespace, console: Console, out: Path | None) -> di
         f"[bold]2b. MEASURED: the real engine ({args.cpu_model}) on CPU, B={b}, {n} requests "
         f"per workload, lengths / {scale}, offline in-process replay"
     )
-    os.environ.setdefault("CBBENCH_TORCH_THREADS", "1")  # busy cores: threads spin on each other
+    from cbbench.harness.cmd_compare_engines import torch_threads
     from cbbench.reference_engine.simulate import replay
+
+    threads = int(os.environ.get("CBBENCH_TORCH_THREADS", "1"))  # busy cores: threads spin
+    with torch_threads(threads):
+        return _measured_rows(args, console, out, replay)
+
+
+def _measured_rows(args: argparse.Namespace, console: Console, out: Path | None, replay) -> dict:
+    b, n, scale = args.cpu_batch_size, args.cpu_requests, args.cpu_scale
 
     warm = scaled_workload("uniform", 2, 64)
     with console.status("cpu: warm-up ..."):

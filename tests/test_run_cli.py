@@ -102,3 +102,41 @@ def test_run_bad_input_is_one_line(tmp_path, capsys, argv, needle):
     assert main(["run", *argv, "--out", str(tmp_path / "x"), "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_run_ctrl_c_keeps_finished_requests(tmp_path):
+    """SIGINT mid-run: the finished requests stay in the run folder, later schedulers are
+    skipped, the report of what finished is written, exit 130."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    spec = tmp_path / "long.json"
+    spec.write_text(json.dumps({"num_requests": 12, "prompt": 16, "output": 300}))
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "cbbench.harness.cli", "run", "--workload", str(spec)]
+    cmd += ["--batch-size", "1", "--schedulers", "static,continuous", "--device", "cpu"]
+    cmd += ["--no-live", "--out", str(out)]
+    env = {**os.environ, "COLUMNS": "200"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    records = out / "static" / "requests.jsonl"
+    deadline = time.monotonic() + 90
+    try:
+        while not (records.exists() and records.read_text().count("\n") >= 1):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no request finished in time"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr[-2000:]
+    run = load_run(out / "static")
+    assert run.meta["status"] == "interrupted"
+    ok = [r for r in run.records if r.ok]
+    assert 1 <= len(ok) < 12 and all(r.output_tokens_server == 300 for r in ok)
+    assert not (out / "continuous").exists()
+    assert (out / "report.html").is_file() and "interrupted" in stdout
