@@ -28,7 +28,7 @@ from cbbench.reference_engine.config import (
 )
 from cbbench.reference_engine.cost_model import CostModel, get_hardware
 from cbbench.reference_engine.engine import resolve_model_config
-from cbbench.reference_engine.simulate import SimResult, replay
+from cbbench.reference_engine.simulate import SimResult, replay, replay_interleaved
 from cbbench.workloads import load_workload, with_arrivals
 from rich.console import Console
 from rich.table import Table
@@ -326,6 +326,37 @@ def print_timeline(console: Console, name: str, res: SimResult) -> None:
     console.print(f"  waiting {waiting}", highlight=False)
 
 
+def run_real_interleaved(args, console: Console, names, wl, where: str, timeline: bool) -> int:
+    """--executor real: one engine per scheduler, stepped in turn, each on a clock that counts
+    only its own measured step times (fair on a machine whose load drifts)."""
+    cfgs = [engine_config(args, n) for n in names]
+    t0 = time.perf_counter()
+    with console.status(
+        f"running {', '.join(names)} interleaved on {where} ({len(wl)} requests)..."
+    ):
+        res = replay_interleaved(
+            wl.requests, cfgs, prefix_block_size=wl.prefix_block_size, timeline=timeline
+        )
+    console.print(f"{len(names)} engines run interleaved in {time.perf_counter() - t0:.1f}s wall")
+    results = dict(zip(names, res, strict=True))
+    for name, r in results.items():
+        tput = r.summary()["output_throughput"] or 0.0
+        console.print(f"{name}: {len(r.steps)} steps run; {tput:.1f} output tok/s")
+        if args.out:
+            console.print(f"  run folder: {write_run(Path(args.out), name, r, args, wl, sys.argv)}")
+    title = (
+        f"MEASURED: {args.model} on {where}, workload {args.workload} ({len(wl)} requests, "
+        f"seed {args.seed}), B={args.batch_size} — offline in-process, no HTTP; engines stepped "
+        f"in turn, each clock = its own measured step times"
+    )
+    console.print(comparison_table(results, title, False))
+    if timeline:
+        console.print("[bold yellow]MEASURED timeline[/bold yellow] (one column per engine step)")
+        for name, r in results.items():
+            print_timeline(console, name, r)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     console = Console()
     names = [s.strip() for s in args.scheduler.split(",") if s.strip()]
@@ -359,6 +390,8 @@ def run(args: argparse.Namespace) -> int:
         args.workload == "seed-demo" and args.batch_size == 4 and steps_mode
     )
     results: dict[str, SimResult] = {}
+    if real:
+        return run_real_interleaved(args, console, names, wl, where, timeline)
     for name in names:
         cfg = engine_config(args, name)
         if name == "static" and not real:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -164,7 +164,58 @@ def simulate(requests: Sequence[RequestSpec], config: EngineConfig, **kwargs) ->
     return replay(requests, replace(config, executor="sim"), **kwargs)
 
 
-def replay(
+class MeasuredClock:
+    """Wraps a real executor: the clock advances only by the measured duration of this
+    executor's own steps (and idles instantly), so several engines can be stepped in turn
+    and each sees the time its steps took, as if it ran alone; load that drifts over time
+    then hits every engine alike. Scheduling overhead outside execute() is not counted."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.clock = 0.0
+
+    def now(self) -> float:
+        return self.clock
+
+    def advance_to(self, t: float) -> None:
+        self.clock = max(self.clock, t)
+
+    def execute(self, chunks):
+        t = time.perf_counter()
+        out = self.inner.execute(chunks)
+        self.clock += time.perf_counter() - t
+        return out
+
+
+def replay(requests: Sequence[RequestSpec], cfg: EngineConfig, **kwargs) -> SimResult:
+    """Run `requests` through an engine built from `cfg` (its executor: "sim" = virtual
+    clock, "real" = the model on cfg.device in wall-clock time)."""
+    gen = _replay_steps(requests, cfg, **kwargs)
+    while True:
+        try:
+            next(gen)
+        except StopIteration as done:
+            return done.value
+
+
+def replay_interleaved(
+    requests: Sequence[RequestSpec], cfgs: list[EngineConfig], **kwargs
+) -> list[SimResult]:
+    """Replay the same requests on one engine per config, one step of each in turn, every
+    real executor on a MeasuredClock: a fair A/B on a machine whose load drifts."""
+    gens = [_replay_steps(requests, c, measured_clock=True, **kwargs) for c in cfgs]
+    results: list[SimResult | None] = [None] * len(gens)
+    while any(r is None for r in results):
+        for i, gen in enumerate(gens):
+            if results[i] is None:
+                try:
+                    next(gen)
+                except StopIteration as done:
+                    results[i] = done.value
+    return [r for r in results if r is not None]
+
+
+def _replay_steps(
     requests: Sequence[RequestSpec],
     cfg: EngineConfig,
     *,
@@ -172,17 +223,20 @@ def replay(
     timeline: bool = False,
     max_steps: int = 10_000_000,
     on_progress: Callable[[int, int], None] | None = None,
-) -> SimResult:
-    """Run `requests` through an engine built from `cfg` (its executor: "sim" = virtual
-    clock, "real" = the model on cfg.device in wall-clock time)."""
+    measured_clock: bool = False,
+) -> Generator[None, None, SimResult]:
+    """The replay loop, yielding after every engine step."""
     engine = LLMEngine.from_config(cfg)
+    simulated = isinstance(engine.executor, SimExecutor)
+    if measured_clock and not simulated:
+        engine.executor = MeasuredClock(engine.executor)
     ex = engine.executor
-    simulated = isinstance(ex, SimExecutor)
+    virtual = isinstance(ex, (SimExecutor, MeasuredClock))
     vocab = engine.model_config.vocab_size
     t0 = engine.now()
 
     def idle_until(t: float) -> None:  # t relative to t0
-        if simulated:
+        if virtual:
             ex.advance_to(t0 + t)
         else:
             time.sleep(max(0.0, t0 + t - engine.now()))
@@ -195,6 +249,7 @@ def replay(
     free_slots = list(range(cfg.max_batch_slots))
     num_done = 0
     while pending < len(order) or engine.has_unfinished_requests():
+        yield
         now = engine.now() - t0
         while pending < len(order) and (order[pending].arrival_s or 0.0) <= now:
             spec = order[pending]
@@ -275,7 +330,9 @@ def replay(
                     on_progress(num_done, len(order))
     return SimResult(
         config=cfg,
-        hardware=ex.cost_model.hardware.name if simulated else f"{cfg.device} (measured)",
+        hardware=engine.executor.cost_model.hardware.name  # type: ignore[attr-defined]
+        if simulated
+        else f"{cfg.device} (measured)",
         num_kv_blocks=engine.block_manager.num_blocks,
         max_model_len=engine.max_model_len,
         requests=[recs[f"req-{s.index}"] for s in requests],

@@ -10,7 +10,7 @@ from cbbench.reference_engine.config import (
     StaticConfig,
 )
 from cbbench.reference_engine.errors import EngineError
-from cbbench.reference_engine.simulate import prompt_tokens, simulate
+from cbbench.reference_engine.simulate import prompt_tokens, replay_interleaved, simulate
 from cbbench.workloads import load_workload, with_arrivals
 from cbbench.workloads.spec import RequestSpec
 
@@ -110,3 +110,13 @@ def test_requests_too_long_for_the_model_are_named():
     specs = [RequestSpec(0, 100, 10), RequestSpec(1, 2000, 100)]
     with pytest.raises(EngineError, match="workload request 1: .*exceeds max_model_len"):
         simulate(specs, config("continuous", 4, model="tiny"))
+
+
+def test_interleaved_replay_equals_separate_runs():
+    wl = load_workload("mixed", seed=3, num_requests=12)
+    cfgs = [config(s, 4) for s in ("static", "dynamic", "continuous")]
+    together = replay_interleaved(wl.requests, cfgs)
+    for cfg, res in zip(cfgs, together, strict=True):
+        alone = simulate(wl.requests, cfg)
+        assert [r.token_times_s for r in res.requests] == [r.token_times_s for r in alone.requests]
+        assert len(res.steps) == len(alone.steps)
