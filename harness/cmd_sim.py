@@ -46,7 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--scheduler", default="static,dynamic,continuous", help="comma list")
     p.add_argument("--workload", default="mixed", help="preset name, trace path or spec file")
-    p.add_argument("--seed", type=int, default=0, help="workload seed")
+    p.add_argument(
+        "--seed", type=int, default=None, help="workload seed (default: the spec file's, else 0)"
+    )
     p.add_argument("--num-requests", type=int, default=None)
     p.add_argument("--rate", type=float, default=None, help="Poisson arrivals at R req/s")
     p.add_argument(
@@ -370,6 +372,7 @@ def run(args: argparse.Namespace) -> int:
     if args.num_requests is not None and args.num_requests < 1:
         raise CbbenchError(f"--num-requests must be >= 1, got {args.num_requests}")
     wl = load_workload(args.workload, seed=args.seed, num_requests=args.num_requests)
+    args.seed = wl.seed  # a spec file's own seed when --seed was not given
     if args.rate is not None:
         wl = with_arrivals(wl, "poisson", rate=args.rate, seed=args.seed)
     if args.drop_too_long:
