@@ -28,11 +28,11 @@ DEFAULT_SIM_MODEL = "llama-3-8b"
 # that all three schedulers finish in about two minutes on 2 CPU cores with the tiny model.
 RUN_WORKLOAD: dict = {
     "name": "run-demo",
-    "description": "mixed lengths for `cbbench run`: 128 requests, outputs lognormal (median "
-    "96, sigma 0.9, 8-1024), prompts lognormal (median 64, 8-512), all at once",
-    "num_requests": 128,
+    "description": "mixed lengths for `cbbench run`: 256 requests, outputs lognormal (median "
+    "128, sigma 0.9, 8-1024), prompts lognormal (median 64, 8-512), all at once",
+    "num_requests": 256,
     "prompt": {"dist": "lognormal", "median": 64, "sigma": 0.6, "min": 8, "max": 512},
-    "output": {"dist": "lognormal", "median": 96, "sigma": 0.9, "min": 8, "max": 1024},
+    "output": {"dist": "lognormal", "median": 128, "sigma": 0.9, "min": 8, "max": 1024},
 }
 # Engine flags handled here rather than forwarded as given.
 _OWN_DESTS = {"model", "device", "scheduler", "executor", "hardware", "seed", "batch_size"}
@@ -59,7 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--workload",
         default=None,
-        help="preset, trace or spec file (default: run-demo, 128 mixed-length requests)",
+        help="preset, trace or spec file (default: run-demo, 256 mixed-length requests)",
     )
     p.add_argument("--num-requests", type=int, default=None, help="first N requests")
     p.add_argument("--seed", type=int, default=0, help="workload and engine seed")
@@ -193,6 +193,10 @@ def run(args: argparse.Namespace) -> int:
     _check(args)
     if args.executor == "sim" and not args.sim:
         args.sim = args.hardware or "h100"
+    if args.workload:  # a bad spec fails before any folder is made
+        from cbbench.workloads import load_workload
+
+        load_workload(args.workload, seed=args.seed, num_requests=args.num_requests)
     console = Console()
     parent = _parent_dir(args)
     spec = _workload_spec(args, parent)
@@ -206,14 +210,14 @@ def run(args: argparse.Namespace) -> int:
 
         dirs, results, interrupted = run_measured(args, names, spec, parent, console)
         if results:
-            console.print(comparison_table(results, _title(args, spec)))
+            console.print(comparison_table(results, _title(args)))
     if dirs and not args.no_report:
         _write_report(dirs, parent / "report.html", console)
     console.print(f"run folders: {parent}/{{{','.join(d.name for d in dirs)}}}")
     return 130 if interrupted else 0
 
 
-def _title(args: argparse.Namespace, spec: str) -> str:
+def _title(args: argparse.Namespace) -> str:
     wl = args.workload or RUN_WORKLOAD["name"]
     return (
         f"MEASURED over HTTP: {args.model or 'tiny'} on {args.device}, workload {wl}, "

@@ -102,6 +102,7 @@ def test_run_bad_input_is_one_line(tmp_path, capsys, argv, needle):
     assert main(["run", *argv, "--out", str(tmp_path / "x"), "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and "Traceback" not in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "x").exists()  # nothing written for a run that never started
 
 
 def test_run_ctrl_c_keeps_finished_requests(tmp_path):
