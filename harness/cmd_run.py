@@ -117,7 +117,7 @@ def _schedulers(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _default_device() -> str:
+def default_device() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"

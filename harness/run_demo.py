@@ -16,13 +16,13 @@ def run_measured(
 ) -> tuple[list[Path], dict[str, dict], bool]:
     """One server and one bench run per scheduler. Returns the run folders, their summaries
     and whether Ctrl-C stopped the sequence (finished requests are kept either way)."""
-    from cbbench.harness.cmd_run import _default_device, engine_flags
+    from cbbench.harness.cmd_run import default_device, engine_flags
     from cbbench.harness.launcher import launch_reference_server
     from cbbench.harness.runner import BenchConfig, run_bench
     from cbbench.harness.telemetry import build_samplers
     from cbbench.workloads import load_workload, with_arrivals
 
-    args.device = args.device or _default_device()
+    args.device = args.device or default_device()
     model = args.model or "tiny"
     wl = load_workload(spec, seed=args.seed, num_requests=args.num_requests)
     if args.rate is not None:
