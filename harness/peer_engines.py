@@ -78,8 +78,16 @@ def hf_continuous(model, jobs: list[Job], max_batch: int) -> tuple[int, float]:
     requests per step, each with its own max_new_tokens, EOS disabled."""
     import torch
     from transformers import GenerationConfig
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
+    try:
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig
+    except ImportError:
+        ContinuousBatchingConfig = None  # noqa: N806
+    if ContinuousBatchingConfig is None or not hasattr(model, "init_continuous_batching"):
+        raise CbbenchError(
+            "hf-continuous needs transformers' continuous batching (transformers >= 5); "
+            "upgrade it or leave hf-continuous out of --engines"
+        )
     gen = GenerationConfig(max_new_tokens=max(j.output_len for j in jobs), do_sample=False)
     gen.eos_token_id = -1
     longest = max(len(j.prompt) + j.output_len for j in jobs)
@@ -128,6 +136,10 @@ def _collect(manager, ids: set[str], timeout_s: float = 600.0) -> dict[str, int]
         if res.request_id in ids:
             got[res.request_id] = len(res.generated_tokens)
     return got
+
+
+def transformers_available() -> bool:
+    return importlib.util.find_spec("transformers") is not None
 
 
 def vllm_available() -> bool:
