@@ -174,7 +174,10 @@ def measured(args: argparse.Namespace, console: Console, out: Path | None) -> di
     from cbbench.harness.cmd_compare_engines import torch_threads
     from cbbench.reference_engine.simulate import replay
 
-    threads = int(os.environ.get("CBBENCH_TORCH_THREADS", "1"))  # busy cores: threads spin
+    text = os.environ.get("CBBENCH_TORCH_THREADS", "1")  # busy cores: threads spin
+    if not text.isdigit():
+        raise CbbenchError(f"CBBENCH_TORCH_THREADS must be a whole number, got {text!r}")
+    threads = int(text)
     with torch_threads(threads):
         return _measured_rows(args, console, out, replay)
 

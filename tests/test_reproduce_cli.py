@@ -42,3 +42,22 @@ def test_reproduce_bad_flag(capsys):
     assert main(["reproduce", "--sim-only", "--batch-size", "0"]) == 2
     err = capsys.readouterr().err
     assert "--batch-size must be >= 1" in err and "Traceback" not in err
+
+
+def test_reproduce_measured_part_on_tiny(tmp_path, capsys, monkeypatch):
+    """The CPU half end to end on a very small setting: real engine runs, one table."""
+    monkeypatch.setenv("COLUMNS", "200")
+    out = tmp_path / "rep"
+    argv = ["reproduce", "--num-requests", "16", "--batch-size", "4", "--cpu-model", "tiny"]
+    argv += ["--cpu-requests", "4", "--cpu-batch-size", "2", "--cpu-scale", "64"]
+    assert main([*argv, "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "MEASURED cpu static" in text and "tiny on CPU, B=2" in text
+    doc = json.loads((out / "reproduce.json").read_text())
+    cpu = doc["measured_cpu"]
+    assert set(cpu) == {"uniform", "mixed", "heavy-mixed"}
+    assert all(row["ratio"] and row["ratio"] > 0 for row in cpu.values())
+    # same requests, fewer or equal steps for continuous (it never waits for a whole batch)
+    assert all(row["continuous_steps"] <= row["static_steps"] for row in cpu.values())
+    run = load_run(out / "cpu" / "heavy-mixed_64" / "static")
+    assert run.meta["simulated"] is False and len(run.records) == 4
