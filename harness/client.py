@@ -361,7 +361,9 @@ def probe_server(base_url: str, api_key: str | None = None, timeout_s: float = 1
     info: dict = {"models": models}
     if data:
         first = data[0]
-        info.update({k: first[k] for k in ("owned_by", "max_model_len", "root") if k in first})
+        info.update(
+            {k: first[k] for k in ("owned_by", "max_model_len", "root", "cbbench") if k in first}
+        )
     for h in ("server", "x-cbbench-scheduler"):
         if h in resp.headers:
             info[h] = resp.headers[h]

@@ -200,6 +200,16 @@ def run(args: argparse.Namespace) -> int:
         raise
     url = base_url(sock)
 
+    info = stack.engine_info
+    print(
+        f"cbbench serve: {stack.model_name} ({info['num_params'] / 1e6:.1f}M params, "
+        f"{info['dtype']}, {info['device']}), scheduler {info['scheduler']}, executor "
+        f"{info['executor']}, attention backend {info['attention_backend'] or 'none'}, "
+        f"{info['num_kv_blocks']} KV blocks x {info['block_size']} tokens",
+        file=sys.stderr,
+        flush=True,
+    )
+
     def ready() -> None:
         print(f"{READY_PREFIX}{url}", flush=True)
 

@@ -147,6 +147,21 @@ class LLMEngine:
             )
 
     # --- public API -------------------------------------------------------------------
+    def describe(self) -> dict:
+        """What this engine is, for start-up logs, `/v1/models` and run records."""
+        return {
+            "scheduler": self.config.scheduler,
+            "executor": self.config.executor,
+            "device": str(getattr(self.executor, "device", self.config.device)),
+            "dtype": self.config.dtype,
+            "attention_backend": getattr(self.executor, "attention_backend_name", None),
+            "num_params": self.model_config.num_params(),
+            "num_kv_blocks": self.block_manager.num_blocks,
+            "block_size": self.config.block_size,
+            "max_model_len": self.max_model_len,
+            "enable_prefix_caching": self.config.enable_prefix_caching,
+        }
+
     @property
     def scheduler_name(self) -> str:
         return self.scheduler.name

@@ -38,3 +38,5 @@ def test_bench_against_reference_engine(tmp_path):
                 assert s["counts"]["prompt_token_mismatch"] == 0
             assert res.meta["target"]["scheduler"] == "continuous"
             assert res.meta["target"]["model"] == "tiny"
+            # the engine's self-description from /v1/models is kept with the run
+            assert res.meta["target"]["engine"]["cbbench"]["attention_backend"] == "torch"

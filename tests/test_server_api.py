@@ -169,6 +169,9 @@ def test_models_health_and_metrics(server):
     models = client(url).models.list()
     assert [m.id for m in models.data] == ["tiny"]
     assert models.data[0].model_extra["max_model_len"] == 256
+    info = models.data[0].model_extra["cbbench"]
+    assert info["scheduler"] == scheduler and info["executor"] == "real"
+    assert info["attention_backend"] == "torch" and info["device"] == "cpu"
     health = httpx.get(url + "/health")
     assert health.status_code == 200
     assert health.headers["x-cbbench-scheduler"] == scheduler

@@ -62,6 +62,7 @@ def create_app(
     metrics: ServerMetrics,
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    engine_info: dict | None = None,
 ) -> ASGIApp:
     """The app serves an already-started AsyncEngine; whoever started it shuts it down."""
     app = FastAPI(title="cbbench reference engine", version="0.1.0")
@@ -101,6 +102,8 @@ def create_app(
             "owned_by": "cbbench",
             "max_model_len": max_model_len,
         }
+        if engine_info:
+            card["cbbench"] = engine_info  # scheduler, device, attention backend, KV pool
         return {"object": "list", "data": [card]}
 
     @app.get("/health")

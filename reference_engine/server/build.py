@@ -21,6 +21,7 @@ class ServingStack:
     tokenizer: Tokenizer
     metrics: ServerMetrics
     model_name: str
+    engine_info: dict
 
     def shutdown(self, reason: str = "server shutting down", wait: bool = True) -> None:
         self.engine.shutdown(reason, wait)
@@ -59,6 +60,7 @@ def build_stack(
         metrics=metrics,
         api_key=api_key,
         max_body_bytes=max_body_bytes,
+        engine_info=llm_engine.describe(),
     )
     engine.start()
-    return ServingStack(app, engine, tokenizer, metrics, model_name)
+    return ServingStack(app, engine, tokenizer, metrics, model_name, llm_engine.describe())

@@ -133,7 +133,11 @@ class ServerMetrics:
             "vllm:e2e_request_latency_seconds", "End-to-end request latency.", REQUEST_BUCKETS
         ).labels(m)
         self.queue_time = histogram(
-            "vllm:request_queue_time_seconds", "Arrival to first scheduled.", REQUEST_BUCKETS
+            # TTFT's finer buckets: this engine's queue times are often well under vLLM's
+            # first request bucket (0.3 s), which would make histogram estimates useless
+            "vllm:request_queue_time_seconds",
+            "Arrival to first scheduled.",
+            TTFT_BUCKETS,
         ).labels(m)
         info = Gauge(
             "cbbench:scheduler_info",
