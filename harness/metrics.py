@@ -11,7 +11,12 @@ PERCENTILES = (50, 90, 95, 99)
 
 def describe(values: Iterable[float | None]) -> dict[str, float | int | None]:
     """Summary of the non-None values; every statistic is None (absent, not zero) when empty."""
-    arr = np.asarray([v for v in values if v is not None], dtype=np.float64)
+    return describe_array(np.asarray([v for v in values if v is not None], dtype=np.float64))
+
+
+def describe_array(arr: np.ndarray) -> dict[str, float | int | None]:
+    """`describe` on a float array; NaN means absent."""
+    arr = arr[~np.isnan(arr)]
     if arr.size == 0:
         return {"mean": None, **{f"p{p}": None for p in PERCENTILES}, "max": None, "count": 0}
     pct = np.percentile(arr, PERCENTILES)

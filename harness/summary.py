@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 from cbbench.harness.errors import CbbenchError
-from cbbench.harness.metrics import PERCENTILES
+from cbbench.harness.metrics import describe_array
 from cbbench.harness.records import RequestRecord
 
 SLO_KEYS = ("ttft", "tpot", "e2e")
@@ -46,20 +46,6 @@ def parse_slo(text: str | None) -> dict[str, float]:
             raise CbbenchError(f"--slo: {part!r}: expected one of {', '.join(SLO_KEYS)}=DURATION")
         out[key] = parse_duration(value, f"--slo {key}")
     return out
-
-
-def describe_array(arr: np.ndarray) -> dict[str, float | int | None]:
-    """`metrics.describe` on a float array; NaN means absent."""
-    arr = arr[~np.isnan(arr)]
-    if arr.size == 0:
-        return {"mean": None, **{f"p{p}": None for p in PERCENTILES}, "max": None, "count": 0}
-    pct = np.percentile(arr, PERCENTILES)
-    return {
-        "mean": float(arr.mean()),
-        **{f"p{p}": float(v) for p, v in zip(PERCENTILES, pct, strict=True)},
-        "max": float(arr.max()),
-        "count": int(arr.size),
-    }
 
 
 _COLUMNS = (

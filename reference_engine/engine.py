@@ -6,14 +6,12 @@ The same loop drives the real model (ModelRunner, wall clock) and the simulator
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from cbbench.reference_engine.block_manager import BlockManager
 from cbbench.reference_engine.config import EngineConfig
 from cbbench.reference_engine.cost_model import CostModel, get_hardware
 from cbbench.reference_engine.errors import EngineError, QueueFullError
 from cbbench.reference_engine.executor import Executor
-from cbbench.reference_engine.model_config import PRESETS, ModelConfig, preset_config
+from cbbench.reference_engine.model_config import ModelConfig, resolve_model_config
 from cbbench.reference_engine.outputs import EngineStats, RequestMetrics, RequestOutput
 from cbbench.reference_engine.sampling_params import SamplingParams
 from cbbench.reference_engine.scheduler import make_scheduler
@@ -22,21 +20,6 @@ from cbbench.reference_engine.sequence import Sequence, SequenceStatus
 __all__ = ["LLMEngine", "QueueFullError", "resolve_model_config"]
 
 CPU_KV_CACHE_MAX_GB = 1.0  # default KV pool cap on the CPU
-
-
-def resolve_model_config(model: str) -> ModelConfig:
-    """A preset name, an HF folder or its config.json."""
-    if model in PRESETS:
-        return preset_config(model)
-    path = Path(model)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.exists():
-        raise EngineError(
-            f"model {model!r} is neither a preset ({', '.join(PRESETS)}) nor an HF folder "
-            f"with a config.json"
-        )
-    return ModelConfig.from_file(path)
 
 
 class LLMEngine:

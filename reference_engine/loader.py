@@ -13,7 +13,10 @@ from pathlib import Path
 import torch
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.model import LlamaForCausalLM
-from cbbench.reference_engine.model_config import PRESETS, ModelConfig, preset_config
+from cbbench.reference_engine.model_config import (
+    ModelConfig,
+    resolve_model_config,
+)
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
@@ -41,21 +44,7 @@ def resolve_dtype(dtype: str | torch.dtype, cfg: ModelConfig | None = None) -> t
     return DTYPES[dtype]
 
 
-def resolve_config(model: str | ModelConfig) -> ModelConfig:
-    """A preset name, an HF folder or its config.json, or a ModelConfig."""
-    if isinstance(model, ModelConfig):
-        return model
-    if model in PRESETS:
-        return preset_config(model)
-    path = Path(model)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.exists():
-        raise EngineError(
-            f"model {model!r} is neither a preset ({', '.join(PRESETS)}) nor an HF folder "
-            f"with a config.json"
-        )
-    return ModelConfig.from_file(path)
+resolve_config = resolve_model_config  # the loader's name for it
 
 
 def _empty_model(cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device):

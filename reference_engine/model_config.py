@@ -217,6 +217,23 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+def resolve_model_config(model: str | ModelConfig) -> ModelConfig:
+    """A preset name, an HF folder or its config.json, or a ModelConfig."""
+    if isinstance(model, ModelConfig):
+        return model
+    if model in PRESETS:
+        return preset_config(model)
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.exists():
+        raise EngineError(
+            f"model {model!r} is neither a preset ({', '.join(PRESETS)}) nor an HF folder "
+            f"with a config.json"
+        )
+    return ModelConfig.from_file(path)
+
+
 def preset_config(name: str) -> ModelConfig:
     if name not in PRESETS:
         raise EngineError(f"unknown model preset {name!r} (known: {', '.join(PRESETS)})")
