@@ -10,6 +10,7 @@ import sys
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.runner import BenchConfig, run_bench
 from cbbench.harness.summary import parse_duration, parse_slo
+from cbbench.harness.telemetry import add_telemetry_args, build_samplers
 
 
 def add_load_args(p: argparse.ArgumentParser) -> None:
@@ -82,25 +83,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
     )
     add_load_args(p)
-    _add_telemetry_args(p)
-    p.set_defaults(func=run)
-
-
-def _add_telemetry_args(p: argparse.ArgumentParser) -> None:
-    """Telemetry flags (helper F's `add_telemetry_args`), when that module is there."""
-    try:
-        from cbbench.harness.telemetry import add_telemetry_args
-    except ImportError:
-        return
     add_telemetry_args(p)
-
-
-def _build_samplers(args: argparse.Namespace, base_url: str) -> list:
-    try:
-        from cbbench.harness.telemetry import build_samplers
-    except ImportError:
-        return []
-    return list(build_samplers(args, base_url))
+    p.set_defaults(func=run)
 
 
 def load_bench_workload(args: argparse.Namespace):
@@ -171,6 +155,6 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    samplers = _build_samplers(args, cfg.base_url)
+    samplers = list(build_samplers(args, cfg.base_url))
     result = run_bench(cfg, samplers)
     return 130 if result.interrupted else 0

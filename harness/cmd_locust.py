@@ -17,6 +17,7 @@ import sys
 
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.summary import parse_duration, parse_slo
+from cbbench.harness.telemetry import add_telemetry_args
 
 DEFAULT_WEB_PORT = 8089
 DEFAULT_MASTER_PORT = 5557
@@ -81,16 +82,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     lo.add_argument("--csv", help="Locust CSV stats prefix (PREFIX_stats.csv, ...)")
     lo.add_argument("--html", help="Locust HTML report file")
     p.add_argument("locust_args", nargs="*", help="after --: passed to Locust unchanged")
-    _add_telemetry_args(p)
-    p.set_defaults(func=run)
-
-
-def _add_telemetry_args(p: argparse.ArgumentParser) -> None:
-    try:
-        from cbbench.harness.telemetry import add_telemetry_args
-    except ImportError:
-        return
     add_telemetry_args(p)
+    p.set_defaults(func=run)
 
 
 TELEMETRY_KEYS = ("metrics_url", "no_server_metrics", "metrics_interval", "gpus", "no_gpu_metrics")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.sweep import Level, SaturationWatch, auto_rates, parse_list
+from cbbench.harness.telemetry import add_telemetry_args, build_samplers
 
 SWEEP_FILE = "sweep.json"
 SUSTAINED = 0.9  # achieved/offered request rate above which a rate level is sustained
@@ -49,12 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="per-request limit in seconds")
     p.add_argument("--api-key", help="sent as a Bearer token")
     p.add_argument("--no-live", action="store_true", help="no live view per level")
-    try:
-        from cbbench.harness.telemetry import add_telemetry_args
-    except ImportError:
-        pass
-    else:
-        add_telemetry_args(p)
+    add_telemetry_args(p)
     p.set_defaults(func=run)
 
 
@@ -89,12 +85,7 @@ def run_level(args: argparse.Namespace, level: Level, out: Path) -> dict:
     cfg = config_from_args(_bench_args(args, level, out))
     cfg.command = list(sys.argv)
     cfg.load = {**cfg.load, "sweep_level": level.name}
-    try:
-        from cbbench.harness.telemetry import build_samplers
-
-        samplers = list(build_samplers(args, cfg.base_url))
-    except ImportError:
-        samplers = []
+    samplers = list(build_samplers(args, cfg.base_url))
     watch = SaturationWatch(Path(cfg.out_dir), len(cfg.workload), args.level_timeout)
     console = Console(stderr=True) if not args.no_live else Console(file=io.StringIO())
     t = time.monotonic()
