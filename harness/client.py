@@ -122,28 +122,28 @@ class OpenAIClient:
         try:
             await asyncio.wait_for(exchange(rec, body, chunks, state), self.cfg.timeout_s)
         except RequestFailed as exc:
-            _fail(rec, exc.kind, str(exc))
+            fail_record(rec, exc.kind, str(exc))
         except http1.ConnectFailed as exc:
-            _fail(rec, "connection", str(exc))
+            fail_record(rec, "connection", str(exc))
         except http1.ConnectionLost as exc:
-            _fail(rec, "stream" if exc.got_response else "connection", str(exc))
+            fail_record(rec, "stream" if exc.got_response else "connection", str(exc))
         except http1.BadResponse as exc:
-            _fail(rec, "protocol", str(exc))
+            fail_record(rec, "protocol", str(exc))
         except asyncio.TimeoutError:
-            _fail(rec, "timeout", f"no complete response within {self.cfg.timeout_s:g} s")
+            fail_record(rec, "timeout", f"no complete response within {self.cfg.timeout_s:g} s")
         except httpx.TimeoutException as exc:
-            _fail(rec, "timeout", f"{type(exc).__name__}: {exc}")
+            fail_record(rec, "timeout", f"{type(exc).__name__}: {exc}")
         except httpx.ConnectError as exc:
-            _fail(rec, "connection", f"cannot connect to {self.cfg.base_url}: {exc}")
+            fail_record(rec, "connection", f"cannot connect to {self.cfg.base_url}: {exc}")
         except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
             kind = "stream" if chunks or state.get("status") else "connection"
-            _fail(rec, kind, f"{type(exc).__name__}: {exc or 'connection closed'}")
+            fail_record(rec, kind, f"{type(exc).__name__}: {exc or 'connection closed'}")
         except httpx.HTTPError as exc:
-            _fail(rec, "http", f"{type(exc).__name__}: {exc}")
+            fail_record(rec, "http", f"{type(exc).__name__}: {exc}")
         except (ValueError, KeyError, TypeError, IndexError) as exc:
-            _fail(rec, "protocol", f"unexpected response: {type(exc).__name__}: {exc}")
+            fail_record(rec, "protocol", f"unexpected response: {type(exc).__name__}: {exc}")
         except OSError as exc:  # after asyncio.TimeoutError, which is an OSError on 3.11+
-            _fail(rec, "connection", f"{type(exc).__name__}: {exc}")
+            fail_record(rec, "connection", f"{type(exc).__name__}: {exc}")
         self._finish(rec, chunks, state)
         return rec
 
@@ -161,7 +161,7 @@ class OpenAIClient:
                 text = (await resp.aread()).decode("utf-8", "replace")
                 raise RequestFailed(
                     f"http_{resp.status_code // 100}xx",
-                    f"HTTP {resp.status_code}: {_error_message(text)}",
+                    f"HTTP {resp.status_code}: {error_message(text)}",
                 )
             if self.cfg.stream:
                 await self._read_stream(resp, chunks, state)
@@ -199,7 +199,7 @@ class OpenAIClient:
         if proto.status >= 400:
             text = b"".join(raw_body).decode("utf-8", "replace")
             raise RequestFailed(
-                f"http_{proto.status // 100}xx", f"HTTP {proto.status}: {_error_message(text)}"
+                f"http_{proto.status // 100}xx", f"HTTP {proto.status}: {error_message(text)}"
             )
         if stream:
             if not state.get("done"):
@@ -287,7 +287,7 @@ class OpenAIClient:
             rec.last_token_s = rec.token_times_s[-1]
         if not rec.ok or rec.sent_s is None or not chunks:
             if rec.ok:
-                _fail(rec, "empty", "response carried no output tokens")
+                fail_record(rec, "empty", "response carried no output tokens")
             return
         rec.e2e_s = rec.last_token_s - rec.sent_s
         if self.cfg.stream:
@@ -317,7 +317,7 @@ def _spread(chunks: list[tuple[int, int]]) -> list[int]:
     return times
 
 
-def _fail(rec: RequestRecord, kind: str, message: str) -> None:
+def fail_record(rec: RequestRecord, kind: str, message: str) -> None:
     if rec.status == "error":  # keep the first reason
         return
     rec.status = "error"
@@ -325,7 +325,7 @@ def _fail(rec: RequestRecord, kind: str, message: str) -> None:
     rec.error = message[:ERROR_TEXT_LIMIT]
 
 
-def _error_message(text: str) -> str:
+def error_message(text: str) -> str:
     try:
         err = json.loads(text).get("error")
         msg = err.get("message") if isinstance(err, dict) else err
@@ -352,7 +352,7 @@ def probe_server(base_url: str, api_key: str | None = None, timeout_s: float = 1
     if resp.status_code == 401:
         raise CbbenchError(f"{url}: HTTP 401 unauthorized (check --api-key)")
     if resp.status_code >= 400:
-        raise CbbenchError(f"{url}: HTTP {resp.status_code}: {_error_message(resp.text)}")
+        raise CbbenchError(f"{url}: HTTP {resp.status_code}: {error_message(resp.text)}")
     try:
         data = resp.json().get("data") or []
         models = [m["id"] for m in data]

