@@ -78,6 +78,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _vllm(folder: Path, wl, args: argparse.Namespace, out: Path, max_len: int) -> Result:
+    from cbbench.harness import peer_engines as peers
+
+    with peers.vllm_server(
+        folder, args.max_batch, max_len, python=args.vllm_python, threads=args.threads
+    ) as (url, pid):
+        cpu0 = process_cpu_s(pid)
+        tokens, wall = _bench(url, wl, args, out / "vllm", "vllm")
+        cpu1 = process_cpu_s(pid)
+    return tokens, wall, None if None in (cpu0, cpu1) else cpu1 - cpu0
+
+
 def _engines(text: str) -> list[str]:
     names = [s.strip() for s in text.split(",") if s.strip()]
     bad = [s for s in names if s not in ENGINES]
@@ -113,13 +125,31 @@ def _reference(folder: Path, wl, args, out: Path, max_len: int) -> Result:
         return tokens, wall, None if cpu is None or cpu0 is None else cpu - cpu0
 
 
-def process_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of a running process (Linux /proc; None elsewhere)."""
+def _stat(pid: int) -> list[str] | None:
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a running process and all its live descendants (vLLM
+    computes in worker processes), from Linux /proc; None elsewhere."""
+    if _stat(pid) is None:
+        return None
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (f := _stat(int(entry.name))) is not None:
+            parents[int(entry.name)] = int(f[1])  # fields after the name: state, ppid, ...
+            ticks[int(entry.name)] = int(f[11]) + int(f[12])
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [c for c, pp in parents.items() if pp == parent and c not in tree]
+        tree.update(children)
+        frontier.extend(children)
+    return sum(ticks.get(p, 0) for p in tree) / os.sysconf("SC_CLK_TCK")
 
 
 def _bench(base_url: str, wl, args, out: Path, name: str) -> tuple[int, float]:
@@ -223,17 +253,11 @@ def _run(args: argparse.Namespace, names: list[str]) -> int:
             if name == "reference":
                 results[name] = _reference(folder, wl, args, out, max_len)
             elif name == "vllm":
-                with peers.vllm_server(
-                    folder,
-                    args.max_batch,
-                    max_len,
-                    python=args.vllm_python,
-                    threads=args.threads,
-                ) as (url, pid):
-                    cpu0 = process_cpu_s(pid)
-                    tokens, wall = _bench(url, wl, args, out / "vllm", "vllm")
-                    cpu1 = process_cpu_s(pid)
-                results[name] = (tokens, wall, None if None in (cpu0, cpu1) else cpu1 - cpu0)
+                try:
+                    results[name] = _vllm(folder, wl, args, out, max_len)
+                except CbbenchError as exc:  # an optional peer: keep the others' figures
+                    console.print(f"vllm: failed, left out of the table ({exc})")
+                    continue
             else:
                 hf_model = hf_model or peers.load_hf_model(folder)
                 fn = peers.hf_static if name == "hf-static" else peers.hf_continuous
@@ -290,6 +314,7 @@ def results_table(results: dict[str, Result], args, n: int) -> Table:
         )
     t.caption = (
         "tok/s: useful output tokens per wall second; engine CPU-s: CPU time of the engine's "
-        "process while it ran (the server process for HTTP engines, load generator excluded)"
+        "processes while it ran (a server and its worker processes for HTTP engines, load "
+        "generator excluded)"
     )
     return t

@@ -194,6 +194,10 @@ def vllm_server(
         str(max_model_len),
         "--served-model-name",
         "model",
+        # on the CPU backend this is the share of host memory vLLM reserves; its default
+        # (0.92) fails whenever anything else holds memory, and a 54M model needs little
+        "--gpu-memory-utilization",
+        "0.25",
     ]
     log = open(folder / "vllm.log", "w")  # noqa: SIM115 - closed below
     env = {**os.environ}

@@ -44,3 +44,34 @@ def test_compare_engines_bad_engine(capsys):
     assert main(["compare-engines", "--engines", "reference,tgi"]) == 2
     err = capsys.readouterr().err
     assert "--engines" in err and "tgi" in err and "Traceback" not in err
+
+
+def test_engine_cpu_counts_worker_processes():
+    """vLLM computes in worker processes: their CPU time belongs to the engine's."""
+    import subprocess
+    import sys
+    import time
+
+    from cbbench.harness.cmd_compare_engines import process_cpu_s
+
+    busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass"
+    parent = subprocess.Popen(["bash", "-c", f"{sys.executable} -c '{busy}'"])
+    try:
+        time.sleep(0.1)
+        while parent.poll() is None and (process_cpu_s(parent.pid) or 0) < 0.3:
+            time.sleep(0.05)
+        assert parent.poll() is None, "the busy child ended before its CPU was seen"
+        assert process_cpu_s(parent.pid) >= 0.3  # bash itself used almost none
+    finally:
+        parent.wait()
+
+
+def test_missing_vllm_is_reported_and_the_others_still_compared(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "220")
+    out = tmp_path / "cmp"
+    argv = ["compare-engines", "--model", "tiny", "--num-requests", "2", "--max-batch", "2"]
+    assert main([*argv, "--engines", "reference,vllm", "--vllm-python", "/bin/false",
+                 "--out", str(out)]) == 0  # fmt: skip
+    text = capsys.readouterr().out
+    assert "vllm: not importable by /bin/false, skipped" in " ".join(text.split())
+    assert set(json.loads((out / "compare.json").read_text())["results"]) == {"reference"}
