@@ -16,7 +16,7 @@ def run_measured(
 ) -> tuple[list[Path], dict[str, dict], bool]:
     """One server and one bench run per scheduler. Returns the run folders, their summaries
     and whether Ctrl-C stopped the sequence (finished requests are kept either way)."""
-    from cbbench.harness.cmd_run import default_device, engine_flags
+    from cbbench.harness.cli.run import default_device, engine_flags
     from cbbench.harness.launcher import launch_reference_server
     from cbbench.harness.runner import BenchConfig, run_bench
     from cbbench.harness.telemetry import build_samplers
@@ -92,7 +92,7 @@ _SIM_FLAGS = {
 
 
 def sim_argv(args: argparse.Namespace, names: list[str], spec: str, parent: Path) -> list[str]:
-    from cbbench.harness.cmd_run import DEFAULT_SIM_MODEL
+    from cbbench.harness.cli.run import DEFAULT_SIM_MODEL
 
     argv = [
         "sim",
@@ -132,7 +132,7 @@ def run_simulated(
     args: argparse.Namespace, names: list[str], spec: str, parent: Path, console: Console
 ) -> list[Path]:
     """`cbbench sim` with the run's flags: its SIMULATED table, one run folder per scheduler."""
-    from cbbench.harness import cmd_sim
+    from cbbench.harness.cli import sim as cmd_sim
 
     p = argparse.ArgumentParser(prog="cbbench")
     cmd_sim.register(p.add_subparsers())

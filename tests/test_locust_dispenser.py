@@ -5,7 +5,7 @@ import json
 
 import pytest
 from cbbench.harness import cli
-from cbbench.harness.cmd_locust import locust_command
+from cbbench.harness.cli.locust import locust_command
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.locust import LOCUSTFILE
 from cbbench.harness.locust.dispenser import Dispenser, Plan

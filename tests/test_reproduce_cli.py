@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from cbbench.harness.cli import main
-from cbbench.harness.cmd_reproduce import scaled_workload
+from cbbench.harness.cli.reproduce import scaled_workload
 from cbbench.harness.results import load_run
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from cbbench.harness.cli import build_parser, main
-from cbbench.harness.cmd_run import RUN_WORKLOAD, engine_flags
+from cbbench.harness.cli.run import RUN_WORKLOAD, engine_flags
 from cbbench.harness.results import load_run
 from cbbench.workloads import load_workload
 

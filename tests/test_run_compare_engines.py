@@ -52,7 +52,7 @@ def test_engine_cpu_counts_worker_processes():
     import sys
     import time
 
-    from cbbench.harness.cmd_compare_engines import process_cpu_s
+    from cbbench.harness.cli.compare_engines import process_cpu_s
 
     busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass"
     parent = subprocess.Popen(["bash", "-c", f"{sys.executable} -c '{busy}'"])

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 from cbbench.harness.cli import main
-from cbbench.reference_engine.cmd_serve import add_engine_args, engine_config_from_args
+from cbbench.harness.cli.serve import add_engine_args, engine_config_from_args
 from cbbench.reference_engine.config import EngineConfig
 
 

@@ -153,7 +153,7 @@ def test_empirical_trace_path_is_relative_to_the_spec_file(tmp_path):
 
 @pytest.mark.parametrize("bins", [1, 7, 16, 5000])
 def test_histogram_bins_cover_every_length_once(bins):
-    from cbbench.harness.cmd_workload import histogram
+    from cbbench.harness.cli.workload import histogram
     from rich.console import Console
 
     values = np.asarray([r.output_len for r in load_workload("chat").requests])

@@ -1,5 +1,5 @@
 """Locust glue: the cbbench user class, record collection and merging across Locust workers,
-and a cbbench page in Locust's web UI. `cbbench locust` (harness/cmd_locust.py) runs
+and a cbbench page in Locust's web UI. `cbbench locust` (harness/cli/locust.py) runs
 `python -m locust -f LOCUSTFILE` with the settings in `CBBENCH_LOCUST_SETTINGS`.
 
 Importing this package does not import Locust (which monkey-patches the process for gevent);

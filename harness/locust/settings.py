@@ -72,7 +72,7 @@ class LocustSettings:
         return cls(**data)
 
     def load_args(self) -> argparse.Namespace:
-        """The namespace `cmd_bench.load_bench_workload` reads."""
+        """The namespace `cli.bench.load_bench_workload` reads."""
         return argparse.Namespace(
             workload=self.workload,
             seed=self.seed,
@@ -85,7 +85,7 @@ class LocustSettings:
 
 def load_workload_for(settings: LocustSettings) -> Workload:
     """The workload exactly as `cbbench bench` would load it from the same flags."""
-    from cbbench.harness.cmd_bench import load_bench_workload
+    from cbbench.harness.cli.bench import load_bench_workload
 
     return load_bench_workload(settings.load_args())
 

@@ -12,7 +12,7 @@ import itertools
 import random
 
 import pytest
-from cbbench.harness.cmd_selftest import ServerProcess, measure
+from cbbench.harness.cli.selftest import ServerProcess, measure
 from cbbench.harness.fake_server import Behavior, FakeServerConfig
 from cbbench.harness.records import RequestRecord
 from cbbench.harness.sse import SSEParser

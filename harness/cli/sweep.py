@@ -78,7 +78,7 @@ def _bench_args(args: argparse.Namespace, level: Level, out: Path) -> argparse.N
 
 
 def run_level(args: argparse.Namespace, level: Level, out: Path) -> dict:
-    from cbbench.harness.cmd_bench import config_from_args
+    from cbbench.harness.cli.bench import config_from_args
     from cbbench.harness.runner import run_bench
     from rich.console import Console
 

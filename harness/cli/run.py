@@ -40,7 +40,7 @@ _PER_SCHEDULER = {"max_batch_size", "max_num_seqs"}
 
 
 def _engine_parser() -> argparse.ArgumentParser:
-    from cbbench.reference_engine.cmd_serve import add_engine_args
+    from cbbench.harness.cli.serve import add_engine_args
 
     p = argparse.ArgumentParser(add_help=False)
     add_engine_args(p)

@@ -76,7 +76,7 @@ def _config(model: str, scheduler: str, b: int, executor: str, hardware: str, **
 
 def seed_demo(console: Console) -> dict[str, int]:
     """The seeds' timeline in engine steps (hardware `steps`: one time unit per step)."""
-    from cbbench.harness.cmd_sim import print_timeline
+    from cbbench.harness.cli.sim import print_timeline
     from cbbench.reference_engine.simulate import replay
     from cbbench.workloads import load_workload
 
@@ -112,7 +112,7 @@ def scaled_workload(name: str, n: int, scale: int):
 
 
 def _replay(console: Console, label: str, wl, cfg, out: Path | None, folder: str) -> dict:
-    from cbbench.harness.cmd_sim import write_run
+    from cbbench.harness.cli.sim import write_run
     from cbbench.reference_engine.simulate import replay
 
     t0 = time.perf_counter()
@@ -171,7 +171,7 @@ def measured(args: argparse.Namespace, console: Console, out: Path | None) -> di
         f"[bold]2b. MEASURED: the real engine ({args.cpu_model}) on CPU, B={b}, {n} requests "
         f"per workload, lengths / {scale}, offline in-process replay"
     )
-    from cbbench.harness.cmd_compare_engines import torch_threads
+    from cbbench.harness.cli.compare_engines import torch_threads
     from cbbench.reference_engine.simulate import replay
 
     text = os.environ.get("CBBENCH_TORCH_THREADS", "1")  # busy cores: threads spin

@@ -13,21 +13,21 @@ import sys
 
 # Subcommand modules, in the order `cbbench --help` lists them.
 COMMAND_MODULES: list[str] = [
-    "cbbench.harness.cmd_version",
-    "cbbench.harness.cmd_run",
-    "cbbench.harness.cmd_reproduce",
-    "cbbench.harness.cmd_compare_engines",
-    "cbbench.harness.cmd_bench",
-    "cbbench.harness.cmd_locust",
-    "cbbench.harness.cmd_export",
-    "cbbench.harness.cmd_selftest",
-    "cbbench.harness.cmd_workload",
-    "cbbench.harness.cmd_report",
-    "cbbench.harness.cmd_gate",
-    "cbbench.harness.cmd_sweep",
-    "cbbench.reference_engine.cmd_serve",
-    "cbbench.harness.cmd_sim",
-    "cbbench.reference_engine.cmd_calibrate",
+    "cbbench.harness.cli.version",
+    "cbbench.harness.cli.run",
+    "cbbench.harness.cli.reproduce",
+    "cbbench.harness.cli.compare_engines",
+    "cbbench.harness.cli.bench",
+    "cbbench.harness.cli.locust",
+    "cbbench.harness.cli.export",
+    "cbbench.harness.cli.selftest",
+    "cbbench.harness.cli.workload",
+    "cbbench.harness.cli.report",
+    "cbbench.harness.cli.gate",
+    "cbbench.harness.cli.sweep",
+    "cbbench.harness.cli.serve",
+    "cbbench.harness.cli.sim",
+    "cbbench.harness.cli.calibrate",
 ]
 
 # User-caused errors: one clear line and a non-zero exit, never a traceback.
