@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import httpx
 from cbbench.harness import http1
 from cbbench.harness.records import RequestRecord
+from cbbench.harness.sessions import Reply
 from cbbench.harness.sse import SSEParser
 
 ERROR_TEXT_LIMIT = 300
@@ -63,10 +64,14 @@ class RequestFailed(Exception):
         self.kind = kind
 
 
-def build_payload(cfg: ClientConfig, prompt: list[int] | str, rec: RequestRecord) -> dict:
+def build_payload(
+    cfg: ClientConfig, prompt: list[int] | str | list[dict], rec: RequestRecord
+) -> dict:
+    """The request body. A chat prompt is a message list (a session's history) or one text."""
     body: dict = {"model": cfg.model, "max_tokens": rec.output_len, "stream": cfg.stream}
     if cfg.endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": prompt}]
+        is_messages = isinstance(prompt, list) and prompt and isinstance(prompt[0], dict)
+        body["messages"] = prompt if is_messages else [{"role": "user", "content": prompt}]
     else:
         body["prompt"] = prompt
     if cfg.stream:
@@ -111,12 +116,17 @@ class OpenAIClient:
     def _s(self, t_ns: int) -> float:
         return (t_ns - self.t0_ns) / 1e9
 
-    async def send(self, rec: RequestRecord, prompt: list[int] | str) -> RequestRecord:
-        """Send one request and fill `rec` in place (timing, tokens, outcome)."""
+    async def send(
+        self, rec: RequestRecord, prompt: list[int] | str | list[dict], reply: Reply | None = None
+    ) -> RequestRecord:
+        """Send one request and fill `rec` in place (timing, tokens, outcome); with `reply`,
+        also keep the response's text and token ids there (a session's next turn needs them)."""
         chunks: list[tuple[int, int]] = []  # (arrival ns, tokens in chunk)
         state: dict = {}
+        if reply is not None:
+            state["reply"] = reply
         body = json.dumps(build_payload(self.cfg, prompt, rec)).encode()
-        if isinstance(prompt, list):
+        if isinstance(prompt, list) and (not prompt or isinstance(prompt[0], int)):
             rec.prompt_tokens_client = len(prompt)
         exchange = self._exchange_raw if self.pool is not None else self._exchange
         try:
@@ -243,6 +253,9 @@ class OpenAIClient:
         k_usage = None
         if usage:
             state["usage_prompt"] = usage.get("prompt_tokens")
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and details.get("cached_tokens") is not None:
+                state["cached_tokens"] = details["cached_tokens"]  # vLLM's prefix-cache hits
             out = usage.get("completion_tokens")
             if out is not None:
                 if "usage_out" in state:  # per-chunk usage (vLLM continuous_usage_stats)
@@ -252,6 +265,8 @@ class OpenAIClient:
         if not choices:
             return 0
         c = choices[0]
+        if "reply" in state:
+            state["reply"].add_choice(c)
         if c.get("finish_reason"):
             state["finish"] = c["finish_reason"]
         if "prompt_token_ids" in c and c["prompt_token_ids"] is not None:
@@ -277,6 +292,8 @@ class OpenAIClient:
             info = dict(state["cbbench"])
             rec.server_queue_s = info.pop("queue_time_s", None)
             rec.extra.update(info)
+        if "cached_tokens" in state:
+            rec.extra.setdefault("num_cached_tokens", state["cached_tokens"])
         if "server_send_ns" in state:
             rec.extra["recv_minus_send_s"] = [d / 1e9 for d in state["server_send_ns"]]
         rec.output_tokens_client = sum(k for _, k in chunks) if chunks else 0

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from cbbench.harness.client import ClientConfig, OpenAIClient
 from cbbench.harness.prompts import PromptBuilder
 from cbbench.harness.records import RequestRecord
+from cbbench.harness.sessions import CAP_UNITS, History, Reply, group_sessions
 
 SAMPLE_PERIOD_S = 0.1  # event-loop lag probe
 REPORT_PERIOD_S = 1.0  # one client sample a second to timeseries
@@ -36,6 +37,10 @@ class Job:
     priority: int = 0
     prefix_ids: tuple[int, ...] = ()
     warmup: bool = False
+    session_id: str | None = None
+    turn: int | None = None
+    think_s: float | None = None
+    text: str | None = None  # the message's own text (ShareGPT); None = generated
 
 
 @dataclass
@@ -50,6 +55,8 @@ class WorkerPlan:
     prefix_block_size: int = 512
     tokenizer: str | None = None
     text_prompts: bool = False  # chat endpoint or --text-prompts: text of (about) the length
+    cap_unit: str = "sessions"  # with sessions: a concurrency slot holds a session or a request
+    keep_token_ids: bool = False  # sessions: keep prompt/reply token ids in record.extra
 
 
 @dataclass
@@ -111,6 +118,8 @@ class Worker:
             priority=job.priority,
             worker=self.plan.worker,
             warmup=job.warmup,
+            session_id=job.session_id,
+            turn=job.turn,
         )
 
     def _prompt(self, job: Job) -> list[int] | str:
@@ -133,29 +142,33 @@ class Worker:
         return list(recs)
 
     async def _send(
-        self, client: OpenAIClient, job: Job, rec: RequestRecord, prompt, slots
-    ) -> None:
+        self, client: OpenAIClient, job: Job, rec: RequestRecord, prompt, slots, reply=None
+    ) -> bool:
+        """Send (after a slot, if capped) and emit the record; False if cancelled."""
         try:
             if slots is not None:
                 async with slots:
                     if self.stop.is_set():
                         raise asyncio.CancelledError
-                    if rec.scheduled_s is not None:
+                    if rec.scheduled_s is not None or rec.session_id is not None:
                         rec.client_queue_s = max(0.0, _now_s(self.t0_ns) - rec.ready_s)
-                    await self._send_now(client, rec, prompt)
+                    await self._send_now(client, rec, prompt, reply)
             else:
-                await self._send_now(client, rec, prompt)
+                await self._send_now(client, rec, prompt, reply)
         except asyncio.CancelledError:
             self.stats.cancelled += 1
-            return
+            return False
         self.stats.finished += 1
         self.emit("record", rec)
+        return True
 
-    async def _send_now(self, client: OpenAIClient, rec: RequestRecord, prompt) -> None:
+    async def _send_now(self, client: OpenAIClient, rec: RequestRecord, prompt, reply) -> None:
         self.stats.sent += 1
-        if isinstance(prompt, str):  # text of the asked length (exact with --tokenizer)
-            rec.prompt_tokens_client = rec.prompt_len
-        await client.send(rec, prompt)
+        if isinstance(prompt, str) and rec.session_id is None:
+            rec.prompt_tokens_client = rec.prompt_len  # text of the asked length
+        elif isinstance(prompt, str):
+            rec.prompt_tokens_client = self.prompts.count(prompt)
+        await client.send(rec, prompt, reply)
         assert rec.sent_s is not None and rec.ready_s is not None
         rec.send_lag_s = rec.sent_s - rec.ready_s - (rec.client_queue_s or 0.0)
 
@@ -195,6 +208,94 @@ class Worker:
         n = self.plan.concurrency or 1
         await asyncio.gather(*(self._spawn(slot()) for _ in range(n)), return_exceptions=True)
 
+    # --- sessions ---------------------------------------------------------------------------
+    def _history_mode(self) -> str:
+        if self.plan.client.endpoint == "chat":
+            return "chat"
+        texts = self.plan.text_prompts or any(j.text is not None for j in self.plan.jobs)
+        return "text" if texts else "ids"
+
+    def _message(self, job: Job, mode: str) -> list[int] | str:
+        if job.text is not None:
+            return job.text
+        if mode == "ids":
+            return self.prompts.token_ids(job.index, job.prompt_len, job.prefix_ids)
+        return self.prompts.text(job.index, job.prompt_len, job.prefix_ids)
+
+    async def _run_session(
+        self, client: OpenAIClient, unit: list[Job], session_slots, request_slots
+    ) -> None:
+        """Turn after turn: each waits for the previous reply, then its think time."""
+        mode = self._history_mode()
+        tok = self.prompts.tokenizer
+        encode = (lambda t: tok.encode(t, add_special_tokens=False).ids) if tok else None
+        history = History(mode, encode)
+        deadline = self.plan.duration_s
+        ready = _now_s(self.t0_ns)
+        async with session_slots if session_slots is not None else contextlib.nullcontext():
+            for k, job in enumerate(unit):
+                if k:
+                    await _sleep_until_s(
+                        _now_s(self.t0_ns) + (job.think_s or 0.0), self.t0_ns, self.stop
+                    )
+                    ready = _now_s(self.t0_ns)
+                if self.stop.is_set() or (deadline is not None and ready >= deadline):
+                    return
+                rec = self._record(job)
+                rec.history_len = history.tokens
+                if k == 0 and job.arrival_s is not None:
+                    rec.scheduled_s = job.arrival_s
+                rec.ready_s = ready if k else (rec.scheduled_s or ready)
+                if k == 0 and session_slots is not None:  # waited for a session slot
+                    rec.client_queue_s = max(0.0, _now_s(self.t0_ns) - rec.ready_s)
+                prompt = history.prompt(self._message(job, mode))
+                reply = Reply()
+                if not await self._send(client, job, rec, prompt, request_slots, reply):
+                    return
+                if history.gap:
+                    rec.extra["history_gap"] = True
+                if self.plan.keep_token_ids:
+                    rec.extra["prompt_token_ids"] = reply.prompt_token_ids
+                    rec.extra["reply_token_ids"] = reply.token_ids
+                if not rec.ok:
+                    return  # a failed turn ends its session: there is no reply to build on
+                out = rec.output_tokens_server or rec.output_tokens_client or 0
+                history.add(prompt, reply, rec.prompt_tokens_server, out)
+
+    async def _sessions(self, client: OpenAIClient) -> None:
+        """Sessions start by the arrival process (open loop) or fill the slots (closed loop);
+        the cap counts sessions (a slot held from turn 1 to the last reply) or requests."""
+        units = group_sessions(self.plan.jobs)
+        n = self.plan.concurrency
+        assert self.plan.cap_unit in CAP_UNITS, self.plan.cap_unit
+        by_session = self.plan.cap_unit == "sessions"
+        request_slots = asyncio.Semaphore(n) if n and not by_session else None
+        open_loop = any(u[0].arrival_s is not None for u in units)
+        if open_loop:
+            session_slots = asyncio.Semaphore(n) if n and by_session else None
+            for unit in sorted(units, key=lambda u: (u[0].arrival_s or 0.0, u[0].index)):
+                t = unit[0].arrival_s or 0.0
+                if self.plan.duration_s is not None and t >= self.plan.duration_s:
+                    break
+                await _sleep_until_s(t, self.t0_ns, self.stop)
+                if self.stop.is_set():
+                    break
+                self._spawn(self._run_session(client, unit, session_slots, request_slots))
+            return
+        if not by_session:  # every session at once; the requests share the slots
+            for unit in units:
+                self._spawn(self._run_session(client, unit, None, request_slots))
+            return
+        pending = iter(units)
+
+        async def slot() -> None:
+            for unit in pending:
+                if self.stop.is_set():
+                    return
+                await self._run_session(client, unit, None, None)
+
+        await asyncio.gather(*(self._spawn(slot()) for _ in range(n or 1)), return_exceptions=True)
+
     async def _sampler(self) -> None:
         period = SAMPLE_PERIOD_S
         last_report = time.monotonic()
@@ -231,9 +332,12 @@ class Worker:
         sampler = asyncio.ensure_future(self._sampler())
         stopped = asyncio.ensure_future(self.stop.wait())
         open_loop = any(j.arrival_s is not None for j in self.plan.jobs)
-        main = asyncio.ensure_future(
-            self._open_loop(client) if open_loop else self._closed_loop(client)
-        )
+        if any(j.session_id is not None for j in self.plan.jobs):
+            main = asyncio.ensure_future(self._sessions(client))
+        else:
+            main = asyncio.ensure_future(
+                self._open_loop(client) if open_loop else self._closed_loop(client)
+            )
         try:
             await asyncio.wait([main, stopped], return_when=asyncio.FIRST_COMPLETED)
             while self._tasks and not self.stop.is_set():  # open loop: the last requests

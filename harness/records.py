@@ -50,6 +50,10 @@ class RequestRecord:
         None  # "http_4xx" | "http_5xx" | "timeout" | "connection" | "stream" | ...
     )
     worker: int = 0
+    # sessions (multi-turn): None for single requests
+    session_id: str | None = None
+    turn: int | None = None  # 1, 2, ...
+    history_len: int | None = None  # tokens of history resent before the new message
     warmup: bool = False  # warmup requests are recorded but excluded from summaries
     extra: dict = field(default_factory=dict)  # server-specific fields (e.g. scheduler name)
 

@@ -22,6 +22,7 @@ from cbbench.harness.live import LiveStats, LiveView, summary_table
 from cbbench.harness.loadgen import Job, WorkerPlan, run_worker
 from cbbench.harness.records import RECORD_SCHEMA_VERSION, RequestRecord
 from cbbench.harness.results import RunWriter
+from cbbench.harness.sessions import CAP_UNITS, group_sessions
 from cbbench.harness.summary import summarize
 from cbbench.harness.workers import run_workers
 from cbbench.workloads.spec import Workload
@@ -53,6 +54,8 @@ class BenchConfig:
     live: bool = True
     collect_server_times: bool = False
     http_client: str = "raw"
+    cap_unit: str = "sessions"  # sessions: what --concurrency counts (sessions | requests)
+    keep_token_ids: bool = False  # sessions: prompt/reply token ids in each record's extra
 
 
 @dataclass
@@ -75,6 +78,7 @@ def default_out_dir(name: str) -> Path:
 
 def _jobs(wl: Workload, warmup: int) -> tuple[list[Job], list[Job]]:
     def job(r, is_warmup=False):
+        session = {} if is_warmup else {"session_id": r.session_id, "turn": r.turn}
         return Job(
             r.index,
             r.prompt_len,
@@ -83,6 +87,9 @@ def _jobs(wl: Workload, warmup: int) -> tuple[list[Job], list[Job]]:
             r.priority,
             tuple(r.prefix_ids),
             is_warmup,
+            think_s=r.think_s,
+            text=r.text,
+            **session,
         )
 
     warm = [job(r, True) for r in wl.requests[:warmup]]
@@ -92,13 +99,14 @@ def _jobs(wl: Workload, warmup: int) -> tuple[list[Job], list[Job]]:
 def _plans(cfg: BenchConfig, client: ClientConfig) -> list[WorkerPlan]:
     jobs, warm = _jobs(cfg.workload, cfg.warmup)
     n = min(cfg.workers, cfg.concurrency or cfg.workers)  # every worker holds >= 1 slot
+    units = group_sessions(jobs)  # a session stays on one worker; lone jobs round-robin
     plans = []
     for w in range(n):
         share = cfg.concurrency // n + (w < cfg.concurrency % n) if cfg.concurrency else None
         plans.append(
             WorkerPlan(
                 worker=w,
-                jobs=jobs[w::n],
+                jobs=[j for unit in units[w::n] for j in unit],
                 warmup_jobs=warm[w::n],
                 client=client,
                 concurrency=share,
@@ -107,6 +115,8 @@ def _plans(cfg: BenchConfig, client: ClientConfig) -> list[WorkerPlan]:
                 prefix_block_size=cfg.workload.prefix_block_size,
                 tokenizer=cfg.tokenizer,
                 text_prompts=cfg.text_prompts or cfg.endpoint == "chat",
+                cap_unit=cfg.cap_unit,
+                keep_token_ids=cfg.keep_token_ids,
             )
         )
     return plans
@@ -167,6 +177,7 @@ def _run_meta(cfg: BenchConfig, name: str, engine: dict, model: str, workers: in
             "extensions": cfg.extensions,
             "http_client": cfg.http_client,
             "text_prompts": cfg.text_prompts or cfg.endpoint == "chat",
+            "cap_unit": cfg.cap_unit,
             "tokenizer": cfg.tokenizer,
             "slo_s": cfg.slo,
             **cfg.load,
@@ -186,6 +197,8 @@ def run_bench(
     console = console or Console(stderr=True)  # the live view: stderr
     if cfg.workers < 1:
         raise CbbenchError(f"--workers must be >= 1, got {cfg.workers}")
+    if cfg.cap_unit not in CAP_UNITS:
+        raise CbbenchError(f"--cap-unit must be one of {', '.join(CAP_UNITS)}, got {cfg.cap_unit}")
     engine = probe_server(cfg.base_url, cfg.api_key)
     model = cfg.model or (engine["models"][0] if engine["models"] else None)
     if not model:
@@ -257,6 +270,10 @@ def run_bench(
             summary["telemetry"] = {
                 getattr(s, "name", type(s).__name__): s.summary() for s in started
             }
+            if "sessions" in summary:  # the server's own counters, over the whole run
+                rates = [t.get("prefix_cache_hit_rate") for t in summary["telemetry"].values()]
+                rates = [x for x in rates if isinstance(x, (int, float))]
+                summary["sessions"]["prefix_cache_hit_rate_server"] = rates[0] if rates else None
         scheduler = next((r.extra["scheduler"] for r in records if "scheduler" in r.extra), None)
         if scheduler:
             meta["target"]["scheduler"] = scheduler

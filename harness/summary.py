@@ -16,6 +16,7 @@ import numpy as np
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.metrics import describe_array
 from cbbench.harness.records import RequestRecord
+from cbbench.harness.session_summary import session_summary
 
 SLO_KEYS = ("ttft", "tpot", "e2e")
 # The client set the pace when any of these is exceeded (seconds, or a fraction of one core).
@@ -155,6 +156,9 @@ def summarize(
     reasons = _client_bound_reasons(describe_array(open_loop_lag), client_stats)
     summary["client_bound"] = bool(reasons)
     summary["client_bound_reason"] = "; ".join(reasons) or None
+    sessions = session_summary(records)
+    if sessions is not None:
+        summary["sessions"] = sessions
     return summary
 
 

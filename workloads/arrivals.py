@@ -1,5 +1,8 @@
 """Arrival processes: give a workload's requests their send times, changing nothing else.
 
+Sessions (requests sharing a session_id): the process times each session's first turn, and a
+session's later turns get no arrival time (they follow their replies); `rate` counts sessions.
+
 Kinds: all-at-once (closed loop: arrival_s = None), constant, poisson, gamma (cv = burstiness;
 cv = 1 is Poisson, > 1 burstier, < 1 smoother) and replay (the trace's own timestamps, sped up by
 `time_scale` or rescaled to `target_rate` with the burst structure kept). The first request
@@ -36,6 +39,11 @@ def _gaps(kind: str, n: int, rate: float, cv: float, seed: int) -> np.ndarray:
         return rng.exponential(1.0 / rate, size=m)
     shape = 1.0 / (cv * cv)  # gamma: mean = shape * scale, CV = 1 / sqrt(shape)
     return rng.gamma(shape, 1.0 / (rate * shape), size=m)
+
+
+def _starts_session(r) -> bool:
+    """A request the arrival process times: a single request, or a session's first turn."""
+    return r.session_id is None or (r.turn or 1) <= 1
 
 
 def _replay(wl: Workload, time_scale: float, target_rate: float | None) -> np.ndarray:
@@ -101,11 +109,17 @@ def with_arrivals(
             rate = _positive("rate", rate, kind)
             if kind == "gamma":
                 cv = _positive("cv", cv, kind)
-            gaps = _gaps(kind, len(wl), rate, cv, seed)
-            t = np.concatenate([[0.0], np.cumsum(gaps)]) if len(wl) else gaps
+            starts = [i for i, r in enumerate(wl.requests) if _starts_session(r)]
+            gaps = _gaps(kind, len(starts), rate, cv, seed)
+            t = np.concatenate([[0.0], np.cumsum(gaps)]) if starts else gaps
         if ramp_up_s:
             t = _ramp(t, ramp_up_s)
-        times = [float(x) for x in t]
+        if kind == "replay":
+            times = [float(x) for x in t]
+        else:  # sessions start by the process; later turns follow their replies (think_s)
+            times = [None] * len(wl)
+            for i, x in zip(starts, t, strict=True):
+                times[i] = float(x)
     requests = tuple(
         dataclasses.replace(r, arrival_s=a) for r, a in zip(wl.requests, times, strict=True)
     )

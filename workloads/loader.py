@@ -41,7 +41,7 @@ else:  # pragma: no cover - Python 3.10
 
 SPEC_KEYS = (
     "name", "description", "seed", "num_requests", "trace", "arrival",
-    "prompt", "output", "priority", "prefix", "mixture",
+    "prompt", "output", "priority", "prefix", "mixture", "session",
 )  # fmt: skip
 TRACE_KEYS = ("path", "format", "tokenizer", *BURSTGPT_OPTIONS)
 TRACE_FORMATS = ("azure", "burstgpt", "mooncake", "sharegpt", "native")
@@ -197,7 +197,9 @@ def build_from_spec(
         num_requests = _check_int(num_requests, "num_requests", where, 0)
     name = spec.get("name", name)
     if "trace" in spec:
-        extra = [k for k in ("prompt", "output", "priority", "prefix", "mixture") if k in spec]
+        extra = [
+            k for k in ("prompt", "output", "priority", "prefix", "mixture", "session") if k in spec
+        ]
         if extra:
             raise WorkloadError(f"{where}: '{extra[0]}' cannot be combined with 'trace'")
         wl = _trace_from_spec(spec["trace"], where, base, seed, num_requests, name)

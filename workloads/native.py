@@ -3,7 +3,7 @@
 ```
 {"cbbench_workload": 1, "name": "mixed", "seed": 0, "prefix_block_size": 512, "source": {...}}
 {"index": 0, "prompt_len": 312, "output_len": 87, "arrival_s": null, "priority": 0,
- "prefix_ids": [], "session_id": null, "turn": null}
+ "prefix_ids": [], "session_id": null, "turn": null, "think_s": null, "text": null}
 ```
 Only `prompt_len` and `output_len` are required on a request line; `index` defaults to the
 line's position. Floats are written with repr, so a write/read round trip is exact.
@@ -56,6 +56,17 @@ def _request(obj: dict, position: int, where: str) -> RequestSpec:
     session = obj.get("session_id")
     if session is not None and not isinstance(session, str):
         raise WorkloadError(f"{where}: session_id must be a string, got {session!r}")
+    think = obj.get("think_s")
+    if think is not None and (
+        isinstance(think, bool)
+        or not isinstance(think, (int, float))
+        or not math.isfinite(think)
+        or think < 0
+    ):
+        raise WorkloadError(f"{where}: think_s must be a number >= 0, got {think!r}")
+    text = obj.get("text")
+    if text is not None and not isinstance(text, str):
+        raise WorkloadError(f"{where}: text must be a string, got {text!r}")
     return RequestSpec(
         index=parse_length(obj.get("index", position), "index", where),
         prompt_len=parse_length(obj["prompt_len"], "prompt_len", where),
@@ -65,6 +76,8 @@ def _request(obj: dict, position: int, where: str) -> RequestSpec:
         prefix_ids=parse_ids(obj.get("prefix_ids", []), "prefix_ids", where),
         session_id=session,
         turn=obj.get("turn"),
+        think_s=None if think is None else float(think),
+        text=text,
     )
 
 

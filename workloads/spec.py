@@ -1,4 +1,11 @@
-"""The unit every layer agrees on: one request of a workload, before it is sent."""
+"""The unit every layer agrees on: one request of a workload, before it is sent.
+
+Sessions: requests sharing a `session_id` are the turns of one conversation. For them
+`prompt_len` is the NEW message's length: the load generator prepends the whole history (earlier
+messages and the server's actual replies), and sends turn k+1 `think_s` after turn k's reply
+ended. A session starts at its first turn's `arrival_s`; later turns' `arrival_s` is
+informational (the trace's own time).
+"""
 
 from __future__ import annotations
 
@@ -13,8 +20,10 @@ class RequestSpec:
     arrival_s: float | None = None  # seconds from the start of the run; None = closed loop
     priority: int = 0  # lower value = served earlier (vLLM's convention)
     prefix_ids: tuple[int, ...] = ()  # hash ids of leading prompt blocks; equal ids = shared prefix
-    session_id: str | None = None
-    turn: int | None = None
+    session_id: str | None = None  # requests with one id form a conversation (multi-turn)
+    turn: int | None = None  # 1, 2, ... within the session; turn k+1 waits for turn k's reply
+    think_s: float | None = None  # pause after the previous turn's reply before this turn
+    text: str | None = None  # the message's real text (ShareGPT); None = generated of prompt_len
 
 
 @dataclass(frozen=True)

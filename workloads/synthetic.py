@@ -16,6 +16,8 @@ from cbbench.workloads.errors import WorkloadError
 from cbbench.workloads.spec import RequestSpec, Workload
 
 PROMPT_STREAM, OUTPUT_STREAM, PRIORITY_STREAM, CLASS_STREAM, PREFIX_STREAM = 1, 2, 3, 4, 5
+TURNS_STREAM, THINK_STREAM, MESSAGE_STREAM = 7, 8, 9  # 6 is the arrival process's
+SESSION_KEYS = ("turns", "think_ms", "message")
 CLASS_KEYS = ("weight", "prompt", "output", "priority")
 PREFIX_KEYS = ("shared_blocks", "groups", "block_size")
 DEFAULT_NUM_REQUESTS = 200
@@ -126,6 +128,10 @@ def build_synthetic(spec: dict, name: str, seed: int, n: int, where: str) -> Wor
     )
     prefix: list = [()] * n
     block_size = 512
+    if "session" in spec:
+        if "prefix" in spec:
+            raise WorkloadError(f"{where}: 'prefix' cannot be combined with 'session'")
+        return _sessions(spec["session"], name, seed, n, where, prompt, output, priority)
     if "prefix" in spec:
         if not isinstance(spec["prefix"], dict):
             raise WorkloadError(f"{where}: 'prefix' must be a table")
@@ -142,4 +148,62 @@ def build_synthetic(spec: dict, name: str, seed: int, n: int, where: str) -> Wor
         requests=requests,
         prefix_block_size=block_size,
         source={"format": "synthetic"},
+    )
+
+
+def _sessions(
+    spec: object,
+    name: str,
+    seed: int,
+    n: int,
+    where: str,
+    prompt: np.ndarray,
+    output: np.ndarray,
+    priority: np.ndarray,
+) -> Workload:
+    """n requests grouped into sessions: `turns` per session; turn 1's message is `prompt`
+    long, later ones `message` long (default `prompt`); `think_ms` between a reply and the
+    next turn. Every draw is a sequential stream, so N requests are the first N of more."""
+    if not isinstance(spec, dict):
+        raise WorkloadError(f"{where}: 'session' must be a table")
+    for key in spec:
+        if key not in SESSION_KEYS:
+            raise WorkloadError(
+                f"{where}: session: unknown key '{key}' (keys: {', '.join(SESSION_KEYS)})"
+            )
+    if "turns" not in spec:
+        raise WorkloadError(f"{where}: session: missing 'turns' distribution")
+    turns = parse_dist(spec["turns"], f"{where}: session: turns").sample(
+        _rng(seed, TURNS_STREAM), n
+    )
+    think_spec = spec.get("think_ms", 0)
+    think = parse_dist(think_spec, f"{where}: session: think_ms", default_min=0)
+    think_ms = think.sample(_rng(seed, THINK_STREAM), n)
+    message = prompt
+    if "message" in spec:
+        msg = parse_dist(spec["message"], f"{where}: session: message")
+        message = msg.sample(_rng(seed, MESSAGE_STREAM), n)
+    requests, session = [], 0
+    while len(requests) < n:
+        for k in range(1, max(1, int(turns[session])) + 1):
+            i = len(requests)
+            if i >= n:
+                break
+            requests.append(
+                RequestSpec(
+                    index=i,
+                    prompt_len=int(prompt[i] if k == 1 else message[i]),
+                    output_len=int(output[i]),
+                    priority=int(priority[i]),
+                    session_id=f"s{session}",
+                    turn=k,
+                    think_s=None if k == 1 else max(0, int(think_ms[i])) / 1000.0,
+                )
+            )
+        session += 1
+    return Workload(
+        name=name,
+        seed=seed,
+        requests=tuple(requests),
+        source={"format": "synthetic", "sessions": session},
     )

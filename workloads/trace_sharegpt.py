@@ -131,7 +131,7 @@ def read_sharegpt(
             prompt_len=prompt_len,
             output_len=output_len,
             session_id=None if session is None else str(session),
-            turn=0,
+            turn=1,
         )
 
 

@@ -41,6 +41,13 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
         type=int,
         help="closed loop: requests in flight; with open loop: a cap (slot wait = client queue)",
     )
+    p.add_argument(
+        "--cap-unit",
+        choices=("sessions", "requests"),
+        default="sessions",
+        help="multi-turn workloads: --concurrency counts sessions (a slot held from the first "
+        "turn to the last reply, default) or requests in flight",
+    )
     count = p.add_mutually_exclusive_group()
     count.add_argument("--num-requests", "--num-prompts", dest="num_requests", type=int)
     count.add_argument("--duration", help="stop sending new requests after this long (e.g. 60s)")
@@ -150,6 +157,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         command=list(sys.argv),
         live=not args.no_live,
         http_client=args.http_client,
+        cap_unit=getattr(args, "cap_unit", "sessions"),  # sweep passes no --cap-unit
     )
 
 

@@ -1,0 +1,117 @@
+"""Multi-turn sessions on the client side: grouping a worker's jobs into conversations, and the
+history each turn resends.
+
+A session's turn k+1 is built from everything before it: the earlier user messages and the
+server's ACTUAL replies, then the new message. Three shapes, by what the endpoint takes:
+- "ids" (completions with token-id prompts): the previous prompt's ids + the reply's token ids
+  (vLLM's `return_token_ids`, the reference engine) + the new message's ids. Without token ids
+  in the reply, its text is encoded with `--tokenizer`, else the reply is left out of the
+  history and the turn is marked (`extra["history_gap"]`).
+- "text" (completions with text prompts): previous prompt text + reply text + "\\n" + new text.
+- "chat": the message list, `user` and `assistant` alternating, then the new user message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+Prompt = list[int] | str | list[dict[str, str]]
+HISTORY_MODES = ("ids", "text", "chat")
+CAP_UNITS = ("sessions", "requests")  # what a concurrency slot counts while sessions run
+TEXT_SEPARATOR = "\n"
+
+
+def group_sessions(jobs: Iterable[Any]) -> list[list[Any]]:
+    """Jobs -> units: a session's turns (ordered by turn), or one job on its own. Units keep
+    the order of their first job; a job without a session_id is a unit of one."""
+    units: list[list[Any]] = []
+    by_id: dict[str, list[Any]] = {}
+    for job in jobs:
+        sid = job.session_id
+        if sid is None:
+            units.append([job])
+        elif sid in by_id:
+            by_id[sid].append(job)
+        else:
+            by_id[sid] = [job]
+            units.append(by_id[sid])
+    for unit in units:
+        unit.sort(key=lambda j: (j.turn if j.turn is not None else 0, j.index))
+    return units
+
+
+@dataclass
+class Reply:
+    """What the client captured of one response, for the next turn's history."""
+
+    text: list[str] = field(default_factory=list)  # pieces, in order
+    token_ids: list[int] | None = None  # generated ids, when the server returned them
+    prompt_token_ids: list[int] | None = None  # the prompt as the server tokenized it
+
+    @property
+    def full_text(self) -> str:
+        return "".join(self.text)
+
+    def add_choice(self, choice: dict) -> None:
+        """Fold one response choice (a stream chunk's or a whole body's) into the reply."""
+        text = choice.get("text")
+        if text is None:
+            msg = choice.get("delta") or choice.get("message") or {}
+            text = msg.get("content")
+        if text:
+            self.text.append(text)
+        ids = choice.get("token_ids")
+        if ids is not None:
+            self.token_ids = (self.token_ids or []) + list(ids)
+        prompt_ids = choice.get("prompt_token_ids")
+        if prompt_ids is not None:
+            self.prompt_token_ids = list(prompt_ids)
+
+
+@dataclass
+class History:
+    """One session's conversation so far, in the shape its endpoint takes."""
+
+    mode: str
+    encode: Callable[[str], list[int]] | None = None  # local tokenizer, for replies without ids
+    ids: list[int] = field(default_factory=list)
+    text: str = ""
+    messages: list[dict[str, str]] = field(default_factory=list)
+    tokens: int = 0  # history length in tokens (exact for ids, else the server's count)
+    gap: bool = False  # a reply could not be added (no ids, no tokenizer)
+
+    def __post_init__(self) -> None:
+        assert self.mode in HISTORY_MODES, self.mode
+
+    def prompt(self, message: list[int] | str) -> Prompt:
+        """The whole prompt for a new message: history first."""
+        if self.mode == "ids":
+            assert isinstance(message, list)
+            return self.ids + message
+        assert isinstance(message, str)
+        if self.mode == "text":
+            return self.text + message
+        return [*self.messages, {"role": "user", "content": message}]
+
+    def add(self, prompt: Prompt, reply: Reply, prompt_tokens: int | None, out_tokens: int) -> None:
+        """After a turn ended: its prompt and the server's reply become the history."""
+        if self.mode == "ids":
+            assert isinstance(prompt, list)
+            ids = reply.token_ids
+            if ids is None and self.encode is not None:
+                ids = self.encode(reply.full_text)
+            if ids is None:
+                self.gap = True
+                ids = []
+            self.ids = list(prompt) + list(ids)
+            self.tokens = len(self.ids)
+            return
+        if self.mode == "text":
+            assert isinstance(prompt, str)
+            self.text = prompt + reply.full_text + TEXT_SEPARATOR
+        else:
+            assert isinstance(prompt, list)
+            self.messages = [*prompt, {"role": "assistant", "content": reply.full_text}]
+        self.tokens = (prompt_tokens or 0) + out_tokens

@@ -1,0 +1,146 @@
+"""Multi-turn sessions: the spec section, the history each turn resends, and whole runs
+against the reference engine's real server (prefix caching on), token for token."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from cbbench.harness.client import ClientConfig
+from cbbench.harness.runner import BenchConfig, _plans, run_bench
+from cbbench.harness.sessions import History, Reply, group_sessions
+from cbbench.reference_engine.config import EngineConfig
+from cbbench.workloads import with_arrivals
+from cbbench.workloads.loader import build_from_spec
+from cbbench.workloads.native import read_native, write_native_jsonl
+from cbbench.workloads.spec import RequestSpec, Workload
+from rich.console import Console
+from server_support import serve
+
+SPEC = {
+    "prompt": {"dist": "constant", "value": 40},
+    "output": {"dist": "constant", "value": 6},
+    "session": {
+        "turns": {"dist": "uniform", "min": 2, "max": 4},
+        "think_ms": {"dist": "constant", "value": 5},
+        "message": {"dist": "constant", "value": 12},
+    },
+}
+
+
+def test_spec_sessions_number_turns_and_time_only_first_turns():
+    wl = build_from_spec(SPEC, "s", "spec", seed=3, num_requests=30)
+    assert len(wl) == 30
+    units = group_sessions(wl.requests)
+    assert len(units) == wl.source["sessions"]
+    for unit in units:
+        assert [r.turn for r in unit] == list(range(1, len(unit) + 1))
+        assert unit[0].prompt_len == 40 and unit[0].think_s is None
+        assert all(r.prompt_len == 12 and r.think_s == 0.005 for r in unit[1:])
+    assert all(2 <= len(u) <= 4 for u in units[:-1])  # the last one may be cut at N
+    timed = with_arrivals(wl, "poisson", rate=10.0)
+    assert [r.arrival_s is not None for r in timed.requests] == [r.turn == 1 for r in wl.requests]
+    smaller = build_from_spec(SPEC, "s", "spec", seed=3, num_requests=10)
+    assert smaller.requests == wl.requests[:10]  # N requests are the first N of more
+
+
+def test_native_jsonl_keeps_session_fields(tmp_path):
+    reqs = (
+        RequestSpec(0, 5, 3, 0.0, session_id="a", turn=1),
+        RequestSpec(1, 7, 3, None, session_id="a", turn=2, think_s=1.25, text="héllo\nyou"),
+    )
+    wl = Workload("n", 0, reqs)
+    write_native_jsonl(wl, tmp_path / "w.jsonl")
+    assert read_native(tmp_path / "w.jsonl", "n").requests == reqs
+
+
+def test_history_resends_prompt_and_reply():
+    h = History("ids")
+    p1 = h.prompt([5, 6])
+    h.add(p1, Reply(token_ids=[9, 8]), None, 2)
+    assert h.prompt([7]) == [5, 6, 9, 8, 7] and h.tokens == 4
+    c = History("chat")
+    m1 = c.prompt("hi")
+    c.add(m1, Reply(text=["hel", "lo"]), 10, 2)
+    assert c.prompt("again") == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "again"},
+    ]
+    assert c.tokens == 12
+    gap = History("ids")
+    gap.add(gap.prompt([1]), Reply(text=["x"]), None, 1)  # no ids, no tokenizer
+    assert gap.gap and gap.ids == [1]
+
+
+def test_workers_keep_a_session_on_one_worker():
+    wl = build_from_spec(SPEC, "s", "spec", seed=1, num_requests=40)
+    cfg = BenchConfig(base_url="http://127.0.0.1:1", workload=wl, workers=3, concurrency=6)
+    plans = _plans(cfg, ClientConfig("http://127.0.0.1:1", "m"))
+    owner: dict[str, set[int]] = {}
+    for p in plans:
+        for j in p.jobs:
+            owner.setdefault(j.session_id, set()).add(p.worker)
+    assert len(owner) == wl.source["sessions"] and all(len(w) == 1 for w in owner.values())
+    assert sorted(j.index for p in plans for j in p.jobs) == list(range(40))
+
+
+def _run(url, wl, tmp_path, **kw):
+    cfg = BenchConfig(base_url=url, workload=wl, out_dir=tmp_path / "run", live=False, **kw)
+    return run_bench(cfg, console=Console(file=io.StringIO()))
+
+
+@pytest.fixture(scope="module")
+def server():
+    config = EngineConfig(model="tiny", enable_prefix_caching=True, block_size=4)
+    with serve(config) as (url, _):
+        yield url
+
+
+@pytest.mark.parametrize(("cap_unit", "seed"), [("sessions", 10), ("requests", 11)])
+def test_turns_resend_prompt_and_reply_token_for_token(server, tmp_path, cap_unit, seed):
+    wl = build_from_spec(SPEC, "s", "spec", seed=seed, num_requests=9)  # fresh prompts each
+    res = _run(server, wl, tmp_path, concurrency=2, cap_unit=cap_unit, keep_token_ids=True)
+    recs = res.records
+    assert len(recs) == 9 and all(r.ok for r in recs)
+    by_session: dict[str, list] = {}
+    for r in recs:
+        by_session.setdefault(r.session_id, []).append(r)
+    for turns in by_session.values():
+        turns.sort(key=lambda r: r.turn)
+        for prev, cur in zip(turns, turns[1:], strict=False):
+            history = prev.extra["prompt_token_ids"] + prev.extra["reply_token_ids"]
+            assert cur.extra["prompt_token_ids"][: len(history)] == history  # what the server got
+            assert len(cur.extra["prompt_token_ids"]) == len(history) + cur.prompt_len
+            assert cur.history_len == len(history)
+            assert cur.sent_s >= prev.end_s + 0.005  # after the reply, plus the think time
+        assert turns[0].history_len == 0
+    s = res.summary["sessions"]
+    assert s["sessions"] == len(by_session) and s["sessions_with_failure"] == 0
+    assert s["ttft_turn1_s"]["count"] + s["ttft_later_turns_s"]["count"] == 9
+    assert s["prefix_cache_hit_rate_turn1"] == 0.0  # fresh prompts
+    assert s["prefix_cache_hit_rate_later_turns"] > 0.5  # the history is cached
+    assert s["history_len"]["max"] > s["history_len"]["p50"] > 0
+
+
+def test_session_cap_holds_a_slot_through_the_session(server, tmp_path):
+    wl = build_from_spec(SPEC, "s", "spec", seed=0, num_requests=9)
+    res = _run(server, wl, tmp_path, concurrency=1, cap_unit="sessions")
+    recs = sorted(res.records, key=lambda r: r.sent_s)
+    order = [r.session_id for r in recs]
+    assert order == sorted(order, key=order.index)  # one session at a time, in turn
+
+
+def test_chat_sessions_resend_the_conversation(server, tmp_path):
+    wl = build_from_spec(SPEC, "s", "spec", seed=12, num_requests=6)
+    res = _run(server, wl, tmp_path, endpoint="chat", concurrency=2)
+    assert all(r.ok for r in res.records)
+    by_session: dict[str, list] = {}
+    for r in sorted(res.records, key=lambda r: r.turn):
+        by_session.setdefault(r.session_id, []).append(r)
+    for turns in by_session.values():
+        for prev, cur in zip(turns, turns[1:], strict=False):
+            # the server saw the previous prompt, its reply and a new message
+            grown = prev.prompt_tokens_server + prev.output_tokens_server
+            assert cur.prompt_tokens_server > grown
+            assert cur.history_len == grown
