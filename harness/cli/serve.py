@@ -170,6 +170,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="request body limit (413 beyond; default 4 MiB)",
     )
     h.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+    h.add_argument(
+        "--engine-process",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the engine in its own process, the HTTP API in this one (default: on; "
+        "--no-engine-process runs it in a thread of the API process)",
+    )
     p.set_defaults(func=run)
 
 
@@ -194,6 +201,7 @@ def run(args: argparse.Namespace) -> int:
             served_model_name=args.served_model_name,
             api_key=args.api_key,
             max_body_bytes=max_body,
+            engine_process=args.engine_process,
         )
     except BaseException:
         sock.close()
@@ -205,7 +213,8 @@ def run(args: argparse.Namespace) -> int:
         f"cbbench serve: {stack.model_name} ({info['num_params'] / 1e6:.1f}M params, "
         f"{info['dtype']}, {info['device']}), scheduler {info['scheduler']}, executor "
         f"{info['executor']}, attention backend {info['attention_backend'] or 'none'}, "
-        f"{info['num_kv_blocks']} KV blocks x {info['block_size']} tokens",
+        f"{info['num_kv_blocks']} KV blocks x {info['block_size']} tokens, engine in "
+        f"{'its own process' if info['engine_process'] else 'the API process'}",
         file=sys.stderr,
         flush=True,
     )

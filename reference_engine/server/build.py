@@ -1,5 +1,12 @@
-"""Assemble a serving stack from an EngineConfig: engine, tokenizer, metrics, engine thread
-and HTTP app. Used by `cbbench serve` and by tests that serve in-process."""
+"""Assemble a serving stack from an EngineConfig: engine, tokenizer, metrics, engine driver
+and HTTP app. Used by `cbbench serve` and by tests that serve in-process.
+
+Two ways to drive the engine, same HTTP app on top:
+- `engine_process=True` (the default of `cbbench serve`): the engine runs in its own process
+  (engine_core.py), the API process only does HTTP, tokenization and detokenization.
+- `engine_process=False` (tests, the simulator, `--no-engine-process`): the engine runs in a
+  thread of this process (async_engine.py), sharing the GIL with the HTTP server.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +24,7 @@ from starlette.types import ASGIApp
 @dataclass
 class ServingStack:
     app: ASGIApp
-    engine: AsyncEngine
+    engine: Any  # AsyncEngine (thread) or EngineCoreClient (process): the same interface
     tokenizer: Tokenizer
     metrics: ServerMetrics
     model_name: str
@@ -27,7 +34,7 @@ class ServingStack:
         self.engine.shutdown(reason, wait)
 
     def stop_soon(self) -> None:
-        """For signal handlers: start the shutdown without waiting for the engine thread."""
+        """For signal handlers: start the shutdown without waiting for the engine."""
         self.engine.shutdown(wait=False)
 
 
@@ -38,29 +45,49 @@ def build_stack(
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     llm_engine: Any = None,
+    engine_process: bool = False,
 ) -> ServingStack:
-    """Builds (or takes) the LLMEngine and starts its thread; `shutdown()` stops it."""
-    if llm_engine is None:
-        from cbbench.reference_engine.engine import LLMEngine
-
-        llm_engine = LLMEngine.from_config(config)
-    model_config = llm_engine.model_config
+    """Builds (or takes) the engine and starts its driver; `shutdown()` stops it."""
     model_name = served_model_name or config.model
-    max_model_len = llm_engine.max_model_len
-    tokenizer = load_tokenizer(config.model, model_config)
     metrics = ServerMetrics(model_name, config.scheduler)
-    engine = AsyncEngine(llm_engine, metrics)
-    app = create_app(
-        engine,
-        tokenizer,
-        model_name=model_name,
-        scheduler=config.scheduler,
-        max_model_len=max_model_len,
-        vocab_size=model_config.vocab_size,
-        metrics=metrics,
-        api_key=api_key,
-        max_body_bytes=max_body_bytes,
-        engine_info=llm_engine.describe(),
-    )
-    engine.start()
-    return ServingStack(app, engine, tokenizer, metrics, model_name, llm_engine.describe())
+    engine: Any
+    if engine_process:
+        from cbbench.reference_engine.model_config import resolve_model_config
+        from cbbench.reference_engine.server.core_client import EngineCoreClient
+
+        assert llm_engine is None, "an engine process builds its own engine"
+        model_config = resolve_model_config(config.model)  # for the tokenizer; fails fast
+        engine = EngineCoreClient(config, metrics)
+        engine.start()
+        info, max_model_len, vocab_size = engine.info, engine.max_model_len, engine.vocab_size
+    else:
+        if llm_engine is None:
+            from cbbench.reference_engine.engine import LLMEngine
+
+            llm_engine = LLMEngine.from_config(config)
+        model_config = llm_engine.model_config
+        info, max_model_len = llm_engine.describe(), llm_engine.max_model_len
+        vocab_size = model_config.vocab_size
+        engine = AsyncEngine(llm_engine, metrics)
+    info = {**info, "engine_process": engine_process}
+    try:
+        tokenizer = load_tokenizer(config.model, model_config)
+        app = create_app(
+            engine,
+            tokenizer,
+            model_name=model_name,
+            scheduler=config.scheduler,
+            max_model_len=max_model_len,
+            vocab_size=vocab_size,
+            metrics=metrics,
+            api_key=api_key,
+            max_body_bytes=max_body_bytes,
+            engine_info=info,
+        )
+    except BaseException:
+        if engine_process:
+            engine.shutdown()
+        raise
+    if not engine_process:
+        engine.start()
+    return ServingStack(app, engine, tokenizer, metrics, model_name, info)
