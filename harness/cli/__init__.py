@@ -23,6 +23,7 @@ COMMAND_MODULES: list[str] = [
     "cbbench.harness.cli.selftest",
     "cbbench.harness.cli.workload",
     "cbbench.harness.cli.report",
+    "cbbench.harness.cli.diagnose",
     "cbbench.harness.cli.gate",
     "cbbench.harness.cli.sweep",
     "cbbench.harness.cli.serve",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cbbench.harness.report.runs import LoadedRun, load_runs
 from cbbench.harness.report.samples import RunSamples, extract
@@ -14,16 +14,19 @@ class Report:
     runs: list[LoadedRun]
     samples: list[RunSamples]
     rows: list[dict]
+    diagnoses: list = field(default_factory=list)  # harness.diagnose.Diagnosis, one per run
 
     def html(self) -> str:
+        from cbbench.harness.diagnose.render import html as diagnosis_html
         from cbbench.harness.report.html import render
 
-        return render(self.runs, self.samples, self.rows)
+        return render(self.runs, self.samples, self.rows, diagnosis_html(self.diagnoses))
 
     def markdown(self) -> str:
+        from cbbench.harness.diagnose.render import markdown as diagnosis_markdown
         from cbbench.harness.report.markdown import render_markdown
 
-        return render_markdown(self.runs, self.rows)
+        return render_markdown(self.runs, self.rows) + "\n" + diagnosis_markdown(self.diagnoses)
 
 
 def build_report(paths: list) -> Report:
@@ -31,4 +34,7 @@ def build_report(paths: list) -> Report:
     runs = load_runs(paths)
     samples = [extract(lr.run) for lr in runs]
     rows = [summary_row(lr, s) for lr, s in zip(runs, samples, strict=True)]
-    return Report(runs=runs, samples=samples, rows=rows)
+    from cbbench.harness.diagnose import diagnose_run
+
+    diagnoses = [diagnose_run(lr.run, lr.label) for lr in runs]
+    return Report(runs=runs, samples=samples, rows=rows, diagnoses=diagnoses)

@@ -44,6 +44,8 @@ svg text{font:11px system-ui,sans-serif;fill:#333}svg .ct{font-size:13px;font-we
 svg .xt,svg .xl,svg .empty{text-anchor:middle}svg .yt{text-anchor:end}svg .yl{text-anchor:middle}
 svg .axes rect{fill:none;stroke:#999}svg .axes line{stroke:#eee}
 .muted{color:#777}code{background:#f4f5f7;padding:0 3px}
+.finding{border-left:3px solid #e0a800;padding:2px 10px;margin:8px 0}
+.finding td{white-space:normal;max-width:900px}
 """
 
 
@@ -132,7 +134,10 @@ def _config_table(runs: list[LoadedRun]) -> str:
     )
 
 
-def render(runs: list[LoadedRun], samples: list[RunSamples], rows: list[dict]) -> str:
+def render(
+    runs: list[LoadedRun], samples: list[RunSamples], rows: list[dict], diagnosis: str = ""
+) -> str:
+    """`diagnosis`: the "Diagnosis" section's HTML (harness.diagnose.render.html), if any."""
     assert runs and len(runs) == len(samples) == len(rows)
     warnings = comparability_warnings(runs)
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -159,6 +164,7 @@ def render(runs: list[LoadedRun], samples: list[RunSamples], rows: list[dict]) -
             " ranked: neither more nor less is better in itself). Latencies in ms. Goodput needs"
             " an SLO (<code>--slo</code>).</p>",
         ),
+        *([("Diagnosis", diagnosis)] if diagnosis else []),
         ("Latency percentiles", _percentile_tables(runs, rows)),
         (
             "Latency distributions",

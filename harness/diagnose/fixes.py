@@ -1,0 +1,87 @@
+"""The fix for each symptom in each engine's own flags. Flag names as each project documents
+them at the time of writing; check your version's docs before a deploy (names change)."""
+
+from __future__ import annotations
+
+FIXES: dict[str, dict[str, str]] = {
+    "kv-pressure": {
+        "vllm": "lower --max-num-seqs or --max-model-len; raise --gpu-memory-utilization "
+        "(e.g. 0.9); more/larger GPUs (--tensor-parallel-size); --kv-cache-dtype fp8",
+        "sglang": "lower --max-running-requests or --context-length; raise --mem-fraction-static",
+        "tgi": "lower --max-batch-total-tokens / --max-total-tokens; raise --cuda-memory-fraction",
+        "triton": "TensorRT-LLM backend: lower max_batch_size / max_tokens_in_paged_kv_cache; "
+        "raise kv_cache_free_gpu_mem_fraction",
+        "cbbench": "cbbench serve: lower --max-num-seqs or --max-model-len; raise "
+        "--num-kv-blocks / --kv-cache-memory-gb",
+    },
+    "low-concurrency": {
+        "vllm": "the server was idle: offer more load (client --concurrency / --rate); "
+        "check the client is not capped (cbbench bench --concurrency)",
+        "sglang": "offer more load (more concurrent requests); nothing to change on the server",
+        "tgi": "offer more load (more concurrent requests); nothing to change on the server",
+        "triton": "offer more load; in perf_analyzer raise --concurrency-range",
+        "cbbench": "cbbench bench: raise --concurrency or --rate (the server had room)",
+    },
+    "batch-cap": {
+        "vllm": "raise --max-num-seqs (and --max-num-batched-tokens) while KV usage stays low",
+        "sglang": "raise --max-running-requests",
+        "tgi": "raise --max-batch-size / --max-batch-total-tokens",
+        "triton": "raise max_batch_size (and preferred_batch_size) in config.pbtxt",
+        "cbbench": "cbbench serve: raise --max-num-seqs (continuous) or --batch-size / "
+        "--max-batch-size (static / dynamic)",
+    },
+    "hol-blocking": {
+        "vllm": "vLLM already batches per iteration: if seen there, lower --max-model-len or "
+        "cap max_tokens of long requests",
+        "sglang": "SGLang batches per iteration; cap --context-length or long requests' max_tokens",
+        "tgi": "TGI batches per iteration; lower --max-total-tokens for long requests",
+        "triton": "request-level dynamic_batching holds short requests behind long ones: serve "
+        "LLMs through the TensorRT-LLM/vLLM backend with in-flight batching "
+        "(batching_strategy: inflight_fused_batching)",
+        "cbbench": "cbbench serve --scheduler continuous (iteration-level batching); or cap "
+        "--max-model-len / long requests' max_tokens",
+    },
+    "queue-delay": {
+        "vllm": "vLLM has no batching delay: if queue time dominates, the server is full; see "
+        "--max-num-seqs",
+        "sglang": "SGLang has no batching delay: a long queue means a full server "
+        "(--max-running-requests)",
+        "tgi": "lower --waiting-served-ratio / --max-waiting-tokens so queued requests join sooner",
+        "triton": "lower dynamic_batching { max_queue_delay_microseconds } (and the "
+        "preferred_batch_size you wait for) in config.pbtxt",
+        "cbbench": "cbbench serve --scheduler dynamic: lower --max-queue-delay or the "
+        "--preferred-batch-sizes it waits for; or --scheduler continuous",
+    },
+    "prefill-stall": {
+        "vllm": "--enable-chunked-prefill with a smaller --max-num-batched-tokens (e.g. 512-2048) "
+        "so long prompts are split across steps",
+        "sglang": "--chunked-prefill-size 2048 (or smaller); --schedule-conservativeness",
+        "tgi": "lower --max-batch-prefill-tokens; --waiting-served-ratio to admit fewer prefills",
+        "triton": "TensorRT-LLM backend: enable_chunked_context: true; lower max_num_tokens",
+        "cbbench": "cbbench serve --enable-chunked-prefill --max-num-batched-tokens 256; "
+        "--max-prefills-per-step 1",
+    },
+    "length-skew": {
+        "vllm": "cap --max-model-len; reject or truncate over-long prompts at the gateway; "
+        "give long requests a lower priority (--scheduling-policy priority)",
+        "sglang": "cap --context-length; --schedule-policy lpm/fcfs; lower priority for long ones",
+        "tgi": "cap --max-input-tokens / --max-total-tokens",
+        "triton": "cap the input length in the ensemble/preprocessing; separate model instances "
+        "for long requests",
+        "cbbench": "cbbench serve: cap --max-model-len; --policy priority with long requests at a "
+        "lower priority (aging keeps them from starving)",
+    },
+    "client-bound": {
+        "vllm": "the numbers are the client's: rerun with more load-generator processes or on "
+        "another machine (vllm bench serve: one process, so lower --request-rate)",
+        "sglang": "the numbers are the client's: rerun the load generator on another machine",
+        "tgi": "the numbers are the client's: rerun the load generator on another machine",
+        "triton": "perf_analyzer: more --concurrency workers or another machine",
+        "cbbench": "cbbench bench --workers N (one process per core), --http-client raw, fewer "
+        "other jobs on the client machine, or a lower --rate",
+    },
+}
+
+
+def fixes_for(rule: str) -> dict[str, str]:
+    return dict(FIXES[rule])

@@ -1,0 +1,88 @@
+"""Diagnoses as terminal text, Markdown (PR comments, `cbbench report --markdown`) and HTML
+(the report's "Diagnosis" section). The run's own engine is listed first among the fixes."""
+
+from __future__ import annotations
+
+from html import escape
+
+from cbbench.harness.diagnose import Diagnosis
+from cbbench.harness.diagnose.base import ENGINES, Finding
+
+
+def engine_order(engine: str | None) -> list[str]:
+    return ([engine] if engine in ENGINES else []) + [e for e in ENGINES if e != engine]
+
+
+def _head(d: Diagnosis) -> str:
+    bits = [f"{d.requests} requests"]
+    if d.engine:
+        bits.append(f"engine {d.engine}")
+    if d.scheduler:
+        bits.append(f"scheduler {d.scheduler}")
+    return ", ".join(bits)
+
+
+def text(diags: list[Diagnosis], all_engines: bool = False) -> str:
+    lines: list[str] = []
+    for d in diags:
+        lines.append(f"== {d.label} ({_head(d)})")
+        if not d.findings:
+            lines.append("   no findings: no rule saw its symptom in this run")
+        for i, f in enumerate(d.findings, 1):
+            lines.append(f"{i}. [{f.severity}] {f.title}  ({f.rule})")
+            lines.append(f"   cause: {f.cause}")
+            lines += [f"   - {e}" for e in f.evidence]
+            engines = engine_order(d.engine)
+            shown = engines if all_engines or not d.engine else engines[:1]
+            for e in shown:
+                lines.append(f"   fix ({e}): {f.fixes[e]}")
+            if not all_engines and d.engine:
+                lines.append("   (fixes for other engines: --all-engines)")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _md(s: str) -> str:
+    return escape(" ".join(str(s).split()), quote=False).replace("|", "\\|")
+
+
+def markdown(diags: list[Diagnosis]) -> str:
+    lines = ["#### Diagnosis", ""]
+    for d in diags:
+        if not d.findings:
+            lines.append(f"- **{_md(d.label)}**: no findings ({_md(_head(d))})")
+            continue
+        lines.append(f"- **{_md(d.label)}** ({_md(_head(d))}):")
+        for f in d.findings:
+            lines.append(f"  - **{_md(f.title)}** (`{f.rule}`, {f.severity}): {_md(f.cause)}")
+            lines += [f"    - {_md(e)}" for e in f.evidence]
+            engine = engine_order(d.engine)[0]
+            lines.append(f"    - fix ({engine}): {_md(f.fixes[engine])}")
+    return "\n".join(lines) + "\n"
+
+
+def _finding_html(f: Finding, engine: str | None) -> str:
+    ev = "".join(f"<li>{escape(e)}</li>" for e in f.evidence)
+    fixes = "".join(
+        f"<tr><td class=name><b>{escape(e)}</b></td><td class=name>{escape(f.fixes[e])}</td></tr>"
+        for e in engine_order(engine)
+    )
+    return (
+        f'<div class="finding"><p><b>{escape(f.title)}</b> <code>{escape(f.rule)}</code> '
+        f"<span class=muted>{escape(f.severity)}</span><br>{escape(f.cause)}</p>"
+        f"<ul>{ev}</ul><table><tr><th class=name>engine</th><th class=name>fix</th></tr>"
+        f"{fixes}</table></div>"
+    )
+
+
+def html(diags: list[Diagnosis]) -> str:
+    out = []
+    for d in diags:
+        body = (
+            "".join(_finding_html(f, d.engine) for f in d.findings)
+            or '<p class="muted">no findings: no rule saw its symptom in this run</p>'
+        )
+        out.append(
+            f"<h3>{escape(d.label)} <span class=muted>({escape(_head(d))})</span></h3>{body}"
+        )
+    return '<div id="diagnosis">' + "".join(out) + "</div>"

@@ -1,0 +1,25 @@
+"""One module per rule; RULES lists them in the order findings are shown."""
+
+from __future__ import annotations
+
+from cbbench.harness.diagnose.base import Rule
+from cbbench.harness.diagnose.rules import (
+    client_bound,
+    hol_blocking,
+    kv_pressure,
+    length_skew,
+    low_utilization,
+    prefill_stall,
+    queue_delay,
+)
+
+RULES: tuple[Rule, ...] = (
+    client_bound.RULE,
+    kv_pressure.RULE,
+    low_utilization.BATCH_CAP,
+    low_utilization.LOW_CONCURRENCY,
+    hol_blocking.RULE,
+    queue_delay.RULE,
+    prefill_stall.RULE,
+    length_skew.RULE,
+)

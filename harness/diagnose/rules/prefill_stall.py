@@ -1,0 +1,82 @@
+"""TPOT spikes when prefills join: running streams stall while another request's (long)
+prompt is computed in the same step (no chunked prefill, or too large a token budget)."""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+from cbbench.harness.diagnose.base import Finding, Rule, RunView, ms
+from cbbench.harness.diagnose.fixes import fixes_for
+
+RATIO = 3.0  # median gap with a prefill / median gap without, at or above: stalls
+MIN_GAPS = 5
+SPIKE = 3.0  # a gap this many times the median gap without a prefill is a stall
+
+
+def check(v: RunView) -> Finding | None:
+    firsts = sorted(
+        (r.first_token_s, v.prompt_tokens(r), r.id) for r in v.ok if r.first_token_s is not None
+    )
+    if len(firsts) < 3:
+        return None
+    ft = [f[0] for f in firsts]
+    base = v.itl_p50 or 0.0
+    slack = 0.5 * base
+    with_p: list[float] = []
+    without: list[float] = []
+    prompts: list[int] = []
+    stalls: list[tuple[float, float]] = []
+    for r in v.ok:
+        tt = r.token_times_s
+        for a, b in zip(tt, tt[1:], strict=False):
+            if b <= a:
+                continue
+            # tokens of one step reach the client in any order: shift the window by `slack`
+            # so a prefill's first token is counted in exactly one gap of each stream
+            lo, hi = bisect.bisect_right(ft, a + slack), bisect.bisect_right(ft, b + slack)
+            joined = [firsts[i] for i in range(lo, hi) if firsts[i][2] != r.id]
+            if joined:
+                with_p.append(b - a)
+                prompts.extend(p for _, p, _ in joined)
+                stalls.append((a, b))
+            else:
+                without.append(b - a)
+    if len(with_p) < MIN_GAPS or len(without) < MIN_GAPS:
+        return None
+    m_with, m_without = float(np.median(with_p)), float(np.median(without))
+    ratio = m_with / max(m_without, 1e-9)
+    if ratio < RATIO:
+        return None
+    spikes = [(a, b) for a, b in stalls if b - a >= SPIKE * m_without]
+    itl = [g for r in v.ok for g in r.itl_s]
+    distinct: dict[int, tuple[float, float]] = {}  # one stall hits every stream: one entry
+    for a, b in sorted(spikes, key=lambda ab: ab[0] - ab[1]):
+        distinct.setdefault(round(b / max(slack, 1e-3)), (a, b))
+    worst = list(distinct.values())[:3]
+    return Finding(
+        rule=RULE.id,
+        title="token gaps spike when prefills join the batch",
+        cause="a new request's prompt is computed in the same step as the running streams' "
+        "next tokens, so every stream stalls for the length of that prefill",
+        evidence=[
+            f"gaps between tokens of running streams while another request's prefill ran: "
+            f"p50 {ms(m_with)} ({len(with_p)} gaps) vs {ms(m_without)} otherwise: "
+            f"{ratio:.1f}x",
+            f"the joining prompts: p50 {int(np.median(prompts))} tokens, max {max(prompts)}",
+            f"ITL p50 {ms(float(np.median(itl)))}, p99 {ms(float(np.percentile(itl, 99)))}; "
+            f"{len(spikes)} gaps over {SPIKE:g}x the usual gap",
+            "worst stalls at " + ", ".join(f"{a:.2f}–{b:.2f} s" for a, b in worst),
+        ],
+        fixes=fixes_for("prefill-stall"),
+        time_ranges=sorted(worst),
+        values={
+            "gap_with_prefill_p50_s": m_with,
+            "gap_without_p50_s": m_without,
+            "ratio": ratio,
+            "stalls": len(spikes),
+        },
+    )
+
+
+RULE = Rule("prefill-stall", "token gaps of running streams spike when a prefill joins", check)

@@ -1,0 +1,117 @@
+"""Provoked runs for the diagnosis rules: the reference engine (`cbbench serve`, the tiny
+model's shape on the simulated executor, paced to the wall clock) on 127.0.0.1, set up to
+show one symptom each, and a healthy run. Small on purpose: a few dozen requests each.
+
+The simulated executor keeps step times deterministic on a loaded CI machine: a step costs
+8 ms + 0.5 ms per sequence + FLOPs x 3.5e-10 s (a 1500-token prompt: ~0.3 s), so symptoms
+are large next to scheduling noise.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from cbbench.harness.launcher import launch_reference_server
+from cbbench.harness.runner import BenchConfig, run_bench
+from cbbench.harness.telemetry import ServerMetricsSampler, metrics_url_for
+from cbbench.workloads.spec import RequestSpec, Workload
+from rich.console import Console
+
+HARDWARE = {
+    "name": "diag-test",
+    "peak_flops": 1.0,
+    "mem_bw": 1.0,
+    "mem_gb": 1.0,
+    "gpu_memory_utilization": 1.0,
+    "linear": {"c0": 0.008, "c_flops": 3.5e-10, "c_bytes": 0.0, "c_seq": 0.0005},
+}
+
+
+def hardware_file(folder: Path, **linear: float) -> Path:
+    spec = json.loads(json.dumps(HARDWARE))
+    spec["linear"].update(linear)
+    path = folder / ("hw-" + "-".join(f"{k}{v:g}" for k, v in sorted(linear.items())) + ".json")
+    path.write_text(json.dumps(spec), encoding="utf-8")
+    return path
+
+
+def sim_args(hw: Path, *extra: str) -> list[str]:
+    return ["--executor", "sim", "--hardware", str(hw), *extra]
+
+
+def workload(name: str, lengths: list[tuple[int, int]], arrivals: list[float] | None = None):
+    reqs = tuple(
+        RequestSpec(i, p, o, None if arrivals is None else arrivals[i])
+        for i, (p, o) in enumerate(lengths)
+    )
+    return Workload(name=name, seed=0, requests=reqs)
+
+
+def bench(
+    base_url: str, wl: Workload, out: Path, concurrency: int | None, interval_s: float = 0.1
+) -> Path:
+    cfg = BenchConfig(
+        base_url=base_url,
+        workload=wl,
+        concurrency=concurrency,
+        out_dir=out,
+        name=wl.name,
+        live=False,
+        timeout_s=60.0,
+    )
+    sampler = ServerMetricsSampler(metrics_url_for(base_url), interval_s=interval_s)
+    run_bench(cfg, [sampler], console=Console(file=io.StringIO()))
+    return out
+
+
+def provoke(scenario: str, root: Path) -> Path:
+    """Run one scenario into root/scenario and return the run folder."""
+    out = root / scenario
+    hw = hardware_file(root)
+    uniform = [(32, 32)] * 32
+    if scenario == "healthy":
+        server, wl, conc = ["--max-num-seqs", "8"], workload("healthy", uniform), 8
+    elif scenario == "kv-pressure":
+        server = ["--max-num-seqs", "8", "--num-kv-blocks", "12"]
+        wl, conc = workload("kv", [(32, 64)] * 24), 8
+    elif scenario == "batch-cap":
+        server, wl, conc = ["--max-num-seqs", "2"], workload("cap", [(32, 32)] * 20), 8
+    elif scenario == "low-concurrency":
+        server, wl, conc = ["--max-num-seqs", "8"], workload("low", [(32, 32)] * 8), 1
+    elif scenario == "hol-blocking":  # also length-skew: 2 long of 20
+        lengths = [(16, 8)] * 20
+        lengths[0] = lengths[10] = (256, 120)
+        server = ["--scheduler", "static", "--batch-size", "4", "--drain-timeout", "0.2"]
+        wl, conc = workload("hol", lengths), 4
+    elif scenario == "queue-delay":
+        server = ["--scheduler", "dynamic", "--max-batch-size", "8", "--max-queue-delay", "0.4"]
+        wl, conc = workload("queue", [(16, 8)] * 10), 2
+    elif scenario == "prefill-stall":
+        # 4 long-running streams; a 1500-token prompt arrives every 0.35 s while they run
+        lengths = [(16, 200)] * 4 + [(1500, 4)] * 6
+        arrivals = [0.0] * 4 + [0.3 + 0.35 * k for k in range(6)]
+        server = ["--no-enable-chunked-prefill", "--max-num-batched-tokens", "2048"]
+        wl, conc = workload("stall", lengths, arrivals), None
+    elif scenario == "client-bound":
+        n = 200
+        hw = hardware_file(root, c0=0.001, c_seq=0.00001)
+        server = ["--max-num-seqs", "256"]
+        wl, conc = workload("client", [(8, 2)] * n, [0.0] * n), None
+    else:
+        raise ValueError(scenario)
+    with launch_reference_server("tiny", "continuous", "cpu", sim_args(hw, *server)) as srv:
+        return bench(srv.base_url, wl, out, conc)
+
+
+SCENARIOS = (
+    "healthy",
+    "kv-pressure",
+    "batch-cap",
+    "low-concurrency",
+    "hol-blocking",
+    "queue-delay",
+    "prefill-stall",
+    "client-bound",
+)

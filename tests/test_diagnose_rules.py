@@ -1,0 +1,117 @@
+"""Each diagnosis rule fires on a run where the reference engine is set up to cause its
+symptom, and no rule fires on a healthy run. The runs are real: `cbbench serve` (simulated
+executor, paced to the wall clock) on 127.0.0.1, driven by cbbench's own load generator; each
+scenario runs once per session, only when a test asks for it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cbbench.harness.diagnose import diagnose_run
+from cbbench.harness.diagnose.base import ENGINES
+from cbbench.harness.results import load_run
+
+from tests.diagnose_support import provoke
+
+
+@pytest.fixture(scope="session")
+def provoked(tmp_path_factory):
+    root = tmp_path_factory.mktemp("diagnose")
+    cache: dict[str, Path] = {}
+
+    def get(scenario: str) -> Path:
+        if scenario not in cache:
+            cache[scenario] = provoke(scenario, root)
+        return cache[scenario]
+
+    return get
+
+
+def findings(run_dir: Path) -> dict:
+    return {f.rule: f for f in diagnose_run(load_run(run_dir)).findings}
+
+
+def test_healthy_run_has_no_findings(provoked) -> None:
+    d = diagnose_run(load_run(provoked("healthy")))
+    assert d.engine == "cbbench" and d.scheduler == "continuous" and d.requests == 32
+    assert d.findings == [], [f.title for f in d.findings]
+
+
+@pytest.mark.parametrize(
+    ("scenario", "rule"),
+    [
+        ("kv-pressure", "kv-pressure"),
+        ("batch-cap", "batch-cap"),
+        ("low-concurrency", "low-concurrency"),
+        ("hol-blocking", "hol-blocking"),
+        ("hol-blocking", "length-skew"),
+        ("queue-delay", "queue-delay"),
+        ("prefill-stall", "prefill-stall"),
+        ("client-bound", "client-bound"),
+    ],
+)
+def test_rule_fires_on_its_provoked_run(provoked, scenario: str, rule: str) -> None:
+    found = findings(provoked(scenario))
+    assert rule in found, f"{rule} silent on {scenario}; found {sorted(found)}"
+    f = found[rule]
+    assert f.evidence and all(isinstance(e, str) and e for e in f.evidence)
+    assert set(f.fixes) == set(ENGINES) and all(f.fixes.values())
+    assert any(ch.isdigit() for e in f.evidence for ch in e), "evidence carries numbers"
+
+
+def test_evidence_numbers_match_the_setup(provoked) -> None:
+    kv = findings(provoked("kv-pressure"))["kv-pressure"]
+    assert kv.values["preemptions"] >= 1 and kv.values["kv_usage_max"] >= 0.9
+    assert kv.time_ranges, "when the pool was full"
+    cap = findings(provoked("batch-cap"))["batch-cap"]
+    assert cap.values["running_max"] == 2  # --max-num-seqs 2
+    q = findings(provoked("queue-delay"))["queue-delay"]
+    assert 0.3 <= q.values["queue_p50_s"] <= 0.6  # --max-queue-delay 0.4
+    hol = findings(provoked("hol-blocking"))["hol-blocking"]
+    assert hol.values["blocked_fraction"] >= 0.5
+    stall = findings(provoked("prefill-stall"))["prefill-stall"]
+    assert stall.values["ratio"] >= 3
+
+
+def test_rules_that_do_not_apply_stay_silent_on_provoked_runs(provoked) -> None:
+    # continuous batching has no batching delay and no head-of-line blocking
+    for scenario in ("kv-pressure", "batch-cap", "prefill-stall"):
+        found = findings(provoked(scenario))
+        assert "queue-delay" not in found and "hol-blocking" not in found, scenario
+    # a full KV pool is not "memory to spare"
+    found = findings(provoked("kv-pressure"))
+    assert "batch-cap" not in found and "low-concurrency" not in found
+
+
+def test_cli_text_json_strict_and_report_section(provoked, capsys, tmp_path: Path) -> None:
+    from cbbench.harness.cli import main
+
+    hol, healthy = provoked("hol-blocking"), provoked("healthy")
+    assert main(["diagnose", str(hol), str(healthy)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "head-of-line blocking" in out
+        and "fix (cbbench): cbbench serve --scheduler continuous" in out
+    )
+    assert "no findings" in out  # the healthy run
+    assert main(["diagnose", "--json", "--all-engines", str(hol)]) == 0
+    import json
+
+    data = json.loads(capsys.readouterr().out)
+    rules = {f["rule"] for f in data[0]["findings"]}
+    assert {"hol-blocking", "length-skew"} <= rules
+    assert main(["diagnose", "--strict", str(hol)]) == 1
+    assert main(["diagnose", "--strict", str(healthy)]) == 0
+    capsys.readouterr()
+    assert main(["diagnose", "--rules", "nope", str(hol)]) == 2
+    assert "unknown rule 'nope'" in capsys.readouterr().err
+    assert main(["diagnose", str(tmp_path / "missing")]) == 2
+    assert "no such run folder" in capsys.readouterr().err
+    html, md = tmp_path / "r.html", tmp_path / "r.md"
+    assert main(["report", str(hol), str(healthy), "-o", str(html), "--markdown", str(md)]) == 0
+    page = html.read_text()
+    assert "<h2>Diagnosis</h2>" in page and "head-of-line blocking" in page
+    assert "triton" in page  # every engine's fix in the HTML
+    text = md.read_text()
+    assert "#### Diagnosis" in text and "`hol-blocking`" in text and "&#x27;" not in text
