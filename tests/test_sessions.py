@@ -4,13 +4,14 @@ against the reference engine's real server (prefix caching on), token for token.
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 from cbbench.harness.client import ClientConfig
 from cbbench.harness.runner import BenchConfig, _plans, run_bench
 from cbbench.harness.sessions import History, Reply, group_sessions
 from cbbench.reference_engine.config import EngineConfig
-from cbbench.workloads import with_arrivals
+from cbbench.workloads import WorkloadError, load_trace, load_workload, with_arrivals
 from cbbench.workloads.loader import build_from_spec
 from cbbench.workloads.native import read_native, write_native_jsonl
 from cbbench.workloads.spec import RequestSpec, Workload
@@ -144,3 +145,96 @@ def test_chat_sessions_resend_the_conversation(server, tmp_path):
             grown = prev.prompt_tokens_server + prev.output_tokens_server
             assert cur.prompt_tokens_server > grown
             assert cur.history_len == grown
+
+
+def _mooncake(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_mooncake_chains_become_sessions(tmp_path):
+    rows = [  # block 0 is everyone's system prompt; 512-token blocks
+        {"timestamp": 0, "input_length": 1100, "output_length": 100, "hash_ids": [0, 1, 2]},
+        {"timestamp": 1000, "input_length": 700, "output_length": 50, "hash_ids": [0, 9]},
+        {"timestamp": 5000, "input_length": 1300, "output_length": 80, "hash_ids": [0, 1, 3]},
+        {"timestamp": 6000, "input_length": 1600, "output_length": 10, "hash_ids": [0, 1, 3, 4]},
+        {"timestamp": 7000, "input_length": 1700, "output_length": 10, "hash_ids": [0, 1, 5, 6]},
+        {"timestamp": 9500, "input_length": 900, "output_length": 10, "hash_ids": [0, 9, 8]},
+    ]
+    wl = load_trace(_mooncake(tmp_path / "m.jsonl", rows), sessions=True)
+    r = wl.requests
+    assert [(x.session_id, x.turn) for x in r] == [
+        ("m0", 1),
+        ("m1", 1),
+        ("m0", 2),  # starts with request 0's full blocks [0, 1]
+        ("m0", 3),  # starts with request 2's full blocks [0, 1] (the latest with them)
+        ("m4", 1),  # so does this, but request 2 was already continued: a branch
+        ("m5", 1),  # request 1 has one full block only ([0], everyone's): no evidence
+    ]
+    assert r[2].prompt_len == 1300 - 1100 - 100 and r[2].think_s == 5.0
+    assert r[3].prompt_len == 1600 - 1300 - 80 and r[3].think_s == 1.0
+    stats = wl.source["sessions"]
+    assert stats["multi_turn_sessions"] == 1 and stats["continuations"] == 2
+    fast = with_arrivals(wl, "replay", time_scale=2.0)
+    assert fast.requests[2].think_s == 2.5  # think times scale with the replay
+
+
+def test_bundled_mooncake_trace_sessions():
+    stats = load_workload("mooncake-sessions").source["sessions"]
+    assert stats == {
+        "sessions": 8196,
+        "multi_turn_sessions": 2008,
+        "continuations": 3835,
+        "max_turns": 43,
+        "new_message_clamped": 337,
+    }
+
+
+def test_sessions_only_for_traces_that_have_them(tmp_path):
+    path = tmp_path / "w.jsonl"
+    write_native_jsonl(Workload("n", 0, (RequestSpec(0, 5, 3),)), path)
+    with pytest.raises(WorkloadError, match="sessions are recovered from mooncake and sharegpt"):
+        load_trace(path, sessions=True)
+
+
+SHAREGPT = [
+    {
+        "id": "c1",
+        "conversations": [
+            {"from": "human", "value": "Name a prime."},
+            {"from": "gpt", "value": "Seven is prime."},
+            {"from": "human", "value": "And an even one?"},
+            {"from": "gpt", "value": "Two."},
+            {"from": "human", "value": "no reply to this"},
+        ],
+    },
+    {"id": "c2", "conversations": [{"from": "human", "value": "Hello there"}]},
+    {
+        "id": "c3",
+        "conversations": [
+            {"from": "human", "value": "Why is the sky blue?"},
+            {"from": "gpt", "value": "Rayleigh scattering."},
+        ],
+    },
+]
+
+
+def test_sharegpt_sessions_send_their_real_text(server, tmp_path):
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps(SHAREGPT), encoding="utf-8")
+    wl = load_trace(path, sessions=True)
+    assert [(r.session_id, r.turn, r.text) for r in wl.requests] == [
+        ("c1", 1, "Name a prime."),
+        ("c1", 2, "And an even one?"),
+        ("c3", 1, "Why is the sky blue?"),
+    ]
+    assert wl.requests[1].output_len == 1  # ceil(len("Two.") / 4)
+    assert wl.source["rows_skipped"] == {"no_reply": 1}
+    res = _run(server, wl, tmp_path, endpoint="chat", concurrency=2, keep_token_ids=True)
+    assert all(r.ok for r in res.records)
+    seen = {
+        (r.session_id, r.turn): bytes(t - 3 for t in r.extra["prompt_token_ids"] if 3 <= t < 259)
+        for r in res.records
+    }  # the tiny model's byte tokenizer: id = byte + 3
+    assert b"Name a prime." in seen[("c1", 2)] and b"And an even one?" in seen[("c1", 2)]
+    assert b"Why is the sky blue?" in seen[("c3", 1)]

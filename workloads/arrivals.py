@@ -47,6 +47,7 @@ def _starts_session(r) -> bool:
 
 
 def _replay(wl: Workload, time_scale: float, target_rate: float | None) -> np.ndarray:
+    """Replayed times; a session's think times are scaled with them (see `with_arrivals`)."""
     times = [r.arrival_s for r in wl.requests]
     if any(t is None for t in times):
         raise WorkloadError(f"{wl.name}: replay needs a trace with arrival times")
@@ -120,8 +121,19 @@ def with_arrivals(
             times = [None] * len(wl)
             for i, x in zip(starts, t, strict=True):
                 times[i] = float(x)
+    speedup = 1.0
+    if kind == "replay":
+        span = [r.arrival_s for r in wl.requests if r.arrival_s is not None]
+        trace_span = (max(span) - min(span)) if span else 0.0
+        new_span = max((x for x in times if x is not None), default=0.0)
+        speedup = trace_span / new_span if trace_span > 0 and new_span > 0 else time_scale
+
+    def think(r) -> float | None:
+        return None if r.think_s is None else r.think_s / speedup
+
     requests = tuple(
-        dataclasses.replace(r, arrival_s=a) for r, a in zip(wl.requests, times, strict=True)
+        dataclasses.replace(r, arrival_s=a, think_s=think(r))
+        for r, a in zip(wl.requests, times, strict=True)
     )
     arrival = {"kind": kind, "rate": rate, "cv": cv, "seed": seed, "time_scale": time_scale}
     arrival |= {"target_rate": target_rate, "ramp_up_s": ramp_up_s}

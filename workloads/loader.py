@@ -17,6 +17,7 @@ from cbbench.workloads.arrivals import with_arrivals
 from cbbench.workloads.errors import WorkloadError
 from cbbench.workloads.native import is_native_object, read_native
 from cbbench.workloads.presets import PRESETS
+from cbbench.workloads.sessions import chain_sessions
 from cbbench.workloads.spec import Workload
 from cbbench.workloads.synthetic import DEFAULT_NUM_REQUESTS, build_synthetic
 from cbbench.workloads.trace_csv import (
@@ -43,7 +44,8 @@ SPEC_KEYS = (
     "name", "description", "seed", "num_requests", "trace", "arrival",
     "prompt", "output", "priority", "prefix", "mixture", "session",
 )  # fmt: skip
-TRACE_KEYS = ("path", "format", "tokenizer", *BURSTGPT_OPTIONS)
+TRACE_KEYS = ("path", "format", "tokenizer", "sessions", *BURSTGPT_OPTIONS)
+SESSION_FORMATS = ("mooncake", "sharegpt")  # traces whose sessions can be recovered
 TRACE_FORMATS = ("azure", "burstgpt", "mooncake", "sharegpt", "native")
 HEAD_CHARS = 1 << 20  # format detection reads no further
 ARRIVAL_KEYS = ("kind", "rate", "cv", "time_scale", "target_rate", "ramp_up_s")
@@ -103,9 +105,12 @@ def load_trace(
     num_requests: int | None = None,
     tokenizer: str | Path | None = None,
     name: str | None = None,
+    sessions: bool = False,
     **options,
 ) -> Workload:
-    """One trace file as a workload; `options` are the BurstGPT filters."""
+    """One trace file as a workload; `options` are the BurstGPT filters. `sessions`: Mooncake
+    requests chained into conversations by their block ids, ShareGPT conversations sent turn
+    by turn with their real text."""
     name = name or display_name(path)
     fmt = fmt or detect_format(path)
     if fmt not in TRACE_FORMATS:
@@ -116,6 +121,13 @@ def load_trace(
         raise WorkloadError(f"{name}: {', '.join(options)} only apply to BurstGPT traces")
     if tokenizer is not None and fmt != "sharegpt":
         raise WorkloadError(f"{name}: a tokenizer only applies to ShareGPT traces")
+    if not isinstance(sessions, bool):
+        raise WorkloadError(f"{name}: 'sessions' must be true or false, got {sessions!r}")
+    if sessions and fmt not in SESSION_FORMATS:
+        raise WorkloadError(
+            f"{name}: sessions are recovered from {' and '.join(SESSION_FORMATS)} traces, "
+            f"not {fmt} (native JSONL keeps its own session_id/turn)"
+        )
     if fmt == "native":
         return read_native(path, name, num_requests)
     skipped: Counter = Counter()
@@ -123,13 +135,14 @@ def load_trace(
         "azure": lambda: read_azure(path, skipped),
         "burstgpt": lambda: read_burstgpt(path, skipped, **options),
         "mooncake": lambda: read_mooncake(path, skipped),
-        "sharegpt": lambda: read_sharegpt(path, skipped, tokenizer),
+        "sharegpt": lambda: read_sharegpt(path, skipped, tokenizer, sessions),
     }
     source = {"format": fmt, "path": display_name(path)}
     if options:
         source["options"] = dict(options)
     block = MOONCAKE_BLOCK_SIZE if fmt == "mooncake" else 512
-    return build_trace_workload(readers[fmt](), name, seed, num_requests, source, skipped, block)
+    wl = build_trace_workload(readers[fmt](), name, seed, num_requests, source, skipped, block)
+    return chain_sessions(wl) if sessions and fmt == "mooncake" else wl
 
 
 def _check_int(value: object, key: str, where: str, minimum: int) -> int:
@@ -154,6 +167,7 @@ def _trace_from_spec(
     path = str(opts.pop("path"))
     fmt = opts.pop("format", None)
     tokenizer = opts.pop("tokenizer", None)
+    sessions = opts.pop("sessions", False)
     if path in PRESETS and "trace" in PRESETS[path].spec:
         preset_trace = PRESETS[path].spec["trace"]
         path, fmt = preset_trace["path"], fmt or preset_trace["format"]
@@ -161,7 +175,7 @@ def _trace_from_spec(
         path = str(base / path)
     if base is not None and tokenizer is not None and not Path(tokenizer).is_absolute():
         tokenizer = str(base / tokenizer)
-    return load_trace(path, fmt, seed, n, tokenizer, name, **opts)
+    return load_trace(path, fmt, seed, n, tokenizer, name, sessions, **opts)
 
 
 def _resolve_traces(node: object, base: Path | None) -> object:

@@ -98,5 +98,18 @@ PRESETS: dict[str, Preset] = {
             },
             has_arrivals=True,
         ),
+        Preset(
+            "mooncake-sessions",
+            "mooncake-conv as conversations: requests chained into sessions by their block ids "
+            "(8,196 sessions, 2,008 of them multi-turn), each turn sent after the last reply",
+            {
+                "trace": {
+                    "path": PACKAGED_PREFIX + "mooncake_conversation.jsonl.gz",
+                    "format": "mooncake",
+                    "sessions": True,
+                }
+            },
+            has_arrivals=True,
+        ),
     )
 }

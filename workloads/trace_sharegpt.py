@@ -5,6 +5,11 @@ first human turn is the prompt; the next gpt turn after it sets the output lengt
 counted with a `tokenizers` tokenizer.json when one is given, else estimated as
 ceil(characters / 4) (about 4 characters per token for English text with BPE tokenizers).
 Items without such a pair, or with an empty turn, are skipped and counted.
+
+With `sessions`, every human message that gets a reply is one turn of the conversation's
+session, sent with its real text (`RequestSpec.text`); the reply's length sets the turn's
+output length, while the history resent is the server's own replies. A conversation with no
+usable pair is skipped as above.
 """
 
 from __future__ import annotations
@@ -107,8 +112,38 @@ def _pair(item: object, where: str) -> tuple[str, str] | None:
     return None
 
 
+def _pairs(item: dict, where: str) -> list[tuple[str, str]]:
+    """Every (human message, the reply that follows it) of a conversation, in order."""
+    out, prompt = [], None
+    for turn in item["conversations"]:
+        role = turn.get("from")
+        if role in HUMAN_ROLES:
+            prompt = turn["value"]
+        elif prompt is not None and role in MODEL_ROLES:
+            out.append((prompt, turn["value"]))
+            prompt = None
+    return out
+
+
+def _session_rows(
+    item: dict, where: str, count: Callable[[str], int], skipped: Counter
+) -> Iterator[TraceRow]:
+    session = str(item.get("id", where))
+    turn = 0
+    for prompt, reply in _pairs(item, where):
+        prompt_len, output_len = count(prompt), count(reply)
+        if prompt_len == 0 or output_len == 0:
+            skipped["empty_turn"] += 1
+            continue
+        turn += 1
+        yield TraceRow(None, prompt_len, output_len, session_id=session, turn=turn, text=prompt)
+
+
 def read_sharegpt(
-    path: str | Path, skipped: Counter, tokenizer: str | Path | None = None
+    path: str | Path,
+    skipped: Counter,
+    tokenizer: str | Path | None = None,
+    sessions: bool = False,
 ) -> Iterator[TraceRow]:
     count = token_counter(tokenizer)
     name = display_name(path)
@@ -117,6 +152,12 @@ def read_sharegpt(
     else:
         items = _array_items(path, name)
     for where, item in items:
+        if sessions:
+            if _pair(item, where) is None:
+                skipped["no_reply"] += 1
+                continue
+            yield from _session_rows(item, where, count, skipped)  # type: ignore[arg-type]
+            continue
         pair = _pair(item, where)
         if pair is None:
             skipped["no_reply"] += 1

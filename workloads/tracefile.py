@@ -33,6 +33,7 @@ class TraceRow:
     session_id: str | None = None
     turn: int | None = None
     priority: int = 0
+    text: str | None = None  # the message's real text (ShareGPT sessions)
 
 
 def display_name(path: str | Path) -> str:
@@ -138,6 +139,7 @@ def build_trace_workload(
             prefix_ids=r.prefix_ids,
             session_id=r.session_id,
             turn=r.turn,
+            text=r.text,
         )
         for i, r in enumerate(taken)
     )
