@@ -17,6 +17,7 @@ from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.sampling_params import SamplingParams
 from cbbench.reference_engine.server import protocol as P
 from cbbench.reference_engine.server.async_engine import AsyncEngine, RequestStream
+from cbbench.reference_engine.server.body import BodyParser, validation_message
 from cbbench.reference_engine.server.errors import (
     APIError,
     QueueFull,
@@ -49,6 +50,7 @@ class ServerState:
     vocab_size: int
     metrics: ServerMetrics
     created: int
+    body_parser: BodyParser
 
 
 def create_app(
@@ -63,8 +65,10 @@ def create_app(
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     engine_info: dict | None = None,
+    body_parser: BodyParser | None = None,
 ) -> ASGIApp:
-    """The app serves an already-started AsyncEngine; whoever started it shuts it down."""
+    """The app serves an already-started AsyncEngine; whoever started it shuts it down (and
+    closes `body_parser`, whose worker process parses big bodies)."""
     app = FastAPI(title="cbbench reference engine", version="0.1.0")
     state = ServerState(
         engine,
@@ -75,23 +79,28 @@ def create_app(
         vocab_size,
         metrics,
         int(time.time()),
+        body_parser or BodyParser(max_model_len),
     )
     app.state.cbbench = state
     _install_error_handlers(app)
     _document_errors(app)
 
-    @app.post("/v1/completions")
-    async def completions(body: P.CompletionRequest, request: Request) -> Response:
+    # Routes read their own bodies (BodyParser: big ones off the event loop); the OpenAPI
+    # document still describes them (_document_errors adds the schemas).
+    @app.post("/v1/completions", **_body_doc(P.CompletionRequest))
+    async def completions(request: Request) -> Response:
+        body = await _parse(state, request, P.CompletionRequest)
         if isinstance(body.prompt, str):
-            prompt_ids = tokenizer.encode(body.prompt)
+            prompt_ids = await _encode(tokenizer, body.prompt)
         else:
             prompt_ids = list(body.prompt)
         return await _generate(state, request, body, prompt_ids, chat=False)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: P.ChatCompletionRequest, request: Request) -> Response:
+    @app.post("/v1/chat/completions", **_body_doc(P.ChatCompletionRequest))
+    async def chat_completions(request: Request) -> Response:
+        body = await _parse(state, request, P.ChatCompletionRequest)
         prompt = apply_chat_template([(m.role, m.text()) for m in body.messages])
-        return await _generate(state, request, body, tokenizer.encode(prompt), chat=True)
+        return await _generate(state, request, body, await _encode(tokenizer, prompt), chat=True)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -119,13 +128,53 @@ def create_app(
     return GuardMiddleware(app, scheduler, max_body_bytes, api_key)
 
 
+# Text longer than this is tokenized in a thread (the tokenizers release the GIL, or run
+# Python bytecode that yields it), so /health keeps answering.
+ENCODE_IN_THREAD_CHARS = 16 * 1024
+
+_REQUEST_MODELS = (P.CompletionRequest, P.ChatCompletionRequest)
+
+
+async def _parse(state: ServerState, request: Request, model: type[Any]) -> Any:
+    raw = await request.body()
+    return await state.body_parser.parse(raw, request.headers.get("content-type"), model)
+
+
+async def _encode(tokenizer: Tokenizer, text: str) -> list[int]:
+    if len(text) < ENCODE_IN_THREAD_CHARS:
+        return tokenizer.encode(text)
+    return await asyncio.to_thread(tokenizer.encode, text)
+
+
+def _body_doc(model: type[Any]) -> dict[str, Any]:
+    """Route keywords documenting a JSON body of `model` and the 400 it may get."""
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {
+        "openapi_extra": {
+            "requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}
+        },
+        "responses": {
+            400: {
+                "description": "Invalid request",
+                "content": {"application/json": {"schema": P.ERROR_SCHEMA}},
+            }
+        },
+    }
+
+
 def _document_errors(app: FastAPI) -> None:
     """The OpenAPI document says what the server does: invalid requests are 400 with the
-    OpenAI error body (FastAPI would document its own 422)."""
+    OpenAI error body (FastAPI would document its own 422), and the request schemas of the
+    routes that parse their own bodies."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in _REQUEST_MODELS:
+                doc = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(doc.pop("$defs", {}))
+                components[model.__name__] = doc
             for operations in schema["paths"].values():
                 for op in operations.values():
                     if op.get("responses", {}).pop("422", None) is not None:
@@ -139,17 +188,6 @@ def _document_errors(app: FastAPI) -> None:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-
-
-_UNION_TAGS = {"body", "str", "int", "float", "bool", "none", "list", "dict"}
-
-
-def _is_field(part: object) -> bool:
-    """Field names and indices in a validation error's location, without pydantic's union
-    member tags (`str`, `list[int]`, ...)."""
-    if isinstance(part, int):
-        return True
-    return isinstance(part, str) and part.isidentifier() and part not in _UNION_TAGS
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -167,17 +205,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         if first.get("type") == "model_attributes_type" and len(first.get("loc", ())) <= 1:
             message = "the request body must be a JSON object (Content-Type: application/json)"
             return JSONResponse(error_body(message, "invalid_request_error"), 400)
-        # A union field fails once per member: name the deepest location, list every reason.
-        paths = [[str(p) for p in e.get("loc", ()) if _is_field(p)] for e in errors]
-        field = paths[0][:1]
-        same = [i for i, p in enumerate(paths) if p[:1] == field]
-        deepest = max(same, key=lambda i: len(paths[i]))
-        param = ".".join(paths[deepest]) or None
-        reasons = list(dict.fromkeys(errors[i].get("msg", "invalid value") for i in same))
-        message = f"{param or 'body'}: {' or '.join(reasons)}"
-        if len(same) < len(errors):
-            message += f" (and {len(errors) - len(same)} more errors)"
-        return JSONResponse(error_body(message, "invalid_request_error", param), 400)
+        return JSONResponse(validation_message(list(errors)).error().body(), 400)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -302,8 +330,11 @@ async def _collect(
         if not work.done():
             work.cancel()
             stream.close()
-    if work.cancelled():
-        return Response(status_code=499)  # nobody is listening
+    if not work.done() or work.cancelled():
+        # Nobody is listening. `work` may still be unwinding from cancel(): it is not done
+        # yet, so asking for its exception would raise InvalidStateError.
+        work.add_done_callback(_retrieve)
+        return Response(status_code=499)
     exc = work.exception()
     if isinstance(exc, ShuttingDown):
         raise APIError(503, str(exc), "server_error", None, "shutting_down")
@@ -314,6 +345,11 @@ async def _collect(
     if info["queue_time_s"] is not None:
         headers["x-cbbench-queue-time-s"] = f"{info['queue_time_s']:.6f}"
     return JSONResponse(shaper.final_body(), headers=headers)
+
+
+def _retrieve(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: asyncio logs nothing for an aborted request
 
 
 async def _until_disconnected(request: Request) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 from cbbench.reference_engine.config import EngineConfig
 from cbbench.reference_engine.server.app import DEFAULT_MAX_BODY_BYTES, create_app
 from cbbench.reference_engine.server.async_engine import AsyncEngine
+from cbbench.reference_engine.server.body import BodyParser
 from cbbench.reference_engine.server.metrics import ServerMetrics
 from cbbench.reference_engine.tokenizer import Tokenizer, load_tokenizer
 from starlette.types import ASGIApp
@@ -29,9 +30,11 @@ class ServingStack:
     metrics: ServerMetrics
     model_name: str
     engine_info: dict
+    body_parser: BodyParser
 
     def shutdown(self, reason: str = "server shutting down", wait: bool = True) -> None:
         self.engine.shutdown(reason, wait)
+        self.body_parser.close()
 
     def stop_soon(self) -> None:
         """For signal handlers: start the shutdown without waiting for the engine."""
@@ -70,6 +73,7 @@ def build_stack(
         vocab_size = model_config.vocab_size
         engine = AsyncEngine(llm_engine, metrics)
     info = {**info, "engine_process": engine_process}
+    body_parser = BodyParser(max_model_len)
     try:
         tokenizer = load_tokenizer(config.model, model_config)
         app = create_app(
@@ -83,6 +87,7 @@ def build_stack(
             api_key=api_key,
             max_body_bytes=max_body_bytes,
             engine_info=info,
+            body_parser=body_parser,
         )
     except BaseException:
         if engine_process:
@@ -90,4 +95,4 @@ def build_stack(
         raise
     if not engine_process:
         engine.start()
-    return ServingStack(app, engine, tokenizer, metrics, model_name, info)
+    return ServingStack(app, engine, tokenizer, metrics, model_name, info, body_parser)

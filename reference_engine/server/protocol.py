@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
@@ -19,6 +19,23 @@ INT32 = 2**31 - 1
 # Completions without max_tokens generate this many tokens (OpenAI's default); chat
 # completions without it may fill the context, as vLLM does.
 DEFAULT_COMPLETION_MAX_TOKENS = 16
+
+
+def _valid_unicode(text: str) -> str:
+    """JSON may carry lone surrogates (`"\\ud800"`); they cannot be encoded, tokenized or
+    echoed, so they are a 400 naming the field."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        raise ValueError(
+            f"lone surrogate U+{code:04X} at character {exc.start} (not valid Unicode)"
+        ) from None
+    return text
+
+
+# Every string the server reads: valid Unicode, so encoding and error bodies never fail.
+Text = Annotated[str, AfterValidator(_valid_unicode)]
 
 
 class _Strict(BaseModel):
@@ -32,13 +49,13 @@ class StreamOptions(_Strict):
 class SamplingFields(_Strict):
     """Fields shared by both endpoints."""
 
-    model: str | None = Field(None, max_length=1024)
+    model: Text | None = Field(None, max_length=1024)
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=100.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float = Field(1.0, ge=0.0, le=100.0, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: int = Field(-1, ge=-1)  # -1 or 0 = off
     seed: int | None = Field(None, ge=0, le=INT64_MAX)
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = None
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     n: int = Field(1, ge=1, le=1)
@@ -46,7 +63,7 @@ class SamplingFields(_Strict):
     stream_options: StreamOptions | None = None
     priority: int = Field(0, ge=-INT32, le=INT32)
     return_token_ids: bool = False
-    user: str | None = None
+    user: Text | None = None
 
     def stop_strings(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -54,17 +71,17 @@ class SamplingFields(_Strict):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[Annotated[int, Field(ge=0)]] = Field(..., min_length=1)
+    prompt: Text | list[Annotated[int, Field(ge=0)]] = Field(..., min_length=1)
 
 
 class TextPart(_Strict):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(_Strict):
-    role: str = Field(..., min_length=1, max_length=64)
-    content: str | list[TextPart] | None = None
+    role: Text = Field(..., min_length=1, max_length=64)
+    content: Text | list[TextPart] | None = None
 
     def text(self) -> str:
         if self.content is None:

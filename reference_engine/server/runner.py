@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import signal
 import socket
 import threading
@@ -20,6 +21,23 @@ from starlette.types import ASGIApp
 
 # Backstop: connections still open this long after a shutdown signal are cancelled.
 GRACEFUL_SHUTDOWN_S = 5
+
+
+def bind_warning(host: str, api_key: str | None) -> str | None:
+    """A warning when `host` is reachable from other machines and no API key guards /v1."""
+    if api_key:
+        return None
+    if host.lower() == "localhost":
+        return None
+    try:
+        if ipaddress.ip_address(host.strip("[]")).is_loopback:
+            return None
+    except ValueError:
+        pass  # a host name: it may resolve to anything
+    return (
+        f"warning: --host {host} accepts connections from other machines and no --api-key "
+        "is set: anyone who can reach this port can use the model"
+    )
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
