@@ -167,6 +167,20 @@ class BlockManager:
         self.peak_used = max(self.peak_used, self.num_used_blocks)
         return True
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Speculative rollback: free seq's tail blocks beyond those `num_tokens` tokens need
+        (lookahead blocks that held only rejected draft tokens). Such a block was allocated
+        fresh for seq and never registered (hashes cover computed, i.e. accepted, tokens)."""
+        keep = self.blocks_for(num_tokens)
+        while len(seq.block_table) > keep:
+            bid = seq.block_table.pop()
+            b = self.blocks[bid]
+            assert b.ref_count == 1 and b.block_hash is None, (
+                f"block {bid}: a lookahead block is shared or cached"
+            )
+            b.ref_count = 0
+            self._free[bid] = None
+
     def _pop_free(self) -> int:
         if len(self.blocks) < self.num_blocks:
             fresh = KVBlock(len(self.blocks), ref_count=1)

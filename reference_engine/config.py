@@ -13,6 +13,7 @@ from cbbench.reference_engine.errors import EngineError
 SCHEDULERS = ("static", "dynamic", "continuous")
 POLICIES = ("fcfs", "priority")
 EXECUTORS = ("real", "sim")
+SPECULATIVE_METHODS = ("ngram", "draft")
 
 
 @dataclass
@@ -101,6 +102,49 @@ class ContinuousConfig:
 
 
 @dataclass
+class SpeculativeConfig:
+    """Speculative decoding (continuous scheduler only): each decode step verifies up to
+    `num_speculative_tokens` proposed tokens per sequence in the one target forward."""
+
+    method: str | None = None  # None (off) | "ngram" (prompt lookup) | "draft" (a draft model)
+    num_speculative_tokens: int = 4
+    model: str | None = None  # method "draft": a preset or HF folder with the target's vocab
+    ngram_min: int = 1  # method "ngram": shortest / longest suffix looked up in the context
+    ngram_max: int = 3
+    # simulator only: probability that each draft token is accepted (the proposer is modelled)
+    acceptance_rate: float = 0.7
+
+    @property
+    def enabled(self) -> bool:
+        return self.method is not None
+
+    def validate(self) -> None:
+        if self.method is None:
+            return
+        if self.method not in SPECULATIVE_METHODS:
+            raise EngineError(
+                f"speculative.method must be one of {', '.join(SPECULATIVE_METHODS)}, "
+                f"got {self.method!r}"
+            )
+        if self.num_speculative_tokens < 1:
+            raise EngineError(
+                f"speculative.num_speculative_tokens must be >= 1, "
+                f"got {self.num_speculative_tokens}"
+            )
+        if self.method == "draft" and not self.model:
+            raise EngineError("speculative method 'draft' needs a draft model (--speculative-model)")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise EngineError(
+                f"speculative ngram sizes must satisfy 1 <= ngram_min <= ngram_max, got "
+                f"{self.ngram_min}, {self.ngram_max}"
+            )
+        if not 0 <= self.acceptance_rate <= 1:
+            raise EngineError(
+                f"speculative.acceptance_rate must be in [0, 1], got {self.acceptance_rate}"
+            )
+
+
+@dataclass
 class EngineConfig:
     model: str = "tiny"  # preset name (model_config.PRESETS) or an HF folder
     device: str = "cpu"
@@ -109,6 +153,7 @@ class EngineConfig:
     static: StaticConfig = field(default_factory=StaticConfig)
     dynamic: DynamicConfig = field(default_factory=DynamicConfig)
     continuous: ContinuousConfig = field(default_factory=ContinuousConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     block_size: int = 16
     num_kv_blocks: int | None = None  # None: sized from kv_cache_memory_gb or the device
     kv_cache_memory_gb: float | None = None
@@ -142,6 +187,12 @@ class EngineConfig:
         self.static.validate()
         self.dynamic.validate()
         self.continuous.validate()
+        self.speculative.validate()
+        if self.speculative.enabled and self.scheduler != "continuous":
+            raise EngineError(
+                f"speculative decoding needs the continuous scheduler (got {self.scheduler!r}): "
+                f"static and dynamic batching run one token per sequence per step"
+            )
 
     @property
     def max_batch_slots(self) -> int:

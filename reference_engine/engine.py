@@ -16,6 +16,8 @@ from cbbench.reference_engine.outputs import EngineStats, RequestMetrics, Reques
 from cbbench.reference_engine.sampling_params import SamplingParams
 from cbbench.reference_engine.scheduler import make_scheduler
 from cbbench.reference_engine.sequence import Sequence, SequenceStatus
+from cbbench.reference_engine.spec_decode import make_proposer
+from cbbench.reference_engine.spec_decode.stats import SpecDecodeStats
 
 __all__ = ["LLMEngine", "QueueFullError", "resolve_model_config"]
 
@@ -45,6 +47,9 @@ class LLMEngine:
         self.num_steps = 0
         self.last_scheduled: list[str] = []  # request ids computed in the last step
         self._stats = EngineStats(0, 0, 0, 0, num_kv_blocks, 0, 0.0, 0, 0.0)
+        spec = config.speculative
+        self.proposer = make_proposer(config, executor, max_model_len)
+        self.spec_stats = SpecDecodeStats(spec.num_speculative_tokens) if spec.enabled else None
 
     # --- construction -----------------------------------------------------------------
     @classmethod
@@ -224,46 +229,77 @@ class LLMEngine:
         if out.is_empty:
             self._update_stats(0, 0, 0.0)
             return []
-        samples = [c.samples for c in out.chunks]
+        if self.proposer is not None and any(c.num_lookahead for c in out.chunks):
+            self.proposer.propose(out.chunks)
         for c in out.chunks:
+            assert len(c.spec_token_ids) <= c.num_lookahead
             if c.seq.metrics.first_scheduled_time is None:
                 c.seq.metrics.first_scheduled_time = now
         tokens = self.executor.execute(out.chunks)
         end = self.now()
         self.num_steps += 1
         outputs: list[RequestOutput] = []
-        bm = self.block_manager
-        for chunk, sample, tok in zip(out.chunks, samples, tokens, strict=True):
-            seq = chunk.seq
-            assert (tok is not None) == sample, f"{seq.request_id}: executor/sample mismatch"
-            seq.num_computed_tokens += chunk.num_tokens
-            if tok is None:
-                bm.cache_blocks(seq)
-                continue
-            seq.token_ids.append(tok)
-            if seq.metrics.first_token_time is None:
-                seq.metrics.first_token_time = end
+        for chunk, toks in zip(out.chunks, tokens, strict=True):
+            output = self._apply(chunk, toks, end)
+            if output is not None:
+                outputs.append(output)
+        num_tokens = sum(c.num_scheduled_tokens for c in out.chunks)
+        self._update_stats(len(out.chunks), num_tokens, end - now)
+        return outputs
+
+    def _apply(self, chunk, toks: list[int], end: float) -> RequestOutput | None:
+        """Apply one chunk's result: computed tokens, accepted drafts, new tokens, stops."""
+        seq, bm = chunk.seq, self.block_manager
+        assert bool(toks) == chunk.samples, f"{seq.request_id}: executor/sample mismatch"
+        seq.num_computed_tokens += chunk.num_tokens
+        if not toks:
             bm.cache_blocks(seq)
+            return None
+        num_draft = len(chunk.spec_token_ids)
+        if chunk.num_lookahead:
+            num_accepted = len(toks) - 1
+            assert (
+                0 <= num_accepted <= num_draft and toks[:-1] == chunk.spec_token_ids[:num_accepted]
+            ), f"{seq.request_id}: executor returned tokens that are not an accepted prefix"
+            seq.num_computed_tokens += num_accepted  # accepted drafts have their K/V
+            if num_draft and self.spec_stats is not None:
+                self.spec_stats.observe(num_draft, num_accepted)
+                seq.metrics.num_draft_tokens += num_draft
+                seq.metrics.num_accepted_tokens += num_accepted
+        else:
+            assert len(toks) == 1, f"{seq.request_id}: several tokens without drafts"
+        reason = None
+        new: list[int] = []
+        for tok in toks:
+            seq.token_ids.append(tok)
+            new.append(tok)
             reason = self._stop_reason(seq, tok)
             if reason is not None:
-                seq.status = SequenceStatus.FINISHED
-                seq.finish_reason = reason
-                seq.metrics.finished_time = end
-                del self.seqs[seq.request_id]
-                self.scheduler.finish(seq)
-            outputs.append(
-                RequestOutput(
-                    request_id=seq.request_id,
-                    new_token_ids=[tok],
-                    num_prompt_tokens=seq.num_prompt_tokens,
-                    num_output_tokens=seq.num_output_tokens,
-                    finished=reason is not None,
-                    finish_reason=reason,
-                    metrics=seq.metrics,
-                )
-            )
-        self._update_stats(len(out.chunks), out.num_batched_tokens, end - now)
-        return outputs
+                break
+        # rejected drafts' K/V is stale: computed counts only kept tokens, lookahead blocks
+        # beyond them go back to the pool (prefix-cache hashes cover computed tokens only)
+        seq.num_computed_tokens = min(seq.num_computed_tokens, seq.num_tokens - 1)
+        seq.num_draft_computed = min(seq.num_draft_computed, seq.num_computed_tokens)
+        if chunk.num_lookahead:
+            bm.trim(seq, seq.num_tokens)
+        if seq.metrics.first_token_time is None:
+            seq.metrics.first_token_time = end
+        bm.cache_blocks(seq)
+        if reason is not None:
+            seq.status = SequenceStatus.FINISHED
+            seq.finish_reason = reason
+            seq.metrics.finished_time = end
+            del self.seqs[seq.request_id]
+            self.scheduler.finish(seq)
+        return RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=new,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            finished=reason is not None,
+            finish_reason=reason,
+            metrics=seq.metrics,
+        )
 
     def _stop_reason(self, seq: Sequence, tok: int) -> str | None:
         p = seq.sampling_params
@@ -310,3 +346,12 @@ class LLMEngine:
             assert seq.request_id in self.seqs
             assert seq.num_computed_tokens <= len(seq.block_table) * self.block_manager.block_size
         assert self.scheduler.num_running <= self.config.max_batch_slots
+        bm = self.block_manager
+        for seq in self.scheduler.running():
+            for i, bid in enumerate(seq.block_table):  # cached blocks hold kept tokens only
+                b = bm.blocks[bid]
+                if b.block_hash is not None:
+                    assert b.token_ids == tuple(seq.token_ids[i * bm.block_size :][: bm.block_size])
+            if self.config.speculative.enabled:  # rolled back: no lookahead block left over
+                assert len(seq.block_table) <= bm.blocks_for(seq.num_tokens), seq.request_id
+                assert seq.num_draft_computed <= seq.num_computed_tokens, seq.request_id

@@ -5,13 +5,21 @@ item is a chunk of one sequence: `num_tokens` tokens starting at `seq.num_comput
 (a whole prompt, a prefill chunk, or the one new token of a decode). When the chunk reaches
 the end of the sequence's known tokens, the executor samples the next token for it.
 
+Speculative decoding: a decode chunk may carry `spec_token_ids`, draft tokens appended after
+the known ones (their K/V is computed too, into lookahead slots the scheduler reserved). The
+executor then scores all of them in the same forward and returns SEVERAL tokens for that
+chunk: the accepted draft prefix plus one token of its own (a correction, or a bonus token
+when every draft was accepted). So the contract is "a list of new tokens per chunk": empty
+when the chunk does not sample, one for a plain decode or prefill end, up to k + 1 with k
+drafts.
+
 Executors: `ModelRunner` (real torch model on CPU/CUDA over the paged KV cache) and
 `SimExecutor` (no model; advances a virtual clock by a modelled step time and emits tokens).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -21,7 +29,14 @@ if TYPE_CHECKING:
 @dataclass
 class ScheduledChunk:
     seq: Sequence
-    num_tokens: int  # tokens to compute this step, from seq.num_computed_tokens on
+    num_tokens: int  # known tokens to compute this step, from seq.num_computed_tokens on
+    num_lookahead: int = 0  # KV slots reserved past the known tokens for draft tokens
+    spec_token_ids: list[int] = field(default_factory=list)  # drafts (<= num_lookahead)
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        """Query rows this chunk puts in the forward: known tokens plus drafts."""
+        return self.num_tokens + len(self.spec_token_ids)
 
     @property
     def start(self) -> int:
@@ -38,10 +53,11 @@ class ScheduledChunk:
 
 
 class Executor(Protocol):
-    def execute(self, chunks: list[ScheduledChunk]) -> list[int | None]:
-        """Compute the chunks (writing their K/V into the sequences' blocks) and return one
-        sampled token per chunk that `samples`, None for the others. Must not mutate the
-        sequences: the engine applies the results."""
+    def execute(self, chunks: list[ScheduledChunk]) -> list[list[int]]:
+        """Compute the chunks (writing their K/V into the sequences' blocks) and return the
+        new tokens of each chunk: [] when it does not `sample`, [token] for a plain chunk that
+        does, the accepted drafts plus one token when it carries `spec_token_ids`. Must not
+        mutate the sequences: the engine applies the results."""
         ...
 
     def now(self) -> float:

@@ -20,6 +20,10 @@ from cbbench.reference_engine.loader import load_model, random_model, resolve_co
 from cbbench.reference_engine.model import AttentionMetadata
 from cbbench.reference_engine.model_config import PRESETS, ModelConfig
 from cbbench.reference_engine.sampler import Sampler, SampleRequest
+from cbbench.reference_engine.spec_decode.rejection_sampler import (
+    RejectionSampler,
+    sample_chunks,
+)
 
 SMALL_MODEL_PARAMS = 20_000_000  # below this, ops are too small to gain from more threads
 THREADS_ENV = "CBBENCH_TORCH_THREADS"
@@ -108,6 +112,7 @@ class ModelRunner:
             device=self.device,
         )
         self.sampler = Sampler(cfg.eos_token_ids, self.device, seed)
+        self.rejection_sampler = RejectionSampler(self.device, seed)
 
     @property
     def attention_backend_name(self) -> str:
@@ -121,7 +126,7 @@ class ModelRunner:
     def now(self) -> float:
         return time.monotonic()
 
-    def execute(self, chunks: list[ScheduledChunk]) -> list[int | None]:
+    def execute(self, chunks: list[ScheduledChunk]) -> list[list[int]]:
         if not chunks:
             return []
         with torch.inference_mode():
@@ -129,54 +134,88 @@ class ModelRunner:
             hidden = self.model(
                 b.input_ids, b.positions, b.max_position, self.kv_cache, b.meta, self.backend
             )
-            out: list[int | None] = [None] * len(chunks)
             if not b.sample_rows:
-                return out
+                return [[] for _ in chunks]
             logits = self.model.compute_logits(hidden[[row for _, row in b.sample_rows]])
-            reqs = [
-                SampleRequest(
-                    chunks[i].seq.sampling_params,
-                    chunks[i].seq.num_tokens,
-                    chunks[i].seq.num_output_tokens,
+            reqs: list[SampleRequest] = []
+            prev, j = -1, 0
+            for i, _ in b.sample_rows:  # a chunk's rows are consecutive: j = row within chunk
+                j = j + 1 if i == prev else 0
+                prev = i
+                seq = chunks[i].seq
+                reqs.append(
+                    SampleRequest(
+                        seq.sampling_params, seq.num_tokens + j, seq.num_output_tokens + j
+                    )
                 )
-                for i, _ in b.sample_rows
-            ]
-            tokens = self.sampler(logits, reqs)
-        for (i, _), tok in zip(b.sample_rows, tokens, strict=True):
-            out[i] = tok
-        return out
+            rows = [i for i, _ in b.sample_rows]
+            drafts = [c.spec_token_ids for c in chunks]
+            return sample_chunks(self.sampler, self.rejection_sampler, logits, reqs, rows, drafts)
+
+
+@dataclass
+class BatchItem:
+    """One sequence's rows in a forward: `token_ids` at positions start.. over its block
+    table; the last `num_logits` rows are sampled (0, 1, or drafts + 1)."""
+
+    request_id: str
+    token_ids: list[int]
+    start: int
+    block_table: list[int]
+    num_logits: int
 
 
 def prepare_batch(
     chunks: list[ScheduledChunk], block_size: int, vocab_size: int, device: torch.device
 ) -> Batch:
-    """Flatten the chunks: token ids, positions, slot mapping, block tables, sample rows."""
+    """Flatten the chunks (known tokens, then any draft tokens) into one varlen batch."""
+    items = []
+    for c in chunks:
+        seq = c.seq
+        assert 0 <= c.start < c.end <= seq.num_tokens, (
+            f"{seq.request_id}: chunk [{c.start}, {c.end}) outside 0..{seq.num_tokens}"
+        )
+        assert not c.spec_token_ids or c.samples, f"{seq.request_id}: drafts on a prefill chunk"
+        items.append(
+            BatchItem(
+                seq.request_id,
+                seq.token_ids[c.start : c.end] + c.spec_token_ids,
+                c.start,
+                seq.block_table,
+                len(c.spec_token_ids) + 1 if c.samples else 0,
+            )
+        )
+    return prepare_items(items, block_size, vocab_size, device)
+
+
+def prepare_items(
+    items: list[BatchItem], block_size: int, vocab_size: int, device: torch.device
+) -> Batch:
+    """Token ids, positions, slot mapping, block tables and sample rows of the items."""
     bs = block_size
     input_ids: list[int] = []
     starts: list[int] = []
     qlens: list[int] = []
     seq_lens: list[int] = []
     tables: list[list[int]] = []
-    sample_rows: list[tuple[int, int]] = []  # (chunk index, row of its last token)
-    for i, c in enumerate(chunks):
-        seq, start, end = c.seq, c.start, c.end
-        assert 0 <= start < end <= seq.num_tokens, (
-            f"{seq.request_id}: chunk [{start}, {end}) outside 0..{seq.num_tokens}"
-        )
+    sample_rows: list[tuple[int, int]] = []  # (item index, row), an item's rows consecutive
+    for i, it in enumerate(items):
+        start, end = it.start, it.start + len(it.token_ids)
+        assert start < end and it.num_logits <= end - start
         needed = -(-end // bs)
-        if len(seq.block_table) < needed:
+        if len(it.block_table) < needed:
             raise EngineError(
-                f"{seq.request_id}: {len(seq.block_table)} KV blocks for {end} tokens "
+                f"{it.request_id}: {len(it.block_table)} KV blocks for {end} tokens "
                 f"(block size {bs}) — the scheduler must allocate before executing"
             )
-        input_ids.extend(seq.token_ids[start:end])
+        input_ids.extend(it.token_ids)
         starts.append(start)
         qlens.append(end - start)
         seq_lens.append(end)
-        tables.append(seq.block_table[:needed])
-        if c.samples:
-            sample_rows.append((i, len(input_ids) - 1))
-    decode_only = len(input_ids) == len(chunks)
+        tables.append(it.block_table[:needed])
+        last = len(input_ids)
+        sample_rows.extend((i, row) for row in range(last - it.num_logits, last))
+    decode_only = len(input_ids) == len(items)
     if not decode_only and not all(0 <= t < vocab_size for t in input_ids):
         bad = next(t for t in input_ids if not 0 <= t < vocab_size)
         raise EngineError(f"token id {bad} is outside the vocabulary (size {vocab_size})")
@@ -185,10 +224,10 @@ def prepare_batch(
     block_tables = torch.tensor(padded, dtype=torch.int32)
     if decode_only:
         pos = torch.tensor(starts, dtype=torch.int64)
-        seq_idx = torch.arange(len(chunks))
+        seq_idx = torch.arange(len(items))
     else:
         qlen_t = torch.tensor(qlens, dtype=torch.int64)
-        seq_idx = torch.repeat_interleave(torch.arange(len(chunks)), qlen_t)
+        seq_idx = torch.repeat_interleave(torch.arange(len(items)), qlen_t)
         first = torch.cumsum(qlen_t, 0) - qlen_t  # row of each chunk's first token
         pos = torch.arange(len(input_ids)) - first[seq_idx] + torch.tensor(starts)[seq_idx]
     slots = block_tables[seq_idx, pos // bs].to(torch.int64) * bs + pos % bs

@@ -63,10 +63,10 @@ def run(args: argparse.Namespace) -> dict[str, float]:
             seq = Sequence(str(started), prompt, params, RequestMetrics(arrival_time=0.0))
             seq.block_table = list(range(slot * blocks_per_seq, (slot + 1) * blocks_per_seq))
             t = time.perf_counter()
-            (tok,) = runner.execute([ScheduledChunk(seq, seq.num_tokens)])
+            ((tok,),) = runner.execute([ScheduledChunk(seq, seq.num_tokens)])
             prefill_s += time.perf_counter() - t
             seq.num_computed_tokens = seq.num_tokens
-            seq.token_ids.append(tok)  # type: ignore[arg-type]
+            seq.token_ids.append(tok)
             running[slot] = seq
             started += 1
             out_tokens += 1
@@ -74,9 +74,9 @@ def run(args: argparse.Namespace) -> dict[str, float]:
         toks = runner.execute([ScheduledChunk(s, 1) for s in running.values()])
         decode_s += time.perf_counter() - t
         steps += 1
-        for (slot, seq), tok in zip(list(running.items()), toks, strict=True):
+        for (slot, seq), (tok,) in zip(list(running.items()), toks, strict=True):
             seq.num_computed_tokens += 1
-            seq.token_ids.append(tok)  # type: ignore[arg-type]
+            seq.token_ids.append(tok)
             out_tokens += 1
             if seq.num_output_tokens >= args.output_len:
                 del running[slot]

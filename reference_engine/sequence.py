@@ -29,6 +29,7 @@ class Sequence:
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache (vLLM v1 semantics)
     block_table: list[int] = field(default_factory=list)
     seq_index: int = 0  # order in which the engine received it (the tie-break among equals)
+    num_draft_computed: int = 0  # speculative draft model: tokens whose draft K/V is valid
 
     def __post_init__(self) -> None:
         if not self.token_ids:

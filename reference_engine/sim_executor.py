@@ -27,6 +27,7 @@ class SimExecutor:
         self.eos_ids = model_config.eos_token_ids
         self.clock = 0.0
         self.last_step_time = 0.0
+        self._draft_time = 0.0  # speculative: draft-model time of this step (SimProposer)
 
     def now(self) -> float:
         return self.clock
@@ -47,9 +48,25 @@ class SimExecutor:
             tok = (tok + 1) % vocab
         return tok
 
-    def execute(self, chunks: list[ScheduledChunk]) -> list[int | None]:
-        self.last_step_time = self.cost_model.step_time(
-            (c.start, c.num_tokens, c.samples) for c in chunks
+    def add_draft_time(self, seconds: float) -> None:
+        """Charge the draft model's steps to the next execute()."""
+        self._draft_time += seconds
+
+    def execute(self, chunks: list[ScheduledChunk]) -> list[list[int]]:
+        verify = self.cost_model.step_time(
+            (c.start, c.num_scheduled_tokens, c.samples) for c in chunks
         )
+        self.last_step_time = self._draft_time + verify
+        self._draft_time = 0.0
         self.clock += self.last_step_time
-        return [self.token_for(c.seq.request_id, c.end) if c.samples else None for c in chunks]
+        return [self._tokens(c) if c.samples else [] for c in chunks]
+
+    def _tokens(self, c: ScheduledChunk) -> list[int]:
+        """The request's own tokens from c.end on: drafts while they match, then one more."""
+        rid, out = c.seq.request_id, []
+        for j, d in enumerate(c.spec_token_ids):
+            out.append(self.token_for(rid, c.end + j))
+            if out[-1] != d:
+                return out
+        out.append(self.token_for(rid, c.end + len(c.spec_token_ids)))
+        return out

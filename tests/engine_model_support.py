@@ -51,11 +51,10 @@ def generate(
         assert snapshot == [(c.seq.num_computed_tokens, c.seq.token_ids) for c in chunks], (
             "execute must not mutate the sequences"
         )
-        for c, tok in zip(chunks, results, strict=True):
-            assert (tok is not None) == c.samples
+        for c, toks in zip(chunks, results, strict=True):
+            assert len(toks) == (1 if c.samples else 0)
             c.seq.num_computed_tokens += c.num_tokens
-            if tok is not None:
-                c.seq.token_ids.append(tok)
+            c.seq.token_ids.extend(toks)
         for seq in [s for s in live if s.num_output_tokens >= s.sampling_params.max_tokens]:
             live.remove(seq)
             pool.extend(seq.block_table)

@@ -9,6 +9,7 @@ from cbbench.reference_engine.config import (
     ContinuousConfig,
     DynamicConfig,
     EngineConfig,
+    SpeculativeConfig,
     StaticConfig,
 )
 from cbbench.reference_engine.engine import LLMEngine
@@ -26,6 +27,7 @@ def sim_engine(
     dynamic: dict | None = None,
     continuous: dict | None = None,
     max_waiting: int | None = None,
+    speculative: dict | None = None,
 ) -> LLMEngine:
     """A tiny-model engine with the simulated executor, one virtual time unit per step."""
     cfg = EngineConfig(
@@ -41,6 +43,7 @@ def sim_engine(
         max_model_len=max_model_len,
         enable_prefix_caching=prefix_caching,
         max_waiting=max_waiting,
+        speculative=SpeculativeConfig(**(speculative or {})),
     )
     return LLMEngine.from_config(cfg)
 

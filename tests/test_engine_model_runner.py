@@ -58,7 +58,7 @@ def test_prefill_chunk_that_does_not_finish_the_prompt_samples_nothing():
     runner = _runner()
     seq = make_seq("p", PROMPTS[2], 4)
     seq.block_table = [5, 6, 7, 8, 9]
-    assert runner.execute([ScheduledChunk(seq, 8)]) == [None]
+    assert runner.execute([ScheduledChunk(seq, 8)]) == [[]]
     assert runner.execute([]) == []
 
 

@@ -80,6 +80,30 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="seconds after which a waiting request is admitted by force",
     )
     c.add_argument("--max-prefills-per-step", type=int, default=None)
+    sp = parser.add_argument_group("speculative decoding (continuous scheduler)")
+    sp.add_argument(
+        "--speculative-method",
+        choices=("ngram", "draft"),
+        default=None,
+        help="propose draft tokens by n-gram prompt lookup or with a draft model (default: off)",
+    )
+    sp.add_argument(
+        "--num-speculative-tokens", type=int, default=None, help="drafts per step (default: 4)"
+    )
+    sp.add_argument(
+        "--speculative-model",
+        default=None,
+        help="draft model for --speculative-method draft: a preset or HF folder with the "
+        "target's vocabulary (the target itself is a 100%%-acceptance control)",
+    )
+    sp.add_argument("--ngram-min", type=int, default=None, help="shortest suffix looked up (1)")
+    sp.add_argument("--ngram-max", type=int, default=None, help="longest suffix looked up (3)")
+    sp.add_argument(
+        "--spec-acceptance-rate",
+        type=float,
+        default=None,
+        help="simulator only: per-draft-token acceptance probability (default: 0.7)",
+    )
     k = parser.add_argument_group("KV cache")
     k.add_argument("--num-kv-blocks", type=int, default=None)
     k.add_argument("--block-size", type=int, default=None, help="tokens per KV block")
@@ -121,6 +145,12 @@ _FIELDS: dict[str, tuple[str | None, str]] = {
     "policy": ("continuous", "policy"),
     "max_queue_wait": ("continuous", "max_queue_wait_s"),
     "max_prefills_per_step": ("continuous", "max_prefills_per_step"),
+    "speculative_method": ("speculative", "method"),
+    "num_speculative_tokens": ("speculative", "num_speculative_tokens"),
+    "speculative_model": ("speculative", "model"),
+    "ngram_min": ("speculative", "ngram_min"),
+    "ngram_max": ("speculative", "ngram_max"),
+    "spec_acceptance_rate": ("speculative", "acceptance_rate"),
 }
 
 
@@ -130,11 +160,17 @@ def engine_config_from_args(args: argparse.Namespace) -> Any:
         ContinuousConfig,
         DynamicConfig,
         EngineConfig,
+        SpeculativeConfig,
         StaticConfig,
     )
 
     top: dict[str, Any] = {}
-    subs: dict[str, dict[str, Any]] = {"static": {}, "dynamic": {}, "continuous": {}}
+    subs: dict[str, dict[str, Any]] = {
+        "static": {},
+        "dynamic": {},
+        "continuous": {},
+        "speculative": {},
+    }
     for dest, (sub, name) in _FIELDS.items():
         value = getattr(args, dest, None)
         if value is None:
@@ -145,6 +181,7 @@ def engine_config_from_args(args: argparse.Namespace) -> Any:
         static=StaticConfig(**subs["static"]),
         dynamic=DynamicConfig(**subs["dynamic"]),
         continuous=ContinuousConfig(**subs["continuous"]),
+        speculative=SpeculativeConfig(**subs["speculative"]),
     )
 
 

@@ -14,6 +14,10 @@ Each step, with a token budget of `max_num_batched_tokens`:
    Forced sequences rank above all others from then on, so the order is total and stable
    and the most important sequence always progresses: no preemption ping-pong.
 A sequence that finishes frees its slot and blocks at once, so the next step refills it.
+
+Speculative decoding: a running sequence in decode (one token left to compute) also gets up
+to `num_speculative_tokens` lookahead slots for draft tokens, allocated with its decode and
+charged to the token budget; never more than its max_tokens or max_model_len leave room for.
 """
 
 from __future__ import annotations
@@ -38,6 +42,21 @@ class ContinuousScheduler(Scheduler):
         self._running: dict[Sequence, tuple] = {}
         self._forced: set[Sequence] = set()  # admitted by max_queue_wait: preempted last
         self.watermark_blocks = int(cfg.watermark * self.block_manager.num_blocks)
+        spec = self.config.speculative
+        self.num_lookahead = spec.num_speculative_tokens if spec.enabled else 0
+
+    def _lookahead(self, seq: Sequence, budget: int) -> int:
+        """Draft slots for a decoding seq: within the budget left after its own token, and
+        leaving room for the bonus token under max_tokens and max_model_len."""
+        return max(
+            0,
+            min(
+                self.num_lookahead,
+                budget - 1,
+                seq.sampling_params.max_tokens - seq.num_output_tokens - 1,
+                self.max_model_len - seq.num_tokens - 1,
+            ),
+        )
 
     def _rank(self, seq: Sequence) -> tuple:
         return (0 if seq in self._forced else 1, self.waiting.key(seq))
@@ -48,6 +67,7 @@ class ContinuousScheduler(Scheduler):
         bm = self.block_manager
         budget = cfg.max_num_batched_tokens
         scheduled: dict[Sequence, int] = {}
+        lookahead: dict[Sequence, int] = {}  # speculative: draft slots per decoding seq
         preempted: list[Sequence] = []
 
         def preempt_worst(spare_forced: bool = False) -> Sequence | None:
@@ -56,7 +76,7 @@ class ContinuousScheduler(Scheduler):
                 return None
             victim = max(candidates, key=self._running.__getitem__)
             nonlocal budget
-            budget += scheduled.pop(victim, 0)
+            budget += scheduled.pop(victim, 0) + lookahead.pop(victim, 0)
             self._preempt(victim)
             preempted.append(victim)
             return victim
@@ -69,12 +89,18 @@ class ContinuousScheduler(Scheduler):
                 continue  # preempted as a victim above
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             assert n >= 1, f"{seq.request_id} is running with nothing to compute"
-            while not bm.allocate_slots(seq, seq.num_computed_tokens + n):
+            la = (
+                self._lookahead(seq, budget) if seq.num_computed_tokens + 1 == seq.num_tokens else 0
+            )
+            while not bm.allocate_slots(seq, seq.num_computed_tokens + n + la):
                 if preempt_worst() is seq:
                     break
             else:
                 scheduled[seq] = n
                 budget -= n
+                if la:
+                    lookahead[seq] = la
+                    budget -= la
 
         # 2. waiting sequences
         num_prefills = 0
@@ -119,9 +145,11 @@ class ContinuousScheduler(Scheduler):
                 continue
             break
 
-        chunks = [ScheduledChunk(s, n) for s, n in scheduled.items()]
+        chunks = [ScheduledChunk(s, n, lookahead.get(s, 0)) for s, n in scheduled.items()]
         out = SchedulerOutput(
-            chunks=chunks, preempted=preempted, num_batched_tokens=sum(scheduled.values())
+            chunks=chunks,
+            preempted=preempted,
+            num_batched_tokens=sum(scheduled.values()) + sum(lookahead.values()),
         )
         assert out.num_batched_tokens <= cfg.max_num_batched_tokens
         assert len(self._running) <= cfg.max_num_seqs
@@ -141,6 +169,7 @@ class ContinuousScheduler(Scheduler):
         del self._running[seq]  # a forced sequence stays forced: the order must not flip
         self.block_manager.free(seq, finished=False)
         seq.num_computed_tokens = 0
+        seq.num_draft_computed = 0
         seq.status = SequenceStatus.PREEMPTED
         seq.metrics.num_preemptions += 1
         self.num_preemptions += 1

@@ -1,0 +1,86 @@
+"""Draft-model proposer: a smaller model with the target's vocabulary proposes k tokens per
+decoding sequence by k greedy steps (one varlen forward per step over all of them).
+
+Its KV cache is a second paged cache with the target's block ids and block size, so it
+reuses the target's block tables (and lookahead slots) as they are: no second allocator.
+`seq.num_draft_computed` says how many leading tokens have valid draft K/V; the first step
+of a proposal catches up from there (a new or preempted sequence prefills its whole context
+into the draft cache), the engine rolls it back to the accepted tokens after verification.
+Drafts are argmax picks (a one-hot q for the rejection sampler). With the target itself as
+draft (same preset and seed, or the same folder) every draft is accepted on greedy requests:
+a 100%-acceptance control that measures the mechanism's overhead.
+"""
+
+from __future__ import annotations
+
+import torch
+from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.executor import ScheduledChunk
+from cbbench.reference_engine.model_runner import BatchItem, ModelRunner, prepare_items
+
+
+class DraftModelProposer:
+    def __init__(self, model: str, target: ModelRunner, max_model_len: int, seed: int = 0):
+        self.runner = ModelRunner(
+            model,
+            num_kv_blocks=target.num_kv_blocks,
+            block_size=target.block_size,
+            device=str(target.device),
+            dtype=str(target.dtype).removeprefix("torch."),
+            attention_backend=target.attention_backend_name,
+            seed=seed,
+            num_threads=torch.get_num_threads(),  # the target's setting, whatever the draft size
+        )
+        cfg, tcfg = self.runner.model_config, target.model_config
+        if cfg.vocab_size != tcfg.vocab_size:
+            raise EngineError(
+                f"speculative model {model!r}: vocabulary of {cfg.vocab_size} tokens, the "
+                f"target's has {tcfg.vocab_size}; a draft model must share the vocabulary"
+            )
+        if cfg.max_position_embeddings < max_model_len:
+            raise EngineError(
+                f"speculative model {model!r}: max_position_embeddings "
+                f"{cfg.max_position_embeddings} < max_model_len {max_model_len}"
+            )
+
+    def _forward_argmax(self, items: list[BatchItem]) -> list[int]:
+        r = self.runner
+        b = prepare_items(items, r.block_size, r.model_config.vocab_size, r.device)
+        hidden = r.model(b.input_ids, b.positions, b.max_position, r.kv_cache, b.meta, r.backend)
+        logits = r.model.compute_logits(hidden[[row for _, row in b.sample_rows]])
+        return logits.argmax(dim=-1).tolist()
+
+    def propose(self, chunks: list[ScheduledChunk]) -> None:
+        active = [c for c in chunks if c.num_lookahead]
+        if not active:
+            return
+        with torch.inference_mode():
+            # step 0: catch up on tokens without draft K/V, ending with the last known token
+            items = []
+            for c in active:
+                seq = c.seq
+                start = min(seq.num_draft_computed, seq.num_tokens - 1)
+                items.append(
+                    BatchItem(seq.request_id, seq.token_ids[start:], start, seq.block_table, 1)
+                )
+            for c, tok in zip(active, self._forward_argmax(items), strict=True):
+                c.spec_token_ids = [tok]
+                c.seq.num_draft_computed = c.seq.num_tokens
+            # steps 1..: feed each sequence's last draft while it wants more
+            while True:
+                live = [c for c in active if len(c.spec_token_ids) < c.num_lookahead]
+                if not live:
+                    break
+                items = [
+                    BatchItem(
+                        c.seq.request_id,
+                        c.spec_token_ids[-1:],
+                        c.seq.num_tokens + len(c.spec_token_ids) - 1,
+                        c.seq.block_table,
+                        1,
+                    )
+                    for c in live
+                ]
+                for c, tok in zip(live, self._forward_argmax(items), strict=True):
+                    c.spec_token_ids.append(tok)
+                    c.seq.num_draft_computed += 1
