@@ -154,7 +154,7 @@ def test_sampled_requests_run_and_count():
         (dict(speculative=SpeculativeConfig("draft", 4)), "needs a draft model"),
         (dict(speculative=SpeculativeConfig("lookahead", 4)), "must be one of ngram, draft"),
         (dict(speculative=SpeculativeConfig("ngram", 0)), "num_speculative_tokens must be >= 1"),
-        (dict(speculative=SpeculativeConfig("ngram", 2, ngram_min=3)), "ngram_min <= ngram_max"),
+        (dict(speculative=SpeculativeConfig("ngram", 2, ngram_min=4)), "ngram_min <= ngram_max"),
     ],
 )
 def test_bad_config(kwargs, match):
