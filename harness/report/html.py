@@ -178,6 +178,17 @@ def render(
                 '<div class="grid">' + "".join(plots.curve_charts(runs, samples, rows)) + "</div>",
             )
         )
+    turn_charts = plots.session_charts(runs)
+    if turn_charts:
+        sections.append(
+            (
+                "Sessions",
+                '<div class="grid">' + "".join(turn_charts) + "</div>"
+                '<p class="muted">Multi-turn sessions: each turn resends the history. TTFT of'
+                " later turns shows what the prefix cache saves (or the cost of re-prefilling"
+                " the history without one).</p>",
+            )
+        )
     sections += [
         (
             "Timelines",

@@ -120,3 +120,59 @@ def scatter_chart(runs: list[LoadedRun], samples: list[RunSamples]) -> str:
         ]
         series.append(Series(lr.label, list(xs), list(ys), color(i), "markers", labels=tips))
     return chart("prompt length vs TTFT", series, "prompt tokens", "TTFT (ms)")
+
+
+def session_charts(runs: list[LoadedRun]) -> list[str]:
+    """Multi-turn runs: TTFT by turn (p50 solid, p90 dashed) and prefix-cache hits by turn;
+    empty when no run has sessions."""
+    ttft, hits = [], []
+    for i, lr in enumerate(runs):
+        by_turn: dict[int, list] = {}
+        for r in lr.run.records:
+            if r.session_id is not None and r.ok and not r.warmup:
+                by_turn.setdefault(r.turn or 1, []).append(r)
+        if not by_turn:
+            continue
+        turns = sorted(by_turn)
+        for q, dash in ((50, False), (90, True)):
+            xs, ys = [], []
+            for t in turns:
+                v = [r.ttft_s for r in by_turn[t] if r.ttft_s is not None]
+                if v:
+                    xs.append(float(t))
+                    ys.append(float(np.percentile(v, q)) * 1e3)
+            tips = [
+                f"{lr.label}: turn {x:.0f}, TTFT p{q} {y:.1f} ms"
+                for x, y in zip(xs, ys, strict=True)
+            ]
+            ttft.append(Series(f"{lr.label} p{q}", xs, ys, color(i), dash=dash))
+            ttft.append(
+                Series(f"{lr.label} p{q}", xs, ys, color(i), "markers", dash, tips, legend=False)
+            )
+        xs, ys = [], []
+        for t in turns:
+            pairs = [
+                (r.extra["num_cached_tokens"], r.prompt_tokens_server)
+                for r in by_turn[t]
+                if isinstance(r.extra.get("num_cached_tokens"), (int, float))
+                and r.prompt_tokens_server
+            ]
+            if pairs:
+                xs.append(float(t))
+                ys.append(100.0 * sum(c for c, _ in pairs) / sum(p for _, p in pairs))
+        if xs:
+            hits.append(Series(lr.label, xs, ys, color(i)))
+    if not ttft:
+        return []
+    out = [chart("TTFT by turn", ttft, "turn of the session", "TTFT p50 / p90 (ms)")]
+    if hits:
+        out.append(
+            chart(
+                "prefix-cache hits by turn",
+                hits,
+                "turn of the session",
+                "% of prompt tokens cached",
+                y_range=(0.0, 100.0),
+            )
+        )
+    return out
