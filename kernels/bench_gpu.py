@@ -1,10 +1,12 @@
-"""GPU check for the paged-attention kernels: correctness on CUDA, decode bandwidth, prefill
-throughput, and the engine end to end on the Triton path. Under 5 minutes on one GPU.
+"""GPU check for the paged-attention kernels: correctness on CUDA, decode bandwidth and
+prefill throughput. Under 5 minutes on one GPU.
 
-    python -m cbbench.kernels.bench_gpu --out results/gpu-check
+    python -m cbbench.kernels.bench_gpu --out results/gpu-check          # kernels only
+    python -m cbbench.reference_engine.gpu_check --out results/gpu-check # + the engine on them
 
 Writes DIR/bench_gpu.json and DIR/summary.txt. Exits 1 without CUDA or Triton, and 3 when a
-correctness case fails or the engine does not run on the Triton kernels.
+correctness case fails. The engine end to end on the Triton path lives with the engine
+(reference_engine/gpu_check.py): kernels/ imports nothing from the engine.
 """
 
 from __future__ import annotations
@@ -237,81 +239,6 @@ def prefill_benchmark(device) -> list[dict]:
     return rows
 
 
-def engine_check(
-    device: str,
-    model: str,
-    backend: str = "auto",
-    num_requests: int = 16,
-    max_tokens: int = 64,
-    max_prompt: int = 600,
-    token_budget: int = 2048,
-) -> dict:
-    """The reference engine (continuous batching, fp32, greedy) with `backend`, then with
-    "torch": which backend ran, how many attention calls went through it, output tokens/s,
-    and how many greedy token streams are identical. Passes when the Triton path ran.
-    A `token_budget` below the prompt lengths makes prompts prefill in chunks on top of
-    their own cached prefix, mixed with other sequences' decodes."""
-    from cbbench.reference_engine.config import ContinuousConfig, EngineConfig
-    from cbbench.reference_engine.engine import LLMEngine
-    from cbbench.reference_engine.sampling_params import SamplingParams
-
-    result: dict = {"model": model, "device": device}
-    streams = {}
-    for label, name in (("checked", backend), ("torch", "torch")):
-        cfg = EngineConfig(
-            model=model,
-            device=device,
-            dtype="float32",
-            scheduler="continuous",
-            num_kv_blocks=2048,
-            max_model_len=1024,
-            attention_backend=name,
-            continuous=ContinuousConfig(
-                max_num_seqs=min(64, token_budget), max_num_batched_tokens=token_budget
-            ),
-        )
-        engine = LLMEngine.from_config(cfg)
-        be = engine.executor.backend
-        calls = {"n": 0}
-        for method in ("paged_attention", "paged_decode_attention"):
-
-            def counted(*a, _real=getattr(be, method), _calls=calls, **kw):
-                _calls["n"] += 1
-                return _real(*a, **kw)
-
-            setattr(be, method, counted)
-        gen = torch.Generator().manual_seed(0)
-        vocab = engine.model_config.vocab_size
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-        tokens: dict[str, list[int]] = {}
-        for i in range(num_requests):
-            n = 8 + (37 * i) % max_prompt
-            prompt = torch.randint(0, vocab, (n,), generator=gen).tolist()
-            engine.add_request(f"r{i}", prompt, params)
-            tokens[f"r{i}"] = []
-        t0, steps = time.perf_counter(), 0
-        while engine.has_unfinished_requests() and steps < 5000:
-            for out in engine.step():
-                tokens[out.request_id].extend(out.new_token_ids)
-            steps += 1
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        elapsed = time.perf_counter() - t0
-        streams[label] = tokens
-        result[label] = {
-            "backend": be.name,
-            "attention_calls": calls["n"],
-            "steps": steps,
-            "output_tok_per_s": sum(map(len, tokens.values())) / elapsed,
-        }
-    same = sum(streams["checked"][r] == streams["torch"][r] for r in tokens)
-    result["identical_streams"] = f"{same}/{len(tokens)}"
-    result["passed"] = (
-        result["checked"]["backend"] == "triton" and result["checked"]["attention_calls"] > 0
-    )
-    return result
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m cbbench.kernels.bench_gpu", description=__doc__.split("\n\n")[0]
@@ -323,7 +250,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batches", default="1,8,32,64,128,256")
     p.add_argument("--contexts", default="512,1024,4096,8192,16384,32768")
     p.add_argument("--quick", action="store_true", help="small correctness grid, goal point only")
-    p.add_argument("--engine-model", default="small", help="preset for the engine check ('' skips)")
+    p.add_argument(
+        "--engine-model",
+        default="",
+        help="deprecated here: the engine check is python -m cbbench.reference_engine.gpu_check",
+    )
     args = p.parse_args(argv)
     try:
         args.dtypes = [DTYPES[d] for d in args.dtypes.split(",")]
@@ -336,6 +267,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.engine_model:
+        print(
+            "bench_gpu: --engine-model moved: python -m cbbench.reference_engine.gpu_check "
+            "runs these kernel checks and the engine check",
+            file=sys.stderr,
+        )
+    report = kernel_report(args)
+    if isinstance(report, int):
+        return report
+    return finish(args.out, report)
+
+
+def finish(out: Path, report: dict) -> int:
+    """Write bench_gpu.json + summary.txt; 3 when any check failed."""
+    print(write_results(out, report), end="")
+    failed = not all(c["passed"] for c in report["correctness"])
+    failed |= not all(r["values_ok"] for r in report["decode"])
+    if report.get("engine") and not report["engine"]["passed"]:
+        failed = True
+    return 3 if failed else 0
+
+
+def kernel_report(args: argparse.Namespace) -> dict | int:
+    """The kernel checks' report, or an exit code when CUDA or Triton is missing."""
     if not torch.cuda.is_available():
         print("bench_gpu: no CUDA device visible to torch; this check needs a GPU", file=sys.stderr)
         return 1
@@ -383,15 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         }
     report["decode_tile_sweep"] = block_n_sweep(device, peak)
     report["prefill"] = prefill_benchmark(device)
-    if args.engine_model:
-        report["engine"] = engine_check("cuda", args.engine_model)
     report["wall_s"] = time.perf_counter() - t0
-    print(write_results(args.out, report), end="")
-    failed = not all(c["passed"] for c in report["correctness"])
-    failed |= not all(r["values_ok"] for r in report["decode"])
-    if report.get("engine") and not report["engine"]["passed"]:
-        failed = True
-    return 3 if failed else 0
+    return report
 
 
 if __name__ == "__main__":

@@ -2,27 +2,73 @@
 
 Everything a user can get wrong is checked here and raised as EngineError naming the field,
 so a bad flag never reaches the scheduler.
+
+Each field that users may set carries its command-line flag in its metadata (`flag(...)`):
+`reference_engine/options.py` builds every command's engine flags from these dataclasses, so
+a new setting is ONE field here (plus its check in `validate`). A batching policy registers
+its settings dataclass in `SCHEDULER_SETTINGS` (and its class in `scheduler/__init__.py`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from cbbench.reference_engine.errors import EngineError
 
-SCHEDULERS = ("static", "dynamic", "continuous")
 POLICIES = ("fcfs", "priority")
 EXECUTORS = ("real", "sim")
 SPECULATIVE_METHODS = ("ngram", "draft")
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+GIB = 2**30  # --kv-cache-memory-gb is GiB on every path
+
+
+def flag(
+    name: str,
+    help: str,
+    *,
+    unit: str | None = None,
+    choices: tuple[str, ...] | None = None,
+    aliases: tuple[str, ...] = (),
+    metavar: str | None = None,
+) -> dict[str, Any]:
+    """Field metadata naming the field's command-line flag (see options.py).
+
+    `unit` is said in --help ("GiB", "s"); `aliases` are older spellings that keep working
+    (deprecated); a bool field becomes `--name/--no-name`."""
+    return {
+        "flag": {
+            "name": name,
+            "help": help,
+            "unit": unit,
+            "choices": choices,
+            "aliases": aliases,
+            "metavar": metavar,
+        }
+    }
 
 
 @dataclass
 class StaticConfig:
     """Fixed batch: wait for exactly `batch_size` requests, run them all to completion."""
 
-    batch_size: int = 8
+    batch_size: int = field(
+        default=8,
+        metadata=flag(
+            "--batch-size",
+            "B: requests per static batch; also the default of --max-batch-size (dynamic) "
+            "and --max-num-seqs (continuous), so one B compares the policies",
+        ),
+    )
     # A partial batch is flushed once its oldest request waited this long (the tail of a run).
-    drain_timeout_s: float = 1.0
+    drain_timeout_s: float = field(
+        default=1.0,
+        metadata=flag(
+            "--drain-timeout",
+            "a partial static batch is flushed once its oldest request waited this long",
+            unit="s",
+        ),
+    )
 
     def validate(self) -> None:
         if self.batch_size < 1:
@@ -35,10 +81,31 @@ class StaticConfig:
 class DynamicConfig:
     """Request-level batching, Triton-server style: preferred sizes plus a maximum queue delay."""
 
-    max_batch_size: int = 8
-    preferred_batch_sizes: tuple[int, ...] = ()  # empty = only max_batch_size is preferred
-    max_queue_delay_s: float = 0.01
-    max_queue_size: int | None = None  # reject (QueueFullError) beyond this many waiting
+    max_batch_size: int = field(
+        default=8, metadata=flag("--max-batch-size", "most requests in one dynamic batch")
+    )
+    # empty = only max_batch_size is preferred
+    preferred_batch_sizes: tuple[int, ...] = field(
+        default=(),
+        metadata=flag(
+            "--preferred-batch-sizes",
+            "batch sizes launched at once, comma list, e.g. 4,8 (empty: max batch size only)",
+            metavar="N,N",
+        ),
+    )
+    max_queue_delay_s: float = field(
+        default=0.01,
+        metadata=flag(
+            "--max-queue-delay",
+            "the oldest request waits at most this long for a preferred batch",
+            unit="s",
+        ),
+    )
+    # reject (QueueFullError) beyond this many waiting
+    max_queue_size: int | None = field(
+        default=None,
+        metadata=flag("--max-queue-size", "dynamic: reject requests beyond this many waiting"),
+    )
 
     def validate(self) -> None:
         if self.max_batch_size < 1:
@@ -65,15 +132,53 @@ class DynamicConfig:
 class ContinuousConfig:
     """Iteration-level batching over paged KV (vLLM v1 style)."""
 
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048  # token budget of one step
-    enable_chunked_prefill: bool = True
-    policy: str = "fcfs"  # "fcfs" | "priority"
+    max_num_seqs: int = field(
+        default=64, metadata=flag("--max-num-seqs", "most sequences running in one step")
+    )
+    # token budget of one step
+    max_num_batched_tokens: int = field(
+        default=2048,
+        metadata=flag(
+            "--max-num-batched-tokens",
+            "token budget of one step (raised to --max-num-seqs when below it)",
+        ),
+    )
+    enable_chunked_prefill: bool = field(
+        default=True,
+        metadata=flag(
+            "--enable-chunked-prefill",
+            "split long prompts over steps",
+            aliases=("--no-chunked-prefill",),
+        ),
+    )
+    policy: str = field(
+        default="fcfs",
+        metadata=flag("--policy", "admission order of waiting requests", choices=POLICIES),
+    )
     # priority policy: effective priority = priority - aging_rate * seconds waited
-    aging_rate: float = 1.0
-    max_queue_wait_s: float | None = None  # a request waiting longer is admitted by force
-    max_prefills_per_step: int | None = None
-    watermark: float = 0.01  # fraction of blocks kept free when admitting new requests
+    aging_rate: float = field(
+        default=1.0,
+        metadata=flag(
+            "--aging-rate",
+            "priority policy: priority levels a waiting request gains per second",
+            unit="1/s",
+        ),
+    )
+    # a request waiting longer is admitted by force
+    max_queue_wait_s: float | None = field(
+        default=None,
+        metadata=flag(
+            "--max-queue-wait", "a request waiting this long is admitted by force", unit="s"
+        ),
+    )
+    max_prefills_per_step: int | None = field(
+        default=None, metadata=flag("--max-prefills-per-step", "new prompts admitted per step")
+    )
+    # fraction of blocks kept free when admitting new requests
+    watermark: float = field(
+        default=0.01,
+        metadata=flag("--watermark", "fraction of KV blocks kept free when admitting requests"),
+    )
 
     def validate(self) -> None:
         if self.max_num_seqs < 1:
@@ -101,18 +206,53 @@ class ContinuousConfig:
             raise EngineError(f"continuous.watermark must be in [0, 1), got {self.watermark}")
 
 
+# The batching policies: name -> settings dataclass. EngineConfig holds one instance of each
+# under the same name; scheduler/__init__.py maps the same names to their classes.
+SCHEDULER_SETTINGS: dict[str, type] = {
+    "static": StaticConfig,
+    "dynamic": DynamicConfig,
+    "continuous": ContinuousConfig,
+}
+SCHEDULERS = tuple(SCHEDULER_SETTINGS)
+
+
 @dataclass
 class SpeculativeConfig:
     """Speculative decoding (continuous scheduler only): each decode step verifies up to
     `num_speculative_tokens` proposed tokens per sequence in the one target forward."""
 
-    method: str | None = None  # None (off) | "ngram" (prompt lookup) | "draft" (a draft model)
-    num_speculative_tokens: int = 4
-    model: str | None = None  # method "draft": a preset or HF folder with the target's vocab
-    ngram_min: int = 1  # method "ngram": shortest / longest suffix looked up in the context
-    ngram_max: int = 3
+    # None (off) | "ngram" (prompt lookup) | "draft" (a draft model)
+    method: str | None = field(
+        default=None,
+        metadata=flag(
+            "--speculative-method",
+            "propose draft tokens by n-gram prompt lookup or with a draft model (default: off)",
+            choices=SPECULATIVE_METHODS,
+        ),
+    )
+    num_speculative_tokens: int = field(
+        default=4, metadata=flag("--num-speculative-tokens", "drafts per step")
+    )
+    # method "draft": a preset or HF folder with the target's vocab
+    model: str | None = field(
+        default=None,
+        metadata=flag(
+            "--speculative-model",
+            "draft model for --speculative-method draft: a preset or HF folder with the "
+            "target's vocabulary (the target itself is a 100%% acceptance control)",
+        ),
+    )
+    # method "ngram": shortest / longest suffix looked up in the context
+    ngram_min: int = field(default=1, metadata=flag("--ngram-min", "shortest suffix looked up"))
+    ngram_max: int = field(default=3, metadata=flag("--ngram-max", "longest suffix looked up"))
     # simulator only: probability that each draft token is accepted (the proposer is modelled)
-    acceptance_rate: float = 0.7
+    acceptance_rate: float = field(
+        default=0.7,
+        metadata=flag(
+            "--spec-acceptance-rate",
+            "simulator only: per-draft-token acceptance probability",
+        ),
+    )
 
     @property
     def enabled(self) -> bool:
@@ -132,7 +272,9 @@ class SpeculativeConfig:
                 f"got {self.num_speculative_tokens}"
             )
         if self.method == "draft" and not self.model:
-            raise EngineError("speculative method 'draft' needs a draft model (--speculative-model)")
+            raise EngineError(
+                "speculative method 'draft' needs a draft model (--speculative-model)"
+            )
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise EngineError(
                 f"speculative ngram sizes must satisfy 1 <= ngram_min <= ngram_max, got "
@@ -146,24 +288,92 @@ class SpeculativeConfig:
 
 @dataclass
 class EngineConfig:
-    model: str = "tiny"  # preset name (model_config.PRESETS) or an HF folder
-    device: str = "cpu"
-    dtype: str = "float32"
-    scheduler: str = "continuous"
+    # preset name (model_config.PRESETS) or an HF folder
+    model: str = field(
+        default="tiny",
+        metadata=flag(
+            "--model", "model preset (tiny, small, qwen2.5-0.5b, llama-3-8b, ...) or HF folder"
+        ),
+    )
+    device: str = field(default="cpu", metadata=flag("--device", "cpu | cuda | cuda:N"))
+    dtype: str = field(
+        default="float32",
+        metadata=flag("--dtype", "float32 | float16 | bfloat16 | auto (the model's own)"),
+    )
+    scheduler: str = field(
+        default="continuous",
+        metadata=flag(
+            "--scheduler",
+            f"batching policy: {', '.join(SCHEDULERS)}; commands that compare policies take "
+            "a comma list",
+            metavar="NAME[,NAME]",
+        ),
+    )
     static: StaticConfig = field(default_factory=StaticConfig)
     dynamic: DynamicConfig = field(default_factory=DynamicConfig)
     continuous: ContinuousConfig = field(default_factory=ContinuousConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
-    block_size: int = 16
-    num_kv_blocks: int | None = None  # None: sized from kv_cache_memory_gb or the device
-    kv_cache_memory_gb: float | None = None
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
-    enable_prefix_caching: bool = False
-    executor: str = "real"  # "real" (ModelRunner) | "sim" (SimExecutor, virtual clock)
-    hardware: str = "h100"  # simulator only: a cost_model preset, "steps", or a JSON path
-    attention_backend: str = "auto"
-    seed: int = 0
-    max_waiting: int | None = None  # reject (QueueFullError) beyond this many waiting, any policy
+    block_size: int = field(default=16, metadata=flag("--block-size", "tokens per KV block"))
+    # None: sized from kv_cache_memory_gb or the device
+    num_kv_blocks: int | None = field(
+        default=None,
+        metadata=flag("--num-kv-blocks", "KV pool size in blocks (beats --kv-cache-memory-gb)"),
+    )
+    kv_cache_memory_gb: float | None = field(
+        default=None,
+        metadata=flag(
+            "--kv-cache-memory-gb",
+            "KV pool size in memory (default: sized from the device)",
+            unit="GiB",
+        ),
+    )
+    # None: the model's max_position_embeddings
+    max_model_len: int | None = field(
+        default=None,
+        metadata=flag(
+            "--max-model-len", "longest prompt + output (default: the model's context length)"
+        ),
+    )
+    enable_prefix_caching: bool = field(
+        default=False,
+        metadata=flag("--enable-prefix-caching", "reuse KV blocks of shared prompt prefixes"),
+    )
+    # "real" (ModelRunner) | "sim" (SimExecutor, virtual clock)
+    executor: str = field(
+        default="real",
+        metadata=flag(
+            "--executor",
+            "real torch model, or sim: the cost-model simulator (virtual time, SIMULATED)",
+            choices=EXECUTORS,
+        ),
+    )
+    # simulator only: a cost_model preset, "steps", or a JSON path
+    hardware: str = field(
+        default="h100",
+        metadata=flag(
+            "--hardware",
+            "simulator only: a100-80g, h100-sxm (h100), h200, cpu-measured, steps (1 time "
+            "unit per step), or a JSON from `cbbench calibrate`",
+        ),
+    )
+    attention_backend: str = field(
+        default="auto",
+        metadata=flag("--attention-backend", "attention kernels", choices=ATTENTION_BACKENDS),
+    )
+    seed: int = field(
+        default=0,
+        metadata=flag(
+            "--seed",
+            "seed of the engine (random weights, sampling) and of a generated workload",
+        ),
+    )
+    # reject (QueueFullError) beyond this many waiting, any policy
+    max_waiting: int | None = field(
+        default=None,
+        metadata=flag(
+            "--max-waiting", "waiting-queue limit, any policy; beyond it requests get HTTP 429"
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:
@@ -202,3 +412,8 @@ class EngineConfig:
         if self.scheduler == "dynamic":
             return self.dynamic.max_batch_size
         return self.continuous.max_num_seqs
+
+
+def kv_blocks_for_memory(memory_gib: float, bytes_per_block: int) -> int:
+    """KV blocks that fit in `memory_gib` GiB (2**30 bytes): the one rule for both executors."""
+    return int(memory_gib * GIB // bytes_per_block)

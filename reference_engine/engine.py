@@ -7,7 +7,7 @@ The same loop drives the real model (ModelRunner, wall clock) and the simulator
 from __future__ import annotations
 
 from cbbench.reference_engine.block_manager import BlockManager
-from cbbench.reference_engine.config import EngineConfig
+from cbbench.reference_engine.config import EngineConfig, kv_blocks_for_memory
 from cbbench.reference_engine.cost_model import CostModel, get_hardware
 from cbbench.reference_engine.errors import EngineError, QueueFullError
 from cbbench.reference_engine.executor import Executor
@@ -22,6 +22,18 @@ from cbbench.reference_engine.spec_decode.stats import SpecDecodeStats
 __all__ = ["LLMEngine", "QueueFullError", "resolve_model_config"]
 
 CPU_KV_CACHE_MAX_GB = 1.0  # default KV pool cap on the CPU
+
+
+def sim_num_kv_blocks(config: EngineConfig, cost: CostModel) -> int:
+    """The simulated KV pool: --num-kv-blocks, else --kv-cache-memory-gb (GiB, as on the real
+    path), else what the modelled device holds."""
+    if config.num_kv_blocks:
+        return config.num_kv_blocks
+    if config.kv_cache_memory_gb:
+        return kv_blocks_for_memory(
+            config.kv_cache_memory_gb, cost.kv_bytes_per_token * config.block_size
+        )
+    return cost.kv_pool_blocks(config.block_size)
 
 
 class LLMEngine:
@@ -66,14 +78,7 @@ class LLMEngine:
             from cbbench.reference_engine.sim_executor import SimExecutor
 
             cost = CostModel(mc, get_hardware(config.hardware), dtype)
-            if config.num_kv_blocks:
-                num_blocks = config.num_kv_blocks
-            elif config.kv_cache_memory_gb:
-                num_blocks = int(
-                    config.kv_cache_memory_gb * 1e9 // (cost.kv_bytes_per_token * config.block_size)
-                )
-            else:
-                num_blocks = cost.kv_pool_blocks(config.block_size)
+            num_blocks = sim_num_kv_blocks(config, cost)
             executor: Executor = SimExecutor(mc, cost, seed=config.seed)
         else:
             from cbbench.reference_engine.model_runner import ModelRunner
@@ -99,7 +104,7 @@ class LLMEngine:
     def _default_num_blocks(config, mc, dtype, max_model_len, bytes_per_block_fn) -> int:
         per_block = bytes_per_block_fn(mc, config.block_size, dtype)
         if config.kv_cache_memory_gb:
-            return int(config.kv_cache_memory_gb * 2**30 // per_block)
+            return kv_blocks_for_memory(config.kv_cache_memory_gb, per_block)
         if config.device.startswith("cuda"):
             import torch
 

@@ -265,10 +265,7 @@ def _replay_steps(
                     arrival_time=t0 + arrival,
                 )
             except EngineError as exc:
-                raise EngineError(
-                    f"workload request {spec.index}: {exc} (cbbench sim: --drop-too-long skips such "
-                    f"requests)"
-                ) from None
+                raise EngineError(f"workload request {spec.index}: {exc}") from None
             recs[rid] = SimRequest(
                 rid, spec.index, spec.prompt_len, spec.output_len, spec.priority, arrival
             )

@@ -95,7 +95,7 @@ def test_engine_check_runs_the_engine_on_triton_kernels(interpret):
     """The engine end to end on the Triton path (interpreted on CPU), token-identical to torch;
     a 16-token step budget makes the 13- and 42-token prompts (beside an 8-token one) prefill
     in chunks over their cached prefix, batched with the other sequences' decodes."""
-    from cbbench.kernels.bench_gpu import engine_check
+    from cbbench.reference_engine.gpu_check import engine_check
 
     result = engine_check(
         "cpu", "tiny", backend="triton", num_requests=3, max_tokens=6, max_prompt=40,

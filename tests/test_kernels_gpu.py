@@ -13,11 +13,13 @@ import pytest
 import torch
 
 
-def _run_bench_gpu(out_dir, *flags: str) -> dict:
+def _run_bench_gpu(
+    out_dir, *flags: str, module: str = "cbbench.reference_engine.gpu_check"
+) -> dict:
     assert torch.cuda.is_available(), "tests marked gpu need a CUDA device"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
-        [sys.executable, "-m", "cbbench.kernels.bench_gpu", "--out", str(out_dir), *flags],
+        [sys.executable, "-m", module, "--out", str(out_dir), *flags],
         capture_output=True,
         text=True,
         env=env,
@@ -33,6 +35,12 @@ def test_bench_gpu_quick(tmp_path):
     assert report["correctness"] and all(c["passed"] for c in report["correctness"])
     assert report["engine"]["checked"]["backend"] == "triton" and report["engine"]["passed"]
     assert report["decode"][0]["triton_gbps"] > 0
+
+
+@pytest.mark.gpu
+def test_bench_gpu_kernels_only(tmp_path):
+    report = _run_bench_gpu(tmp_path, "--quick", module="cbbench.kernels.bench_gpu")
+    assert report["correctness"] and "engine" not in report
 
 
 @pytest.mark.gpu

@@ -8,8 +8,14 @@ from pathlib import Path
 
 import pytest
 from cbbench.harness.cli import build_parser, main
-from cbbench.harness.cli.run import RUN_WORKLOAD, engine_flags
+from cbbench.harness.cli.run import run_options
 from cbbench.harness.results import load_run
+from cbbench.harness.studies.run_demo import RUN_WORKLOAD, serve_settings
+from cbbench.reference_engine.options import (
+    build_engine_config,
+    engine_argv,
+    engine_config_from_args,
+)
 from cbbench.workloads import load_workload
 
 
@@ -75,24 +81,28 @@ def test_engine_flags_forward_what_was_given():
     args = p.parse_args(
         ["run", "--batch-size", "3", "--block-size", "8", "--no-enable-chunked-prefill"]
         + ["--preferred-batch-sizes", "1,3", "--enable-prefix-caching", "--max-num-seqs", "5"]
+        + ["--aging-rate", "0.5", "--kv-cache-memory-gb", "0.25"]
     )
-    static = engine_flags(args, "static")
+    opts = run_options(args)
+    static = engine_argv(serve_settings(opts, "static"))
     assert static[static.index("--batch-size") + 1] == "3"
     assert static[static.index("--block-size") + 1] == "8"
     assert "--no-enable-chunked-prefill" in static and "--enable-prefix-caching" in static
     assert static[static.index("--preferred-batch-sizes") + 1] == "1,3"
-    assert "--max-num-seqs" not in static
-    dynamic = engine_flags(args, "dynamic")
-    assert dynamic[dynamic.index("--max-batch-size") + 1] == "3"  # B
-    cont = engine_flags(args, "continuous")
-    assert cont[cont.index("--max-num-seqs") + 1] == "5"  # explicit flag beats B
-    assert "--batch-size" not in cont
+    assert static[static.index("--aging-rate") + 1] == "0.5"
+    assert static[static.index("--kv-cache-memory-gb") + 1] == "0.25"
+    # what each server builds from those flags: B for dynamic, the explicit flag for continuous
+    for name, slots in (("static", 3), ("dynamic", 3), ("continuous", 5)):
+        sp = build_parser().parse_args(["serve", *engine_argv(serve_settings(opts, name))])
+        cfg = engine_config_from_args(sp, scheduler=name)
+        assert cfg.max_batch_slots == slots, name
+        assert cfg == build_engine_config(serve_settings(opts, name), scheduler=name)
 
 
 @pytest.mark.parametrize(
     "argv, needle",
     [
-        (["--schedulers", "static,fast"], "--schedulers"),
+        (["--schedulers", "static,fast"], "--scheduler: unknown fast"),
         (["--batch-size", "0"], "--batch-size"),
         (["--slo", "ttft=soon"], "--slo"),
         (["--workload", "no-such-workload"], "no-such-workload"),

@@ -55,7 +55,7 @@ def test_static_batch_is_shrunk_to_the_kv_pool(capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--scheduler", "fifo"], "--scheduler: unknown ['fifo']"),
+        (["--scheduler", "fifo"], "--scheduler: unknown fifo"),
         (["--hardware", "tpu"], "unknown hardware 'tpu'"),
         (["--workload", "no-such-workload"], "no-such-workload"),
         (["--model", "tiny", "--workload", "heavy-mixed"], "exceeds max_model_len"),

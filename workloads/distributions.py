@@ -116,20 +116,18 @@ def _empirical(d: dict, where: str):
 
 
 def _trace_column(d: dict, where: str) -> np.ndarray:
+    """An empirical pool read from a trace: workloads.loader turns `trace` + `column` into
+    `values` before parsing (this module reads no files, so it never imports the loader)."""
     trace, column = d.get("trace"), d.get("column")
     if not isinstance(trace, str) or column not in ("prompt", "output"):
         raise WorkloadError(
             f"{where}: empirical needs 'values', or 'trace' (preset or path) and "
             f'\'column\' = "prompt" or "output"'
         )
-    from cbbench.workloads.loader import load_workload  # a trace is itself a workload
-
-    wl = load_workload(trace)
-    attr = "prompt_len" if column == "prompt" else "output_len"
-    pool = np.asarray([getattr(r, attr) for r in wl.requests], dtype=np.float64)
-    if not len(pool):
-        raise WorkloadError(f"{where}: trace '{trace}' has no requests")
-    return pool
+    raise WorkloadError(
+        f"{where}: empirical trace '{trace}' is read when the spec is loaded "
+        "(workloads.load_workload / build_from_spec), not by parse_dist"
+    )
 
 
 def _sequence(d: dict, where: str):

@@ -189,6 +189,15 @@ def _resolve_traces(node: object, base: Path | None) -> object:
     relative = isinstance(trace, str) and trace not in PRESETS and not Path(trace).is_absolute()
     if base is not None and out.get("dist") == "empirical" and relative:
         out["trace"] = str(base / trace)  # type: ignore[operator]
+    if out.get("dist") == "empirical" and isinstance(out.get("trace"), str) and "values" not in out:
+        column = out.get("column")
+        if column in ("prompt", "output"):  # else parse_dist names what is missing
+            attr = "prompt_len" if column == "prompt" else "output_len"
+            wl = load_workload(out["trace"])  # a trace is itself a workload
+            if not wl.requests:
+                raise WorkloadError(f"empirical: trace '{out['trace']}' has no requests")
+            del out["trace"], out["column"]
+            out["values"] = [getattr(r, attr) for r in wl.requests]
     return out
 
 

@@ -19,6 +19,7 @@ from cbbench.reference_engine.cost_model import CostModel, HardwareSpec, StepWor
 from cbbench.reference_engine.engine import resolve_model_config
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.executor import ScheduledChunk
+from cbbench.reference_engine.options import add_engine_args, engine_value
 from cbbench.reference_engine.outputs import RequestMetrics
 from cbbench.reference_engine.sampling_params import SamplingParams
 from cbbench.reference_engine.sequence import Sequence
@@ -32,9 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "lengths, fit the simulator's step-time model (least squares) and save it as a "
         "hardware JSON for `cbbench sim --hardware PATH`.",
     )
-    p.add_argument("--model", default="small", help="model preset or HF folder")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32")
+    add_engine_args(
+        p, only=("model", "device", "dtype"), defaults={"model": "small", "dtype": "float32"}
+    )
     p.add_argument("--batch-sizes", default="1,4,16", help="decode batch sizes")
     p.add_argument("--context-lens", default="32,256,1024", help="decode context lengths")
     p.add_argument("--prefill-lens", default="32,128,512", help="single-prefill chunk lengths")
@@ -153,6 +154,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    for dest in ("model", "device", "dtype"):
+        setattr(args, dest, engine_value(args, dest))
     console = Console()
     console.print(f"calibrating {args.model} on {args.device} ({args.dtype})")
     spec, points, predicted = calibrate(args, log=console.print)

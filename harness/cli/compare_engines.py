@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from cbbench.harness.errors import CbbenchError
+from cbbench.reference_engine.options import add_engine_args, engine_argv, engine_value
 from rich.console import Console
 from rich.table import Table
 
@@ -49,7 +50,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", default="small", help="preset (random weights) or HF folder")
     p.add_argument("--max-batch", type=int, default=8, help="most requests in one batch (8)")
     p.add_argument("--num-requests", type=int, default=None, help="default 24")
     p.add_argument("--workload", default=None, help="preset, trace or spec (default: built in)")
@@ -58,7 +58,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=",".join(ENGINES),
         help="comma list (default: all; vllm is skipped when not installed)",
     )
-    p.add_argument("--seed", type=int, default=0, help="model weights and workload seed")
     p.add_argument(
         "--vllm-python",
         default=None,
@@ -75,6 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--out", default=None, help="folder (default results/runs/<time>-compare-engines)"
     )
+    add_engine_args(p, only=("model", "seed"), defaults={"model": "small"})
     p.set_defaults(func=run)
 
 
@@ -116,8 +116,9 @@ def model_folder(model: str, out: Path, seed: int) -> Path:
 def _reference(folder: Path, wl, args, out: Path, max_len: int) -> Result:
     from cbbench.harness.launcher import launch_reference_server
 
-    flags = ["--max-num-seqs", str(args.max_batch), "--max-model-len", str(max_len)]
-    flags += ["--seed", str(args.seed)]
+    flags = engine_argv(
+        {"max_num_seqs": args.max_batch, "max_model_len": max_len, "seed": args.seed}
+    )
     with launch_reference_server(str(folder), "continuous", "cpu", flags) as server:
         cpu0 = process_cpu_s(server.process.pid)
         tokens, wall = _bench(server.base_url, wl, args, out / "reference", "reference")
@@ -173,6 +174,7 @@ def _bench(base_url: str, wl, args, out: Path, name: str) -> tuple[int, float]:
 
 
 def run(args: argparse.Namespace) -> int:
+    args.model, args.seed = engine_value(args, "model"), engine_value(args, "seed")
     names = _engines(args.engines)
     if args.threads < 0:
         raise CbbenchError(f"--threads must be >= 0, got {args.threads}")

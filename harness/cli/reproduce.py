@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from cbbench.harness.errors import CbbenchError
+from cbbench.reference_engine.options import SIM_DEFAULTS, add_engine_args, engine_value
 from rich.console import Console
 from rich.table import Table
 
@@ -42,9 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--sim-only", action="store_true", help="skip the measured CPU runs")
     p.add_argument("--out", default=None, help="write run folders and reproduce.json here")
-    p.add_argument("--hardware", default="h100", help="simulated device (default h100)")
-    p.add_argument("--model", default="llama-3-8b", help="simulated model (default llama-3-8b)")
-    p.add_argument("--batch-size", type=int, default=32, help="simulated B (default 32)")
+    # the simulated part's engine: the shared engine flags, with the simulator's defaults
+    add_engine_args(p, only=("hardware", "model", "batch_size"), defaults=SIM_DEFAULTS)
     p.add_argument(
         "--num-requests", type=int, default=200, help="simulated requests per workload (200)"
     )
@@ -59,24 +59,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _config(model: str, scheduler: str, b: int, executor: str, hardware: str, **kw):
-    from cbbench.reference_engine.config import ContinuousConfig, EngineConfig, StaticConfig
+    from cbbench.reference_engine.options import SIM_DEFAULTS, build_engine_config
 
-    return EngineConfig(
-        model=model,
-        dtype="auto",  # the model's own (bf16 for the llama presets; fp32 for tiny)
-        scheduler=scheduler,
-        executor=executor,
-        hardware=hardware,
-        device="cpu",
-        static=StaticConfig(batch_size=b),
-        continuous=ContinuousConfig(max_num_seqs=b, max_num_batched_tokens=max(8192, b)),
-        **kw,
-    )
+    # dtype auto: the model's own (bf16 for the llama presets; fp32 for tiny)
+    settings = {"model": model, "batch_size": b, "executor": executor, "hardware": hardware}
+    return build_engine_config({**settings, **kw}, SIM_DEFAULTS, scheduler=scheduler)
 
 
 def seed_demo(console: Console) -> dict[str, int]:
     """The seeds' timeline in engine steps (hardware `steps`: one time unit per step)."""
-    from cbbench.harness.cli.sim import print_timeline
+    from cbbench.harness.studies.simulation import print_timeline
     from cbbench.reference_engine.simulate import replay
     from cbbench.workloads import load_workload
 
@@ -112,7 +104,7 @@ def scaled_workload(name: str, n: int, scale: int):
 
 
 def _replay(console: Console, label: str, wl, cfg, out: Path | None, folder: str) -> dict:
-    from cbbench.harness.cli.sim import write_run
+    from cbbench.harness.studies.simulation import write_run
     from cbbench.reference_engine.simulate import replay
 
     t0 = time.perf_counter()
@@ -126,8 +118,10 @@ def _replay(console: Console, label: str, wl, cfg, out: Path | None, folder: str
         highlight=False,
     )
     if out is not None:
-        ns = argparse.Namespace(model=cfg.model, workload=wl.name, seed=wl.seed, rate=None)
-        write_run(out / folder / wl.name.replace("/", "_"), cfg.scheduler, res, ns, wl, sys.argv)
+        write_run(
+            out / folder / wl.name.replace("/", "_"), cfg.scheduler, res, wl,
+            workload_name=wl.name, command=sys.argv,
+        )  # fmt: skip
     return s
 
 
@@ -276,6 +270,8 @@ def results_table(args: argparse.Namespace, sim: dict, cpu: dict | None) -> Tabl
 
 
 def run(args: argparse.Namespace) -> int:
+    for dest in ("hardware", "model", "batch_size"):
+        setattr(args, dest, engine_value(args, dest))
     for flag in ("batch_size", "num_requests", "cpu_batch_size", "cpu_requests", "cpu_scale"):
         if getattr(args, flag) < 1:
             raise CbbenchError(

@@ -10,48 +10,19 @@ runs the same comparison in the simulator instead (in-process, virtual time, SIM
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import sys
 from pathlib import Path
 
-from cbbench.harness.errors import CbbenchError
-from cbbench.harness.summary import parse_slo
-from rich.console import Console
+from cbbench.reference_engine.options import add_engine_args, engine_settings, scheduler_names
 from rich.table import Table
 
-SCHEDULERS = ("static", "dynamic", "continuous")
-DEFAULT_BATCH_SIZE = 8
 DEFAULT_SLO = "ttft=10s,tpot=100ms"
 DEFAULT_SIM_MODEL = "llama-3-8b"
-# The default workload: mixed output lengths (the case continuous batching is for), sized so
-# that all three schedulers finish in about two minutes on 2 CPU cores with the tiny model.
-RUN_WORKLOAD: dict = {
-    "name": "run-demo",
-    "description": "mixed lengths for `cbbench run`: 256 requests, outputs lognormal (median "
-    "128, sigma 0.9, 8-1024), prompts lognormal (median 64, 8-512), all at once",
-    "num_requests": 256,
-    "prompt": {"dist": "lognormal", "median": 64, "sigma": 0.6, "min": 8, "max": 512},
-    "output": {"dist": "lognormal", "median": 128, "sigma": 0.9, "min": 8, "max": 1024},
-}
-# Engine flags handled here rather than forwarded as given.
-_OWN_DESTS = {"model", "device", "scheduler", "executor", "hardware", "seed", "batch_size"}
-_PER_SCHEDULER = {"max_batch_size", "max_num_seqs"}
-
-
-def _engine_parser() -> argparse.ArgumentParser:
-    from cbbench.harness.cli.serve import add_engine_args
-
-    p = argparse.ArgumentParser(add_help=False)
-    add_engine_args(p)
-    return p
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "run",
-        parents=[_engine_parser()],
-        conflict_handler="resolve",  # the flags below replace add_engine_args' versions
         help="the demo: static vs dynamic vs continuous batching on the reference engine",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -62,26 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="preset, trace or spec file (default: run-demo, 256 mixed-length requests)",
     )
     p.add_argument("--num-requests", type=int, default=None, help="first N requests")
-    p.add_argument("--seed", type=int, default=0, help="workload and engine seed")
     p.add_argument(
-        "--schedulers",
-        "--scheduler",
-        dest="schedulers",
-        default=",".join(SCHEDULERS),
-        help="comma list (default: static,dynamic,continuous)",
-    )
-    p.add_argument(
-        "--model",
-        default=None,
-        help=f"preset or HF model folder (default: tiny; with --sim: {DEFAULT_SIM_MODEL})",
-    )
-    p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda if present)")
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=DEFAULT_BATCH_SIZE,
-        help="B: static batch size, dynamic max batch size and continuous max_num_seqs "
-        f"(default {DEFAULT_BATCH_SIZE}; --max-batch-size / --max-num-seqs override)",
+        "--schedulers", dest="scheduler", default=None, help="same as --scheduler (comma list)"
     )
     p.add_argument(
         "--concurrency",
@@ -97,140 +50,68 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--sim",
         metavar="HARDWARE",
         default=None,
-        help="simulate instead (h100, a100-80g, h200, cpu-measured, steps or a calibrate JSON)",
+        help="simulate instead (h100, a100-80g, h200, cpu-measured, steps or a calibrate JSON); "
+        f"the model then defaults to {DEFAULT_SIM_MODEL}",
     )
-    p.add_argument("--executor", help=argparse.SUPPRESS)  # replaced by --sim
-    p.add_argument("--hardware", help=argparse.SUPPRESS)  # replaced by --sim
     p.add_argument("--out", default=None, help="parent folder (default results/runs/<time>-run)")
     p.add_argument("--no-report", action="store_true", help="skip the HTML report")
     p.add_argument("--no-live", action="store_true", help="no live view during each run")
+    add_engine_args(p, help_defaults={"device": "cuda if present, else cpu"})
     p.set_defaults(func=run)
 
 
-def _schedulers(text: str) -> list[str]:
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    bad = [s for s in names if s not in SCHEDULERS]
-    if bad or not names:
-        raise CbbenchError(
-            f"--schedulers: unknown {bad or text!r} (choose from {', '.join(SCHEDULERS)})"
-        )
-    return list(dict.fromkeys(names))
+def run_options(args: argparse.Namespace):
+    """The typed options of the parsed flags."""
+    from cbbench.harness.studies.run_demo import RunOptions
 
-
-def default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def engine_flags(args: argparse.Namespace, scheduler: str) -> list[str]:
-    """`cbbench serve` flags for one scheduler: every engine flag given, plus B."""
-    out: list[str] = []
-    for a in _engine_parser()._actions:
-        if not a.option_strings or a.dest in _OWN_DESTS | _PER_SCHEDULER:
-            continue
-        v = getattr(args, a.dest, None)
-        opt = a.option_strings[0]
-        if v is None:
-            continue
-        if isinstance(a, argparse.BooleanOptionalAction):
-            out.append(opt if v else "--no-" + opt[2:])
-        elif isinstance(v, bool):
-            if v:
-                out.append(opt)
-        elif isinstance(v, tuple):
-            out += [opt, ",".join(str(x) for x in v)]
-        else:
-            out += [opt, str(v)]
-    b = args.batch_size
-    if scheduler == "static":
-        out += ["--batch-size", str(b)]
-    elif scheduler == "dynamic":
-        out += ["--max-batch-size", str(args.max_batch_size or b)]
-    else:
-        out += ["--max-num-seqs", str(args.max_num_seqs or b)]
-    out += ["--seed", str(args.seed)]
-    return out
-
-
-def _parent_dir(args: argparse.Namespace) -> Path:
-    if args.out:
-        parent = Path(args.out)
-    else:
-        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        parent = Path("results") / "runs" / f"{stamp}-run"
-    if parent.exists() and any(parent.iterdir()):
-        raise CbbenchError(f"--out {parent}: not empty; choose another folder")
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise CbbenchError(f"--out {parent}: cannot create ({exc.strerror})") from None
-    return parent
-
-
-def _workload_spec(args: argparse.Namespace, parent: Path) -> str:
-    """The workload as a spec string: the default one is written next to the runs."""
-    if args.workload:
-        return args.workload
-    path = parent / "workload.json"
-    path.write_text(json.dumps(RUN_WORKLOAD, indent=2) + "\n", encoding="utf-8")
-    return str(path)
-
-
-def _check(args: argparse.Namespace) -> None:
-    for flag, v in (("--batch-size", args.batch_size), ("--num-requests", args.num_requests)):
-        if v is not None and v < 1:
-            raise CbbenchError(f"{flag} must be >= 1, got {v}")
-    if args.concurrency is not None and args.concurrency < 1:
-        raise CbbenchError(f"--concurrency must be >= 1, got {args.concurrency}")
-    if args.rate is not None and args.rate <= 0:
-        raise CbbenchError(f"--rate must be > 0, got {args.rate}")
-    parse_slo(args.slo)
-
-
-def run(args: argparse.Namespace) -> int:
-    names = _schedulers(args.schedulers)
-    _check(args)
-    if args.executor == "sim" and not args.sim:
-        args.sim = args.hardware or "h100"
-    if args.workload:  # a bad spec fails before any folder is made
-        from cbbench.workloads import load_workload
-
-        load_workload(args.workload, seed=args.seed, num_requests=args.num_requests)
-    console = Console()
-    parent = _parent_dir(args)
-    spec = _workload_spec(args, parent)
-    if args.sim:
-        from cbbench.harness.run_demo import run_simulated
-
-        dirs = run_simulated(args, names, spec, parent, console)
-        interrupted = False
-    else:
-        from cbbench.harness.run_demo import run_measured
-
-        dirs, results, interrupted = run_measured(args, names, spec, parent, console)
-        if results:
-            console.print(comparison_table(results, _title(args)))
-    if dirs and not args.no_report:
-        _write_report(dirs, parent / "report.html", console)
-    console.print(f"run folders: {parent}/{{{','.join(d.name for d in dirs)}}}")
-    return 130 if interrupted else 0
-
-
-def _title(args: argparse.Namespace) -> str:
-    wl = args.workload or RUN_WORKLOAD["name"]
-    return (
-        f"MEASURED over HTTP: {args.model or 'tiny'} on {args.device}, workload {wl}, "
-        f"B={args.batch_size} (same KV pool for every scheduler)"
+    engine = engine_settings(args)
+    names = scheduler_names(engine.pop("scheduler", None))
+    seed = engine.pop("seed", 0)
+    sim = args.sim
+    if engine.get("executor") == "sim" and not sim:
+        sim = engine.get("hardware") or "h100"
+    return RunOptions(
+        schedulers=names,
+        engine=engine,
+        workload=args.workload,
+        num_requests=args.num_requests,
+        seed=seed,
+        concurrency=args.concurrency,
+        rate=args.rate,
+        slo=args.slo,
+        sim=sim,
+        out=Path(args.out) if args.out else None,
+        report=not args.no_report,
+        live=not args.no_live,
+        command=list(sys.argv),
     )
 
 
-def _write_report(dirs: list[Path], path: Path, console: Console) -> None:
-    from cbbench.harness.report import build_report
+def run(args: argparse.Namespace) -> int:
+    from cbbench.harness.studies.run_demo import run_demo
+    from rich.console import Console
 
-    html = build_report([str(d) for d in dirs]).html()
-    path.write_text(html, encoding="utf-8")
-    console.print(f"report: {path}")
+    opts = run_options(args)
+    console = Console()
+    res = run_demo(opts, console)
+    if res.summaries:
+        console.print(comparison_table(res.summaries, _title(opts, res.device)))
+    if res.report is not None:
+        console.print(f"report: {res.report}")
+    console.print(f"run folders: {res.parent}/{{{','.join(d.name for d in res.run_dirs)}}}")
+    return 130 if res.interrupted else 0
+
+
+def _title(opts, device: str) -> str:
+    from cbbench.harness.studies.run_demo import RUN_WORKLOAD
+
+    wl = opts.workload or RUN_WORKLOAD["name"]
+    model = opts.engine.get("model", "tiny")
+    b = opts.engine.get("batch_size", 8)
+    return (
+        f"MEASURED over HTTP: {model} on {device}, workload {wl}, "
+        f"B={b} (same KV pool for every scheduler)"
+    )
 
 
 def _f(v: float | None, fmt: str = "{:.2f}") -> str:

@@ -1,0 +1,377 @@
+"""The reference engine's schedulers on one workload, in simulated (or offline real) time.
+
+`simulate(options)` replays a workload through one engine per scheduler: with the SimExecutor
+every number is SIMULATED (a virtual clock advanced by reference_engine/cost_model.py) and
+labelled so, on screen and in run.json (`"simulated": true`); `executor="real"` replays it
+through the real model instead (offline, in-process, wall clock): MEASURED.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cbbench.harness.errors import CbbenchError
+from cbbench.harness.records import RequestRecord
+from cbbench.harness.results import RunWriter
+from cbbench.harness.summary import summarize
+from cbbench.reference_engine.block_manager import cdiv
+from cbbench.reference_engine.config import EngineConfig
+from cbbench.reference_engine.cost_model import CostModel, get_hardware
+from cbbench.reference_engine.engine import resolve_model_config, sim_num_kv_blocks
+from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.options import SIM_DEFAULTS, build_engine_config
+from cbbench.reference_engine.simulate import SimResult, replay, replay_interleaved
+from cbbench.workloads import load_workload, with_arrivals
+from cbbench.workloads.spec import Workload
+from rich.console import Console
+from rich.table import Table
+
+TIMESERIES_MAX_SAMPLES = 5000
+LABELS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+
+
+@dataclass
+class SimOptions:
+    """One `cbbench sim` comparison."""
+
+    workload: str = "mixed"
+    schedulers: list[str] = field(default_factory=lambda: ["static", "dynamic", "continuous"])
+    engine: dict[str, Any] = field(default_factory=dict)  # engine settings given (flag dests)
+    engine_defaults: dict[str, Any] = field(default_factory=lambda: dict(SIM_DEFAULTS))
+    seed: int | None = None  # workload (and engine) seed; None: the spec's own, else 0
+    num_requests: int | None = None
+    rate: float | None = None  # Poisson arrivals at this rate (req/s)
+    drop_too_long: bool = False
+    timeline: bool = False
+    out: Path | None = None  # one run folder per scheduler under it
+    command: list[str] = field(default_factory=list)  # argv, for run.json
+
+
+@dataclass
+class SimStudy:
+    options: SimOptions
+    workload: Workload
+    settings: dict[str, Any]  # engine settings in effect (given > preset > defaults)
+    results: dict[str, SimResult]
+    run_dirs: list[Path]
+    title: str
+    steps_mode: bool
+    timeline: bool
+
+
+def fit_static_batch(cfg: EngineConfig, console: Console) -> EngineConfig:
+    """Static batching reserves max_model_len per slot: shrink B to what the KV pool holds
+    (what a static server must do) and say so, rather than fail."""
+    mc = resolve_model_config(cfg.model)
+    dtype = mc.torch_dtype if cfg.dtype == "auto" else cfg.dtype
+    cost = CostModel(mc, get_hardware(cfg.hardware), dtype)
+    blocks = sim_num_kv_blocks(cfg, cost)
+    max_len = cfg.max_model_len or mc.max_position_embeddings
+    fits = blocks // cdiv(max_len, cfg.block_size)
+    if fits >= cfg.static.batch_size:
+        return cfg
+    if fits < 1:
+        raise CbbenchError(
+            f"static batching: one slot of max_model_len {max_len} needs more KV than the pool "
+            f"holds ({blocks} blocks of {cfg.block_size}); lower --max-model-len"
+        )
+    console.print(
+        f"[yellow]static: batch size {cfg.static.batch_size} -> {fits}: KV for max_model_len "
+        f"({max_len}) per slot only fits {fits} slots in {blocks} blocks[/yellow]"
+    )
+    return dataclasses.replace(cfg, static=dataclasses.replace(cfg.static, batch_size=fits))
+
+
+def to_records(res: SimResult, scheduler: str) -> list[RequestRecord]:
+    out = []
+    for r in res.requests:
+        itl = [b - a for a, b in zip(r.token_times_s, r.token_times_s[1:], strict=False)]
+        out.append(
+            RequestRecord(
+                id=r.request_id,
+                index=r.index,
+                prompt_len=r.prompt_len,
+                output_len=r.output_len,
+                priority=r.priority,
+                scheduled_s=r.arrival_s,
+                ready_s=r.arrival_s,
+                sent_s=r.arrival_s,
+                first_token_s=r.first_token_s,
+                last_token_s=r.finished_s,
+                token_times_s=list(r.token_times_s),
+                ttft_s=r.ttft_s,
+                tpot_s=r.tpot_s,
+                e2e_s=r.e2e_s,
+                itl_s=itl,
+                server_queue_s=r.queue_s,
+                prompt_tokens_server=r.prompt_len,
+                output_tokens_server=len(r.token_times_s),
+                finish_reason=r.finish_reason,
+                extra={
+                    "simulated": res.simulated,
+                    "scheduler": scheduler,
+                    "num_preemptions": r.num_preemptions,
+                    "num_cached_tokens": r.num_cached_tokens,
+                },
+            )
+        )
+    return out
+
+
+def write_run(
+    out: Path,
+    scheduler: str,
+    res: SimResult,
+    workload: Workload,
+    *,
+    workload_name: str,
+    rate: float | None = None,
+    command: list[str] | None = None,
+) -> Path:
+    """One run folder (run.json, requests.jsonl, timeseries) for one replay."""
+    d = out / scheduler
+    writer = RunWriter(d)
+    try:
+        records = to_records(res, scheduler)
+        for rec in records:
+            writer.add_record(rec)
+        stride = max(1, len(res.steps) // TIMESERIES_MAX_SAMPLES)
+        for s in res.steps[::stride]:
+            writer.add_sample(
+                {
+                    "source": "sim" if res.simulated else "engine",
+                    "t_s": s.end_s,
+                    "running": s.num_running,
+                    "waiting": s.num_waiting,
+                    "kv_usage": s.kv_blocks_used / res.num_kv_blocks,
+                    "batch_occupancy": s.batch_occupancy,
+                    "kv_reserved_unused_tokens": s.kv_reserved_unused_tokens,
+                    "num_batched_tokens": s.num_batched_tokens,
+                    "step_time_s": s.end_s - s.start_s,
+                }
+            )
+        summary = summarize(records, duration_s=res.duration_s)
+        summary["sim"] = res.summary()
+        writer.write_run(
+            {
+                "name": f"{'sim' if res.simulated else 'offline'}-{scheduler}",
+                "simulated": res.simulated,
+                "command": list(command or []),
+                "scheduler": scheduler,
+                "hardware": res.hardware,
+                "model": res.config.model,
+                "workload": {
+                    "name": workload_name,
+                    "seed": workload.seed,
+                    "num_requests": len(workload),
+                },
+                "seed": workload.seed,
+                "load": {"rate": rate} if rate else {"concurrency": "all-at-once"},
+                "engine_config": dataclasses.asdict(res.config),
+                "num_kv_blocks": res.num_kv_blocks,
+                "max_model_len": res.max_model_len,
+                "summary": summary,
+            }
+        )
+    finally:
+        writer.close()
+    return d
+
+
+def _ms(d: dict, key: str) -> str:
+    v = d.get(key)
+    return "-" if v is None else f"{v * 1e3:,.1f}" if v < 10 else f"{v * 1e3:,.0f}"
+
+
+def comparison_table(results: dict[str, SimResult], title: str, steps_mode: bool) -> Table:
+    t = Table(title=title, title_style="bold yellow")
+    simulated = all(r.simulated for r in results.values())
+    t.add_column(f"metric ({'SIMULATED' if simulated else 'MEASURED, offline'})")
+    for name in results:
+        t.add_column(name, justify="right")
+    sums = {k: r.summary() for k, r in results.items()}
+    base = sums.get("static")
+    unit = "steps" if steps_mode else "s"
+
+    def row(label: str, fn) -> None:
+        t.add_row(label, *[fn(s) for s in sums.values()])
+
+    def f(v, fmt="{:.2f}") -> str:
+        return "-" if v is None else fmt.format(v)
+
+    row("requests", lambda s: str(s["num_requests"]))
+    row("engine steps", lambda s: str(s["num_steps"]))
+    row(f"duration ({unit})", lambda s: f(s["duration_s"]))
+    row(f"throughput (req/{unit})", lambda s: f(s["request_throughput"], "{:.3f}"))
+    row(f"throughput (output tok/{unit})", lambda s: f(s["output_throughput"], "{:.1f}"))
+    if base and base["output_throughput"]:
+        row(
+            "throughput vs static",
+            lambda s: f(s["output_throughput"] / base["output_throughput"], "{:.2f}x"),
+        )
+    lat = (lambda d, k: f(d.get(k))) if steps_mode else _ms
+    lu = unit if steps_mode else "ms"
+    for key, label in (
+        ("ttft_s", "TTFT"),
+        ("tpot_s", "TPOT"),
+        ("e2e_s", "E2E"),
+        ("queue_s", "queue"),
+    ):
+        for p in ("p50", "p99"):
+            row(f"{label} {p} ({lu})", lambda s, key=key, p=p: lat(s[key], p))
+    row("batch occupancy (mean)", lambda s: f(s["batch_occupancy_mean"], "{:.0%}"))
+    row(
+        "KV usage mean / max",
+        lambda s: f"{f(s['kv_usage_mean'], '{:.0%}')} / {f(s['kv_usage_max'], '{:.0%}')}",
+    )
+    row(
+        "KV reserved, unused (tokens, mean)",
+        lambda s: f(s["kv_reserved_unused_tokens_mean"], "{:.0f}"),
+    )
+    row("preemptions", lambda s: str(s["num_preemptions"]))
+    row("prompt tokens from prefix cache", lambda s: f(s["prefix_cache_hit_rate"], "{:.0%}"))
+    return t
+
+
+def print_timeline(console: Console, name: str, res: SimResult) -> None:
+    """One row per batch slot, one column per step: the request computed there, `.` for a
+    slot held by a finished request (static/dynamic waste), blank for a free slot."""
+    label = {r.request_id: LABELS[i % len(LABELS)] for i, r in enumerate(res.requests)}
+    n_slots = res.config.max_batch_slots
+    console.print(f"[bold]{name}[/bold]: {len(res.steps)} steps")
+    header = "".join(str((i + 1) % 10) for i in range(len(res.steps)))
+    console.print(f"  step    {header}", highlight=False)
+    for slot in range(n_slots):
+        cells = []
+        for s in res.steps:
+            assert s.slots is not None and s.held is not None
+            rid, held = s.slots[slot], s.held[slot]
+            cells.append(label[rid] if rid else ("." if held else " "))
+        console.print(f"  slot {slot:<2} {''.join(cells)}", highlight=False)
+    waiting = "".join(str(min(s.num_waiting, 9)) for s in res.steps)
+    console.print(f"  waiting {waiting}", highlight=False)
+
+
+def load_sim_workload(opts: SimOptions, console: Console) -> Workload:
+    """The workload, with --rate arrivals and --drop-too-long applied."""
+    if opts.num_requests is not None and opts.num_requests < 1:
+        raise CbbenchError(f"--num-requests must be >= 1, got {opts.num_requests}")
+    wl = load_workload(opts.workload, seed=opts.seed, num_requests=opts.num_requests)
+    if opts.rate is not None:
+        wl = with_arrivals(wl, "poisson", rate=opts.rate, seed=wl.seed)
+    if opts.drop_too_long:
+        settings = {**opts.engine_defaults, **opts.engine}
+        limit = (
+            settings.get("max_model_len")
+            or resolve_model_config(settings.get("model", "tiny")).max_position_embeddings
+        )
+        kept = tuple(r for r in wl.requests if r.prompt_len + r.output_len <= limit)
+        console.print(
+            f"--drop-too-long: skipped {len(wl) - len(kept)} of {len(wl)} requests longer "
+            f"than max_model_len {limit}"
+        )
+        if not kept:
+            raise CbbenchError(f"every request of {opts.workload} exceeds max_model_len {limit}")
+        wl = dataclasses.replace(wl, requests=kept)
+    return wl
+
+
+def _replay(wl: Workload, cfg: EngineConfig, timeline: bool) -> SimResult:
+    try:
+        return replay(wl.requests, cfg, prefix_block_size=wl.prefix_block_size, timeline=timeline)
+    except EngineError as exc:
+        if "workload request" in str(exc):
+            raise CbbenchError(f"{exc} (--drop-too-long skips such requests)") from None
+        raise
+
+
+def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
+    """Replay the workload once per scheduler; write run folders when `opts.out` is set."""
+    console = console or Console()
+    wl = load_sim_workload(opts, console)
+    settings: Mapping[str, Any] = {**opts.engine_defaults, **opts.engine, "seed": wl.seed}
+    given = {**opts.engine, "seed": wl.seed}
+    cfgs = {
+        n: build_engine_config(given, opts.engine_defaults, scheduler=n) for n in opts.schedulers
+    }
+    any_cfg = next(iter(cfgs.values()))
+    real = any_cfg.executor == "real"
+    hw = get_hardware(any_cfg.hardware)
+    steps_mode = hw.steps and not real
+    where = f"{any_cfg.device} (real model)" if real else hw.name
+    b = any_cfg.static.batch_size
+    timeline = opts.timeline or (opts.workload == "seed-demo" and b == 4 and steps_mode)
+    run_dirs: list[Path] = []
+
+    def save(name: str, res: SimResult) -> None:
+        if opts.out is not None:
+            d = write_run(
+                opts.out, name, res, wl, workload_name=opts.workload, rate=opts.rate,
+                command=opts.command,
+            )  # fmt: skip
+            run_dirs.append(d)
+            console.print(f"  run folder: {d}")
+
+    results: dict[str, SimResult] = {}
+    if real:
+        t0 = time.perf_counter()
+        with console.status(
+            f"running {', '.join(cfgs)} interleaved on {where} ({len(wl)} requests)..."
+        ):
+            res = replay_interleaved(
+                wl.requests, list(cfgs.values()), prefix_block_size=wl.prefix_block_size,
+                timeline=timeline,
+            )  # fmt: skip
+        console.print(
+            f"{len(cfgs)} engines run interleaved in {time.perf_counter() - t0:.1f}s wall"
+        )
+        results = dict(zip(cfgs, res, strict=True))
+        for name, r in results.items():
+            tput = r.summary()["output_throughput"] or 0.0
+            console.print(f"{name}: {len(r.steps)} steps run; {tput:.1f} output tok/s")
+            save(name, r)
+        title = (
+            f"MEASURED: {any_cfg.model} on {where}, workload {opts.workload} ({len(wl)} "
+            f"requests, seed {wl.seed}), B={b} — offline in-process, no HTTP; engines stepped "
+            f"in turn, each clock = its own measured step times"
+        )
+    else:
+        for name, cfg in cfgs.items():
+            if name == "static":
+                cfg = fit_static_batch(cfg, console)
+            t0 = time.perf_counter()
+            with console.status(f"simulating {name} on {where} ({len(wl)} requests)..."):
+                results[name] = _replay(wl, cfg, timeline)
+            wall = time.perf_counter() - t0
+            tput = results[name].summary()["output_throughput"] or 0.0
+            console.print(
+                f"{name}: {len(results[name].steps)} steps simulated in {wall:.1f}s wall; "
+                f"{tput:.1f} output tok/{'step' if steps_mode else 's'}"
+            )
+            save(name, results[name])
+        title = (
+            f"SIMULATED: {any_cfg.model} on {where}, workload {opts.workload} ({len(wl)} "
+            f"requests, seed {wl.seed}), B={b}"
+            + (
+                " — 1 time unit per step"
+                if steps_mode
+                else " — modelled step times, not measurements"
+            )
+        )
+    return SimStudy(opts, wl, dict(settings), results, run_dirs, title, steps_mode, timeline)
+
+
+def print_study(study: SimStudy, console: Console) -> None:
+    """The comparison table, then the timelines when asked for."""
+    console.print(comparison_table(study.results, study.title, study.steps_mode))
+    if study.timeline:
+        real = not all(r.simulated for r in study.results.values())
+        label = "MEASURED" if real else "SIMULATED"
+        console.print(f"[bold yellow]{label} timeline[/bold yellow] (one column per engine step)")
+        for name, res in study.results.items():
+            print_timeline(console, name, res)
