@@ -102,7 +102,7 @@ def _walk(cls: type, section: str | None, group: str) -> Iterable[EngineFlag]:
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
         if dataclasses.is_dataclass(tp):  # a policy's settings (or another sub-config)
-            doc = (tp.__doc__ or "").strip().split("\n")[0].split(":")[0].split(". ")[0]
+            doc = (tp.__doc__ or "").strip().split("\n")[0].split(":")[0].split(". ")[0].rstrip(".")
             title = f"{f.name} scheduler" if f.name in SCHEDULERS else f.name
             yield from _walk(tp, f.name, f"{title}: {doc}" if doc else title)
             continue
