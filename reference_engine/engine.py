@@ -330,6 +330,7 @@ class LLMEngine:
             batch_occupancy=num_seqs / self.config.max_batch_slots,
             num_batched_tokens=num_tokens,
             step_time_s=step_time,
+            spec_decode=self.spec_stats.snapshot() if self.spec_stats is not None else None,
         )
 
     def get_stats(self) -> EngineStats:

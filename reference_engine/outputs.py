@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cbbench.reference_engine.spec_decode.stats import SpecDecodeStats
 
 
 @dataclass
@@ -49,6 +53,7 @@ class EngineStats:
     batch_occupancy: float  # scheduled sequences / max batch slots in the last step
     num_batched_tokens: int  # tokens computed in the last step
     step_time_s: float  # duration of the last step (virtual in the simulator)
+    spec_decode: SpecDecodeStats | None = None  # cumulative counters; None: speculation off
 
     @property
     def kv_usage(self) -> float:

@@ -8,6 +8,7 @@ engine thread writes; prometheus-client is thread-safe for the scrape.
 from __future__ import annotations
 
 from cbbench.reference_engine.outputs import EngineStats, RequestOutput
+from cbbench.reference_engine.spec_decode.stats import SpecDecodeStats
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -97,7 +98,7 @@ class ServerMetrics:
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(name, doc, labels, registry=r, buckets=buckets)
 
-        m = model_name
+        m = self._model = model_name
         self.num_running = gauge(
             "vllm:num_requests_running", "Requests in the running batch."
         ).labels(m)
@@ -139,6 +140,23 @@ class ServerMetrics:
             "Arrival to first scheduled.",
             TTFT_BUCKETS,
         ).labels(m)
+        # speculative decoding, vLLM v1's names (counters get the _total suffix)
+        self.spec_drafts = counter(
+            "vllm:spec_decode_num_drafts", "Verified speculative proposals."
+        ).labels(m)
+        self.spec_draft_tokens = counter(
+            "vllm:spec_decode_num_draft_tokens", "Draft tokens scored by the target."
+        ).labels(m)
+        self.spec_accepted_tokens = counter(
+            "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted."
+        ).labels(m)
+        self.spec_accepted_per_pos = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted, per position in the proposal.",
+            ["model_name", "position"],
+            registry=r,
+        )
+        self._spec_seen: SpecDecodeStats | None = None
         info = Gauge(
             "cbbench:scheduler_info",
             "The batching policy of this server.",
@@ -157,6 +175,20 @@ class ServerMetrics:
         if stats.num_preempted_total > self._preempted_seen:
             self.preemptions.inc(stats.num_preempted_total - self._preempted_seen)
             self._preempted_seen = stats.num_preempted_total
+        if stats.spec_decode is not None:
+            self._update_spec(stats.spec_decode)
+
+    def _update_spec(self, s: SpecDecodeStats) -> None:
+        """Counters advance by the engine's cumulative counts since the last update."""
+        seen = self._spec_seen or SpecDecodeStats(s.num_spec_tokens)
+        self.spec_drafts.inc(s.num_drafts - seen.num_drafts)
+        self.spec_draft_tokens.inc(s.num_draft_tokens - seen.num_draft_tokens)
+        self.spec_accepted_tokens.inc(s.num_accepted_tokens - seen.num_accepted_tokens)
+        for pos, (now, before) in enumerate(
+            zip(s.accepted_per_pos, seen.accepted_per_pos, strict=True)
+        ):
+            self.spec_accepted_per_pos.labels(self._model, str(pos)).inc(now - before)
+        self._spec_seen = s.snapshot()
 
     def observe_output(self, out: RequestOutput, now: float, last_token_time: float | None) -> None:
         """`now`: engine clock when the output was produced; `last_token_time`: when this

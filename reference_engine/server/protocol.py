@@ -106,14 +106,22 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def cbbench_info(
-    queue_time_s: float | None, scheduler: str, num_preemptions: int, num_cached_tokens: int
+    queue_time_s: float | None,
+    scheduler: str,
+    num_preemptions: int,
+    num_cached_tokens: int,
+    num_draft_tokens: int = 0,
+    num_accepted_tokens: int = 0,
 ) -> dict[str, Any]:
-    """The `cbbench` field of a final chunk or a non-streaming body: what the server saw."""
+    """The `cbbench` field of a final chunk or a non-streaming body: what the server saw
+    (speculative decoding: draft tokens the target scored for this request, and accepted)."""
     return {
         "queue_time_s": queue_time_s,
         "scheduler": scheduler,
         "num_preemptions": num_preemptions,
         "num_cached_tokens": num_cached_tokens,
+        "num_draft_tokens": num_draft_tokens,
+        "num_accepted_tokens": num_accepted_tokens,
     }
 
 

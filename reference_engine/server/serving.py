@@ -84,6 +84,8 @@ class Generation:
             scheduler=self.scheduler,
             num_preemptions=m.num_preemptions if m is not None else 0,
             num_cached_tokens=m.num_cached_tokens if m is not None else 0,
+            num_draft_tokens=m.num_draft_tokens if m is not None else 0,
+            num_accepted_tokens=m.num_accepted_tokens if m is not None else 0,
         )
 
 

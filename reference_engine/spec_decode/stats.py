@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass
@@ -26,6 +26,9 @@ class SpecDecodeStats:
         self.num_accepted_tokens += num_accepted
         for i in range(num_accepted):
             self.accepted_per_pos[i] += 1
+
+    def snapshot(self) -> SpecDecodeStats:
+        return replace(self, accepted_per_pos=list(self.accepted_per_pos))
 
     @property
     def acceptance_rate(self) -> float | None:
