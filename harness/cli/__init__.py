@@ -24,6 +24,7 @@ COMMAND_MODULES: list[str] = [
     "cbbench.harness.cli.workload",
     "cbbench.harness.cli.report",
     "cbbench.harness.cli.diagnose",
+    "cbbench.harness.cli.probe",
     "cbbench.harness.cli.gate",
     "cbbench.harness.cli.sweep",
     "cbbench.harness.cli.serve",

@@ -1,0 +1,100 @@
+"""The probe's designed workloads: small, deterministic, sized from what the calibration
+phase measured (time per output token, a lone request's TTFT, the server's max_model_len)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cbbench.workloads.spec import RequestSpec, Workload
+
+SHORT_PROMPT = 16
+BURST = 16
+SHORTS = 6
+LADDER = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class Pace:
+    """What calibration measured: seconds per output token at batch 1, a lone request's TTFT."""
+
+    tpot_s: float
+    ttft_s: float
+    max_model_len: int
+
+    @property
+    def long_prompt(self) -> int:
+        """A prompt long enough for its prefill to show, within the model's context."""
+        return max(64, min(1024, (self.max_model_len - 64) // 16 * 16))
+
+    def long_output(self, seconds: float = 2.0) -> int:
+        """Output tokens of a request that decodes for about `seconds` alone."""
+        n = int(seconds / max(self.tpot_s, 1e-4))
+        return max(48, min(n, 512, self.max_model_len - SHORT_PROMPT - 8))
+
+
+_SEED = [0]
+
+
+def set_seed(seed: int) -> None:
+    """Each probe draws its prompts from its own seed, so a server's prefix cache never holds
+    a "fresh" prompt from an earlier probe; phases add their own offset."""
+    _SEED[0] = seed
+
+
+def _wl(name: str, reqs: list[RequestSpec], block: int = 512) -> Workload:
+    seed = _SEED[0] + sum(map(ord, name)) * 7919
+    return Workload(name=f"probe/{name}", seed=seed, requests=tuple(reqs), prefix_block_size=block)
+
+
+def calibrate() -> Workload:
+    """Three lone requests, one after another (closed loop, concurrency 1)."""
+    return _wl("calibrate", [RequestSpec(i, SHORT_PROMPT, 32) for i in range(3)])
+
+
+def burst() -> Workload:
+    """BURST requests at once: how many start together (the first TTFT cluster)."""
+    return _wl("burst", [RequestSpec(i, SHORT_PROMPT, 16, 0.0) for i in range(BURST)])
+
+
+def batching(p: Pace) -> tuple[Workload, int]:
+    """One long request at t=0 and SHORTS short ones arriving while it decodes: under
+    iteration-level batching they finish while it runs, under request-level batching they
+    wait for it. Arrivals start after a lone request's TTFT (a batcher's start delay)."""
+    n_long = p.long_output()
+    t_long = n_long * p.tpot_s
+    start = p.ttft_s + 0.15 * t_long
+    step = 0.5 * t_long / SHORTS
+    reqs = [RequestSpec(0, SHORT_PROMPT, n_long, 0.0)]
+    reqs += [RequestSpec(i + 1, SHORT_PROMPT, 4, start + i * step) for i in range(SHORTS)]
+    return _wl("batching", reqs), n_long
+
+
+def ladder_level(c: int) -> Workload:
+    """Closed loop at concurrency c: 2c requests (at least 4) of 16 output tokens."""
+    return _wl(f"concurrency-{c}", [RequestSpec(i, SHORT_PROMPT, 16) for i in range(max(4, 2 * c))])
+
+
+# prefix-cache order: F = fresh prompt, R = the first prompt repeated
+PREFIX_PATTERN = "FRRFRFRF"
+
+
+def prefix_cache(p: Pace) -> Workload:
+    """Sequential long prompts: the first one repeated, interleaved with fresh ones."""
+    n = p.long_prompt
+    reqs = []
+    for i, kind in enumerate(PREFIX_PATTERN):
+        repeat = kind == "R" or i == 0
+        reqs.append(RequestSpec(i, n, 2, None, 0, (1,) if repeat else ()))
+    return _wl("prefix-cache", reqs, block=n)
+
+
+def chunked_prefill(p: Pace, streams: int = 3, prompts: int = 3) -> Workload:
+    """`streams` requests decoding for a while; `prompts` fresh long prompts arrive while
+    they run. How a prefill splits across the streams' token gaps shows chunking."""
+    n_out = p.long_output(2.5)
+    t_run = n_out * p.tpot_s
+    reqs = [RequestSpec(i, SHORT_PROMPT, n_out, 0.0) for i in range(streams)]
+    for k in range(prompts):
+        at = p.ttft_s + (0.2 + 0.2 * k) * t_run
+        reqs.append(RequestSpec(streams + k, p.long_prompt, 2, at))
+    return _wl("chunked-prefill", reqs)

@@ -1,0 +1,90 @@
+"""`cbbench probe` against the reference engine (simulated executor paced to the wall clock,
+on 127.0.0.1): it must name the batching of `cbbench serve --scheduler static|dynamic|
+continuous`, and see prefix caching and chunked prefill switched on and off."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cbbench.harness.cli import main
+from cbbench.harness.launcher import launch_reference_server
+from cbbench.harness.probe.verdicts import first_cluster, prefix_caching
+from cbbench.harness.records import RequestRecord
+
+from tests.diagnose_support import hardware_file, sim_args
+
+
+def probe(tmp_path: Path, scheduler: str, phases: str, *server: str) -> dict:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    hw = hardware_file(tmp_path)
+    out = tmp_path / f"probe-{scheduler}"
+    with launch_reference_server("tiny", scheduler, "cpu", sim_args(hw, *server)) as srv:
+        argv = ["probe", "--base-url", srv.base_url, "--out", str(out), "--phases", phases]
+        assert main([*argv, "--max-time", "120"]) == 0
+    index = json.loads((out / "probe.json").read_text())
+    assert (out / "calibrate" / "requests.jsonl").exists()  # phases are ordinary run folders
+    return {v["name"]: v for v in index["verdicts"]}
+
+
+@pytest.mark.parametrize("scheduler", ["static", "dynamic", "continuous"])
+def test_probe_names_the_batching(tmp_path: Path, scheduler: str, capsys) -> None:
+    verdicts = probe(tmp_path, scheduler, "batching")
+    v = verdicts["batching"]
+    assert v["value"] == scheduler, v
+    assert v["confidence"] >= 0.5 and v["evidence"]
+    out = capsys.readouterr().out
+    assert "batching:" in out and "confidence" in out
+
+
+def test_probe_sees_prefix_caching_and_chunked_prefill(tmp_path: Path) -> None:
+    on = probe(
+        tmp_path / "on",
+        "continuous",
+        "prefix-cache,chunked-prefill",
+        "--enable-prefix-caching",
+        "--max-num-batched-tokens",
+        "256",
+    )
+    assert on["prefix_caching"]["value"] == "on", on["prefix_caching"]
+    assert on["chunked_prefill"]["value"] == "on", on["chunked_prefill"]
+    off = probe(
+        tmp_path / "off",
+        "continuous",
+        "prefix-cache,chunked-prefill",
+        "--no-enable-chunked-prefill",
+    )
+    assert off["prefix_caching"]["value"] == "off", off["prefix_caching"]
+    assert off["chunked_prefill"]["value"] == "off", off["chunked_prefill"]
+
+
+def test_probe_bad_input_is_one_line(tmp_path: Path, capsys) -> None:
+    assert main(["probe", "--base-url", "http://127.0.0.1:9", "--out", str(tmp_path)]) == 2
+    assert "cannot reach server" in capsys.readouterr().err
+    assert main(["probe", "--base-url", "http://x", "--max-requests", "3"]) == 2
+
+
+def _rec(i: int, ttft: float) -> RequestRecord:
+    return RequestRecord(
+        id=f"r{i}",
+        index=i,
+        prompt_len=8,
+        output_len=2,
+        sent_s=0.0,
+        first_token_s=ttft,
+        ttft_s=ttft,
+        end_s=ttft + 0.01,
+    )
+
+
+def test_verdict_helpers_on_hand_made_records() -> None:
+    assert first_cluster([0.03, 0.031, 0.032, 0.5, 0.51], tpot_s=0.01) == 3
+    assert first_cluster([0.03] * 8, tpot_s=0.01) == 8
+    # fresh F at 0.2 s, repeats R at 0.02 s, a short prompt at 0.01 s: on
+    recs = [_rec(i, 0.2 if k == "F" else 0.02) for i, k in enumerate("FRRFRFRF")]
+    assert prefix_caching(recs, "FRRFRFRF", 0.01).value == "on"
+    recs = [_rec(i, 0.2) for i in range(8)]
+    assert prefix_caching(recs, "FRRFRFRF", 0.01).value == "off"
+    recs = [_rec(i, 0.0105) for i in range(8)]  # the long prefill costs nothing: cannot tell
+    assert prefix_caching(recs, "FRRFRFRF", 0.01).value == "unknown"
