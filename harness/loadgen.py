@@ -164,7 +164,13 @@ class Worker:
 
     async def _send_now(self, client: OpenAIClient, rec: RequestRecord, prompt, reply) -> None:
         self.stats.sent += 1
-        if isinstance(prompt, str) and rec.session_id is None:
+        if self.plan.client.endpoint == "chat":  # with the model's template, as the server
+            msgs = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+            n = self.prompts.count_chat(msgs)
+            if n is None and rec.session_id is None:
+                n = rec.prompt_len  # the message alone; the server's template adds to it
+            rec.prompt_tokens_client = n
+        elif isinstance(prompt, str) and rec.session_id is None:
             rec.prompt_tokens_client = rec.prompt_len  # text of the asked length
         elif isinstance(prompt, str):
             rec.prompt_tokens_client = self.prompts.count(prompt)

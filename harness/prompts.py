@@ -14,7 +14,10 @@ Qwen), an approximation that the client reconciles with the server's usage numbe
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+from cbbench.harness.chat_template import load_chat_renderer
 from cbbench.harness.errors import CbbenchError
 
 # Short, very common words: one token each (with their leading space) on common BPE vocabularies.
@@ -97,10 +100,13 @@ class PromptBuilder:
         self.seed = seed
         self.prefix_block_size = prefix_block_size
         self.tokenizer = None
+        self.chat_render = None  # the model's chat template, from the tokenizer's folder
         self._vocab = np.arange(*id_range, dtype=np.int64)
         if tokenizer_path:
             self.tokenizer = _load_tokenizer(tokenizer_path)
             self._vocab = _single_token_words(self.tokenizer, tokenizer_path)
+            folder = Path(tokenizer_path)
+            self.chat_render = load_chat_renderer(folder if folder.is_dir() else folder.parent)
         self._prefix_cache: dict[int, np.ndarray] = {}
 
     def _draw(self, key: tuple[int, ...], n: int) -> np.ndarray:
@@ -139,10 +145,16 @@ class PromptBuilder:
             return None
         return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
+    def count_chat(self, messages: list[dict]) -> int | None:
+        """Prompt tokens of a chat request as the server builds them: the model's chat
+        template (with the generation prompt), then the tokenizer; None without a template."""
+        if self.tokenizer is None or self.chat_render is None:
+            return None
+        text = self.chat_render(messages)
+        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
 
 def _load_tokenizer(path: str):
-    from pathlib import Path
-
     from tokenizers import Tokenizer
 
     p = Path(path)

@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from cbbench.reference_engine.chat_template import ChatTemplate, load_chat_template
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.model_config import ModelConfig
 
 BYTE_OFFSET = 3
 PAD_ID, DEFAULT_BOS_ID, DEFAULT_EOS_ID = 0, 1, 2
 
-# The chat template: one line naming the role, the content, a newline; ends with the
+# The built-in chat template (for models without their own): one line naming the role, the content, a newline; ends with the
 # assistant header so the model continues as the assistant.
 CHAT_ROLE_PREFIX = "<|{role}|>\n"
 CHAT_TURN_SUFFIX = "\n"
@@ -32,8 +33,9 @@ CHAT_TURN_SUFFIX = "\n"
 
 class Tokenizer(Protocol):
     eos_token_ids: tuple[int, ...]
+    chat_template: ChatTemplate | None  # the model's own; None = the built-in one
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     def decode(self, token_ids: list[int]) -> str: ...
 
@@ -41,12 +43,22 @@ class Tokenizer(Protocol):
 
 
 def apply_chat_template(messages: list[tuple[str, str]]) -> str:
-    """[(role, content), ...] -> prompt text, ending with the assistant's turn header."""
+    """The built-in template (models without one): [(role, content), ...] -> prompt text,
+    ending with the assistant's turn header."""
     parts = [
         CHAT_ROLE_PREFIX.format(role=role) + content + CHAT_TURN_SUFFIX
         for role, content in messages
     ]
     return "".join(parts) + CHAT_ROLE_PREFIX.format(role="assistant")
+
+
+def encode_chat(tok: Tokenizer, messages: list[tuple[str, str]]) -> list[int]:
+    """Chat messages -> prompt ids: the model's template (its text carries the special tokens,
+    so none are added, as transformers does), else the built-in one."""
+    if tok.chat_template is None:
+        return tok.encode(apply_chat_template(messages))
+    rendered = tok.chat_template.render([{"role": r, "content": c} for r, c in messages])
+    return tok.encode(rendered, add_special_tokens=False)
 
 
 class IncrementalDetokenizer(Protocol):
@@ -66,6 +78,7 @@ class ByteTokenizer:
                 f"byte-level tokenizer needs vocab_size >= {BYTE_OFFSET + 256}, got {vocab_size}"
             )
         self.vocab_size = vocab_size
+        self.chat_template: ChatTemplate | None = None
         self.bos_token_id = DEFAULT_BOS_ID if bos_token_id is None else bos_token_id
         self.eos_token_ids = eos_token_ids or (DEFAULT_EOS_ID,)
         for tid in (self.bos_token_id, *self.eos_token_ids):
@@ -75,8 +88,8 @@ class ByteTokenizer:
                     f"range [{BYTE_OFFSET}, {BYTE_OFFSET + 256})"
                 )
 
-    def encode(self, text: str) -> list[int]:
-        return [b + BYTE_OFFSET for b in text.encode("utf-8")]
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [b + BYTE_OFFSET for b in text.encode("utf-8")]  # adds no special token
 
     def to_bytes(self, token_ids: list[int]) -> bytes:
         return bytes(t - BYTE_OFFSET for t in token_ids if BYTE_OFFSET <= t < BYTE_OFFSET + 256)
@@ -110,9 +123,10 @@ class HFTokenizer:
             raise EngineError(f"{path}: cannot load tokenizer ({str(exc)[:200]})") from None
         self.vocab_size = self._tok.get_vocab_size()
         self.eos_token_ids = eos_token_ids
+        self.chat_template: ChatTemplate | None = None
 
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=True).ids
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, token_ids: list[int]) -> str:
         return self._tok.decode(token_ids, skip_special_tokens=True)
@@ -156,10 +170,14 @@ class _HFDetokenizer:
 
 def load_tokenizer(model: str, model_config: ModelConfig) -> Tokenizer:
     """`model` is a preset name or a model folder; a folder with `tokenizer.json` gets the HF
-    tokenizer, everything else the byte-level one."""
+    tokenizer, everything else the byte-level one. Either gets the folder's chat template."""
     path = Path(model) / "tokenizer.json"
+    tok: HFTokenizer | ByteTokenizer
     if path.is_file():
-        return HFTokenizer(path, model_config.eos_token_ids)
-    return ByteTokenizer(
-        model_config.vocab_size, model_config.bos_token_id, model_config.eos_token_ids
-    )
+        tok = HFTokenizer(path, model_config.eos_token_ids)
+    else:
+        tok = ByteTokenizer(
+            model_config.vocab_size, model_config.bos_token_id, model_config.eos_token_ids
+        )
+    tok.chat_template = load_chat_template(model)
+    return tok

@@ -29,7 +29,7 @@ from cbbench.reference_engine.server.errors import (
 from cbbench.reference_engine.server.guard import GuardMiddleware
 from cbbench.reference_engine.server.metrics import CONTENT_TYPE, ServerMetrics
 from cbbench.reference_engine.server.serving import Generation, ResponseShaper
-from cbbench.reference_engine.tokenizer import Tokenizer, apply_chat_template
+from cbbench.reference_engine.tokenizer import Tokenizer, encode_chat
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -99,8 +99,12 @@ def create_app(
     @app.post("/v1/chat/completions", **_body_doc(P.ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         body = await _parse(state, request, P.ChatCompletionRequest)
-        prompt = apply_chat_template([(m.role, m.text()) for m in body.messages])
-        return await _generate(state, request, body, await _encode(tokenizer, prompt), chat=True)
+        messages = [(m.role, m.text()) for m in body.messages]
+        try:  # the model's own chat template when it has one, else the built-in one
+            prompt_ids = await _encode_chat(tokenizer, messages)
+        except EngineError as exc:  # the model's template refused the messages
+            raise bad_request(str(exc), "messages") from None
+        return await _generate(state, request, body, prompt_ids, chat=True)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -144,6 +148,12 @@ async def _encode(tokenizer: Tokenizer, text: str) -> list[int]:
     if len(text) < ENCODE_IN_THREAD_CHARS:
         return tokenizer.encode(text)
     return await asyncio.to_thread(tokenizer.encode, text)
+
+
+async def _encode_chat(tokenizer: Tokenizer, messages: list[tuple[str, str]]) -> list[int]:
+    if sum(len(c) for _, c in messages) < ENCODE_IN_THREAD_CHARS:
+        return encode_chat(tokenizer, messages)
+    return await asyncio.to_thread(encode_chat, tokenizer, messages)
 
 
 def _body_doc(model: type[Any]) -> dict[str, Any]:
