@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.gate_policy import LATENCY, Policy, Rule
+from cbbench.harness.outcome import incomplete_reason
 from cbbench.harness.report.runs import workload_identity
 from cbbench.harness.report.samples import RunSamples
 from cbbench.harness.results import Run
@@ -222,9 +223,21 @@ def judge(rule: Rule, base: RunSamples, cand: RunSamples, policy: Policy) -> Rul
     return RuleResult(rule, b_point, c_point, est, low, high, bound, verdict)
 
 
-def check_inputs(base: Run, cand: Run, bs: RunSamples, cs: RunSamples, policy: Policy) -> None:
+def check_inputs(
+    base: Run,
+    cand: Run,
+    bs: RunSamples,
+    cs: RunSamples,
+    policy: Policy,
+    allow_incomplete: bool = False,
+) -> None:
     """Unusable or mismatched inputs: one clear error (exit 2)."""
     for run, s, which in ((base, bs, "baseline"), (cand, cs, "candidate")):
+        reason = incomplete_reason(run.meta)
+        if reason and not allow_incomplete:
+            raise CbbenchError(
+                f"{run.dir}: the {which} {reason}; rerun it, or pass --allow-incomplete"
+            )
         if s.n_ok < policy.min_requests:
             raise CbbenchError(
                 f"{run.dir}: {which} has {s.n_ok} successful requests, "
@@ -242,10 +255,11 @@ def check_inputs(base: Run, cand: Run, bs: RunSamples, cs: RunSamples, policy: P
         raise CbbenchError(f"only the {which} is SIMULATED: compare simulated with simulated")
 
 
-def run_gate(base: Run, cand: Run, policy: Policy) -> GateResult:
+def run_gate(base: Run, cand: Run, policy: Policy, allow_incomplete: bool = False) -> GateResult:
+    """`allow_incomplete`: judge killed or interrupted runs too (on the requests they hold)."""
     from cbbench.harness.report.samples import extract
 
     bs, cs = extract(base), extract(cand)
-    check_inputs(base, cand, bs, cs, policy)
+    check_inputs(base, cand, bs, cs, policy, allow_incomplete)
     results = [judge(rule, bs, cs, policy) for rule in policy.rules]
     return GateResult(results, policy, str(base.dir), str(cand.dir))

@@ -16,6 +16,7 @@ from typing import Any
 
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.records import RequestRecord
+from cbbench.harness.redact import redact_meta, redact_text
 
 RUN_SCHEMA_VERSION = 1
 REQUESTS_FILE = "requests.jsonl"
@@ -26,14 +27,17 @@ RUN_FILE = "run.json"
 class JsonlAppender:
     """Thread-safe line appender; each line is flushed (and optionally fsync'd)."""
 
-    def __init__(self, path: Path, fsync: bool = False) -> None:
+    def __init__(self, path: Path, fsync: bool = False, secrets: tuple[str, ...] = ()) -> None:
         self.path = path
+        self.secrets = tuple(s for s in secrets if s)
         self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self._lock = threading.Lock()
         self._fsync = fsync
 
     def write(self, obj: dict) -> None:
         line = json.dumps(obj, separators=(",", ":"), allow_nan=False, default=str) + "\n"
+        if self.secrets:  # e.g. a server that echoes the key in an error message
+            line = redact_text(line, self.secrets)
         with self._lock:
             self._fh.write(line)
             self._fh.flush()
@@ -47,11 +51,15 @@ class JsonlAppender:
 
 
 class RunWriter:
-    def __init__(self, run_dir: str | Path) -> None:
+    """Writes a run folder; `secrets` (the API key in use) never reach it, nor do keys on
+    the command line or in secret-named fields (harness/redact.py)."""
+
+    def __init__(self, run_dir: str | Path, secrets: tuple[str | None, ...] = ()) -> None:
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.requests = JsonlAppender(self.dir / REQUESTS_FILE)
-        self.timeseries = JsonlAppender(self.dir / TIMESERIES_FILE)
+        self.secrets = tuple(s for s in secrets if s)
+        self.requests = JsonlAppender(self.dir / REQUESTS_FILE, secrets=self.secrets)
+        self.timeseries = JsonlAppender(self.dir / TIMESERIES_FILE, secrets=self.secrets)
 
     def add_record(self, record: RequestRecord) -> None:
         self.requests.write(record.to_dict())
@@ -60,9 +68,10 @@ class RunWriter:
         self.timeseries.write(sample)
 
     def write_run(self, meta: dict[str, Any]) -> None:
-        meta = {"schema_version": RUN_SCHEMA_VERSION, **meta}
+        meta = redact_meta({"schema_version": RUN_SCHEMA_VERSION, **meta})
+        text = redact_text(json.dumps(meta, indent=2, default=str), self.secrets)
         tmp = self.dir / (RUN_FILE + ".tmp")
-        tmp.write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
+        tmp.write_text(text + "\n", encoding="utf-8")
         os.replace(tmp, self.dir / RUN_FILE)  # atomic: run.json is never half-written
 
     def close(self) -> None:
@@ -120,6 +129,7 @@ def load_run(run_dir: str | Path) -> Run:
             raise CbbenchError(f"{d / RUN_FILE}: not valid JSON ({exc.msg})") from None
         if not isinstance(meta, dict):
             raise CbbenchError(f"{d / RUN_FILE}: expected a JSON object")
+        meta = redact_meta(meta)  # runs written before redaction: never print their keys
     records = []
     for i, row in enumerate(read_jsonl(req), 1):
         try:

@@ -20,6 +20,7 @@ from cbbench.harness.environment import environment
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.live import LiveStats, LiveView, summary_table
 from cbbench.harness.loadgen import Job, WorkerPlan, run_worker
+from cbbench.harness.outcome import stopped_answering
 from cbbench.harness.records import RECORD_SCHEMA_VERSION, RequestRecord
 from cbbench.harness.results import RunWriter
 from cbbench.harness.sessions import CAP_UNITS, group_sessions
@@ -65,6 +66,7 @@ class BenchResult:
     interrupted: bool
     records: list[RequestRecord]
     meta: dict
+    failure: str | None = None  # the server stopped answering: the CLI exits 1
 
 
 def _now_iso() -> str:
@@ -197,6 +199,8 @@ def run_bench(
     console = console or Console(stderr=True)  # the live view: stderr
     if cfg.workers < 1:
         raise CbbenchError(f"--workers must be >= 1, got {cfg.workers}")
+    if cfg.warmup < 0:
+        raise CbbenchError(f"--warmup must be >= 0, got {cfg.warmup}")
     if cfg.cap_unit not in CAP_UNITS:
         raise CbbenchError(f"--cap-unit must be one of {', '.join(CAP_UNITS)}, got {cfg.cap_unit}")
     engine = probe_server(cfg.base_url, cfg.api_key)
@@ -222,7 +226,7 @@ def run_bench(
     )
     plans = _plans(cfg, client)
     meta = _run_meta(cfg, name, engine, model, len(plans))
-    writer = RunWriter(run_dir)
+    writer = RunWriter(run_dir, secrets=(cfg.api_key,))
     writer.write_run(meta)
     records: list[RequestRecord] = []
     live = LiveStats(len(cfg.workload), samplers)
@@ -263,6 +267,9 @@ def run_bench(
             client_samples["cpu"] += st.get("cpu", [])
         summary = summarize(records, None, cfg.slo, client_samples)
         summary["cancelled_in_flight"] = sum(st.get("cancelled", 0) for st in worker_stats.values())
+        failure = None if interrupted else stopped_answering(records)
+        if failure:
+            summary["server_stopped_answering"] = failure
         crashed = [st["crashed"] for st in worker_stats.values() if "crashed" in st]
         if crashed:
             summary["worker_crashes"] = crashed
@@ -287,4 +294,4 @@ def run_bench(
         writer.close()
     out.print(summary_table(summary, f"cbbench bench: {name}"))
     out.print(f"run folder: {run_dir}")
-    return BenchResult(run_dir, summary, interrupted, records, meta)
+    return BenchResult(run_dir, summary, interrupted, records, meta, failure)

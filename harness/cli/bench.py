@@ -165,4 +165,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     samplers = list(build_samplers(args, cfg.base_url))
     result = run_bench(cfg, samplers)
-    return 130 if result.interrupted else 0
+    if result.interrupted:
+        return 130
+    if result.failure:
+        print(f"cbbench bench: error: {result.failure}", file=sys.stderr)
+        return 1
+    return 0

@@ -26,6 +26,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", metavar="TOML", help="rules file (default: the built-in policy)")
     p.add_argument("--junit", metavar="FILE", help="also write JUnit XML (one test per rule)")
     p.add_argument("--markdown", metavar="FILE", help="also write a Markdown table")
+    p.add_argument(
+        "--allow-incomplete",
+        action="store_true",
+        help="judge runs that were killed or interrupted (default: refuse them, exit 2)",
+    )
     p.set_defaults(func=run)
 
 
@@ -167,7 +172,9 @@ def run(args: argparse.Namespace) -> int:
     from cbbench.harness.results import load_run
 
     policy = load_policy(args.policy) if args.policy else DEFAULT_POLICY
-    gate = run_gate(load_run(args.baseline), load_run(args.candidate), policy)
+    gate = run_gate(
+        load_run(args.baseline), load_run(args.candidate), policy, args.allow_incomplete
+    )
     print_table(gate)
     if args.junit:
         _write(args.junit, junit(gate))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from cbbench.harness.errors import CbbenchError
@@ -39,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
     if args.no_html and not args.markdown:
         raise CbbenchError("--no-html needs --markdown FILE")
     report = build_report(args.runs)
+    for warning in report.trust_warnings():
+        print(f"cbbench report: warning: {warning}", file=sys.stderr)
     if not args.no_html:
         html = report.html()
         _write(Path(args.output), html)

@@ -41,7 +41,7 @@ class RunCollector:
         if (self.run_dir / "requests.jsonl").exists():
             raise CbbenchError(f"{self.run_dir}: already holds a run; choose another --out")
         self.settings = settings
-        self.writer = RunWriter(self.run_dir)
+        self.writer = RunWriter(self.run_dir, secrets=(settings.api_key,))
         self.records: list[RequestRecord] = []
         self.keys: set[tuple[int, int]] = set()  # (worker, index): a duplicate is a bug
         self.duplicates = 0

@@ -18,6 +18,7 @@ from cbbench.harness.report.runs import (
     comparability_warnings,
     flatten,
     load_level,
+    trust_warnings,
     workload_identity,
 )
 from cbbench.harness.report.samples import LATENCY_METRICS, RunSamples
@@ -156,6 +157,9 @@ def render(
         for lr in runs
     )
     warn_html = "".join(f'<p class="warn">Not comparable: {escape(w)}</p>' for w in warnings)
+    warn_html += "".join(
+        f'<p class="warn">Incomplete: {escape(w)}</p>' for w in trust_warnings(runs)
+    )
     sections = [
         (
             "Summary",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
-from cbbench.harness.report.runs import LoadedRun, comparability_warnings
+from cbbench.harness.report.runs import LoadedRun, comparability_warnings, trust_warnings
 from cbbench.harness.report.table import SUMMARY_COLUMNS, Column, best_index, fmt
 
 MD_KEYS = (
@@ -50,6 +50,8 @@ def render_markdown(runs: list[LoadedRun], rows: list[dict]) -> str:
     lines = ["### cbbench report", ""]
     for w in comparability_warnings(runs):
         lines.append(f"- **Not comparable:** {md_text(w)}")
+    for w in trust_warnings(runs):
+        lines.append(f"- **Incomplete:** {md_text(w)}")
     if any(lr.simulated for lr in runs):
         lines.append("- Runs marked **SIMULATED** come from the simulator, not a measured server.")
     if lines[-1] != "":

@@ -106,6 +106,22 @@ def load_level(meta: dict[str, Any]) -> str | None:
     return None
 
 
+def trust_warnings(runs: list[LoadedRun]) -> list[str]:
+    """Runs to read with care: killed or interrupted before the end, or a server that stopped
+    answering mid-run (harness/outcome.py)."""
+    from cbbench.harness.outcome import incomplete_reason
+
+    out = []
+    for lr in runs:
+        reason = incomplete_reason(lr.meta)
+        if reason:
+            out.append(f"{lr.label} {reason}")
+        stopped = (lr.meta.get("summary") or {}).get("server_stopped_answering")
+        if stopped:
+            out.append(f"{lr.label}: {stopped}")
+    return out
+
+
 def comparability_warnings(runs: list[LoadedRun]) -> list[str]:
     """Reasons the runs should not be compared side by side (different workloads or seeds)."""
     ids = {lr.label: workload_identity(lr.meta) for lr in runs}
