@@ -52,13 +52,21 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from cbbench.reference_engine.server.app import DEFAULT_MAX_BODY_BYTES
     from cbbench.reference_engine.server.build import build_stack
-    from cbbench.reference_engine.server.runner import base_url, bind_socket, make_server
+    from cbbench.reference_engine.server.runner import (
+        base_url,
+        bind_socket,
+        bind_warning,
+        make_server,
+    )
 
     if not 0 <= args.port <= 65535:
         raise EngineError(f"--port must be in [0, 65535], got {args.port}")
     max_body = args.max_body_bytes or DEFAULT_MAX_BODY_BYTES
     if max_body < 1:
         raise EngineError(f"--max-body-bytes must be >= 1, got {max_body}")
+    warning = bind_warning(args.host, args.api_key)
+    if warning:
+        print(f"cbbench serve: {warning}", file=sys.stderr, flush=True)
     config = engine_config_from_args(args)
     try:
         sock = bind_socket(args.host, args.port)
