@@ -1,27 +1,58 @@
-"""Minimal HTTP/1.1 client on asyncio's Protocol API: the load generator's hot path.
+"""Minimal HTTP/1.1 client on asyncio: the load generator's hot path.
 
 Why not httpx alone: against a zero-delay local server httpx (httpcore + h11 + anyio) costs
 about 100 us of client CPU per streamed token and its pool scans every connection per
-request; this transport costs a fraction of that (numbers in the README), so the client
-stays far from being the bottleneck. httpx remains available (`--http-client httpx`).
+request; this transport costs a fraction of that (docs/timing.md), so the client stays far
+from being the bottleneck. httpx remains available (`--http-client httpx`).
 
 Scope: one request at a time per connection, keep-alive, `Content-Length`, chunked and
-read-until-close bodies, http and https. Body bytes are handed to `on_data(bytes, t_ns)`
-synchronously inside `data_received` (with the status), `t_ns = time.monotonic_ns()` taken on entry: the
-arrival time of everything in that read, with no task switch in between.
+read-until-close bodies, http and https. A request's `Sink` gets `head(status, header)` once
+the status line and headers are in, then `data(bytes, t_ns)` for every read of the body,
+synchronously in the read's callback.
+
+Arrival times (`t_ns`, CLOCK_MONOTONIC). On Linux, plain-http connections are sockets the pool
+reads itself with `recvmsg` and `SO_TIMESTAMPNS`: `t_ns` is when the kernel received the
+bytes, so time a read waits for the event loop (256 streams' tokens landing in one burst) is
+not counted. TCP reports the receive time of the *last* segment a read consumed: a read that
+holds several events stamps all of them with that time (they were all in by then, the earlier
+ones at most one inter-segment gap earlier). Elsewhere (https, other systems, a kernel that
+gives no timestamp) reads go through an asyncio Protocol and `t_ns` is `time.monotonic_ns()`
+when the read is handled; `H1Pool.timestamp_source` says which one a run got.
+
+Connections are opened apart from requests: `H1Pool.prewarm(n)` opens n before the measured
+phase, and a request that must open one reports the set-up time (`Conn.connect_ns`) and
+stamps its send after it, so connection set-up never counts as time to first token.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import platform
 import socket
 import ssl
+import struct
+import sys
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 from urllib.parse import urlsplit
 
-OnData = Callable[[bytes, int, int], None]  # (body bytes, arrival ns, HTTP status)
 _SIZE, _DATA, _CRLF, _TRAILER = range(4)
+READ_SIZE = 262144
+# SO_TIMESTAMPNS(_OLD) = SCM_TIMESTAMPNS on the asm-generic ABI (x86, arm, riscv, ...); Python's
+# socket module does not export it. 64-bit only: the cmsg is a native struct timespec.
+SO_TIMESTAMPNS = 35
+_GENERIC_ABI = ("x86_64", "aarch64", "arm64", "riscv64", "ppc64le", "s390x", "loongarch64")
+_ANC_SIZE = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 0
+_log = logging.getLogger("cbbench")
+_warned = False
+
+
+class Sink(Protocol):
+    def sent(self, t: int, connect_ns: int | None, reused: bool | None) -> None: ...
+    def head(self, status: int, header) -> None: ...
+    def data(self, raw: bytes, t: int) -> None: ...
 
 
 class ConnectFailed(Exception):
@@ -40,15 +71,32 @@ class BadResponse(Exception):
     """Not an HTTP/1.1 response we can read."""
 
 
-class H1Protocol(asyncio.Protocol):
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
+@dataclass
+class PoolStats:
+    opened: int = 0  # connections opened (prewarmed included)
+    prewarmed: int = 0  # opened before the measured phase
+    reused: int = 0  # requests sent on a connection that had served one before
+    closed_by_server: int = 0  # closed or reset by the server (not by us)
+    retried: int = 0  # requests sent again after a kept-alive connection was found closed
+    kernel_reads: int = 0  # reads stamped by the kernel
+    user_reads: int = 0  # reads stamped in user space
+
+
+class Conn:
+    """One connection's HTTP/1.1 response parser and its request futures, whatever carries
+    the bytes (`SockConn` or `ProtoConn`)."""
+
+    def __init__(self, stats: PoolStats) -> None:
+        self.stats = stats
         self.closed = False
+        self.aborted = False  # we closed it (not the server)
         self.requests_sent = 0
+        self.connect_ns: int | None = None  # set-up time, reported by its first request only
+        self.sent_ns = 0  # when the current request was written
         self._reset(None, None)
 
-    def _reset(self, on_data: OnData | None, loop: asyncio.AbstractEventLoop | None) -> None:
-        self.on_data = on_data
+    def _reset(self, sink: Sink | None, loop: asyncio.AbstractEventLoop | None) -> None:
+        self.sink = sink
         self.head: asyncio.Future | None = loop.create_future() if loop else None
         self.done: asyncio.Future | None = loop.create_future() if loop else None
         self._buf = b""
@@ -60,36 +108,48 @@ class H1Protocol(asyncio.Protocol):
         self.status = 0
         self.headers: dict[str, str] = {}
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    # the carrier: subclasses
+    def write(self, data: bytes) -> None:
+        raise NotImplementedError
 
-    def connection_lost(self, exc: Exception | None) -> None:
+    def abort(self) -> None:
+        raise NotImplementedError
+
+    def _lost(self, exc: Exception | None) -> None:
+        if self.closed:
+            return
         self.closed = True
-        if self.done is not None and not self.done.done():
-            if self._in_body and self._mode == "close":
-                self.done.set_result(None)  # read-until-close body: closing ends it
-                return
-            err = ConnectionLost(
+        if not self.aborted:
+            self.stats.closed_by_server += 1
+        if self.done is None or self.done.done():
+            return
+        if self._in_body and self._mode == "close":
+            self.done.set_result(None)  # read-until-close body: closing ends it
+            return
+        self._fail(
+            ConnectionLost(
                 f"connection closed by server{f' ({exc})' if exc else ''}"
                 + (" mid-response" if self.status else " before a response"),
                 got_response=bool(self.status),
-            )
-            for fut in (self.head, self.done):
-                if fut is not None and not fut.done():
-                    fut.set_exception(err)
+            ),
+            abort=False,
+        )
 
-    def _fail(self, exc: Exception) -> None:
-        for fut in (self.head, self.done):
-            if fut is not None and not fut.done():
-                fut.set_exception(exc)
-        if self.transport is not None:
-            self.transport.abort()
+    def _fail(self, exc: Exception, abort: bool = True) -> None:
+        """End the request with `exc`: on `head` while it is awaited, else on `done`. The
+        other future is cancelled, never left holding an exception nobody reads."""
+        head, done = self.head, self.done
+        if head is not None and not head.done():
+            head.set_exception(exc)
+            if done is not None and not done.done():
+                done.cancel()
+        elif done is not None and not done.done():
+            done.set_exception(exc)
+        if abort:
+            self.abort()
 
-    def data_received(self, data: bytes) -> None:
-        t = time.monotonic_ns()
+    def feed(self, data: bytes, t: int) -> None:
+        """Bytes that arrived at `t` (ns)."""
         if self.done is None or self.done.done():
             return  # nothing asked for: stray bytes after a finished response
         try:
@@ -103,7 +163,8 @@ class H1Protocol(asyncio.Protocol):
                 self._parse_head(self._buf[:end].decode("latin-1"))
                 data, self._buf = self._buf[end + 4 :], b""
                 self._in_body = True
-                assert self.head is not None
+                assert self.head is not None and self.sink is not None
+                self.sink.head(self.status, self.headers.get)
                 self.head.set_result(self.status)
                 if self._mode == "length" and self._left == 0:
                     self._finish()
@@ -115,12 +176,12 @@ class H1Protocol(asyncio.Protocol):
             elif self._mode == "length":
                 take = data[: self._left]
                 self._left -= len(take)
-                if take and self.on_data is not None:
-                    self.on_data(take, t, self.status)
+                if take and self.sink is not None:
+                    self.sink.data(take, t)
                 if self._left == 0:
                     self._finish()
-            elif self.on_data is not None:
-                self.on_data(data, t, self.status)
+            elif self.sink is not None:
+                self.sink.data(data, t)
         except Exception as exc:  # a consumer error or a bad response ends this request only
             self._fail(exc)
 
@@ -143,13 +204,15 @@ class H1Protocol(asyncio.Protocol):
             self._mode, self.keep_alive = "close", False
 
     def _chunked(self, data: bytes, t: int) -> None:
-        buf = self._buf + data if self._buf else data
+        buf = self._buf + data if self._buf else data  # _buf: at most a partial size line
         pos, out, finished = 0, [], False
         n = len(buf)
         while pos < n or self._cstate == _TRAILER:
             if self._cstate == _SIZE:
                 j = buf.find(b"\r\n", pos)
                 if j < 0:
+                    if n - pos > 4096:
+                        raise BadResponse("chunk size line longer than 4 KiB")
                     break
                 size = int(buf[pos:j].split(b";", 1)[0], 16)
                 pos = j + 2
@@ -159,7 +222,7 @@ class H1Protocol(asyncio.Protocol):
                     self._left, self._cstate = size, _DATA
             elif self._cstate == _DATA:
                 take = min(self._left, n - pos)
-                out.append(buf[pos : pos + take])
+                out.append(buf[pos : pos + take] if take != n else buf)
                 pos += take
                 self._left -= take
                 if self._left == 0:
@@ -176,9 +239,9 @@ class H1Protocol(asyncio.Protocol):
                 finished, pos = j == pos, j + 2
                 if finished:
                     break
-        self._buf = buf[pos:]
-        if out and self.on_data is not None:
-            self.on_data(out[0] if len(out) == 1 else b"".join(out), t, self.status)
+        self._buf = buf[pos:] if pos < n else b""
+        if out and self.sink is not None:
+            self.sink.data(out[0] if len(out) == 1 else b"".join(out), t)
         if finished:
             self._finish()
 
@@ -188,10 +251,125 @@ class H1Protocol(asyncio.Protocol):
             self.done.set_result(None)
 
 
-class H1Pool:
-    """Keep-alive connections to one origin; a connection serves one request at a time."""
+class ProtoConn(Conn, asyncio.Protocol):
+    """Carried by an asyncio transport (https, or no kernel timestamps): user-space stamps."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, stats: PoolStats) -> None:
+        super().__init__(stats)
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        t = time.monotonic_ns()
+        self.stats.user_reads += 1
+        self.feed(data, t)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost(exc)
+
+    def write(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def abort(self) -> None:
+        self.aborted = True
+        if self.transport is not None and not self.closed:
+            self.transport.abort()
+        self.closed = True
+
+
+class SockConn(Conn):
+    """A plain socket read with `recvmsg`: each read carries the kernel's receive time."""
+
+    def __init__(self, stats: PoolStats, sock: socket.socket, loop) -> None:
+        super().__init__(stats)
+        self.sock = sock
+        self.loop = loop
+        loop.add_reader(sock.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        sock, stats = self.sock, self.stats
+        while not self.closed:
+            try:
+                data, anc, _, _ = sock.recvmsg(READ_SIZE, _ANC_SIZE)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self._close()
+                self._lost(exc)
+                return
+            if not data:
+                self._close()
+                self._lost(None)
+                return
+            now = time.monotonic_ns()
+            t = now
+            for level, kind, cdata in anc:
+                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(cdata) >= 16:
+                    sec, nsec = struct.unpack_from("qq", cdata)
+                    # CLOCK_REALTIME -> CLOCK_MONOTONIC (both slew alike; a step between the
+                    # two reads of the clocks is the only error)
+                    t = min(now, sec * 1_000_000_000 + nsec - (time.time_ns() - now))
+                    break
+            if t is now:
+                stats.user_reads += 1
+            else:
+                stats.kernel_reads += 1
+            self.feed(data, t)
+            if len(data) < READ_SIZE:
+                return  # drained: spare the syscall that would say EAGAIN
+
+    def write(self, data: bytes) -> None:
+        try:
+            n = self.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError as exc:
+            self._close()
+            self._lost(exc)
+            return
+        if n < len(data):  # a large body the socket buffer cannot take at once
+            fut = self.loop.create_task(self.loop.sock_sendall(self.sock, data[n:]))
+            fut.add_done_callback(self._sent)
+
+    def _sent(self, fut: asyncio.Future) -> None:
+        if not fut.cancelled() and fut.exception() is not None:
+            self._close()
+            self._lost(fut.exception())  # type: ignore[arg-type]
+
+    def _close(self) -> None:
+        if self.sock.fileno() >= 0:
+            self.loop.remove_reader(self.sock.fileno())
+            self.sock.close()
+
+    def abort(self) -> None:
+        self.aborted = True
+        if not self.closed:
+            self._close()
+        self.closed = True
+
+
+def kernel_timestamps_supported() -> str | None:
+    """None when SO_TIMESTAMPNS can be used here, else why not."""
+    if sys.platform != "linux":
+        return f"not Linux ({sys.platform})"
+    if platform.machine().lower() not in _GENERIC_ABI or not _ANC_SIZE:
+        return f"SO_TIMESTAMPNS not mapped for {platform.machine()}"
+    return None
+
+
+class H1Pool:
+    """Keep-alive connections to one origin; a connection serves one request at a time.
+
+    `kernel_timestamps=False` forces user-space stamps (the comparison `cbbench selftest`
+    makes); True uses the kernel's where the platform allows, with one warning otherwise."""
+
+    def __init__(self, base_url: str, kernel_timestamps: bool = True) -> None:
         u = urlsplit(base_url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"not an http(s) URL: {base_url!r}")
@@ -201,15 +379,66 @@ class H1Pool:
         self.prefix = u.path.rstrip("/")
         default_port = self.port == (443 if self.ssl else 80)
         self.host_header = self.host if default_port else f"{self.host}:{self.port}"
-        self._idle: list[H1Protocol] = []
+        self._idle: list[Conn] = []
+        self.stats = PoolStats()
+        self._addr: tuple | None = None
+        self.kernel = False
+        if kernel_timestamps:
+            why = "https (the TLS layer reads the socket)" if self.ssl else None
+            why = why or kernel_timestamps_supported()
+            self.kernel = why is None
+            if why:
+                _warn_once(f"kernel receive timestamps unavailable: {why}; stamping in user space")
 
-    async def _connect(self) -> H1Protocol:
+    @property
+    def timestamp_source(self) -> str:
+        """ "kernel" when every read so far carried the kernel's receive time, else "user"."""
+        s = self.stats
+        return "kernel" if self.kernel and s.user_reads == 0 else "user"
+
+    async def _connect(self) -> Conn:
         loop = asyncio.get_running_loop()
+        t = time.monotonic_ns()
         try:
-            _, proto = await loop.create_connection(H1Protocol, self.host, self.port, ssl=self.ssl)
+            if self.kernel:
+                conn = await self._connect_sock(loop)
+            else:
+                _, conn = await loop.create_connection(
+                    lambda: ProtoConn(self.stats), self.host, self.port, ssl=self.ssl
+                )
         except OSError as exc:
             raise ConnectFailed(f"cannot connect to {self.host}:{self.port}: {exc}") from None
-        return proto
+        conn.connect_ns = time.monotonic_ns() - t
+        self.stats.opened += 1
+        return conn
+
+    async def _connect_sock(self, loop) -> Conn:
+        if self._addr is None:
+            infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+            self._addr = infos[0]
+        family, type_, proto, _, addr = self._addr
+        sock = socket.socket(family, type_, proto)
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            await loop.sock_connect(sock, addr)
+        except BaseException:
+            sock.close()
+            raise
+        return SockConn(self.stats, sock, loop)
+
+    async def prewarm(self, n: int) -> int:
+        """Open connections until n are idle (before t0); returns how many were opened."""
+        want = n - len(self._idle)
+        if want <= 0:
+            return 0
+        conns = await asyncio.gather(*(self._connect() for _ in range(want)))
+        for c in conns:
+            c.connect_ns = None  # opened before the measured phase: no request pays for it
+        self._idle.extend(conns)
+        self.stats.prewarmed += len(conns)
+        return len(conns)
 
     async def request(
         self,
@@ -217,65 +446,79 @@ class H1Pool:
         path: str,
         headers: dict[str, str],
         body: bytes,
-        on_data: OnData,
+        sink: Sink,
         fresh: bool = False,
-    ) -> H1Protocol:
-        """Send; returns once the status line and headers are in (`proto.status`,
-        `proto.headers`); body bytes go to `on_data`; then `await finish(proto)`.
+    ) -> Conn:
+        """Send; returns once the status line and headers are in (`sink.head` has been
+        called); body bytes go to `sink.data`; then `await finish(conn)`. `sink.sent` is told
+        when the request was written, the set-up time if this request opened the connection
+        (else None), and whether the connection was reused.
 
         A kept-alive connection the server closed just as we reused it (its idle timeout)
         fails before any response byte: the request is sent once more on a new connection."""
-        proto = None
+        conn = None
         while self._idle and not fresh:
             cand = self._idle.pop()
             if not cand.closed:
-                proto = cand
+                conn = cand
                 break
-        if proto is None:
-            proto = await self._connect()
+        if conn is None:
+            conn = await self._connect()
         lines = [f"{method} {self.prefix}{path} HTTP/1.1", f"host: {self.host_header}"]
         lines += [f"{k}: {v}" for k, v in headers.items()]
         lines.append(f"content-length: {len(body)}")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        proto._reset(on_data, asyncio.get_running_loop())
-        assert proto.transport is not None and proto.head is not None
-        proto.transport.write(head + body)
-        reused = proto.requests_sent > 0
-        proto.requests_sent += 1
+        conn._reset(sink, asyncio.get_running_loop())
+        assert conn.head is not None
+        reused = conn.requests_sent > 0
+        if reused or conn.connect_ns is None:
+            conn.connect_ns = None  # reused or prewarmed: no set-up in this request
+        if reused:
+            self.stats.reused += 1
+        conn.requests_sent += 1
+        conn.sent_ns = time.monotonic_ns()
+        sink.sent(conn.sent_ns, conn.connect_ns, reused)
+        conn.write(head + body)
         try:
-            await proto.head
+            await conn.head
         except ConnectionLost as exc:
-            self.discard(proto)
+            self.discard(conn)
             if reused and not exc.got_response:
-                return await self.request(method, path, headers, body, on_data, fresh=True)
+                self.stats.retried += 1
+                return await self.request(method, path, headers, body, sink, fresh=True)
             raise
         except BaseException:
-            self.discard(proto)
+            self.discard(conn)
             raise
-        return proto
+        return conn
 
-    async def finish(self, proto: H1Protocol) -> None:
+    async def finish(self, conn: Conn) -> None:
         """Wait for the end of the body, then put the connection back (or close it)."""
-        assert proto.done is not None
+        assert conn.done is not None
         try:
-            await proto.done
+            await conn.done
         except BaseException:
-            self.discard(proto)
+            self.discard(conn)
             raise
-        if proto.keep_alive and not proto.closed:
-            proto.on_data = None
-            self._idle.append(proto)
+        if conn.keep_alive and not conn.closed:
+            conn.sink = None
+            self._idle.append(conn)
         else:
-            self.discard(proto)
+            self.discard(conn)
 
     @staticmethod
-    def discard(proto: H1Protocol) -> None:
+    def discard(conn: Conn) -> None:
         """A connection in an unknown state (error, cancel, timeout) is never reused."""
-        if proto.transport is not None and not proto.closed:
-            proto.transport.abort()
-        proto.closed = True
+        conn.abort()
 
     def close(self) -> None:
-        for proto in self._idle:
-            self.discard(proto)
+        for conn in self._idle:
+            self.discard(conn)
         self._idle.clear()
+
+
+def _warn_once(msg: str) -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        _log.warning("cbbench: %s", msg)

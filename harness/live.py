@@ -177,10 +177,16 @@ def _caption(summary: dict, c: dict) -> str:
             f"warning: {c['prompt_token_mismatch']} prompts differ in length from the server's count "
             f"(mean server - client {summary['prompt_token_mismatch_mean']:+.1f} tokens)"
         )
-    if c.get("output_token_mismatch"):
+    exact = c.get("token_count_mismatch") or 0
+    if exact:
         lines.append(
-            f"note: in {c['output_token_mismatch']} responses the streamed chunks do not match "
-            "usage.completion_tokens (no token_ids): ITL is per chunk there, TPOT uses usage"
+            f"warning: in {exact} responses usage.completion_tokens disagrees with the streamed "
+            "token_ids: timing uses the streamed count (records: token_mismatch)"
+        )
+    if (c.get("output_token_mismatch") or 0) > exact:
+        lines.append(
+            f"note: in {c['output_token_mismatch'] - exact} responses the streamed chunks do not "
+            "match usage.completion_tokens (no token_ids): ITL is per chunk there, TPOT uses usage"
         )
     if summary["client_bound"]:
         lines.append(f"CLIENT-BOUND: {summary['client_bound_reason']} (the client set the pace)")

@@ -24,7 +24,7 @@ class RequestRecord:
     # timing (seconds from t0)
     scheduled_s: float | None = None  # when the schedule said to send (open loop), else None
     ready_s: float | None = None  # when it became eligible: scheduled time, or slot wait start
-    sent_s: float | None = None  # request bytes handed to the connection
+    sent_s: float | None = None  # request bytes handed to the connection (after any connect)
     first_token_s: float | None = None
     last_token_s: float | None = None
     end_s: float | None = None  # when the request finished, failed or not (response over)
@@ -35,13 +35,16 @@ class RequestRecord:
     e2e_s: float | None = None
     itl_s: list[float] = field(default_factory=list)
     client_queue_s: float | None = None  # waiting for a concurrency slot (open loop with cap)
-    send_lag_s: float | None = None  # actual send - scheduled send
+    send_lag_s: float | None = None  # actual send - scheduled send (connection set-up excluded)
+    connect_s: float | None = None  # opening the connection this request needed (TCP, TLS)
+    conn_reused: bool | None = None  # sent on a connection that served a request before
     server_queue_s: float | None = None  # server-reported arrival -> first scheduled
     # token counts
     prompt_tokens_client: int | None = None
     output_tokens_client: int | None = None  # tokens the client counted in the stream
     prompt_tokens_server: int | None = None  # usage.prompt_tokens
     output_tokens_server: int | None = None  # usage.completion_tokens
+    token_mismatch: str | None = None  # usage disagrees with the streamed token_ids (why)
     finish_reason: str | None = None
     # outcome
     status: str = "ok"  # "ok" | "error"

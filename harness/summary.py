@@ -126,6 +126,7 @@ def summarize(
             "short_outputs": int(np.sum(out_tokens < asked)),
             "prompt_token_mismatch": int(mismatch.sum()),
             "output_token_mismatch": int(out_mismatch.sum()),
+            "token_count_mismatch": sum(1 for r in ok_recs if r.token_mismatch),
         },
         "error_rate": len(failed) / len(measured) if measured else 0.0,
         "errors_by_kind": dict(Counter(r.error_kind or "unknown" for r in failed)),

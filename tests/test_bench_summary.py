@@ -46,6 +46,7 @@ def test_summary_matches_hand_computation():
         "short_outputs": 1,
         "prompt_token_mismatch": 1,
         "output_token_mismatch": 0,
+        "token_count_mismatch": 0,
     }
     assert s["error_rate"] == pytest.approx(1 / 3)
     assert s["errors_by_kind"] == {"http_5xx": 1}

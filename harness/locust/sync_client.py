@@ -2,11 +2,13 @@
 
 Locust runs users as greenlets on gevent's monkey-patched sockets, so the load generator's
 asyncio client cannot run there. This client keeps one keep-alive `http.client` connection
-per user (a Locust user has one request in flight) and reuses everything else from
-`cbbench.harness.client.OpenAIClient`: the request body, the SSE parser and token counting
-(`_consume` / `_apply`), ITL spreading and the record's derived latencies (`_finish`), error
-kinds. Every read off the socket (`read1`: what one chunk delivered) is timestamped with
-`time.monotonic_ns()` on arrival, as the async client does.
+per user (a Locust user has one request in flight) and shares everything else with the async
+client: the request body (`client.build_payload`), the response handler (`response.Response`:
+status, errors, SSE, token counting), error kinds (`response.failure`) and the record's
+derived latencies (`response.finish`). Every read off the socket (`read1`: what one chunk
+delivered) is stamped with `time.monotonic_ns()` when it returns: user-space stamps (the
+socket is gevent's, read by `http.client`; see docs/timing.md for why kernel stamps are not
+used here).
 """
 
 from __future__ import annotations
@@ -18,26 +20,24 @@ import ssl
 import time
 from urllib.parse import urlsplit
 
-from cbbench.harness.client import (
-    ClientConfig,
-    OpenAIClient,
-    RequestFailed,
-    build_payload,
-    error_message,
-    fail_record,
-)
+from cbbench.harness.client import ClientConfig, build_payload
 from cbbench.harness.records import RequestRecord
-from cbbench.harness.sse import SSEParser
+from cbbench.harness.response import RequestFailed, Response, fail_record, failure, finish
 
 READ_SIZE = 65536
 
 
-class SyncOpenAIClient(OpenAIClient):
-    """One connection, one request at a time; `send` fills a RequestRecord and never raises
-    for request failures (they end in `status="error"` with a kind, as in the async client)."""
+class SyncOpenAIClient:
+    """One connection, one request at a time; `send_sync` fills a RequestRecord and never
+    raises for request failures (they end in `status="error"` with a kind, as in the async
+    client)."""
 
     def __init__(self, cfg: ClientConfig, t0_ns: int = 0) -> None:
-        super().__init__(ClientConfig(**{**cfg.__dict__, "http_client": "raw"}), t0_ns)
+        self.cfg = cfg
+        self.t0_ns = t0_ns
+        auth = {"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+        self.headers = {"content-type": "application/json", **auth}
+        self.path = "/v1/chat/completions" if cfg.endpoint == "chat" else "/v1/completions"
         u = urlsplit(cfg.base_url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"not an http(s) URL: {cfg.base_url!r}")
@@ -46,97 +46,81 @@ class SyncOpenAIClient(OpenAIClient):
         self._port = u.port or (443 if self._https else 80)
         self._prefix = u.path.rstrip("/")
         self._conn: http.client.HTTPConnection | None = None
+        self._served = 0  # requests the current connection has carried
 
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
 
-    def _connection(self) -> http.client.HTTPConnection:
-        if self._conn is None:
-            timeout = self.cfg.timeout_s
-            if self._https:
-                ctx = ssl.create_default_context()
-                self._conn = http.client.HTTPSConnection(
-                    self._host, self._port, timeout=timeout, context=ctx
-                )
-            else:
-                self._conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
-            self._conn.connect()
-            # http.client sends the head and the body in two writes: without TCP_NODELAY the
-            # body waits for the server's delayed ACK (~40 ms) on a kept-alive connection.
-            self._conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return self._conn
+    def _connection(self) -> tuple[http.client.HTTPConnection, int | None]:
+        """The kept-alive connection, or a new one and its set-up time (ns)."""
+        if self._conn is not None:
+            return self._conn, None
+        t = time.monotonic_ns()
+        timeout = self.cfg.timeout_s
+        if self._https:
+            ctx = ssl.create_default_context()
+            conn = http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=ctx)
+        else:
+            conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+        conn.connect()
+        # http.client sends the head and the body in two writes: without TCP_NODELAY the
+        # body waits for the server's delayed ACK (~40 ms) on a kept-alive connection.
+        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._conn, self._served = conn, 0
+        return conn, time.monotonic_ns() - t
 
     def send_sync(self, rec: RequestRecord, prompt: list[int] | str) -> RequestRecord:
         """Send one request and fill `rec` in place (timing, tokens, outcome)."""
-        chunks: list[tuple[int, int]] = []  # (arrival ns, tokens in chunk)
-        state: dict = {}
+        resp = Response(rec, self.cfg.stream, self.cfg.collect_server_times)
         body = json.dumps(build_payload(self.cfg, prompt, rec)).encode()
         if isinstance(prompt, list):
             rec.prompt_tokens_client = len(prompt)
         try:
-            self._exchange_sync(rec, body, chunks, state)
-        except RequestFailed as exc:
+            self._exchange_sync(rec, body, resp)
+        except Exception as exc:
             self.close()
-            fail_record(rec, exc.kind, str(exc))
-        except (ConnectionRefusedError, socket.gaierror) as exc:
-            self.close()
-            fail_record(rec, "connection", f"cannot connect to {self.cfg.base_url}: {exc}")
-        except TimeoutError as exc:  # socket.timeout is an alias of it (3.10+)
-            self.close()
-            fail_record(rec, "timeout", f"{type(exc).__name__}: {exc or 'timed out'}")
-        except (http.client.HTTPException, OSError) as exc:
-            self.close()
-            kind = "stream" if chunks or state.get("status") else "connection"
-            fail_record(rec, kind, f"{type(exc).__name__}: {exc or 'connection closed'}")
-        except (ValueError, KeyError, TypeError, IndexError) as exc:
-            self.close()
-            fail_record(rec, "protocol", f"unexpected response: {type(exc).__name__}: {exc}")
-        self._finish(rec, chunks, state)
+            why = failure(
+                exc, bool(resp.chunks or resp.status), self.cfg.base_url, self.cfg.timeout_s
+            )
+            if why is None:
+                raise
+            fail_record(rec, *why)
+        finish(rec, resp, self.t0_ns, time.monotonic_ns())
         return rec
 
-    def _exchange_sync(self, rec: RequestRecord, body: bytes, chunks: list, state: dict) -> None:
+    def _exchange_sync(self, rec: RequestRecord, body: bytes, resp: Response) -> None:
         headers = {**self.headers, "x-request-id": rec.id}
         deadline = time.monotonic() + self.cfg.timeout_s
         for attempt in (0, 1):  # a kept-alive connection the server closed: reconnect once
-            conn = self._connection()
-            rec.sent_s = self._s(time.monotonic_ns())
             try:
+                conn, connect_ns = self._connection()
+                reused = self._served > 0
+                resp.sent(time.monotonic_ns(), connect_ns, reused)
                 conn.request("POST", self._prefix + self.path, body, headers)
-                resp = conn.getresponse()
+                self._served += 1
+                r = conn.getresponse()
                 break
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
                 self.close()
-                if attempt:
+                if attempt or not reused:
                     raise
-        state["status"] = resp.status
-        scheduler = resp.getheader("x-cbbench-scheduler")
-        if scheduler:
-            rec.extra["scheduler"] = scheduler
-        if resp.status >= 400:
-            text = resp.read().decode("utf-8", "replace")
-            raise RequestFailed(
-                f"http_{resp.status // 100}xx", f"HTTP {resp.status}: {error_message(text)}"
-            )
-        if not self.cfg.stream:
-            raw = resp.read()
-            t = time.monotonic_ns()
-            k = self._apply(json.loads(raw), state)
-            chunks.append((t, state.get("ids_total") or state.get("usage_out") or k))
-            return
-        parser = SSEParser()
-        while True:
-            data = resp.read1(READ_SIZE)
-            t = time.monotonic_ns()
-            if not data:
-                break
-            self._consume(data, t, parser, chunks, state, None)
-            if time.monotonic() > deadline:
-                raise RequestFailed(
-                    "timeout", f"no complete response within {self.cfg.timeout_s:g} s"
-                )
-        if resp.will_close:
+        resp.head(r.status, r.getheader)
+        if r.status >= 400 or not self.cfg.stream:
+            data = r.read()
+            resp.data(data, time.monotonic_ns())
+        else:
+            while True:
+                data = r.read1(READ_SIZE)
+                t = time.monotonic_ns()
+                if not data:
+                    break
+                resp.data(data, t)
+                if time.monotonic() > deadline:
+                    raise RequestFailed(
+                        "timeout", f"no complete response within {self.cfg.timeout_s:g} s"
+                    )
+        if r.will_close:
             self.close()
-        if not state.get("done"):
-            raise RequestFailed("stream", "stream ended without [DONE]")
+        resp.end(time.monotonic_ns())

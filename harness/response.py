@@ -1,0 +1,324 @@
+"""One response handler behind every transport: the raw asyncio client (`http1.py`), httpx, and
+the blocking `http.client` one that Locust users run on.
+
+A transport only moves bytes. It tells a `Response` the status and headers (`head`), hands it
+each read of the body with the read's arrival time (`data`), and says when the body ended
+(`end`); `Response` does the rest, the same way for all three: SSE parsing, token counting,
+HTTP errors (4xx/5xx with the server's message), the non-streaming body, a stream that ended
+without `[DONE]`. `failure` maps any transport's exception to an error kind, and `finish`
+turns what arrived into the record's timing (TTFT, ITL, TPOT, E2E).
+
+Token counting. A chunk's count comes from `token_ids` (vLLM's `return_token_ids`, the
+reference engine), else from a `usage` delta, else one token per non-empty text chunk. Ids
+must be non-negative integers (anything else fails the request as a protocol error). When ids
+were streamed, that count is exact: it times the request even if `usage.completion_tokens`
+disagrees; the record says so in `token_mismatch` and the summary counts such records. Without
+ids, `usage` gives TPOT's token count (a chunk may carry several tokens).
+
+A read that carries k tokens spreads the gap since the previous token evenly over its k tokens,
+so the ITL list has one entry per token after the first and its mean equals TPOT (tokens of the
+first read after the first one get gap 0: they arrived with it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+from collections.abc import Callable
+
+import httpx
+from cbbench.harness import http1
+from cbbench.harness.records import RequestRecord
+from cbbench.harness.sessions import Reply
+from cbbench.harness.sse import SSEParser
+
+ERROR_TEXT_LIMIT = 300
+
+try:  # optional accelerator: ~2-4x faster on SSE payloads; the stdlib path stays tested
+    import orjson
+
+    _loads: Callable[[bytes], object] = orjson.loads
+    JSON_DECODER = "orjson"
+except ImportError:  # pragma: no cover - orjson is installed in CI
+    orjson = None
+    JSON_DECODER = "json"
+
+
+def _parse_json_std(data: bytes):
+    """json.loads for one payload, faster: raw_decode on str skips encoding detection."""
+    text = data.decode()
+    try:
+        obj, end = _RAW_DECODE(text)
+    except ValueError:
+        return json.loads(text)  # leading whitespace, or the error message json.loads gives
+    if end != len(text) and text[end:].strip():
+        return json.loads(text)  # trailing garbage: let json.loads raise
+    return obj
+
+
+_RAW_DECODE = json.JSONDecoder().raw_decode
+parse_json: Callable[[bytes], object] = _loads if orjson is not None else _parse_json_std
+
+
+def use_stdlib_json(flag: bool = True) -> None:
+    """Decode payloads with the stdlib (tests of the pure path, `--no-orjson` comparisons)."""
+    global parse_json
+    parse_json = _parse_json_std if flag or orjson is None else _loads
+
+
+class RequestFailed(Exception):
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class Response:
+    """What one response delivered, whichever transport carried it."""
+
+    __slots__ = (
+        "stream",
+        "status",
+        "chunks",
+        "state",
+        "parser",
+        "body",
+        "sends",
+        "rec",
+        "sent_ns",
+        "connect_ns",
+        "reused",
+        "reply",
+    )
+
+    def __init__(
+        self,
+        rec: RequestRecord,
+        stream: bool,
+        collect_server_times: bool,
+        reply: Reply | None = None,
+    ) -> None:
+        self.rec = rec
+        self.reply = reply  # a session turn: keep the text and ids for the next turn
+        self.stream = stream
+        self.status = 0
+        self.chunks: list[tuple[int, int]] = []  # (arrival ns, tokens in that read)
+        self.state: dict = {}
+        self.parser = SSEParser()
+        self.body: list[bytes] = []
+        self.sends: list[int] | None = [] if collect_server_times else None
+        self.sent_ns: int | None = None  # when the request was written (after any connect)
+        self.connect_ns: int | None = None  # set-up of a connection opened for this request
+        self.reused: bool | None = None  # sent on a connection that served a request before
+
+    def sent(self, t: int, connect_ns: int | None = None, reused: bool | None = None) -> None:
+        """The request was written at `t` (ns); the transport says what the connection cost."""
+        self.sent_ns, self.connect_ns, self.reused = t, connect_ns, reused
+
+    def head(self, status: int, header: Callable[[str], str | None]) -> None:
+        self.status = status
+        scheduler = header("x-cbbench-scheduler")
+        if scheduler:
+            self.rec.extra["scheduler"] = scheduler
+
+    def data(self, raw: bytes, t: int) -> None:
+        """Body bytes that arrived at `t` (ns, monotonic clock)."""
+        if not (self.stream and self.status < 400):
+            self.body.append(raw)
+            return
+        k_read = 0
+        for data in self.parser.feed(raw):
+            if data == b"[DONE]":
+                self.state["done"] = True
+                continue
+            obj = parse_json(data)
+            if not isinstance(obj, dict):
+                raise RequestFailed("protocol", f"SSE data is not a JSON object: {data[:80]!r}")
+            k = _apply(obj, self.state, True, self.reply)
+            k_read += k
+            if k and self.sends is not None and "t_send_ns" in obj:
+                self.sends.append(t - obj["t_send_ns"])
+        if k_read:
+            self.chunks.append((t, k_read))
+
+    def end(self, t: int) -> None:
+        """The body is complete (as the transport saw it); raises RequestFailed if the
+        response is an HTTP error, an incomplete stream or an unreadable body."""
+        if self.status >= 400:
+            text = b"".join(self.body).decode("utf-8", "replace")
+            raise RequestFailed(
+                f"http_{self.status // 100}xx", f"HTTP {self.status}: {error_message(text)}"
+            )
+        if self.stream:
+            if not self.state.get("done"):
+                raise RequestFailed("stream", "stream ended without [DONE]")
+            return
+        obj = json.loads(b"".join(self.body))
+        if not isinstance(obj, dict):
+            raise RequestFailed("protocol", "response body is not a JSON object")
+        k = _apply(obj, self.state, False, self.reply)
+        state = self.state
+        self.chunks.append((t, state.get("ids_total") or state.get("usage_out") or k))
+
+
+def _apply(obj: dict, state: dict, stream: bool, reply: Reply | None = None) -> int:
+    """Fold one response object into `state`; return the tokens it carries."""
+    if "error" in obj and not obj.get("choices"):
+        err = obj["error"]
+        msg = err.get("message", err) if isinstance(err, dict) else err
+        raise RequestFailed("server_error", f"error in stream: {str(msg)[:ERROR_TEXT_LIMIT]}")
+    if "cbbench" in obj:
+        state["cbbench"] = obj["cbbench"]
+    usage = obj.get("usage")
+    k_usage = None
+    if usage:
+        state["usage_prompt"] = usage.get("prompt_tokens")
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and details.get("cached_tokens") is not None:
+            state["cached_tokens"] = details["cached_tokens"]  # vLLM's prefix-cache hits
+        out = usage.get("completion_tokens")
+        if out is not None:
+            if "usage_out" in state:  # per-chunk usage (vLLM continuous_usage_stats)
+                k_usage = out - state["usage_out"]
+            state["usage_out"] = out
+    choices = obj.get("choices") or ()
+    if not choices:
+        return 0
+    c = choices[0]
+    if reply is not None:
+        reply.add_choice(c)
+    if c.get("finish_reason"):
+        state["finish"] = c["finish_reason"]
+    if c.get("prompt_token_ids") is not None:
+        state["prompt_ids"] = len(c["prompt_token_ids"])
+    ids = c.get("token_ids")
+    if ids is not None:
+        if not isinstance(ids, list) or not all(type(i) is int and i >= 0 for i in ids):
+            raise RequestFailed(
+                "protocol", f"token_ids must be non-negative integers, got {str(ids)[:80]}"
+            )
+        state["ids_total"] = state.get("ids_total", 0) + len(ids)
+        return len(ids)
+    if k_usage is not None and stream:
+        return k_usage
+    text = c.get("text")
+    if text is None:
+        msg = c.get("delta") or c.get("message") or {}
+        text = msg.get("content") or msg.get("reasoning_content")
+    return 1 if text else 0
+
+
+def failure(exc: BaseException, got_response: bool, base_url: str, timeout_s: float):
+    """(error kind, message) for an exception any transport raised; None: not ours, re-raise.
+    `got_response`: some of the response had arrived (a failure then is a stream failure)."""
+    if isinstance(exc, RequestFailed):
+        return exc.kind, str(exc)
+    if isinstance(exc, http1.ConnectFailed):
+        return "connection", str(exc)
+    if isinstance(exc, http1.ConnectionLost):
+        return ("stream" if exc.got_response else "connection"), str(exc)
+    if isinstance(exc, http1.BadResponse):
+        return "protocol", str(exc)
+    if isinstance(exc, asyncio.TimeoutError):
+        return "timeout", f"no complete response within {timeout_s:g} s"
+    if isinstance(exc, httpx.TimeoutException):
+        return "timeout", f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, httpx.ConnectError | ConnectionRefusedError):
+        return "connection", f"cannot connect to {base_url}: {exc}"
+    if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
+        kind = "stream" if got_response else "connection"
+        return kind, f"{type(exc).__name__}: {exc or 'connection closed'}"
+    if isinstance(exc, httpx.HTTPError):
+        return "http", f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, ValueError | KeyError | TypeError | IndexError):
+        return "protocol", f"unexpected response: {type(exc).__name__}: {exc}"
+    if isinstance(exc, http.client.HTTPException | OSError):
+        kind = "stream" if got_response else "connection"
+        return kind, f"{type(exc).__name__}: {exc or 'connection closed'}"
+    return None
+
+
+def finish(rec: RequestRecord, resp: Response, t0_ns: int, end_ns: int) -> None:
+    """Fill `rec`'s counts and derived latencies from what arrived (ok or failed)."""
+
+    def s(t_ns: int) -> float:
+        return (t_ns - t0_ns) / 1e9
+
+    state, chunks = resp.state, resp.chunks
+    if resp.sent_ns is not None:
+        rec.sent_s = s(resp.sent_ns)
+        rec.connect_s = None if resp.connect_ns is None else resp.connect_ns / 1e9
+        rec.conn_reused = resp.reused
+    rec.end_s = s(end_ns)
+    rec.finish_reason = state.get("finish")
+    rec.prompt_tokens_server = state.get("usage_prompt") or state.get("prompt_ids")
+    rec.output_tokens_server = state.get("usage_out")
+    if "cbbench" in state and isinstance(state["cbbench"], dict):
+        info = dict(state["cbbench"])
+        rec.server_queue_s = info.pop("queue_time_s", None)
+        rec.extra.update(info)
+    if "cached_tokens" in state:
+        rec.extra.setdefault("num_cached_tokens", state["cached_tokens"])
+    if resp.sends is not None:
+        rec.extra["recv_minus_send_s"] = [d / 1e9 for d in resp.sends]
+    n_streamed = sum(k for _, k in chunks) if chunks else 0
+    rec.output_tokens_client = n_streamed
+    exact = "ids_total" in state  # the stream carried token ids: its count is exact
+    if exact and rec.output_tokens_server is not None and rec.output_tokens_server != n_streamed:
+        rec.token_mismatch = (
+            f"usage.completion_tokens {rec.output_tokens_server} != {n_streamed} streamed "
+            "token_ids (timing uses the streamed count)"
+        )
+    if chunks:
+        times = spread(chunks)
+        rec.token_times_s = [s(t) for t in times]
+        rec.first_token_s = rec.token_times_s[0]
+        rec.last_token_s = rec.token_times_s[-1]
+    if not rec.ok or rec.sent_s is None or not chunks:
+        if rec.ok:
+            fail_record(rec, "empty", "response carried no output tokens")
+        return
+    rec.e2e_s = rec.last_token_s - rec.sent_s
+    if resp.stream:
+        rec.ttft_s = rec.first_token_s - rec.sent_s
+        tt = rec.token_times_s
+        rec.itl_s = [b - a for a, b in zip(tt, tt[1:], strict=False)]
+        n = n_streamed if exact else (rec.output_tokens_server or n_streamed)
+        if n > 1:
+            rec.tpot_s = (rec.e2e_s - rec.ttft_s) / (n - 1)
+    else:
+        rec.token_times_s = []
+
+
+def spread(chunks: list[tuple[int, int]]) -> list[int]:
+    """Token arrival times (ns): a read of k tokens spreads the gap since the last token."""
+    t_first, k_first = chunks[0]
+    times = [t_first] * k_first
+    prev = t_first
+    for t, k in chunks[1:]:
+        if k == 1:
+            times.append(t)
+        else:
+            gap = (t - prev) / k
+            times.extend(int(prev + gap * (j + 1)) for j in range(k))
+        prev = t
+    return times
+
+
+def fail_record(rec: RequestRecord, kind: str, message: str) -> None:
+    if rec.status == "error":  # keep the first reason
+        return
+    rec.status = "error"
+    rec.error_kind = kind
+    rec.error = message[:ERROR_TEXT_LIMIT]
+
+
+def error_message(text: str) -> str:
+    try:
+        err = json.loads(text).get("error")
+        msg = err.get("message") if isinstance(err, dict) else err
+        if msg:
+            return str(msg)[:ERROR_TEXT_LIMIT]
+    except (ValueError, AttributeError):
+        pass
+    return text.strip()[:ERROR_TEXT_LIMIT] or "(empty body)"
