@@ -24,7 +24,8 @@ class RequestRecord:
     # timing (seconds from t0)
     scheduled_s: float | None = None  # when the schedule said to send (open loop), else None
     ready_s: float | None = None  # when it became eligible: scheduled time, or slot wait start
-    sent_s: float | None = None  # request bytes handed to the connection (after any connect)
+    sent_s: float | None = None  # request written (after any connect; if none could be made:
+    # when the attempt began)
     first_token_s: float | None = None
     last_token_s: float | None = None
     end_s: float | None = None  # when the request finished, failed or not (response over)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import time
 from collections.abc import Callable
 
 import httpx
@@ -89,6 +90,7 @@ class Response:
         "connect_ns",
         "reused",
         "reply",
+        "attempt_ns",
     )
 
     def __init__(
@@ -107,6 +109,7 @@ class Response:
         self.parser = SSEParser()
         self.body: list[bytes] = []
         self.sends: list[int] | None = [] if collect_server_times else None
+        self.attempt_ns = time.monotonic_ns()  # the transport starts: connect (if any), send
         self.sent_ns: int | None = None  # when the request was written (after any connect)
         self.connect_ns: int | None = None  # set-up of a connection opened for this request
         self.reused: bool | None = None  # sent on a connection that served a request before
@@ -249,6 +252,8 @@ def finish(rec: RequestRecord, resp: Response, t0_ns: int, end_ns: int) -> None:
         rec.sent_s = s(resp.sent_ns)
         rec.connect_s = None if resp.connect_ns is None else resp.connect_ns / 1e9
         rec.conn_reused = resp.reused
+    else:  # never sent (no connection could be made): when the attempt began
+        rec.sent_s = s(resp.attempt_ns)
     rec.end_s = s(end_ns)
     rec.finish_reason = state.get("finish")
     rec.prompt_tokens_server = state.get("usage_prompt") or state.get("prompt_ids")
