@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import sys
 
-from cbbench.harness.errors import CbbenchError
+from cbbench.harness.load_options import ClientOptions, LoadOptions, bench_config
 from cbbench.harness.runner import BenchConfig, run_bench
-from cbbench.harness.summary import parse_duration, parse_slo
-from cbbench.harness.telemetry import add_telemetry_args, build_samplers
+from cbbench.harness.telemetry import TelemetryOptions, build_samplers
 
 
 def add_load_args(p: argparse.ArgumentParser) -> None:
@@ -90,80 +87,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
     )
     add_load_args(p)
-    add_telemetry_args(p)
+    TelemetryOptions.add_args(p)
     p.set_defaults(func=run)
 
 
-def load_bench_workload(args: argparse.Namespace):
-    from cbbench.workloads import load_workload, with_arrivals
-
-    wl = load_workload(args.workload, seed=args.seed, num_requests=args.num_requests)
-    if len(wl) == 0:
-        raise CbbenchError(f"--workload {args.workload}: no requests")
-    if args.rate is not None:
-        if args.rate <= 0:
-            raise CbbenchError(f"--rate must be > 0, got {args.rate}")
-        if math.isinf(args.rate):
-            return with_arrivals(wl, "all-at-once")
-        if args.burstiness <= 0:
-            raise CbbenchError(f"--burstiness must be > 0, got {args.burstiness}")
-        kind = args.arrival or ("poisson" if args.burstiness == 1.0 else "gamma")
-        cv = 1.0 / math.sqrt(args.burstiness)  # gamma shape k has CV 1/sqrt(k)
-        return with_arrivals(wl, kind, rate=args.rate, cv=cv, seed=args.seed)
-    return wl
-
-
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
-    if args.concurrency is not None and args.concurrency < 1:
-        raise CbbenchError(f"--concurrency must be >= 1, got {args.concurrency}")
-    if args.timeout <= 0:
-        raise CbbenchError(f"--timeout must be > 0, got {args.timeout}")
-    extra = {}
-    if args.extra_body:
-        try:
-            extra = json.loads(args.extra_body)
-        except ValueError as exc:
-            raise CbbenchError(f"--extra-body: not JSON ({exc})") from None
-        if not isinstance(extra, dict):
-            raise CbbenchError("--extra-body: expected a JSON object")
-    wl = load_bench_workload(args)
-    duration = parse_duration(args.duration, "--duration") if args.duration else None
-    concurrency = args.concurrency
-    if not wl.open_loop and concurrency is None:
-        concurrency = len(wl)  # no rate, no cap, no timestamps: all at once, as vLLM does
-    base_url = args.base_url.rstrip("/")
-    if base_url.endswith("/v1"):  # vLLM habits: the OpenAI client's base_url ends in /v1
-        base_url = base_url[: -len("/v1")]
-    return BenchConfig(
-        base_url=base_url,
-        workload=wl,
-        endpoint=args.endpoint,
-        model=args.model,
-        concurrency=concurrency,
-        duration_s=duration,
-        warmup=args.warmup,
-        slo=parse_slo(args.slo),
-        tokenizer=args.tokenizer,
-        api_key=args.api_key,
-        workers=args.workers,
+    return bench_config(
+        args.base_url,
+        LoadOptions.from_args(args),
+        ClientOptions.from_args(args),
         out_dir=args.out,
         name=args.name,
-        timeout_s=args.timeout,
-        stream=not args.no_stream,
-        extensions=not args.no_extensions,
-        extra_body=extra,
-        text_prompts=args.text_prompts,
-        load={"rate": args.rate, "burstiness": args.burstiness, "arrival": args.arrival},
-        command=list(sys.argv),
         live=not args.no_live,
-        http_client=args.http_client,
-        cap_unit=getattr(args, "cap_unit", "sessions"),  # sweep passes no --cap-unit
+        command=list(sys.argv),
     )
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    samplers = list(build_samplers(args, cfg.base_url))
+    samplers = list(build_samplers(TelemetryOptions.from_args(args), cfg.base_url))
     result = run_bench(cfg, samplers)
     if result.interrupted:
         return 130

@@ -17,7 +17,7 @@ import sys
 
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.summary import parse_duration, parse_slo
-from cbbench.harness.telemetry import add_telemetry_args
+from cbbench.harness.telemetry import TelemetryOptions
 
 DEFAULT_WEB_PORT = 8089
 DEFAULT_MASTER_PORT = 5557
@@ -82,11 +82,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     lo.add_argument("--csv", help="Locust CSV stats prefix (PREFIX_stats.csv, ...)")
     lo.add_argument("--html", help="Locust HTML report file")
     p.add_argument("locust_args", nargs="*", help="after --: passed to Locust unchanged")
-    add_telemetry_args(p)
+    TelemetryOptions.add_args(p)
     p.set_defaults(func=run)
-
-
-TELEMETRY_KEYS = ("metrics_url", "no_server_metrics", "metrics_interval", "gpus", "no_gpu_metrics")
 
 
 def settings_from_args(args: argparse.Namespace):
@@ -129,7 +126,7 @@ def settings_from_args(args: argparse.Namespace):
         extensions=not args.no_extensions,
         extra_body=extra,
         itl_events=not args.no_itl_events,
-        telemetry={k: getattr(args, k) for k in TELEMETRY_KEYS if hasattr(args, k)},
+        telemetry=TelemetryOptions.from_args(args).to_dict(),
         command=list(sys.argv),
     )
     load_workload_for(settings)  # a bad spec fails here, in one line, before Locust starts

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.sweep import Level, SaturationWatch, auto_rates, parse_list
-from cbbench.harness.telemetry import add_telemetry_args, build_samplers
+from cbbench.harness.telemetry import TelemetryOptions, build_samplers
 
 SWEEP_FILE = "sweep.json"
 SUSTAINED = 0.9  # achieved/offered request rate above which a rate level is sustained
@@ -50,42 +50,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="per-request limit in seconds")
     p.add_argument("--api-key", help="sent as a Bearer token")
     p.add_argument("--no-live", action="store_true", help="no live view per level")
-    add_telemetry_args(p)
+    TelemetryOptions.add_args(p)
     p.set_defaults(func=run)
 
 
-def _bench_args(args: argparse.Namespace, level: Level, out: Path) -> argparse.Namespace:
-    """The `cbbench bench` flags for one level."""
-    return argparse.Namespace(
-        **{
-            **vars(args),
-            "rate": level.rate,
-            "concurrency": level.concurrency,
-            "burstiness": 1.0,
-            "arrival": None,
-            "duration": None,
-            "tokenizer": None,
-            "text_prompts": False,
-            "workers": 1,
-            "no_stream": False,
-            "no_extensions": False,
-            "http_client": "raw",
-            "extra_body": None,
-            "out": str(out / level.name),
-            "name": f"{Path(str(args.workload)).name}-{level.name}",
-        }
-    )
-
-
 def run_level(args: argparse.Namespace, level: Level, out: Path) -> dict:
-    from cbbench.harness.cli.bench import config_from_args
+    from cbbench.harness.load_options import ClientOptions, LoadOptions, bench_config
     from cbbench.harness.runner import run_bench
     from rich.console import Console
 
-    cfg = config_from_args(_bench_args(args, level, out))
-    cfg.command = list(sys.argv)
+    load = LoadOptions.from_args(
+        args, rate=level.rate, concurrency=level.concurrency, duration=None
+    )
+    client = ClientOptions(
+        endpoint=args.endpoint, model=args.model, slo=args.slo, api_key=args.api_key,
+        timeout_s=args.timeout,
+    )  # fmt: skip
+    name = f"{Path(str(args.workload)).name}-{level.name}"
+    cfg = bench_config(
+        args.base_url, load, client, out_dir=str(out / level.name), name=name,
+        live=not args.no_live, command=list(sys.argv),
+    )  # fmt: skip
     cfg.load = {**cfg.load, "sweep_level": level.name}
-    samplers = list(build_samplers(args, cfg.base_url))
+    samplers = list(build_samplers(TelemetryOptions.from_args(args), cfg.base_url))
     watch = SaturationWatch(Path(cfg.out_dir), len(cfg.workload), args.level_timeout)
     console = Console(stderr=True) if not args.no_live else Console(file=io.StringIO())
     t = time.monotonic()

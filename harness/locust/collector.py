@@ -9,7 +9,6 @@ Locust runs like bench runs.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import datetime as dt
 import logging
@@ -93,10 +92,10 @@ class RunCollector:
 
     # -- telemetry ----------------------------------------------------------------------
     def start_samplers(self, t0_ns: int) -> None:
-        from cbbench.harness.telemetry import build_samplers
+        from cbbench.harness.telemetry import TelemetryOptions, build_samplers
 
-        args = argparse.Namespace(**self.settings.telemetry)
-        for s in build_samplers(args, self.settings.base_url):
+        options = TelemetryOptions.from_dict(self.settings.telemetry)
+        for s in build_samplers(options, self.settings.base_url):
             s.start(t0_ns, self._on_sample)
             self.samplers.append(s)
 

@@ -8,7 +8,6 @@ a worker on another machine loaded the very same requests.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -45,7 +44,7 @@ class LocustSettings:
     extensions: bool = True
     extra_body: dict = field(default_factory=dict)
     itl_events: bool = True  # one Locust "ITL" sample per token gap
-    telemetry: dict = field(default_factory=dict)  # telemetry flags (metrics_url, ...)
+    telemetry: dict = field(default_factory=dict)  # TelemetryOptions.to_dict()
     command: list[str] = field(default_factory=list)
 
     def to_env(self) -> str:
@@ -71,9 +70,11 @@ class LocustSettings:
             )
         return cls(**data)
 
-    def load_args(self) -> argparse.Namespace:
-        """The namespace `cli.bench.load_bench_workload` reads."""
-        return argparse.Namespace(
+    def load_options(self):
+        """The load options `cbbench bench` would use for the same flags."""
+        from cbbench.harness.load_options import LoadOptions
+
+        return LoadOptions(
             workload=self.workload,
             seed=self.seed,
             num_requests=self.num_requests,
@@ -85,9 +86,7 @@ class LocustSettings:
 
 def load_workload_for(settings: LocustSettings) -> Workload:
     """The workload exactly as `cbbench bench` would load it from the same flags."""
-    from cbbench.harness.cli.bench import load_bench_workload
-
-    return load_bench_workload(settings.load_args())
+    return settings.load_options().build_workload()
 
 
 def workload_digest(wl: Workload) -> str:

@@ -8,7 +8,6 @@ max_num_seqs), same requests: only the batching policy changes.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 from dataclasses import dataclass, field
@@ -142,7 +141,7 @@ def run_measured(opts: RunOptions, spec: str, parent: Path, console: Console) ->
     """One server and one bench run per scheduler (finished requests are kept on Ctrl-C)."""
     from cbbench.harness.launcher import launch_reference_server
     from cbbench.harness.runner import BenchConfig, run_bench
-    from cbbench.harness.telemetry import build_samplers
+    from cbbench.harness.telemetry import TelemetryOptions, build_samplers
     from cbbench.workloads import load_workload, with_arrivals
 
     device = opts.engine.get("device") or default_device()
@@ -152,7 +151,7 @@ def run_measured(opts: RunOptions, spec: str, parent: Path, console: Console) ->
         wl = with_arrivals(wl, "poisson", rate=opts.rate, seed=opts.seed)
     concurrency = opts.concurrency or (None if wl.open_loop else len(wl))
     slo = parse_slo(opts.slo)
-    telemetry = argparse.Namespace(no_gpu_metrics=not device.startswith("cuda"))
+    telemetry = TelemetryOptions(gpu_metrics=device.startswith("cuda"))
     result = RunDemoResult(parent, [], {}, False, device)
     names = opts.schedulers
     console.print(

@@ -1,13 +1,14 @@
 """Telemetry during a run: the server's Prometheus `/metrics` and NVML GPU samplers.
 
-`add_telemetry_args(parser)` adds the flags; `build_samplers(args, base_url)` turns them into
-samplers that follow the runner's protocol: `name`, `start(t0_ns, sink)`, `stop()`,
-`summary()` and `latest()`.
+`TelemetryOptions.add_args(parser)` adds the flags and `TelemetryOptions.from_args(ns)` reads
+them; `build_samplers(options, base_url)` turns them into samplers that follow the runner's
+protocol: `name`, `start(t0_ns, sink)`, `stop()`, `summary()` and `latest()`.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict, dataclass
 
 from cbbench.harness.telemetry.gpu import GpuSampler
 from cbbench.harness.telemetry.server_sampler import ServerMetricsSampler
@@ -82,18 +83,49 @@ def metrics_url_for(base_url: str) -> str:
     return url + "/metrics"
 
 
-def build_samplers(args: argparse.Namespace, base_url: str | None) -> list:
-    """Samplers for the run, from the flags `add_telemetry_args` added."""
-    interval = getattr(args, "metrics_interval", DEFAULT_INTERVAL_S)
+@dataclass
+class TelemetryOptions:
+    """What to sample during a run (bench, sweep, locust, run)."""
+
+    metrics_url: str | None = None  # None: the target's base URL + /metrics
+    server_metrics: bool = True
+    interval_s: float = DEFAULT_INTERVAL_S
+    gpus: list[int] | None = None  # NVML indices; None: every GPU NVML sees
+    gpu_metrics: bool = True
+
+    add_args = staticmethod(add_telemetry_args)
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> TelemetryOptions:
+        return cls(
+            metrics_url=getattr(ns, "metrics_url", None),
+            server_metrics=not getattr(ns, "no_server_metrics", False),
+            interval_s=getattr(ns, "metrics_interval", DEFAULT_INTERVAL_S),
+            gpus=getattr(ns, "gpus", None),
+            gpu_metrics=not getattr(ns, "no_gpu_metrics", False),
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TelemetryOptions:
+        return cls(**d)
+
+
+def build_samplers(options: TelemetryOptions, base_url: str | None) -> list:
+    """Samplers for the run."""
+    if not isinstance(options, TelemetryOptions):  # a namespace of the telemetry flags
+        options = TelemetryOptions.from_args(options)
     samplers: list = []
-    if not getattr(args, "no_server_metrics", False):
-        url = getattr(args, "metrics_url", None)
+    if options.server_metrics:
+        url = options.metrics_url
         if url is None and base_url:
             url = metrics_url_for(base_url)
         if url:
-            samplers.append(ServerMetricsSampler(url, interval_s=interval))
-    if not getattr(args, "no_gpu_metrics", False):
-        gpu = GpuSampler(interval_s=interval, gpus=getattr(args, "gpus", None))
+            samplers.append(ServerMetricsSampler(url, interval_s=options.interval_s))
+    if options.gpu_metrics:
+        gpu = GpuSampler(interval_s=options.interval_s, gpus=options.gpus)
         gpu.validate()  # a wrong --gpus index fails now, before the run starts
         samplers.append(gpu)
     return samplers
@@ -103,6 +135,7 @@ __all__ = [
     "DEFAULT_INTERVAL_S",
     "GpuSampler",
     "ServerMetricsSampler",
+    "TelemetryOptions",
     "add_telemetry_args",
     "build_samplers",
     "metrics_url_for",
