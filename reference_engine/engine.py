@@ -174,6 +174,10 @@ class LLMEngine:
             raise EngineError(f"request {request_id!r}: id already in use")
         if not prompt_token_ids:
             raise EngineError(f"request {request_id!r}: empty prompt")
+        if params.logprobs is not None and not getattr(self.executor, "supports_logprobs", False):
+            raise EngineError(
+                "logprobs need the real executor: the simulated one computes no logits"
+            )
         vocab = self.model_config.vocab_size
         if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:
             raise EngineError(f"request {request_id!r}: prompt token ids must lie in [0, {vocab})")
@@ -241,11 +245,14 @@ class LLMEngine:
             if c.seq.metrics.first_scheduled_time is None:
                 c.seq.metrics.first_scheduled_time = now
         tokens = self.executor.execute(out.chunks)
+        logprobs = getattr(self.executor, "last_logprobs", None) or {}
         end = self.now()
         self.num_steps += 1
         outputs: list[RequestOutput] = []
         for chunk, toks in zip(out.chunks, tokens, strict=True):
             output = self._apply(chunk, toks, end)
+            if output is not None and chunk.seq.request_id in logprobs:
+                output.logprobs = logprobs[chunk.seq.request_id][: len(output.new_token_ids)]
             if output is not None:
                 outputs.append(output)
         num_tokens = sum(c.num_scheduled_tokens for c in out.chunks)

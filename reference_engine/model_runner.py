@@ -19,7 +19,8 @@ from cbbench.reference_engine.executor import ScheduledChunk
 from cbbench.reference_engine.loader import load_model, random_model, resolve_config, resolve_dtype
 from cbbench.reference_engine.model import AttentionMetadata
 from cbbench.reference_engine.model_config import PRESETS, ModelConfig
-from cbbench.reference_engine.sampler import Sampler, SampleRequest
+from cbbench.reference_engine.outputs import TokenLogprob
+from cbbench.reference_engine.sampler import Sampler, SampleRequest, token_logprobs
 from cbbench.reference_engine.spec_decode.rejection_sampler import (
     RejectionSampler,
     sample_chunks,
@@ -126,7 +127,10 @@ class ModelRunner:
     def now(self) -> float:
         return time.monotonic()
 
+    supports_logprobs = True  # the engine reads `last_logprobs` after each execute
+
     def execute(self, chunks: list[ScheduledChunk]) -> list[list[int]]:
+        self.last_logprobs: dict[str, list[TokenLogprob]] = {}
         if not chunks:
             return []
         with torch.inference_mode():
@@ -150,7 +154,27 @@ class ModelRunner:
                 )
             rows = [i for i, _ in b.sample_rows]
             drafts = [c.spec_token_ids for c in chunks]
-            return sample_chunks(self.sampler, self.rejection_sampler, logits, reqs, rows, drafts)
+            wanted = [r for r, q in enumerate(reqs) if q.params.logprobs is not None]
+            # raw logits, before the sampler masks stop tokens in place
+            lps = torch.log_softmax(logits[wanted].float(), dim=-1) if wanted else None
+            out = sample_chunks(self.sampler, self.rejection_sampler, logits, reqs, rows, drafts)
+            if lps is not None:
+                self._keep_logprobs(chunks, reqs, rows, wanted, lps, out)
+            return out
+
+    def _keep_logprobs(self, chunks, reqs, rows, wanted, lps, out) -> None:
+        """Per-token logprobs of the chunks that asked, for the engine to attach to their
+        outputs (token j of a chunk was sampled from that chunk's j-th logits row)."""
+        first_row: dict[int, int] = {}
+        for r, c in enumerate(rows):
+            first_row.setdefault(c, r)
+        where = {r: k for k, r in enumerate(wanted)}
+        for c, toks in enumerate(out):
+            if not toks or first_row.get(c) not in where:
+                continue
+            picked = [where[first_row[c] + j] for j in range(len(toks))]
+            k = reqs[first_row[c]].params.logprobs or 0
+            self.last_logprobs[chunks[c].seq.request_id] = token_logprobs(lps[picked], toks, k)
 
 
 @dataclass

@@ -30,6 +30,17 @@ class RequestMetrics:
 
 
 @dataclass
+class TokenLogprob:
+    """One output token's log-probability under the model (log-softmax of its raw logits,
+    before temperature/top-k/top-p, as vLLM reports), and the `k` most likely tokens."""
+
+    token_id: int
+    logprob: float
+    rank: int  # 1 = the most likely token
+    top: list[tuple[int, float]]  # (token id, logprob), most likely first; k of them
+
+
+@dataclass
 class RequestOutput:
     request_id: str
     new_token_ids: list[int]  # tokens produced for this request in this step (0 or 1, or more)
@@ -38,6 +49,7 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None  # "stop" | "length" | "abort" | None while running
     metrics: RequestMetrics
+    logprobs: list[TokenLogprob] | None = None  # one per new token, when params.logprobs
 
 
 @dataclass

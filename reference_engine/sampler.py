@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from cbbench.reference_engine.outputs import TokenLogprob
 from cbbench.reference_engine.sampling_params import SamplingParams
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # spreads (seed, step) over the generator's seed space
@@ -84,3 +85,20 @@ class Sampler:
             sorted_logits = sorted_logits.masked_fill(before >= ps[:, None], float("-inf"))
             logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
         return logits.softmax(dim=-1)
+
+
+def token_logprobs(logprobs: torch.Tensor, token_ids: list[int], top_k: int) -> list[TokenLogprob]:
+    """logprobs [n, V] (log-softmax rows), the token picked at each row -> TokenLogprob each:
+    the token's logprob and rank, and the top_k alternatives."""
+    assert logprobs.shape[0] == len(token_ids)
+    idx = torch.tensor(token_ids, device=logprobs.device)
+    chosen = logprobs.gather(1, idx[:, None])[:, 0]
+    ranks = (logprobs > chosen[:, None]).sum(dim=1) + 1
+    top_vals, top_ids = logprobs.topk(top_k, dim=1) if top_k else (None, None)
+    out = []
+    for r, tok in enumerate(token_ids):
+        top = []
+        if top_ids is not None:
+            top = list(zip(top_ids[r].tolist(), top_vals[r].tolist(), strict=True))
+        out.append(TokenLogprob(tok, float(chosen[r]), int(ranks[r]), top))
+    return out

@@ -17,6 +17,9 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    logprobs: int | None = None  # None: none; k: each output token's logprob + the top k
+
+    MAX_LOGPROBS = 20  # as vLLM's default max_logprobs
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -29,6 +32,8 @@ class SamplingParams:
             raise EngineError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k == 0 or self.top_k < -1:
             raise EngineError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= self.MAX_LOGPROBS:
+            raise EngineError(f"logprobs must be in [0, {self.MAX_LOGPROBS}], got {self.logprobs}")
 
     @property
     def greedy(self) -> bool:

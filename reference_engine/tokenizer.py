@@ -39,6 +39,11 @@ class Tokenizer(Protocol):
 
     def decode(self, token_ids: list[int]) -> str: ...
 
+    def token_text(self, token_id: int) -> str:
+        """One token as a string for logprobs: its text, or a visible name when it has none
+        of its own (a special token, a byte of a multi-byte character)."""
+        ...
+
     def new_detokenizer(self) -> IncrementalDetokenizer: ...
 
 
@@ -97,6 +102,12 @@ class ByteTokenizer:
     def decode(self, token_ids: list[int]) -> str:
         return self.to_bytes(token_ids).decode("utf-8", errors="replace")
 
+    def token_text(self, token_id: int) -> str:
+        b = token_id - BYTE_OFFSET
+        if not 0 <= b < 256:
+            return f"<|{token_id}|>"  # a special or unused id: no text of its own
+        return chr(b) if b < 0x80 else f"<0x{b:02X}>"  # part of a multi-byte character
+
     def new_detokenizer(self) -> IncrementalDetokenizer:
         return _ByteDetokenizer(self)
 
@@ -130,6 +141,12 @@ class HFTokenizer:
 
     def decode(self, token_ids: list[int]) -> str:
         return self._tok.decode(token_ids, skip_special_tokens=True)
+
+    def token_text(self, token_id: int) -> str:
+        text = self._tok.decode([token_id], skip_special_tokens=False)
+        if text and "\ufffd" not in text:
+            return text
+        return self._tok.id_to_token(token_id) or f"<|{token_id}|>"
 
     def new_detokenizer(self) -> IncrementalDetokenizer:
         return _HFDetokenizer(self)

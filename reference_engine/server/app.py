@@ -283,9 +283,25 @@ def _sampling_params(
             top_k=-1 if body.top_k == 0 else body.top_k,
             seed=body.seed,
             ignore_eos=body.ignore_eos,
+            logprobs=_logprobs(body),
         )
     except EngineError as exc:
         raise bad_request(str(exc)) from None
+
+
+def _logprobs(body: P.SamplingFields) -> int | None:
+    """The top-k alternatives asked per output token, None for no logprobs; an unsupported
+    combination is a 400 that names it."""
+    if isinstance(body, P.ChatCompletionRequest):
+        if body.top_logprobs is not None and not body.logprobs:
+            raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
+        return (body.top_logprobs or 0) if body.logprobs else None
+    assert isinstance(body, P.CompletionRequest)
+    if body.echo and body.logprobs is not None:
+        raise bad_request(
+            "echo with logprobs is not supported: prompt logprobs are not computed", "echo"
+        )
+    return body.logprobs
 
 
 async def _generate(
@@ -309,7 +325,12 @@ async def _generate(
         min_tokens=body.min_tokens,
         scheduler=state.scheduler,
     )
-    shaper = ResponseShaper(gen, state.model_name, body, chat)
+    echo = ""
+    if isinstance(body, P.CompletionRequest) and body.echo:
+        echo = body.prompt if isinstance(body.prompt, str) else state.tokenizer.decode(prompt_ids)
+    shaper = ResponseShaper(
+        gen, state.model_name, body, chat, state.tokenizer.token_text, echo=echo
+    )
     if body.stream:
         return StreamingResponse(
             _sse(stream, gen, shaper),

@@ -70,8 +70,13 @@ class SamplingFields(_Strict):
         return tuple(s for s in stops if s)
 
 
+MAX_LOGPROBS = 20  # top alternatives per token, as vLLM's default max_logprobs
+
+
 class CompletionRequest(SamplingFields):
     prompt: Text | list[Annotated[int, Field(ge=0)]] = Field(..., min_length=1)
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # top-k alternatives per token
+    echo: bool = False  # the prompt starts the returned text
 
 
 class TextPart(_Strict):
@@ -94,6 +99,8 @@ class ChatMessage(_Strict):
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
 
 # --- responses --------------------------------------------------------------------------

@@ -14,8 +14,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from cbbench.reference_engine.outputs import RequestMetrics, RequestOutput
+from cbbench.reference_engine.outputs import RequestMetrics, RequestOutput, TokenLogprob
 from cbbench.reference_engine.server import protocol as P
+from cbbench.reference_engine.server.logprobs import (
+    TokenText,
+    chat_logprobs,
+    completion_logprobs,
+)
 from cbbench.reference_engine.server.protocol import cbbench_info
 from cbbench.reference_engine.tokenizer import IncrementalDetokenizer
 
@@ -25,6 +30,7 @@ class Delta:
     text: str
     token_ids: list[int]
     finish_reason: str | None  # set on the last delta
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when asked for
 
 
 @dataclass
@@ -40,6 +46,7 @@ class Generation:
     token_ids: list[int] = field(default_factory=list)  # generated so far
     finish_reason: str | None = None
     metrics: RequestMetrics | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # when the request asked
     _scanned: int = 0  # stop strings were searched for in text[:_scanned]
 
     @property
@@ -52,6 +59,8 @@ class Generation:
         assert not self.finished, "output after the generation finished"
         self.metrics = out.metrics
         self.token_ids.extend(out.new_token_ids)
+        if out.logprobs is not None:
+            self.logprobs.extend(out.logprobs)
         self.text += self.detokenizer.push(out.new_token_ids)
         if out.finished:
             self.text += self.detokenizer.flush()
@@ -62,7 +71,9 @@ class Generation:
         end = len(self.text)
         if not self.finished and self.stop:
             end = max(self.sent, end - (max(map(len, self.stop)) - 1))
-        delta = Delta(self.text[self.sent : end], list(out.new_token_ids), self.finish_reason)
+        delta = Delta(
+            self.text[self.sent : end], list(out.new_token_ids), self.finish_reason, out.logprobs
+        )
         self.sent = end
         return delta
 
@@ -92,14 +103,39 @@ class Generation:
 class ResponseShaper:
     """Wraps a Generation's deltas in completion or chat chunk/body shapes."""
 
-    def __init__(self, gen: Generation, model: str, body: P.SamplingFields, chat: bool):
+    def __init__(
+        self,
+        gen: Generation,
+        model: str,
+        body: P.SamplingFields,
+        chat: bool,
+        token_text: TokenText | None = None,
+        echo: str = "",
+    ):
+        """`token_text`: id -> its text, for logprobs; `echo`: the prompt text that starts a
+        completion's text (`echo: true`)."""
         self.gen = gen
         self.chat = chat
+        self.token_text = token_text or str
+        self.echo = echo
+        self.offset = len(echo)  # completions' text_offset of the next token
+        self.body = body
         self.return_token_ids = body.return_token_ids
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
         self.model = model
         self.created = int(time.time())
         self.first = True
+
+    @property
+    def wants_logprobs(self) -> bool:
+        body = self.body
+        return bool(body.logprobs) if self.chat else body.logprobs is not None  # type: ignore[attr-defined]
+
+    def _logprobs(self, entries: list[TokenLogprob]) -> dict[str, Any]:
+        if self.chat:
+            return chat_logprobs(entries, self.token_text)
+        body, self.offset = completion_logprobs(entries, self.token_text, self.offset)
+        return body
 
     def _envelope(self, stream: bool) -> dict[str, Any]:
         if self.chat:
@@ -120,7 +156,10 @@ class ResponseShaper:
                 d = {"role": "assistant", **d}
             choice = P.chat_choice(d, None, delta.finish_reason, ids, prompt_ids)
         else:
-            choice = P.completion_choice(delta.text, delta.finish_reason, ids, prompt_ids)
+            text = self.echo + delta.text if self.first else delta.text
+            choice = P.completion_choice(text, delta.finish_reason, ids, prompt_ids)
+        if delta.logprobs is not None:
+            choice["logprobs"] = self._logprobs(delta.logprobs)
         self.first = False
         out = {**self._envelope(stream=True), "choices": [choice]}
         if self.include_usage:
@@ -145,7 +184,9 @@ class ResponseShaper:
             message = {"role": "assistant", "content": gen.text}
             choice = P.chat_choice(None, message, gen.finish_reason, ids, prompt_ids)
         else:
-            choice = P.completion_choice(gen.text, gen.finish_reason, ids, prompt_ids)
+            choice = P.completion_choice(self.echo + gen.text, gen.finish_reason, ids, prompt_ids)
+        if self.wants_logprobs:
+            choice["logprobs"] = self._logprobs(gen.logprobs)
         return {
             **self._envelope(stream=False),
             "choices": [choice],
