@@ -4,26 +4,30 @@ Request i goes to worker i % N; all share one t0 on CLOCK_MONOTONIC (system-wide
 fixed by the parent once every worker has warmed up. Workers send each finished record to the
 parent over a multiprocessing queue as soon as it finishes (the parent is the only writer, so
 a worker that dies loses only its in-flight requests). SIGINT is ignored in workers: the
-parent turns Ctrl-C into a stop event they poll.
+parent turns Ctrl-C into a stop event they poll. Workers die with the parent, even on
+kill -9 (harness/lifeline.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import os
 import queue
 import signal
 import threading
 import time
 from collections.abc import Callable
 
+from cbbench.harness.lifeline import die_with_parent
 from cbbench.harness.loadgen import WorkerPlan, run_worker
 from cbbench.harness.records import RequestRecord
 
 T0_MARGIN_NS = 20_000_000  # t0 a little after "go", so every worker is waiting when it comes
 
 
-def _worker_main(plan: WorkerPlan, q, t0_value, go, stop) -> None:
+def _worker_main(plan: WorkerPlan, q, t0_value, go, stop, parent_pid: int) -> None:
+    die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def emit(kind: str, payload) -> None:
@@ -59,7 +63,9 @@ def run_workers(
     t0_value = ctx.Value("q", 0)
     procs = {
         p.worker: ctx.Process(
-            target=_worker_main, args=(p, q, t0_value, go, stop), name=f"cbbench-worker-{p.worker}"
+            target=_worker_main,
+            args=(p, q, t0_value, go, stop, os.getpid()),
+            name=f"cbbench-worker-{p.worker}",
         )
         for p in plans
     }

@@ -13,9 +13,11 @@ import asyncio
 import concurrent.futures
 import json
 import multiprocessing
+import os
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from cbbench.harness.lifeline import die_with_parent
 from cbbench.reference_engine.server.errors import APIError, bad_request
 from pydantic import BaseModel, ValidationError
 
@@ -139,8 +141,12 @@ class BodyParser:
         assert not self.closed, "body parser used after close()"
         if self._pool is None:
             # spawn, not fork: the server process has an engine thread and a torch runtime.
+            # The worker dies with the server, even on kill -9 (harness/lifeline.py).
             self._pool = concurrent.futures.ProcessPoolExecutor(
-                1, mp_context=multiprocessing.get_context("spawn")
+                1,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=die_with_parent,
+                initargs=(os.getpid(),),
             )
         return self._pool
 
