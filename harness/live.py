@@ -142,8 +142,11 @@ def summary_table(summary: dict, title: str = "cbbench bench") -> Table:
         ("client queue (ms)", "client_queue_s"),
         ("server queue (ms)", "server_queue_s"),
         ("send lag (ms)", "send_lag_s"),
+        ("connect (ms)", "connect_s"),
     ):
-        d = summary[key]
+        d = summary[key] if key != "connect_s" else summary.get("connections", {}).get(key)
+        if d is None:
+            continue
         if d["count"]:
             cells = [_ms(d, k) for k in ("mean", "p50", "p90", "p99", "max")]
             t.add_row(label, *cells, str(d["count"]))
@@ -187,6 +190,13 @@ def _caption(summary: dict, c: dict) -> str:
         lines.append(
             f"note: in {c['output_token_mismatch'] - exact} responses the streamed chunks do not "
             "match usage.completion_tokens (no token_ids): ITL is per chunk there, TPOT uses usage"
+        )
+    conn = summary.get("connections") or {}
+    if conn.get("opened") is not None:
+        lines.append(
+            f"connections: opened {conn['opened']} ({conn['prewarmed']} before t0), requests on "
+            f"a reused one {conn['reused']}, closed by the server {conn['closed_by_server']}; "
+            f"arrival times: {summary.get('timestamp_source', 'user')} stamps"
         )
     if summary["client_bound"]:
         lines.append(f"CLIENT-BOUND: {summary['client_bound_reason']} (the client set the pace)")

@@ -95,6 +95,8 @@ class ClientOptions:
     extra_body: dict = field(default_factory=dict)
     http_client: str = "raw"
     cap_unit: str = "sessions"
+    prewarm: bool = True  # open the connections (up to the concurrency) before t0
+    kernel_timestamps: bool = True  # raw client: the kernel's receive times where available
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> ClientOptions:
@@ -112,6 +114,8 @@ class ClientOptions:
             extra_body=parse_extra_body(getattr(ns, "extra_body", None)),
             http_client=getattr(ns, "http_client", "raw"),
             cap_unit=getattr(ns, "cap_unit", "sessions"),
+            prewarm=not getattr(ns, "no_prewarm", False),
+            kernel_timestamps=not getattr(ns, "user_timestamps", False),
         )
 
 
@@ -159,4 +163,6 @@ def bench_config(
         live=live,
         http_client=client.http_client,
         cap_unit=client.cap_unit,
+        prewarm=client.prewarm,
+        kernel_timestamps=client.kernel_timestamps,
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ class WorkerPlan:
     text_prompts: bool = False  # chat endpoint or --text-prompts: text of (about) the length
     cap_unit: str = "sessions"  # with sessions: a concurrency slot holds a session or a request
     keep_token_ids: bool = False  # sessions: keep prompt/reply token ids in record.extra
+    prewarm: bool = True  # open `concurrency` connections before t0 (raw client)
 
 
 @dataclass
@@ -68,10 +70,22 @@ class WorkerStats:
     cancelled: int = 0  # in flight when the run was stopped: not recorded
     loop_lag_s: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
+    connections: dict = field(default_factory=dict)  # the raw pool's counts (http1.PoolStats)
+    timestamp_source: str = "user"  # "kernel" | "user": who stamped the reads (http1.py)
 
     @property
     def in_flight(self) -> int:
         return self.sent - self.finished
+
+    def final(self) -> dict:
+        """What a worker reports when it ends (picklable)."""
+        return {
+            "loop_lag_s": self.loop_lag_s,
+            "cpu": self.cpu,
+            "cancelled": self.cancelled,
+            "connections": self.connections,
+            "timestamp_source": self.timestamp_source,
+        }
 
 
 def _now_s(t0_ns: int) -> float:
@@ -176,7 +190,9 @@ class Worker:
             rec.prompt_tokens_client = self.prompts.count(prompt)
         await client.send(rec, prompt, reply)
         assert rec.sent_s is not None and rec.ready_s is not None
-        rec.send_lag_s = rec.sent_s - rec.ready_s - (rec.client_queue_s or 0.0)
+        rec.send_lag_s = (
+            rec.sent_s - rec.ready_s - (rec.client_queue_s or 0.0) - (rec.connect_s or 0.0)
+        )
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
@@ -368,6 +384,8 @@ async def run_worker(
     client = OpenAIClient(plan.client)
     try:
         warm = await worker.warmup(client)
+        if plan.prewarm and client.pool is not None and plan.concurrency:
+            await client.pool.prewarm(plan.concurrency)  # connect before t0, not in TTFT
         t0_ns = await wait_t0()
         await asyncio.sleep(max(0.0, (t0_ns - time.monotonic_ns()) / 1e9))  # t0 may be ahead
         for rec in warm:
@@ -387,4 +405,7 @@ async def run_worker(
             watcher.cancel()
     finally:
         await client.aclose()
+        if client.pool is not None:
+            worker.stats.connections = dataclasses.asdict(client.pool.stats)
+            worker.stats.timestamp_source = client.pool.timestamp_source
     return worker.stats

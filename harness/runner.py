@@ -15,11 +15,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from cbbench.harness.client import ClientConfig, probe_server
 from cbbench.harness.environment import environment
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.live import LiveStats, LiveView, summary_table
 from cbbench.harness.loadgen import Job, WorkerPlan, run_worker
+from cbbench.harness.metrics import describe_array
 from cbbench.harness.outcome import stopped_answering
 from cbbench.harness.records import RECORD_SCHEMA_VERSION, RequestRecord
 from cbbench.harness.results import RunWriter
@@ -55,6 +57,8 @@ class BenchConfig:
     live: bool = True
     collect_server_times: bool = False
     http_client: str = "raw"
+    prewarm: bool = True  # open the connections (up to the concurrency) before t0
+    kernel_timestamps: bool = True  # raw client: kernel receive times where the OS gives them
     cap_unit: str = "sessions"  # sessions: what --concurrency counts (sessions | requests)
     keep_token_ids: bool = False  # sessions: prompt/reply token ids in each record's extra
 
@@ -119,9 +123,24 @@ def _plans(cfg: BenchConfig, client: ClientConfig) -> list[WorkerPlan]:
                 text_prompts=cfg.text_prompts or cfg.endpoint == "chat",
                 cap_unit=cfg.cap_unit,
                 keep_token_ids=cfg.keep_token_ids,
+                prewarm=cfg.prewarm,
             )
         )
     return plans
+
+
+def connection_summary(records: list[RequestRecord], stats: list[dict]) -> dict:
+    """Connection counts: the raw pools' own (opened, before t0, reused, closed by the
+    server, requests sent again) and, from the measured records, how many requests had to
+    open a connection and what that cost (`connect_s`, kept out of TTFT)."""
+    pools = [st["connections"] for st in stats if st.get("connections")]
+    keys = ("opened", "prewarmed", "reused", "closed_by_server", "retried", "user_reads")
+    out: dict = {k: (sum(p.get(k, 0) for p in pools) if pools else None) for k in keys}
+    measured = [r for r in records if not r.warmup]
+    cold = [r.connect_s for r in measured if r.connect_s is not None]
+    out["requests_on_new_connection"] = len(cold)
+    out["connect_s"] = describe_array(np.asarray(cold, dtype=float))
+    return out
 
 
 def _run_inprocess(plan: WorkerPlan, on_event, stop_flag: threading.Event) -> dict[int, dict]:
@@ -143,7 +162,7 @@ def _run_inprocess(plan: WorkerPlan, on_event, stop_flag: threading.Event) -> di
         finally:
             if handled:
                 loop.remove_signal_handler(signal.SIGINT)
-        return {0: {"loop_lag_s": stats.loop_lag_s, "cpu": stats.cpu, "cancelled": stats.cancelled}}
+        return {0: stats.final()}
 
     return asyncio.run(main())
 
@@ -178,6 +197,7 @@ def _run_meta(cfg: BenchConfig, name: str, engine: dict, model: str, workers: in
             "timeout_s": cfg.timeout_s,
             "extensions": cfg.extensions,
             "http_client": cfg.http_client,
+            "prewarm": cfg.prewarm,
             "text_prompts": cfg.text_prompts or cfg.endpoint == "chat",
             "cap_unit": cfg.cap_unit,
             "tokenizer": cfg.tokenizer,
@@ -223,6 +243,7 @@ def run_bench(
         max_connections=cfg.concurrency or max(1, len(cfg.workload)),
         collect_server_times=cfg.collect_server_times,
         http_client=cfg.http_client,
+        kernel_timestamps=cfg.kernel_timestamps,
     )
     plans = _plans(cfg, client)
     meta = _run_meta(cfg, name, engine, model, len(plans))
@@ -267,6 +288,10 @@ def run_bench(
             client_samples["cpu"] += st.get("cpu", [])
         summary = summarize(records, None, cfg.slo, client_samples)
         summary["cancelled_in_flight"] = sum(st.get("cancelled", 0) for st in worker_stats.values())
+        summary["connections"] = connection_summary(records, list(worker_stats.values()))
+        sources = {st.get("timestamp_source", "user") for st in worker_stats.values()}
+        summary["timestamp_source"] = "kernel" if sources == {"kernel"} else "user"
+        meta["timestamp_source"] = summary["timestamp_source"]
         failure = None if interrupted else stopped_answering(records)
         if failure:
             summary["server_stopped_answering"] = failure

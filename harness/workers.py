@@ -39,13 +39,7 @@ def _worker_main(plan: WorkerPlan, q, t0_value, go, stop, parent_pid: int) -> No
         return int(t0_value.value)
 
     stats = asyncio.run(run_worker(plan, emit, wait_t0, stop.is_set))
-    q.put(
-        (
-            "done",
-            plan.worker,
-            {"loop_lag_s": stats.loop_lag_s, "cpu": stats.cpu, "cancelled": stats.cancelled},
-        )
-    )
+    q.put(("done", plan.worker, stats.final()))
 
 
 def run_workers(

@@ -74,6 +74,17 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
         default="raw",
         help="HTTP/1.1 transport: raw asyncio (default, lowest overhead) or httpx",
     )
+    p.add_argument(
+        "--no-prewarm",
+        action="store_true",
+        help="do not open the connections before t0 (measure cold starts on purpose; each "
+        "request's set-up time is in connect_s, never in TTFT)",
+    )
+    p.add_argument(
+        "--user-timestamps",
+        action="store_true",
+        help="stamp arrivals in user space, not with the kernel's receive time (raw client)",
+    )
     p.add_argument("--extra-body", help="JSON object merged into every request body")
     p.add_argument("--out", help="run folder (default results/runs/<timestamp>-<name>)")
     p.add_argument("--name", help="run name (default: the workload's)")

@@ -94,7 +94,9 @@ class CbbenchUser(User):
                 rec.ready_s = now
             self.client.send_sync(rec, prompt)
             assert rec.sent_s is not None and rec.ready_s is not None
-            rec.send_lag_s = rec.sent_s - rec.ready_s - (rec.client_queue_s or 0.0)
+            rec.send_lag_s = (
+                rec.sent_s - rec.ready_s - (rec.client_queue_s or 0.0) - (rec.connect_s or 0.0)
+            )
             finished = rec
         finally:
             if run.release(finished):
