@@ -98,3 +98,14 @@ def test_kernel_stamps_leave_event_loop_queueing_out_of_ttft():
     assert kernel.ok and user.ok
     assert 0.1 <= kernel.ttft_s < 0.2  # when the bytes came in
     assert user.ttft_s >= 0.28  # when the blocked loop got to them
+
+
+def test_bench_flags_reach_the_config():
+    from cbbench.harness.cli import build_parser
+    from cbbench.harness.cli.bench import config_from_args
+
+    base = ["bench", "--base-url", "http://127.0.0.1:9", "--workload", "seed-demo"]
+    on = config_from_args(build_parser().parse_args(base))
+    off = config_from_args(build_parser().parse_args([*base, "--no-prewarm", "--user-timestamps"]))
+    assert (on.prewarm, on.kernel_timestamps) == (True, True)
+    assert (off.prewarm, off.kernel_timestamps) == (False, False)
