@@ -192,6 +192,21 @@ PRESETS: dict[str, dict[str, Any]] = {
         eos_token_id=128001,
         torch_dtype="bfloat16",
     ),
+    # Llama 3.2 1B's shape (Llama 3's vocabulary): a draft model for llama-3-8b
+    "llama-3.2-1b": dict(
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        tie_word_embeddings=True,
+        bos_token_id=128000,
+        eos_token_id=128001,
+        torch_dtype="bfloat16",
+    ),
     "llama-2-7b": dict(
         vocab_size=32000,
         hidden_size=4096,

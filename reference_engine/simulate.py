@@ -21,6 +21,7 @@ from cbbench.reference_engine.engine import LLMEngine
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.sampling_params import SamplingParams
 from cbbench.reference_engine.sim_executor import SimExecutor
+from cbbench.reference_engine.spec_decode.stats import SpecDecodeStats
 from cbbench.workloads.spec import RequestSpec
 
 
@@ -86,6 +87,7 @@ class SimResult:
     requests: list[SimRequest]
     steps: list[StepRecord]
     simulated: bool = True
+    spec_decode: SpecDecodeStats | None = None  # speculative decoding counters, when on
 
     @property
     def duration_s(self) -> float:
@@ -128,6 +130,8 @@ class SimResult:
                 sum(r.num_cached_tokens for r in self.requests)
                 / max(1, sum(r.prompt_len for r in self.requests))
             ),
+            "spec_acceptance_rate": sd.acceptance_rate if (sd := self.spec_decode) else None,
+            "spec_mean_accepted_length": sd.mean_accepted_length if sd else None,
         }
 
 
@@ -186,6 +190,18 @@ class MeasuredClock:
         self.clock += time.perf_counter() - t
         return out
 
+    def timed(self, proposer):
+        """Wrap a speculative proposer so its draft work counts on this clock too."""
+        clock = self
+
+        class Timed:
+            def propose(self, chunks):
+                t = time.perf_counter()
+                proposer.propose(chunks)
+                clock.clock += time.perf_counter() - t
+
+        return Timed()
+
 
 def replay(requests: Sequence[RequestSpec], cfg: EngineConfig, **kwargs) -> SimResult:
     """Run `requests` through an engine built from `cfg` (its executor: "sim" = virtual
@@ -224,12 +240,16 @@ def _replay_steps(
     max_steps: int = 10_000_000,
     on_progress: Callable[[int, int], None] | None = None,
     measured_clock: bool = False,
+    temperature: float = 1.0,
 ) -> Generator[None, None, SimResult]:
-    """The replay loop, yielding after every engine step."""
+    """The replay loop, yielding after every engine step. `temperature` 0: greedy requests
+    (the real model's speculative control accepts every draft only when greedy)."""
     engine = LLMEngine.from_config(cfg)
     simulated = isinstance(engine.executor, SimExecutor)
     if measured_clock and not simulated:
         engine.executor = MeasuredClock(engine.executor)
+        if engine.proposer is not None:
+            engine.proposer = engine.executor.timed(engine.proposer)
     ex = engine.executor
     virtual = isinstance(ex, (SimExecutor, MeasuredClock))
     vocab = engine.model_config.vocab_size
@@ -260,7 +280,9 @@ def _replay_steps(
                 engine.add_request(
                     rid,
                     prompt_tokens(spec, vocab, prefix_block_size),
-                    SamplingParams(max_tokens=spec.output_len, ignore_eos=True),
+                    SamplingParams(
+                        max_tokens=spec.output_len, ignore_eos=True, temperature=temperature
+                    ),
                     priority=spec.priority,
                     arrival_time=t0 + arrival,
                 )
@@ -335,4 +357,5 @@ def _replay_steps(
         requests=[recs[f"req-{s.index}"] for s in requests],
         steps=steps,
         simulated=simulated,
+        spec_decode=engine.spec_stats,
     )

@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from cbbench.harness.errors import CbbenchError
 from cbbench.reference_engine.options import (
     SIM_DEFAULTS,
     add_engine_args,
@@ -34,7 +35,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="skip requests whose prompt + output exceed max_model_len (counted on screen)",
     )
     p.add_argument("--timeline", action="store_true", help="print the step-by-step slot timeline")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="sampling temperature of every request (0 = greedy; --executor real only)",
+    )
     p.add_argument("--out", default=None, help="write one run folder per scheduler under DIR")
+    p.add_argument(
+        "--spec-sweep",
+        default=None,
+        metavar="BATCHES",
+        help="instead of a workload: speculative speed-up vs batch size (e.g. 1,4,16,64,256) "
+        "at --spec-sweep-rates, with the --speculative-* flags given",
+    )
+    p.add_argument("--spec-sweep-rates", default="0.6,0.8", help="acceptance rates of --spec-sweep")
     add_engine_args(p, defaults=SIM_DEFAULTS)
     p.set_defaults(func=run)
 
@@ -44,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     console = Console()
+    if args.spec_sweep is not None:
+        return _spec_sweep(args, console)
     settings = engine_settings(args)
     names = scheduler_names(settings.pop("scheduler", None))
     seed = settings.pop("seed", None)
@@ -56,8 +73,33 @@ def run(args: argparse.Namespace) -> int:
         rate=args.rate,
         drop_too_long=args.drop_too_long,
         timeline=args.timeline,
+        temperature=args.temperature,
         out=Path(args.out) if args.out else None,
         command=list(sys.argv),
     )
     print_study(simulate(opts, console), console)
+    return 0
+
+
+def _floats(text: str, flag: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise CbbenchError(f"{flag}: expected a comma list of numbers, got {text!r}") from None
+
+
+def _spec_sweep(args: argparse.Namespace, console) -> int:
+    from cbbench.harness.studies.spec_sweep import SpecSweepOptions, print_sweep, spec_sweep
+    from cbbench.reference_engine.options import build_engine_config
+
+    settings = engine_settings(args)
+    if settings.get("speculative_method") is None:
+        raise CbbenchError("--spec-sweep needs --speculative-method (and its flags)")
+    batches = tuple(int(b) for b in _floats(args.spec_sweep, "--spec-sweep"))
+    if not batches or min(batches) < 1:
+        raise CbbenchError(f"--spec-sweep: batch sizes must be >= 1, got {args.spec_sweep!r}")
+    rates = _floats(args.spec_sweep_rates, "--spec-sweep-rates")
+    base = build_engine_config(settings, SIM_DEFAULTS, scheduler="continuous")
+    opts = SpecSweepOptions(base, batch_sizes=batches, acceptance_rates=rates)
+    print_sweep(opts, spec_sweep(opts), console)
     return 0

@@ -24,7 +24,7 @@ from cbbench.reference_engine.config import EngineConfig
 from cbbench.reference_engine.cost_model import CostModel, get_hardware
 from cbbench.reference_engine.engine import resolve_model_config, sim_num_kv_blocks
 from cbbench.reference_engine.errors import EngineError
-from cbbench.reference_engine.options import SIM_DEFAULTS, build_engine_config
+from cbbench.reference_engine.options import FLAGS, SIM_DEFAULTS, build_engine_config
 from cbbench.reference_engine.simulate import SimResult, replay, replay_interleaved
 from cbbench.workloads import load_workload, with_arrivals
 from cbbench.workloads.spec import Workload
@@ -48,6 +48,7 @@ class SimOptions:
     rate: float | None = None  # Poisson arrivals at this rate (req/s)
     drop_too_long: bool = False
     timeline: bool = False
+    temperature: float = 1.0  # of every request; 0 = greedy
     out: Path | None = None  # one run folder per scheduler under it
     command: list[str] = field(default_factory=list)  # argv, for run.json
 
@@ -233,6 +234,14 @@ def comparison_table(results: dict[str, SimResult], title: str, steps_mode: bool
         "KV reserved, unused (tokens, mean)",
         lambda s: f(s["kv_reserved_unused_tokens_mean"], "{:.0f}"),
     )
+    plain = sums.get("continuous")
+    if SPEC_NAME in sums and plain and plain["output_throughput"]:
+        row(
+            "throughput vs continuous",
+            lambda s: f(s["output_throughput"] / plain["output_throughput"], "{:.2f}x"),
+        )
+        row("spec: draft acceptance rate", lambda s: f(s["spec_acceptance_rate"], "{:.0%}"))
+        row("spec: tokens per verify step", lambda s: f(s["spec_mean_accepted_length"]))
     row("preemptions", lambda s: str(s["num_preemptions"]))
     row("prompt tokens from prefix cache", lambda s: f(s["prefix_cache_hit_rate"], "{:.0%}"))
     return t
@@ -281,13 +290,38 @@ def load_sim_workload(opts: SimOptions, console: Console) -> Workload:
     return wl
 
 
-def _replay(wl: Workload, cfg: EngineConfig, timeline: bool) -> SimResult:
+def _replay(wl: Workload, cfg: EngineConfig, timeline: bool, temperature: float = 1.0) -> SimResult:
     try:
-        return replay(wl.requests, cfg, prefix_block_size=wl.prefix_block_size, timeline=timeline)
+        return replay(
+            wl.requests, cfg, prefix_block_size=wl.prefix_block_size, timeline=timeline,
+            temperature=temperature,
+        )  # fmt: skip
     except EngineError as exc:
         if "workload request" in str(exc):
             raise CbbenchError(f"{exc} (--drop-too-long skips such requests)") from None
         raise
+
+
+SPEC_DESTS = tuple(d for d, f in FLAGS.items() if f.section == "speculative")
+SPEC_NAME = "continuous+spec"
+
+
+def engine_configs(given: dict[str, Any], opts: SimOptions) -> dict[str, EngineConfig]:
+    """One config per scheduler. With a speculative method given, speculation applies to
+    the continuous scheduler only, and runs beside plain continuous batching
+    ("continuous+spec" next to "continuous"): the side-by-side comparison on one workload."""
+    spec = given.get("speculative_method") is not None
+    plain = {k: v for k, v in given.items() if k not in SPEC_DESTS}
+    cfgs: dict[str, EngineConfig] = {}
+    for n in opts.schedulers:
+        cfgs[n] = build_engine_config(plain, opts.engine_defaults, scheduler=n)
+        if spec and n == "continuous":
+            cfgs[SPEC_NAME] = build_engine_config(given, opts.engine_defaults, scheduler=n)
+    if spec and SPEC_NAME not in cfgs:
+        raise CbbenchError(
+            "speculative decoding runs with the continuous scheduler only: add it to --scheduler"
+        )
+    return cfgs
 
 
 def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
@@ -296,9 +330,7 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
     wl = load_sim_workload(opts, console)
     settings: Mapping[str, Any] = {**opts.engine_defaults, **opts.engine, "seed": wl.seed}
     given = {**opts.engine, "seed": wl.seed}
-    cfgs = {
-        n: build_engine_config(given, opts.engine_defaults, scheduler=n) for n in opts.schedulers
-    }
+    cfgs = engine_configs(given, opts)
     any_cfg = next(iter(cfgs.values()))
     real = any_cfg.executor == "real"
     hw = get_hardware(any_cfg.hardware)
@@ -325,7 +357,7 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
         ):
             res = replay_interleaved(
                 wl.requests, list(cfgs.values()), prefix_block_size=wl.prefix_block_size,
-                timeline=timeline,
+                timeline=timeline, temperature=opts.temperature,
             )  # fmt: skip
         console.print(
             f"{len(cfgs)} engines run interleaved in {time.perf_counter() - t0:.1f}s wall"
@@ -346,7 +378,7 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
                 cfg = fit_static_batch(cfg, console)
             t0 = time.perf_counter()
             with console.status(f"simulating {name} on {where} ({len(wl)} requests)..."):
-                results[name] = _replay(wl, cfg, timeline)
+                results[name] = _replay(wl, cfg, timeline, opts.temperature)
             wall = time.perf_counter() - t0
             tput = results[name].summary()["output_throughput"] or 0.0
             console.print(

@@ -11,7 +11,7 @@ sequence (SimExecutor asks the target's CostModel)."""
 
 from __future__ import annotations
 
-import zlib
+import hashlib
 from typing import TYPE_CHECKING
 
 from cbbench.reference_engine.executor import ScheduledChunk
@@ -36,8 +36,9 @@ class SimProposer:
         self.seed = seed
 
     def _accepts(self, request_id: str, position: int) -> bool:
-        h = zlib.crc32(f"spec:{self.seed}:{request_id}:{position}".encode())
-        return h / (1 << 32) < self.acceptance_rate
+        # a cryptographic hash: CRC32 of neighbouring positions is correlated (linear)
+        d = hashlib.blake2b(f"{self.seed}:{request_id}:{position}".encode(), digest_size=8)
+        return int.from_bytes(d.digest()) / (1 << 64) < self.acceptance_rate
 
     def propose(self, chunks: list[ScheduledChunk]) -> None:
         ex = self.executor
