@@ -17,6 +17,7 @@ from cbbench.workloads import WorkloadError, load_trace, load_workload, with_arr
 from cbbench.workloads.loader import build_from_spec
 from cbbench.workloads.native import read_native, write_native_jsonl
 from cbbench.workloads.spec import RequestSpec, Workload
+from cbbench.workloads.summary import summarize_workload
 from rich.console import Console
 from server_support import serve
 
@@ -244,3 +245,20 @@ def test_sharegpt_sessions_send_their_real_text(server, tmp_path):
     }  # the tiny model's byte tokenizer: id = byte + 3
     assert b"Name a prime." in seen[("c1", 2)] and b"And an even one?" in seen[("c1", 2)]
     assert b"Why is the sky blue?" in seen[("c3", 1)]
+
+
+def test_open_loop_starts_sessions_by_the_arrival_process(server, tmp_path):
+    wl = with_arrivals(
+        build_from_spec(SPEC, "s", "spec", seed=13, num_requests=9), "constant", rate=20.0
+    )
+    summary = summarize_workload(wl)
+    assert summary["sessions"]["count"] == len(group_sessions(wl.requests))
+    assert summary["mean_rate"] == pytest.approx(20.0)  # sessions per second
+    res = _run(server, wl, tmp_path, concurrency=None)
+    assert len(res.records) == 9 and all(r.ok for r in res.records)
+    for r in res.records:
+        if r.turn == 1:
+            assert r.scheduled_s == pytest.approx(wl.requests[r.index].arrival_s)
+            assert r.sent_s >= r.scheduled_s
+        else:
+            assert r.scheduled_s is None and r.history_len > 0

@@ -40,7 +40,10 @@ def summarize_workload(wl: Workload) -> dict:
         "rows_skipped": dict(wl.source.get("rows_skipped", {})),
     }
     if wl.open_loop:
-        t = np.asarray([r.arrival_s for r in wl.requests], dtype=np.float64)
+        # sessions: only first turns carry arrival times (later ones follow their replies)
+        t = np.asarray(
+            [r.arrival_s for r in wl.requests if r.arrival_s is not None], dtype=np.float64
+        )
         duration = float(t.max() - t.min())
         summary["duration_s"] = duration
         if len(t) >= 2 and duration > 0:
@@ -50,4 +53,24 @@ def summarize_workload(wl: Workload) -> dict:
     shared = sum(1 for r in wl.requests if r.prefix_ids)
     if shared:
         summary["with_prefix_ids"] = shared
+    sessions = _sessions(wl)
+    if sessions:
+        summary["sessions"] = sessions
     return summary
+
+
+def _sessions(wl: Workload) -> dict | None:
+    turns: dict[str, int] = {}
+    for r in wl.requests:
+        if r.session_id is not None:
+            turns[r.session_id] = turns.get(r.session_id, 0) + 1
+    if not turns:
+        return None
+    think = np.asarray([r.think_s for r in wl.requests if r.think_s is not None], np.float64)
+    counts = np.asarray(list(turns.values()), dtype=np.int64)
+    return {
+        "count": len(turns),
+        "multi_turn": int((counts > 1).sum()),
+        "turns": describe_lengths(counts),
+        "think_s_p50": float(np.percentile(think, 50)) if len(think) else None,
+    }

@@ -133,6 +133,13 @@ def run_show(args: argparse.Namespace) -> int:
     )
     if "with_prefix_ids" in summary:
         console.print(f"requests with prefix ids: {summary['with_prefix_ids']:,}")
+    if "sessions" in summary:
+        ss = summary["sessions"]
+        think = "" if ss["think_s_p50"] is None else f", think time p50 {ss['think_s_p50']:g} s"
+        console.print(
+            f"sessions: {ss['count']:,} ({ss['multi_turn']:,} multi-turn), turns p50 "
+            f"{ss['turns']['p50']:g}, max {ss['turns']['max']}{think}"
+        )
     console.print(histogram(np.asarray([r.output_len for r in wl.requests]), args.bins))
     return 0
 
