@@ -262,3 +262,22 @@ def test_open_loop_starts_sessions_by_the_arrival_process(server, tmp_path):
             assert r.sent_s >= r.scheduled_s
         else:
             assert r.scheduled_s is None and r.history_len > 0
+
+
+def test_worker_processes_keep_each_session_in_order(tmp_path):
+    from servers.fake import Behavior, FakeServerConfig, threaded
+
+    wl = build_from_spec(SPEC, "s", "spec", seed=14, num_requests=16)
+    with threaded(FakeServerConfig(Behavior(itl_s=0.001))) as srv:
+        res = _run(srv.url, wl, tmp_path, concurrency=4, workers=2)
+    assert sorted(r.index for r in res.records) == list(range(16))
+    by_session: dict[str, list] = {}
+    for r in res.records:
+        by_session.setdefault(r.session_id, []).append(r)
+    assert {r.worker for r in res.records} == {0, 1}
+    for turns in by_session.values():
+        turns.sort(key=lambda r: r.turn)
+        assert len({r.worker for r in turns}) == 1
+        assert [r.turn for r in turns] == list(range(1, len(turns) + 1))
+        for prev, cur in zip(turns, turns[1:], strict=False):
+            assert cur.sent_s >= prev.end_s and cur.history_len > prev.history_len
