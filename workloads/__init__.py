@@ -9,7 +9,7 @@ wl = with_arrivals(wl, "poisson", rate=4.0)             # only arrival_s changes
 
 from cbbench.workloads.arrivals import ARRIVAL_KINDS, with_arrivals
 from cbbench.workloads.errors import WorkloadError
-from cbbench.workloads.loader import load_trace, load_workload
+from cbbench.workloads.loader import load_trace, load_workload, summarize_big
 from cbbench.workloads.native import write_native_jsonl
 from cbbench.workloads.presets import PRESETS, Preset
 from cbbench.workloads.spec import RequestSpec, Workload
@@ -24,6 +24,7 @@ __all__ = [
     "WorkloadError",
     "load_trace",
     "load_workload",
+    "summarize_big",
     "summarize_workload",
     "with_arrivals",
     "write_native_jsonl",

@@ -19,6 +19,13 @@ from cbbench.workloads.native import is_native_object, read_native
 from cbbench.workloads.presets import PRESETS
 from cbbench.workloads.sessions import chain_sessions
 from cbbench.workloads.spec import Workload
+from cbbench.workloads.stream import (
+    STREAM_ABOVE,
+    LengthCounts,
+    check_count,
+    streamable,
+    summarize_streamed,
+)
 from cbbench.workloads.synthetic import DEFAULT_NUM_REQUESTS, build_synthetic
 from cbbench.workloads.trace_csv import (
     BURSTGPT_OPTIONS,
@@ -218,6 +225,7 @@ def build_from_spec(
         num_requests = spec["num_requests"]
     if num_requests is not None:
         num_requests = _check_int(num_requests, "num_requests", where, 0)
+        check_count(num_requests, where)
     name = spec.get("name", name)
     if "trace" in spec:
         extra = [
@@ -271,6 +279,7 @@ def load_workload(
     (all rows for a trace). `tokenizer` (a tokenizer.json) counts ShareGPT tokens."""
     if num_requests is not None:
         _check_int(num_requests, "num_requests", str(spec), 0)
+        check_count(num_requests, str(spec))
     key = str(spec)
     if key in PRESETS:
         preset = PRESETS[key]
@@ -292,3 +301,25 @@ def load_workload(
             read_spec_file(path), key, str(path), seed, num_requests, path.parent
         )
     return load_trace(path, fmt, seed or 0, num_requests, tokenizer, key)
+
+
+def summarize_big(
+    spec: str | Path, seed: int | None = None, num_requests: int | None = None
+) -> tuple[dict, LengthCounts] | None:
+    """The summary of a synthetic preset or spec file of more than STREAM_ABOVE requests,
+    streamed in bounded memory (workloads/stream.py); None when it is smaller or not a plain
+    synthetic spec (then load it)."""
+    key, base = str(spec), None
+    if key in PRESETS:
+        table = PRESETS[key].spec
+    else:
+        path = Path(key)
+        if not path.is_file() or detect_format(path) != "spec":
+            return None
+        table, base = read_spec_file(path), path.parent
+    n = num_requests if num_requests is not None else table.get("num_requests")
+    if not isinstance(n, int) or n <= STREAM_ABOVE or not streamable(table):
+        return None
+    _check_int(n, "num_requests", key, 0)
+    seed = _check_int(table.get("seed", 0) if seed is None else seed, "seed", key, 0)
+    return summarize_streamed(_resolve_traces(table, base), key, seed, n)

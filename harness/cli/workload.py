@@ -11,6 +11,7 @@ from cbbench.workloads import (
     PRESETS,
     Workload,
     load_workload,
+    summarize_big,
     summarize_workload,
     with_arrivals,
     write_native_jsonl,
@@ -89,8 +90,9 @@ def stats_table(summary: dict) -> Table:
     return table
 
 
-def histogram(values: np.ndarray, bins: int) -> Table:
-    """Integer-aligned bins: each row covers lengths lo..hi inclusive, all rows equally wide."""
+def histogram(values: np.ndarray, bins: int, weights: np.ndarray | None = None) -> Table:
+    """Integer-aligned bins: each row covers lengths lo..hi inclusive, all rows equally wide.
+    `weights`: how many times each of `values` occurred (a streamed summary's counts)."""
     table = Table(title="output length histogram", show_header=True, box=None)
     table.add_column("tokens", justify="right")
     table.add_column("count", justify="right")
@@ -99,7 +101,7 @@ def histogram(values: np.ndarray, bins: int) -> Table:
         return table
     lo, hi = int(values.min()), int(values.max())
     width = -(-(hi - lo + 1) // max(1, bins))
-    counts = np.bincount((values - lo) // width)
+    counts = np.bincount((values - lo) // width, weights=weights).astype(np.int64)
     peak = max(int(counts.max()), 1)
     for i, c in enumerate(counts.tolist()):
         start = lo + i * width
@@ -109,8 +111,16 @@ def histogram(values: np.ndarray, bins: int) -> Table:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    wl = load_from_args(args)
-    summary = summarize_workload(wl)
+    big = None
+    if args.arrival is None and args.tokenizer is None:
+        big = summarize_big(args.spec, args.seed, args.num_requests)
+    if big is not None:  # streamed in bounded memory, never built
+        summary, output_counts = big
+        values, weights = output_counts.values, output_counts.counts
+    else:
+        wl = load_from_args(args)
+        summary = summarize_workload(wl)
+        values, weights = np.asarray([r.output_len for r in wl.requests]), None
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
@@ -140,7 +150,7 @@ def run_show(args: argparse.Namespace) -> int:
             f"sessions: {ss['count']:,} ({ss['multi_turn']:,} multi-turn), turns p50 "
             f"{ss['turns']['p50']:g}, max {ss['turns']['max']}{think}"
         )
-    console.print(histogram(np.asarray([r.output_len for r in wl.requests]), args.bins))
+    console.print(histogram(values, args.bins, weights))
     return 0
 
 
