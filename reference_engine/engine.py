@@ -225,6 +225,11 @@ class LLMEngine:
         self.scheduler.abort(seq)
         seq.metrics.finished_time = self.now()
 
+    def close_input(self) -> None:
+        """No request will be added any more: a policy waiting for a batch to fill runs what
+        waits instead (static batching's drain timeout cannot be ended by an arrival)."""
+        self.scheduler.input_closed = True
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.seqs)
 

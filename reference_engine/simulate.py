@@ -291,6 +291,8 @@ def _replay_steps(
             recs[rid] = SimRequest(
                 rid, spec.index, spec.prompt_len, spec.output_len, spec.priority, arrival
             )
+            if pending == len(order):  # the last arrival: no batch can fill any further
+                engine.close_input()
         if not engine.has_unfinished_requests():
             idle_until(order[pending].arrival_s or 0.0)
             continue

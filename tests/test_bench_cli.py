@@ -80,8 +80,13 @@ def test_bench_then_export_csv_and_parquet(tmp_path):
         df = pd.read_csv(out) if fmt == "csv" else pd.read_parquet(out)
         assert len(df) == 6 and set(df["index"]) == set(range(6))
         assert df["ttft_s"].notna().all()
-    itl = json.loads(pd.read_csv(tmp_path / "r.csv")["itl_s"][0])
-    assert isinstance(itl, list)
+    # the CSV's ITL lists are the records' own, one gap per streamed token after the first
+    by_index = {r.index: r for r in run.records}
+    for _, row in pd.read_csv(tmp_path / "r.csv").iterrows():
+        rec = by_index[row["index"]]
+        itl = json.loads(row["itl_s"])
+        assert itl == pytest.approx(rec.itl_s) and len(itl) == len(rec.token_times_s) - 1
+        assert len(itl) == rec.output_len - 1 and all(gap >= 0 for gap in itl)
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -71,7 +71,9 @@ def test_200_concurrent_streaming_clients_finish_and_free_the_cache(server):
         - before["vllm:e2e_request_latency_seconds_count"]
     )
     assert finished == NUM_CLIENTS
-    assert after["vllm:num_preemptions_total"] >= 0
+    # the default CPU pool holds every slot at full length (64 x 128 tokens): nothing is ever
+    # preempted, and the counter says so (a missing counter is a KeyError)
+    assert after["vllm:num_preemptions_total"] == before["vllm:num_preemptions_total"] == 0
 
 
 def test_client_disconnect_aborts_and_frees_kv_blocks(server):

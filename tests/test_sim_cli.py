@@ -95,3 +95,37 @@ def test_drop_too_long_skips_and_counts(capsys):
     skipped = int(out.split("--drop-too-long: skipped ")[1].split()[0])
     assert 0 < skipped < 20
     assert re.search(rf"│ requests\s+│\s+{20 - skipped} │", out)
+
+
+def test_seed_demo_with_no_flag_is_the_seeds_timeline(capsys, monkeypatch):
+    """The preset carries the settings it was written for: B = 4, one time unit per step."""
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["sim", "--workload", "seed-demo"]) == 0
+    out = capsys.readouterr().out
+    assert "static: 22 steps" in out and "continuous: 15 steps" in out
+    assert "B=4" in out and "1 time unit per step" in out
+
+
+def test_flags_beat_the_preset_settings(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    argv = ["sim", "--workload", "seed-demo", "--batch-size", "2", "--scheduler", "static"]
+    assert main(argv) == 0
+    assert "B=2" in capsys.readouterr().out
+
+
+def test_static_never_idles_a_drain_timeout_no_arrival_can_end():
+    """6 requests, B = 32, all at once: the batch can never fill, so static runs what waits at
+    once instead of idling its 1 s drain timeout (virtual clock: the whole run is < 1 s)."""
+    from cbbench.reference_engine.options import build_engine_config
+    from cbbench.reference_engine.simulate import replay
+    from cbbench.workloads import load_workload
+
+    wl = load_workload("seed-demo")
+    cfg = build_engine_config(
+        {"model": "llama-3-8b", "dtype": "auto", "executor": "sim", "hardware": "h100",
+         "batch_size": 32, "drain_timeout": 1.0},
+        scheduler="static",
+    )  # fmt: skip
+    res = replay(wl.requests, cfg)
+    assert res.steps[0].start_s == 0.0
+    assert res.duration_s < 1.0

@@ -6,7 +6,7 @@ times (closed loop: the harness caps concurrency or adds a rate), traces replay 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cbbench.workloads.tracefile import PACKAGED_PREFIX
 
@@ -17,6 +17,9 @@ class Preset:
     description: str
     spec: dict
     has_arrivals: bool  # True: requests carry the trace's timestamps
+    # The engine settings the preset was written for (engine flag dests, e.g. batch_size):
+    # commands that run the reference engine use them unless a flag says otherwise.
+    settings: dict = field(default_factory=dict)
 
     @property
     def default_count(self) -> int | None:
@@ -38,6 +41,8 @@ PRESETS: dict[str, Preset] = {
                 "output": {"dist": "sequence", "values": [10, 5, 8, 3, 12, 6]},
             },
             has_arrivals=False,
+            # the seeds' timeline: B = 4, one time unit per engine step
+            settings={"batch_size": 4, "hardware": "steps"},
         ),
         Preset(
             "uniform",
@@ -113,3 +118,9 @@ PRESETS: dict[str, Preset] = {
         ),
     )
 }
+
+
+def preset_settings(name: str) -> dict:
+    """The engine settings a preset was written for ({} for anything else)."""
+    preset = PRESETS.get(name)
+    return dict(preset.settings) if preset else {}

@@ -27,6 +27,7 @@ from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.options import FLAGS, SIM_DEFAULTS, build_engine_config
 from cbbench.reference_engine.simulate import SimResult, replay, replay_interleaved
 from cbbench.workloads import load_workload, with_arrivals
+from cbbench.workloads.presets import preset_settings
 from cbbench.workloads.spec import Workload
 from rich.console import Console
 from rich.table import Table
@@ -306,17 +307,20 @@ SPEC_DESTS = tuple(d for d, f in FLAGS.items() if f.section == "speculative")
 SPEC_NAME = "continuous+spec"
 
 
-def engine_configs(given: dict[str, Any], opts: SimOptions) -> dict[str, EngineConfig]:
+def engine_configs(
+    given: dict[str, Any], opts: SimOptions, defaults: dict[str, Any] | None = None
+) -> dict[str, EngineConfig]:
     """One config per scheduler. With a speculative method given, speculation applies to
     the continuous scheduler only, and runs beside plain continuous batching
     ("continuous+spec" next to "continuous"): the side-by-side comparison on one workload."""
+    defaults = opts.engine_defaults if defaults is None else defaults
     spec = given.get("speculative_method") is not None
     plain = {k: v for k, v in given.items() if k not in SPEC_DESTS}
     cfgs: dict[str, EngineConfig] = {}
     for n in opts.schedulers:
-        cfgs[n] = build_engine_config(plain, opts.engine_defaults, scheduler=n)
+        cfgs[n] = build_engine_config(plain, defaults, scheduler=n)
         if spec and n == "continuous":
-            cfgs[SPEC_NAME] = build_engine_config(given, opts.engine_defaults, scheduler=n)
+            cfgs[SPEC_NAME] = build_engine_config(given, defaults, scheduler=n)
     if spec and SPEC_NAME not in cfgs:
         raise CbbenchError(
             "speculative decoding runs with the continuous scheduler only: add it to --scheduler"
@@ -328,9 +332,11 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
     """Replay the workload once per scheduler; write run folders when `opts.out` is set."""
     console = console or Console()
     wl = load_sim_workload(opts, console)
-    settings: Mapping[str, Any] = {**opts.engine_defaults, **opts.engine, "seed": wl.seed}
+    # flags given > the preset's own settings (seed-demo: B = 4, hardware steps) > defaults
+    defaults = {**opts.engine_defaults, **preset_settings(opts.workload)}
+    settings: Mapping[str, Any] = {**defaults, **opts.engine, "seed": wl.seed}
     given = {**opts.engine, "seed": wl.seed}
-    cfgs = engine_configs(given, opts)
+    cfgs = engine_configs(given, opts, defaults)
     any_cfg = next(iter(cfgs.values()))
     real = any_cfg.executor == "real"
     hw = get_hardware(any_cfg.hardware)

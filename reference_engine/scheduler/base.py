@@ -32,6 +32,9 @@ class Scheduler(ABC):
         self.max_model_len = max_model_len
         self.waiting = RequestQueue(fcfs_key)
         self.num_preemptions = 0
+        # True once the caller said no request will arrive any more (a closed, replayed
+        # workload): waiting for a batch to fill can then only waste time
+        self.input_closed = False
 
     # --- bookkeeping the engine drives --------------------------------------------------
     def add(self, seq: Sequence) -> None:

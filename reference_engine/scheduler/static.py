@@ -1,6 +1,7 @@
 """Static batching: wait for exactly B requests, reserve the longest possible sequence
 (max_model_len) per slot, run the batch to completion. A partial batch is flushed once its
-oldest request has waited `drain_timeout_s` (the tail of a run)."""
+oldest request has waited `drain_timeout_s` (the tail of a run), or at once when no request
+can arrive any more (`input_closed`: a drain timeout no arrival can end is pure idle)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ class StaticScheduler(RunToCompletionScheduler):
         cfg = self.config.static
         if len(self.waiting) >= cfg.batch_size:
             return cfg.batch_size
-        if self.waiting and self._oldest_wait(now) >= cfg.drain_timeout_s:
+        if self.waiting and (self.input_closed or self._oldest_wait(now) >= cfg.drain_timeout_s):
             return len(self.waiting)
         return 0
 
