@@ -238,11 +238,15 @@ class Worker:
         return "text" if texts else "ids"
 
     def _message(self, job: Job, mode: str) -> list[int] | str:
+        """A turn's new message: its text, or generated ids/text of its length. Prefix ids
+        shape the first turn only (a shared system prompt); a later turn's ids name its
+        whole prompt, history included, which the history already supplies."""
         if job.text is not None:
             return job.text
+        prefix = job.prefix_ids if (job.turn or 1) <= 1 else ()
         if mode == "ids":
-            return self.prompts.token_ids(job.index, job.prompt_len, job.prefix_ids)
-        return self.prompts.text(job.index, job.prompt_len, job.prefix_ids)
+            return self.prompts.token_ids(job.index, job.prompt_len, prefix)
+        return self.prompts.text(job.index, job.prompt_len, prefix)
 
     async def _run_session(
         self, client: OpenAIClient, unit: list[Job], session_slots, request_slots

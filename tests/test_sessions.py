@@ -281,3 +281,36 @@ def test_worker_processes_keep_each_session_in_order(tmp_path):
         assert [r.turn for r in turns] == list(range(1, len(turns) + 1))
         for prev, cur in zip(turns, turns[1:], strict=False):
             assert cur.sent_s >= prev.end_s and cur.history_len > prev.history_len
+
+
+def test_later_turns_get_fresh_messages_not_the_prefix_blocks():
+    from cbbench.harness.loadgen import Job, Worker, WorkerPlan
+
+    jobs = [
+        Job(0, 600, 4, prefix_ids=(0, 1), session_id="m0", turn=1),
+        Job(1, 20, 4, prefix_ids=(0, 1, 2), session_id="m0", turn=2),
+    ]
+    plan = WorkerPlan(0, jobs, [], ClientConfig("http://127.0.0.1:1", "m"), 1, None, 0, 512)
+    w = Worker(plan, lambda *_: None)
+    first, second = (w._message(j, "ids") for j in jobs)
+    block0 = w.prompts.token_ids(9, 512, (0,))
+    assert first[:512] == block0  # turn 1: the shared system-prompt block
+    assert len(second) == 20 and second != block0[:20]  # turn 2: its own new message
+
+
+def test_session_spec_errors_name_the_key():
+    for spec, match in (
+        ({**SPEC, "session": 3}, "'session' must be a table"),
+        ({**SPEC, "session": {"think_ms": 5}}, "missing 'turns'"),
+        ({**SPEC, "session": {"turns": 2, "pause": 1}}, "session: unknown key 'pause'"),
+        ({**SPEC, "prefix": {"shared_blocks": 1}}, "'prefix' cannot be combined with 'session'"),
+        ({"trace": "mooncake-conv", "session": {"turns": 2}}, "'session' cannot be combined"),
+    ):
+        with pytest.raises(WorkloadError, match=match):
+            build_from_spec(spec, "s", "spec.toml", num_requests=4)
+
+
+def test_history_encodes_replies_without_ids_when_it_has_a_tokenizer():
+    h = History("ids", encode=lambda text: [ord(c) for c in text])
+    h.add(h.prompt([1, 2]), Reply(text=["A", "B"]), None, 2)  # the server sent no token ids
+    assert h.prompt([3]) == [1, 2, 65, 66, 3] and not h.gap
