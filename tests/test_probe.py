@@ -88,3 +88,42 @@ def test_verdict_helpers_on_hand_made_records() -> None:
     assert prefix_caching(recs, "FRRFRFRF", 0.01).value == "off"
     recs = [_rec(i, 0.0105) for i in range(8)]  # the long prefill costs nothing: cannot tell
     assert prefix_caching(recs, "FRRFRFRF", 0.01).value == "unknown"
+
+
+def _level(c: int, ttft: float, tpot: float, n_out: int = 16) -> tuple[int, list[RequestRecord]]:
+    recs = []
+    for i in range(2 * c):
+        end = ttft + tpot * (n_out - 1)
+        recs.append(
+            RequestRecord(
+                id=f"c{c}-{i}",
+                index=i,
+                prompt_len=16,
+                output_len=n_out,
+                sent_s=0.0,
+                first_token_s=ttft,
+                ttft_s=ttft,
+                tpot_s=tpot,
+                end_s=end,
+                output_tokens_server=n_out,
+            )
+        )
+    return c, recs
+
+
+def test_max_batch_knee_from_throughput_and_from_a_lasting_ttft_jump() -> None:
+    from cbbench.harness.probe.verdicts import max_batch
+
+    # throughput grows until 8 and then stays: the knee is 8
+    levels = [_level(c, 0.02 * max(1, c / 8), 0.01 * max(1, c / 8) ** 0) for c in (1, 2, 4, 8)]
+    levels += [_level(c, 0.02 * c / 8 * 4, 0.01 * c / 8) for c in (16, 32)]
+    assert max_batch(levels, 0.01).value == "8"
+    # a TTFT jump that lasts, with TPOT flat: requests queue behind a full batch of 4
+    levels = [_level(c, 0.03, 0.01) for c in (1, 2, 4)] + [
+        _level(8, 0.2, 0.01),
+        _level(16, 0.5, 0.01),
+    ]
+    assert max_batch(levels, 0.01).value == "4"
+    # a one-level TTFT blip is noise, not a knee
+    levels = [_level(1, 0.02, 0.01), _level(2, 0.1, 0.01), _level(4, 0.02, 0.01 * 1.0)]
+    assert max_batch(levels, 0.01).value != "1"

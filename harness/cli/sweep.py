@@ -35,6 +35,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     levels.add_argument(
         "--auto", action="store_true", help="synchronous, all at once, then rates in between"
     )
+    levels.add_argument(
+        "--find-max-rate",
+        action="store_true",
+        help="SLO capacity search: the highest rate whose goodput meets --goodput (needs --slo)",
+    )
     p.add_argument("--out", required=True, help="sweep folder (one run folder per level)")
     p.add_argument("--num-requests", type=int, default=50, help="requests per level (default 50)")
     p.add_argument("--between", type=int, default=4, help="--auto: rates in between (default 4)")
@@ -50,6 +55,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="per-request limit in seconds")
     p.add_argument("--api-key", help="sent as a Bearer token")
     p.add_argument("--no-live", action="store_true", help="no live view per level")
+    p.add_argument(
+        "--arrival",
+        choices=("poisson", "constant"),
+        default=None,
+        help="arrival process of rate levels (default poisson)",
+    )
+    c = p.add_argument_group("capacity search (--find-max-rate)")
+    c.add_argument("--goodput", type=float, default=0.95, help="share meeting the SLO (0.95)")
+    c.add_argument("--start-rate", type=float, default=1.0, help="first rate tried (1 req/s)")
+    c.add_argument("--max-rate", type=float, default=1000.0, help="highest rate tried")
+    c.add_argument("--precision", type=float, default=0.1, help="stop at hi/lo <= 1+this (0.1)")
+    c.add_argument("--repeats", type=int, default=2, help="runs of a missing level (default 2)")
+    c.add_argument("--max-requests", type=int, default=2000, help="request budget (2000)")
+    c.add_argument("--max-time", type=float, default=1800.0, help="time budget, s (1800)")
     TelemetryOptions.add_args(p)
     p.set_defaults(func=run)
 
@@ -96,6 +115,8 @@ def run_level(args: argparse.Namespace, level: Level, out: Path) -> dict:
         "ttft_p50_s": (s.get("ttft_s") or {}).get("p50"),
         "ttft_p99_s": (s.get("ttft_s") or {}).get("p99"),
         "completed": (s.get("counts") or {}).get("completed"),
+        "requests": (s.get("counts") or {}).get("total"),
+        "goodput_fraction": (s.get("goodput") or {}).get("fraction"),
         "stopped_early": watch.reason,
         "interrupted": result.interrupted and watch.reason is None,  # the user's Ctrl-C
         "wall_s": round(time.monotonic() - t, 3),
@@ -131,6 +152,8 @@ def _check(args: argparse.Namespace, out: Path) -> None:
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     _check(args, out)
+    if args.find_max_rate:
+        return find_max_rate(args, out)
     if args.rates:
         plan = [Level(f"rate-{r:g}", rate=r) for r in parse_list(args.rates, "--rates")]
     elif args.concurrency:
@@ -212,3 +235,78 @@ def _print(index: dict) -> None:
             f"peak {sat['max_request_throughput']:.2f} req/s",
             file=sys.stderr,
         )
+
+
+def find_max_rate(args: argparse.Namespace, out: Path) -> int:
+    """--find-max-rate: the capacity search of harness.capacity, one run folder per trial."""
+    from cbbench.harness.capacity import CapacityConfig, Trial
+    from cbbench.harness.capacity import find_max_rate as search
+    from cbbench.harness.summary import parse_slo
+
+    if not parse_slo(args.slo):
+        raise CbbenchError("--find-max-rate needs --slo, e.g. --slo ttft=200ms,tpot=50ms")
+    cfg = CapacityConfig(
+        goodput=args.goodput,
+        start_rate=args.start_rate,
+        max_rate=args.max_rate,
+        min_rate=min(args.start_rate, 0.01),
+        precision=args.precision,
+        repeats=args.repeats,
+        requests_per_level=args.num_requests,
+        max_requests=args.max_requests,
+        max_time_s=args.max_time,
+    )
+    cfg.validate()
+    out.mkdir(parents=True, exist_ok=True)
+    index: dict = {
+        "kind": "sweep",
+        "mode": "find-max-rate",
+        "workload": args.workload,
+        "slo": args.slo,
+        "goodput": args.goodput,
+        "runs": [],
+        "levels": [],
+    }
+
+    def measure(rate: float, attempt: int) -> Trial:
+        name = f"rate-{rate:.4g}" + (f"-repeat{attempt}" if attempt else "")
+        print(
+            f"capacity search: rate {rate:.4g}/s" + (f" (repeat {attempt})" if attempt else ""),
+            file=sys.stderr,
+        )
+        level_args = argparse.Namespace(**{**vars(args), "seed": args.seed + attempt})
+        lv = run_level(level_args, Level(name, rate=float(f"{rate:.4g}")), out)
+        index["runs"].append(name)
+        index["levels"].append(lv)
+        _write_index(out, index)
+        if lv["interrupted"]:
+            raise KeyboardInterrupt
+        good = lv["goodput_fraction"]
+        if lv["stopped_early"]:
+            good = 0.0  # clearly over-saturated: stopped before it finished
+        print(f"  goodput {'–' if good is None else f'{good:.0%}'}", file=sys.stderr)
+        return Trial(rate, attempt, good, lv["request_throughput"], lv["requests"] or 0, name)
+
+    status = "complete"
+    try:
+        res = search(measure, cfg)
+        index["capacity"] = res.to_dict()
+    except KeyboardInterrupt:
+        status = "interrupted"
+    index["status"] = status
+    index["saturation"] = saturation(index["levels"])
+    _write_index(out, index)
+    cap = index.get("capacity")
+    if cap:
+        lo, hi = cap["interval"]
+        if lo is None:
+            print(f"no rate met the SLO ({cap['stopped']})")
+        else:
+            upper = f"{hi:.3g}" if hi is not None else "?"
+            print(
+                f"max rate meeting {args.slo} for {args.goodput:.0%} of requests: {lo:.3g} req/s "
+                f"(interval [{lo:.3g}, {upper}); {cap['stopped']}; {cap['requests']} requests, "
+                f"{cap['wall_s']:.0f} s)"
+            )
+    print(f"sweep folder: {out}  (cbbench report {out})", file=sys.stderr)
+    return 130 if status == "interrupted" else 0

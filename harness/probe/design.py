@@ -74,17 +74,18 @@ def ladder_level(c: int) -> Workload:
     return _wl(f"concurrency-{c}", [RequestSpec(i, SHORT_PROMPT, 16) for i in range(max(4, 2 * c))])
 
 
-# prefix-cache order: F = fresh prompt, R = the first prompt repeated
-PREFIX_PATTERN = "FRRFRFRF"
+# prefix-cache order: W = warm-up (a fresh long prompt, not counted: the first long prompt a
+# server sees may pay one-off costs), P = the first time the repeated prompt is seen (a miss,
+# counted with the fresh ones), R = the repeated prompt, F = a fresh prompt
+PREFIX_PATTERN = "WPRFRFRFRFRF"
 
 
 def prefix_cache(p: Pace) -> Workload:
-    """Sequential long prompts: the first one repeated, interleaved with fresh ones."""
+    """Sequential long prompts: one prompt repeated, interleaved with fresh ones."""
     n = p.long_prompt
     reqs = []
     for i, kind in enumerate(PREFIX_PATTERN):
-        repeat = kind == "R" or i == 0
-        reqs.append(RequestSpec(i, n, 2, None, 0, (1,) if repeat else ()))
+        reqs.append(RequestSpec(i, n, 2, None, 0, (1,) if kind in "PR" else ()))
     return _wl("prefix-cache", reqs, block=n)
 
 

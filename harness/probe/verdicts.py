@@ -9,6 +9,7 @@ import numpy as np
 from cbbench.harness.records import RequestRecord
 
 ITERATION, REQUEST = "iteration-level", "request-level"
+JUMP = 1.7  # TTFT p50 growth from one concurrency level to the next that means queueing
 STATIC_WAIT_S = 0.25  # a lone request held this long (and 10 steps) waits for a full batch
 
 
@@ -160,6 +161,15 @@ def max_batch(levels: list[tuple[int, list[RequestRecord]]], tpot_s: float) -> V
         return Verdict("max_batch", "unknown", "too few concurrency levels completed", 0.0)
     best = max(r[1] for r in rows)
     knee = next(r for r in rows if r[1] >= 0.85 * best)
+    # a full batch: one more level's requests queue (TTFT jumps) instead of joining the batch
+    # (TPOT stays): that level's concurrency is the batch, whatever the throughput says
+    jump = None
+    for i, (a, b) in enumerate(zip(rows, rows[1:], strict=False)):
+        queued = b[3] >= JUMP * a[3] and b[3] - a[3] >= 3 * a[2]  # waits of 3+ tokens
+        lasting = all(c[3] >= JUMP * a[3] for c in rows[i + 2 :])  # not one noisy level
+        if a[0] < knee[0] and queued and lasting and b[2] <= 1.2 * a[2]:
+            knee, jump = a, b
+            break
     after = [r for r in rows if r[0] > knee[0]]
     ev = [
         "concurrency → output tok/s, TPOT p50, TTFT p50: "
@@ -182,10 +192,17 @@ def max_batch(levels: list[tuple[int, list[RequestRecord]]], tpot_s: float) -> V
             nums,
         )
     ttft_growth = after[-1][3] / max(knee[3], 1e-9)
-    ev.append(
-        f"throughput reached {knee[1] / best:.0%} of its peak at concurrency {knee[0]}; "
-        f"beyond it TTFT p50 grew {ttft_growth:.1f}x (requests queue)"
-    )
+    if jump is not None:
+        ev.append(
+            f"from concurrency {knee[0]} to {jump[0]} TTFT p50 grew "
+            f"{jump[3] / max(knee[3], 1e-9):.1f}x while TPOT did not: the extra requests "
+            "queued instead of joining the batch"
+        )
+    else:
+        ev.append(
+            f"throughput reached {knee[1] / best:.0%} of its peak at concurrency {knee[0]}; "
+            f"beyond it TTFT p50 grew {ttft_growth:.1f}x (requests queue)"
+        )
     nums["knee"] = knee[0]
     conf = 0.85 if ttft_growth >= 2 else 0.6
     return Verdict(
@@ -200,7 +217,7 @@ def max_batch(levels: list[tuple[int, list[RequestRecord]]], tpot_s: float) -> V
 
 def prefix_caching(records: list[RequestRecord], pattern: str, short_ttft_s: float) -> Verdict:
     ok = {r.index: r for r in _ok(records)}
-    fresh = [ok[i].ttft_s for i, k in enumerate(pattern) if (k == "F") and i in ok]
+    fresh = [ok[i].ttft_s for i, k in enumerate(pattern) if k in "PF" and i in ok]
     rep = [ok[i].ttft_s for i, k in enumerate(pattern) if k == "R" and i in ok]
     if len(fresh) < 2 or len(rep) < 2:
         return Verdict("prefix_caching", "unknown", "not enough requests completed", 0.0)
@@ -221,9 +238,13 @@ def prefix_caching(records: list[RequestRecord], pattern: str, short_ttft_s: flo
             "prefix_caching", "unknown", "a long prefill is too cheap here to tell", 0.2, ev, nums
         )
     saved = (f50 - r50) / cost  # share of the prefill cost a repeat avoids
-    nums["saved_fraction"] = saved
-    ev.append(f"a repeat saves {saved:.0%} of the long prompt's prefill time")
-    if saved >= 0.5:
+    faster = float(np.mean([r < f for r in rep for f in fresh]))  # type: ignore[operator]
+    nums.update(saved_fraction=saved, repeat_faster_pairs=faster)
+    ev.append(
+        f"a repeat saves {saved:.0%} of the long prompt's prefill time; a repeat beats a fresh "
+        f"prompt in {faster:.0%} of pairs"
+    )
+    if saved >= 0.5 and faster >= 0.8:
         return Verdict(
             "prefix_caching", "on", "prefix caching is on", min(1.0, 0.4 + saved / 1.5), ev, nums
         )

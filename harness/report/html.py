@@ -179,7 +179,10 @@ def render(
         sections.append(
             (
                 "Latency vs throughput",
-                '<div class="grid">' + "".join(plots.curve_charts(runs, samples, rows)) + "</div>",
+                '<div class="grid">'
+                + "".join(plots.curve_charts(runs, samples, rows))
+                + plots.goodput_chart(runs)
+                + "</div>",
             )
         )
     turn_charts = plots.session_charts(runs)

@@ -176,3 +176,46 @@ def session_charts(runs: list[LoadedRun]) -> list[str]:
             )
         )
     return out
+
+
+def goodput_chart(runs: list[LoadedRun]) -> str:
+    """Goodput (share of requests meeting every SLO) against the offered request rate: one
+    line per sweep (a capacity search's repeats show as extra points). Empty without SLOs."""
+    groups: dict[str, list[tuple[float, float, str]]] = {}
+    for lr in runs:
+        rate = (lr.meta.get("load") or {}).get("rate")
+        good = ((lr.meta.get("summary") or {}).get("goodput") or {}).get("fraction")
+        if not isinstance(rate, (int, float)) or not isinstance(good, (int, float)):
+            continue
+        if not np.isfinite(rate):
+            continue
+        key = lr.sweep if lr.in_sweep and lr.sweep else lr.label
+        groups.setdefault(key, []).append((float(rate), float(good), lr.label))
+    if sum(len(v) for v in groups.values()) < 2:
+        return ""
+    series = []
+    for i, (name, pts) in enumerate(groups.items()):
+        pts.sort()
+        best: dict[float, float] = {}
+        for r, g, _ in pts:
+            best[r] = max(g, best.get(r, 0.0))
+        xs = sorted(best)
+        series.append(Series(name, xs, [best[x] * 100 for x in xs], color(i), legend=False))
+        tips = [f"{label}: {g:.0%} at {r:g} req/s" for r, g, label in pts]
+        series.append(
+            Series(
+                name,
+                [p[0] for p in pts],
+                [p[1] * 100 for p in pts],
+                color(i),
+                "markers",
+                labels=tips,
+            )
+        )
+    return chart(
+        "Goodput vs offered rate",
+        series,
+        "offered requests/s",
+        "requests meeting SLO (%)",
+        y_range=(0.0, 100.0),
+    )

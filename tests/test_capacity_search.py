@@ -1,0 +1,60 @@
+"""The SLO capacity search: bracketing + bisection against a modelled server (exact knee),
+with noise that only ever hurts, and its budget stops."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from cbbench.harness.capacity import CapacityConfig, Trial, find_max_rate
+from cbbench.harness.errors import CbbenchError
+
+
+def model(knee: float, noise: float = 0.0, seed: int = 0):
+    rng = random.Random(seed)
+
+    def measure(rate: float, attempt: int) -> Trial:
+        bad = rng.random() < noise  # a hiccup on a shared machine: a good level looks bad
+        good = 1.0 if rate <= knee and not bad else 0.5
+        return Trial(rate, attempt, good, min(rate, knee), requests=40)
+
+    return measure
+
+
+@pytest.mark.parametrize("knee", [0.3, 3.7, 12.0, 250.0])
+def test_finds_the_knee_within_the_precision(knee: float) -> None:
+    cfg = CapacityConfig(start_rate=1.0, precision=0.1)
+    res = find_max_rate(model(knee), cfg)
+    lo, hi = res.interval
+    assert lo is not None and hi is not None
+    assert lo <= knee < hi and hi / lo <= 1.1
+    assert res.max_rate == lo and "within" in res.stopped
+
+
+def test_noise_that_only_hurts_is_absorbed_by_repeats() -> None:
+    misses = 0
+    for seed in range(30):
+        res = find_max_rate(model(8.0, noise=0.1, seed=seed), CapacityConfig(precision=0.1))
+        assert res.max_rate is not None and res.max_rate <= 8.0
+        misses += res.max_rate < 8.0 / 1.2
+    assert misses <= 3  # a lucky-streak-free search still lands within 20% almost always
+
+
+def test_repeats_happen_near_the_boundary_only() -> None:
+    res = find_max_rate(model(5.0, noise=1.0), CapacityConfig(repeats=3))  # always failing
+    assert res.max_rate is None and "even at" in res.stopped
+    assert max(t.attempt for t in res.trials) == 0  # nothing passed: no boundary to confirm
+    res = find_max_rate(model(5.0), CapacityConfig(repeats=3, start_rate=1.0))
+    repeated = {t.rate for t in res.trials if t.attempt > 0}
+    assert repeated and all(r > 5.0 for r in repeated)  # only misses above a pass repeat
+    assert all(r / 5.0 < 2.0 for r in repeated)
+
+
+def test_budget_and_limits() -> None:
+    res = find_max_rate(model(100.0), CapacityConfig(max_requests=120, requests_per_level=40))
+    assert len(res.trials) == 3 and "request budget" in res.stopped
+    assert res.max_rate == 4.0 and res.interval == (4.0, None)
+    res = find_max_rate(model(1e9), CapacityConfig(max_rate=16.0))
+    assert res.max_rate == 16.0 and "--max-rate" in res.stopped
+    with pytest.raises(CbbenchError, match="goodput"):
+        find_max_rate(model(1.0), CapacityConfig(goodput=1.5))
