@@ -155,8 +155,13 @@ def test_full_waiting_queue_is_429():
 
 
 # --- fuzz --------------------------------------------------------------------------------
+# Text as JSON can carry it: any character, lone surrogates included (issue 20: "\ud800abc"
+# was a 500).
+HOSTILE_TEXT = st.text(st.characters() | st.characters(categories=["Cs"]), max_size=12)
+
+
 def _any_json(max_leaves: int = 4):
-    scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12)
+    scalars = st.none() | st.booleans() | st.integers() | st.floats() | HOSTILE_TEXT
     return st.recursive(
         scalars,
         lambda inner: (
@@ -176,6 +181,7 @@ VALID = {
     "top_k": st.sampled_from([-1, 0, 1, 5, 511]),
     "seed": st.integers(0, 2**63 - 1),
     "stop": st.text(max_size=3) | st.lists(st.text(max_size=3), max_size=3),
+    "user": st.text(max_size=8),
     "ignore_eos": st.booleans(),
     "n": st.just(1),
     "stream": st.booleans(),
@@ -183,12 +189,26 @@ VALID = {
     "priority": st.integers(-100, 100),
     "return_token_ids": st.booleans(),
 }
-WILD = _any_json() | st.sampled_from([-1, 0, 2**64, -(2**63), float("nan"), float("inf"), "", []])
-PROMPT = st.text(min_size=1, max_size=30) | st.lists(st.integers(0, 511), min_size=1, max_size=30)
+HOSTILE = ["\ud800abc", "\udfff", "a\udbff", "\x00", "\ufeff", "[" * 50, "\u202e"]
+WILD = (
+    _any_json()
+    | st.sampled_from([-1, 0, 2**64, -(2**63), float("nan"), float("inf"), float("-inf"), "", []])
+    | st.sampled_from(HOSTILE)
+    | st.lists(st.sampled_from(HOSTILE), min_size=1, max_size=2)
+)
+PROMPT = (
+    st.text(min_size=1, max_size=30)
+    | st.lists(st.integers(0, 511), min_size=1, max_size=30)
+    | st.sampled_from(HOSTILE)
+)
 MESSAGES = st.lists(
     st.fixed_dictionaries(
-        {"role": st.sampled_from(["user", "system", "assistant"])},
-        optional={"content": st.text(max_size=12)},
+        {"role": st.sampled_from(["user", "system", "assistant"]) | st.sampled_from(HOSTILE)},
+        optional={
+            "content": st.text(max_size=12)
+            | st.sampled_from(HOSTILE)
+            | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": HOSTILE_TEXT}))
+        },
     ),
     min_size=1,
     max_size=2,
@@ -250,15 +270,20 @@ def test_fuzz_from_the_openapi_schema_never_gets_5xx(url):
     paths = ("/v1/completions", "/v1/chat/completions")
     for p in paths:  # documents what the server does: 400 with the OpenAI error body
         assert set(openapi["paths"][p]["post"]["responses"]) == {"200", "400"}
-    bodies = st.one_of(*(st.tuples(st.just(p), body_strategy(openapi, p)) for p in paths))
+    # Schema-valid bodies whose strings may hold any character JSON can carry.
+    alphabet = st.characters() | st.characters(categories=["Cs"])
+    bodies = st.one_of(*(st.tuples(st.just(p), body_strategy(openapi, p, alphabet)) for p in paths))
 
     @settings(max_examples=60, deadline=None)
     @given(bodies)
     def check(path_body):
         path, body = path_body
-        if body.get("max_tokens") is not None:
-            body["max_tokens"] = min(body["max_tokens"], 8)  # keep generation short
-        with httpx.stream("POST", url + path, json=body, headers=AUTH, timeout=60) as r:
+        for key in ("max_tokens", "max_completion_tokens", "min_tokens"):
+            if body.get(key) is not None:
+                body[key] = min(body[key], 8)  # keep generation short
+        content = json.dumps(body).encode()  # ASCII escapes: lone surrogates survive
+        headers = {**AUTH, "content-type": "application/json"}
+        with httpx.stream("POST", url + path, content=content, headers=headers, timeout=60) as r:
             text = r.read().decode()
         event(f"HTTP {r.status_code}")
         assert r.status_code < 500, text
