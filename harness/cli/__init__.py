@@ -1,8 +1,10 @@
 """`cbbench` command line: one argparse parser, one module per subcommand.
 
-argparse keeps start-up fast (no extra import cost for `--help` or shell completion) and
-adds no dependency; each subcommand module exposes `register(subparsers)` that adds its
-parser with `set_defaults(func=run)` and a `run(args) -> int`.
+argparse keeps start-up fast and adds no dependency; each subcommand module exposes
+`register(subparsers)` that adds its parser with `set_defaults(func=run)` and a
+`run(args) -> int`. `main` imports only the command it runs: the others are listed from
+COMMAND_HELP (kept equal to each module's own help by tests/test_cli_startup.py), so
+`cbbench --help` and `cbbench sim --help` import no torch, numpy, httpx or Locust.
 """
 
 from __future__ import annotations
@@ -32,6 +34,33 @@ COMMAND_MODULES: list[str] = [
     "cbbench.harness.cli.calibrate",
 ]
 
+# One-line help of each command, as its module registers it (listed without importing it).
+COMMAND_HELP: dict[str, str] = {
+    "version": "print cbbench's version and its key dependencies",
+    "run": "the demo: static vs dynamic vs continuous batching on the reference engine",
+    "reproduce": "regenerate the seeds' figures: seed-demo timeline, static vs continuous gains",
+    "compare-engines": "reference engine vs transformers (static, continuous) vs vLLM on CPU: "
+    "tokens/s",
+    "bench": "replay a workload against an OpenAI-compatible server and record every request",
+    "locust": "load through Locust: web UI or headless, distributed workers, same run folder",
+    "export": "write a run's per-request records as CSV or Parquet",
+    "selftest": "measure the client's own ceiling and timing error locally",
+    "workload": "list, show and convert workloads (presets, traces, specs)",
+    "report": "compare run folders in one self-contained HTML report (and Markdown)",
+    "diagnose": "explain a run: findings with evidence and the fix in each engine's flags",
+    "probe": "characterise a black-box server: batching, max batch, prefix caching, chunking",
+    "gate": "fail CI on a statistically clear regression between two runs",
+    "sweep": "benchmark a server at several load levels into one folder (for report curves)",
+    "serve": "serve the reference engine over an OpenAI-compatible HTTP API",
+    "sim": "compare static / dynamic / continuous batching in simulated time",
+    "calibrate": "fit the simulator's cost model to measured reference-engine step times",
+}
+
+
+def command_name(module: str) -> str:
+    return module.rsplit(".", 1)[1].replace("_", "-")
+
+
 # User-caused errors: one clear line and a non-zero exit, never a traceback.
 USER_ERROR_TYPES = (
     "cbbench.harness.errors:CbbenchError",
@@ -51,19 +80,30 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = "") -> argparse.ArgumentParser:
+    """The parser. By default every command module is imported and registered; with `only`
+    set, just that one is (the others are listed by name and help, and `only=None` imports
+    none: enough for `cbbench --help`)."""
     parser = argparse.ArgumentParser(
         prog="cbbench",
         description="Benchmark LLM inference servers; compare static, dynamic and continuous batching.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    for module in COMMAND_MODULES:
+        name = command_name(module)
+        lazy = only != "" and name != only and name in COMMAND_HELP
+        if lazy:
+            sub.add_parser(name, help=COMMAND_HELP[name], add_help=False)
+        else:
+            importlib.import_module(module).register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    names = {command_name(m) for m in COMMAND_MODULES}
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(only=command if command in names else None)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

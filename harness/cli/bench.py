@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cbbench.harness.load_options import ClientOptions, LoadOptions, bench_config
-from cbbench.harness.runner import BenchConfig, run_bench
-from cbbench.harness.telemetry import TelemetryOptions, build_samplers
+from cbbench.harness.telemetry import TelemetryOptions
 
 
 def add_load_args(p: argparse.ArgumentParser) -> None:
@@ -102,7 +100,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def config_from_args(args: argparse.Namespace) -> BenchConfig:
+def config_from_args(args: argparse.Namespace):
+    from cbbench.harness.load_options import ClientOptions, LoadOptions, bench_config
+
     return bench_config(
         args.base_url,
         LoadOptions.from_args(args),
@@ -115,6 +115,9 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    from cbbench.harness.runner import run_bench
+    from cbbench.harness.telemetry import build_samplers
+
     cfg = config_from_args(args)
     samplers = list(build_samplers(TelemetryOptions.from_args(args), cfg.base_url))
     result = run_bench(cfg, samplers)

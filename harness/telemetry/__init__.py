@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
-from cbbench.harness.telemetry.gpu import GpuSampler
-from cbbench.harness.telemetry.server_sampler import ServerMetricsSampler
+if TYPE_CHECKING:
+    from cbbench.harness.telemetry.gpu import GpuSampler
+    from cbbench.harness.telemetry.server_sampler import ServerMetricsSampler
 
 DEFAULT_INTERVAL_S = 0.25  # 4 Hz
 
@@ -115,6 +117,9 @@ class TelemetryOptions:
 
 def build_samplers(options: TelemetryOptions, base_url: str | None) -> list:
     """Samplers for the run."""
+    from cbbench.harness.telemetry.gpu import GpuSampler
+    from cbbench.harness.telemetry.server_sampler import ServerMetricsSampler
+
     if not isinstance(options, TelemetryOptions):  # a namespace of the telemetry flags
         options = TelemetryOptions.from_args(options)
     samplers: list = []
@@ -129,6 +134,18 @@ def build_samplers(options: TelemetryOptions, base_url: str | None) -> list:
         gpu.validate()  # a wrong --gpus index fails now, before the run starts
         samplers.append(gpu)
     return samplers
+
+
+def __getattr__(name: str) -> Any:  # the samplers import httpx/NVML: only when used
+    if name == "GpuSampler":
+        from cbbench.harness.telemetry.gpu import GpuSampler
+
+        return GpuSampler
+    if name == "ServerMetricsSampler":
+        from cbbench.harness.telemetry.server_sampler import ServerMetricsSampler
+
+        return ServerMetricsSampler
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
