@@ -6,10 +6,20 @@ One step computes a set of chunks (query tokens [start, end) of some sequences).
   (query token, context token) pair, causal.
 - Bytes: all weights read once per step; per sequence its KV context read once and the new
   tokens' KV written.
-Roofline: time = max(FLOPs / (peak_flops x eff), bytes / (mem_bw x eff)) + overhead + a
-per-sequence cost (scheduling, sampling, launches). A hardware entry may instead carry
-`linear` coefficients, fitted from measured steps by `cbbench calibrate`:
-time = c0 + c_flops x FLOPs + c_bytes x bytes + c_seq x sequences.
+Roofline, per kernel class (they run one after the other): time = max(dense FLOPs / peak,
+weight bytes / bandwidth) + max(attention FLOPs / peak, KV bytes / bandwidth) + overhead + a
+per-sequence cost (scheduling, sampling, launches), peak and bandwidth derated by their
+efficiencies. A hardware entry may instead carry
+`linear` coefficients, fitted from measured steps by `cbbench calibrate`: time = the sum of
+coefficient x feature over the coefficients present (STEP_FEATURES names them all). The
+features follow what a step costs on the reference engine: a fixed cost per step (Python,
+launches), per query token (the linear layers), per sampled token (LM head and sampler), per
+sequence (batch preparation, bookkeeping), per prefill chunk (its own attention call),
+decode attention over the batch's *padded* context (decode sequences x the longest decode
+context, rounded up to a KV block, as the torch backend gathers it) and prefill attention
+(query tokens x context per prefill chunk). Older fits (c0, c_flops, c_bytes, c_seq) still
+load. `CostModel.step_time(chunks)` is the one stable entry point: the time of one step given
+its batch.
 """
 
 from __future__ import annotations
@@ -24,7 +34,9 @@ from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.model_config import ModelConfig
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
-LINEAR_TERMS = ("c0", "c_flops", "c_bytes", "c_seq")
+LINEAR_TERMS = ("c0", "c_flops", "c_bytes", "c_seq")  # the first calibration's terms
+# What `cbbench calibrate` fits now (see the module docstring); each is non-negative.
+STEP_TERMS = ("c0", "c_tok", "c_sample", "c_seq", "c_prefill", "c_dec_ctx", "c_pre_ctx")
 
 
 @dataclass(frozen=True)
@@ -104,13 +116,37 @@ class StepWork:
     bytes: float = 0.0
     num_tokens: int = 0
     num_seqs: int = 0
+    num_samples: int = 0  # chunks that sample a token (LM head rows)
+    num_prefill_seqs: int = 0  # chunks of more than one query token
+    decode_padded_ctx: int = 0  # decode chunks x their longest context, block-rounded
+    prefill_ctx: int = 0  # sum over prefill chunks of query tokens x context length
+    attn_flops: float = 0.0  # the attention part of `flops`
+    kv_bytes: float = 0.0  # the KV part of `bytes` (the rest: weights)
 
-    def features(self) -> list[float]:
-        return [1.0, self.flops, self.bytes, float(self.num_seqs)]
+    def feature(self, term: str) -> float:
+        return float(STEP_FEATURES[term](self))
+
+    def features(self, terms: tuple[str, ...] = LINEAR_TERMS) -> list[float]:
+        return [self.feature(t) for t in terms]
+
+
+STEP_FEATURES = {
+    "c0": lambda w: 1.0,
+    "c_flops": lambda w: w.flops,
+    "c_bytes": lambda w: w.bytes,
+    "c_tok": lambda w: w.num_tokens,
+    "c_sample": lambda w: w.num_samples,
+    "c_seq": lambda w: w.num_seqs,
+    "c_prefill": lambda w: w.num_prefill_seqs,
+    "c_dec_ctx": lambda w: w.decode_padded_ctx,
+    "c_pre_ctx": lambda w: w.prefill_ctx,
+}
 
 
 class CostModel:
-    def __init__(self, model_config: ModelConfig, hardware: HardwareSpec, dtype: str) -> None:
+    def __init__(
+        self, model_config: ModelConfig, hardware: HardwareSpec, dtype: str, block_size: int = 16
+    ) -> None:
         if dtype not in DTYPE_BYTES:
             raise EngineError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPE_BYTES)})")
         self.model_config = model_config
@@ -126,6 +162,14 @@ class CostModel:
         self.attn_flops_per_pair = 4.0 * mc.num_hidden_layers * mc.num_attention_heads * mc.head_dim
         self.kv_bytes_per_token = mc.kv_bytes_per_token(self.dtype_bytes)
         self.weight_bytes = float(self.params * self.dtype_bytes)
+        self.block_size = block_size
+        if hardware.linear is not None:
+            unknown = sorted(set(hardware.linear) - set(STEP_FEATURES))
+            if unknown:
+                raise EngineError(
+                    f"hardware {hardware.name}: unknown cost terms {unknown} (known: "
+                    f"{', '.join(STEP_FEATURES)})"
+                )
 
     def work(self, chunks: Iterable[tuple[int, int, bool]]) -> StepWork:
         """Work of a step given (start, num_tokens, samples) per sequence."""
@@ -133,6 +177,8 @@ class CostModel:
         pairs = 0
         kv_tokens = 0
         samples = 0
+        decodes = 0
+        longest_decode = 0
         for start, n, sample in chunks:
             end = start + n
             w.num_tokens += n
@@ -140,12 +186,19 @@ class CostModel:
             pairs += (end * (end + 1) - start * (start + 1)) // 2
             kv_tokens += end + n  # read the context, write the new tokens
             samples += bool(sample)
-        w.flops = (
-            2.0 * self.linear_params * w.num_tokens
-            + self.head_flops * samples
-            + self.attn_flops_per_pair * pairs
-        )
-        w.bytes = self.weight_bytes + float(kv_tokens * self.kv_bytes_per_token)
+            if n == 1:
+                decodes += 1
+                longest_decode = max(longest_decode, end)
+            else:
+                w.num_prefill_seqs += 1
+                w.prefill_ctx += n * end
+        bs = self.block_size
+        w.num_samples = samples
+        w.decode_padded_ctx = decodes * -(-longest_decode // bs) * bs
+        w.attn_flops = self.attn_flops_per_pair * pairs
+        w.flops = 2.0 * self.linear_params * w.num_tokens + self.head_flops * samples + w.attn_flops
+        w.kv_bytes = float(kv_tokens * self.kv_bytes_per_token)
+        w.bytes = self.weight_bytes + w.kv_bytes
         return w
 
     def time_of(self, w: StepWork) -> float:
@@ -155,16 +208,17 @@ class CostModel:
         if w.num_seqs == 0:
             return 0.0
         if hw.linear is not None:
-            c = hw.linear
-            return max(
-                0.0,
-                c["c0"] + c["c_flops"] * w.flops + c["c_bytes"] * w.bytes + c["c_seq"] * w.num_seqs,
-            )
-        compute = w.flops / (hw.peak_flops * hw.flops_efficiency)
-        memory = w.bytes / (hw.mem_bw * hw.bw_efficiency)
-        return max(compute, memory) + hw.step_overhead_s + hw.per_seq_overhead_s * w.num_seqs
+            return max(0.0, sum(c * w.feature(t) for t, c in hw.linear.items()))
+        # Kernels run one after the other, each bound by its own roofline: the dense layers
+        # (weights read once, FLOPs per token) and attention (KV read, FLOPs per pair). A
+        # decode's KV read is not hidden under a compute-bound prefill in the same step.
+        peak, bw = hw.peak_flops * hw.flops_efficiency, hw.mem_bw * hw.bw_efficiency
+        dense = max((w.flops - w.attn_flops) / peak, (w.bytes - w.kv_bytes) / bw)
+        attention = max(w.attn_flops / peak, w.kv_bytes / bw)
+        return dense + attention + hw.step_overhead_s + hw.per_seq_overhead_s * w.num_seqs
 
     def step_time(self, chunks: Iterable[tuple[int, int, bool]]) -> float:
+        """Seconds one step takes given its batch: (start, num_tokens, samples) per chunk."""
         return self.time_of(self.work(chunks))
 
     def kv_pool_blocks(self, block_size: int) -> int:
@@ -182,30 +236,54 @@ class CostModel:
         return n
 
 
+def nnls(A: np.ndarray, b: np.ndarray, max_iter: int = 500) -> np.ndarray:
+    """argmin ||A x - b|| subject to x >= 0 (Lawson-Hanson active set)."""
+    m, n = A.shape
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    tol = 1e-12 * max(1.0, float(np.abs(A).max(initial=0.0)))
+    for _ in range(max_iter):
+        grad = A.T @ (b - A @ x)
+        free = ~passive & (grad > tol)
+        if not free.any():
+            break
+        passive[int(np.argmax(np.where(free, grad, -np.inf)))] = True
+        while True:
+            z = np.zeros(n)
+            z[passive], *_ = np.linalg.lstsq(A[:, passive], b, rcond=None)
+            if (z[passive] > 0).all():
+                x = z
+                break
+            neg = passive & (z <= 0)
+            alpha = float(np.min(x[neg] / np.maximum(x[neg] - z[neg], 1e-300)))
+            x = x + alpha * (z - x)
+            passive &= x > tol
+            x[~passive] = 0.0
+    return x
+
+
 def fit_linear(
-    works: list[StepWork], times: list[float]
+    works: list[StepWork],
+    times: list[float],
+    terms: tuple[str, ...] = LINEAR_TERMS,
+    relative: bool = True,
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """Least-squares fit of the linear step-time model with non-negative coefficients
-    (terms that come out negative are dropped and the rest refitted), minimising the
-    *relative* error, since step times span orders of magnitude. Returns coefficients and
-    the fit error on the samples (mean and max relative error, R^2)."""
-    assert len(works) == len(times) and len(works) >= len(LINEAR_TERMS)
-    X = np.array([w.features() for w in works], dtype=np.float64)
+    """Least-squares fit of a linear step-time model with non-negative coefficients (NNLS)
+    over `terms`. relative=True minimises the relative error per step (step times span orders
+    of magnitude); relative=False the absolute one, which is what a run's total time (hence
+    its throughput) sums, so fits from real step traces use it. Returns coefficients and the
+    fit error on the samples (mean and max relative error, R^2, and the error of the summed
+    time)."""
+    assert len(works) == len(times) and len(works) >= 1
+    X = np.array([w.features(terms) for w in works], dtype=np.float64)
     y = np.array(times, dtype=np.float64)
     assert (y > 0).all()
     scale = np.abs(X).max(axis=0)
     scale[scale == 0] = 1.0
-    Xs = X / scale / y[:, None]  # row i divided by y_i: residuals become relative
-    ones = np.ones_like(y)
-    active = list(range(X.shape[1]))
-    coef = np.zeros(X.shape[1])
-    while active:
-        sol, *_ = np.linalg.lstsq(Xs[:, active], ones, rcond=None)
-        if (sol >= 0).all():
-            coef[:] = 0
-            coef[active] = sol
-            break
-        active.pop(int(np.argmin(sol)))
+    if relative:
+        coef = nnls(X / scale / y[:, None], np.ones_like(y))
+    else:
+        coef = nnls(X / scale / y.mean(), y / y.mean())
     coef = coef / scale
     pred = X @ coef
     rel = np.abs(pred - y) / np.maximum(y, 1e-12)
@@ -215,5 +293,6 @@ def fit_linear(
         "mean_rel_error": float(rel.mean()),
         "max_rel_error": float(rel.max()),
         "r2": 1.0 - ss_res / ss_tot,
+        "total_time_error": float(pred.sum() / y.sum() - 1.0),
     }
-    return dict(zip(LINEAR_TERMS, map(float, coef), strict=True)), err
+    return dict(zip(terms, map(float, coef), strict=True)), err

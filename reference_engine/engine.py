@@ -77,7 +77,7 @@ class LLMEngine:
         if config.executor == "sim":
             from cbbench.reference_engine.sim_executor import SimExecutor
 
-            cost = CostModel(mc, get_hardware(config.hardware), dtype)
+            cost = CostModel(mc, get_hardware(config.hardware), dtype, config.block_size)
             num_blocks = sim_num_kv_blocks(config, cost)
             executor: Executor = SimExecutor(mc, cost, seed=config.seed)
         else:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from cbbench.reference_engine.cost_model import (
     HARDWARE_PRESETS,
+    STEP_TERMS,
     CostModel,
     HardwareSpec,
     StepWork,
@@ -124,3 +125,46 @@ def test_fit_drops_terms_that_would_be_negative():
     times = [0.01 + 1e-3 * w.flops - 1e-5 * w.bytes for w in works]  # a negative bytes term
     coef, _ = fit_linear(works, times)
     assert all(v >= 0 for v in coef.values())
+
+
+def test_step_features_follow_the_batch():
+    """The calibrated model's features: decode attention over the padded context, prefill
+    attention per (query, context) pair, samples and prefill chunks counted apart."""
+    cm = CostModel(LLAMA, HARDWARE_PRESETS["h100-sxm"], "bfloat16", block_size=16)
+    w = cm.work([(99, 1, True), (9, 1, True), (0, 50, True), (50, 30, False)])
+    assert (w.num_seqs, w.num_tokens, w.num_samples, w.num_prefill_seqs) == (4, 82, 3, 2)
+    assert w.decode_padded_ctx == 2 * 112  # two decodes padded to 100 -> 7 blocks of 16
+    assert w.prefill_ctx == 50 * 50 + 30 * 80
+
+
+def test_fitted_step_terms_price_a_step():
+    spec = HardwareSpec("fit", 1.0, 1.0, 1.0, linear={t: 0.0 for t in STEP_TERMS})
+    spec.linear.update(c0=0.01, c_tok=1e-4, c_dec_ctx=1e-6)
+    cm = CostModel(LLAMA, spec, "float32")
+    assert cm.step_time([(99, 1, True)] * 4) == pytest.approx(0.01 + 4e-4 + 4 * 112e-6)
+    bad = HardwareSpec("bad", 1.0, 1.0, 1.0, linear={"c_warp": 1.0})
+    with pytest.raises(EngineError, match=r"unknown cost terms \['c_warp'\]"):
+        CostModel(LLAMA, bad, "float32")
+
+
+def test_roofline_does_not_hide_decode_reads_under_a_prefill():
+    """Kernels run in turn: a decode's KV read adds to a compute-bound prefill step."""
+    cm = model("h100")
+    prefill = [(0, 4096, True)]
+    decodes = [(2000, 1, True)] * 64
+    assert cm.step_time(prefill + decodes) > cm.step_time(prefill) + 0.5 * (
+        cm.step_time(decodes) - cm.hardware.step_overhead_s
+    )
+
+
+def test_nnls_absolute_fit_keeps_the_total_time():
+    rng = np.random.default_rng(1)
+    works = [StepWork(num_seqs=int(s), num_tokens=int(s)) for s in rng.integers(1, 16, 40)]
+    for w in works:
+        w.decode_padded_ctx = int(rng.integers(16, 2000)) * w.num_seqs
+    times = [0.02 + 2e-4 * w.num_tokens + 5e-6 * w.decode_padded_ctx for w in works]
+    coef, err = fit_linear(works, times, ("c0", "c_tok", "c_dec_ctx", "c_seq"), relative=False)
+    assert coef["c0"] == pytest.approx(0.02, rel=1e-6) and coef["c_seq"] == pytest.approx(
+        0, abs=1e-9
+    )
+    assert abs(err["total_time_error"]) < 1e-9
