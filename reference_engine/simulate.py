@@ -241,17 +241,24 @@ def _replay_steps(
     on_progress: Callable[[int, int], None] | None = None,
     measured_clock: bool = False,
     temperature: float = 1.0,
+    wrap_executor: Callable | None = None,
 ) -> Generator[None, None, SimResult]:
     """The replay loop, yielding after every engine step. `temperature` 0: greedy requests
-    (the real model's speculative control accepts every draft only when greedy)."""
+    (the real model's speculative control accepts every draft only when greedy).
+    `wrap_executor(executor, engine)` may replace the executor by a wrapper (now /
+    advance_to / execute; a simulated one's wrapper also exposes cost_model), e.g.
+    calibration.TracedClock, which gives a real executor its own clock (it times whole
+    engine steps, a proposer's work included); idling is then virtual too."""
     engine = LLMEngine.from_config(cfg)
     simulated = isinstance(engine.executor, SimExecutor)
     if measured_clock and not simulated:
         engine.executor = MeasuredClock(engine.executor)
         if engine.proposer is not None:
             engine.proposer = engine.executor.timed(engine.proposer)
+    elif wrap_executor is not None:
+        engine.executor = wrap_executor(engine.executor, engine)
     ex = engine.executor
-    virtual = isinstance(ex, (SimExecutor, MeasuredClock))
+    virtual = simulated or hasattr(ex, "advance_to")
     vocab = engine.model_config.vocab_size
     t0 = engine.now()
 

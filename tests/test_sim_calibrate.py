@@ -1,26 +1,36 @@
-"""`cbbench calibrate` on the tiny model: measured grid -> fitted hardware JSON -> simulator."""
+"""`cbbench calibrate` on the tiny model: engine step trace -> fitted hardware JSON ->
+simulator; `--validate` compares simulated and real runs of a held-out workload."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 from cbbench.harness.cli import main
-from cbbench.reference_engine.cost_model import LINEAR_TERMS, get_hardware
+from cbbench.reference_engine.calibration import TracedClock, calibrate, fit_workloads
+from cbbench.reference_engine.cost_model import STEP_TERMS, get_hardware
 
 
-def test_calibrate_writes_a_fit_the_simulator_uses(tmp_path, capsys):
+def test_calibrate_then_validate_writes_a_fit_the_simulator_uses(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
     out = tmp_path / "cpu.json"
-    rc = main(
-        ["calibrate", "--model", "tiny", "--batch-sizes", "1,4", "--context-lens", "16,64",
-         "--prefill-lens", "16", "--repeats", "2", "--min-time", "0", "--threads", "1", "--out", str(out)]
-    )  # fmt: skip
+    argv = ["calibrate", "--model", "tiny", "--scale", "0.05", "--clock", "cpu", "--out", str(out)]
+    assert main([*argv, "--validate", "--validate-requests", "2"]) == 0
     text = capsys.readouterr().out
-    assert rc == 0
-    assert "fit error: mean" in text and "measured vs fitted" in text
+    assert "measured engine steps" in text and "decode only" in text
+    assert "held-out validation: SIMULATED (measured-tiny-cpu) vs MEASURED" in text
+    assert "held-out validation: WITHIN" in text or "held-out validation: OUTSIDE" in text
     spec = get_hardware(str(out))
-    assert spec.linear is not None and set(spec.linear) == set(LINEAR_TERMS)
+    assert spec.linear is not None and set(spec.linear) == set(STEP_TERMS)
     assert all(v >= 0 for v in spec.linear.values()) and any(v > 0 for v in spec.linear.values())
-    assert spec.fit["points"] == 5 and spec.fit["model"] == "tiny"
+    assert spec.fit["model"] == "tiny" and spec.fit["clock"] == "cpu" and spec.fit["points"] > 20
+    rows = spec.fit["validation"]["rows"]
+    assert [r["scheduler"] for r in rows] == ["static", "continuous"]
+    for r in rows:
+        assert r["sim_output_tok_s"] > 0 and r["real_output_tok_s"] > 0
+        assert r["throughput_error"] == pytest.approx(
+            r["sim_output_tok_s"] / r["real_output_tok_s"] - 1
+        )
     assert json.loads(out.read_text())["name"] == "measured-tiny-cpu"
     rc = main(
         ["sim", "--model", "tiny", "--hardware", str(out), "--workload", "chat",
@@ -30,8 +40,33 @@ def test_calibrate_writes_a_fit_the_simulator_uses(tmp_path, capsys):
     assert "SIMULATED: tiny on measured-tiny-cpu" in capsys.readouterr().out
 
 
-def test_calibrate_rejects_bad_grids(capsys):
-    assert main(["calibrate", "--model", "tiny", "--batch-sizes", "0,4"]) == 2
-    assert "--batch-sizes: expected positive integers" in capsys.readouterr().err
-    assert main(["calibrate", "--model", "tiny", "--context-lens", "99999"]) == 2
-    assert "exceeds the model's 2048" in capsys.readouterr().err
+def test_fit_durations_sum_to_the_traced_run():
+    """Every step is traced, and the fitted model reproduces the fit runs' summed time."""
+    cal = calibrate("tiny", clock="cpu", scale=0.05, log=lambda s: None)
+    steps = sum(len(r) for r in (reqs for _, reqs, _ in fit_workloads(0.05)))
+    assert len(cal.works) >= steps  # at least one step per request (its prefill)
+    assert sum(cal.predicted_s) == pytest.approx(sum(cal.measured_s), rel=0.02)
+
+
+def test_traced_clock_idles_virtually_and_rejects_bad_clocks():
+    class Inner:
+        def execute(self, chunks):
+            return []
+
+    t = TracedClock(Inner(), cost=None, clock="wall")  # type: ignore[arg-type]
+    before = t.now()
+    t.advance_to(before + 100.0)
+    assert t.now() >= before + 100.0
+    from cbbench.reference_engine.errors import EngineError
+
+    with pytest.raises(EngineError, match="clock must be one of wall, cpu"):
+        TracedClock(Inner(), cost=None, clock="gpu")  # type: ignore[arg-type]
+
+
+def test_calibrate_rejects_bad_flags(capsys):
+    assert main(["calibrate", "--model", "tiny", "--scale", "0"]) == 2
+    assert "--scale must be > 0" in capsys.readouterr().err
+    assert main(["calibrate", "--model", "tiny", "--hardware", "cpu-measured"]) == 2
+    assert "--hardware only goes with --validate" in capsys.readouterr().err
+    assert main(["calibrate", "--validate", "--hardware", "h100"]) == 2
+    assert "not a fitted (linear) hardware" in capsys.readouterr().err
