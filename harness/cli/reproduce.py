@@ -1,37 +1,37 @@
-"""`cbbench reproduce`: the seeds' results, regenerated with the reference engine.
+"""`cbbench reproduce`: the seeds' figures, regenerated with the reference engine.
 
 1. The seed-demo timeline: outputs [10, 5, 8, 3, 12, 6], B = 4, one time unit per step
    (seeds: static 22 steps, continuous fewer, no slot idle while requests wait).
-2. Throughput of continuous over static batching for uniform, mixed (outputs 10-1000) and
-   heavy-mixed (1-4000) workloads (seeds: no gain; about 2.4x; about 5.7x):
-   - SIMULATED: the presets on a modelled H100 serving llama-3-8b;
-   - MEASURED (skipped by --sim-only): the real engine on CPU, the 54M `small` model (whose
-     decode step, like a GPU's, costs about the same for 1 or 8 sequences), offline and
-     in-process, on the same presets with every length divided by --cpu-scale; one torch
-     thread unless CBBENCH_TORCH_THREADS says otherwise.
-Both policies get the same B (static batch size = continuous max_num_seqs) and the same KV
-pool; static reserves max_model_len (here: the workload's longest request) per slot, as a
-static server must.
+2. The seed's gains table, static -> continuous in sustained req/s, for uniform, mixed
+   (outputs 10-1000) and highly mixed (1-4000) lengths (seed: 1x, 2.38x, 5.67x):
+   - SIMULATED: llama-3-8b on a modelled H100, all requests at t=0, throughput over the
+     steady window with a 95 % interval (harness/reproduce.py says how);
+   - device utilization (busy fraction, slot utilization) static vs continuous;
+   - --sensitivity: the same gains with one condition changed at a time;
+   - MEASURED (skipped by --sim-only): the real engine on CPU (the 54M `small` model), the
+     same three rows at small scale (lengths / --cpu-scale, a KV pool scaled alike).
+Setting: same device memory for both; static reserves max_model_len (the workload's longest
+request) per slot and runs the largest batch that fits (at most B); continuous: paged KV,
+max_num_seqs B (256) and 8192 batched tokens per step, vLLM's defaults.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import os
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
+from cbbench.harness import reproduce as rp
 from cbbench.harness.errors import CbbenchError
 from cbbench.reference_engine.options import SIM_DEFAULTS, add_engine_args, engine_value
 from rich.console import Console
 from rich.table import Table
 
-WORKLOADS = ("uniform", "mixed", "heavy-mixed")
-SEED_CLAIMS = {"uniform": "no gain (1x)", "mixed": "about 2.4x", "heavy-mixed": "about 5.7x"}
 SEED_DEMO_STEPS = {"static": 22}  # the seeds' count; continuous: "fewer"
+HOLDS_WITHIN = 0.15  # a gain "holds" when ours is within 15 % of the seed's
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,12 +42,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--sim-only", action="store_true", help="skip the measured CPU runs")
+    p.add_argument("--sensitivity", action="store_true", help="add the sensitivity table")
     p.add_argument("--out", default=None, help="write run folders and reproduce.json here")
     # the simulated part's engine: the shared engine flags, with the simulator's defaults
-    add_engine_args(p, only=("hardware", "model", "batch_size"), defaults=SIM_DEFAULTS)
-    p.add_argument(
-        "--num-requests", type=int, default=200, help="simulated requests per workload (200)"
+    # but B = 256 (vLLM's max_num_seqs): continuous max_num_seqs and the cap of static's batch
+    add_engine_args(
+        p, only=("hardware", "model", "batch_size"), defaults={**SIM_DEFAULTS, "batch_size": 256}
     )
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192, help="(8192)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="default: the workload's longest request")  # fmt: skip
+    p.add_argument("--kv-cache-memory-gb", type=float, default=None,
+                   help="default: what the device leaves after the weights")  # fmt: skip
+    p.add_argument(
+        "--num-requests", type=int, default=600, help="simulated requests per workload (600)"
+    )
+    p.add_argument("--sim-scale", type=int, default=1,
+                   help="divide the simulated prompt and output lengths by this (1)")  # fmt: skip
     g = p.add_argument_group("measured on CPU")
     g.add_argument("--cpu-model", default="small", help="default small (54M parameters)")
     g.add_argument("--cpu-batch-size", type=int, default=8, help="B on CPU (default 8)")
@@ -55,6 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument(
         "--cpu-scale", type=int, default=16, help="divide prompt and output lengths by this (16)"
     )
+    g.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+                   help="wall, or this thread's CPU time on a machine shared with other jobs")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -94,198 +107,251 @@ def scaled_workload(name: str, n: int, scale: int):
     wl = load_workload(name, num_requests=n)
     if scale == 1:
         return wl
-    reqs = tuple(
-        dataclasses.replace(
-            r, prompt_len=max(1, r.prompt_len // scale), output_len=max(1, r.output_len // scale)
-        )
-        for r in wl.requests
-    )
+    reqs = tuple(rp.scaled(wl.requests, scale))
     return Workload(f"{name}/{scale}", wl.seed, reqs, wl.prefix_block_size, wl.source)
 
 
-def _replay(console: Console, label: str, wl, cfg, out: Path | None, folder: str) -> dict:
+def _rows(console: Console, label: str, s: rp.Setting, out: Path | None, folder: str,
+          wrap=None) -> dict:  # fmt: skip
     from cbbench.harness.studies.simulation import write_run
-    from cbbench.reference_engine.simulate import replay
 
-    t0 = time.perf_counter()
-    with console.status(f"{label}: {wl.name}, {cfg.scheduler} ({len(wl)} requests) ..."):
-        res = replay(wl.requests, cfg)
-    s = res.summary()
-    console.print(
-        f"  {label} {wl.name:<12} {cfg.scheduler:<10} B={cfg.max_batch_slots:<4} "
-        f"{s['num_steps']:>6} steps  {s['output_throughput'] or 0:>9.1f} output tok/s"
-        f"  ({time.perf_counter() - t0:.1f}s wall)",
-        highlight=False,
-    )
-    if out is not None:
-        write_run(
-            out / folder / wl.name.replace("/", "_"), cfg.scheduler, res, wl,
-            workload_name=wl.name, command=sys.argv,
-        )  # fmt: skip
-    return s
-
-
-def simulated(args: argparse.Namespace, console: Console, out: Path | None) -> dict:
-    from cbbench.workloads import load_workload
-
-    b = args.batch_size
-    console.rule(
-        f"[bold]2a. SIMULATED: {args.model} on {args.hardware}, B={b}, "
-        f"{args.num_requests} requests per workload, all at once"
-    )
     rows = {}
-    for wname in WORKLOADS:
-        wl = load_workload(wname, num_requests=args.num_requests)
-        max_len = max(r.prompt_len + r.output_len for r in wl.requests)
-        kw = {"max_model_len": max(max_len, 2)}
-        # The pool is sized from the device; static's reservation must fit B slots in it.
-        st = _replay(
-            console,
-            "sim",
-            wl,
-            _config(args.model, "static", b, "sim", args.hardware, **kw),
-            out,
-            "sim",
+    for w in rp.WORKLOADS:
+        t0 = time.perf_counter()
+        with console.status(f"{label}: {w}, static and continuous ({s.num_requests} requests)"):
+            row = rp.run_pair(w, s, wrap_executor=wrap)
+        st_res, co_res = row.pop("results")
+        c = row["conditions"]
+        console.print(
+            f"  {label} {w:<12} static B={c['static_batch_size']:<4} "
+            f"{row['static']['request_throughput']:9.2f} req/s  continuous "
+            f"{row['continuous']['request_throughput']:9.2f} req/s  gain {row['gain_req_s']:.2f}x"
+            f"  ({time.perf_counter() - t0:.0f}s wall)",
+            highlight=False,
         )
-        co = _replay(
-            console,
-            "sim",
-            wl,
-            _config(args.model, "continuous", b, "sim", args.hardware, **kw),
-            out,
-            "sim",
-        )
-        rows[wname] = _row(st, co)
+        if out is not None:
+            wl = scaled_workload(w, s.num_requests, s.length_scale)
+            for res in (st_res, co_res):
+                write_run(out / folder / wl.name.replace("/", "_"), res.config.scheduler, res,
+                          wl, workload_name=wl.name, command=sys.argv)  # fmt: skip
+        rows[w] = row
     return rows
 
 
-def measured(args: argparse.Namespace, console: Console, out: Path | None) -> dict:
-    b, n, scale = args.cpu_batch_size, args.cpu_requests, args.cpu_scale
-    console.rule(
-        f"[bold]2b. MEASURED: the real engine ({args.cpu_model}) on CPU, B={b}, {n} requests "
-        f"per workload, lengths / {scale}, offline in-process replay"
-    )
-    from cbbench.harness.cli.compare_engines import torch_threads
-    from cbbench.reference_engine.simulate import replay
-
-    text = os.environ.get("CBBENCH_TORCH_THREADS", "1")  # busy cores: threads spin
-    if not text.isdigit():
-        raise CbbenchError(f"CBBENCH_TORCH_THREADS must be a whole number, got {text!r}")
-    threads = int(text)
-    with torch_threads(threads):
-        return _measured_rows(args, console, out, replay)
+def _pm(v: float, hw: float, spec: str) -> str:
+    if hw != hw:  # nan
+        return format(v, spec)
+    return f"{format(v, spec)} ± {format(hw, spec)}"
 
 
-def _measured_rows(args: argparse.Namespace, console: Console, out: Path | None, replay) -> dict:
-    b, n, scale = args.cpu_batch_size, args.cpu_requests, args.cpu_scale
-
-    warm = scaled_workload("uniform", 2, 64)
-    with console.status("cpu: warm-up ..."):
-        cfg = _config(args.cpu_model, "continuous", b, "real", "h100", max_model_len=64)
-        replay(warm.requests, cfg)
-    rows = {}
-    for wname in WORKLOADS:
-        wl = scaled_workload(wname, n, scale)
-        max_len = max(r.prompt_len + r.output_len for r in wl.requests)
-        kw = {"max_model_len": max(max_len, 2)}
-        st = _replay(
-            console,
-            "cpu",
-            wl,
-            _config(args.cpu_model, "static", b, "real", "h100", **kw),
-            out,
-            "cpu",
-        )
-        co = _replay(
-            console,
-            "cpu",
-            wl,
-            _config(args.cpu_model, "continuous", b, "real", "h100", **kw),
-            out,
-            "cpu",
-        )
-        rows[wname] = _row(st, co)
-    return rows
+def verdict(w: str, gain: float) -> str:
+    seed = rp.SEED_ROWS[w]["gain"]
+    if abs(gain / seed - 1) <= HOLDS_WITHIN:
+        return "holds"
+    return f"does not hold ({gain / seed:.0%} of the seed's)"
 
 
-def _ratio(a: dict, b: dict) -> float | None:
-    x, y = a.get("output_throughput"), b.get("output_throughput")
-    return x / y if x and y else None
-
-
-def _row(static: dict, cont: dict) -> dict:
-    return {
-        "static_tok_s": static["output_throughput"],
-        "continuous_tok_s": cont["output_throughput"],
-        "ratio": _ratio(cont, static),
-        "static_steps": static["num_steps"],
-        "continuous_steps": cont["num_steps"],
-        "static_e2e_p99_s": static["e2e_s"]["p99"],
-        "continuous_e2e_p99_s": cont["e2e_s"]["p99"],
-    }
-
-
-def _fmt(v: float | None, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
-
-
-def results_table(args: argparse.Namespace, sim: dict, cpu: dict | None) -> Table:
-    t = Table(title="continuous vs static batching: output tokens/s (same B, same KV pool)")
-    t.add_column("workload")
-    t.add_column("seeds' claim")
-    t.add_column(f"SIMULATED {args.hardware} static", justify="right")
-    t.add_column("continuous", justify="right")
-    t.add_column("gain", justify="right", style="bold")
-    if cpu is not None:
-        t.add_column("MEASURED cpu static", justify="right")
-        t.add_column("continuous", justify="right")
-        t.add_column("gain", justify="right", style="bold")
-    for w in WORKLOADS:
-        s = sim[w]
-        cells = [
+def gains_table(title: str, rows: dict, measured: bool = False) -> Table:
+    t = Table(title=title)
+    for col in ("workload", "seed req/s", "seed gain", "static req/s", "continuous req/s",
+                "gain (req/s)", "gain (tok/s)", "makespan gain", "static B", "verdict"):  # fmt: skip
+        t.add_column(col, justify="right" if col != "workload" else "left")
+    for w, r in rows.items():
+        sd = rp.SEED_ROWS[w]
+        st, co = r["static"], r["continuous"]
+        c = r["conditions"]
+        t.add_row(
             w,
-            SEED_CLAIMS[w],
-            _fmt(s["static_tok_s"], ",.0f"),
-            _fmt(s["continuous_tok_s"], ",.0f"),
-            _fmt(s["ratio"], ".2f") + "x",
-        ]
-        if cpu is not None:
-            c = cpu[w]
-            cells += [
-                _fmt(c["static_tok_s"], ",.0f"),
-                _fmt(c["continuous_tok_s"], ",.0f"),
-                _fmt(c["ratio"], ".2f") + "x",
-            ]
-        t.add_row(*cells)
-    t.caption = (
-        f"simulated: {args.model}, B={args.batch_size}, {args.num_requests} requests each; "
-        + (
-            f"measured: {args.cpu_model} on CPU, B={args.cpu_batch_size}, {args.cpu_requests} "
-            f"requests each, lengths / {args.cpu_scale}"
-            if cpu is not None
-            else "measured: skipped (--sim-only)"
+            f"{sd['static_rps']:g} -> {sd['continuous_rps']:g}",
+            f"{sd['gain']:.2f}x",
+            _pm(st["request_throughput"], st["request_throughput_ci95"], ".2f"),
+            _pm(co["request_throughput"], co["request_throughput_ci95"], ".2f"),
+            _pm(r["gain_req_s"], r["gain_req_s_ci95"], ".2f") + "x",
+            f"{r['gain_tok_s']:.2f}x",
+            f"{r['gain_makespan']:.2f}x",
+            f"{c['static_batch_size']} ({c['static_batch_limited_by']})",
+            verdict(w, r["gain_req_s"]),
         )
+    return t
+
+
+def utilization_table(rows: dict) -> Table:
+    t = Table(title="device utilization in the steady window (SIMULATED)")
+    for col in ("workload", "static busy", "static slot util.", "continuous busy",
+                "continuous slot util.", "seed: static / continuous"):  # fmt: skip
+        t.add_column(col, justify="right" if col != "workload" else "left")
+    su, cu = rp.SEED_UTILIZATION["static"], rp.SEED_UTILIZATION["continuous"]
+    for w, r in rows.items():
+        st, co = r["static"], r["continuous"]
+        t.add_row(
+            w, f"{st['busy_fraction']:.0%}", f"{st['slot_utilization']:.0%}",
+            f"{co['busy_fraction']:.0%}", f"{co['slot_utilization']:.0%}",
+            f"{su[0]:.0%}-{su[1]:.0%} / {cu[0]:.0%}-{cu[1]:.0%}",
+        )  # fmt: skip
+    t.caption = (
+        "busy = share of time a step runs (what NVML reports); slot util. = live sequences "
+        "computed per step / the batch the policy holds (static: B; continuous: its peak "
+        "concurrency), time-weighted"
     )
     return t
+
+
+def sensitivity(console: Console, base: rp.Setting) -> list[dict]:
+    t = Table(title="sensitivity: gain in sustained req/s, one condition changed (SIMULATED)")
+    t.add_column("condition")
+    for w in rp.WORKLOADS:
+        t.add_column(f"{w} (seed {rp.SEED_ROWS[w]['gain']:.2f}x)", justify="right")
+    t.add_column("static B (uniform / mixed / heavy)", justify="right")
+    t.add_column("makespan gain, heavy", justify="right")
+    out = []
+    for label, s in rp.sensitivity_settings(base):
+        cells, bs, entry = [], [], {"condition": label, "setting": asdict(s), "gains": {}}
+        for w in rp.WORKLOADS:
+            with console.status(f"sensitivity: {label}: {w}"):
+                row = rp.run_pair(w, s)
+            row.pop("results")
+            cells.append(_pm(row["gain_req_s"], row["gain_req_s_ci95"], ".2f") + "x")
+            bs.append(str(row["conditions"]["static_batch_size"]))
+            entry["gains"][w] = {k: row[k] for k in ("gain_req_s", "gain_req_s_ci95",
+                                 "gain_tok_s", "gain_makespan", "conditions")}  # fmt: skip
+        t.add_row(
+            label, *cells, " / ".join(bs), f"{entry['gains']['heavy-mixed']['gain_makespan']:.2f}x"
+        )
+        console.print(f"  {label}: " + ", ".join(cells), highlight=False)
+        out.append(entry)
+    console.print(t)
+    return out
+
+
+def _check(args: argparse.Namespace) -> None:
+    for flag in ("batch_size", "num_requests", "cpu_batch_size", "cpu_requests", "cpu_scale",
+                 "max_num_batched_tokens", "sim_scale"):  # fmt: skip
+        if getattr(args, flag) < 1:
+            raise CbbenchError(
+                f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}"
+            )
+
+
+def cpu_setting(args: argparse.Namespace, sim: rp.Setting) -> rp.Setting:
+    """The simulated setting at CPU scale: B and lengths shrunk, the KV pool shrunk alike
+    (pool tokens x cpu_B / B / scale), so memory binds static's batch the same way. The real
+    engine's static skips finished rows (it cannot pad): the best case for static."""
+    pool = rp.pool_blocks(sim) * sim.block_size
+    tokens = pool * args.cpu_batch_size / sim.max_num_seqs / args.cpu_scale * sim.length_scale
+    return rp.Setting(
+        model=args.cpu_model,
+        hardware="h100",
+        executor="real",
+        num_requests=args.cpu_requests,
+        max_num_seqs=args.cpu_batch_size,
+        max_num_batched_tokens=max(8192 // args.cpu_scale, args.cpu_batch_size),
+        num_kv_blocks=max(1, int(tokens // sim.block_size)),
+        length_scale=args.cpu_scale,
+        dtype="float32",
+        static_padded=False,  # the real engine's static skips finished rows
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     for dest in ("hardware", "model", "batch_size"):
         setattr(args, dest, engine_value(args, dest))
-    for flag in ("batch_size", "num_requests", "cpu_batch_size", "cpu_requests", "cpu_scale"):
-        if getattr(args, flag) < 1:
-            raise CbbenchError(
-                f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}"
-            )
+    _check(args)
     console = Console()
     out = Path(args.out) if args.out else None
     steps = seed_demo(console)
-    sim = simulated(args, console, out)
-    cpu = None if args.sim_only else measured(args, console, out)
-    console.print(results_table(args, sim, cpu))
+    sim_s = rp.Setting(
+        model=args.model,
+        hardware=args.hardware,
+        num_requests=args.num_requests,
+        max_num_seqs=args.batch_size,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        kv_cache_memory_gb=args.kv_cache_memory_gb,
+        length_scale=args.sim_scale,
+    )
+    console.rule(
+        f"[bold]2a. SIMULATED: {args.model} on {args.hardware}, B={args.batch_size}, "
+        f"{args.num_requests} requests per workload at t=0, sustained throughput"
+    )
+    sim = _rows(console, "sim", sim_s, out, "sim")
+    console.print(gains_table("static -> continuous, sustained req/s (SIMULATED)", sim))
+    console.print(utilization_table(sim))
+    sens = sensitivity(console, sim_s) if args.sensitivity else None
+    cpu = None
+    if not args.sim_only:
+        from cbbench.reference_engine.calibration import TracedClock, _cost_for, torch_threads
+
+        cpu_s = cpu_setting(args, sim_s)
+        console.rule(
+            f"[bold]2b. MEASURED: the real engine ({args.cpu_model}) on CPU, B={cpu_s.max_num_seqs}, "
+            f"{cpu_s.num_requests} requests, lengths / {cpu_s.length_scale}, KV pool "
+            f"{cpu_s.num_kv_blocks} blocks, {args.clock} clock"
+        )
+
+        def wrap(executor, engine):
+            return TracedClock(executor, _cost_for(engine), args.clock)
+
+        with torch_threads(1):
+            cpu = _rows(console, "cpu", cpu_s, out, "cpu", wrap=wrap)
+        console.print(gains_table("static -> continuous, sustained req/s (MEASURED, CPU)", cpu))
+    lines = verdicts(sim, cpu)
+    for line in lines:
+        console.print(line, highlight=False)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        doc = {"seed_demo_steps": steps, "simulated": sim, "measured_cpu": cpu, "argv": sys.argv}
+        doc = {
+            "seed_demo_steps": steps,
+            "rows": [
+                {
+                    "workload": w,
+                    "seed": rp.SEED_ROWS[w],
+                    "simulated": _brief(sim[w]),
+                    "measured_cpu": _brief(cpu[w]) if cpu else None,
+                }
+                for w in rp.WORKLOADS
+            ],
+            "seed_utilization": rp.SEED_UTILIZATION,
+            "sensitivity": sens,
+            "verdicts": lines,
+            "simulated": sim,
+            "measured_cpu": cpu,
+            "argv": sys.argv,
+        }
         (out / "reproduce.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
         console.print(f"wrote {out / 'reproduce.json'} and run folders under {out}")
     return 0
+
+
+def _brief(row: dict) -> dict:
+    st, co = row["static"], row["continuous"]
+    return {
+        "static_req_s": st["request_throughput"],
+        "continuous_req_s": co["request_throughput"],
+        "gain": row["gain_req_s"],
+        "gain_ci95": row["gain_req_s_ci95"],
+        "gain_tok_s": row["gain_tok_s"],
+        "gain_makespan": row["gain_makespan"],
+        "utilization": {
+            "static": {k: st[k] for k in ("busy_fraction", "slot_utilization")},
+            "continuous": {k: co[k] for k in ("busy_fraction", "slot_utilization")},
+        },
+        "conditions": {**row["conditions"], **{k: row["setting"][k] for k in (
+            "model", "hardware", "executor", "num_requests", "length_scale")}},
+    }  # fmt: skip
+
+
+def verdicts(sim: dict, cpu: dict | None) -> list[str]:
+    lines = []
+    for label, rows in (("simulated", sim), ("measured on CPU", cpu)):
+        if rows is None:
+            continue
+        g = {w: rows[w]["gain_req_s"] for w in rp.WORKLOADS}
+        parts = [f"{w} {g[w]:.2f}x (seed {rp.SEED_ROWS[w]['gain']:.2f}x: {verdict(w, g[w])})"
+                 for w in rp.WORKLOADS]  # fmt: skip
+        order = g["uniform"] < g["mixed"] < g["heavy-mixed"]
+        lines.append(
+            f"{label}: " + "; ".join(parts) + f". Ordering uniform < mixed < highly mixed "
+            f"{'holds' if order else 'does NOT hold'}; uniform "
+            f"{'is' if abs(g['uniform'] - 1) <= 0.05 else 'is NOT'} within 5% of 1.0."
+        )
+    return lines
