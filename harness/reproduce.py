@@ -37,7 +37,12 @@ from dataclasses import asdict, dataclass, replace
 
 from cbbench.harness.errors import CbbenchError
 from cbbench.reference_engine.block_manager import cdiv
-from cbbench.reference_engine.config import ContinuousConfig, EngineConfig, StaticConfig
+from cbbench.reference_engine.config import (
+    ContinuousConfig,
+    EngineConfig,
+    StaticConfig,
+    kv_blocks_for_memory,
+)
 from cbbench.reference_engine.simulate import SimResult
 from cbbench.workloads.spec import RequestSpec
 
@@ -68,7 +73,7 @@ class Setting:
     max_num_batched_tokens: int = 8192
     static_batch_size: int | None = None  # None: the largest that max_model_len per slot fits
     max_model_len: int | None = None  # None: the workload's longest request
-    kv_cache_memory_gb: float | None = None  # None: what the device leaves after the weights
+    kv_cache_memory_gb: float | None = None  # GiB; None: what the device leaves after weights
     num_kv_blocks: int | None = None  # overrides kv_cache_memory_gb (the CPU runs set it)
     block_size: int = 16
     length_scale: int = 1  # every prompt and output length divided by this (CPU runs)
@@ -132,8 +137,8 @@ def pool_blocks(s: Setting) -> int:
     mc = resolve_model_config(s.model)
     dtype = mc.torch_dtype if s.dtype == "auto" else s.dtype
     cost = CostModel(mc, get_hardware(s.hardware), dtype, s.block_size)
-    if s.kv_cache_memory_gb:
-        return int(s.kv_cache_memory_gb * 1e9 // (cost.kv_bytes_per_token * s.block_size))
+    if s.kv_cache_memory_gb:  # GiB, as the engine reads --kv-cache-memory-gb
+        return kv_blocks_for_memory(s.kv_cache_memory_gb, cost.kv_bytes_per_token * s.block_size)
     return cost.kv_pool_blocks(s.block_size)
 
 
@@ -317,8 +322,8 @@ def sensitivity_settings(base: Setting) -> list[tuple[str, Setting]]:
         out.append((f"B (max_num_seqs, static cap) = {b}", replace(base, max_num_seqs=b)))
     out.append(("max_model_len = 8192 (model maximum)", replace(base, max_model_len=8192)))
     out.append(("static skips finished rows (not padded)", replace(base, static_padded=False)))
-    out.append(("KV memory = 16 GB", replace(base, kv_cache_memory_gb=16.0)))
-    out.append(("KV memory = 400 GB (static B = 256)", replace(base, kv_cache_memory_gb=400.0)))
+    out.append(("KV memory = 16 GiB", replace(base, kv_cache_memory_gb=16.0)))
+    out.append(("KV memory = 400 GiB (static B = 256)", replace(base, kv_cache_memory_gb=400.0)))
     for n in (200, 2 * base.num_requests):
         out.append((f"requests = {n}", replace(base, num_requests=n)))
     return out

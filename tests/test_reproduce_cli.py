@@ -50,7 +50,7 @@ def test_memory_reservation_sets_static_batch_and_the_gain():
     """Static reserves max_model_len per slot: with the same memory, the highly mixed
     workload's long max_model_len shrinks static's batch, and continuous gains more there."""
     base = rp.Setting(num_requests=48, max_num_seqs=16, length_scale=8)
-    base = replace(base, kv_cache_memory_gb=8 * 560 * 131072 / 1e9)  # 8 slots of 560 tokens
+    base = replace(base, kv_cache_memory_gb=8 * 560 * 131072 / 2**30)  # 8 slots of 560 tokens
     rows = {w: rp.run_pair(w, base) for w in ("mixed", "heavy-mixed")}
     assert rows["heavy-mixed"]["conditions"]["static_batch_limited_by"] == "memory"
     assert rows["heavy-mixed"]["conditions"]["static_batch_size"] < 16

@@ -66,7 +66,7 @@ def test_traced_clock_idles_virtually_and_rejects_bad_clocks():
 def test_calibrate_rejects_bad_flags(capsys):
     assert main(["calibrate", "--model", "tiny", "--scale", "0"]) == 2
     assert "--scale must be > 0" in capsys.readouterr().err
-    assert main(["calibrate", "--model", "tiny", "--hardware", "cpu-measured"]) == 2
-    assert "--hardware only goes with --validate" in capsys.readouterr().err
-    assert main(["calibrate", "--validate", "--hardware", "h100"]) == 2
+    assert main(["calibrate", "--model", "tiny", "--fit", "cpu-measured"]) == 2
+    assert "--fit only goes with --validate" in capsys.readouterr().err
+    assert main(["calibrate", "--validate", "--fit", "h100"]) == 2
     assert "not a fitted (linear) hardware" in capsys.readouterr().err

@@ -148,9 +148,10 @@ def test_fitted_step_terms_price_a_step():
 
 
 def test_roofline_does_not_hide_decode_reads_under_a_prefill():
-    """Kernels run in turn: a decode's KV read adds to a compute-bound prefill step."""
+    """Kernels run in turn: a decode's KV read adds to a prefill step's compute-bound
+    dense layers (16 short prompts, 4096 tokens)."""
     cm = model("h100")
-    prefill = [(0, 4096, True)]
+    prefill = [(0, 256, True)] * 16
     decodes = [(2000, 1, True)] * 64
     assert cm.step_time(prefill + decodes) > cm.step_time(prefill) + 0.5 * (
         cm.step_time(decodes) - cm.hardware.step_overhead_s

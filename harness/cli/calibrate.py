@@ -5,7 +5,7 @@ fits cost_model.STEP_TERMS (reference_engine/calibration.py) and saves a hardwar
 `cbbench sim --hardware PATH`. `--validate` then replays a held-out workload (chat, 24
 requests, B=8, max_model_len 2048, all at once) simulated and real, static and continuous,
 and prints throughput and p99 E2E side by side with the errors (targets: 5 % / 10 %);
-`--hardware PATH --validate` checks an existing fit without refitting.
+`--validate --fit PATH` checks an existing fit without refitting.
 """
 
 from __future__ import annotations
@@ -44,7 +44,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="then compare simulated vs real on the held-out workload",
     )
-    p.add_argument("--hardware", default=None, help="with --validate: check this fit, do not refit")
+    p.add_argument(
+        "--fit",
+        default=None,
+        metavar="HARDWARE",
+        help="with --validate: check this fitted hardware (a calibrate JSON or cpu-measured), "
+        "do not refit",
+    )
     p.add_argument("--validate-requests", type=int, default=24, help="held-out workload size (24)")
     p.set_defaults(func=run)
 
@@ -60,15 +66,15 @@ def run(args: argparse.Namespace) -> int:
         raise EngineError(f"--scale must be > 0, got {args.scale}")
     if args.validate_requests < 1:
         raise EngineError(f"--validate-requests must be >= 1, got {args.validate_requests}")
-    if args.hardware and not args.validate:
-        raise EngineError("--hardware only goes with --validate (it checks an existing fit)")
+    if args.fit and not args.validate:
+        raise EngineError("--fit only goes with --validate (it checks an existing fit)")
     console = Console()
     log = lambda s: console.print(s, highlight=False)  # noqa: E731
     with cal.torch_threads(args.threads):
-        if args.hardware:
-            spec = get_hardware(args.hardware)
+        if args.fit:
+            spec = get_hardware(args.fit)
             if spec.linear is None:
-                raise EngineError(f"--hardware {args.hardware}: not a fitted (linear) hardware")
+                raise EngineError(f"--fit {args.fit}: not a fitted (linear) hardware")
             out = None
         else:
             console.print(

@@ -31,7 +31,13 @@ from rich.console import Console
 from rich.table import Table
 
 SEED_DEMO_STEPS = {"static": 22}  # the seeds' count; continuous: "fewer"
-HOLDS_WITHIN = 0.15  # a gain "holds" when ours is within 15 % of the seed's
+HOLDS_WITHIN = 0.15
+# engine flags of the simulated part; unset max_model_len = the workload's longest request,
+# unset kv_cache_memory_gb = what the device leaves after the weights
+ENGINE_FLAGS = (
+    "hardware", "model", "batch_size", "max_num_batched_tokens", "max_model_len",
+    "kv_cache_memory_gb",
+)  # fmt: skip  # a gain "holds" when ours is within 15 % of the seed's
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -46,14 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="write run folders and reproduce.json here")
     # the simulated part's engine: the shared engine flags, with the simulator's defaults
     # but B = 256 (vLLM's max_num_seqs): continuous max_num_seqs and the cap of static's batch
-    add_engine_args(
-        p, only=("hardware", "model", "batch_size"), defaults={**SIM_DEFAULTS, "batch_size": 256}
-    )
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192, help="(8192)")
-    p.add_argument("--max-model-len", type=int, default=None,
-                   help="default: the workload's longest request")  # fmt: skip
-    p.add_argument("--kv-cache-memory-gb", type=float, default=None,
-                   help="default: what the device leaves after the weights")  # fmt: skip
+    add_engine_args(p, only=ENGINE_FLAGS, defaults={**SIM_DEFAULTS, "batch_size": 256})
     p.add_argument(
         "--num-requests", type=int, default=600, help="simulated requests per workload (600)"
     )
@@ -253,7 +252,7 @@ def cpu_setting(args: argparse.Namespace, sim: rp.Setting) -> rp.Setting:
 
 
 def run(args: argparse.Namespace) -> int:
-    for dest in ("hardware", "model", "batch_size"):
+    for dest in ENGINE_FLAGS:
         setattr(args, dest, engine_value(args, dest))
     _check(args)
     console = Console()
