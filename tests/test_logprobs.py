@@ -126,3 +126,39 @@ def test_logprobs_cross_the_engine_process(client):
     assert got.choices[0].logprobs.token_logprobs == pytest.approx(
         want.choices[0].logprobs.token_logprobs, abs=1e-5
     )
+
+
+def test_logprobs_equal_transformers_log_softmax(tmp_path_factory):
+    """Served logprobs (sampled, temperature 1.5) are the model's own next-token log-softmax:
+    checked against a transformers forward over prompt + generated tokens."""
+    import transformers
+    from engine_model_support import HF_TINY_SHAPE, save_hf_model
+
+    path = save_hf_model(
+        tmp_path_factory, "llama-lp", transformers.LlamaConfig(**HF_TINY_SHAPE, rope_theta=1e4)
+    )
+    prompt = [5, 17, 300, 42, 7]
+    with serve(EngineConfig(model=path, max_model_len=64)) as (url, _):
+        c = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        r = c.completions.create(
+            model=path,
+            prompt=prompt,
+            max_tokens=5,
+            temperature=1.5,
+            seed=3,
+            logprobs=3,
+            extra_body={"return_token_ids": True},
+        )
+    choice = r.choices[0]
+    out = choice.model_extra["token_ids"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + out])).logits[0]
+    want = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)  # row j predicts out[j]
+    got = choice.logprobs
+    for j, tok in enumerate(out):
+        assert got.token_logprobs[j] == pytest.approx(float(want[j, tok]), abs=1e-4)
+        top3 = sorted(want[j].tolist(), reverse=True)[:3]
+        assert sorted(got.top_logprobs[j].values(), reverse=True)[:3] == pytest.approx(
+            top3, abs=1e-4
+        )
