@@ -5,6 +5,10 @@ generator and telemetry on, then print the runs side by side and write an HTML r
 Same model, same KV pool, same batch size B (static batch size = dynamic max batch size =
 continuous max_num_seqs), same requests: only the batching policy changes. `--sim HARDWARE`
 runs the same comparison in the simulator instead (in-process, virtual time, SIMULATED).
+
+Speculative decoding: give `--speculative-method` (and its flags) and a "continuous+spec"
+server runs right after plain "continuous" on the same workload, side by side, e.g.
+`cbbench run --schedulers continuous --speculative-method draft --speculative-model tiny`.
 """
 
 from __future__ import annotations
@@ -47,6 +51,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--slo", default=DEFAULT_SLO, help=f"goodput SLOs (default {DEFAULT_SLO})")
     p.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="sampling temperature sent with every request (0 = greedy; default: the server's)",
+    )
+    p.add_argument(
         "--sim",
         metavar="HARDWARE",
         default=None,
@@ -79,6 +89,7 @@ def run_options(args: argparse.Namespace):
         concurrency=args.concurrency,
         rate=args.rate,
         slo=args.slo,
+        temperature=args.temperature,
         sim=sim,
         out=Path(args.out) if args.out else None,
         report=not args.no_report,
@@ -159,6 +170,18 @@ def comparison_table(summaries: dict[str, dict], title: str) -> Table:
             "E2E p99 vs static",
             lambda s: _f((s["e2e_s"]["p99"] or 0) / base["e2e_s"]["p99"], "{:.2f}x"),
         )
+    plain = summaries.get("continuous")
+    if "continuous+spec" in summaries and plain and plain.get("output_throughput"):
+        row(
+            "output tok/s vs continuous",
+            lambda s: _f((s["output_throughput"] or 0) / plain["output_throughput"], "{:.2f}x"),
+        )
+
+        def spec(s: dict, field: str):
+            return ((s.get("telemetry") or {}).get("server") or {}).get(field)
+
+        row("spec: draft acceptance", lambda s: _f(spec(s, "spec_acceptance_rate"), "{:.0%}"))
+        row("spec: tokens per step", lambda s: _f(spec(s, "spec_mean_accepted_length")))
     row("batch occupancy (mean)", lambda s: _f(server(s, "batch_occupancy"), "{:.0%}"))
     row(
         "KV usage mean / max",

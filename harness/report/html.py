@@ -25,9 +25,9 @@ from cbbench.harness.report.samples import LATENCY_METRICS, RunSamples
 from cbbench.harness.report.table import (
     LATENCY_TITLES,
     STAT_KEYS,
-    SUMMARY_COLUMNS,
     best_index,
     fmt,
+    shown_columns,
 )
 
 CSS = """
@@ -68,15 +68,16 @@ def _name_cell(lr: LoadedRun) -> str:
 
 
 def _summary_table(runs: list[LoadedRun], rows: list[dict]) -> str:
+    columns = shown_columns(rows)
     head = "".join(
-        f"<th>{escape(c.title)}{' (ms)' if c.unit == 'ms' else ''}</th>" for c in SUMMARY_COLUMNS
+        f"<th>{escape(c.title)}{' (ms)' if c.unit == 'ms' else ''}</th>" for c in columns
     )
     body = []
-    best = {c.key: best_index([r.get(c.key) for r in rows], c.better) for c in SUMMARY_COLUMNS}
+    best = {c.key: best_index([r.get(c.key) for r in rows], c.better) for c in columns}
     for i, (lr, row) in enumerate(zip(runs, rows, strict=True)):
         cells = "".join(
             f"<td{' class=best' if i in best[c.key] else ''}>{escape(fmt(row.get(c.key), c.unit))}</td>"
-            for c in SUMMARY_COLUMNS
+            for c in columns
         )
         body.append(f"<tr>{_name_cell(lr)}{cells}</tr>")
     return (

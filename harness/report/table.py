@@ -20,6 +20,7 @@ class Column:
     title: str
     better: str | None  # "high", "low" or None (no best marked)
     unit: str = ""  # "ms" (value in seconds, shown in ms), "%" (fraction shown as %), ""
+    optional: bool = False  # shown only when some run has a value
 
 
 SUMMARY_COLUMNS: tuple[Column, ...] = (
@@ -36,7 +37,29 @@ SUMMARY_COLUMNS: tuple[Column, ...] = (
     Column("kv_usage.mean", "KV usage mean", None, "%"),
     Column("kv_usage.max", "KV usage max", None, "%"),
     Column("util_gpu.mean", "GPU util mean", None, "%"),
+    # speculative decoding, when the server (or the simulator) exposes it
+    Column("spec_acceptance_rate", "spec acceptance", "high", "%", optional=True),
+    Column("spec_mean_accepted_length", "spec tokens/step", "high", optional=True),
 )
+
+
+def shown_columns(rows: list[dict[str, Any]]) -> list[Column]:
+    """SUMMARY_COLUMNS less the optional ones no run has a value for."""
+    return [
+        c for c in SUMMARY_COLUMNS if not c.optional or any(r.get(c.key) is not None for r in rows)
+    ]
+
+
+def spec_fields(meta: dict[str, Any]) -> dict[str, float | None]:
+    """Acceptance rate and tokens per verify step of a run: from the server's telemetry
+    summary (measured runs) or the simulator's summary."""
+    summ = meta.get("summary") or {}
+    server = (summ.get("telemetry") or {}).get("server") or {}
+    sim = summ.get("sim") or {}
+    return {
+        k: server.get(k) if server.get(k) is not None else sim.get(k)
+        for k in ("spec_acceptance_rate", "spec_mean_accepted_length")
+    }
 
 
 def slo_seconds(meta: dict[str, Any]) -> dict[str, float]:
@@ -89,6 +112,7 @@ def summary_row(lr: LoadedRun, s: RunSamples | None = None) -> dict[str, Any]:
     # NVML reports utilization in percent; shown as a fraction like KV usage.
     for k, v in _series_stats(lr.run.timeseries, "util_gpu", 0.01).items():
         row[f"util_gpu.{k}"] = v
+    row.update(spec_fields(lr.meta))
     return row
 
 

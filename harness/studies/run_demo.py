@@ -17,7 +17,7 @@ from typing import Any
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.summary import parse_slo
 from cbbench.reference_engine.config import SCHEDULERS
-from cbbench.reference_engine.options import SIM_DEFAULTS, engine_argv
+from cbbench.reference_engine.options import FLAGS, SIM_DEFAULTS, engine_argv
 from rich.console import Console
 
 DEFAULT_SLO = "ttft=10s,tpot=100ms"
@@ -45,6 +45,7 @@ class RunOptions:
     concurrency: int | None = None  # closed loop; None: all at once
     rate: float | None = None  # open loop: Poisson arrivals at this rate (req/s)
     slo: str = DEFAULT_SLO
+    temperature: float | None = None  # sent with every request; None: the server's default
     sim: str | None = None  # hardware: simulate instead of serving
     out: Path | None = None  # parent folder; None: results/runs/<time>-run
     report: bool = True
@@ -61,6 +62,15 @@ class RunOptions:
                 raise CbbenchError(f"{flag} must be >= 1, got {v}")
         if self.rate is not None and self.rate <= 0:
             raise CbbenchError(f"--rate must be > 0, got {self.rate}")
+        if self.temperature is not None and self.temperature < 0:
+            raise CbbenchError(f"--temperature must be >= 0, got {self.temperature}")
+        if self.engine.get("speculative_method") is not None and (
+            "continuous" not in self.schedulers
+        ):
+            raise CbbenchError(
+                "speculative decoding runs with the continuous scheduler only: add it to "
+                "--schedulers"
+            )
         parse_slo(self.slo)
 
 
@@ -104,9 +114,30 @@ def workload_spec(opts: RunOptions, parent: Path) -> str:
     return str(path)
 
 
-def serve_settings(opts: RunOptions, scheduler: str) -> dict[str, Any]:
-    """The engine settings one scheduler's server gets: every setting given, plus the seed."""
-    out = {k: v for k, v in opts.engine.items() if k not in ("model", "device", "scheduler")}
+SPEC_NAME = "continuous+spec"
+SPEC_DESTS = tuple(d for d, f in FLAGS.items() if f.section == "speculative")
+
+
+def variants(opts: RunOptions) -> list[tuple[str, str]]:
+    """(run name, scheduler) per server to start: one per scheduler; with a speculative
+    method given, "continuous+spec" runs right after plain "continuous" (speculation applies
+    to the continuous scheduler only): with and without it on the same workload."""
+    spec = opts.engine.get("speculative_method") is not None
+    out = []
+    for name in opts.schedulers:
+        out.append((name, name))
+        if spec and name == "continuous":
+            out.append((SPEC_NAME, name))
+    return out
+
+
+def serve_settings(opts: RunOptions, scheduler: str, run_name: str | None = None) -> dict[str, Any]:
+    """The engine settings one server gets: every setting given, plus the seed; the
+    speculative ones only for the speculative variant."""
+    skip = {"model", "device", "scheduler"}
+    if run_name != SPEC_NAME:
+        skip |= set(SPEC_DESTS)
+    out = {k: v for k, v in opts.engine.items() if k not in skip}
     out.setdefault("batch_size", 8)  # B, also the dynamic/continuous size unless given
     if scheduler != "static":
         out.pop("drain_timeout", None)
@@ -153,16 +184,17 @@ def run_measured(opts: RunOptions, spec: str, parent: Path, console: Console) ->
     slo = parse_slo(opts.slo)
     telemetry = TelemetryOptions(gpu_metrics=device.startswith("cuda"))
     result = RunDemoResult(parent, [], {}, False, device)
-    names = opts.schedulers
+    runs = variants(opts)
+    names = [n for n, _ in runs]
     console.print(
         f"cbbench run: {len(wl)} requests of {wl.name} against the reference engine ({model} "
         f"on {device}), once per scheduler: {', '.join(names)}; results in {parent}"
     )
     try:
-        for i, name in enumerate(names):
-            flags = engine_argv(serve_settings(opts, name))
+        for i, (name, scheduler) in enumerate(runs):
+            flags = engine_argv(serve_settings(opts, scheduler, name))
             console.print(f"[bold][{i + 1}/{len(names)}] {name}[/bold]: starting cbbench serve ...")
-            with launch_reference_server(model, name, device, flags) as server:
+            with launch_reference_server(model, scheduler, device, flags) as server:
                 cfg = BenchConfig(
                     base_url=server.base_url,
                     workload=wl,
@@ -172,7 +204,10 @@ def run_measured(opts: RunOptions, spec: str, parent: Path, console: Console) ->
                     name=name,
                     command=list(opts.command),
                     live=opts.live,
-                    load={"rate": opts.rate, "scheduler": name, "engine_flags": flags},
+                    load={"rate": opts.rate, "scheduler": scheduler, "engine_flags": flags},
+                    extra_body={}
+                    if opts.temperature is None
+                    else {"temperature": opts.temperature},
                 )
                 console.print(f"  sending {len(wl)} requests to {server.base_url} ...")
                 res = run_bench(

@@ -23,6 +23,9 @@ SERVER_FIELDS = (
 )
 # Summary-only field: needs a queue-time histogram.
 QUEUE_TIME = "queue_time"
+# Summary-only speculative decoding fields, present only when the server exposes them:
+# accepted / drafted tokens, and tokens emitted per verify step (accepted + the target's own)
+SPEC_FIELDS = ("spec_acceptance_rate", "spec_mean_accepted_length")
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,11 @@ class Adapter:
     batch_occupancy: tuple[str, ...] = ()
     kv_reserved_unused_tokens: tuple[str, ...] = ()
     queue_time_histogram: tuple[str, ...] = ()
+    # speculative decoding: (drafts, draft tokens, accepted tokens) counters (vLLM v1), or
+    # gauges of the acceptance rate and of the mean accepted length (SGLang, vLLM v0)
+    spec_counters: tuple[str, str, str] | None = None
+    spec_acceptance_gauge: tuple[str, ...] = ()
+    spec_accept_length_gauge: tuple[str, ...] = ()
 
     @property
     def sample_names(self) -> frozenset[str]:
@@ -54,6 +62,9 @@ class Adapter:
                 *(self.prefix_cache_counters or ()),
                 *self.batch_occupancy,
                 *self.kv_reserved_unused_tokens,
+                *(self.spec_counters or ()),
+                *self.spec_acceptance_gauge,
+                *self.spec_accept_length_gauge,
             )
         )
 
@@ -94,6 +105,27 @@ class Adapter:
             queries -= since.value(queries_name) or 0.0
         return hits / queries if queries > 0 else None
 
+    def spec(self, scrape: Scrape, since: Scrape | None = None) -> dict[str, float]:
+        """Speculative decoding over the window since `since` (counters), or the gauges as
+        scraped; fields the server does not expose, or with nothing drafted, are left out."""
+        out: dict[str, float] = {}
+        if self.spec_counters is not None and all(scrape.has(n) for n in self.spec_counters):
+            drafts, drafted, accepted = (scrape.value(n) or 0.0 for n in self.spec_counters)
+            if since is not None:
+                d0, t0, a0 = (since.value(n) or 0.0 for n in self.spec_counters)
+                drafts, drafted, accepted = drafts - d0, drafted - t0, accepted - a0
+            if drafted > 0 and drafts > 0:
+                out["spec_acceptance_rate"] = accepted / drafted
+                out["spec_mean_accepted_length"] = 1 + accepted / drafts
+            return out
+        rate = self._first(scrape, self.spec_acceptance_gauge, "mean")
+        length = self._first(scrape, self.spec_accept_length_gauge, "mean")
+        if rate is not None:
+            out["spec_acceptance_rate"] = rate
+        if length is not None:
+            out["spec_mean_accepted_length"] = length
+        return out
+
     def queue_histogram(self, scrape: Scrape) -> Histogram | None:
         for name in self.queue_time_histogram:
             h = scrape.histogram(name)
@@ -113,6 +145,12 @@ VLLM = Adapter(
     prefix_cache_counters=("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
     # vLLM 0.6 called the queue-time histogram `time_in_queue_requests`.
     queue_time_histogram=("vllm:request_queue_time_seconds", "vllm:time_in_queue_requests"),
+    spec_counters=(
+        "vllm:spec_decode_num_drafts_total",
+        "vllm:spec_decode_num_draft_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens_total",
+    ),
+    spec_acceptance_gauge=("vllm:spec_decode_draft_acceptance_rate",),  # vLLM v0
 )
 
 # cbbench's reference engine exports vLLM's names plus its own batching gauges.
@@ -128,6 +166,7 @@ CBBENCH = Adapter(
     batch_occupancy=("cbbench:batch_occupancy",),
     kv_reserved_unused_tokens=("cbbench:kv_reserved_unused_tokens",),
     queue_time_histogram=VLLM.queue_time_histogram,
+    spec_counters=VLLM.spec_counters,
 )
 
 # SGLang's `num_retracted_reqs` is a gauge of requests retracted right now, not a count of
@@ -140,6 +179,8 @@ SGLANG = Adapter(
     kv_usage=("sglang:token_usage",),
     prefix_cache_hit_rate=("sglang:cache_hit_rate",),
     queue_time_histogram=("sglang:queue_time_seconds",),
+    spec_acceptance_gauge=("sglang:spec_accept_rate",),
+    spec_accept_length_gauge=("sglang:spec_accept_length",),
 )
 
 # TGI exports batch size and queue size but no KV-cache or prefix-cache gauge.

@@ -15,7 +15,13 @@ import time
 from collections.abc import Callable
 
 import httpx
-from cbbench.harness.telemetry.adapters import QUEUE_TIME, SERVER_FIELDS, Adapter, detect
+from cbbench.harness.telemetry.adapters import (
+    QUEUE_TIME,
+    SERVER_FIELDS,
+    SPEC_FIELDS,
+    Adapter,
+    detect,
+)
 from cbbench.harness.telemetry.prom import Scrape, get_text, only_samples, parse_metrics
 from cbbench.harness.telemetry.queue_time import estimate, histogram_delta
 
@@ -44,6 +50,7 @@ class ServerMetricsSampler:
         self._first: Scrape | None = None  # parsed in full
         self._last_text: str | None = None
         self._values: dict[str, list[float]] = {f: [] for f in SERVER_FIELDS}
+        self._spec_gauges: dict[str, list[float]] = {f: [] for f in SPEC_FIELDS}
         self._latest: dict = {}
         self.samples = 0
         self.failures = 0
@@ -110,6 +117,13 @@ class ServerMetricsSampler:
             out["prefix_cache_hit_rate"] = adapter.hit_rate(last, since=first)
         elif gauge:
             out["prefix_cache_hit_rate"] = sum(gauge) / len(gauge)  # a gauge: its run mean
+        # speculative decoding, when exposed: counters over the window, else gauges' run mean
+        if adapter.spec_counters is not None and all(last.has(n) for n in adapter.spec_counters):
+            out.update(adapter.spec(last, since=first))
+        else:
+            for k, vals in self._spec_gauges.items():
+                if vals:
+                    out[k] = sum(vals) / len(vals)
         h1 = adapter.queue_histogram(last)
         if h1 is not None:
             out[QUEUE_TIME] = estimate(histogram_delta(adapter.queue_histogram(first), h1))
@@ -148,6 +162,9 @@ class ServerMetricsSampler:
             fields = self.adapter.read(scrape) if self.adapter else {}
             for k, v in fields.items():
                 self._values[k].append(v)
+            if self.adapter is not None and self.adapter.spec_counters is None:
+                for k, v in self.adapter.spec(scrape).items():  # gauges (SGLang)
+                    self._spec_gauges[k].append(v)
             self._latest = dict(fields)
             self.samples += 1
         sample: dict = {"t_s": t_s, "source": "server", **fields}
