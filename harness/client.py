@@ -12,12 +12,11 @@ raise: they end in `status="error"` with a reason and kind.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass, field
 
 import httpx
-from cbbench.harness import http1
+from cbbench.harness import http1, response
 from cbbench.harness.records import RequestRecord
 from cbbench.harness.response import (
     ERROR_TEXT_LIMIT,
@@ -123,7 +122,7 @@ class OpenAIClient:
         """Send one request and fill `rec` in place (timing, tokens, outcome); with `reply`,
         also keep the response's text and token ids there (a session's next turn needs them)."""
         resp = Response(rec, self.cfg.stream, self.cfg.collect_server_times, reply)
-        body = json.dumps(build_payload(self.cfg, prompt, rec)).encode()
+        body = response.dump_json(build_payload(self.cfg, prompt, rec))
         if isinstance(prompt, list) and (not prompt or isinstance(prompt[0], int)):
             rec.prompt_tokens_client = len(prompt)
         exchange = self._exchange_raw if self.pool is not None else self._exchange

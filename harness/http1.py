@@ -214,10 +214,14 @@ class Conn:
                     if n - pos > 4096:
                         raise BadResponse("chunk size line longer than 4 KiB")
                     break
-                size = int(buf[pos:j].split(b";", 1)[0], 16)
+                line = buf[pos:j]
+                size = int(line.split(b";", 1)[0] if b";" in line else line, 16)
                 pos = j + 2
                 if size == 0:
                     self._cstate = _TRAILER
+                elif pos + size + 2 <= n:  # the common case: the whole chunk is here
+                    out.append(buf[pos : pos + size])
+                    pos += size + 2
                 else:
                     self._left, self._cstate = size, _DATA
             elif self._cstate == _DATA:

@@ -72,6 +72,7 @@ class WorkerStats:
     cpu: list[float] = field(default_factory=list)
     connections: dict = field(default_factory=dict)  # the raw pool's counts (http1.PoolStats)
     timestamp_source: str = "user"  # "kernel" | "user": who stamped the reads (http1.py)
+    cpu_s: float = 0.0  # process CPU (user + system) spent in the measured phase
 
     @property
     def in_flight(self) -> int:
@@ -85,6 +86,7 @@ class WorkerStats:
             "cancelled": self.cancelled,
             "connections": self.connections,
             "timestamp_source": self.timestamp_source,
+            "cpu_s": self.cpu_s,
         }
 
 
@@ -355,6 +357,7 @@ class Worker:
     async def run(self, client: OpenAIClient, t0_ns: int) -> None:
         """The measured phase: from t0 until every job is done, the duration ends, or stop."""
         self.t0_ns = client.t0_ns = t0_ns
+        cpu0 = time.process_time()
         sampler = asyncio.ensure_future(self._sampler())
         stopped = asyncio.ensure_future(self.stop.wait())
         open_loop = any(j.arrival_s is not None for j in self.plan.jobs)
@@ -375,6 +378,7 @@ class Worker:
             await asyncio.gather(main, *self._tasks, return_exceptions=True)
             sampler.cancel()
             stopped.cancel()
+            self.stats.cpu_s = time.process_time() - cpu0
 
 
 async def run_worker(

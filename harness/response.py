@@ -59,13 +59,36 @@ def _parse_json_std(data: bytes):
 
 
 _RAW_DECODE = json.JSONDecoder().raw_decode
-parse_json: Callable[[bytes], object] = _loads if orjson is not None else _parse_json_std
+
+
+def _dump_json_std(obj) -> bytes:
+    return json.dumps(obj).encode()
+
+
+def _parse_json_fast(data: bytes):
+    try:
+        return _loads(data)
+    except ValueError:  # what orjson refuses and the stdlib takes (lone surrogates), or an error
+        return _parse_json_std(data)  # with the stdlib's message
+
+
+def _dump_json_fast(obj) -> bytes:
+    try:
+        return orjson.dumps(obj)
+    except TypeError:  # e.g. a lone surrogate in a text prompt: the stdlib escapes it
+        return _dump_json_std(obj)
+
+
+parse_json: Callable[[bytes], object] = _parse_json_fast if orjson else _parse_json_std
+dump_json: Callable[[object], bytes] = _dump_json_fast if orjson else _dump_json_std
 
 
 def use_stdlib_json(flag: bool = True) -> None:
-    """Decode payloads with the stdlib (tests of the pure path, `--no-orjson` comparisons)."""
-    global parse_json
-    parse_json = _parse_json_std if flag or orjson is None else _loads
+    """Encode and decode with the stdlib (tests of the pure path, comparisons)."""
+    global parse_json, dump_json
+    pure = flag or orjson is None
+    parse_json = _parse_json_std if pure else _parse_json_fast
+    dump_json = _dump_json_std if pure else _dump_json_fast
 
 
 class RequestFailed(Exception):
@@ -196,7 +219,7 @@ def _apply(obj: dict, state: dict, stream: bool, reply: Reply | None = None) -> 
         state["prompt_ids"] = len(c["prompt_token_ids"])
     ids = c.get("token_ids")
     if ids is not None:
-        if not isinstance(ids, list) or not all(type(i) is int and i >= 0 for i in ids):
+        if not isinstance(ids, list) or not _valid_ids(ids):
             raise RequestFailed(
                 "protocol", f"token_ids must be non-negative integers, got {str(ids)[:80]}"
             )
@@ -209,6 +232,13 @@ def _apply(obj: dict, state: dict, stream: bool, reply: Reply | None = None) -> 
         msg = c.get("delta") or c.get("message") or {}
         text = msg.get("content") or msg.get("reasoning_content")
     return 1 if text else 0
+
+
+def _valid_ids(ids: list) -> bool:
+    if len(ids) == 1:  # the common case: one token a chunk
+        i = ids[0]
+        return type(i) is int and i >= 0
+    return all(type(i) is int for i in ids) and (not ids or min(ids) >= 0)
 
 
 def failure(exc: BaseException, got_response: bool, base_url: str, timeout_s: float):

@@ -24,6 +24,29 @@ TIMESERIES_FILE = "timeseries.jsonl"
 RUN_FILE = "run.json"
 
 
+def _json_line_std(obj: dict) -> str:
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False, default=str) + "\n"
+
+
+try:  # optional accelerator (a record a request: ~10x cheaper than the stdlib's encoder)
+    import orjson
+
+    def _plain(o: Any) -> Any:  # what orjson leaves to `default`: numpy scalars, others
+        if isinstance(o, float):
+            return float(o)
+        item = getattr(o, "item", None)
+        return item() if callable(item) else str(o)
+
+    def _json_line(obj: dict) -> str:
+        try:
+            return orjson.dumps(obj, default=_plain, option=orjson.OPT_APPEND_NEWLINE).decode()
+        except TypeError:  # what orjson refuses (a lone surrogate): the stdlib's escapes
+            return _json_line_std(obj)
+
+except ImportError:  # pragma: no cover - orjson is installed in CI
+    _json_line = _json_line_std
+
+
 class JsonlAppender:
     """Thread-safe line appender; each line is flushed (and optionally fsync'd)."""
 
@@ -35,7 +58,7 @@ class JsonlAppender:
         self._fsync = fsync
 
     def write(self, obj: dict) -> None:
-        line = json.dumps(obj, separators=(",", ":"), allow_nan=False, default=str) + "\n"
+        line = _json_line(obj)
         if self.secrets:  # e.g. a server that echoes the key in an error message
             line = redact_text(line, self.secrets)
         with self._lock:

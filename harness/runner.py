@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from cbbench.harness import aio
 from cbbench.harness.client import ClientConfig, probe_server
 from cbbench.harness.environment import environment
 from cbbench.harness.errors import CbbenchError
@@ -164,7 +165,7 @@ def _run_inprocess(plan: WorkerPlan, on_event, stop_flag: threading.Event) -> di
                 loop.remove_signal_handler(signal.SIGINT)
         return {0: stats.final()}
 
-    return asyncio.run(main())
+    return aio.run(main())
 
 
 def _run_meta(cfg: BenchConfig, name: str, engine: dict, model: str, workers: int) -> dict:
@@ -198,6 +199,7 @@ def _run_meta(cfg: BenchConfig, name: str, engine: dict, model: str, workers: in
             "extensions": cfg.extensions,
             "http_client": cfg.http_client,
             "prewarm": cfg.prewarm,
+            "event_loop": aio.loop_name(),
             "text_prompts": cfg.text_prompts or cfg.endpoint == "chat",
             "cap_unit": cfg.cap_unit,
             "tokenizer": cfg.tokenizer,
@@ -288,6 +290,7 @@ def run_bench(
             client_samples["cpu"] += st.get("cpu", [])
         summary = summarize(records, None, cfg.slo, client_samples)
         summary["cancelled_in_flight"] = sum(st.get("cancelled", 0) for st in worker_stats.values())
+        summary["client"]["cpu_s"] = sum(st.get("cpu_s", 0.0) for st in worker_stats.values())
         summary["connections"] = connection_summary(records, list(worker_stats.values()))
         sources = {st.get("timestamp_source", "user") for st in worker_stats.values()}
         summary["timestamp_source"] = "kernel" if sources == {"kernel"} else "user"

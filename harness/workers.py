@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from cbbench.harness import aio
 from cbbench.harness.lifeline import die_with_parent
 from cbbench.harness.loadgen import WorkerPlan, run_worker
 from cbbench.harness.records import RequestRecord
@@ -38,7 +39,7 @@ def _worker_main(plan: WorkerPlan, q, t0_value, go, stop, parent_pid: int) -> No
         await asyncio.get_running_loop().run_in_executor(None, go.wait)
         return int(t0_value.value)
 
-    stats = asyncio.run(run_worker(plan, emit, wait_t0, stop.is_set))
+    stats = aio.run(run_worker(plan, emit, wait_t0, stop.is_set))
     q.put(("done", plan.worker, stats.final()))
 
 

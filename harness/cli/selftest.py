@@ -55,7 +55,45 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--server-procs", type=int, default=1, help="fake-server processes (SO_REUSEPORT)"
     )
+    p.add_argument(
+        "--compare",
+        choices=("locust",),
+        help="client cost side by side: Locust's FastHttpUser, then cbbench, on the same "
+        "zero-delay server at the first --streams value; prints requests per client CPU-second",
+    )
     p.set_defaults(func=run)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from cbbench.harness.locust_compare import compare
+
+    streams = args.streams[0]
+    config = FakeServerConfig(default=Behavior(itl_s=0.0, queue_time_s=None))
+    with ServerProcess(config, args.server_procs) as server:
+        res = compare(server.url, streams, args.tokens, args.seconds)
+    table = Table(
+        title=f"client cost: zero-delay local server, {streams} streams, "
+        f"{args.tokens} tokens/request, {args.seconds:g} s each"
+    )
+    for col in ("client", "requests", "failed", "CPU s", "wall s", "req per CPU-s"):
+        table.add_column(col, justify="right")
+    for c in (res["locust"], res["cbbench"]):
+        table.add_row(
+            c.name,
+            str(c.requests),
+            str(c.failed),
+            f"{c.cpu_s:.2f}",
+            f"{c.wall_s:.2f}",
+            f"{c.requests_per_cpu_s:.0f}",
+        )
+    console = Console(width=max(Console().width, 100))
+    console.print(table)
+    ratio = res["ratio"]
+    console.print(
+        "cbbench / Locust requests per client CPU-second: "
+        + ("-" if ratio is None else f"{ratio:.2f}x")
+    )
+    return 0
 
 
 class ServerProcess:
@@ -149,6 +187,8 @@ def measure(
 def run(args: argparse.Namespace) -> int:
     if min(args.tokens, args.requests, args.server_procs) < 1 or args.seconds <= 0:
         raise CbbenchError("selftest: --tokens, --requests, --seconds, --server-procs must be > 0")
+    if args.compare:
+        return run_compare(args)
     console = Console(width=max(Console().width, 120))
     table = Table(
         title=f"cbbench selftest: local server, {args.itl_ms:g} ms between tokens, "

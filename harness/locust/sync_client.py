@@ -14,12 +14,12 @@ used here).
 from __future__ import annotations
 
 import http.client
-import json
 import socket
 import ssl
 import time
 from urllib.parse import urlsplit
 
+from cbbench.harness import response
 from cbbench.harness.client import ClientConfig, build_payload
 from cbbench.harness.records import RequestRecord
 from cbbench.harness.response import RequestFailed, Response, fail_record, failure, finish
@@ -74,7 +74,7 @@ class SyncOpenAIClient:
     def send_sync(self, rec: RequestRecord, prompt: list[int] | str) -> RequestRecord:
         """Send one request and fill `rec` in place (timing, tokens, outcome)."""
         resp = Response(rec, self.cfg.stream, self.cfg.collect_server_times)
-        body = json.dumps(build_payload(self.cfg, prompt, rec)).encode()
+        body = response.dump_json(build_payload(self.cfg, prompt, rec))
         if isinstance(prompt, list):
             rec.prompt_tokens_client = len(prompt)
         try:
