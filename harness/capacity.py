@@ -2,9 +2,10 @@
 meet every SLO, found by bracketing (doubling or halving the rate) and then bisection
 (geometric midpoints), with repeat runs near the boundary.
 
-Noise on a shared machine only ever makes a level look worse, so once some rate has passed, a
-level that misses is run again (up to `repeats` runs in all) and counts as meeting the SLO
-when any of its runs does: the repeats land where the boundary is. The answer is the highest
+Noise on a shared machine only ever makes a level look worse, so a level that misses is run
+again (up to `repeats` runs in all) and counts as meeting the SLO when any of its runs does;
+passing levels are not repeated, so the repeats land where the misses are: at the boundary
+(and at the first rates tried, when those are above it). The answer is the highest
 passing rate `lo` with the interval [lo, hi) to the lowest failing one; the search stops once
 hi / lo <= 1 + precision, or when the budget of requests or time would be exceeded.
 
@@ -42,7 +43,7 @@ class CapacityConfig:
     min_rate: float = 0.01
     max_rate: float = 1000.0
     precision: float = 0.1  # stop when hi / lo <= 1 + precision
-    repeats: int = 2  # runs of a missing level once some rate passed (any pass counts)
+    repeats: int = 2  # runs of a missing level (any pass counts)
     requests_per_level: int = 40
     max_requests: int = 1000
     max_time_s: float = 600.0
@@ -100,10 +101,10 @@ def find_max_rate(
         return None
 
     def level(rate: float) -> bool | None:
-        """Run a level; a miss is repeated (up to `repeats` runs, any pass counts) once a
-        neighbour passed: that is where the boundary is. None when the budget stops it."""
-        runs = cfg.repeats if lo is not None else 1
-        for attempt in range(runs):
+        """Run a level; a miss is repeated (up to `repeats` runs, any pass counts): misses
+        happen at the boundary, and one slow moment must not move it. None when the budget
+        stops it."""
+        for attempt in range(cfg.repeats):
             why = budget_left(1)
             if why:
                 res.stopped = why
