@@ -21,7 +21,7 @@ from cbbench.reference_engine.options import add_engine_args, engine_value
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "calibrate",
-        help="fit the simulator's cost model to measured reference-engine steps; --validate",
+        help="fit the simulator's cost model to measured reference-engine step times",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
