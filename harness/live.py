@@ -191,6 +191,20 @@ def _caption(summary: dict, c: dict) -> str:
             f"note: in {c['output_token_mismatch'] - exact} responses the streamed chunks do not "
             "match usage.completion_tokens (no token_ids): ITL is per chunk there, TPOT uses usage"
         )
+    for name, tel in (summary.get("telemetry") or {}).items():
+        q = tel.get("queue_time") if isinstance(tel, dict) else None
+        if isinstance(q, dict) and q.get("p99") is not None:
+            lo, hi = (q.get("bucket_s") or {}).get("p99", (None, None))
+            width = "" if lo is None else f", in its bucket [{lo * 1e3:.1f}, {hi * 1e3:.1f}] ms"
+            capped = (
+                " (capped by the run's TTFT p99)"
+                if "p99" in ((q.get("capped_by") or {}).get("lowered") or ())
+                else ""
+            )
+            lines.append(
+                f"{name}: server queue p50 {q['p50'] * 1e3:.1f} ms, p99 {q['p99'] * 1e3:.1f} ms"
+                f"{width}{capped}, estimated from the server's histogram"
+            )
     conn = summary.get("connections") or {}
     if conn.get("opened") is not None:
         lines.append(

@@ -28,6 +28,8 @@ from cbbench.harness.records import RECORD_SCHEMA_VERSION, RequestRecord
 from cbbench.harness.results import RunWriter
 from cbbench.harness.sessions import CAP_UNITS, group_sessions
 from cbbench.harness.summary import summarize
+from cbbench.harness.telemetry.adapters import QUEUE_TIME
+from cbbench.harness.telemetry.queue_time import bound_by_records
 from cbbench.harness.workers import run_workers
 from cbbench.workloads.spec import Workload
 from rich.console import Console
@@ -305,6 +307,10 @@ def run_bench(
             summary["telemetry"] = {
                 getattr(s, "name", type(s).__name__): s.summary() for s in started
             }
+            ttft = summary["ttft_s"] if cfg.stream else summary["e2e_s"]
+            for t in summary["telemetry"].values():
+                if isinstance(t, dict) and isinstance(t.get(QUEUE_TIME), dict):
+                    t[QUEUE_TIME] = bound_by_records(t[QUEUE_TIME], ttft)
             if "sessions" in summary:  # the server's own counters, over the whole run
                 rates = [t.get("prefix_cache_hit_rate") for t in summary["telemetry"].values()]
                 rates = [x for x in rates if isinstance(x, (int, float))]

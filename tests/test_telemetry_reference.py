@@ -93,6 +93,11 @@ def test_kv_usage_rises_during_load_and_returns_to_zero(runs) -> None:
     # queue time from the histogram's change over the run: one observation per request
     q = summary["queue_time"]
     assert q["method"] == "estimated from histogram" and q["count"] == len(OUTPUTS)
+    # capped by the run's own TTFT (queue <= TTFT request by request), bucket bounds given
+    ttft = sorted(r.ttft_s for r in records)
+    assert q["capped_by"]["bound"].startswith("client TTFT") and q["p99"] <= ttft[-1]
+    lo, hi = q["bucket_s"]["p99"]
+    assert lo <= q["p99"] <= hi <= ttft[-1]
     server_q = [r.server_queue_s for r in records if r.server_queue_s is not None]
     if server_q:  # the engine also reports it per request: the histogram mean must agree
         assert q["mean"] == pytest.approx(sum(server_q) / len(server_q), abs=0.01)
