@@ -164,7 +164,8 @@ class FakeServer:
         return await self._json(writer, status, err)
 
     async def _generate(self, writer, req: dict, b: Behavior, chat: bool) -> bool:
-        t_recv = time.monotonic()
+        t_recv_ns = time.monotonic_ns()
+        t_recv = t_recv_ns / 1e9
         max_tokens = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
         n_out = max(1, max_tokens - b.short_by)
         prompt_tokens = _prompt_len(req)
@@ -172,6 +173,7 @@ class FakeServer:
         kind = "chat.completion" if chat else "text_completion"
         final_extra = {
             "cbbench": {
+                "t_recv_ns": t_recv_ns,  # the server's log: when the request came
                 "queue_time_s": b.queue_time_s,
                 "scheduler": SCHEDULER,
                 "num_preemptions": 0,

@@ -131,7 +131,8 @@ class Response:
         self.state: dict = {}
         self.parser = SSEParser()
         self.body: list[bytes] = []
-        self.sends: list[int] | None = [] if collect_server_times else None
+        # selftest: (arrival, the server's t_send_ns) per event that carried tokens
+        self.sends: list[tuple[int, int]] | None = [] if collect_server_times else None
         self.attempt_ns = time.monotonic_ns()  # the transport starts: connect (if any), send
         self.sent_ns: int | None = None  # when the request was written (after any connect)
         self.connect_ns: int | None = None  # set-up of a connection opened for this request
@@ -163,7 +164,7 @@ class Response:
             k = _apply(obj, self.state, True, self.reply)
             k_read += k
             if k and self.sends is not None and "t_send_ns" in obj:
-                self.sends.append(t - obj["t_send_ns"])
+                self.sends.append((t, obj["t_send_ns"]))
         if k_read:
             self.chunks.append((t, k_read))
 
@@ -294,8 +295,10 @@ def finish(rec: RequestRecord, resp: Response, t0_ns: int, end_ns: int) -> None:
         rec.extra.update(info)
     if "cached_tokens" in state:
         rec.extra.setdefault("num_cached_tokens", state["cached_tokens"])
-    if resp.sends is not None:
-        rec.extra["recv_minus_send_s"] = [d / 1e9 for d in resp.sends]
+    if resp.sends is not None:  # the server's clock is ours (CLOCK_MONOTONIC, one host)
+        rec.extra["recv_minus_send_s"] = [(t - ts) / 1e9 for t, ts in resp.sends]
+        rec.extra["server_send_ns"] = [ts for _, ts in resp.sends]
+        rec.extra["sent_ns"] = resp.sent_ns
     n_streamed = sum(k for _, k in chunks) if chunks else 0
     rec.output_tokens_client = n_streamed
     exact = "ids_total" in state  # the stream carried token ids: its count is exact

@@ -13,17 +13,12 @@ instead, to measure the timing error at a load the client can carry.
 from __future__ import annotations
 
 import argparse
-import io
-import os
 import subprocess
 import sys
-import tempfile
 
-import numpy as np
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.fake_server import Behavior, FakeServerConfig
-from cbbench.harness.runner import BenchConfig, run_bench
-from cbbench.workloads.spec import RequestSpec, Workload
+from cbbench.harness.selftest import measure
 from rich.console import Console
 from rich.table import Table
 
@@ -54,6 +49,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--server-procs", type=int, default=1, help="fake-server processes (SO_REUSEPORT)"
+    )
+    p.add_argument(
+        "--stamps",
+        type=_stamps,
+        default=["kernel", "user"],
+        help="arrival stamps to measure, side by side: kernel,user (default), kernel or user",
+    )
+    p.add_argument(
+        "--no-prewarm", action="store_true", help="open connections inside the run (cold starts)"
     )
     p.add_argument(
         "--compare",
@@ -112,6 +116,8 @@ class ServerProcess:
             "cbbench.harness.fake_server",
             "--config",
             self.config.to_json(),
+            "--procs",
+            str(self.procs),
         ]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
@@ -128,114 +134,78 @@ class ServerProcess:
             self.proc.wait(10)
 
 
-def measure(
-    url: str,
-    streams: int,
-    workers: int,
-    tokens: int,
-    requests: int,
-    seconds: float,
-    http_client: str = "raw",
-) -> dict:
-    n = max(requests, 1)
-    wl = Workload("selftest", 0, tuple(RequestSpec(i, 16, tokens) for i in range(n)))
-    with tempfile.TemporaryDirectory(prefix="cbbench-selftest-") as tmp:
-        cfg = BenchConfig(
-            base_url=url,
-            workload=wl,
-            concurrency=streams,
-            duration_s=seconds,
-            warmup=min(streams, 64),
-            workers=workers,
-            out_dir=os.path.join(tmp, "run"),
-            name=f"selftest-s{streams}-w{workers}",
-            live=False,
-            collect_server_times=True,
-            http_client=http_client,
-        )
-        res = run_bench(cfg, console=Console(file=io.StringIO()))
-    workers = res.meta["load"]["workers"]  # never more than streams
-    errs = [
-        d
-        for r in res.records
-        if r.ok and not r.warmup
-        for d in r.extra.get("recv_minus_send_s", [])
-    ]
-    err = np.asarray(errs) * 1e3
-    s = res.summary
-    return {
-        "streams": streams,
-        "workers": workers,
-        "http_client": http_client,
-        "requests": s["counts"]["completed"],
-        "failed": s["counts"]["failed"],
-        "requests_per_s": s["request_throughput"] or 0.0,
-        "tokens_per_s": s["output_throughput"] or 0.0,
-        "tokens_per_s_per_worker": (s["output_throughput"] or 0.0) / workers,
-        "timing_error_ms_p50": float(np.percentile(err, 50)) if err.size else None,
-        "timing_error_ms_p99": float(np.percentile(err, 99)) if err.size else None,
-        "client_cpu_mean": s["client"]["cpu"]["mean"],
-        # the ceiling per core whatever the server's speed: tokens per second of client CPU
-        "tokens_per_client_cpu_s": (
-            (s["output_throughput"] or 0.0) / (s["client"]["cpu"]["mean"] * workers)
-            if s["client"]["cpu"]["mean"]
-            else None
-        ),
-    }
+def _stamps(text: str) -> list[str]:
+    out = [x.strip() for x in text.split(",") if x.strip()]
+    if not out or any(x not in ("kernel", "user") for x in out):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected kernel, user or kernel,user")
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
     if min(args.tokens, args.requests, args.server_procs) < 1 or args.seconds <= 0:
         raise CbbenchError("selftest: --tokens, --requests, --seconds, --server-procs must be > 0")
-    if args.compare:
-        return run_compare(args)
-    console = Console(width=max(Console().width, 120))
-    table = Table(
-        title=f"cbbench selftest: local server, {args.itl_ms:g} ms between tokens, "
-        f"{args.tokens} tokens/request, "
-        f"{args.http_client} client; timing error in ms"
-    )
-    for col in (
-        "streams",
-        "workers",
-        "requests",
-        "req/s",
-        "tok/s",
-        "tok/s per worker",
-        "err p50",
-        "err p99",
-        "client CPU",
-        "tok per CPU-s",
-    ):
-        table.add_column(col, justify="right")
     if args.itl_ms < 0:
         raise CbbenchError("selftest: --itl-ms must be >= 0")
+    if args.compare:
+        return run_compare(args)
+    console = Console(width=max(Console().width, 190))
+    table = Table(
+        title=f"cbbench selftest: local server, {args.itl_ms:g} ms between tokens, "
+        f"{args.tokens} tokens/request, {args.http_client} client; errors vs the server's log "
+        "in ms"
+    )
+    cols = ("streams", "workers", "stamps", "requests", "req/s", "tok/s/worker")
+    cols += ("TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "chunk p50", "chunk p99")
+    cols += ("client CPU", "tok/CPU-s", "client-bound")
+    for col in cols:
+        table.add_column(col, justify="right")
     config = FakeServerConfig(default=Behavior(itl_s=args.itl_ms / 1e3, queue_time_s=None))
+    stamps = args.stamps if args.http_client == "raw" else ["user"]
     with ServerProcess(config, args.server_procs) as server:
         for w in args.workers:
             for s in args.streams:
-                m = measure(
-                    server.url, s, w, args.tokens, args.requests, args.seconds, args.http_client
-                )
-                fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-                fmt0 = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
-                table.add_row(
-                    str(s),
-                    str(m["workers"]),
-                    f"{m['requests']} ({m['failed']} failed)"
-                    if m["failed"]
-                    else str(m["requests"]),
-                    f"{m['requests_per_s']:.0f}",
-                    f"{m['tokens_per_s']:.0f}",
-                    f"{m['tokens_per_s_per_worker']:.0f}",
-                    fmt(m["timing_error_ms_p50"]),
-                    fmt(m["timing_error_ms_p99"]),
-                    "-" if m["client_cpu_mean"] is None else f"{m['client_cpu_mean'] * 100:.0f}%",
-                    fmt0(m["tokens_per_client_cpu_s"]),
-                )
+                for stamp in stamps:
+                    m = measure(
+                        server.url,
+                        s,
+                        w,
+                        args.tokens,
+                        args.requests,
+                        args.seconds,
+                        args.http_client,
+                        kernel_timestamps=stamp == "kernel",
+                        prewarm=not args.no_prewarm,
+                    )
+                    table.add_row(*_row(m))
     console.print(table)
     console.print(
-        "timing error = client receive time - server send time per chunk (same monotonic clock); "
-        "the server runs in one process on the same cores, so figures include its share."
+        "TTFT err = client TTFT - (first chunk sent - request received, by the server); ITL err "
+        "= client gap - server gap; chunk err = client arrival - server send. One clock "
+        "(CLOCK_MONOTONIC); the server shares the machine, so its own delays count too. "
+        "stamps: who stamped arrivals (kernel = SO_TIMESTAMPNS receive time)."
     )
     return 0
+
+
+def _row(m: dict) -> list[str]:
+    def pair(key: str) -> list[str]:
+        vals = (m[f"{key}_error_ms_p50"], m[f"{key}_error_ms_p99"])
+        return ["-" if v is None else f"{v:.3f}" for v in vals]
+
+    done = str(m["requests"]) + (f" ({m['failed']} failed)" if m["failed"] else "")
+    cpu = m["client_cpu_mean"]
+    per_cpu = m["tokens_per_client_cpu_s"]
+    return [
+        str(m["streams"]),
+        str(m["workers"]),
+        m["timestamp_source"],
+        done,
+        f"{m['requests_per_s']:.0f}",
+        f"{m['tokens_per_s_per_worker']:.0f}",
+        *pair("ttft"),
+        *pair("itl"),
+        *pair("chunk"),
+        "-" if cpu is None else f"{cpu * 100:.0f}%",
+        "-" if per_cpu is None else f"{per_cpu:.0f}",
+        "yes" if m["client_bound"] else "no",
+    ]

@@ -12,9 +12,10 @@ import itertools
 import random
 
 import pytest
-from cbbench.harness.cli.selftest import ServerProcess, measure
+from cbbench.harness.cli.selftest import ServerProcess
 from cbbench.harness.fake_server import Behavior, FakeServerConfig
 from cbbench.harness.records import RequestRecord
+from cbbench.harness.selftest import measure
 from cbbench.harness.sse import SSEParser
 from cbbench.harness.summary import summarize
 
@@ -73,6 +74,30 @@ def test_client_timing_error_paced(benchmark, paced_server, streams, workers):
         f"{m['timing_error_ms_p50']:.3f} ms p99 {m['timing_error_ms_p99']:.3f} ms"
     )
     assert m["failed"] == 0 and m["requests"] > 0
+
+
+@pytest.mark.parametrize(("streams", "workers"), [(256, 1), (1024, 2)])
+def test_timing_error_vs_server_log_kernel_and_user(benchmark, paced_server, streams, workers):
+    """The targets of docs/timing.md, side by side: TTFT and ITL error vs the server's log,
+    first requests included, with kernel and with user-space arrival stamps."""
+    rows = {}
+
+    def both() -> dict:
+        for kernel in (True, False):
+            args = (paced_server.url, streams, workers, 64, 4 * streams, 5.0)
+            rows["kernel" if kernel else "user"] = measure(*args, kernel_timestamps=kernel)
+        return rows
+
+    benchmark.pedantic(both, rounds=1, iterations=1)
+    for stamp, m in rows.items():
+        benchmark.extra_info[stamp] = m
+        print(
+            f"\n{streams} streams, {workers} worker(s), {m['timestamp_source']} stamps: TTFT err "
+            f"p50 {m['ttft_error_ms_p50']:.3f} p99 {m['ttft_error_ms_p99']:.3f} ms, ITL err p50 "
+            f"{m['itl_error_ms_p50']:.3f} p99 {m['itl_error_ms_p99']:.3f} ms, client-bound "
+            f"{m['client_bound']}"
+        )
+        assert m["failed"] == 0 and m["requests"] > 0
 
 
 def _sse_stream(n_events: int) -> list[bytes]:
