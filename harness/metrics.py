@@ -1,28 +1,5 @@
-"""Summary statistics with the fields every report uses: mean, p50, p90, p95, p99, max, count."""
+"""Summary statistics: re-exported from workloads/stats.py (the one percentile helper)."""
 
-from __future__ import annotations
+from cbbench.workloads.stats import PERCENTILES, describe, describe_array
 
-from collections.abc import Iterable
-
-import numpy as np
-
-PERCENTILES = (50, 90, 95, 99)
-
-
-def describe(values: Iterable[float | None]) -> dict[str, float | int | None]:
-    """Summary of the non-None values; every statistic is None (absent, not zero) when empty."""
-    return describe_array(np.asarray([v for v in values if v is not None], dtype=np.float64))
-
-
-def describe_array(arr: np.ndarray) -> dict[str, float | int | None]:
-    """`describe` on a float array; NaN means absent."""
-    arr = arr[~np.isnan(arr)]
-    if arr.size == 0:
-        return {"mean": None, **{f"p{p}": None for p in PERCENTILES}, "max": None, "count": 0}
-    pct = np.percentile(arr, PERCENTILES)
-    return {
-        "mean": float(arr.mean()),
-        **{f"p{p}": float(v) for p, v in zip(PERCENTILES, pct, strict=True)},
-        "max": float(arr.max()),
-        "count": int(arr.size),
-    }
+__all__ = ["PERCENTILES", "describe", "describe_array"]

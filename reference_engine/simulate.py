@@ -23,6 +23,7 @@ from cbbench.reference_engine.sampling_params import SamplingParams
 from cbbench.reference_engine.sim_executor import SimExecutor
 from cbbench.reference_engine.spec_decode.stats import SpecDecodeStats
 from cbbench.workloads.spec import RequestSpec
+from cbbench.workloads.stats import describe
 
 
 @dataclass
@@ -115,10 +116,10 @@ class SimResult:
             "request_throughput": len(self.requests) / dur if dur > 0 else None,
             "output_throughput": out_tokens / dur if dur > 0 else None,
             "total_output_tokens": out_tokens,
-            "ttft_s": _describe([r.ttft_s for r in self.requests]),
-            "tpot_s": _describe([r.tpot_s for r in self.requests]),
-            "e2e_s": _describe([r.e2e_s for r in self.requests]),
-            "queue_s": _describe([r.queue_s for r in self.requests]),
+            "ttft_s": describe([r.ttft_s for r in self.requests]),
+            "tpot_s": describe([r.tpot_s for r in self.requests]),
+            "e2e_s": describe([r.e2e_s for r in self.requests]),
+            "queue_s": describe([r.queue_s for r in self.requests]),
             "batch_occupancy_mean": wmean([s.batch_occupancy for s in self.steps]),
             "kv_usage_mean": wmean(kv),
             "kv_usage_max": max(kv) if kv else None,
@@ -133,21 +134,6 @@ class SimResult:
             "spec_acceptance_rate": sd.acceptance_rate if (sd := self.spec_decode) else None,
             "spec_mean_accepted_length": sd.mean_accepted_length if sd else None,
         }
-
-
-def _describe(values: list[float | None]) -> dict:
-    arr = np.array([v for v in values if v is not None], dtype=np.float64)
-    if arr.size == 0:
-        return {"mean": None, "p50": None, "p90": None, "p99": None, "max": None, "count": 0}
-    p50, p90, p99 = np.percentile(arr, (50, 90, 99))
-    return {
-        "mean": float(arr.mean()),
-        "p50": float(p50),
-        "p90": float(p90),
-        "p99": float(p99),
-        "max": float(arr.max()),
-        "count": int(arr.size),
-    }
 
 
 def prompt_tokens(spec: RequestSpec, vocab_size: int, prefix_block_size: int = 512) -> list[int]:

@@ -272,7 +272,9 @@ def _run(args: argparse.Namespace, names: list[str]) -> int:
             f"  {name}: {tokens} tokens in {wall:.1f}s = {tokens / wall:.1f} tok/s, "
             f"{cpu_text} CPU-s ({time.perf_counter() - t0:.0f}s with start-up)"
         )
-    console.print(results_table(results, args, len(jobs)))
+    from cbbench.harness.compare import emit_table
+
+    emit_table(console, results_table(results, args, len(jobs)), out, "compare.md")
     doc = {
         "model": str(folder),
         "max_batch": args.max_batch,
@@ -284,7 +286,7 @@ def _run(args: argparse.Namespace, names: list[str]) -> int:
         "argv": sys.argv,
     }
     (out / "compare.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    console.print(f"wrote {out / 'compare.json'}")
+    console.print(f"wrote {out / 'compare.json'} and {out / 'compare.md'}")
     return 0
 
 

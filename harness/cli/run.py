@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 from cbbench.reference_engine.options import add_engine_args, engine_settings, scheduler_names
-from rich.table import Table
 
 DEFAULT_SLO = "ttft=10s,tpot=100ms"
 DEFAULT_SIM_MODEL = "llama-3-8b"
@@ -106,7 +105,10 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     res = run_demo(opts, console)
     if res.summaries:
-        console.print(comparison_table(res.summaries, _title(opts, res.device)))
+        from cbbench.harness.compare import comparison_table, emit_table
+
+        table = comparison_table(res.summaries, _title(opts, res.device))
+        console.print(f"table: {emit_table(console, table, res.parent)}")
     if res.report is not None:
         console.print(f"report: {res.report}")
     console.print(f"run folders: {res.parent}/{{{','.join(d.name for d in res.run_dirs)}}}")
@@ -123,77 +125,6 @@ def _title(opts, device: str) -> str:
         f"MEASURED over HTTP: {model} on {device}, workload {wl}, "
         f"B={b} (same KV pool for every scheduler)"
     )
-
-
-def _f(v: float | None, fmt: str = "{:.2f}") -> str:
-    return "-" if v is None else fmt.format(v)
-
-
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v * 1e3:,.0f}" if v >= 0.01 else f"{v * 1e3:.1f}"
-
-
-def comparison_table(summaries: dict[str, dict], title: str) -> Table:
-    """One column per scheduler: throughput, goodput, latency p50/p99, occupancy, KV usage."""
-    t = Table(title=title, title_style="bold")
-    t.add_column("metric")
-    for name in summaries:
-        t.add_column(name, justify="right")
-    base = summaries.get("static")
-
-    def row(label: str, fn) -> None:
-        t.add_row(label, *[fn(s) for s in summaries.values()])
-
-    def server(s: dict, field: str, stat: str = "mean") -> float | None:
-        d = (s.get("telemetry") or {}).get("server") or {}
-        v = d.get(field)
-        return v.get(stat) if isinstance(v, dict) else None
-
-    row("requests ok / sent", lambda s: f"{s['counts']['completed']}/{s['counts']['total']}")
-    row("duration (s)", lambda s: _f(s["duration_s"], "{:.1f}"))
-    row("throughput (req/s)", lambda s: _f(s["request_throughput"], "{:.3f}"))
-    row("throughput (output tok/s)", lambda s: _f(s["output_throughput"], "{:.1f}"))
-    if base and base.get("output_throughput"):
-        row(
-            "output tok/s vs static",
-            lambda s: _f((s["output_throughput"] or 0) / base["output_throughput"], "{:.2f}x"),
-        )
-    row(
-        "goodput (req/s within SLO)",
-        lambda s: _f((s.get("goodput") or {}).get("requests_per_s"), "{:.3f}"),
-    )
-    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E")):
-        for p in ("p50", "p99"):
-            row(f"{label} {p} (ms)", lambda s, key=key, p=p: _ms(s[key][p]))
-    if base and base["e2e_s"]["p99"]:
-        row(
-            "E2E p99 vs static",
-            lambda s: _f((s["e2e_s"]["p99"] or 0) / base["e2e_s"]["p99"], "{:.2f}x"),
-        )
-    plain = summaries.get("continuous")
-    if "continuous+spec" in summaries and plain and plain.get("output_throughput"):
-        row(
-            "output tok/s vs continuous",
-            lambda s: _f((s["output_throughput"] or 0) / plain["output_throughput"], "{:.2f}x"),
-        )
-
-        def spec(s: dict, field: str):
-            return ((s.get("telemetry") or {}).get("server") or {}).get(field)
-
-        row("spec: draft acceptance", lambda s: _f(spec(s, "spec_acceptance_rate"), "{:.0%}"))
-        row("spec: tokens per step", lambda s: _f(spec(s, "spec_mean_accepted_length")))
-    row("batch occupancy (mean)", lambda s: _f(server(s, "batch_occupancy"), "{:.0%}"))
-    row(
-        "KV usage mean / max",
-        lambda s: (
-            f"{_f(server(s, 'kv_usage'), '{:.0%}')} / {_f(server(s, 'kv_usage', 'max'), '{:.0%}')}"
-        ),
-    )
-    row("errors", lambda s: str(s["counts"]["failed"]))
-    slo = next(iter(summaries.values())).get("goodput") or {}
-    if slo.get("slo_s"):
-        t.caption = "goodput SLOs: " + ", ".join(f"{k} <= {v:g}s" for k, v in slo["slo_s"].items())
-    return t
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cbbench.harness import compare
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.records import RequestRecord
 from cbbench.harness.results import RunWriter
@@ -157,8 +158,7 @@ def write_run(
                     "step_time_s": s.end_s - s.start_s,
                 }
             )
-        summary = summarize(records, duration_s=res.duration_s)
-        summary["sim"] = res.summary()
+        summary = run_summary(res, scheduler, records)
         writer.write_run(
             {
                 "name": f"{'sim' if res.simulated else 'offline'}-{scheduler}",
@@ -185,67 +185,20 @@ def write_run(
     return d
 
 
-def _ms(d: dict, key: str) -> str:
-    v = d.get(key)
-    return "-" if v is None else f"{v * 1e3:,.1f}" if v < 10 else f"{v * 1e3:,.0f}"
+def run_summary(res: SimResult, scheduler: str, records: list[RequestRecord] | None = None) -> dict:
+    """The one run summary (`summary.summarize`) of a replay, with its step statistics
+    (`SimResult.summary()`) under "sim": what run.json holds and the table shows."""
+    records = to_records(res, scheduler) if records is None else records
+    summary = summarize(records, duration_s=res.duration_s)
+    summary["sim"] = res.summary()
+    return summary
 
 
 def comparison_table(results: dict[str, SimResult], title: str, steps_mode: bool) -> Table:
-    t = Table(title=title, title_style="bold yellow")
     simulated = all(r.simulated for r in results.values())
-    t.add_column(f"metric ({'SIMULATED' if simulated else 'MEASURED, offline'})")
-    for name in results:
-        t.add_column(name, justify="right")
-    sums = {k: r.summary() for k, r in results.items()}
-    base = sums.get("static")
-    unit = "steps" if steps_mode else "s"
-
-    def row(label: str, fn) -> None:
-        t.add_row(label, *[fn(s) for s in sums.values()])
-
-    def f(v, fmt="{:.2f}") -> str:
-        return "-" if v is None else fmt.format(v)
-
-    row("requests", lambda s: str(s["num_requests"]))
-    row("engine steps", lambda s: str(s["num_steps"]))
-    row(f"duration ({unit})", lambda s: f(s["duration_s"]))
-    row(f"throughput (req/{unit})", lambda s: f(s["request_throughput"], "{:.3f}"))
-    row(f"throughput (output tok/{unit})", lambda s: f(s["output_throughput"], "{:.1f}"))
-    if base and base["output_throughput"]:
-        row(
-            "throughput vs static",
-            lambda s: f(s["output_throughput"] / base["output_throughput"], "{:.2f}x"),
-        )
-    lat = (lambda d, k: f(d.get(k))) if steps_mode else _ms
-    lu = unit if steps_mode else "ms"
-    for key, label in (
-        ("ttft_s", "TTFT"),
-        ("tpot_s", "TPOT"),
-        ("e2e_s", "E2E"),
-        ("queue_s", "queue"),
-    ):
-        for p in ("p50", "p99"):
-            row(f"{label} {p} ({lu})", lambda s, key=key, p=p: lat(s[key], p))
-    row("batch occupancy (mean)", lambda s: f(s["batch_occupancy_mean"], "{:.0%}"))
-    row(
-        "KV usage mean / max",
-        lambda s: f"{f(s['kv_usage_mean'], '{:.0%}')} / {f(s['kv_usage_max'], '{:.0%}')}",
-    )
-    row(
-        "KV reserved, unused (tokens, mean)",
-        lambda s: f(s["kv_reserved_unused_tokens_mean"], "{:.0f}"),
-    )
-    plain = sums.get("continuous")
-    if SPEC_NAME in sums and plain and plain["output_throughput"]:
-        row(
-            "throughput vs continuous",
-            lambda s: f(s["output_throughput"] / plain["output_throughput"], "{:.2f}x"),
-        )
-        row("spec: draft acceptance rate", lambda s: f(s["spec_acceptance_rate"], "{:.0%}"))
-        row("spec: tokens per verify step", lambda s: f(s["spec_mean_accepted_length"]))
-    row("preemptions", lambda s: str(s["num_preemptions"]))
-    row("prompt tokens from prefix cache", lambda s: f(s["prefix_cache_hit_rate"], "{:.0%}"))
-    return t
+    label = f"metric ({'SIMULATED' if simulated else 'MEASURED, offline'})"
+    summaries = {name: run_summary(r, name) for name, r in results.items()}
+    return compare.comparison_table(summaries, title, steps=steps_mode, label=label)
 
 
 def print_timeline(console: Console, name: str, res: SimResult) -> None:
@@ -406,7 +359,10 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
 
 def print_study(study: SimStudy, console: Console) -> None:
     """The comparison table, then the timelines when asked for."""
-    console.print(comparison_table(study.results, study.title, study.steps_mode))
+    table = comparison_table(study.results, study.title, study.steps_mode)
+    path = compare.emit_table(console, table, study.options.out)
+    if path is not None:
+        console.print(f"table: {path}")
     if study.timeline:
         real = not all(r.simulated for r in study.results.values())
         label = "MEASURED" if real else "SIMULATED"

@@ -1,0 +1,158 @@
+"""One comparison table for runs side by side (`cbbench run`, `cbbench sim`), from the one
+summary type (`summary.summarize`): one column per run, throughput, latency percentiles,
+queue time, batch occupancy and KV usage; ratios against the `static` column.
+
+Engine-side figures come from the summary's `sim` block (a replay's step statistics) or, for
+runs against a server, from its scraped telemetry (`telemetry.server`).
+
+`emit_table` prints it as a rich table on a terminal and as a Markdown table otherwise (piped
+or redirected output keeps every name whole), and writes the Markdown into a folder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _f(v: float | None, fmt: str = "{:.2f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1e3:,.0f}" if v >= 0.01 else f"{v * 1e3:.1f}"
+
+
+def _engine(s: dict, sim_key: str, server_field: str, stat: str = "mean") -> float | None:
+    """A step statistic: the replay's own, else the server's scraped gauge."""
+    sim = s.get("sim")
+    if sim is not None:
+        return sim.get(sim_key)
+    server = (s.get("telemetry") or {}).get("server") or {}
+    v = server.get(server_field)
+    return v.get(stat) if isinstance(v, dict) else None
+
+
+def _spec(s: dict, key: str) -> float | None:
+    """A speculative-decoding figure: the replay's own, else the server's."""
+    if s.get("sim") is not None:
+        return s["sim"].get(key)
+    return ((s.get("telemetry") or {}).get("server") or {}).get(key)
+
+
+def comparison_table(
+    summaries: dict[str, dict], title: str, *, steps: bool = False, label: str = "metric"
+) -> Table:
+    """One column per run. `steps`: times are engine steps (hardware `steps`), not seconds."""
+    t = Table(title=title, title_style="bold")
+    t.add_column(label)
+    for name in summaries:
+        t.add_column(name, justify="right")
+    base = summaries.get("static")
+    unit = "steps" if steps else "s"
+    lat_unit = "steps" if steps else "ms"
+    lat: Callable[[float | None], str] = (lambda v: _f(v)) if steps else _ms
+    any_sim = any(s.get("sim") is not None for s in summaries.values())
+
+    def row(text: str, fn: Callable[[dict], str]) -> None:
+        t.add_row(text, *[fn(s) for s in summaries.values()])
+
+    row("requests ok / sent", lambda s: f"{s['counts']['completed']}/{s['counts']['total']}")
+    if any_sim:
+        row("engine steps", lambda s: str((s.get("sim") or {}).get("num_steps", "-")))
+    row(f"duration ({unit})", lambda s: _f(s["duration_s"]))
+    row(f"throughput (req/{unit})", lambda s: _f(s["request_throughput"], "{:.3f}"))
+    row(f"throughput (output tok/{unit})", lambda s: _f(s["output_throughput"], "{:.1f}"))
+    if base and base.get("output_throughput"):
+        row(
+            f"output tok/{unit} vs static",
+            lambda s: _f((s["output_throughput"] or 0) / base["output_throughput"], "{:.2f}x"),
+        )
+    if any(s.get("goodput") for s in summaries.values()):
+        row(
+            f"goodput (req/{unit} within SLO)",
+            lambda s: _f((s.get("goodput") or {}).get("requests_per_s"), "{:.3f}"),
+        )
+    for key, name in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E")):
+        for p in ("p50", "p99"):
+            row(f"{name} {p} ({lat_unit})", lambda s, key=key, p=p: lat(s[key][p]))
+    if base and base["e2e_s"]["p99"]:
+        row(
+            "E2E p99 vs static",
+            lambda s: _f((s["e2e_s"]["p99"] or 0) / base["e2e_s"]["p99"], "{:.2f}x"),
+        )
+    if any((s.get("server_queue_s") or {}).get("count") for s in summaries.values()):
+        for p in ("p50", "p99"):
+            row(f"queue {p} ({lat_unit})", lambda s, p=p: lat(s["server_queue_s"][p]))
+    plain = summaries.get("continuous")
+    if "continuous+spec" in summaries and plain and plain.get("output_throughput"):
+        row(
+            f"output tok/{unit} vs continuous",
+            lambda s: _f((s["output_throughput"] or 0) / plain["output_throughput"], "{:.2f}x"),
+        )
+        row("spec: draft acceptance", lambda s: _f(_spec(s, "spec_acceptance_rate"), "{:.0%}"))
+        row("spec: tokens per step", lambda s: _f(_spec(s, "spec_mean_accepted_length")))
+    row(
+        "batch occupancy (mean)",
+        lambda s: _f(_engine(s, "batch_occupancy_mean", "batch_occupancy"), "{:.0%}"),
+    )
+    row(
+        "KV usage mean / max",
+        lambda s: (
+            f"{_f(_engine(s, 'kv_usage_mean', 'kv_usage'), '{:.0%}')} / "
+            f"{_f(_engine(s, 'kv_usage_max', 'kv_usage', 'max'), '{:.0%}')}"
+        ),
+    )
+    if any_sim:
+        row(
+            "KV reserved, unused (tokens, mean)",
+            lambda s: _f((s.get("sim") or {}).get("kv_reserved_unused_tokens_mean"), "{:.0f}"),
+        )
+        row("preemptions", lambda s: str((s.get("sim") or {}).get("num_preemptions", "-")))
+        row(
+            "prompt tokens from prefix cache",
+            lambda s: _f((s.get("sim") or {}).get("prefix_cache_hit_rate"), "{:.0%}"),
+        )
+    row("errors", lambda s: str(s["counts"]["failed"]))
+    slo = next(iter(summaries.values()), {}).get("goodput") or {}
+    if slo.get("slo_s"):
+        t.caption = "goodput SLOs: " + ", ".join(f"{k} <= {v:g}s" for k, v in slo["slo_s"].items())
+    return t
+
+
+def markdown(table: Table) -> str:
+    """The table as Markdown: title, header, rows, caption; names are never cut."""
+
+    def cells(values) -> str:
+        return "| " + " | ".join(str(v).replace("|", "\\|") for v in values) + " |"
+
+    columns = [list(c.cells) for c in table.columns]
+    lines = []
+    if table.title:
+        lines += [f"**{table.title}**", ""]
+    lines.append(cells(c.header for c in table.columns))
+    lines.append(cells("---:" if c.justify == "right" else "---" for c in table.columns))
+    lines += [cells(row) for row in zip(*columns, strict=True)]
+    if table.caption:
+        lines += ["", str(table.caption)]
+    return "\n".join(lines) + "\n"
+
+
+def emit_table(
+    console: Console, table: Table, folder: Path | None = None, name: str = "comparison.md"
+) -> Path | None:
+    """Print the table (rich on a terminal, Markdown when piped); write its Markdown into
+    `folder` when given. Returns the file written."""
+    if console.is_terminal:
+        console.print(table)
+    else:
+        console.print(markdown(table), markup=False, highlight=False, soft_wrap=True)
+    if folder is None:
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(markdown(table), encoding="utf-8")
+    return path
