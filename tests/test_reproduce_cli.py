@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from cbbench.harness import reproduce as rp
 from cbbench.harness.cli import main
 from cbbench.harness.cli.reproduce import scaled_workload
 from cbbench.harness.results import load_run
+from cbbench.harness.studies import reproduce as rp
 
 
 def test_reproduce_sim_only(tmp_path, capsys, monkeypatch):

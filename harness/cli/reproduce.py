@@ -5,7 +5,7 @@
 2. The seed's gains table, static -> continuous in sustained req/s, for uniform, mixed
    (outputs 10-1000) and highly mixed (1-4000) lengths (seed: 1x, 2.38x, 5.67x):
    - SIMULATED: llama-3-8b on a modelled H100, all requests at t=0, throughput over the
-     steady window with a 95 % interval (harness/reproduce.py says how);
+     steady window with a 95 % interval (harness/studies/reproduce.py says how);
    - device utilization (busy fraction, slot utilization) static vs continuous;
    - --sensitivity: the same gains with one condition changed at a time;
    - MEASURED (skipped by --sim-only): the real engine on CPU (the 54M `small` model), the
@@ -24,8 +24,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from cbbench.harness import reproduce as rp
 from cbbench.harness.errors import CbbenchError
+from cbbench.harness.studies import reproduce as rp
 from cbbench.reference_engine.options import SIM_DEFAULTS, add_engine_args, engine_value
 from rich.console import Console
 from rich.table import Table
