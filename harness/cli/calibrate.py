@@ -56,6 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from cbbench.harness.compare import emit_table
     from cbbench.reference_engine import calibration as cal
     from cbbench.reference_engine.cost_model import get_hardware
     from rich.console import Console
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             )
             c = cal.calibrate(args.model, args.dtype, args.clock, args.scale, args.name, log)
             spec = c.spec
-            console.print(fit_table(c))
+            emit_table(console, fit_table(c))  # Markdown when piped
             out = Path(args.out or f"calibration-{Path(args.model).name}-cpu.json")
         if args.validate:
             v = cal.VALIDATION
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
                 args.model, spec, args.clock, args.dtype,
                 num_requests=args.validate_requests, log=log,
             )  # fmt: skip
-            console.print(validation_table(rows, spec.name))
+            emit_table(console, validation_table(rows, spec.name))
             ok = all(r.ok for r in rows)
             console.print(
                 f"held-out validation: {'WITHIN' if ok else 'OUTSIDE'} the targets "

@@ -24,6 +24,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from cbbench.harness.compare import emit_table
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.studies import reproduce as rp
 from cbbench.reference_engine.options import SIM_DEFAULTS, add_engine_args, engine_value
@@ -273,8 +274,9 @@ def run(args: argparse.Namespace) -> int:
         f"{args.num_requests} requests per workload at t=0, sustained throughput"
     )
     sim = _rows(console, "sim", sim_s, out, "sim")
-    console.print(gains_table("static -> continuous, sustained req/s (SIMULATED)", sim))
-    console.print(utilization_table(sim))
+    t = gains_table("static -> continuous, sustained req/s (SIMULATED)", sim)
+    emit_table(console, t, out, "gains-sim.md")  # Markdown when piped; a copy in --out
+    emit_table(console, utilization_table(sim), out, "utilization-sim.md")
     sens = sensitivity(console, sim_s) if args.sensitivity else None
     cpu = None
     if not args.sim_only:
@@ -292,7 +294,8 @@ def run(args: argparse.Namespace) -> int:
 
         with torch_threads(1):
             cpu = _rows(console, "cpu", cpu_s, out, "cpu", wrap=wrap)
-        console.print(gains_table("static -> continuous, sustained req/s (MEASURED, CPU)", cpu))
+        t = gains_table("static -> continuous, sustained req/s (MEASURED, CPU)", cpu)
+        emit_table(console, t, out, "gains-cpu.md")
     lines = verdicts(sim, cpu)
     for line in lines:
         console.print(line, highlight=False)
