@@ -286,16 +286,17 @@ def run_bench(
         for s in started:
             s.stop()
         interrupted = stop_flag.is_set()
-        client_samples = {"loop_lag_s": [], "cpu": []}
+        client_samples: dict = {"loop_lag_s": [], "cpu": []}
         for st in worker_stats.values():
             client_samples["loop_lag_s"] += st.get("loop_lag_s", [])
             client_samples["cpu"] += st.get("cpu", [])
+        sources = {st.get("timestamp_source", "user") for st in worker_stats.values()}
+        client_samples["timestamp_source"] = "kernel" if sources == {"kernel"} else "user"
         summary = summarize(records, None, cfg.slo, client_samples)
         summary["cancelled_in_flight"] = sum(st.get("cancelled", 0) for st in worker_stats.values())
         summary["client"]["cpu_s"] = sum(st.get("cpu_s", 0.0) for st in worker_stats.values())
         summary["connections"] = connection_summary(records, list(worker_stats.values()))
-        sources = {st.get("timestamp_source", "user") for st in worker_stats.values()}
-        summary["timestamp_source"] = "kernel" if sources == {"kernel"} else "user"
+        summary["timestamp_source"] = client_samples["timestamp_source"]
         meta["timestamp_source"] = summary["timestamp_source"]
         failure = None if interrupted else stopped_answering(records)
         if failure:

@@ -81,6 +81,16 @@ def test_client_bound_from_loop_lag_and_send_lag():
     assert s["client_bound"] and "send lag" in s["client_bound_reason"]
 
 
+def test_loop_lag_limit_is_stricter_with_user_space_stamps():
+    """8 ms of loop lag is 8 ms of timing error when reads are stamped in user space (flag
+    it), none with kernel stamps (a read waits, its time does not)."""
+    lag = {"loop_lag_s": [0.008] * 10, "cpu": [0.2]}
+    user = summarize(_records(), 2.0, client={**lag, "timestamp_source": "user"})
+    kernel = summarize(_records(), 2.0, client={**lag, "timestamp_source": "kernel"})
+    assert user["client_bound"] and "user-space arrival stamps" in user["client_bound_reason"]
+    assert kernel["client_bound"] is False
+
+
 def test_empty_run_has_absent_statistics():
     s = summarize([], 0.0)
     assert s["ttft_s"]["count"] == 0 and s["ttft_s"]["p99"] is None
