@@ -30,17 +30,24 @@ def probe(tmp_path: Path, scheduler: str, phases: str, *server: str) -> dict:
 
 @pytest.mark.parametrize("scheduler", ["static", "dynamic", "continuous"])
 def test_probe_names_the_batching(tmp_path: Path, scheduler: str, capsys) -> None:
-    verdicts = probe(tmp_path, scheduler, "batching")
+    if scheduler == "continuous":  # one server for the "off" checks too
+        phases, server = "batching,prefix-cache,chunked-prefill", ["--no-enable-chunked-prefill"]
+    else:
+        phases, server = "batching", []
+    verdicts = probe(tmp_path, scheduler, phases, *server)
     v = verdicts["batching"]
     assert v["value"] == scheduler, v
     assert v["confidence"] >= 0.5 and v["evidence"]
     out = capsys.readouterr().out
     assert "batching:" in out and "confidence" in out
+    if scheduler == "continuous":
+        assert verdicts["prefix_caching"]["value"] == "off", verdicts["prefix_caching"]
+        assert verdicts["chunked_prefill"]["value"] == "off", verdicts["chunked_prefill"]
 
 
-def test_probe_sees_prefix_caching_and_chunked_prefill(tmp_path: Path) -> None:
+def test_probe_sees_prefix_caching_and_chunked_prefill_on(tmp_path: Path) -> None:
     on = probe(
-        tmp_path / "on",
+        tmp_path,
         "continuous",
         "prefix-cache,chunked-prefill",
         "--enable-prefix-caching",
@@ -49,14 +56,6 @@ def test_probe_sees_prefix_caching_and_chunked_prefill(tmp_path: Path) -> None:
     )
     assert on["prefix_caching"]["value"] == "on", on["prefix_caching"]
     assert on["chunked_prefill"]["value"] == "on", on["chunked_prefill"]
-    off = probe(
-        tmp_path / "off",
-        "continuous",
-        "prefix-cache,chunked-prefill",
-        "--no-enable-chunked-prefill",
-    )
-    assert off["prefix_caching"]["value"] == "off", off["prefix_caching"]
-    assert off["chunked_prefill"]["value"] == "off", off["chunked_prefill"]
 
 
 def test_probe_bad_input_is_one_line(tmp_path: Path, capsys) -> None:
