@@ -95,11 +95,13 @@ def test_cli_text_json_strict_and_report_section(provoked, capsys, tmp_path: Pat
         and "fix (cbbench): cbbench serve --scheduler continuous" in out
     )
     assert "no findings" in out  # the healthy run
+    assert "vitals: running" in out and "TTFT p50" in out and "KV max" in out
     assert main(["diagnose", "--json", "--all-engines", str(hol)]) == 0
     import json
 
     data = json.loads(capsys.readouterr().out)
     rules = {f["rule"] for f in data[0]["findings"]}
+    assert data[0]["vitals"]["waiting"]["max"] >= 1 and data[0]["vitals"]["ttft_s"]["p50"] > 0
     assert {"hol-blocking", "length-skew"} <= rules
     assert main(["diagnose", "--strict", str(hol)]) == 1
     assert main(["diagnose", "--strict", str(healthy)]) == 0

@@ -8,7 +8,7 @@ telemetry; each finding carries its evidence and the fix in each engine's own fl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cbbench.harness.diagnose.base import ENGINES, Finding, Rule, RunView
 from cbbench.harness.diagnose.rules import RULES
@@ -23,6 +23,7 @@ class Diagnosis:
     scheduler: str | None
     findings: list[Finding]
     requests: int  # successful measured requests the rules looked at
+    vitals: dict = field(default_factory=dict)  # the numbers to look at first
 
     def to_dict(self) -> dict:
         return {
@@ -31,6 +32,7 @@ class Diagnosis:
             "engine": self.engine,
             "scheduler": self.scheduler,
             "requests": self.requests,
+            "vitals": self.vitals,
             "findings": [f.to_dict() for f in self.findings],
         }
 
@@ -43,7 +45,11 @@ def diagnose_run(run: Run, label: str | None = None, rules: tuple[Rule, ...] = R
         if f is not None:
             assert f.rule == rule.id, f"rule {rule.id} returned a finding for {f.rule}"
             findings.append(f)
-    return Diagnosis(run, label or run.name, view.engine, view.scheduler, findings, len(view.ok))
+    from cbbench.harness.diagnose.vitals import vitals
+
+    return Diagnosis(
+        run, label or run.name, view.engine, view.scheduler, findings, len(view.ok), vitals(view)
+    )
 
 
 def select_rules(names: list[str] | None) -> tuple[Rule, ...]:

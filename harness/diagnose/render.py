@@ -7,6 +7,7 @@ from html import escape
 
 from cbbench.harness.diagnose import Diagnosis
 from cbbench.harness.diagnose.base import ENGINES, Finding
+from cbbench.harness.diagnose.vitals import vitals_line
 
 
 def engine_order(engine: str | None) -> list[str]:
@@ -26,6 +27,7 @@ def text(diags: list[Diagnosis], all_engines: bool = False) -> str:
     lines: list[str] = []
     for d in diags:
         lines.append(f"== {d.label} ({_head(d)})")
+        lines.append(f"   vitals: {vitals_line(d.vitals)}")
         if not d.findings:
             lines.append("   no findings: no rule saw its symptom in this run")
         for i, f in enumerate(d.findings, 1):
@@ -50,9 +52,11 @@ def markdown(diags: list[Diagnosis]) -> str:
     lines = ["#### Diagnosis", ""]
     for d in diags:
         if not d.findings:
-            lines.append(f"- **{_md(d.label)}**: no findings ({_md(_head(d))})")
+            lines.append(
+                f"- **{_md(d.label)}**: no findings ({_md(_head(d))}); {_md(vitals_line(d.vitals))}"
+            )
             continue
-        lines.append(f"- **{_md(d.label)}** ({_md(_head(d))}):")
+        lines.append(f"- **{_md(d.label)}** ({_md(_head(d))}): {_md(vitals_line(d.vitals))}")
         for f in d.findings:
             lines.append(f"  - **{_md(f.title)}** (`{f.rule}`, {f.severity}): {_md(f.cause)}")
             lines += [f"    - {_md(e)}" for e in f.evidence]
@@ -83,6 +87,7 @@ def html(diags: list[Diagnosis]) -> str:
             or '<p class="muted">no findings: no rule saw its symptom in this run</p>'
         )
         out.append(
-            f"<h3>{escape(d.label)} <span class=muted>({escape(_head(d))})</span></h3>{body}"
+            f"<h3>{escape(d.label)} <span class=muted>({escape(_head(d))})</span></h3>"
+            f"<p class=muted>vitals: {escape(vitals_line(d.vitals))}</p>{body}"
         )
     return '<div id="diagnosis">' + "".join(out) + "</div>"
