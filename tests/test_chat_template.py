@@ -84,6 +84,8 @@ def test_server_renders_the_models_template_as_transformers_does(model, server):
     assert ids == list(expected)
     assert ids[0] == SPECIALS.index("<s>") and ids.count(SPECIALS.index("<|im_start|>")) == 5
     assert r.usage.prompt_tokens == len(ids)
+    card = client.models.list().data[0].model_extra["cbbench"]
+    assert card["chat_template"] == str(model / "tokenizer_config.json")
 
 
 def test_template_errors_and_sandbox_are_400s(model, tmp_path):

@@ -91,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
         f"{info['dtype']}, {info['device']}), scheduler {info['scheduler']}, executor "
         f"{info['executor']}, attention backend {info['attention_backend'] or 'none'}, "
         f"{info['num_kv_blocks']} KV blocks x {info['block_size']} tokens, engine in "
-        f"{'its own process' if info['engine_process'] else 'the API process'}",
+        f"{'its own process' if info['engine_process'] else 'the API process'}, chat template "
+        f"{info.get('chat_template', 'built-in')}",
         file=sys.stderr,
         flush=True,
     )

@@ -76,6 +76,8 @@ def build_stack(
     body_parser = BodyParser(max_model_len)
     try:
         tokenizer = load_tokenizer(config.model, model_config)
+        template = tokenizer.chat_template
+        info["chat_template"] = template.origin if template is not None else "built-in"
         app = create_app(
             engine,
             tokenizer,
