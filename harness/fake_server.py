@@ -26,6 +26,8 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
+from cbbench.harness.launcher import parse_ready_line, ready_line
+
 MODEL_ID = "fake-model"
 SCHEDULER = "fake"
 
@@ -329,8 +331,8 @@ def main(argv: list[str] | None = None) -> int:
                 [*cmd, "--config", args.config], stdout=subprocess.PIPE, text=True
             )
             children.append(child)
-            assert child.stdout is not None and child.stdout.readline().startswith("PORT ")
-        print(f"PORT {port}", flush=True)
+            assert child.stdout is not None and parse_ready_line(child.stdout.readline())
+        print(ready_line("cbbench fake-server", f"http://127.0.0.1:{port}"), flush=True)
         await stop.wait()
 
     try:

@@ -13,11 +13,10 @@ instead, to measure the timing error at a load the client can carry.
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.fake_server import Behavior, FakeServerConfig
+from cbbench.harness.launcher import ServerHandle, fake_server_command, start_server
 from cbbench.harness.selftest import measure
 from rich.console import Console
 from rich.table import Table
@@ -101,37 +100,25 @@ def run_compare(args: argparse.Namespace) -> int:
 
 
 class ServerProcess:
-    """The fake server in its own Python process; context manager."""
+    """The fake server in its own Python process (harness/launcher.py starts it); context
+    manager with `.url`."""
 
     def __init__(self, config: FakeServerConfig, procs: int = 1) -> None:
-        self.config = config
-        self.procs = procs
-        self.proc: subprocess.Popen | None = None
+        self.cmd = fake_server_command(config.to_json(), procs)
+        self.handle: ServerHandle | None = None
         self.url = ""
 
     def __enter__(self) -> ServerProcess:
-        cmd = [
-            sys.executable,
-            "-m",
-            "cbbench.harness.fake_server",
-            "--config",
-            self.config.to_json(),
-            "--procs",
-            str(self.procs),
-        ]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line.startswith("PORT "):
-            self.__exit__()
-            raise CbbenchError("selftest: the local test server did not start")
-        self.url = f"http://127.0.0.1:{int(line.split()[1])}"
+        try:
+            self.handle = start_server(self.cmd, ready_timeout_s=60.0, name="fake server")
+        except CbbenchError as exc:
+            raise CbbenchError(f"selftest: the local test server did not start ({exc})") from None
+        self.url = self.handle.base_url
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
+        if self.handle is not None:
+            self.handle.stop(10)
 
 
 def _stamps(text: str) -> list[str]:

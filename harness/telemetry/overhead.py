@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import io
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
+from cbbench.harness.launcher import ready_line, start_server
 from cbbench.harness.telemetry import GpuSampler, ServerMetricsSampler
 from rich.console import Console
 from rich.table import Table
@@ -89,22 +89,21 @@ def serve_metrics() -> int:
             pass
 
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    print(f"PORT {httpd.server_address[1]}", flush=True)
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    print(ready_line("cbbench metrics-server", url), flush=True)
     httpd.serve_forever()
     return 0
 
 
 class _Child:
+    """A server child process, started by the one launcher (ready line on stdout)."""
+
     def __init__(self, cmd: list[str]) -> None:
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert line.startswith("PORT "), f"child did not start: {cmd}"
-        self.url = f"http://127.0.0.1:{int(line.split()[1])}"
+        self.handle = start_server(cmd, ready_timeout_s=60.0)
+        self.url = self.handle.base_url
 
     def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
+        self.handle.stop()
 
 
 def scrape_cpu_s(url: str, n: int) -> tuple[float, int]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-import sys
 from collections.abc import Iterator
 
 from cbbench.harness.fake_server import Behavior, FakeServerConfig, ThreadedServer
@@ -39,16 +38,12 @@ class ServerProc:
 
 @contextlib.contextmanager
 def process(config: FakeServerConfig | None = None) -> Iterator[ServerProc]:
-    cfg = (config or FakeServerConfig()).to_json()
-    cmd = [sys.executable, "-m", "cbbench.harness.fake_server", "--config", cfg]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    from cbbench.harness.launcher import fake_server_command, start_server
+
+    handle = start_server(fake_server_command((config or FakeServerConfig()).to_json()))
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("PORT "), f"fake server did not start: {line!r}"
-        server = ServerProc(proc, int(line.split()[1]))
-        yield server
+        yield ServerProc(handle.process, int(handle.base_url.rsplit(":", 1)[1]))
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
+        if handle.process.poll() is None:
+            handle.process.kill()
+        handle.process.wait(10)
