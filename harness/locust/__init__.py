@@ -8,7 +8,15 @@ only `locustfile.py`, `hooks.py`, `user.py` and `run_state.py` do.
 
 from __future__ import annotations
 
+import select
+import sys
 from pathlib import Path
+
+# Locust monkey-patches the process for gevent before it loads a locustfile, and the patched
+# `select` has no `epoll`; trio needs it at import, and httpcore (under httpx) imports trio
+# whenever it is installed. Nothing in cbbench uses trio, so a patched process does without.
+if not hasattr(select, "epoll") and "trio" not in sys.modules:
+    sys.modules["trio"] = None  # type: ignore[assignment]
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 
