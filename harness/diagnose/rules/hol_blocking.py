@@ -4,6 +4,8 @@ longest request it overlapped, not its own length."""
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 from cbbench.harness.diagnose.base import Finding, Rule, RunView, ms, pct
 from cbbench.harness.diagnose.fixes import fixes_for
@@ -24,21 +26,24 @@ def check(v: RunView) -> Finding | None:
     tol = max(2 * (v.itl_p50 or 0.0), 0.02)
     cands: list[tuple[float, float, float, float]] = []  # (wait, remaining, e2e, own decode)
     blocked = 0
-    for r in recs:
-        n_r = v.out_tokens(r)
-        running = [
-            j
-            for j in recs
-            if j is not r and j.first_token_s <= r.sent_s < j.end_s  # type: ignore[operator]
-        ]
-        if not running:
+    # sweep in send order; a max-heap on end time holds every request that had its first
+    # token by then: its top, if not yet ended, is the longest request running at r's send
+    by_first = sorted(recs, key=lambda x: x.first_token_s)  # type: ignore[arg-type, return-value]
+    heap: list[tuple[float, int]] = []
+    k = 0
+    for r in sorted(recs, key=lambda x: x.sent_s):  # type: ignore[arg-type, return-value]
+        while k < len(by_first) and by_first[k].first_token_s <= r.sent_s:  # type: ignore[operator]
+            heapq.heappush(heap, (-by_first[k].end_s, k))  # type: ignore[operator]
+            k += 1
+        if not heap or -heap[0][0] <= r.sent_s:  # type: ignore[operator]
+            heap.clear()  # everything that started has ended
             continue
-        j = max(running, key=lambda x: x.end_s)
+        j = by_first[heap[0][1]]
         remaining = j.end_s - r.sent_s  # type: ignore[operator]
-        if n_r > SHORT * v.out_tokens(j) or remaining < 5 * tol:
+        if v.out_tokens(r) > SHORT * v.out_tokens(j) or remaining < 5 * tol:
             continue  # not short next to it, or it was about to end anyway: no test
         wait = r.first_token_s - r.sent_s  # type: ignore[operator]
-        cands.append((wait, remaining, r.e2e_s or np.nan, r.end_s - r.first_token_s))
+        cands.append((wait, remaining, r.e2e_s or np.nan, r.end_s - r.first_token_s))  # type: ignore[operator]
         blocked += r.first_token_s >= j.end_s - tol  # type: ignore[operator]
     if len(cands) < MIN_CANDIDATES or blocked / len(cands) < BLOCKED_SHARE:
         return None

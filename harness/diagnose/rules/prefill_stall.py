@@ -27,7 +27,7 @@ def check(v: RunView) -> Finding | None:
     without: list[float] = []
     prompts: list[int] = []
     stalls: list[tuple[float, float]] = []
-    for r in v.ok:
+    for r in v.streams:
         tt = r.token_times_s
         for a, b in zip(tt, tt[1:], strict=False):
             if b <= a:
@@ -49,7 +49,7 @@ def check(v: RunView) -> Finding | None:
     if ratio < RATIO:
         return None
     spikes = [(a, b) for a, b in stalls if b - a >= SPIKE * m_without]
-    itl = [g for r in v.ok for g in r.itl_s]
+    itl = [g for r in v.streams for g in r.itl_s]
     distinct: dict[int, tuple[float, float]] = {}  # one stall hits every stream: one entry
     for a, b in sorted(spikes, key=lambda ab: ab[0] - ab[1]):
         distinct.setdefault(round(b / max(slack, 1e-3)), (a, b))
