@@ -12,18 +12,6 @@ import logging
 import sys
 
 import gevent
-
-if "httpcore" not in sys.modules and "trio" not in sys.modules:
-    # Locust's gevent monkey-patching removed select.epoll, which trio needs at import, and
-    # httpcore (under httpx: the telemetry samplers) imports trio when it is installed and
-    # only tolerates an ImportError. Import httpcore now with trio hidden; nothing here
-    # runs on trio.
-    sys.modules["trio"] = None  # type: ignore[assignment]
-    try:
-        import httpcore  # noqa: F401
-    finally:
-        del sys.modules["trio"]
-
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.locust.run_state import LocustRun
 from cbbench.harness.locust.settings import LocustSettings
