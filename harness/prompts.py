@@ -1,9 +1,8 @@
 """Prompts of exact token length, deterministic from the seed.
 
-Token-id prompts (completions endpoint of vLLM and the reference engine): a prompt is its
-shared-prefix blocks followed by request-specific ids. Prefix id `p` always expands to the same
-`prefix_block_size` ids (drawn from a generator seeded with (seed, p)), so requests that share
-prefix ids share a real token prefix, as prefix caching needs.
+Token-id prompts (completions endpoint of vLLM and the reference engine) come from
+workloads/tokens.py, the one request -> ids function that offline and simulated replays use
+too: shared-prefix blocks, then request-specific ids, deterministic from the seed.
 
 Text prompts (chat, or servers that only take text): with a `tokenizers` tokenizer.json, ids
 are drawn from single-token words that survive a decode/encode round trip and the text is
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 from cbbench.harness.chat_template import load_chat_renderer
 from cbbench.harness.errors import CbbenchError
+from cbbench.workloads.tokens import DEFAULT_ID_RANGE, PromptTokenIds
 
 # Short, very common words: one token each (with their leading space) on common BPE vocabularies.
 WORDS = [
@@ -85,8 +85,6 @@ WORDS = [
     "other",
 ]
 
-DEFAULT_ID_RANGE = (10, 500)  # valid for every preset model (the smallest vocab has 512 ids)
-
 
 class PromptBuilder:
     def __init__(
@@ -101,30 +99,17 @@ class PromptBuilder:
         self.prefix_block_size = prefix_block_size
         self.tokenizer = None
         self.chat_render = None  # the model's chat template, from the tokenizer's folder
-        self._vocab = np.arange(*id_range, dtype=np.int64)
+        vocab = np.arange(*id_range, dtype=np.int64)
         if tokenizer_path:
             self.tokenizer = _load_tokenizer(tokenizer_path)
-            self._vocab = _single_token_words(self.tokenizer, tokenizer_path)
+            vocab = _single_token_words(self.tokenizer, tokenizer_path)
             folder = Path(tokenizer_path)
             self.chat_render = load_chat_renderer(folder if folder.is_dir() else folder.parent)
-        self._prefix_cache: dict[int, np.ndarray] = {}
-
-    def _draw(self, key: tuple[int, ...], n: int) -> np.ndarray:
-        rng = np.random.default_rng((self.seed, *key))
-        return self._vocab[rng.integers(0, len(self._vocab), size=n)]
+        self._ids = PromptTokenIds(seed, prefix_block_size, vocab)
 
     def token_ids(self, index: int, prompt_len: int, prefix_ids: tuple[int, ...] = ()) -> list[int]:
         """Exactly `prompt_len` ids: prefix blocks (truncated to fit), then request-own ids."""
-        parts = []
-        for p in prefix_ids:
-            if p not in self._prefix_cache:
-                self._prefix_cache[p] = self._draw((1, p), self.prefix_block_size)
-            parts.append(self._prefix_cache[p])
-        prefix = np.concatenate(parts)[:prompt_len] if parts else np.empty(0, dtype=np.int64)
-        own = self._draw((2, index), prompt_len - len(prefix))
-        ids = np.concatenate([prefix, own])
-        assert len(ids) == prompt_len
-        return ids.tolist()
+        return self._ids(index, prompt_len, prefix_ids)
 
     def text(self, index: int, prompt_len: int, prefix_ids: tuple[int, ...] = ()) -> str:
         ids = self.token_ids(index, prompt_len, prefix_ids)

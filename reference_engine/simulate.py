@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import heapq
 import time
-import zlib
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -24,6 +23,7 @@ from cbbench.reference_engine.sim_executor import SimExecutor
 from cbbench.reference_engine.spec_decode.stats import SpecDecodeStats
 from cbbench.workloads.spec import RequestSpec
 from cbbench.workloads.stats import describe
+from cbbench.workloads.tokens import PromptTokenIds, id_pool
 
 
 @dataclass
@@ -136,17 +136,13 @@ class SimResult:
         }
 
 
-def prompt_tokens(spec: RequestSpec, vocab_size: int, prefix_block_size: int = 512) -> list[int]:
-    """Deterministic prompt ids: one block of `prefix_block_size` ids per prefix id (equal ids
-    give equal blocks, so prefix caching can hit), then ids unique to the request."""
-    out: list[int] = []
-    for pid in spec.prefix_ids:
-        base = zlib.crc32(f"prefix:{pid}".encode())
-        out.extend((base + 7919 * j) % vocab_size for j in range(prefix_block_size))
-    out = out[: spec.prompt_len]
-    base = zlib.crc32(f"req:{spec.index}".encode())
-    out.extend((base + 104729 * j) % vocab_size for j in range(spec.prompt_len - len(out)))
-    return out
+def prompt_tokens(
+    spec: RequestSpec, vocab_size: int, prefix_block_size: int = 512, seed: int = 0
+) -> list[int]:
+    """The request's prompt ids: workloads/tokens.py's, the same ids an HTTP run sends."""
+    return PromptTokenIds(seed, prefix_block_size, id_pool(vocab_size))(
+        spec.index, spec.prompt_len, spec.prefix_ids
+    )
 
 
 def simulate(requests: Sequence[RequestSpec], config: EngineConfig, **kwargs) -> SimResult:
@@ -222,6 +218,7 @@ def _replay_steps(
     cfg: EngineConfig,
     *,
     prefix_block_size: int = 512,
+    seed: int = 0,
     timeline: bool = False,
     max_steps: int = 10_000_000,
     on_progress: Callable[[int, int], None] | None = None,
@@ -229,7 +226,8 @@ def _replay_steps(
     temperature: float = 1.0,
     wrap_executor: Callable | None = None,
 ) -> Generator[None, None, SimResult]:
-    """The replay loop, yielding after every engine step. `temperature` 0: greedy requests
+    """The replay loop, yielding after every engine step. `seed` (the workload's) and
+    `prefix_block_size` give the prompt ids (workloads/tokens.py). `temperature` 0: greedy requests
     (the real model's speculative control accepts every draft only when greedy).
     `wrap_executor(executor, engine)` may replace the executor by a wrapper (now /
     advance_to / execute; a simulated one's wrapper also exposes cost_model), e.g.
@@ -245,7 +243,7 @@ def _replay_steps(
         engine.executor = wrap_executor(engine.executor, engine)
     ex = engine.executor
     virtual = simulated or hasattr(ex, "advance_to")
-    vocab = engine.model_config.vocab_size
+    prompt_ids = PromptTokenIds(seed, prefix_block_size, id_pool(engine.model_config.vocab_size))
     t0 = engine.now()
 
     def idle_until(t: float) -> None:  # t relative to t0
@@ -272,7 +270,7 @@ def _replay_steps(
             try:
                 engine.add_request(
                     rid,
-                    prompt_tokens(spec, vocab, prefix_block_size),
+                    prompt_ids(spec.index, spec.prompt_len, spec.prefix_ids),
                     SamplingParams(
                         max_tokens=spec.output_len, ignore_eos=True, temperature=temperature
                     ),

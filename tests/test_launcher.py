@@ -35,6 +35,8 @@ def test_fake_server_starts_through_the_launcher_and_answers():
 
 def test_a_child_that_dies_before_ready_is_one_clear_error():
     cmd = [sys.executable, "-c", "import sys; print('boom: no model'); sys.exit(3)"]
-    with pytest.raises(CbbenchError, match=r"exited with code 3 before it was ready: boom"):
-        with launch_server(cmd, name="test server"):
-            pass
+    with (
+        pytest.raises(CbbenchError, match=r"exited with code 3 before it was ready: boom"),
+        launch_server(cmd, name="test server"),
+    ):
+        pass

@@ -247,8 +247,8 @@ def load_sim_workload(opts: SimOptions, console: Console) -> Workload:
 def _replay(wl: Workload, cfg: EngineConfig, timeline: bool, temperature: float = 1.0) -> SimResult:
     try:
         return replay(
-            wl.requests, cfg, prefix_block_size=wl.prefix_block_size, timeline=timeline,
-            temperature=temperature,
+            wl.requests, cfg, prefix_block_size=wl.prefix_block_size, seed=wl.seed,
+            timeline=timeline, temperature=temperature,
         )  # fmt: skip
     except EngineError as exc:
         if "workload request" in str(exc):
@@ -316,7 +316,7 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
         ):
             res = replay_interleaved(
                 wl.requests, list(cfgs.values()), prefix_block_size=wl.prefix_block_size,
-                timeline=timeline, temperature=opts.temperature,
+                seed=wl.seed, timeline=timeline, temperature=opts.temperature,
             )  # fmt: skip
         console.print(
             f"{len(cfgs)} engines run interleaved in {time.perf_counter() - t0:.1f}s wall"

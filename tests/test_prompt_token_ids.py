@@ -1,0 +1,56 @@
+"""One request -> prompt-token-ids function: an HTTP run (the load generator's PromptBuilder),
+an offline replay on the real model and a simulated replay send the same ids for the same
+workload, prefixes shared where the workload says so."""
+
+from __future__ import annotations
+
+import pytest
+from cbbench.harness.prompts import PromptBuilder
+from cbbench.reference_engine.engine import LLMEngine
+from cbbench.reference_engine.options import build_engine_config
+from cbbench.reference_engine.simulate import replay
+from cbbench.workloads.loader import build_from_spec
+
+SPEC = {
+    "num_requests": 6,
+    "seed": 7,
+    "prompt": {"dist": "uniform", "min": 20, "max": 60},
+    "output": 2,
+    "prefix": {"shared_blocks": 1, "groups": 2, "block_size": 16},
+}
+
+
+def _engine_prompts(monkeypatch, executor: str) -> dict[int, list[int]]:
+    seen: dict[int, list[int]] = {}
+    real_add = LLMEngine.add_request
+
+    def add(self, request_id, prompt_token_ids, *args, **kwargs):
+        seen[int(request_id.split("-")[1])] = list(prompt_token_ids)
+        return real_add(self, request_id, prompt_token_ids, *args, **kwargs)
+
+    monkeypatch.setattr(LLMEngine, "add_request", add)
+    wl = build_from_spec(SPEC, "t", "test")
+    cfg = build_engine_config({"model": "tiny", "executor": executor, "max_model_len": 128})
+    replay(wl.requests, cfg, prefix_block_size=wl.prefix_block_size, seed=wl.seed)
+    return seen
+
+
+@pytest.mark.parametrize("executor", ["sim", "real"])
+def test_the_same_workload_sends_the_same_ids_on_every_path(monkeypatch, executor):
+    wl = build_from_spec(SPEC, "t", "test")
+    http = PromptBuilder(wl.seed, wl.prefix_block_size)  # what the load generator sends
+    want = {r.index: http.token_ids(r.index, r.prompt_len, r.prefix_ids) for r in wl.requests}
+    assert _engine_prompts(monkeypatch, executor) == want
+    # requests of one prefix group share their first block, others do not
+    by_group: dict[int, list[int]] = {}
+    for r in wl.requests:
+        by_group.setdefault(r.prefix_ids[0], []).append(r.index)
+    groups = [g for g in by_group.values() if len(g) > 1]
+    assert groups, "the spec should put several requests in one prefix group"
+    a, b = groups[0][:2]
+    assert want[a][:16] == want[b][:16] and want[a][16:20] != want[b][16:20]
+
+
+def test_the_seed_changes_the_ids():
+    a = PromptBuilder(1).token_ids(0, 32)
+    assert a == PromptBuilder(1).token_ids(0, 32) and a != PromptBuilder(2).token_ids(0, 32)
