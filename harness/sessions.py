@@ -25,18 +25,22 @@ TEXT_SEPARATOR = "\n"
 
 def group_sessions(jobs: Iterable[Any]) -> list[list[Any]]:
     """Jobs -> units: a session's turns (ordered by turn), or one job on its own. Units keep
-    the order of their first job; a job without a session_id is a unit of one."""
+    the order of their first job; a job without a session_id is a unit of one. A turn number
+    seen again under the same id (a trace that repeats a conversation id) starts a new unit."""
     units: list[list[Any]] = []
-    by_id: dict[str, list[Any]] = {}
+    by_id: dict[str, tuple[list[Any], set]] = {}
     for job in jobs:
         sid = job.session_id
         if sid is None:
             units.append([job])
-        elif sid in by_id:
-            by_id[sid].append(job)
-        else:
-            by_id[sid] = [job]
-            units.append(by_id[sid])
+            continue
+        unit, turns = by_id.get(sid, (None, set()))
+        if unit is None or (job.turn is not None and job.turn in turns):
+            unit, turns = [], set()
+            by_id[sid] = (unit, turns)
+            units.append(unit)
+        unit.append(job)
+        turns.add(job.turn)
     for unit in units:
         unit.sort(key=lambda j: (j.turn if j.turn is not None else 0, j.index))
     return units

@@ -314,3 +314,18 @@ def test_history_encodes_replies_without_ids_when_it_has_a_tokenizer():
     h = History("ids", encode=lambda text: [ord(c) for c in text])
     h.add(h.prompt([1, 2]), Reply(text=["A", "B"]), None, 2)  # the server sent no token ids
     assert h.prompt([3]) == [1, 2, 65, 66, 3] and not h.gap
+
+
+def test_a_repeated_conversation_id_starts_a_new_session():
+    reqs = [RequestSpec(i, 4, 2, session_id="a", turn=t) for i, t in enumerate((1, 2, 1, 2))]
+    assert [[r.index for r in u] for u in group_sessions(reqs)] == [[0, 1], [2, 3]]
+
+
+def test_plain_sharegpt_sends_its_first_message_as_text(server, tmp_path):
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps(SHAREGPT), encoding="utf-8")
+    wl = load_trace(path)  # no sessions: the first exchange of each conversation
+    res = _run(server, wl, tmp_path, concurrency=2, keep_token_ids=True)
+    sent = {r.session_id: bytes(t - 3 for t in r.extra["prompt_token_ids"]) for r in res.records}
+    assert sent == {"c1": b"Name a prime.", "c3": b"Why is the sky blue?"}  # byte tokenizer
+    assert all(r.prompt_tokens_server == len(r.extra["prompt_token_ids"]) for r in res.records)

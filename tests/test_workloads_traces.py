@@ -204,6 +204,7 @@ def test_sharegpt_estimate_and_tokenizer(tmp_path, monkeypatch):
     wl = load_workload(str(path))
     assert [(r.prompt_len, r.output_len) for r in wl.requests] == [(6, 3), (1, 4)]  # ceil(chars/4)
     assert [r.session_id for r in wl.requests] == ["a", "d"]
+    assert [r.text for r in wl.requests] == ["hello there how are you", "one"]  # sent as is
     assert wl.source["rows_skipped"] == {"empty_turn": 1, "no_reply": 1}
     assert not wl.open_loop
     tok = tmp_path / "tokenizer.json"

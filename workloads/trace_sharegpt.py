@@ -1,5 +1,7 @@
 """ShareGPT conversations (a JSON array, or JSONL with one conversation per line), streamed.
 
+The load generator sends each request's real text (`RequestSpec.text`), as text prompts.
+
 Each item is `{"id": ..., "conversations": [{"from": "human"|"gpt", "value": text}, ...]}`. The
 first human turn is the prompt; the next gpt turn after it sets the output length. Lengths are
 counted with a `tokenizers` tokenizer.json when one is given, else estimated as
@@ -173,6 +175,7 @@ def read_sharegpt(
             output_len=output_len,
             session_id=None if session is None else str(session),
             turn=1,
+            text=pair[0],  # sent as it is: a real prompt, not generated text of its length
         )
 
 
