@@ -1,7 +1,8 @@
 """Rejection sampling keeps the target distribution: over many seeded draws on a 5-token
 vocabulary, the first emitted token follows p (chi-square), whatever the draft proposes,
 with a draft distribution q or one-hot drafts; and a token emitted after an accepted draft
-follows the next row's p. Greedy verification accepts exactly the argmax-equal prefix."""
+follows the next row's p. Greedy verification accepts exactly the argmax-equal prefix; n-gram
+lookup proposes what followed the context's suffix."""
 
 from __future__ import annotations
 
@@ -104,3 +105,14 @@ def test_sample_chunks_mixed_batch():
     assert out[0] == [2]
     assert out[1] == [1, 3]  # 1 accepted, 4 != 3 rejected -> the target's 3
     assert out[2] == [4, 4]  # p(4) ~ 1: accepted, then the bonus from row 2
+
+
+def test_ngram_lookup():
+    from cbbench.reference_engine.spec_decode.proposer_ngram import ngram_lookup
+
+    assert ngram_lookup([1, 2, 3, 4, 1, 2], 1, 3, 3) == [3, 4, 1]  # suffix [1, 2] seen at 0
+    assert ngram_lookup([1, 2, 3, 4, 5], 1, 3, 3) == []  # no repeat
+    assert ngram_lookup([7, 1, 2, 9, 9, 1, 2, 8, 1, 2], 2, 2, 1) == [8]  # latest full match
+    # a 2-cycle: the latest match has 2 tokens after it, the earliest has k
+    assert ngram_lookup([5, 6, 5, 6, 5, 6, 5, 6], 1, 3, 4) == [5, 6, 5, 6]
+    assert ngram_lookup([5, 5], 2, 3, 4) == []  # the suffix itself does not count

@@ -11,8 +11,9 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 
 def ngram_lookup(tokens: list[int], ngram_min: int, ngram_max: int, k: int) -> list[int]:
-    """Up to k tokens that followed the latest earlier match of the longest suffix of
-    `tokens` (length ngram_max down to ngram_min) that occurs before; [] when none does."""
+    """Up to k tokens that followed an earlier match of the longest suffix of `tokens`
+    (length ngram_max down to ngram_min) that occurs before: the latest match with k tokens
+    after it, else the earliest; [] when none occurs."""
     if k < 1 or len(tokens) < ngram_min + 1:
         return []
     arr = np.asarray(tokens, dtype=np.int64)
@@ -22,7 +23,10 @@ def ngram_lookup(tokens: list[int], ngram_min: int, ngram_max: int, k: int) -> l
         windows = sliding_window_view(arr[:-1], n)
         hits = np.flatnonzero((windows == arr[n_tok - n :]).all(axis=1))
         if hits.size:
-            start = int(hits[-1]) + n
+            # the latest match followed by k tokens, else the earliest (the longest
+            # continuation): in a repeating stretch the latest match ends near the end
+            full = hits[hits + n + k <= n_tok]
+            start = int(full[-1] if full.size else hits[0]) + n
             return arr[start : start + k].tolist()
     return []
 
