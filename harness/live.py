@@ -166,6 +166,18 @@ def _caption(summary: dict, c: dict) -> str:
         f"  output tok/s {num(summary['output_throughput'], '.1f')}"
         f"  total tok/s {num(summary['total_token_throughput'], '.1f')}",
     ]
+    if summary.get("sessions"):
+        s = summary["sessions"]
+
+        def ms(d: dict) -> str:
+            return "-" if d["p50"] is None else f"{d['p50'] * 1e3:.1f} ms"
+
+        hit = s.get("prefix_cache_hit_rate_server", s["prefix_cache_hit_rate"])
+        lines.append(
+            f"sessions {s['sessions']} (up to {s['turns_max']} turns): TTFT p50 turn 1 "
+            f"{ms(s['ttft_turn1_s'])}, later turns {ms(s['ttft_later_turns_s'])}; history p50 "
+            f"{num(s['history_len']['p50'], '.0f')} tokens; prefix-cache hits {num(hit, '.1%')}"
+        )
     if summary.get("goodput"):
         g = summary["goodput"]
         lines.append(

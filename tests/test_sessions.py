@@ -9,6 +9,7 @@ import re
 
 import pytest
 from cbbench.harness.client import ClientConfig
+from cbbench.harness.live import summary_table
 from cbbench.harness.report import build_report
 from cbbench.harness.runner import BenchConfig, _plans, run_bench
 from cbbench.harness.sessions import History, Reply, group_sessions
@@ -125,6 +126,9 @@ def test_turns_resend_prompt_and_reply_token_for_token(server, tmp_path, cap_uni
     assert s["prefix_cache_hit_rate_turn1"] == 0.0  # fresh prompts
     assert s["prefix_cache_hit_rate_later_turns"] > 0.5  # the history is cached
     assert s["history_len"]["max"] > s["history_len"]["p50"] > 0
+    out = io.StringIO()
+    Console(file=out, width=200).print(summary_table(res.summary))
+    assert f"sessions {len(by_session)} (up to " in out.getvalue()
     html = build_report([res.run_dir]).html()
     turn_chart = re.search(r'<svg[^>]*data-points="(\d+)"><title>TTFT by turn', html)
     assert turn_chart and int(turn_chart.group(1)) >= 4  # p50 and p90 at >= 2 turns
