@@ -78,6 +78,9 @@ def provoke(scenario: str, root: Path) -> Path:
         wl, conc = workload("kv", [(32, 64)] * 24), 8
     elif scenario == "batch-cap":
         server, wl, conc = ["--max-num-seqs", "2"], workload("cap", [(32, 32)] * 20), 8
+    elif scenario == "errors":  # a waiting-queue limit of 1 with 8 in flight: HTTP 429s
+        server = ["--max-num-seqs", "2", "--max-waiting", "1"]
+        wl, conc = workload("errors", [(32, 32)] * 16), 8
     elif scenario == "low-concurrency":
         server, wl, conc = ["--max-num-seqs", "8"], workload("low", [(32, 32)] * 8), 1
     elif scenario == "hol-blocking":  # also length-skew: 2 long of 20
@@ -109,6 +112,7 @@ SCENARIOS = (
     "healthy",
     "kv-pressure",
     "batch-cap",
+    "errors",
     "low-concurrency",
     "hol-blocking",
     "queue-delay",

@@ -49,6 +49,7 @@ def test_healthy_run_has_no_findings(provoked) -> None:
         ("queue-delay", "queue-delay"),
         ("prefill-stall", "prefill-stall"),
         ("client-bound", "client-bound"),
+        ("errors", "errors"),
     ],
 )
 def test_rule_fires_on_its_provoked_run(provoked, scenario: str, rule: str) -> None:
@@ -72,6 +73,8 @@ def test_evidence_numbers_match_the_setup(provoked) -> None:
     assert hol.values["blocked_fraction"] >= 0.5
     stall = findings(provoked("prefill-stall"))["prefill-stall"]
     assert stall.values["ratio"] >= 3
+    err = findings(provoked("errors"))["errors"]
+    assert err.values["by_kind"].get("http_4xx", 0) >= 1 and "429" in " ".join(err.evidence)
 
 
 def test_rules_that_do_not_apply_stay_silent_on_provoked_runs(provoked) -> None:

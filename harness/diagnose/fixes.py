@@ -4,6 +4,19 @@ them at the time of writing; check your version's docs before a deploy (names ch
 from __future__ import annotations
 
 FIXES: dict[str, dict[str, str]] = {
+    "errors": {
+        "vllm": "HTTP 400: prompt + max_tokens over --max-model-len (raise it or cap requests); "
+        "timeouts: offer less load or raise the client timeout; connection errors: check "
+        "the server log (OOM, crash) and --max-num-seqs",
+        "sglang": "HTTP 400: over --context-length; load shedding: raise --max-queued-requests "
+        "or offer less load",
+        "tgi": "HTTP 429 'Model is overloaded': raise --max-concurrent-requests or offer less "
+        "load; 422: over --max-input-tokens / --max-total-tokens",
+        "triton": "queue full: raise dynamic_batching { default_queue_policy { max_queue_size } }"
+        " or offer less load; timeouts: default_timeout_microseconds",
+        "cbbench": "HTTP 429: raise cbbench serve --max-waiting / --max-queue-size or offer less "
+        "load; 400: over --max-model-len; timeouts: cbbench bench --timeout",
+    },
     "kv-pressure": {
         "vllm": "lower --max-num-seqs or --max-model-len; raise --gpu-memory-utilization "
         "(e.g. 0.9); more/larger GPUs (--tensor-parallel-size); --kv-cache-dtype fp8",

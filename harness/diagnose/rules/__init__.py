@@ -5,6 +5,7 @@ from __future__ import annotations
 from cbbench.harness.diagnose.base import Rule
 from cbbench.harness.diagnose.rules import (
     client_bound,
+    errors,
     hol_blocking,
     kv_pressure,
     length_skew,
@@ -15,6 +16,7 @@ from cbbench.harness.diagnose.rules import (
 
 RULES: tuple[Rule, ...] = (
     client_bound.RULE,
+    errors.RULE,
     kv_pressure.RULE,
     low_utilization.BATCH_CAP,
     low_utilization.LOW_CONCURRENCY,
