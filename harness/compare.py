@@ -26,6 +26,10 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1e3:,.0f}" if v >= 0.01 else f"{v * 1e3:.1f}"
 
 
+def _scaled(v: float | None, by: float) -> float | None:
+    return None if v is None else v * by
+
+
 def _engine(s: dict, sim_key: str, server_field: str, stat: str = "mean") -> float | None:
     """A step statistic: the replay's own, else the server's scraped gauge."""
     sim = s.get("sim")
@@ -41,6 +45,15 @@ def _spec(s: dict, key: str) -> float | None:
     if s.get("sim") is not None:
         return s["sim"].get(key)
     return ((s.get("telemetry") or {}).get("server") or {}).get(key)
+
+
+def _timing(s: dict, field: str, p: str) -> float | None:
+    """A step timing percentile (`field`: step_gap or scheduler_time): the replay's own, else
+    the server's histogram estimate."""
+    if s.get("sim") is not None:
+        return (s["sim"].get(f"{field}_s") or {}).get(p)
+    server = (s.get("telemetry") or {}).get("server") or {}
+    return (server.get(field) or {}).get(p)
 
 
 def comparison_table(
@@ -115,6 +128,17 @@ def comparison_table(
         row(
             "prompt tokens from prefix cache",
             lambda s: _f((s.get("sim") or {}).get("prefix_cache_hit_rate"), "{:.0%}"),
+        )
+    if any(_timing(s, "scheduler_time", "p50") is not None for s in summaries.values()):
+        row(
+            f"engine step gap p50 / p99 ({lat_unit})",
+            lambda s: (
+                f"{lat(_timing(s, 'step_gap', 'p50'))} / {lat(_timing(s, 'step_gap', 'p99'))}"
+            ),
+        )
+        row(
+            "scheduler time p50 (us, host)",
+            lambda s: _f(_scaled(_timing(s, "scheduler_time", "p50"), 1e6), "{:.0f}"),
         )
     row("errors", lambda s: str(s["counts"]["failed"]))
     slo = next(iter(summaries.values()), {}).get("goodput") or {}

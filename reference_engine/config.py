@@ -374,6 +374,15 @@ class EngineConfig:
             "--max-waiting", "waiting-queue limit, any policy; beyond it requests get HTTP 429"
         ),
     )
+    # build step N+1 while step N computes (async_scheduling.py); greedy outputs unchanged
+    async_scheduling: bool = field(
+        default=False,
+        metadata=flag(
+            "--async-scheduling",
+            "build the next step while the current one computes (greedy outputs unchanged; "
+            "the simulator models the overlap)",
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:
@@ -402,6 +411,12 @@ class EngineConfig:
             raise EngineError(
                 f"speculative decoding needs the continuous scheduler (got {self.scheduler!r}): "
                 f"static and dynamic batching run one token per sequence per step"
+            )
+        if self.speculative.enabled and self.async_scheduling:
+            raise EngineError(
+                "speculative decoding and async scheduling cannot be combined (as in vLLM's "
+                "first async scheduler): a step's drafts depend on the previous step's "
+                "accepted tokens; drop --async-scheduling or --speculative-method"
             )
 
     @property

@@ -6,11 +6,14 @@ The same loop drives the real model (ModelRunner, wall clock) and the simulator
 
 from __future__ import annotations
 
+import time
+
+from cbbench.reference_engine.async_scheduling import AsyncPipeline
 from cbbench.reference_engine.block_manager import BlockManager
 from cbbench.reference_engine.config import EngineConfig, kv_blocks_for_memory
 from cbbench.reference_engine.cost_model import CostModel, get_hardware
 from cbbench.reference_engine.errors import EngineError, QueueFullError
-from cbbench.reference_engine.executor import Executor
+from cbbench.reference_engine.executor import PLACEHOLDER, Executor
 from cbbench.reference_engine.model_config import ModelConfig, resolve_model_config
 from cbbench.reference_engine.outputs import EngineStats, RequestMetrics, RequestOutput
 from cbbench.reference_engine.sampling_params import SamplingParams
@@ -62,6 +65,11 @@ class LLMEngine:
         spec = config.speculative
         self.proposer = make_proposer(config, executor, max_model_len)
         self.spec_stats = SpecDecodeStats(spec.num_speculative_tokens) if spec.enabled else None
+        self.last_step_window = (0.0, 0.0)  # engine-clock start/end of the last step's compute
+        self._last_compute_end: float | None = None  # for the step gap
+        self._pipeline = AsyncPipeline(self) if config.async_scheduling else None
+        if config.async_scheduling and hasattr(executor, "overlap_host"):
+            executor.overlap_host = True  # the simulator: host work hides behind the device
 
     # --- construction -----------------------------------------------------------------
     @classmethod
@@ -237,11 +245,17 @@ class LLMEngine:
         return self.scheduler.next_wakeup(self.now())
 
     def step(self) -> list[RequestOutput]:
+        """One step: schedule, compute, apply; returns the outputs it produced. With
+        async_scheduling they are the outputs of the step that just finished computing,
+        while the next one already computes (async_scheduling.py)."""
+        if self._pipeline is not None and self._pipeline.usable():
+            return self._pipeline.step()
         now = self.now()
+        t0 = time.perf_counter()
         out = self.scheduler.schedule(now)
         self.last_scheduled = [c.seq.request_id for c in out.chunks]
         if out.is_empty:
-            self._update_stats(0, 0, 0.0)
+            self._idle_since_step()
             return []
         if self.proposer is not None and any(c.num_lookahead for c in out.chunks):
             self.proposer.propose(out.chunks)
@@ -249,6 +263,8 @@ class LLMEngine:
             assert len(c.spec_token_ids) <= c.num_lookahead
             if c.seq.metrics.first_scheduled_time is None:
                 c.seq.metrics.first_scheduled_time = now
+        sched_s = time.perf_counter() - t0
+        start = self.now()
         tokens = self.executor.execute(out.chunks)
         logprobs = getattr(self.executor, "last_logprobs", None) or {}
         end = self.now()
@@ -261,8 +277,80 @@ class LLMEngine:
             if output is not None:
                 outputs.append(output)
         num_tokens = sum(c.num_scheduled_tokens for c in out.chunks)
-        self._update_stats(len(out.chunks), num_tokens, end - now)
+        self.last_step_window = (start, end)
+        self._update_stats(len(out.chunks), num_tokens, end - now, sched_s, self._gap(start))
+        self._last_compute_end = end if self.seqs else None
         return outputs
+
+    def _gap(self, start: float) -> float | None:
+        """Executor idle time before a step that starts at `start` (None after idling)."""
+        last = self._last_compute_end
+        if last is None:
+            return None
+        modeled = getattr(self.executor, "modeled_gap_s", None)  # the simulator's
+        return modeled if modeled is not None else max(0.0, start - last)
+
+    def _idle_since_step(self) -> None:
+        """Nothing computed this step: the next gap is not an executor stall."""
+        self._last_compute_end = None
+        self._update_stats(0, 0, 0.0)
+
+    def _apply_results(
+        self, items: list[tuple[Sequence, bool, int | None]], tokens: list[list[int]], end: float
+    ) -> list[RequestOutput]:
+        """Async scheduling: apply a computed step. `items` are (seq, samples, index in
+        seq.token_ids of the placeholder its token replaces) per chunk; num_computed_tokens
+        was advanced at launch. Aborted sequences are skipped; a finished one is released
+        from wherever it is (running, or waiting after a preemption)."""
+        outputs: list[RequestOutput] = []
+        bm = self.block_manager
+        self.num_steps += 1
+        # this step's (the next one is launched only after this returns)
+        logprobs = getattr(self.executor, "last_logprobs", None) or {}
+        for (seq, samples, slot), toks in zip(items, tokens, strict=True):
+            assert bool(toks) == samples and len(toks) <= 1, f"{seq.request_id}: bad result"
+            if seq.is_finished:
+                continue  # aborted while its step computed
+            if not toks:
+                bm.cache_blocks(seq)
+                continue
+            assert slot == len(seq.token_ids) - 1 and seq.token_ids[slot] == PLACEHOLDER
+            tok = toks[0]
+            seq.token_ids[slot] = tok
+            if seq.metrics.first_token_time is None:
+                seq.metrics.first_token_time = end
+            bm.cache_blocks(seq)
+            reason = self._stop_reason(seq, tok)
+            if reason is not None:
+                self._finish(seq, reason, end)
+            output = self._output(seq, [tok], reason)
+            if seq.request_id in logprobs:
+                output.logprobs = logprobs[seq.request_id][:1]
+            outputs.append(output)
+        return outputs
+
+    def _finish(self, seq: Sequence, reason: str, end: float) -> None:
+        running = seq.status is SequenceStatus.RUNNING
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.metrics.finished_time = end
+        del self.seqs[seq.request_id]
+        if running:
+            self.scheduler.finish(seq)
+        else:  # async scheduling: preempted while its last token computed
+            self.scheduler.abort(seq)
+
+    @staticmethod
+    def _output(seq: Sequence, new: list[int], reason: str | None) -> RequestOutput:
+        return RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=new,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            finished=reason is not None,
+            finish_reason=reason,
+            metrics=seq.metrics,
+        )
 
     def _apply(self, chunk, toks: list[int], end: float) -> RequestOutput | None:
         """Apply one chunk's result: computed tokens, accepted drafts, new tokens, stops."""
@@ -303,20 +391,8 @@ class LLMEngine:
             seq.metrics.first_token_time = end
         bm.cache_blocks(seq)
         if reason is not None:
-            seq.status = SequenceStatus.FINISHED
-            seq.finish_reason = reason
-            seq.metrics.finished_time = end
-            del self.seqs[seq.request_id]
-            self.scheduler.finish(seq)
-        return RequestOutput(
-            request_id=seq.request_id,
-            new_token_ids=new,
-            num_prompt_tokens=seq.num_prompt_tokens,
-            num_output_tokens=seq.num_output_tokens,
-            finished=reason is not None,
-            finish_reason=reason,
-            metrics=seq.metrics,
-        )
+            self._finish(seq, reason, end)
+        return self._output(seq, new, reason)
 
     def _stop_reason(self, seq: Sequence, tok: int) -> str | None:
         p = seq.sampling_params
@@ -330,7 +406,14 @@ class LLMEngine:
         return None
 
     # --- stats ------------------------------------------------------------------------
-    def _update_stats(self, num_seqs: int, num_tokens: int, step_time: float) -> None:
+    def _update_stats(
+        self,
+        num_seqs: int,
+        num_tokens: int,
+        step_time: float,
+        scheduler_time: float = 0.0,
+        step_gap: float | None = None,
+    ) -> None:
         bm = self.block_manager
         self._stats = EngineStats(
             num_running=self.scheduler.num_running,
@@ -343,6 +426,9 @@ class LLMEngine:
             num_batched_tokens=num_tokens,
             step_time_s=step_time,
             spec_decode=self.spec_stats.snapshot() if self.spec_stats is not None else None,
+            scheduler_time_s=scheduler_time,
+            step_gap_s=step_gap,
+            num_steps=self.num_steps,
         )
 
     def get_stats(self) -> EngineStats:

@@ -20,10 +20,15 @@ Executors: `ModelRunner` (real torch model on CPU/CUDA over the paged KV cache) 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from cbbench.reference_engine.sequence import Sequence
+
+# Async scheduling: the token a running sequence is about to receive from the step in
+# flight. It stands in seq.token_ids until that step returns; a prepared step's input row
+# holding it is patched with the real token before the step runs.
+PLACEHOLDER = -1
 
 
 @dataclass
@@ -64,3 +69,17 @@ class Executor(Protocol):
         """The engine clock in seconds: wall (monotonic) for real executors, virtual for the
         simulator."""
         ...
+
+
+class SplitExecutor(Executor, Protocol):
+    """An executor async scheduling can drive: `execute` split into `prepare` (reads the
+    sequences, on the engine thread) and `run` (computes; on a worker thread when
+    `runs_in_thread`), with `patch` to fill placeholder input rows in between."""
+
+    runs_in_thread: bool
+
+    def prepare(self, chunks: list[ScheduledChunk]) -> Any: ...
+
+    def patch(self, step: Any, rows: list[int], tokens: list[int]) -> None: ...
+
+    def run(self, step: Any) -> list[list[int]]: ...

@@ -15,7 +15,7 @@ import torch
 from cbbench.kernels import get_attention_backend
 from cbbench.reference_engine.cpu_linear import optimize_cpu_linears
 from cbbench.reference_engine.errors import EngineError
-from cbbench.reference_engine.executor import ScheduledChunk
+from cbbench.reference_engine.executor import PLACEHOLDER, ScheduledChunk
 from cbbench.reference_engine.loader import load_model, random_model, resolve_config, resolve_dtype
 from cbbench.reference_engine.model import AttentionMetadata
 from cbbench.reference_engine.model_config import PRESETS, ModelConfig
@@ -62,6 +62,8 @@ def default_num_threads(model_config: ModelConfig) -> int:
 
 
 class ModelRunner:
+    runs_in_thread = True  # async scheduling: `run` on a worker thread (kernels drop the GIL)
+
     def __init__(
         self,
         model: str,
@@ -133,38 +135,58 @@ class ModelRunner:
         self.last_logprobs: dict[str, list[TokenLogprob]] = {}
         if not chunks:
             return []
+        return self.run(self.prepare(chunks))
+
+    # --- the two halves of execute(), for async scheduling -------------------------------
+    def prepare(self, chunks: list[ScheduledChunk]) -> PreparedStep:
+        """Snapshot everything the step needs from the sequences (input tensors, sampling
+        requests, drafts): after this the sequences may change while `run` computes."""
+        b = prepare_batch(chunks, self.block_size, self.model_config.vocab_size, self.device)
+        reqs: list[SampleRequest] = []
+        prev, j = -1, 0
+        for i, _ in b.sample_rows:  # a chunk's rows are consecutive: j = row within chunk
+            j = j + 1 if i == prev else 0
+            prev = i
+            seq = chunks[i].seq
+            reqs.append(
+                SampleRequest(seq.sampling_params, seq.num_tokens + j, seq.num_output_tokens + j)
+            )
+        drafts = [list(c.spec_token_ids) for c in chunks]
+        return PreparedStep(b, reqs, drafts, [c.seq.request_id for c in chunks])
+
+    def patch(self, step: PreparedStep, rows: list[int], tokens: list[int]) -> None:
+        """Replace placeholder input ids (rows of the flattened batch) by the real tokens."""
+        ids = step.batch.input_ids
+        ids[rows] = torch.tensor(tokens, dtype=ids.dtype).to(ids.device, non_blocking=True)
+
+    def run(self, step: PreparedStep) -> list[list[int]]:
+        self.last_logprobs = {}
+        b = step.batch
         with torch.inference_mode():
-            b = prepare_batch(chunks, self.block_size, self.model_config.vocab_size, self.device)
             hidden = self.model(
                 b.input_ids, b.positions, b.max_position, self.kv_cache, b.meta, self.backend
             )
             if not b.sample_rows:
-                return [[] for _ in chunks]
+                return [[] for _ in step.drafts]
             logits = self.model.compute_logits(hidden[[row for _, row in b.sample_rows]])
-            reqs: list[SampleRequest] = []
-            prev, j = -1, 0
-            for i, _ in b.sample_rows:  # a chunk's rows are consecutive: j = row within chunk
-                j = j + 1 if i == prev else 0
-                prev = i
-                seq = chunks[i].seq
-                reqs.append(
-                    SampleRequest(
-                        seq.sampling_params, seq.num_tokens + j, seq.num_output_tokens + j
-                    )
-                )
             rows = [i for i, _ in b.sample_rows]
-            drafts = [c.spec_token_ids for c in chunks]
-            wanted = [r for r, q in enumerate(reqs) if q.params.logprobs is not None]
+            wanted = [
+                r for r, q in enumerate(step.sample_requests) if q.params.logprobs is not None
+            ]
             # raw logits, before the sampler masks stop tokens in place
             lps = torch.log_softmax(logits[wanted].float(), dim=-1) if wanted else None
-            out = sample_chunks(self.sampler, self.rejection_sampler, logits, reqs, rows, drafts)
+            out = sample_chunks(
+                self.sampler, self.rejection_sampler, logits, step.sample_requests, rows,
+                step.drafts,
+            )  # fmt: skip
             if lps is not None:
-                self._keep_logprobs(chunks, reqs, rows, wanted, lps, out)
+                self._keep_logprobs(step, rows, wanted, lps, out)
             return out
 
-    def _keep_logprobs(self, chunks, reqs, rows, wanted, lps, out) -> None:
+    def _keep_logprobs(self, step: PreparedStep, rows, wanted, lps, out) -> None:
         """Per-token logprobs of the chunks that asked, for the engine to attach to their
         outputs (token j of a chunk was sampled from that chunk's j-th logits row)."""
+        reqs = step.sample_requests
         first_row: dict[int, int] = {}
         for r, c in enumerate(rows):
             first_row.setdefault(c, r)
@@ -174,7 +196,15 @@ class ModelRunner:
                 continue
             picked = [where[first_row[c] + j] for j in range(len(toks))]
             k = reqs[first_row[c]].params.logprobs or 0
-            self.last_logprobs[chunks[c].seq.request_id] = token_logprobs(lps[picked], toks, k)
+            self.last_logprobs[step.request_ids[c]] = token_logprobs(lps[picked], toks, k)
+
+
+@dataclass
+class PreparedStep:
+    batch: Batch
+    sample_requests: list[SampleRequest]
+    drafts: list[list[int]]  # per chunk
+    request_ids: list[str]  # per chunk
 
 
 @dataclass
@@ -240,8 +270,8 @@ def prepare_items(
         last = len(input_ids)
         sample_rows.extend((i, row) for row in range(last - it.num_logits, last))
     decode_only = len(input_ids) == len(items)
-    if not decode_only and not all(0 <= t < vocab_size for t in input_ids):
-        bad = next(t for t in input_ids if not 0 <= t < vocab_size)
+    if not decode_only and not all(0 <= t < vocab_size or t == PLACEHOLDER for t in input_ids):
+        bad = next(t for t in input_ids if not (0 <= t < vocab_size or t == PLACEHOLDER))
         raise EngineError(f"token id {bad} is outside the vocabulary (size {vocab_size})")
     max_blocks = max(len(t) for t in tables)
     padded = [t + [0] * (max_blocks - len(t)) for t in tables]

@@ -66,6 +66,12 @@ class EngineStats:
     num_batched_tokens: int  # tokens computed in the last step
     step_time_s: float  # duration of the last step (virtual in the simulator)
     spec_decode: SpecDecodeStats | None = None  # cumulative counters; None: speculation off
+    # host time to build the last step: scheduler decision + input preparation (wall s)
+    scheduler_time_s: float = 0.0
+    # executor idle between the end of the previous step's compute and the start of this
+    # one's (engine clock); None when the engine had been idle (nothing to compute) before
+    step_gap_s: float | None = None
+    num_steps: int = 0  # steps computed so far (a consumer observes each step once)
 
     @property
     def kv_usage(self) -> float:

@@ -5,10 +5,28 @@ request yields the same tokens whatever the batch, the scheduler or a preemption
 from __future__ import annotations
 
 import zlib
+from dataclasses import dataclass
 
 from cbbench.reference_engine.cost_model import CostModel
 from cbbench.reference_engine.executor import ScheduledChunk
 from cbbench.reference_engine.model_config import ModelConfig
+
+
+@dataclass(frozen=True)
+class _FrozenChunk:
+    request_id: str
+    start: int
+    num_tokens: int
+    spec_token_ids: list[int]
+    samples: bool
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return self.num_tokens + len(self.spec_token_ids)
 
 
 class SimExecutor:
@@ -28,6 +46,7 @@ class SimExecutor:
         self.clock = 0.0
         self.last_step_time = 0.0
         self._draft_time = 0.0  # speculative: draft-model time of this step (SimProposer)
+        self.modeled_gap_s = 0.0  # device idle before the last step (the clock can't show it)
 
     def now(self) -> float:
         return self.clock
@@ -53,17 +72,42 @@ class SimExecutor:
         self._draft_time += seconds
 
     def execute(self, chunks: list[ScheduledChunk]) -> list[list[int]]:
-        verify = self.cost_model.step_time(
-            (c.start, c.num_scheduled_tokens, c.samples) for c in chunks
-        )
+        return self.run(self.prepare(chunks))
+
+    # --- async scheduling: the same, split; run inline (virtual time) --------------------
+    runs_in_thread = False
+    overlap_host = False  # async scheduling: host work hides behind device time
+
+    def prepare(self, chunks: list[ScheduledChunk]) -> list[ScheduledChunk]:
+        """A snapshot of the chunks: request, start, tokens, drafts, whether it samples."""
+        snap = []
+        for c in chunks:
+            frozen = _FrozenChunk(
+                c.seq.request_id, c.start, c.num_tokens, list(c.spec_token_ids), c.samples
+            )
+            snap.append(frozen)
+        return snap  # type: ignore[return-value]
+
+    def patch(self, step: object, rows: list[int], tokens: list[int]) -> None:
+        pass  # pseudo tokens depend on (request, position) only
+
+    def run(self, step: list) -> list[list[int]]:
+        work = self.cost_model.work((c.start, c.num_scheduled_tokens, c.samples) for c in step)
+        device, host = self.cost_model.split_time(work)
+        if self.overlap_host:
+            verify = max(device, host)
+            self.modeled_gap_s = max(0.0, host - device)
+        else:
+            verify = device + host
+            self.modeled_gap_s = host  # the device waits while the host builds the step
         self.last_step_time = self._draft_time + verify
         self._draft_time = 0.0
         self.clock += self.last_step_time
-        return [self._tokens(c) if c.samples else [] for c in chunks]
+        return [self._tokens(c) if c.samples else [] for c in step]
 
-    def _tokens(self, c: ScheduledChunk) -> list[int]:
+    def _tokens(self, c: _FrozenChunk) -> list[int]:
         """The request's own tokens from c.end on: drafts while they match, then one more."""
-        rid, out = c.seq.request_id, []
+        rid, out = c.request_id, []
         for j, d in enumerate(c.spec_token_ids):
             out.append(self.token_for(rid, c.end + j))
             if out[-1] != d:

@@ -75,6 +75,8 @@ class StepRecord:
     kv_blocks_used: int
     kv_reserved_unused_tokens: int
     batch_occupancy: float
+    step_gap_s: float | None = None  # executor idle before this step (modelled in the sim)
+    scheduler_time_s: float = 0.0  # host wall time to build it (measured, even in the sim)
     slots: list[str | None] | None = None  # request id computed in each slot (timeline only)
     held: list[str | None] | None = None  # request id holding each slot (idle if not computed)
 
@@ -127,6 +129,8 @@ class SimResult:
                 [s.kv_reserved_unused_tokens for s in self.steps]
             ),
             "num_preemptions": sum(r.num_preemptions for r in self.requests),
+            "step_gap_s": describe([s.step_gap_s for s in self.steps]),
+            "scheduler_time_s": describe([s.scheduler_time_s for s in self.steps]),
             "prefix_cache_hit_rate": (
                 sum(r.num_cached_tokens for r in self.requests)
                 / max(1, sum(r.prompt_len for r in self.requests))
@@ -288,7 +292,8 @@ def _replay_steps(
             idle_until(order[pending].arrival_s or 0.0)
             continue
         outputs = engine.step()
-        end = engine.now() - t0
+        # the computed step's own window (with async scheduling the next step already ran)
+        start, end = (t - t0 for t in engine.last_step_window)
         if not engine.last_scheduled:  # the policy is waiting: idle to its next event
             wake = [t - t0 for t in (engine.next_wakeup(),) if t is not None and t - t0 > now]
             if pending < len(order):
@@ -305,9 +310,9 @@ def _replay_steps(
         stats = engine.get_stats()
         computed = engine.last_scheduled
         rec = StepRecord(
-            len(steps), now, end, len(computed), stats.num_batched_tokens, stats.num_running,
+            len(steps), start, end, len(computed), stats.num_batched_tokens, stats.num_running,
             stats.num_waiting, stats.kv_blocks_used, stats.kv_reserved_unused_tokens,
-            stats.batch_occupancy,
+            stats.batch_occupancy, stats.step_gap_s, stats.scheduler_time_s,
         )  # fmt: skip
         if timeline:
             for rid in computed:

@@ -28,6 +28,7 @@ def sim_engine(
     continuous: dict | None = None,
     max_waiting: int | None = None,
     speculative: dict | None = None,
+    async_scheduling: bool = False,
 ) -> LLMEngine:
     """A tiny-model engine with the simulated executor, one virtual time unit per step."""
     cfg = EngineConfig(
@@ -44,6 +45,7 @@ def sim_engine(
         enable_prefix_caching=prefix_caching,
         max_waiting=max_waiting,
         speculative=SpeculativeConfig(**(speculative or {})),
+        async_scheduling=async_scheduling,
     )
     return LLMEngine.from_config(cfg)
 
@@ -101,7 +103,7 @@ def drive(
             engine.check_invariants()
         outs = engine.step()
         engine.check_invariants()
-        if engine.now() == now:  # nothing ran: idle to the next arrival or wakeup
+        if not engine.last_scheduled:  # nothing ran: idle to the next arrival or wakeup
             wake = [t for t in (engine.next_wakeup(),) if t is not None and t > now]
             if i < len(pending):
                 wake.append(pending[i].arrival)

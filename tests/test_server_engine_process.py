@@ -69,7 +69,8 @@ def _client(url: str) -> openai.OpenAI:
 
 @pytest.fixture(scope="module")
 def proc_server():
-    config = EngineConfig(max_model_len=128, num_kv_blocks=6)  # 96 tokens of KV
+    # 96 tokens of KV; async scheduling on: the engine process pipelines its steps
+    config = EngineConfig(max_model_len=128, num_kv_blocks=6, async_scheduling=True)
     with serve(config, engine_process=True) as (url, stack):
         yield url, stack
 
@@ -91,6 +92,10 @@ def test_engine_process_serves_the_openai_client(proc_server):
     samples = scrape(url)
     assert samples["vllm:generation_tokens_total"] >= 10
     assert samples["vllm:num_requests_running"] == 0
+    # the step timings crossed the process boundary with the stats
+    assert samples["cbbench:scheduler_time_seconds_count"] >= 10
+    gaps = samples["cbbench:engine_step_gap_seconds_count"]
+    assert 1 <= gaps < samples["cbbench:scheduler_time_seconds_count"]
 
 
 def test_engine_process_rejections_keep_their_status(proc_server):

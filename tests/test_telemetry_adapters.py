@@ -23,7 +23,7 @@ EXPECTED = {
             "preemptions_total": 12.0,
             "prefix_cache_hit_rate": 0.25,  # hits 64 / queries 256
         },
-        ["batch_occupancy", "kv_reserved_unused_tokens"],
+        ["batch_occupancy", "kv_reserved_unused_tokens", "scheduler_time", "step_gap"],
     ),
     "vllm_v0.txt": (
         "vllm",
@@ -34,12 +34,24 @@ EXPECTED = {
             "preemptions_total": 4.0,
             "prefix_cache_hit_rate": 0.375,  # the older gauge
         },
-        ["batch_occupancy", "kv_reserved_unused_tokens", "queue_time"],
+        [
+            "batch_occupancy",
+            "kv_reserved_unused_tokens",
+            "queue_time",
+            "scheduler_time",
+            "step_gap",
+        ],
     ),
     "sglang.txt": (
         "sglang",
         {"running": 24.0, "waiting": 11.0, "kv_usage": 0.28, "prefix_cache_hit_rate": 0.0075},
-        ["batch_occupancy", "kv_reserved_unused_tokens", "preemptions"],
+        [
+            "batch_occupancy",
+            "kv_reserved_unused_tokens",
+            "preemptions",
+            "scheduler_time",
+            "step_gap",
+        ],
     ),
     "tgi.txt": (
         "tgi",
@@ -50,6 +62,8 @@ EXPECTED = {
             "kv_reserved_unused_tokens",
             "preemptions",
             "prefix_cache_hit_rate",
+            "scheduler_time",
+            "step_gap",
         ],
     ),
 }

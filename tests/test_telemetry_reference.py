@@ -101,6 +101,12 @@ def test_kv_usage_rises_during_load_and_returns_to_zero(runs) -> None:
     server_q = [r.server_queue_s for r in records if r.server_queue_s is not None]
     if server_q:  # the engine also reports it per request: the histogram mean must agree
         assert q["mean"] == pytest.approx(sum(server_q) / len(server_q), abs=0.01)
+    # step timings from the engine's histograms: one scheduler time per step, and a gap for
+    # every step that followed another with work pending (at least one per output token
+    # of the longest request, minus its first)
+    sched, gap = summary["scheduler_time"], summary["step_gap"]
+    assert sched["count"] >= max(OUTPUTS) and sched["p50"] > 0
+    assert max(OUTPUTS) - 1 <= gap["count"] <= sched["count"]
 
 
 def test_static_and_dynamic_reserve_more_kv_than_continuous(runs) -> None:

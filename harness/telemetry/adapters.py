@@ -26,6 +26,9 @@ QUEUE_TIME = "queue_time"
 # Summary-only speculative decoding fields, present only when the server exposes them:
 # accepted / drafted tokens, and tokens emitted per verify step (accepted + the target's own)
 SPEC_FIELDS = ("spec_acceptance_rate", "spec_mean_accepted_length")
+# Summary-only step timings (cbbench's engine exports them): host time to build a step, and
+# the executor's idle time between two steps.
+STEP_TIMING_FIELDS = ("scheduler_time", "step_gap")
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,8 @@ class Adapter:
     spec_counters: tuple[str, str, str] | None = None
     spec_acceptance_gauge: tuple[str, ...] = ()
     spec_accept_length_gauge: tuple[str, ...] = ()
+    scheduler_time_histogram: tuple[str, ...] = ()
+    step_gap_histogram: tuple[str, ...] = ()
 
     @property
     def sample_names(self) -> frozenset[str]:
@@ -127,7 +132,15 @@ class Adapter:
         return out
 
     def queue_histogram(self, scrape: Scrape) -> Histogram | None:
-        for name in self.queue_time_histogram:
+        return self.histogram(scrape, self.queue_time_histogram)
+
+    def step_histogram(self, scrape: Scrape, field: str) -> Histogram | None:
+        """`field` is one of STEP_TIMING_FIELDS."""
+        return self.histogram(scrape, getattr(self, f"{field}_histogram"))
+
+    @staticmethod
+    def histogram(scrape: Scrape, names: tuple[str, ...]) -> Histogram | None:
+        for name in names:
             h = scrape.histogram(name)
             if h is not None:
                 return h
@@ -167,6 +180,8 @@ CBBENCH = Adapter(
     kv_reserved_unused_tokens=("cbbench:kv_reserved_unused_tokens",),
     queue_time_histogram=VLLM.queue_time_histogram,
     spec_counters=VLLM.spec_counters,
+    scheduler_time_histogram=("cbbench:scheduler_time_seconds",),
+    step_gap_histogram=("cbbench:engine_step_gap_seconds",),
 )
 
 # SGLang's `num_retracted_reqs` is a gauge of requests retracted right now, not a count of

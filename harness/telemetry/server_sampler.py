@@ -19,6 +19,7 @@ from cbbench.harness.telemetry.adapters import (
     QUEUE_TIME,
     SERVER_FIELDS,
     SPEC_FIELDS,
+    STEP_TIMING_FIELDS,
     Adapter,
     detect,
 )
@@ -29,7 +30,13 @@ log = logging.getLogger(__name__)
 
 # Gauges summarised as mean/max over the samples (samples are evenly spaced in time).
 GAUGE_FIELDS = ("running", "waiting", "kv_usage", "batch_occupancy", "kv_reserved_unused_tokens")
-SUMMARY_FIELDS = (*GAUGE_FIELDS, "preemptions", "prefix_cache_hit_rate", QUEUE_TIME)
+SUMMARY_FIELDS = (
+    *GAUGE_FIELDS,
+    "preemptions",
+    "prefix_cache_hit_rate",
+    QUEUE_TIME,
+    *STEP_TIMING_FIELDS,
+)
 
 
 class ServerMetricsSampler:
@@ -127,6 +134,10 @@ class ServerMetricsSampler:
         h1 = adapter.queue_histogram(last)
         if h1 is not None:
             out[QUEUE_TIME] = estimate(histogram_delta(adapter.queue_histogram(first), h1))
+        for field in STEP_TIMING_FIELDS:
+            h1 = adapter.step_histogram(last, field)
+            if h1 is not None:
+                out[field] = estimate(histogram_delta(adapter.step_histogram(first, field), h1))
 
     def _loop(self) -> None:
         next_t = time.monotonic()

@@ -84,6 +84,27 @@ REQUEST_BUCKETS = (
 )
 
 
+# Host-side step timings: tens of microseconds (a scheduler decision) to seconds (a stall).
+STEP_BUCKETS = (
+    1e-5,
+    2.5e-5,
+    5e-5,
+    1e-4,
+    2.5e-4,
+    5e-4,
+    1e-3,
+    2.5e-3,
+    5e-3,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+)
+
+
 class ServerMetrics:
     def __init__(self, model_name: str, scheduler: str):
         self.registry = CollectorRegistry()
@@ -157,6 +178,17 @@ class ServerMetrics:
             registry=r,
         )
         self._spec_seen: SpecDecodeStats | None = None
+        self.scheduler_time = histogram(
+            "cbbench:scheduler_time_seconds",
+            "Host time to build one engine step: scheduler decision and input preparation.",
+            STEP_BUCKETS,
+        ).labels(m)
+        self.step_gap = histogram(
+            "cbbench:engine_step_gap_seconds",
+            "Time the executor sat idle between two consecutive steps while work was pending.",
+            STEP_BUCKETS,
+        ).labels(m)
+        self._steps_seen = 0
         info = Gauge(
             "cbbench:scheduler_info",
             "The batching policy of this server.",
@@ -177,6 +209,11 @@ class ServerMetrics:
             self._preempted_seen = stats.num_preempted_total
         if stats.spec_decode is not None:
             self._update_spec(stats.spec_decode)
+        if stats.num_steps > self._steps_seen:  # a new step: observe its timings once
+            self._steps_seen = stats.num_steps
+            self.scheduler_time.observe(stats.scheduler_time_s)
+            if stats.step_gap_s is not None:
+                self.step_gap.observe(stats.step_gap_s)
 
     def _update_spec(self, s: SpecDecodeStats) -> None:
         """Counters advance by the engine's cumulative counts since the last update."""
