@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING, Any
 from cbbench.reference_engine.executor import PLACEHOLDER, ScheduledChunk
 
 if TYPE_CHECKING:
-    from cbbench.reference_engine.engine import LLMEngine
     from cbbench.reference_engine.outputs import RequestOutput
     from cbbench.reference_engine.scheduler import SchedulerOutput
     from cbbench.reference_engine.sequence import Sequence
@@ -64,7 +63,7 @@ class _InFlight:
 
 
 class AsyncPipeline:
-    def __init__(self, engine: LLMEngine):
+    def __init__(self, engine: Any):  # an LLMEngine (not imported: engine.py imports this)
         self.engine = engine
         self.inflight: _InFlight | None = None
         self._pool: ThreadPoolExecutor | None = None
