@@ -81,6 +81,27 @@ def _table(records: Sequence[RequestRecord]) -> dict[str, np.ndarray]:
     return {c: t[:, i] for i, c in enumerate(_COLUMNS)}
 
 
+def _window(m: dict[str, np.ndarray]) -> float:
+    starts, ends = m["sent_s"], _first(m["end_s"], m["last_token_s"])
+    valid = starts.size and not np.all(np.isnan(starts)) and not np.all(np.isnan(ends))
+    return float(np.nanmax(ends) - min(0.0, np.nanmin(starts))) if valid else 0.0
+
+
+def measured_window_s(measured: Sequence[RequestRecord]) -> float:
+    """A run's measured duration when run.json does not say: from t0 (or an earlier send) to
+    the last response of the measured (non-warmup) records. The rule `summarize` uses."""
+    return _window(_table(measured))
+
+
+def output_tokens(r: RequestRecord) -> int:
+    """Output tokens of one record as `summarize` counts them: the server's count, else the
+    client's, else 0."""
+    for n in (r.output_tokens_server, r.output_tokens_client):
+        if n is not None:
+            return int(n)
+    return 0
+
+
 def _first(*cols: np.ndarray) -> np.ndarray:
     out = cols[0].copy()
     for c in cols[1:]:
@@ -103,9 +124,7 @@ def summarize(
     ok = {c: v[is_ok] for c, v in m.items()}
     n_ok = int(is_ok.sum())
     if duration_s is None:
-        starts, ends = m["sent_s"], _first(m["end_s"], m["last_token_s"])
-        valid = bool(measured) and not np.all(np.isnan(starts)) and not np.all(np.isnan(ends))
-        duration_s = float(np.nanmax(ends) - min(0.0, np.nanmin(starts))) if valid else 0.0
+        duration_s = _window(m)
 
     ttft, tpot, e2e = ok["ttft_s"], ok["tpot_s"], ok["e2e_s"]
     ok_recs = [r for r, good in zip(measured, is_ok, strict=True) if good]

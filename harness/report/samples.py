@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from cbbench.harness.results import Run
+from cbbench.harness.summary import measured_window_s, output_tokens
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e", "queue")
 
@@ -56,17 +57,6 @@ class RunSamples:
         return getattr(self, metric)
 
 
-def _output_tokens(r) -> int:
-    for n in (r.output_tokens_server, r.output_tokens_client):
-        if n is not None:
-            return int(n)
-    return 0  # as summary.summarize counts it
-
-
-def _first_set(*values: float | None) -> float | None:
-    return next((v for v in values if v is not None), None)
-
-
 def run_duration(run: Run, measured: list) -> float:
     """The measured window, as `cbbench bench`/`sim` summarised it in run.json when they did,
     else as `summary.summarize` defines it (t0, or an earlier send, to the last response)."""
@@ -74,16 +64,7 @@ def run_duration(run: Run, measured: list) -> float:
     d = summary.get("duration_s") if isinstance(summary, dict) else None
     if isinstance(d, (int, float)) and not isinstance(d, bool) and d > 0:
         return float(d)
-    starts = [r.sent_s for r in measured if r.sent_s is not None]
-    ends = [
-        t
-        for r in measured
-        for t in (_first_set(getattr(r, "end_s", None), r.last_token_s),)
-        if t is not None
-    ]
-    if not starts or not ends:
-        return 0.0
-    return max(0.0, max(ends) - min(0.0, min(starts)))
+    return measured_window_s(measured)
 
 
 def extract(run: Run) -> RunSamples:
@@ -103,7 +84,7 @@ def extract(run: Run) -> RunSamples:
         itl=np.asarray(itl, dtype=np.float64),
         itl_owner=np.asarray(owner, dtype=np.int64),
         prompt_len=np.asarray([r.prompt_len for r in ok], dtype=np.float64),
-        output_tokens=np.asarray([_output_tokens(r) for r in ok], dtype=np.float64),
+        output_tokens=np.asarray([output_tokens(r) for r in ok], dtype=np.float64),
         finish_s=_arr([r.last_token_s for r in ok]),
         n_total=len(measured),
         n_errors=len(measured) - len(ok),
