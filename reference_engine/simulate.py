@@ -237,6 +237,14 @@ def _replay_steps(
     advance_to / execute; a simulated one's wrapper also exposes cost_model), e.g.
     calibration.TracedClock, which gives a real executor its own clock (it times whole
     engine steps, a proposer's work included); idling is then virtual too."""
+    later = next((r for r in requests if r.session_id is not None and (r.turn or 1) > 1), None)
+    if later is not None:  # refuse rather than replay the turns as unrelated requests
+        raise EngineError(
+            f"request {later.index} of the workload is turn {later.turn} of session "
+            f"{later.session_id!r}: a later turn resends the conversation and waits for the "
+            "previous reply, which this offline replay does not model; run sessions over "
+            "HTTP (cbbench serve, then cbbench bench)"
+        )
     engine = LLMEngine.from_config(cfg)
     simulated = isinstance(engine.executor, SimExecutor)
     if measured_clock and not simulated:

@@ -333,3 +333,12 @@ def test_plain_sharegpt_sends_its_first_message_as_text(server, tmp_path):
     sent = {r.session_id: bytes(t - 3 for t in r.extra["prompt_token_ids"]) for r in res.records}
     assert sent == {"c1": b"Name a prime.", "c3": b"Why is the sky blue?"}  # byte tokenizer
     assert all(r.prompt_tokens_server == len(r.extra["prompt_token_ids"]) for r in res.records)
+
+
+def test_the_offline_replay_refuses_later_turns():
+    from cbbench.reference_engine.errors import EngineError
+    from cbbench.reference_engine.simulate import simulate
+
+    wl = build_from_spec(SPEC, "s", "spec", seed=0, num_requests=4)
+    with pytest.raises(EngineError, match="turn 2 of session 's0'.*cbbench bench"):
+        simulate(wl.requests, EngineConfig(model="tiny"))
