@@ -17,6 +17,7 @@ from typing import Any
 
 from cbbench.harness import compare
 from cbbench.harness.errors import CbbenchError
+from cbbench.harness.progress import request_progress
 from cbbench.harness.records import RequestRecord
 from cbbench.harness.results import RunWriter
 from cbbench.harness.summary import summarize
@@ -244,11 +245,13 @@ def load_sim_workload(opts: SimOptions, console: Console) -> Workload:
     return wl
 
 
-def _replay(wl: Workload, cfg: EngineConfig, timeline: bool, temperature: float = 1.0) -> SimResult:
+def _replay(
+    wl: Workload, cfg: EngineConfig, timeline: bool, temperature: float = 1.0, on_progress=None
+) -> SimResult:
     try:
         return replay(
             wl.requests, cfg, prefix_block_size=wl.prefix_block_size, seed=wl.seed,
-            timeline=timeline, temperature=temperature,
+            timeline=timeline, temperature=temperature, on_progress=on_progress,
         )  # fmt: skip
     except EngineError as exc:
         if "workload request" in str(exc):
@@ -336,8 +339,8 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
             if name == "static":
                 cfg = fit_static_batch(cfg, console)
             t0 = time.perf_counter()
-            with console.status(f"simulating {name} on {where} ({len(wl)} requests)..."):
-                results[name] = _replay(wl, cfg, timeline, opts.temperature)
+            with request_progress(console, f"simulating {name} on {where}", len(wl)) as upd:
+                results[name] = _replay(wl, cfg, timeline, opts.temperature, upd)
             wall = time.perf_counter() - t0
             tput = results[name].summary()["output_throughput"] or 0.0
             console.print(
