@@ -29,6 +29,8 @@ from cbbench.harness.response import (
 )
 from cbbench.harness.sessions import Reply
 
+_timeout = getattr(asyncio, "timeout", None)
+
 __all__ = [
     "ERROR_TEXT_LIMIT",
     "ClientConfig",
@@ -127,7 +129,11 @@ class OpenAIClient:
             rec.prompt_tokens_client = len(prompt)
         exchange = self._exchange_raw if self.pool is not None else self._exchange
         try:
-            await asyncio.wait_for(exchange(rec, body, resp), self.cfg.timeout_s)
+            if _timeout is not None:  # 3.11+: no task per request
+                async with _timeout(self.cfg.timeout_s):
+                    await exchange(rec, body, resp)
+            else:  # pragma: no cover - Python 3.10
+                await asyncio.wait_for(exchange(rec, body, resp), self.cfg.timeout_s)
         except Exception as exc:
             got = bool(resp.chunks or resp.status)
             why = failure(exc, got, self.cfg.base_url, self.cfg.timeout_s)

@@ -190,49 +190,60 @@ class Response:
 
 def _apply(obj: dict, state: dict, stream: bool, reply: Reply | None = None) -> int:
     """Fold one response object into `state`; return the tokens it carries."""
-    if "error" in obj and not obj.get("choices"):
+    get = obj.get
+    choices = get("choices")
+    if "error" in obj and not choices:
         err = obj["error"]
         msg = err.get("message", err) if isinstance(err, dict) else err
         raise RequestFailed("server_error", f"error in stream: {str(msg)[:ERROR_TEXT_LIMIT]}")
     if "cbbench" in obj:
         state["cbbench"] = obj["cbbench"]
-    usage = obj.get("usage")
     k_usage = None
+    usage = get("usage")
     if usage:
-        state["usage_prompt"] = usage.get("prompt_tokens")
-        details = usage.get("prompt_tokens_details")
-        if isinstance(details, dict) and details.get("cached_tokens") is not None:
-            state["cached_tokens"] = details["cached_tokens"]  # vLLM's prefix-cache hits
-        out = usage.get("completion_tokens")
-        if out is not None:
-            if "usage_out" in state:  # per-chunk usage (vLLM continuous_usage_stats)
-                k_usage = out - state["usage_out"]
-            state["usage_out"] = out
-    choices = obj.get("choices") or ()
+        k_usage = _usage(usage, state)
     if not choices:
         return 0
     c = choices[0]
     if reply is not None:
         reply.add_choice(c)
-    if c.get("finish_reason"):
-        state["finish"] = c["finish_reason"]
-    if c.get("prompt_token_ids") is not None:
+    cget = c.get
+    finish = cget("finish_reason")
+    if finish:
+        state["finish"] = finish
+    if "prompt_token_ids" in c and c["prompt_token_ids"] is not None:
         state["prompt_ids"] = len(c["prompt_token_ids"])
-    ids = c.get("token_ids")
+    ids = cget("token_ids")
     if ids is not None:
-        if not isinstance(ids, list) or not _valid_ids(ids):
+        if type(ids) is not list or not _valid_ids(ids):
             raise RequestFailed(
                 "protocol", f"token_ids must be non-negative integers, got {str(ids)[:80]}"
             )
-        state["ids_total"] = state.get("ids_total", 0) + len(ids)
-        return len(ids)
+        n = len(ids)
+        state["ids_total"] = state.get("ids_total", 0) + n
+        return n
     if k_usage is not None and stream:
         return k_usage
-    text = c.get("text")
+    text = cget("text")
     if text is None:
-        msg = c.get("delta") or c.get("message") or {}
+        msg = cget("delta") or cget("message") or {}
         text = msg.get("content") or msg.get("reasoning_content")
     return 1 if text else 0
+
+
+def _usage(usage: dict, state: dict) -> int | None:
+    """Fold a `usage` object; the tokens it adds when usage comes with every chunk (vLLM's
+    continuous_usage_stats), else None."""
+    state["usage_prompt"] = usage.get("prompt_tokens")
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict) and details.get("cached_tokens") is not None:
+        state["cached_tokens"] = details["cached_tokens"]  # vLLM's prefix-cache hits
+    out = usage.get("completion_tokens")
+    if out is None:
+        return None
+    k = out - state["usage_out"] if "usage_out" in state else None
+    state["usage_out"] = out
+    return k
 
 
 def _valid_ids(ids: list) -> bool:
