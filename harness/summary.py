@@ -217,7 +217,8 @@ def _client_bound_reasons(send_lag: dict, client: dict, stamps: str = "user") ->
     lag99 = client["loop_lag_s"]["p99"]
     limit = LOOP_LAG_P99_LIMIT_S if stamps == "kernel" else LOOP_LAG_P99_LIMIT_USER_S
     if lag99 is not None and lag99 > limit:
-        out.append(f"event-loop lag p99 {lag99 * 1e3:.1f} ms ({stamps}-space arrival stamps)")
+        how = "kernel arrival stamps" if stamps == "kernel" else "user-space arrival stamps"
+        out.append(f"event-loop lag p99 {lag99 * 1e3:.1f} ms ({how})")
     cpu = client["cpu"]["mean"]
     if cpu is not None and cpu > CPU_LIMIT:
         out.append(f"client CPU {cpu * 100:.0f}% of a core per worker")

@@ -54,6 +54,7 @@ class RunCollector:
             "status": "running",
             "command": settings.command,
             "record_schema_version": RECORD_SCHEMA_VERSION,
+            "timestamp_source": "user",  # gevent + http.client reads: docs/timing.md
             "workload": {
                 "name": workload.name,
                 "seed": workload.seed,
