@@ -16,14 +16,17 @@ from cbbench.harness.records import RequestRecord
 from tests.diagnose_support import hardware_file, sim_args
 
 
-def probe(tmp_path: Path, scheduler: str, phases: str, *server: str) -> dict:
+def probe(tmp_path: Path, scheduler: str, phases: str, *server: str, budget: int = 400) -> dict:
     tmp_path.mkdir(parents=True, exist_ok=True)
     hw = hardware_file(tmp_path)
     out = tmp_path / f"probe-{scheduler}"
     with launch_reference_server("tiny", scheduler, "cpu", sim_args(hw, *server)) as srv:
         argv = ["probe", "--base-url", srv.base_url, "--out", str(out), "--phases", phases]
-        assert main([*argv, "--max-time", "120"]) == 0
+        assert main([*argv, "--max-time", "120", "--max-requests", str(budget)]) == 0
     index = json.loads((out / "probe.json").read_text())
+    assert index["requests"] <= budget
+    if budget < 400:
+        return index
     assert (out / "calibrate" / "requests.jsonl").exists()  # phases are ordinary run folders
     return {v["name"]: v for v in index["verdicts"]}
 
@@ -56,6 +59,14 @@ def test_probe_sees_prefix_caching_and_chunked_prefill_on(tmp_path: Path) -> Non
     )
     assert on["prefix_caching"]["value"] == "on", on["prefix_caching"]
     assert on["chunked_prefill"]["value"] == "on", on["chunked_prefill"]
+
+
+def test_probe_stays_within_its_request_budget(tmp_path: Path, capsys) -> None:
+    index = probe(tmp_path, "continuous", "max-batch", budget=20)
+    # calibrate 3 + concurrency 1, 2, 4 (4 + 4 + 8) = 19; concurrency 8 (16 more) is skipped
+    assert index["requests"] == 19
+    assert any(s.startswith("max-batch: over the budget") for s in index["skipped"])
+    assert "skipped max-batch: over the budget" in capsys.readouterr().out
 
 
 def test_probe_bad_input_is_one_line(tmp_path: Path, capsys) -> None:
