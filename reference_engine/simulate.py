@@ -1,6 +1,7 @@
 """Offline replay of a workload through the engine, in-process (no HTTP).
 
-`simulate(requests, config)` replays RequestSpecs (arrival_s None = all at time 0) over
+`simulate(requests, config)` replays RequestSpecs (arrival_s None = all at time 0; a session's
+later turns follow their replies, sim_arrivals.py) over
 SimExecutor's virtual clock and returns per-request timings, the per-step series and, on
 request, the slot timeline; every number it produces is SIMULATED (a modelled step time).
 `replay(..., config with executor="real")` runs the same loop on the real model runner in
@@ -19,6 +20,7 @@ from cbbench.reference_engine.config import EngineConfig
 from cbbench.reference_engine.engine import LLMEngine
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.sampling_params import SamplingParams
+from cbbench.reference_engine.sim_arrivals import Arrivals
 from cbbench.reference_engine.sim_executor import SimExecutor
 from cbbench.reference_engine.spec_decode.stats import SpecDecodeStats
 from cbbench.workloads.spec import RequestSpec
@@ -237,14 +239,6 @@ def _replay_steps(
     advance_to / execute; a simulated one's wrapper also exposes cost_model), e.g.
     calibration.TracedClock, which gives a real executor its own clock (it times whole
     engine steps, a proposer's work included); idling is then virtual too."""
-    later = next((r for r in requests if r.session_id is not None and (r.turn or 1) > 1), None)
-    if later is not None:  # refuse rather than replay the turns as unrelated requests
-        raise EngineError(
-            f"request {later.index} of the workload is turn {later.turn} of session "
-            f"{later.session_id!r}: a later turn resends the conversation and waits for the "
-            "previous reply, which this offline replay does not model; run sessions over "
-            "HTTP (cbbench serve, then cbbench bench)"
-        )
     engine = LLMEngine.from_config(cfg)
     simulated = isinstance(engine.executor, SimExecutor)
     if measured_clock and not simulated:
@@ -264,25 +258,21 @@ def _replay_steps(
         else:
             time.sleep(max(0.0, t0 + t - engine.now()))
 
-    order = sorted(requests, key=lambda r: (r.arrival_s or 0.0, r.index))
+    arrivals = Arrivals(requests, prompt_ids)  # sessions: later turns follow their replies
     recs: dict[str, SimRequest] = {}
     steps: list[StepRecord] = []
-    pending = 0
     slot_of: dict[str, int] = {}
     free_slots = list(range(cfg.max_batch_slots))
     num_done = 0
-    while pending < len(order) or engine.has_unfinished_requests():
+    while arrivals.pending or engine.has_unfinished_requests():
         yield
         now = engine.now() - t0
-        while pending < len(order) and (order[pending].arrival_s or 0.0) <= now:
-            spec = order[pending]
-            pending += 1
+        for spec, arrival, ids in arrivals.pop_due(now):
             rid = f"req-{spec.index}"
-            arrival = spec.arrival_s or 0.0
             try:
                 engine.add_request(
                     rid,
-                    prompt_ids(spec.index, spec.prompt_len, spec.prefix_ids),
+                    ids,
                     SamplingParams(
                         max_tokens=spec.output_len, ignore_eos=True, temperature=temperature
                     ),
@@ -292,20 +282,22 @@ def _replay_steps(
             except EngineError as exc:
                 raise EngineError(f"workload request {spec.index}: {exc}") from None
             recs[rid] = SimRequest(
-                rid, spec.index, spec.prompt_len, spec.output_len, spec.priority, arrival
+                rid, spec.index, len(ids), spec.output_len, spec.priority, arrival
             )
-            if pending == len(order):  # the last arrival: no batch can fill any further
+            if not arrivals.pending:  # the last arrival: no batch can fill any further
                 engine.close_input()
         if not engine.has_unfinished_requests():
-            idle_until(order[pending].arrival_s or 0.0)
+            t_next = arrivals.next_time()
+            assert t_next is not None, "sessions wait for replies, yet nothing runs"
+            idle_until(t_next)
             continue
         outputs = engine.step()
         # the computed step's own window (with async scheduling the next step already ran)
         start, end = (t - t0 for t in engine.last_step_window)
         if not engine.last_scheduled:  # the policy is waiting: idle to its next event
             wake = [t - t0 for t in (engine.next_wakeup(),) if t is not None and t - t0 > now]
-            if pending < len(order):
-                wake.append(order[pending].arrival_s or 0.0)
+            if arrivals.next_time() is not None:
+                wake.append(arrivals.next_time())
             if not wake:
                 raise EngineError(
                     f"simulation stalled at t={now:.3f}s with {engine.scheduler.num_waiting} "
@@ -351,8 +343,9 @@ def _replay_steps(
                 r.num_cached_tokens = m.num_cached_tokens
                 r.finish_reason = o.finish_reason
                 num_done += 1
+                arrivals.on_finished(o.request_id, r.finished_s, r.output_token_ids)
                 if on_progress:
-                    on_progress(num_done, len(order))
+                    on_progress(num_done, len(requests))
     return SimResult(
         config=cfg,
         hardware=engine.executor.cost_model.hardware.name  # type: ignore[attr-defined]

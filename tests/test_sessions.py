@@ -335,10 +335,18 @@ def test_plain_sharegpt_sends_its_first_message_as_text(server, tmp_path):
     assert all(r.prompt_tokens_server == len(r.extra["prompt_token_ids"]) for r in res.records)
 
 
-def test_the_offline_replay_refuses_later_turns():
-    from cbbench.reference_engine.errors import EngineError
+def test_the_offline_replay_runs_sessions_turn_after_turn():
     from cbbench.reference_engine.simulate import simulate
 
-    wl = build_from_spec(SPEC, "s", "spec", seed=0, num_requests=4)
-    with pytest.raises(EngineError, match="turn 2 of session 's0'.*cbbench bench"):
-        simulate(wl.requests, EngineConfig(model="tiny"))
+    spec = {**SPEC, "session": {**SPEC["session"], "think_ms": {"dist": "constant", "value": 500}}}
+    wl = build_from_spec(spec, "s", "spec", seed=0, num_requests=12)
+    cfg = EngineConfig(model="tiny", enable_prefix_caching=True, block_size=4)
+    res = simulate(wl.requests, cfg, prefix_block_size=wl.prefix_block_size, seed=wl.seed)
+    sims = {r.index: r for r in res.requests}
+    for unit in group_sessions(wl.requests):
+        for prev, cur in zip(unit, unit[1:], strict=False):
+            p, c = sims[prev.index], sims[cur.index]
+            assert c.arrival_s == pytest.approx(p.finished_s + 0.5)  # reply, then think time
+            assert c.prompt_len == p.prompt_len + len(p.output_token_ids) + cur.prompt_len
+            assert c.num_cached_tokens >= p.prompt_len - cfg.block_size  # the history hits
+        assert sims[unit[0].index].num_cached_tokens == 0
