@@ -22,7 +22,7 @@ from cbbench.harness.records import RequestRecord
 from cbbench.harness.results import RunWriter
 from cbbench.harness.summary import summarize
 from cbbench.reference_engine.block_manager import cdiv
-from cbbench.reference_engine.config import EngineConfig
+from cbbench.reference_engine.config import SCHEDULERS, EngineConfig
 from cbbench.reference_engine.cost_model import CostModel, get_hardware
 from cbbench.reference_engine.engine import resolve_model_config, sim_num_kv_blocks
 from cbbench.reference_engine.errors import EngineError
@@ -43,7 +43,7 @@ class SimOptions:
     """One `cbbench sim` comparison."""
 
     workload: str = "mixed"
-    schedulers: list[str] = field(default_factory=lambda: ["static", "dynamic", "continuous"])
+    schedulers: list[str] = field(default_factory=lambda: list(SCHEDULERS))
     engine: dict[str, Any] = field(default_factory=dict)  # engine settings given (flag dests)
     engine_defaults: dict[str, Any] = field(default_factory=lambda: dict(SIM_DEFAULTS))
     seed: int | None = None  # workload (and engine) seed; None: the spec's own, else 0
