@@ -137,3 +137,29 @@ def test_max_batch_knee_from_throughput_and_from_a_lasting_ttft_jump() -> None:
     # a one-level TTFT blip is noise, not a knee
     levels = [_level(1, 0.02, 0.01), _level(2, 0.1, 0.01), _level(4, 0.02, 0.01 * 1.0)]
     assert max_batch(levels, 0.01).value != "1"
+
+
+def test_ctrl_c_keeps_what_finished(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    hw = hardware_file(tmp_path)
+    out = tmp_path / "probe"
+    with launch_reference_server("tiny", "continuous", "cpu", sim_args(hw)) as srv:
+        cmd = [sys.executable, "-m", "cbbench.harness.cli", "probe", "--base-url", srv.base_url]
+        cmd += ["--out", str(out), "--phases", "max-batch"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 60
+        level = out / "concurrency-2" / "requests.jsonl"
+        while not (level.exists() and level.read_text().count("\n") >= 1):
+            assert proc.poll() is None and time.monotonic() < deadline, "probe never got going"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        stdout, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stdout
+    assert "Traceback" not in stdout
+    index = json.loads((out / "probe.json").read_text())
+    assert index["status"] == "interrupted" and index["pace"]["tpot_s"] > 0
+    assert (out / "calibrate" / "requests.jsonl").read_text().count("\n") == 3

@@ -132,9 +132,43 @@ def run_probe(cfg: ProbeConfig) -> ProbeResult:
     design.set_seed(seed)
     verdicts: list[Verdict] = []
     skipped: list[str] = []
+    status = "complete"
+    pace_info: dict = {}
+    try:
+        _run_phases(pr, cfg, verdicts, skipped, pace_info)
+    except KeyboardInterrupt:  # the phases' run folders keep what finished; so does probe.json
+        status = "interrupted"
+    result = ProbeResult(
+        out, verdicts, pr.budget.requests, time.monotonic() - pr.budget.t0, skipped
+    )
+    index = {
+        "kind": "probe",
+        "base_url": cfg.base_url,
+        "model": pr.model,
+        "server": {k: v for k, v in pr.info.items() if k != "models"},
+        "seed": seed,
+        "status": status,
+        "pace": {**pace_info, "max_model_len": pr.max_model_len},
+        "requests": result.requests,
+        "wall_s": round(result.wall_s, 2),
+        "budget": {"max_requests": cfg.max_requests, "max_time_s": cfg.max_time_s},
+        "skipped": skipped,
+        "verdicts": [v.to_dict() for v in verdicts],
+    }
+    (out / PROBE_FILE).write_text(json.dumps(index, indent=2, default=str) + "\n", encoding="utf-8")
+    if status == "interrupted":
+        raise KeyboardInterrupt
+    return result
+
+
+def _run_phases(
+    pr: Prober, cfg: ProbeConfig, verdicts: list[Verdict], skipped: list[str], pace_info: dict
+) -> None:
+    """Calibrate, then each selected phase within the budget; appends to `verdicts`."""
     pr.say("calibrate: 3 lone requests")
     tpot, ttft = V.pace(pr.phase("calibrate", design.calibrate(), concurrency=1))
     pace = design.Pace(tpot, ttft, pr.max_model_len)
+    pace_info.update(tpot_s=tpot, ttft_s=ttft)
     pr.say(f"  TPOT {tpot * 1e3:.1f} ms, lone TTFT {ttft * 1e3:.1f} ms")
     burst: list[RequestRecord] = []
 
@@ -181,7 +215,9 @@ def run_probe(cfg: ProbeConfig) -> ProbeResult:
         fresh_ttft = v.numbers.get("ttft_fresh_p50_s")
         verdicts.append(v)
     batching = next((v for v in verdicts if v.name == "batching"), None)
-    if batching is not None and batching.value in ("static", "dynamic"):
+    if "chunked-prefill" not in cfg.phases:
+        pass
+    elif batching is not None and batching.value in ("static", "dynamic"):
         skipped.append("chunked-prefill: not applicable to request-level batching")
         verdicts.append(
             Verdict(
@@ -195,24 +231,6 @@ def run_probe(cfg: ProbeConfig) -> ProbeResult:
         pr.say("chunked-prefill: long prompts arriving while streams decode")
         wl = design.chunked_prefill(pace)
         verdicts.append(V.chunked_prefill(pr.phase("chunked-prefill", wl), 3, tpot))
-    result = ProbeResult(
-        out, verdicts, pr.budget.requests, time.monotonic() - pr.budget.t0, skipped
-    )
-    index = {
-        "kind": "probe",
-        "base_url": cfg.base_url,
-        "model": pr.model,
-        "server": {k: v for k, v in pr.info.items() if k != "models"},
-        "seed": seed,
-        "pace": {"tpot_s": tpot, "ttft_s": ttft, "max_model_len": pr.max_model_len},
-        "requests": result.requests,
-        "wall_s": round(result.wall_s, 2),
-        "budget": {"max_requests": cfg.max_requests, "max_time_s": cfg.max_time_s},
-        "skipped": skipped,
-        "verdicts": [v.to_dict() for v in verdicts],
-    }
-    (out / PROBE_FILE).write_text(json.dumps(index, indent=2, default=str) + "\n", encoding="utf-8")
-    return result
 
 
 __all__ = ["PHASES", "PROBE_FILE", "ProbeConfig", "ProbeResult", "Verdict", "run_probe"]
