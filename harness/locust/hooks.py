@@ -4,11 +4,20 @@ init: settings from the environment, the run state, the web page; test_start: t0
 workers' plans; test_stopping: no new requests; test_stop: drain (records in, the unfinished
 counted) and run.json so far; quitting: the final run.json.
 A setup error (bad workload, unreachable server) ends the process with one line and exit 2.
+
+Ctrl-C: Locust relies on Python's default SIGINT handler raising KeyboardInterrupt in the
+main greenlet (then it shuts down). Under gevent that exception lands in whichever greenlet
+runs Python code when the signal is checked; when that is a patched thread (the telemetry
+sampler parsing /metrics, several times a second), `threading` catches it ("Exception in
+thread ...") and Locust never hears of it: the process kept running after Ctrl-C, about one
+time in five. `install_ctrl_c` handles SIGINT in gevent's hub instead and raises the
+KeyboardInterrupt in the main greenlet, always.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 
 import gevent
@@ -20,6 +29,18 @@ from locust import constant_pacing, events
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
 log = logging.getLogger("cbbench.locust")
+
+
+def _ctrl_c() -> None:
+    gevent.get_hub().parent.throw(KeyboardInterrupt())  # the main greenlet, as Locust expects
+
+
+def install_ctrl_c() -> None:
+    """SIGINT -> KeyboardInterrupt in the main greenlet, wherever the signal arrives."""
+    gevent.signal_handler(signal.SIGINT, _ctrl_c)
+
+
+install_ctrl_c()
 
 
 def _run(environment) -> LocustRun | None:
