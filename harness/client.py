@@ -160,8 +160,7 @@ class OpenAIClient:
     async def _exchange_raw(self, rec: RequestRecord, body: bytes, resp: Response) -> None:
         assert self.pool is not None
         headers = {**self.headers, "x-request-id": rec.id}
-        conn = await self.pool.request("POST", self.path, headers, body, resp)
-        await self.pool.finish(conn)
+        await self.pool.exchange("POST", self.path, headers, body, resp)
         resp.end(time.monotonic_ns())
 
 

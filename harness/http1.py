@@ -6,9 +6,9 @@ request; this transport costs a fraction of that (docs/timing.md), so the client
 from being the bottleneck. httpx remains available (`--http-client httpx`).
 
 Scope: one request at a time per connection, keep-alive, `Content-Length`, chunked and
-read-until-close bodies, http and https. A request's `Sink` gets `head(status, header)` once
-the status line and headers are in, then `data(bytes, t_ns)` for every read of the body,
-synchronously in the read's callback.
+read-until-close bodies, http and https. `H1Pool.exchange` sends a request and waits for its
+whole response; its `Sink` gets `head(status, header)` once the status line and headers are
+in, then `data(bytes, t_ns)` for every read of the body, synchronously in the read's callback.
 
 Arrival times (`t_ns`, CLOCK_MONOTONIC). On Linux, plain-http connections are sockets the pool
 reads itself with `recvmsg` and `SO_TIMESTAMPNS`: `t_ns` is when the kernel received the
@@ -97,7 +97,6 @@ class Conn:
 
     def _reset(self, sink: Sink | None, loop: asyncio.AbstractEventLoop | None) -> None:
         self.sink = sink
-        self.head: asyncio.Future | None = loop.create_future() if loop else None
         self.done: asyncio.Future | None = loop.create_future() if loop else None
         self._buf = b""
         self._in_body = False
@@ -136,14 +135,10 @@ class Conn:
         )
 
     def _fail(self, exc: Exception, abort: bool = True) -> None:
-        """End the request with `exc`: on `head` while it is awaited, else on `done`. The
-        other future is cancelled, never left holding an exception nobody reads."""
-        head, done = self.head, self.done
-        if head is not None and not head.done():
-            head.set_exception(exc)
-            if done is not None and not done.done():
-                done.cancel()
-        elif done is not None and not done.done():
+        """End the request with `exc` (one future a request, always awaited: no exception
+        is ever left unread)."""
+        done = self.done
+        if done is not None and not done.done():
             done.set_exception(exc)
         if abort:
             self.abort()
@@ -163,9 +158,8 @@ class Conn:
                 self._parse_head(self._buf[:end].decode("latin-1"))
                 data, self._buf = self._buf[end + 4 :], b""
                 self._in_body = True
-                assert self.head is not None and self.sink is not None
+                assert self.sink is not None
                 self.sink.head(self.status, self.headers.get)
-                self.head.set_result(self.status)
                 if self._mode == "length" and self._left == 0:
                     self._finish()
                     return
@@ -453,71 +447,63 @@ class H1Pool:
         self.stats.prewarmed += len(conns)
         return len(conns)
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        headers: dict[str, str],
-        body: bytes,
-        sink: Sink,
-        fresh: bool = False,
-    ) -> Conn:
-        """Send; returns once the status line and headers are in (`sink.head` has been
-        called); body bytes go to `sink.data`; then `await finish(conn)`. `sink.sent` is told
-        when the request was written, the set-up time if this request opened the connection
-        (else None), and whether the connection was reused.
+    def _take(self) -> Conn | None:
+        while self._idle:
+            cand = self._idle.pop()
+            if not cand.closed:
+                return cand
+        return None
+
+    def _head(self, method: str, path: str, headers: dict[str, str], n: int) -> bytes:
+        lines = [f"{method} {self.prefix}{path} HTTP/1.1", f"host: {self.host_header}"]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        lines.append(f"content-length: {n}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+    async def exchange(
+        self, method: str, path: str, headers: dict[str, str], body: bytes, sink: Sink
+    ) -> None:
+        """Send one request and wait for the whole response. `sink.sent` is told when the
+        request was written, the set-up time if this request opened the connection (else
+        None) and whether the connection was reused; `sink.head` gets the status and
+        headers, `sink.data` each read of the body with its arrival time.
 
         A kept-alive connection the server closed just as we reused it (its idle timeout)
         fails before any response byte: the request is sent once more on a new connection."""
-        conn = None
-        while self._idle and not fresh:
-            cand = self._idle.pop()
-            if not cand.closed:
-                conn = cand
-                break
-        if conn is None:
-            conn = await self._connect()
-        lines = [f"{method} {self.prefix}{path} HTTP/1.1", f"host: {self.host_header}"]
-        lines += [f"{k}: {v}" for k, v in headers.items()]
-        lines.append(f"content-length: {len(body)}")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        conn._reset(sink, asyncio.get_running_loop())
-        assert conn.head is not None
-        reused = conn.requests_sent > 0
-        if reused or conn.connect_ns is None:
-            conn.connect_ns = None  # reused or prewarmed: no set-up in this request
-        if reused:
-            self.stats.reused += 1
-        conn.requests_sent += 1
-        conn.sent_ns = time.monotonic_ns()
-        sink.sent(conn.sent_ns, conn.connect_ns, reused)
-        conn.write(head + body)
-        try:
-            await conn.head
-        except ConnectionLost as exc:
-            self.discard(conn)
-            if reused and not exc.got_response:
-                self.stats.retried += 1
-                return await self.request(method, path, headers, body, sink, fresh=True)
-            raise
-        except BaseException:
-            self.discard(conn)
-            raise
-        return conn
-
-    async def finish(self, conn: Conn) -> None:
-        """Wait for the end of the body, then put the connection back (or close it)."""
-        assert conn.done is not None
-        try:
-            await conn.done
-        except BaseException:
-            self.discard(conn)
-            raise
-        if conn.keep_alive and not conn.closed:
-            conn.sink = None
-            self._idle.append(conn)
-        else:
-            self.discard(conn)
+        data = self._head(method, path, headers, len(body)) + body
+        loop = asyncio.get_running_loop()
+        conn = self._take()
+        while True:
+            if conn is None:
+                conn = await self._connect()
+            conn._reset(sink, loop)
+            reused = conn.requests_sent > 0
+            if reused or conn.connect_ns is None:
+                conn.connect_ns = None  # reused or prewarmed: no set-up in this request
+            if reused:
+                self.stats.reused += 1
+            conn.requests_sent += 1
+            conn.sent_ns = time.monotonic_ns()
+            sink.sent(conn.sent_ns, conn.connect_ns, reused)
+            conn.write(data)
+            try:
+                await conn.done  # type: ignore[misc]
+            except ConnectionLost as exc:
+                self.discard(conn)
+                if reused and not exc.got_response:
+                    self.stats.retried += 1
+                    conn = None
+                    continue
+                raise
+            except BaseException:
+                self.discard(conn)
+                raise
+            if conn.keep_alive and not conn.closed:
+                conn.sink = None
+                self._idle.append(conn)
+            else:
+                self.discard(conn)
+            return
 
     @staticmethod
     def discard(conn: Conn) -> None:
