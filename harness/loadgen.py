@@ -101,6 +101,14 @@ async def _sleep_until_s(t_s: float, t0_ns: int, stop: asyncio.Event) -> None:
             await asyncio.wait_for(stop.wait(), delay)
 
 
+async def _think(think_s: float, t0_ns: int, stop: asyncio.Event) -> None:
+    """A session's pause: at least think_s (event-loop timers, uvloop's in whole
+    milliseconds, may fire a little early: the rest is slept again)."""
+    until = _now_s(t0_ns) + think_s
+    while not stop.is_set() and _now_s(t0_ns) < until:
+        await _sleep_until_s(until, t0_ns, stop)
+
+
 _ABSOLUTE = ("scheduled_s", "ready_s", "sent_s", "first_token_s", "last_token_s", "end_s")
 
 
@@ -263,9 +271,7 @@ class Worker:
         async with session_slots if session_slots is not None else contextlib.nullcontext():
             for k, job in enumerate(unit):
                 if k:
-                    await _sleep_until_s(
-                        _now_s(self.t0_ns) + (job.think_s or 0.0), self.t0_ns, self.stop
-                    )
+                    await _think(job.think_s or 0.0, self.t0_ns, self.stop)
                     ready = _now_s(self.t0_ns)
                 if self.stop.is_set() or (deadline is not None and ready >= deadline):
                     return
