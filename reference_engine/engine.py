@@ -111,15 +111,19 @@ class LLMEngine:
     @staticmethod
     def _default_num_blocks(config, mc, dtype, max_model_len, bytes_per_block_fn) -> int:
         per_block = bytes_per_block_fn(mc, config.block_size, dtype)
+        dtype_bytes = per_block // (mc.kv_bytes_per_token(1) * config.block_size)
+        weights = mc.num_params() * dtype_bytes
+        if config.speculative.method == "draft":  # its KV cache has as many blocks, same ids
+            assert config.speculative.model is not None
+            draft = resolve_model_config(config.speculative.model)
+            per_block += draft.kv_bytes_per_token(dtype_bytes) * config.block_size
+            weights += draft.num_params() * dtype_bytes
         if config.kv_cache_memory_gb:
             return kv_blocks_for_memory(config.kv_cache_memory_gb, per_block)
         if config.device.startswith("cuda"):
             import torch
 
             free, _ = torch.cuda.mem_get_info(torch.device(config.device))
-            weights = mc.num_params() * (
-                per_block // (mc.kv_bytes_per_token(1) * config.block_size)
-            )
             return max(1, int((free * 0.85 - weights) // per_block))
         # CPU: enough for every slot at full length, capped
         want = config.max_batch_slots * -(-max_model_len // config.block_size)

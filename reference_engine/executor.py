@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    import torch
     from cbbench.reference_engine.sequence import Sequence
 
 # Async scheduling: the token a running sequence is about to receive from the step in
@@ -37,6 +38,8 @@ class ScheduledChunk:
     num_tokens: int  # known tokens to compute this step, from seq.num_computed_tokens on
     num_lookahead: int = 0  # KV slots reserved past the known tokens for draft tokens
     spec_token_ids: list[int] = field(default_factory=list)  # drafts (<= num_lookahead)
+    # the draft's distribution [V] behind each sampled draft (empty: one-hot drafts)
+    spec_draft_probs: list[torch.Tensor] = field(default_factory=list)
 
     @property
     def num_scheduled_tokens(self) -> int:

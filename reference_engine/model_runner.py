@@ -152,7 +152,8 @@ class ModelRunner:
                 SampleRequest(seq.sampling_params, seq.num_tokens + j, seq.num_output_tokens + j)
             )
         drafts = [list(c.spec_token_ids) for c in chunks]
-        return PreparedStep(b, reqs, drafts, [c.seq.request_id for c in chunks])
+        q = [torch.stack(c.spec_draft_probs) if c.spec_draft_probs else None for c in chunks]
+        return PreparedStep(b, reqs, drafts, [c.seq.request_id for c in chunks], q)
 
     def patch(self, step: PreparedStep, rows: list[int], tokens: list[int]) -> None:
         """Replace placeholder input ids (rows of the flattened batch) by the real tokens."""
@@ -177,7 +178,7 @@ class ModelRunner:
             lps = torch.log_softmax(logits[wanted].float(), dim=-1) if wanted else None
             out = sample_chunks(
                 self.sampler, self.rejection_sampler, logits, step.sample_requests, rows,
-                step.drafts,
+                step.drafts, step.draft_probs,
             )  # fmt: skip
             if lps is not None:
                 self._keep_logprobs(step, rows, wanted, lps, out)
@@ -205,6 +206,7 @@ class PreparedStep:
     sample_requests: list[SampleRequest]
     drafts: list[list[int]]  # per chunk
     request_ids: list[str]  # per chunk
+    draft_probs: list[torch.Tensor | None] | None = None  # per chunk: q [k, V] of its drafts
 
 
 @dataclass

@@ -93,10 +93,12 @@ def sample_chunks(
     reqs: list[SampleRequest],
     rows: list[int],
     drafts: list[list[int]],
+    draft_probs: list[torch.Tensor | None] | None = None,
 ) -> list[list[int]]:
     """logits [R, V] with one row per SampleRequest; rows[r] is the chunk (index into
     drafts) that row r belongs to, each chunk's rows consecutive (len(drafts[c]) + 1 of
-    them). Returns the new tokens of each chunk that has rows."""
+    them); draft_probs[c]: q of chunk c's drafts [k, V], None for one-hot drafts. Returns
+    the new tokens of each chunk that has rows."""
     out: list[list[int]] = [[] for _ in drafts]
     if not any(drafts):
         for c, tok in zip(rows, sampler(logits, reqs), strict=True):
@@ -120,5 +122,6 @@ def sample_chunks(
             sub_reqs = [reqs[r] for r in rs]
             sampler._mask_stop_tokens(sub, sub_reqs)
             probs = Sampler._probs(sub, [r.params for r in sub_reqs])
-            out[c] = rejection(probs, drafts[c], sub_reqs[0].params, sub_reqs[0].num_tokens)
+            q = draft_probs[c] if draft_probs is not None else None
+            out[c] = rejection(probs, drafts[c], sub_reqs[0].params, sub_reqs[0].num_tokens, q)
     return out
