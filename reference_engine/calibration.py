@@ -161,9 +161,12 @@ def calibrate(
     scale: float = 1.0,
     name: str | None = None,
     log: Callable[[str], None] = print,
+    between: list[Callable[[], None]] | None = None,
 ) -> Calibration:
     """Run the fit workloads on the real engine (CPU, the caller sets torch's threads) and fit
-    the step-time model to every step's measured duration."""
+    the step-time model to every step's measured duration. `between`: callables run after
+    each fit run in turn (validate() puts its real runs there, so load that drifts over
+    time on a shared machine hits the fit and the held-out runs alike)."""
     from cbbench.reference_engine.simulate import replay
 
     traces: list[TracedClock] = []
@@ -172,6 +175,7 @@ def calibrate(
     replay(warm, engine_config(model, "continuous", 2, 64, "real", "h100", dtype))
     works: list[StepWork] = []
     times: list[float] = []
+    pending = list(between or [])
     for scheduler, reqs, b in fit_workloads(scale):
         max_len = max(r.prompt_len + r.output_len for r in reqs)
         cfg = engine_config(model, scheduler, b, max_len, "real", "h100", dtype)
@@ -185,6 +189,10 @@ def calibrate(
             f"{len(steps):>5} steps  {sum(d for _, d in steps):7.2f} s ({clock} clock; "
             f"{time.perf_counter() - t0:.1f} s wall)"
         )
+        if pending:
+            pending.pop(0)()
+    for fn in pending:
+        fn()
     if len(works) < len(STEP_TERMS):
         raise EngineError(f"calibration: only {len(works)} steps measured")
     coef, err = fit_linear(works, times, STEP_TERMS, relative=False)
@@ -217,6 +225,7 @@ class ValidationRow:
     real_throughput: float
     sim_e2e_p99: float
     real_e2e_p99: float
+    step_model_error: float  # fitted step times summed over the real run's own steps
 
     @property
     def throughput_error(self) -> float:
@@ -242,65 +251,93 @@ class ValidationRow:
             "sim_e2e_p99_s": self.sim_e2e_p99,
             "real_e2e_p99_s": self.real_e2e_p99,
             "e2e_p99_error": self.e2e_p99_error,
+            "step_model_error": self.step_model_error,
             "within_targets": self.ok,
         }
 
 
-def validate(
-    model: str,
-    hardware: str | HardwareSpec,
-    clock: str = "wall",
-    dtype: str = "float32",
-    workload: str = VALIDATION["workload"],
-    num_requests: int = VALIDATION["num_requests"],
-    batch_size: int = VALIDATION["batch_size"],
-    max_model_len: int = VALIDATION["max_model_len"],
-    schedulers: tuple[str, ...] = ("static", "continuous"),
-    log: Callable[[str], None] = print,
-) -> list[ValidationRow]:
-    """The held-out check: `workload` simulated on `hardware` and run for real (CPU,
-    in-process, `clock`), per scheduler."""
-    import json
-    import tempfile
-    from pathlib import Path
+class Validation:
+    """The held-out check: `workload` run for real (CPU, in-process, `clock`) and simulated
+    on the fitted hardware, per scheduler. Real runs are callables (`real_runs`) so they can
+    be interleaved with the fit runs; `compare(spec)` simulates and returns the rows."""
 
-    from cbbench.reference_engine.simulate import replay
-    from cbbench.workloads import load_workload
+    def __init__(
+        self,
+        model: str,
+        clock: str = "wall",
+        dtype: str = "float32",
+        workload: str = VALIDATION["workload"],
+        num_requests: int = VALIDATION["num_requests"],
+        batch_size: int = VALIDATION["batch_size"],
+        max_model_len: int = VALIDATION["max_model_len"],
+        schedulers: tuple[str, ...] = ("static", "continuous"),
+        log: Callable[[str], None] = print,
+    ) -> None:
+        from cbbench.workloads import load_workload
 
-    wl = load_workload(workload, num_requests=num_requests)
-    reqs = [replace(r, arrival_s=None) for r in wl.requests]
-    with tempfile.TemporaryDirectory() as tmp:
-        hw = hardware
-        if isinstance(hardware, HardwareSpec):
-            hw = str(Path(tmp) / "hw.json")
-            Path(hw).write_text(json.dumps(hardware.to_dict()), encoding="utf-8")
-        assert isinstance(hw, str)
-        replay(
-            [RequestSpec(0, 16, 4), RequestSpec(1, 32, 4)],
-            engine_config(model, "continuous", 2, 64, "real", "h100", dtype),
-        )  # warm-up
+        self.model, self.clock, self.dtype, self.log = model, clock, dtype, log
+        self.batch_size, self.max_model_len = batch_size, max_model_len
+        wl = load_workload(workload, num_requests=num_requests)
+        self.requests = [replace(r, arrival_s=None) for r in wl.requests]
+        self.schedulers = schedulers
+        self.real: dict[str, tuple[dict, list[tuple[StepWork, float]]]] = {}
+        self._warm = False
+
+    def _config(self, scheduler: str, executor: str, hardware: str) -> EngineConfig:
+        return engine_config(self.model, scheduler, self.batch_size, self.max_model_len,
+                             executor, hardware, self.dtype)  # fmt: skip
+
+    def real_runs(self) -> list[Callable[[], None]]:
+        return [lambda s=s: self._run_real(s) for s in self.schedulers]
+
+    def _run_real(self, scheduler: str) -> None:
+        from cbbench.reference_engine.simulate import replay
+
+        if not self._warm:  # first run in this process: torch's one-time costs
+            replay([RequestSpec(0, 16, 4), RequestSpec(1, 32, 4)],
+                   engine_config(self.model, "continuous", 2, 64, "real", "h100", self.dtype))  # fmt: skip
+            self._warm = True
+        traces: list[TracedClock] = []
+        t0 = time.perf_counter()
+        res = replay(
+            self.requests,
+            self._config(scheduler, "real", "h100"),
+            wrap_executor=_traced(_cost_for, self.clock, traces),
+        )
+        self.real[scheduler] = (res.summary(), traces[-1].steps)
+        self.log(
+            f"  held-out run: {scheduler:<10} {res.duration_s:7.2f} s ({self.clock} clock; "
+            f"{time.perf_counter() - t0:.1f} s wall)"
+        )
+
+    def compare(self, spec: HardwareSpec) -> list[ValidationRow]:
+        import json
+        import tempfile
+        from pathlib import Path
+
+        from cbbench.reference_engine.simulate import replay
+
+        for s in self.schedulers:
+            if s not in self.real:
+                self._run_real(s)
+        fitted = CostModel(_cost_model_config(self.model), spec, self.dtype)
         rows = []
-        for scheduler in schedulers:
-            sim = replay(
-                reqs, engine_config(model, scheduler, batch_size, max_model_len, "sim", hw, dtype)
-            ).summary()
-            t0 = time.perf_counter()
-            real = replay(
-                reqs,
-                engine_config(model, scheduler, batch_size, max_model_len, "real", hw, dtype),
-                wrap_executor=_traced(_cost_for, clock, []),
-            ).summary()
-            rows.append(
-                ValidationRow(
-                    scheduler,
-                    sim["output_throughput"],
-                    real["output_throughput"],
-                    sim["e2e_s"]["p99"],
-                    real["e2e_s"]["p99"],
+        with tempfile.TemporaryDirectory() as tmp:
+            hw = str(Path(tmp) / "hw.json")
+            Path(hw).write_text(json.dumps(spec.to_dict()), encoding="utf-8")
+            for s in self.schedulers:
+                sim = replay(self.requests, self._config(s, "sim", hw)).summary()
+                real, steps = self.real[s]
+                measured = sum(d for _, d in steps)
+                predicted = sum(fitted.time_of(w) for w, _ in steps)
+                rows.append(
+                    ValidationRow(
+                        s,
+                        sim["output_throughput"],
+                        real["output_throughput"],
+                        sim["e2e_s"]["p99"],
+                        real["e2e_s"]["p99"],
+                        predicted / measured - 1.0,
+                    )
                 )
-            )
-            log(
-                f"  {scheduler:<10} real run {real['duration_s']:.1f} s ({clock} clock; "
-                f"{time.perf_counter() - t0:.1f} s wall)"
-            )
-    return rows
+        return rows

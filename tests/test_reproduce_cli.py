@@ -11,6 +11,7 @@ from cbbench.harness.cli import main
 from cbbench.harness.cli.reproduce import scaled_workload
 from cbbench.harness.results import load_run
 from cbbench.harness.studies import reproduce as rp
+from cbbench.workloads import load_workload
 
 
 def test_reproduce_sim_only(tmp_path, capsys, monkeypatch):
@@ -105,3 +106,16 @@ def test_reproduce_measured_part_on_tiny(tmp_path, capsys, monkeypatch):
     assert doc["verdicts"][1].startswith("measured on CPU:")
     run = load_run(out / "cpu" / "heavy-mixed_64" / "static")
     assert run.meta["simulated"] is False and len(run.records) == 6
+
+
+def test_gpu_check_says_it_needs_cuda_and_sizes_memory_like_the_server(capsys):
+    from cbbench.harness.studies import reproduce_gpu
+
+    assert reproduce_gpu.main(["--device", "cpu"]) == 2
+    assert "needs CUDA" in capsys.readouterr().err
+    args = reproduce_gpu.parse_args(["--batch-size", "16", "--num-requests", "64"])
+    s = reproduce_gpu.gpu_setting(args, "heavy-mixed")
+    reqs = rp.scaled(load_workload("heavy-mixed", num_requests=64).requests, 4)
+    _, _, cond = rp.configs(s, reqs)
+    # a pool of B mean-length requests: static's max_model_len reservation shrinks its batch
+    assert cond["static_batch_limited_by"] == "memory" and cond["static_batch_size"] < 16

@@ -71,6 +71,11 @@ def run(args: argparse.Namespace) -> int:
         raise EngineError("--fit only goes with --validate (it checks an existing fit)")
     console = Console()
     log = lambda s: console.print(s, highlight=False)  # noqa: E731
+    v = cal.VALIDATION
+    check = None
+    if args.validate:
+        check = cal.Validation(args.model, args.clock, args.dtype,
+                               num_requests=args.validate_requests, log=log)  # fmt: skip
     with cal.torch_threads(args.threads):
         if args.fit:
             spec = get_hardware(args.fit)
@@ -81,22 +86,20 @@ def run(args: argparse.Namespace) -> int:
             console.print(
                 f"calibrating {args.model} on cpu ({args.dtype}, {args.threads} thread(s), "
                 f"{args.clock} clock)"
+                + ("; the held-out runs go between the fit runs" if check else "")
             )
-            c = cal.calibrate(args.model, args.dtype, args.clock, args.scale, args.name, log)
+            c = cal.calibrate(args.model, args.dtype, args.clock, args.scale, args.name, log,
+                              between=check.real_runs() if check else None)  # fmt: skip
             spec = c.spec
             emit_table(console, fit_table(c))  # Markdown when piped
             out = Path(args.out or f"calibration-{Path(args.model).name}-cpu.json")
-        if args.validate:
-            v = cal.VALIDATION
+        if check is not None:
             console.print(
                 f"validating {spec.name} on a held-out workload: {v['workload']}, "
                 f"{args.validate_requests} requests, B={v['batch_size']}, max_model_len "
                 f"{v['max_model_len']}, all at once, {args.clock} clock"
             )
-            rows = cal.validate(
-                args.model, spec, args.clock, args.dtype,
-                num_requests=args.validate_requests, log=log,
-            )  # fmt: skip
+            rows = check.compare(spec)
             emit_table(console, validation_table(rows, spec.name))
             ok = all(r.ok for r in rows)
             console.print(
@@ -159,12 +162,12 @@ def validation_table(rows, name: str) -> object:
 
     t = Table(title=f"held-out validation: SIMULATED ({name}) vs MEASURED (real engine)")
     for col in ("scheduler", "sim tok/s", "real tok/s", "error", "sim p99 E2E s",
-                "real p99 E2E s", "error", "within 5%/10%"):  # fmt: skip
+                "real p99 E2E s", "error", "step model on the real steps", "within 5%/10%"):  # fmt: skip
         t.add_column(col, justify="right")
     for r in rows:
         t.add_row(
             r.scheduler, f"{r.sim_throughput:.1f}", f"{r.real_throughput:.1f}",
             f"{r.throughput_error:+.1%}", f"{r.sim_e2e_p99:.2f}", f"{r.real_e2e_p99:.2f}",
-            f"{r.e2e_p99_error:+.1%}", "yes" if r.ok else "NO",
+            f"{r.e2e_p99_error:+.1%}", f"{r.step_model_error:+.1%}", "yes" if r.ok else "NO",
         )  # fmt: skip
     return t
