@@ -154,14 +154,22 @@ class Response:
             self.body.append(raw)
             return
         k_read = 0
+        fast = _loads if parse_json is _parse_json_fast else None  # one frame less an event
+        state, reply = self.state, self.reply
         for data in self.parser.feed(raw):
             if data == b"[DONE]":
-                self.state["done"] = True
+                state["done"] = True
                 continue
-            obj = parse_json(data)
-            if not isinstance(obj, dict):
+            if fast is not None:
+                try:
+                    obj = fast(data)
+                except ValueError:
+                    obj = _parse_json_std(data)
+            else:
+                obj = parse_json(data)
+            if type(obj) is not dict:
                 raise RequestFailed("protocol", f"SSE data is not a JSON object: {data[:80]!r}")
-            k = _apply(obj, self.state, True, self.reply)
+            k = _apply(obj, state, True, reply)
             k_read += k
             if k and self.sends is not None and "t_send_ns" in obj:
                 self.sends.append((t, obj["t_send_ns"]))
@@ -320,7 +328,7 @@ def finish(rec: RequestRecord, resp: Response, t0_ns: int, end_ns: int) -> None:
         )
     if chunks:
         times = spread(chunks)
-        rec.token_times_s = [s(t) for t in times]
+        rec.token_times_s = [(t - t0_ns) / 1e9 for t in times]
         rec.first_token_s = rec.token_times_s[0]
         rec.last_token_s = rec.token_times_s[-1]
     if not rec.ok or rec.sent_s is None or not chunks:
