@@ -350,3 +350,14 @@ def test_the_offline_replay_runs_sessions_turn_after_turn():
             assert c.prompt_len == p.prompt_len + len(p.output_token_ids) + cur.prompt_len
             assert c.num_cached_tokens >= p.prompt_len - cfg.block_size  # the history hits
         assert sims[unit[0].index].num_cached_tokens == 0
+
+
+def test_locust_refuses_multi_turn_sessions(tmp_path):
+    from cbbench.harness.errors import CbbenchError
+    from cbbench.harness.locust.settings import LocustSettings, load_workload_for
+
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps({**SPEC, "num_requests": 6}), encoding="utf-8")
+    settings = LocustSettings(base_url="http://127.0.0.1:1", workload=str(spec))
+    with pytest.raises(CbbenchError, match="turn 2 of session 's0'.*cbbench bench"):
+        load_workload_for(settings)
