@@ -27,7 +27,7 @@ from cbbench.harness.outcome import stopped_answering
 from cbbench.harness.records import RECORD_SCHEMA_VERSION, RequestRecord
 from cbbench.harness.results import RunWriter
 from cbbench.harness.sessions import CAP_UNITS, group_sessions
-from cbbench.harness.summary import summarize
+from cbbench.harness.summary import RunSummary, summarize
 from cbbench.harness.telemetry.adapters import QUEUE_TIME
 from cbbench.harness.telemetry.queue_time import bound_by_records
 from cbbench.harness.workers import run_workers
@@ -69,7 +69,7 @@ class BenchConfig:
 @dataclass
 class BenchResult:
     run_dir: Path
-    summary: dict
+    summary: RunSummary
     interrupted: bool
     records: list[RequestRecord]
     meta: dict

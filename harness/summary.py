@@ -11,12 +11,75 @@ import operator
 import re
 from collections import Counter
 from collections.abc import Sequence
+from typing import TypedDict
 
 import numpy as np
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.metrics import describe_array
 from cbbench.harness.records import RequestRecord
 from cbbench.harness.session_summary import session_summary
+
+
+class Stats(TypedDict):
+    """One metric's statistics (workloads/stats.describe): None when nothing was measured."""
+
+    mean: float | None
+    p50: float | None
+    p90: float | None
+    p95: float | None
+    p99: float | None
+    max: float | None
+    count: int
+
+
+class Counts(TypedDict, total=False):
+    total: int  # measured (non-warmup) requests
+    completed: int
+    failed: int
+    warmup_excluded: int
+    short_outputs: int
+    prompt_token_mismatch: int
+    output_token_mismatch: int
+    token_count_mismatch: int
+
+
+class RunSummary(TypedDict, total=False):
+    """The one run summary (run.json's "summary"): bench, locust, run and sim write it, report,
+    gate and diagnose read it. A replay adds its engine step statistics under "sim"
+    (studies.simulation.run_summary); a run with telemetry adds "telemetry"."""
+
+    duration_s: float
+    counts: Counts
+    error_rate: float
+    errors_by_kind: dict[str, int]
+    errors_by_reason: dict[str, int]
+    ttft_s: Stats
+    tpot_s: Stats
+    itl_s: Stats
+    e2e_s: Stats
+    client_queue_s: Stats
+    server_queue_s: Stats
+    send_lag_s: Stats
+    request_throughput: float | None
+    output_throughput: float | None
+    total_token_throughput: float | None
+    total_output_tokens: int
+    total_input_tokens: int
+    prompt_token_mismatch_mean: float | None
+    goodput: dict | None
+    client: dict
+    client_bound: bool
+    client_bound_reason: str | None
+    sessions: dict
+    sim: dict  # a replay's step statistics (SimResult.summary())
+    # written by the runner (harness/runner.py) for runs over HTTP
+    telemetry: dict  # the samplers' summaries
+    cancelled_in_flight: int
+    connections: dict
+    timestamp_source: str
+    server_stopped_answering: str
+    worker_crashes: list
+
 
 SLO_KEYS = ("ttft", "tpot", "e2e")
 # The client set the pace when any of these is exceeded (seconds, or a fraction of one core).
@@ -114,7 +177,7 @@ def summarize(
     duration_s: float | None = None,
     slo: dict[str, float] | None = None,
     client: dict | None = None,
-) -> dict:
+) -> RunSummary:
     """Summary of a run. `client`: optional {"loop_lag_s": [...], "cpu": [...]} samples and
     `timestamp_source` ("kernel" | "user", default user: the stricter loop-lag limit)."""
     measured = [r for r in records if not r.warmup]
@@ -139,7 +202,7 @@ def summarize(
     out_mismatch = ~np.isnan(o_client) & ~np.isnan(o_server) & (o_client != o_server)
 
     dur = duration_s if duration_s > 0 else float("nan")
-    summary: dict = {
+    summary: RunSummary = {
         "duration_s": duration_s,
         "counts": {
             "total": len(measured),

@@ -60,3 +60,14 @@ def test_measured_summaries_read_the_servers_telemetry():
         "| batch occupancy (mean) | 50% |" in text and "| KV usage mean / max | 25% / 50% |" in text
     )
     assert "engine steps" not in text
+
+
+def test_the_summary_type_names_every_key_summarize_writes():
+    """RunSummary (the typed form of run.json's summary) covers what summarize and a replay
+    write, and Stats is exactly the percentile helper's output."""
+    from cbbench.harness.summary import Counts, RunSummary, Stats
+
+    s = _sim_summaries()["static"]
+    assert set(s) <= set(RunSummary.__annotations__)
+    assert set(s["counts"]) <= set(Counts.__annotations__)
+    assert set(s["ttft_s"]) == set(Stats.__annotations__)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cbbench.harness.errors import CbbenchError
-from cbbench.harness.summary import parse_slo
+from cbbench.harness.summary import RunSummary, parse_slo
 from cbbench.reference_engine.config import SCHEDULERS
 from cbbench.reference_engine.options import FLAGS, SIM_DEFAULTS, engine_argv
 from rich.console import Console
@@ -78,7 +78,7 @@ class RunOptions:
 class RunDemoResult:
     parent: Path
     run_dirs: list[Path]
-    summaries: dict[str, dict]  # measured runs: scheduler -> run summary
+    summaries: dict[str, RunSummary]  # measured runs: scheduler -> run summary
     interrupted: bool
     device: str = "sim"
     report: Path | None = None

@@ -20,7 +20,7 @@ from cbbench.harness.errors import CbbenchError
 from cbbench.harness.progress import request_progress
 from cbbench.harness.records import RequestRecord
 from cbbench.harness.results import RunWriter
-from cbbench.harness.summary import summarize
+from cbbench.harness.summary import RunSummary, summarize
 from cbbench.reference_engine.block_manager import cdiv
 from cbbench.reference_engine.config import SCHEDULERS, EngineConfig
 from cbbench.reference_engine.cost_model import CostModel, get_hardware
@@ -186,7 +186,9 @@ def write_run(
     return d
 
 
-def run_summary(res: SimResult, scheduler: str, records: list[RequestRecord] | None = None) -> dict:
+def run_summary(
+    res: SimResult, scheduler: str, records: list[RequestRecord] | None = None
+) -> RunSummary:
     """The one run summary (`summary.summarize`) of a replay, with its step statistics
     (`SimResult.summary()`) under "sim": what run.json holds and the table shows."""
     records = to_records(res, scheduler) if records is None else records
