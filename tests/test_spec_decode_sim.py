@@ -22,8 +22,8 @@ def test_sim_runs_spec_beside_plain_continuous(capsys):
     )  # fmt: skip
     out = capsys.readouterr().out
     assert rc == 0
-    assert "continuous+spec" in out and "throughput vs continuous" in out
-    assert "spec: draft acceptance rate" in out
+    assert "continuous+spec" in out and "output tok/s vs continuous" in out
+    assert "spec: draft acceptance" in out
 
 
 def test_sim_spec_needs_continuous(capsys):
