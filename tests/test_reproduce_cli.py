@@ -119,3 +119,11 @@ def test_gpu_check_says_it_needs_cuda_and_sizes_memory_like_the_server(capsys):
     _, _, cond = rp.configs(s, reqs)
     # a pool of B mean-length requests: static's max_model_len reservation shrinks its batch
     assert cond["static_batch_limited_by"] == "memory" and cond["static_batch_size"] < 16
+
+
+def test_run_pair_reports_progress_over_both_replays():
+    calls: list[tuple[int, int]] = []
+    s = rp.Setting(num_requests=6, max_num_seqs=4, length_scale=16)
+    rp.run_pair("mixed", s, on_progress=lambda done, n: calls.append((done, n)))
+    assert calls[-1] == (12, 12) and all(n == 12 for _, n in calls)
+    assert [d for d, _ in calls] == sorted(d for d, _ in calls)  # static's, then continuous'

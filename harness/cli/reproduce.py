@@ -26,6 +26,7 @@ from pathlib import Path
 
 from cbbench.harness.compare import emit_table
 from cbbench.harness.errors import CbbenchError
+from cbbench.harness.progress import request_progress
 from cbbench.harness.studies import reproduce as rp
 from cbbench.reference_engine.options import SIM_DEFAULTS, add_engine_args, engine_value
 from rich.console import Console
@@ -118,8 +119,9 @@ def _rows(console: Console, label: str, s: rp.Setting, out: Path | None, folder:
     rows = {}
     for w in rp.WORKLOADS:
         t0 = time.perf_counter()
-        with console.status(f"{label}: {w}, static and continuous ({s.num_requests} requests)"):
-            row = rp.run_pair(w, s, wrap_executor=wrap)
+        desc = f"{label}: {w}, static then continuous"
+        with request_progress(console, desc, 2 * (s.num_requests or 1)) as progress:
+            row = rp.run_pair(w, s, wrap_executor=wrap, on_progress=progress)
         st_res, co_res = row.pop("results")
         c = row["conditions"]
         console.print(

@@ -280,8 +280,10 @@ def run_pair(
     s: Setting,
     wrap_executor: Callable | None = None,
     replay_fn: Callable | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> dict:
-    """Static and continuous on the same requests under setting `s`: one table row."""
+    """Static and continuous on the same requests under setting `s`: one table row.
+    `on_progress(done, total)` counts finished requests over both replays."""
     from cbbench.reference_engine.simulate import replay
     from cbbench.workloads import load_workload
 
@@ -295,6 +297,10 @@ def run_pair(
         if s.executor != "sim":
             raise CbbenchError("a padded static batch is simulated only (static_padded=False)")
         st_kw["wrap_executor"] = PaddedStatic
+    if on_progress is not None:
+        n = len(reqs)
+        st_kw["on_progress"] = lambda done, _: on_progress(done, 2 * n)
+        kw["on_progress"] = lambda done, _: on_progress(n + done, 2 * n)
     st_res = run(reqs, st_cfg, **st_kw)
     co_res = run(reqs, co_cfg, **kw)
     st, co = sustained(st_res), sustained(co_res)
