@@ -361,3 +361,19 @@ def test_locust_refuses_multi_turn_sessions(tmp_path):
     settings = LocustSettings(base_url="http://127.0.0.1:1", workload=str(spec))
     with pytest.raises(CbbenchError, match="turn 2 of session 's0'.*cbbench bench"):
         load_workload_for(settings)
+
+
+def test_diagnose_flags_sessions_that_miss_the_prefix_cache(server, tmp_path):
+    from cbbench.harness.diagnose import diagnose_run
+    from cbbench.harness.results import load_run
+
+    spec = {**SPEC, "session": {**SPEC["session"], "turns": {"dist": "constant", "value": 4}}}
+    wl = build_from_spec(spec, "s", "spec", seed=15, num_requests=12)
+    with serve(EngineConfig(model="tiny", block_size=4)) as (no_cache, _):
+        off = _run(no_cache, wl, tmp_path / "off")
+    on = _run(server, wl, tmp_path / "on")
+    found = {f.rule: f for f in diagnose_run(load_run(off.run_dir)).findings}
+    assert "session-cache" in found
+    assert found["session-cache"].values["later_turn_hit_rate"] == 0.0
+    assert "--enable-prefix-caching" in found["session-cache"].fixes["cbbench"]
+    assert "session-cache" not in {f.rule for f in diagnose_run(load_run(on.run_dir)).findings}

@@ -4,6 +4,17 @@ them at the time of writing; check your version's docs before a deploy (names ch
 from __future__ import annotations
 
 FIXES: dict[str, dict[str, str]] = {
+    "session-cache": {
+        "vllm": "keep automatic prefix caching on (--enable-prefix-caching, the V1 default; "
+        "drop --no-enable-prefix-caching); more KV memory (--gpu-memory-utilization) keeps "
+        "histories cached across think times",
+        "sglang": "keep RadixAttention on (drop --disable-radix-cache); raise "
+        "--mem-fraction-static so histories survive between turns",
+        "tgi": "keep prefix caching on (PREFIX_CACHING=1, the TGI 3 default)",
+        "triton": "TensorRT-LLM backend: enable_kv_cache_reuse: true (and paged KV cache)",
+        "cbbench": "cbbench serve --enable-prefix-caching (continuous scheduler); more "
+        "--num-kv-blocks keeps histories cached between turns",
+    },
     "errors": {
         "vllm": "HTTP 400: prompt + max_tokens over --max-model-len (raise it or cap requests); "
         "timeouts: offer less load or raise the client timeout; connection errors: check "

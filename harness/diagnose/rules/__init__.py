@@ -12,6 +12,7 @@ from cbbench.harness.diagnose.rules import (
     low_utilization,
     prefill_stall,
     queue_delay,
+    session_cache,
 )
 
 RULES: tuple[Rule, ...] = (
@@ -24,4 +25,5 @@ RULES: tuple[Rule, ...] = (
     queue_delay.RULE,
     prefill_stall.RULE,
     length_skew.RULE,
+    session_cache.RULE,
 )
