@@ -125,6 +125,9 @@ def test_turns_resend_prompt_and_reply_token_for_token(server, tmp_path, cap_uni
     assert s["ttft_turn1_s"]["count"] + s["ttft_later_turns_s"]["count"] == 9
     assert s["prefix_cache_hit_rate_turn1"] == 0.0  # fresh prompts
     assert s["prefix_cache_hit_rate_later_turns"] > 0.5  # the history is cached
+    rates = [s["by_turn"][t]["prefix_cache_hit_rate"] for t in sorted(s["by_turn"], key=int)]
+    assert len(rates) >= 3 and rates[0] == 0.0 < rates[1]
+    assert all(b >= a - 0.02 for a, b in zip(rates[1:], rates[2:], strict=False))  # rising
     assert s["history_len"]["max"] > s["history_len"]["p50"] > 0
     out = io.StringIO()
     Console(file=out, width=200).print(summary_table(res.summary))
