@@ -262,13 +262,13 @@ class LLMEngine:
             self._idle_since_step()
             return []
         sched_s = time.perf_counter() - t0  # host scheduling only, not the draft's forwards
+        start = self.now()  # the device's work starts here: draft forwards, then the verify
         if self.proposer is not None and any(c.num_lookahead for c in out.chunks):
             self.proposer.propose(out.chunks)
         for c in out.chunks:
             assert len(c.spec_token_ids) <= c.num_lookahead
             if c.seq.metrics.first_scheduled_time is None:
                 c.seq.metrics.first_scheduled_time = now
-        start = self.now()
         tokens = self.executor.execute(out.chunks)
         logprobs = getattr(self.executor, "last_logprobs", None) or {}
         end = self.now()
