@@ -1,22 +1,15 @@
-"""`cbbench sweep`: one benchmark per load level into one folder, for `cbbench report` curves."""
+"""`cbbench sweep`: one benchmark per load level into one folder, for `cbbench report` curves.
+
+Parse -> SweepOptions -> harness.sweep_runner.run_sweep -> print."""
 
 from __future__ import annotations
 
 import argparse
-import io
-import json
-import math
-import os
 import sys
-import time
 from pathlib import Path
 
-from cbbench.harness.errors import CbbenchError
-from cbbench.harness.sweep import Level, SaturationWatch, auto_rates, parse_list
-from cbbench.harness.telemetry import TelemetryOptions, build_samplers
-
-SWEEP_FILE = "sweep.json"
-SUSTAINED = 0.9  # achieved/offered request rate above which a rate level is sustained
+from cbbench.harness.sweep import parse_list
+from cbbench.harness.telemetry import TelemetryOptions
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -73,240 +66,50 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run_level(args: argparse.Namespace, level: Level, out: Path) -> dict:
-    from cbbench.harness.load_options import ClientOptions, LoadOptions, bench_config
-    from cbbench.harness.runner import run_bench
-    from rich.console import Console
+def sweep_options(args: argparse.Namespace):
+    """The typed options of the parsed flags."""
+    from cbbench.harness.load_options import ClientOptions, LoadOptions
+    from cbbench.harness.sweep_runner import SweepOptions
 
-    load = LoadOptions.from_args(
-        args, rate=level.rate, concurrency=level.concurrency, duration=None
-    )
-    client = ClientOptions(
-        endpoint=args.endpoint, model=args.model, slo=args.slo, api_key=args.api_key,
-        timeout_s=args.timeout,
-    )  # fmt: skip
-    name = f"{Path(str(args.workload)).name}-{level.name}"
-    cfg = bench_config(
-        args.base_url, load, client, out_dir=str(out / level.name), name=name,
-        live=not args.no_live, command=list(sys.argv),
-    )  # fmt: skip
-    cfg.load = {**cfg.load, "sweep_level": level.name}
-    samplers = list(build_samplers(TelemetryOptions.from_args(args), cfg.base_url))
-    watch = SaturationWatch(Path(cfg.out_dir), len(cfg.workload), args.level_timeout)
-    console = Console(stderr=True) if not args.no_live else Console(file=io.StringIO())
-    t = time.monotonic()
-    try:
-        result = run_bench(cfg, [*samplers, watch], console=console)
-    except KeyboardInterrupt:
-        if watch.reason is None:
-            raise
-        raise CbbenchError(
-            f"{cfg.out_dir}: level stopped while finishing ({watch.reason})"
-        ) from None
-    s = result.summary
-    return {
-        "name": level.name,
-        "load": level.describe(),
-        "rate": None if level.rate is None or math.isinf(level.rate) else level.rate,
-        "all_at_once": level.rate is not None and math.isinf(level.rate),
-        "concurrency": level.concurrency,
-        "request_throughput": s.get("request_throughput"),
-        "output_throughput": s.get("output_throughput"),
-        "ttft_p50_s": (s.get("ttft_s") or {}).get("p50"),
-        "ttft_p99_s": (s.get("ttft_s") or {}).get("p99"),
-        "completed": (s.get("counts") or {}).get("completed"),
-        "requests": (s.get("counts") or {}).get("total"),
-        "goodput_fraction": (s.get("goodput") or {}).get("fraction"),
-        "stopped_early": watch.reason,
-        "interrupted": result.interrupted and watch.reason is None,  # the user's Ctrl-C
-        "wall_s": round(time.monotonic() - t, 3),
-    }
-
-
-def _write_index(out: Path, index: dict) -> None:
-    tmp = out / (SWEEP_FILE + ".tmp")
-    tmp.write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, out / SWEEP_FILE)
-
-
-def saturation(levels: list[dict]) -> dict:
-    """The highest offered rate the server sustained, and the most it ever delivered."""
-    sustained = [
-        lv["rate"]
-        for lv in levels
-        if lv["rate"]
-        and not lv["stopped_early"]
-        and (lv["request_throughput"] or 0) >= SUSTAINED * lv["rate"]
-    ]
-    peak = max((lv["request_throughput"] or 0 for lv in levels), default=0.0)
-    return {"max_sustained_rate": max(sustained, default=None), "max_request_throughput": peak}
-
-
-def _check(args: argparse.Namespace, out: Path) -> None:
-    if (out / SWEEP_FILE).exists():
-        raise CbbenchError(f"{out}: already holds a sweep; choose another --out")
-    if args.num_requests < 1 or args.max_levels < 1 or args.level_timeout <= 0:
-        raise CbbenchError("--num-requests, --max-levels and --level-timeout must be positive")
-
-
-def run(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    _check(args, out)
-    if args.find_max_rate:
-        return find_max_rate(args, out)
-    if args.rates:
-        plan = [Level(f"rate-{r:g}", rate=r) for r in parse_list(args.rates, "--rates")]
-    elif args.concurrency:
-        plan = [
-            Level(f"concurrency-{c}", concurrency=c)
-            for c in parse_list(args.concurrency, "--concurrency", int)
-        ]
-    else:
-        plan = [Level("sync", concurrency=1), Level("max", rate=math.inf)]
-    if len(plan) > args.max_levels:
-        raise CbbenchError(f"{len(plan)} levels, more than --max-levels {args.max_levels}")
-    out.mkdir(parents=True, exist_ok=True)
-    mode = "rates" if args.rates else "concurrency" if args.concurrency else "auto"
-    index: dict = {
-        "kind": "sweep",
-        "mode": mode,
-        "workload": args.workload,
-        "runs": [],
-        "levels": [],
-    }
-    status = "complete"
-    try:
-        i = 0
-        while i < len(plan) and i < args.max_levels:
-            level = plan[i]
-            print(f"sweep level {i + 1}: {level.describe()}", file=sys.stderr)
-            lv = run_level(args, level, out)
-            index["runs"].append(level.name)
-            index["levels"].append(lv)
-            if lv["stopped_early"]:
-                print(f"  stopped early: {lv['stopped_early']}", file=sys.stderr)
-            _write_index(out, index)
-            if lv["interrupted"]:
-                raise KeyboardInterrupt  # stop the sweep; the level keeps what finished
-            if mode == "auto" and level.name == "max":
-                sync_rps = index["levels"][0]["request_throughput"] or 0.0
-                rates = auto_rates(sync_rps, lv["request_throughput"] or 0.0, args.between)
-                plan += [Level(f"rate-{r:.3g}", rate=float(f"{r:.3g}")) for r in rates]
-            i += 1
-    except KeyboardInterrupt:
-        status = "interrupted"
-    if mode == "auto":  # report order = load order: synchronous, rates, all at once
-        rank = {"sync": -1.0, "max": math.inf}
-        index["levels"].sort(key=lambda lv: rank.get(lv["name"], lv["rate"] or 0.0))
-        index["runs"] = [lv["name"] for lv in index["levels"]]
-    index["status"] = status
-    index["saturation"] = saturation(index["levels"])
-    _write_index(out, index)
-    _print(index)
-    print(f"sweep folder: {out}  (cbbench report {out})", file=sys.stderr)
-    return 130 if status == "interrupted" else 0
-
-
-def _print(index: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title=f"cbbench sweep ({index['mode']}, {index['status']})")
-    for col in ("level", "req/s", "output tok/s", "TTFT p50 (ms)", "TTFT p99 (ms)", "note"):
-        t.add_column(col, justify="left" if col in ("level", "note") else "right")
-
-    def ms(v):
-        return "–" if v is None else f"{v * 1e3:.1f}"
-
-    for lv in index["levels"]:
-        t.add_row(
-            lv["load"],
-            "–" if lv["request_throughput"] is None else f"{lv['request_throughput']:.2f}",
-            "–" if lv["output_throughput"] is None else f"{lv['output_throughput']:.1f}",
-            ms(lv["ttft_p50_s"]),
-            ms(lv["ttft_p99_s"]),
-            lv["stopped_early"] or "",
-        )
-    Console(stderr=True).print(t)
-    sat = index["saturation"]
-    if sat["max_sustained_rate"] is not None:
-        print(
-            f"highest sustained rate {sat['max_sustained_rate']:g} req/s; "
-            f"peak {sat['max_request_throughput']:.2f} req/s",
-            file=sys.stderr,
-        )
-
-
-def find_max_rate(args: argparse.Namespace, out: Path) -> int:
-    """--find-max-rate: the capacity search of harness.capacity, one run folder per trial."""
-    from cbbench.harness.capacity import CapacityConfig, Trial
-    from cbbench.harness.capacity import find_max_rate as search
-    from cbbench.harness.summary import parse_slo
-
-    if not parse_slo(args.slo):
-        raise CbbenchError("--find-max-rate needs --slo, e.g. --slo ttft=200ms,tpot=50ms")
-    cfg = CapacityConfig(
+    return SweepOptions(
+        base_url=args.base_url,
+        out=Path(args.out),
+        load=LoadOptions(
+            workload=args.workload, seed=args.seed, num_requests=args.num_requests,
+            arrival=args.arrival, warmup=args.warmup,
+        ),
+        client=ClientOptions(
+            endpoint=args.endpoint, model=args.model, slo=args.slo, api_key=args.api_key,
+            timeout_s=args.timeout,
+        ),
+        telemetry=TelemetryOptions.from_args(args),
+        rates=parse_list(args.rates, "--rates") if args.rates else None,
+        concurrency=parse_list(args.concurrency, "--concurrency", int) if args.concurrency else None,
+        find_max_rate=args.find_max_rate,
+        between=args.between,
+        level_timeout_s=args.level_timeout,
+        max_levels=args.max_levels,
+        live=not args.no_live,
+        command=list(sys.argv),
         goodput=args.goodput,
         start_rate=args.start_rate,
         max_rate=args.max_rate,
-        min_rate=min(args.start_rate, 0.01),
         precision=args.precision,
         repeats=args.repeats,
-        requests_per_level=args.num_requests,
         max_requests=args.max_requests,
         max_time_s=args.max_time,
-    )
-    cfg.validate()
-    out.mkdir(parents=True, exist_ok=True)
-    index: dict = {
-        "kind": "sweep",
-        "mode": "find-max-rate",
-        "workload": args.workload,
-        "slo": args.slo,
-        "goodput": args.goodput,
-        "runs": [],
-        "levels": [],
-    }
+    )  # fmt: skip
 
-    def measure(rate: float, attempt: int) -> Trial:
-        name = f"rate-{rate:.4g}" + (f"-repeat{attempt}" if attempt else "")
-        print(
-            f"capacity search: rate {rate:.4g}/s" + (f" (repeat {attempt})" if attempt else ""),
-            file=sys.stderr,
-        )
-        level_args = argparse.Namespace(**{**vars(args), "seed": args.seed + attempt})
-        lv = run_level(level_args, Level(name, rate=float(f"{rate:.4g}")), out)
-        index["runs"].append(name)
-        index["levels"].append(lv)
-        _write_index(out, index)
-        if lv["interrupted"]:
-            raise KeyboardInterrupt
-        good = lv["goodput_fraction"]
-        if lv["stopped_early"]:
-            good = 0.0  # clearly over-saturated: stopped before it finished
-        print(f"  goodput {'–' if good is None else f'{good:.0%}'}", file=sys.stderr)
-        return Trial(rate, attempt, good, lv["request_throughput"], lv["requests"] or 0, name)
 
-    status = "complete"
-    try:
-        res = search(measure, cfg)
-        index["capacity"] = res.to_dict()
-    except KeyboardInterrupt:
-        status = "interrupted"
-    index["status"] = status
-    index["saturation"] = saturation(index["levels"])
-    _write_index(out, index)
-    cap = index.get("capacity")
-    if cap:
-        lo, hi = cap["interval"]
-        if lo is None:
-            print(f"no rate met the SLO ({cap['stopped']})")
-        else:
-            upper = f"{hi:.3g}" if hi is not None else "?"
-            print(
-                f"max rate meeting {args.slo} for {args.goodput:.0%} of requests: {lo:.3g} req/s "
-                f"(interval [{lo:.3g}, {upper}); {cap['stopped']}; {cap['requests']} requests, "
-                f"{cap['wall_s']:.0f} s)"
-            )
-    print(f"sweep folder: {out}  (cbbench report {out})", file=sys.stderr)
-    return 130 if status == "interrupted" else 0
+def run(args: argparse.Namespace) -> int:
+    from cbbench.harness.sweep_runner import print_capacity, print_sweep, run_sweep
+
+    opts = sweep_options(args)
+    index = run_sweep(opts)
+    if opts.find_max_rate:
+        print_capacity(index)
+    else:
+        print_sweep(index)
+    print(f"sweep folder: {opts.out}  (cbbench report {opts.out})", file=sys.stderr)
+    return 130 if index.get("status") == "interrupted" else 0
+
