@@ -95,8 +95,12 @@ def _now_s(t0_ns: int) -> float:
 
 
 async def _sleep_until_s(t_s: float, t0_ns: int, stop: asyncio.Event) -> None:
-    delay = t_s - _now_s(t0_ns)
-    if delay > 0:
+    """Until t_s (seconds from t0) or stop, never early: event-loop timers (uvloop's in whole
+    milliseconds) may fire a little before their time, and the rest is slept again."""
+    while not stop.is_set():
+        delay = t_s - _now_s(t0_ns)
+        if delay <= 0:
+            return
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), delay)
 

@@ -57,3 +57,24 @@ def test_event_loop_choice(monkeypatch):
     if aio.loop_name() == "uvloop":  # installed (the `fast` extra)
         assert aio.run(which()).startswith("uvloop")
     assert aio.loop_name(use_uvloop=False) == "asyncio"
+
+
+def test_open_loop_never_sends_before_the_schedule(tmp_path):
+    """uvloop's timers work in whole milliseconds and may fire a little early: a scheduled
+    request still goes out at or after its arrival time."""
+    import io
+
+    from cbbench.harness.runner import BenchConfig, run_bench
+    from cbbench.workloads.spec import RequestSpec, Workload
+    from rich.console import Console
+
+    specs = tuple(RequestSpec(i, 4, 2, arrival_s=0.0137 * i + 0.0004) for i in range(60))
+    wl = Workload("t", 0, specs)
+    assert wl.open_loop
+    with threaded(FakeServerConfig(Behavior())) as srv:
+        cfg = BenchConfig(base_url=srv.url, workload=wl, out_dir=tmp_path / "run", live=False)
+        res = run_bench(cfg, console=Console(file=io.StringIO()))
+    recs = [r for r in res.records if r.ok]
+    assert len(recs) == 60
+    early = [r.scheduled_s - r.sent_s for r in recs if r.sent_s < r.scheduled_s]
+    assert not early, f"{len(early)} sent early, by up to {max(early) * 1e3:.3f} ms"
