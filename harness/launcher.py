@@ -182,8 +182,6 @@ def launch_reference_server(
     ready_timeout_s: float = 120.0,
 ) -> Iterator[ServerHandle]:
     """A ready reference server for the duration of the block; stopped cleanly on exit."""
-    handle = start_reference_server(model, scheduler, device, extra_args, ready_timeout_s)
-    try:
+    cmd = serve_command(model, scheduler, device, extra_args)
+    with launch_server(cmd, ready_timeout_s, name="cbbench serve") as handle:
         yield handle
-    finally:
-        handle.stop()
