@@ -49,6 +49,8 @@ def test_run_two_schedulers_end_to_end(tmp_path, capsys, monkeypatch):
     assert "static" in html and "continuous" in html and "<svg" in html
     assert "output tok/s vs static" in text and "E2E p99 (ms)" in text
     assert "batch occupancy" in text and "KV usage" in text
+    assert "partial batch waits --drain-timeout (1s)" in text  # the table says why static idles
+    assert (out / "comparison.md").read_text().count("| E2E p99 (ms) |") == 1
     assert f"report: {out / 'report.html'}" in text
     assert not (out / "dynamic").exists()
 

@@ -108,6 +108,14 @@ def run(args: argparse.Namespace) -> int:
         from cbbench.harness.compare import comparison_table, emit_table
 
         table = comparison_table(res.summaries, _title(opts, res.device))
+        if "static" in res.summaries and opts.rate is None:
+            drain = opts.engine.get("drain_timeout", 1.0)
+            note = (
+                f"static: a server cannot know that no request will follow, so its last, "
+                f"partial batch waits --drain-timeout ({drain:g}s) before it runs (in the "
+                f"duration); `cbbench sim` knows and runs it at once"
+            )
+            table.caption = f"{table.caption}; {note}" if table.caption else note
         console.print(f"table: {emit_table(console, table, res.parent)}")
     if res.report is not None:
         console.print(f"report: {res.report}")
