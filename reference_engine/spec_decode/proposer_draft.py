@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.executor import ScheduledChunk
+from cbbench.reference_engine.loader import resolve_config
 from cbbench.reference_engine.model_runner import BatchItem, ModelRunner, prepare_items
 from cbbench.reference_engine.sampler import Sampler
 from cbbench.reference_engine.sampling_params import SamplingParams
@@ -28,6 +29,17 @@ _SALT = 0x2545F491  # draft draws apart from the target sampler's for the same s
 
 class DraftModelProposer:
     def __init__(self, model: str, target: ModelRunner, max_model_len: int, seed: int = 0):
+        cfg, tcfg = resolve_config(model), target.model_config  # checked before any weights
+        if cfg.vocab_size != tcfg.vocab_size:
+            raise EngineError(
+                f"speculative model {model!r}: vocabulary of {cfg.vocab_size} tokens, the "
+                f"target's has {tcfg.vocab_size}; a draft model must share the vocabulary"
+            )
+        if cfg.max_position_embeddings < max_model_len:
+            raise EngineError(
+                f"speculative model {model!r}: max_position_embeddings "
+                f"{cfg.max_position_embeddings} < max_model_len {max_model_len}"
+            )
         self.runner = ModelRunner(
             model,
             num_kv_blocks=target.num_kv_blocks,
@@ -38,19 +50,8 @@ class DraftModelProposer:
             seed=seed,
             num_threads=torch.get_num_threads(),  # the target's setting, whatever the draft size
         )
-        cfg, tcfg = self.runner.model_config, target.model_config
-        if cfg.vocab_size != tcfg.vocab_size:
-            raise EngineError(
-                f"speculative model {model!r}: vocabulary of {cfg.vocab_size} tokens, the "
-                f"target's has {tcfg.vocab_size}; a draft model must share the vocabulary"
-            )
         self.generator = torch.Generator(device=self.runner.device).manual_seed(seed ^ _SALT)
         self._row_generator = torch.Generator(device=self.runner.device)
-        if cfg.max_position_embeddings < max_model_len:
-            raise EngineError(
-                f"speculative model {model!r}: max_position_embeddings "
-                f"{cfg.max_position_embeddings} < max_model_len {max_model_len}"
-            )
 
     def _forward(self, items: list[BatchItem], chunks: list[ScheduledChunk]) -> list[int]:
         """One draft forward; the next draft of each chunk: the argmax for greedy requests,
