@@ -28,6 +28,7 @@ from cbbench.harness.probe import design
 from cbbench.harness.probe import verdicts as V
 from cbbench.harness.probe.verdicts import Verdict
 from cbbench.harness.records import RequestRecord
+from cbbench.harness.redact import redact_meta
 from cbbench.harness.runner import BenchConfig, run_bench
 from cbbench.harness.telemetry import ServerMetricsSampler, metrics_url_for
 from cbbench.workloads.spec import Workload
@@ -155,7 +156,8 @@ def run_probe(cfg: ProbeConfig) -> ProbeResult:
         "skipped": skipped,
         "verdicts": [v.to_dict() for v in verdicts],
     }
-    (out / PROBE_FILE).write_text(json.dumps(index, indent=2, default=str) + "\n", encoding="utf-8")
+    text = json.dumps(redact_meta(index), indent=2, default=str)  # no URL password stored
+    (out / PROBE_FILE).write_text(text + "\n", encoding="utf-8")
     if status == "interrupted":
         raise KeyboardInterrupt
     return result
