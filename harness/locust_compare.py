@@ -1,16 +1,18 @@
 """`cbbench selftest --compare locust`: requests per client CPU-second, Locust vs cbbench.
 
-One zero-delay local server (`fake_server`, its own process), then two clients one after the
+One zero-delay local server (`fake_server`, its own process), then three runs one after the
 other at the same number of streams, request and token count:
 - Locust's FastHttpUser (geventhttpclient's C parser, gevent), as a streaming LLM user is
   usually written: POST with `stream=True`, read the body as it comes, split it into SSE
-  events and `json.loads` each one (to count tokens); nothing else.
+  events and `json.loads` each one (to count tokens); nothing else. Once with one constant
+  request body, once building each request's prompt as cbbench does (workloads/tokens.py:
+  a seeded draw per request, the same work cbbench does per request).
 - cbbench's own client (`run_bench`, one worker in this process): SSE parsing, token counting,
   per-token timing, a record per request written to disk, telemetry samples.
 Each side's CPU is what its process spent while the load ran (`time.process_time`, user +
 system, so the kernel's share of loopback sends counts for both), from the first request to
 the last: start-up, cbbench's probe and summary are left out of both.
-The ratio is cbbench / Locust requests per client CPU-second: above 1, cbbench is cheaper.
+The ratios are cbbench / Locust requests per client CPU-second: above 1, cbbench is cheaper.
 """
 
 from __future__ import annotations
@@ -33,10 +35,23 @@ import json, os, time
 from locust import FastHttpUser, constant, events, task
 
 OUT = os.environ["CBB_COMPARE_OUT"]
-BODY = json.dumps({"model": "fake-model", "prompt": list(range(16)),
-                   "max_tokens": int(os.environ["CBB_COMPARE_TOKENS"]), "stream": True,
-                   "ignore_eos": True, "return_token_ids": True})
-STATE = {"done": 0, "failed": 0, "tokens": 0, "cpu0": None, "t0": None}
+TOKENS = int(os.environ["CBB_COMPARE_TOKENS"])
+BODY = json.dumps({"model": "fake-model", "prompt": list(range(16)), "max_tokens": TOKENS,
+                   "stream": True, "ignore_eos": True, "return_token_ids": True})
+PROMPTS = None
+if os.environ.get("CBB_COMPARE_PROMPTS"):  # the same per-request prompts cbbench sends
+    from cbbench.workloads.tokens import PromptTokenIds
+    PROMPTS = PromptTokenIds(0, 512)
+STATE = {"done": 0, "failed": 0, "tokens": 0, "cpu0": None, "t0": None, "next": 0}
+
+
+def body():
+    if PROMPTS is None:
+        return BODY
+    i = STATE["next"]
+    STATE["next"] = i + 1
+    return json.dumps({"model": "fake-model", "prompt": PROMPTS(i, 16), "max_tokens": TOKENS,
+                       "stream": True, "ignore_eos": True, "return_token_ids": True})
 
 
 @events.test_start.add_listener
@@ -59,7 +74,7 @@ class StreamUser(FastHttpUser):
     @task
     def stream(self):
         headers = {"content-type": "application/json"}
-        with self.client.post("/v1/completions", data=BODY, headers=headers, stream=True,
+        with self.client.post("/v1/completions", data=body(), headers=headers, stream=True,
                               catch_response=True) as resp:
             buf, tokens, done = b"", 0, False
             while True:
@@ -98,11 +113,16 @@ class ClientCost:
         return self.requests / self.cpu_s if self.cpu_s > 0 else 0.0
 
 
-def run_locust(url: str, streams: int, tokens: int, seconds: float) -> ClientCost:
+def run_locust(
+    url: str, streams: int, tokens: int, seconds: float, prompts: bool = False
+) -> ClientCost:
+    """Locust's streaming user; `prompts`: each request's prompt built as cbbench builds it
+    (workloads/tokens.py), else one constant body."""
     with tempfile.TemporaryDirectory(prefix="cbbench-compare-") as tmp:
         lf, out = Path(tmp) / "locustfile.py", Path(tmp) / "result.json"
         lf.write_text(LOCUSTFILE)
         env = {**os.environ, "CBB_COMPARE_OUT": str(out), "CBB_COMPARE_TOKENS": str(tokens)}
+        env["CBB_COMPARE_PROMPTS"] = "1" if prompts else ""
         cmd = [sys.executable, "-m", "locust", "-f", str(lf), "--headless", "--host", url]
         cmd += ["-u", str(streams), "-r", str(max(streams, 1) * 10), "-t", f"{seconds:g}s"]
         cmd += ["--only-summary", "--loglevel", "WARNING", "--stop-timeout", "5"]
@@ -113,7 +133,8 @@ def run_locust(url: str, streams: int, tokens: int, seconds: float) -> ClientCos
             tail = (proc.stderr or proc.stdout)[-600:]
             raise CbbenchError(f"selftest --compare locust: Locust did not finish: {tail}")
         r = json.loads(out.read_text())
-    return ClientCost("locust FastHttpUser", r["requests"], r["failed"], r["cpu_s"], r["wall_s"])
+    name = "locust FastHttpUser" + (", cbbench's prompts" if prompts else ", one body")
+    return ClientCost(name, r["requests"], r["failed"], r["cpu_s"], r["wall_s"])
 
 
 def run_cbbench(url: str, streams: int, tokens: int, seconds: float) -> ClientCost:
@@ -141,12 +162,20 @@ def run_cbbench(url: str, streams: int, tokens: int, seconds: float) -> ClientCo
 
 
 def compare(url: str, streams: int, tokens: int, seconds: float) -> dict:
-    """Locust first, then cbbench, against the same server; both costs and the ratio."""
-    locust = run_locust(url, streams, tokens, seconds)
+    """Locust (one constant body, then cbbench's per-request prompts), then cbbench, against
+    the same server; the costs and cbbench's ratio to each Locust run."""
+    plain = run_locust(url, streams, tokens, seconds)
+    same = run_locust(url, streams, tokens, seconds, prompts=True)
     ours = run_cbbench(url, streams, tokens, seconds)
-    base = locust.requests_per_cpu_s
+
+    def ratio(base: ClientCost) -> float | None:
+        b = base.requests_per_cpu_s
+        return ours.requests_per_cpu_s / b if b > 0 else None
+
     return {
-        "locust": locust,
+        "locust": plain,
+        "locust_prompts": same,
         "cbbench": ours,
-        "ratio": ours.requests_per_cpu_s / base if base > 0 else None,
+        "ratio": ratio(plain),
+        "ratio_same_prompts": ratio(same),
     }

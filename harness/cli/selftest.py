@@ -80,7 +80,7 @@ def run_compare(args: argparse.Namespace) -> int:
     )
     for col in ("client", "requests", "failed", "CPU s", "wall s", "req per CPU-s"):
         table.add_column(col, justify="right")
-    for c in (res["locust"], res["cbbench"]):
+    for c in (res["locust"], res["locust_prompts"], res["cbbench"]):
         table.add_row(
             c.name,
             str(c.requests),
@@ -89,12 +89,16 @@ def run_compare(args: argparse.Namespace) -> int:
             f"{c.wall_s:.2f}",
             f"{c.requests_per_cpu_s:.0f}",
         )
-    console = Console(width=max(Console().width, 100))
+    console = Console(width=max(Console().width, 120))
     console.print(table)
-    ratio = res["ratio"]
+
+    def x(r: float | None) -> str:
+        return "-" if r is None else f"{r:.2f}x"
+
     console.print(
-        "cbbench / Locust requests per client CPU-second: "
-        + ("-" if ratio is None else f"{ratio:.2f}x")
+        f"cbbench / Locust requests per client CPU-second: {x(res['ratio'])} "
+        f"(Locust with one body), {x(res['ratio_same_prompts'])} (Locust building the same "
+        "per-request prompts)"
     )
     return 0
 
