@@ -64,6 +64,8 @@ class LLMEngine:
         self._stats = EngineStats(0, 0, 0, 0, num_kv_blocks, 0, 0.0, 0, 0.0)
         spec = config.speculative
         self.proposer = make_proposer(config, executor, max_model_len)
+        if hasattr(self.proposer, "max_drafts"):
+            self.scheduler.draft_limit = self.proposer.max_drafts  # type: ignore[union-attr]
         self.spec_stats = SpecDecodeStats(spec.num_speculative_tokens) if spec.enabled else None
         self.last_step_window = (0.0, 0.0)  # engine-clock start/end of the last step's compute
         self._last_compute_end: float | None = None  # for the step gap

@@ -187,3 +187,30 @@ def test_draft_vocab_mismatch():
     cfg = EngineConfig(model="tiny", speculative=SpeculativeConfig("draft", 2, model="small"))
     with pytest.raises(EngineError, match="must share the vocabulary"):
         LLMEngine.from_config(cfg)
+
+
+def test_ngram_lookahead_is_charged_exactly():
+    """N-gram drafts are known when scheduling: every lookahead slot reserved (and charged
+    to the token budget) gets a draft."""
+    cfg = EngineConfig(
+        model="tiny",
+        block_size=4,
+        max_model_len=128,
+        speculative=SpeculativeConfig("ngram", 4),
+        continuous=ContinuousConfig(max_num_seqs=4, max_num_batched_tokens=12),
+    )
+    e = LLMEngine.from_config(cfg)
+    seen = []
+    inner = e.proposer.propose
+
+    def propose(chunks):
+        inner(chunks)
+        seen.extend((c.num_lookahead, len(c.spec_token_ids)) for c in chunks if c.num_lookahead)
+
+    e.proposer.propose = propose
+    for i, p in enumerate(_prompts(4)):
+        e.add_request(f"r{i}", p, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
+    while e.has_unfinished_requests():
+        e.step()
+        e.check_invariants()
+    assert seen and all(reserved == drafted for reserved, drafted in seen)

@@ -22,6 +22,8 @@ charged to the token budget; never more than its max_tokens or max_model_len lea
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from cbbench.reference_engine.executor import ScheduledChunk
 from cbbench.reference_engine.scheduler.base import Scheduler, SchedulerOutput
 from cbbench.reference_engine.scheduler.queues import RequestQueue, SortKey, priority_key
@@ -44,19 +46,22 @@ class ContinuousScheduler(Scheduler):
         self.watermark_blocks = int(cfg.watermark * self.block_manager.num_blocks)
         spec = self.config.speculative
         self.num_lookahead = spec.num_speculative_tokens if spec.enabled else 0
+        # a proposer that knows its drafts before the step (n-gram lookup) tells how many a
+        # sequence will get, so the budget and the lookahead blocks are charged exactly
+        self.draft_limit: Callable[[Sequence, int], int] | None = None
 
     def _lookahead(self, seq: Sequence, budget: int) -> int:
         """Draft slots for a decoding seq: within the budget left after its own token, and
         leaving room for the bonus token under max_tokens and max_model_len."""
-        return max(
-            0,
-            min(
-                self.num_lookahead,
-                budget - 1,
-                seq.sampling_params.max_tokens - seq.num_output_tokens - 1,
-                self.max_model_len - seq.num_tokens - 1,
-            ),
+        n = min(
+            self.num_lookahead,
+            budget - 1,
+            seq.sampling_params.max_tokens - seq.num_output_tokens - 1,
+            self.max_model_len - seq.num_tokens - 1,
         )
+        if n > 0 and self.draft_limit is not None:
+            n = self.draft_limit(seq, n)
+        return max(0, n)
 
     def _rank(self, seq: Sequence) -> tuple:
         return (0 if seq in self._forced else 1, self.waiting.key(seq))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 from cbbench.reference_engine.executor import ScheduledChunk
+from cbbench.reference_engine.sequence import Sequence
 from numpy.lib.stride_tricks import sliding_window_view
 
 
@@ -32,14 +33,31 @@ def ngram_lookup(tokens: list[int], ngram_min: int, ngram_max: int, k: int) -> l
 
 
 class NgramProposer:
+    """Drafts depend on the tokens only, so they are known at scheduling time:
+    `max_drafts` (the scheduler's draft_limit) looks them up, and `propose` hands out the
+    same lookup, so the token budget and lookahead blocks are charged for real drafts."""
+
     def __init__(self, ngram_min: int, ngram_max: int) -> None:
         assert 1 <= ngram_min <= ngram_max
         self.ngram_min = ngram_min
         self.ngram_max = ngram_max
+        self._looked_up: dict[str, tuple[int, list[int]]] = {}  # id -> (num_tokens, drafts)
+
+    def _lookup(self, seq: Sequence, k: int) -> list[int]:
+        hit = self._looked_up.get(seq.request_id)
+        if hit is not None and hit[0] == seq.num_tokens and len(hit[1]) >= k:
+            return hit[1][:k]
+        drafts = ngram_lookup(seq.token_ids, self.ngram_min, self.ngram_max, k)
+        self._looked_up[seq.request_id] = (seq.num_tokens, drafts)
+        return drafts
+
+    def max_drafts(self, seq: Sequence, k: int) -> int:
+        return len(self._lookup(seq, k))
 
     def propose(self, chunks: list[ScheduledChunk]) -> None:
         for c in chunks:
             if c.num_lookahead:
-                c.spec_token_ids = ngram_lookup(
-                    c.seq.token_ids, self.ngram_min, self.ngram_max, c.num_lookahead
-                )
+                c.spec_token_ids = self._lookup(c.seq, c.num_lookahead)
+        live = {c.seq.request_id for c in chunks}
+        for rid in [r for r in self._looked_up if r not in live]:
+            del self._looked_up[rid]  # finished, preempted or not scheduled: look up again
