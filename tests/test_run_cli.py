@@ -153,3 +153,16 @@ def test_run_ctrl_c_keeps_finished_requests(tmp_path):
     assert 1 <= len(ok) < 12 and all(r.output_tokens_server == 300 for r in ok)
     assert not (out / "continuous").exists()
     assert (out / "report.html").is_file() and "interrupted" in stdout
+
+
+def test_a_presets_own_batch_size_is_the_default_b(tmp_path, capsys, monkeypatch):
+    """seed-demo was written for B = 4: `run` uses it on both paths unless --batch-size says
+    otherwise."""
+    monkeypatch.setenv("COLUMNS", "200")
+    opts = run_options(build_parser().parse_args(["run", "--workload", "seed-demo"]))
+    assert serve_settings(opts, "static")["batch_size"] == 4
+    opts = run_options(build_parser().parse_args(["run", "--workload", "mixed"]))
+    assert serve_settings(opts, "static")["batch_size"] == 8
+    argv = ["run", "--sim", "steps", "--workload", "seed-demo", "--schedulers", "static"]
+    assert main([*argv, "--out", str(tmp_path / "s"), "--no-report"]) == 0
+    assert "B=4" in capsys.readouterr().out

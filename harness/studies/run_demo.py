@@ -18,6 +18,7 @@ from cbbench.harness.errors import CbbenchError
 from cbbench.harness.summary import RunSummary, parse_slo
 from cbbench.reference_engine.config import SCHEDULERS
 from cbbench.reference_engine.options import FLAGS, SIM_DEFAULTS, engine_argv
+from cbbench.workloads.presets import preset_settings
 from rich.console import Console
 
 DEFAULT_SLO = "ttft=10s,tpot=100ms"
@@ -138,7 +139,8 @@ def serve_settings(opts: RunOptions, scheduler: str, run_name: str | None = None
     if run_name != SPEC_NAME:
         skip |= set(SPEC_DESTS)
     out = {k: v for k, v in opts.engine.items() if k not in skip}
-    out.setdefault("batch_size", 8)  # B, also the dynamic/continuous size unless given
+    # B, also the dynamic/continuous size unless given: the preset's own (seed-demo: 4), else 8
+    out.setdefault("batch_size", preset_settings(opts.workload or "").get("batch_size", 8))
     if scheduler != "static":
         out.pop("drain_timeout", None)
     out["seed"] = opts.seed
@@ -237,12 +239,11 @@ def run_simulated(opts: RunOptions, spec: str, parent: Path, console: Console) -
 
     engine = {k: v for k, v in opts.engine.items() if k != "scheduler"}
     engine.update(executor="sim", hardware=opts.sim)
-    engine.setdefault("batch_size", 8)
     sim = SimOptions(
         workload=spec,
         schedulers=opts.schedulers,
         engine=engine,
-        engine_defaults=dict(SIM_DEFAULTS),
+        engine_defaults={**SIM_DEFAULTS, "batch_size": 8},  # a preset's own B beats it
         seed=opts.seed,
         num_requests=opts.num_requests,
         rate=opts.rate,
