@@ -32,6 +32,11 @@ def incomplete_reason(meta: dict[str, Any]) -> str | None:
         )
     if status == "interrupted":
         return "was interrupted (Ctrl-C); it holds only the requests that finished"
+    if status == "stopped":
+        return (
+            "was stopped in Locust's web UI and Locust had not quit when run.json was last "
+            "written; a restarted test may add requests"
+        )
     return f"has status {status!r}, not {COMPLETE!r}"
 
 

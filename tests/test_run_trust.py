@@ -164,3 +164,21 @@ def test_gate_refuses_a_killed_run_unless_allowed(runs, capsys):
     )
     assert main(["gate", "--baseline", str(interrupted), "--candidate", str(base)]) == 2
     assert "baseline was interrupted" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "status, words",
+    [
+        (None, None),
+        ("complete", None),
+        ("running", "killed"),
+        ("interrupted", "Ctrl-C"),
+        ("stopped", "web UI"),
+        ("odd", "'odd'"),
+    ],
+)
+def test_incomplete_reason(status, words):
+    from cbbench.harness.outcome import incomplete_reason
+
+    reason = incomplete_reason({} if status is None else {"status": status})
+    assert (reason is None) if words is None else (words in reason)
