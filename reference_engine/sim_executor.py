@@ -93,6 +93,11 @@ class SimExecutor:
 
     def run(self, step: list) -> list[list[int]]:
         work = self.cost_model.work((c.start, c.num_scheduled_tokens, c.samples) for c in step)
+        # speculative verify: the LM head runs on every draft row too, not just the last
+        drafts = sum(len(c.spec_token_ids) for c in step if c.samples)
+        if drafts:
+            work.num_samples += drafts
+            work.flops += self.cost_model.head_flops * drafts
         device, host = self.cost_model.split_time(work)
         if self.overlap_host:
             verify = max(device, host)

@@ -118,7 +118,7 @@ def sample_chunks(
         elif rs[0] in picked:
             out[c] = accept_greedy([picked[r] for r in rs], drafts[c])
         else:
-            sub = logits[rs]
+            sub = logits[rs].float()  # probabilities in fp32 whatever the model dtype
             sub_reqs = [reqs[r] for r in rs]
             sampler._mask_stop_tokens(sub, sub_reqs)
             probs = Sampler._probs(sub, [r.params for r in sub_reqs])
