@@ -12,7 +12,7 @@ from cbbench.reference_engine.config import ContinuousConfig, EngineConfig, Spec
 from cbbench.reference_engine.engine import LLMEngine
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.sampling_params import SamplingParams
-from engine_model_support import HF_TINY_SHAPE, save_hf_model
+from engine_model_support import HF_TINY_SHAPE, hf_greedy, save_hf_model
 
 
 def _prompts(n: int, seed: int = 0) -> list[list[int]]:
@@ -126,13 +126,19 @@ def test_stop_inside_accepted_drafts():
     assert outs[None][1] == "stop" and outs[None][0][-1] == stop
 
 
-def test_hf_checkpoint_greedy_identical(tmp_path_factory):
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_hf_checkpoint_greedy_equals_transformers(tmp_path_factory, kind):
+    """Transformers-written checkpoints: speculative greedy output (n-gram, and the folder
+    as its own draft; chunked prefill with a 7-token budget) equals transformers' generate."""
     transformers = pytest.importorskip("transformers")
-    path = save_hf_model(tmp_path_factory, "spec-llama", transformers.LlamaConfig(**HF_TINY_SHAPE))
-    base, _ = run(SpeculativeConfig(), model=path, n=4, budget=7)
+    cls = transformers.LlamaConfig if kind == "llama" else transformers.Qwen2Config
+    path = save_hf_model(tmp_path_factory, f"spec-{kind}", cls(**HF_TINY_SHAPE))
+    prompts = _prompts(3)
+    expected = hf_greedy(path, prompts, 16)
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
     for spec in (SpeculativeConfig("ngram", 3), SpeculativeConfig("draft", 3, model=path)):
-        outs, e = run(spec, model=path, n=4, budget=7)
-        assert outs == base, spec.method
+        outs, e = run(spec, model=path, n=3, budget=7, params=params)
+        assert [outs[f"r{i}"] for i in range(3)] == expected, spec.method
         assert e.spec_stats.num_draft_tokens > 0
 
 
