@@ -31,6 +31,7 @@ term of the step time hides behind the device time).
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -170,7 +171,11 @@ class AsyncPipeline:
         if ex.runs_in_thread:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="cbbench-executor")
-            flight.result = self._pool.submit(_timed_run, ex, p.step)
+            started = threading.Event()
+            flight.result = self._pool.submit(_timed_run, ex, p.step, started)
+            # Block (releasing the GIL) until the worker runs: otherwise it may wait up to
+            # the interpreter's switch interval (5 ms) while this thread keeps the GIL.
+            started.wait()
         else:
             start = ex.now()
             flight.result = ex.run(p.step)
@@ -186,7 +191,10 @@ class AsyncPipeline:
         return f.result, f.window
 
 
-def _timed_run(ex: Any, step: Any) -> tuple[list[int | None], tuple[float, float]]:
+def _timed_run(
+    ex: Any, step: Any, started: threading.Event
+) -> tuple[list[list[int]], tuple[float, float]]:
+    started.set()
     start = ex.now()
     tokens = ex.run(step)
     return tokens, (start, ex.now())

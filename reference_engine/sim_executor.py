@@ -5,28 +5,13 @@ request yields the same tokens whatever the batch, the scheduler or a preemption
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
 
 from cbbench.reference_engine.cost_model import CostModel
 from cbbench.reference_engine.executor import ScheduledChunk
 from cbbench.reference_engine.model_config import ModelConfig
 
-
-@dataclass(frozen=True)
-class _FrozenChunk:
-    request_id: str
-    start: int
-    num_tokens: int
-    spec_token_ids: list[int]
-    samples: bool
-
-    @property
-    def end(self) -> int:
-        return self.start + self.num_tokens
-
-    @property
-    def num_scheduled_tokens(self) -> int:
-        return self.num_tokens + len(self.spec_token_ids)
+# (request id, start, known tokens, draft tokens, samples): one chunk, as the step saw it
+_Item = tuple[str, int, int, list[int], bool]
 
 
 class SimExecutor:
@@ -78,23 +63,19 @@ class SimExecutor:
     runs_in_thread = False
     overlap_host = False  # async scheduling: host work hides behind device time
 
-    def prepare(self, chunks: list[ScheduledChunk]) -> list[ScheduledChunk]:
-        """A snapshot of the chunks: request, start, tokens, drafts, whether it samples."""
-        snap = []
-        for c in chunks:
-            frozen = _FrozenChunk(
-                c.seq.request_id, c.start, c.num_tokens, list(c.spec_token_ids), c.samples
-            )
-            snap.append(frozen)
-        return snap  # type: ignore[return-value]
+    def prepare(self, chunks: list[ScheduledChunk]) -> list[_Item]:
+        """A snapshot of the chunks (plain tuples: this runs for every simulated step)."""
+        return [
+            (c.seq.request_id, c.start, c.num_tokens, c.spec_token_ids, c.samples) for c in chunks
+        ]
 
     def patch(self, step: object, rows: list[int], tokens: list[int]) -> None:
         pass  # pseudo tokens depend on (request, position) only
 
-    def run(self, step: list) -> list[list[int]]:
-        work = self.cost_model.work((c.start, c.num_scheduled_tokens, c.samples) for c in step)
+    def run(self, step: list[_Item]) -> list[list[int]]:
+        work = self.cost_model.work((start, n + len(spec), s) for _, start, n, spec, s in step)
         # speculative verify: the LM head runs on every draft row too, not just the last
-        drafts = sum(len(c.spec_token_ids) for c in step if c.samples)
+        drafts = sum(len(spec) for _, _, _, spec, s in step if s)
         if drafts:
             work.num_samples += drafts
             work.flops += self.cost_model.head_flops * drafts
@@ -108,14 +89,14 @@ class SimExecutor:
         self.last_step_time = self._draft_time + verify
         self._draft_time = 0.0
         self.clock += self.last_step_time
-        return [self._tokens(c) if c.samples else [] for c in step]
+        return [self._tokens(rid, start + n, spec) if s else [] for rid, start, n, spec, s in step]
 
-    def _tokens(self, c: _FrozenChunk) -> list[int]:
-        """The request's own tokens from c.end on: drafts while they match, then one more."""
-        rid, out = c.request_id, []
-        for j, d in enumerate(c.spec_token_ids):
-            out.append(self.token_for(rid, c.end + j))
+    def _tokens(self, rid: str, end: int, spec: list[int]) -> list[int]:
+        """The request's own tokens from `end` on: drafts while they match, then one more."""
+        out: list[int] = []
+        for j, d in enumerate(spec):
+            out.append(self.token_for(rid, end + j))
             if out[-1] != d:
                 return out
-        out.append(self.token_for(rid, c.end + len(c.spec_token_ids)))
+        out.append(self.token_for(rid, end + len(spec)))
         return out

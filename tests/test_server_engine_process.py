@@ -177,3 +177,11 @@ def test_serve_subprocess_stops_on_sigterm_with_requests_in_flight():
         assert "cbbench serve: stopped" in server.log_tail
         assert "Traceback" not in server.log_tail
         print(f"SIGTERM -> exit in {took:.2f} s")  # the 2 s target is checked by hand/docs
+
+
+def test_engine_process_waits_passively_unless_told_otherwise(proc_server):
+    _, stack = proc_server
+    pid = stack.engine.process.pid
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        env = dict(line.split("=", 1) for line in f.read().decode().split("\0") if "=" in line)
+    assert env.get("OMP_WAIT_POLICY") == "PASSIVE"

@@ -39,6 +39,7 @@ logger = logging.getLogger("cbbench.server")
 STARTUP_TIMEOUT_S = 600.0  # loading a big checkpoint on a slow disk
 STOP_TIMEOUT_S = 1.5  # then the engine process is killed (SIGTERM to exit within 2 s)
 _POLL_MS = 100  # reader's poll interval: how soon a silently dead engine is noticed
+OMP_WAIT_POLICY = "PASSIVE"  # the engine process's default (see start())
 
 
 @dataclass
@@ -83,7 +84,17 @@ class EngineCoreClient:
             name="cbbench-engine-core",
             daemon=True,
         )
-        self.process.start()
+        # OpenMP threads that spin while waiting steal the cores the API process and a load
+        # generator need: passive waiting measured ~10x faster with 2 torch threads on a
+        # loaded 2-core machine (docs/performance.md). The child reads its environment at
+        # spawn; a policy the user set is kept.
+        saved = os.environ.get("OMP_WAIT_POLICY")
+        os.environ["OMP_WAIT_POLICY"] = saved or OMP_WAIT_POLICY
+        try:
+            self.process.start()
+        finally:
+            if saved is None:
+                del os.environ["OMP_WAIT_POLICY"]
         first = self._wait_first_message()
         if first["t"] != "ready":
             self._close_transport()
