@@ -74,10 +74,18 @@ class TracedClock:
         self._read = time.perf_counter if clock == "wall" else time.thread_time
         self._offset = 0.0
         self._mark: float | None = None
+        self._paused_at = 0.0
         self.steps: list[tuple[StepWork, float]] = []
 
     def now(self) -> float:
         return self._read() + self._offset
+
+    def pause(self) -> None:
+        """Stop this clock while other engines run (run_interleaved)."""
+        self._paused_at = self._read()
+
+    def resume(self) -> None:
+        self._offset -= self._read() - self._paused_at
 
     def advance_to(self, t: float) -> None:
         n = self.now()
@@ -140,6 +148,35 @@ def _traced(cost_of: Callable[[object], CostModel], clock: str, traces: list):
     return wrap
 
 
+def run_interleaved(
+    jobs: list[tuple[list[RequestSpec], EngineConfig]], clock: str
+) -> list[tuple[object, list[tuple[StepWork, float]]]]:
+    """Replay every job on its own real engine, one engine step of each in turn, each on a
+    TracedClock that runs only while its engine does: load that drifts over time on a
+    shared machine then hits every job alike. Returns (SimResult, traced steps) per job."""
+    from cbbench.reference_engine.simulate import _replay_steps
+
+    traces: list[list[TracedClock]] = [[] for _ in jobs]
+    gens = [
+        _replay_steps(reqs, cfg, wrap_executor=_traced(_cost_for, clock, traces[i]))
+        for i, (reqs, cfg) in enumerate(jobs)
+    ]
+    results: list[object] = [None] * len(jobs)
+    while any(r is None for r in results):
+        for i, gen in enumerate(gens):
+            if results[i] is not None:
+                continue
+            if traces[i]:
+                traces[i][0].resume()
+            try:
+                next(gen)
+            except StopIteration as done:
+                results[i] = done.value
+            if traces[i] and results[i] is None:
+                traces[i][0].pause()
+    return [(results[i], traces[i][0].steps) for i in range(len(jobs))]
+
+
 def _cost_for(engine) -> CostModel:
     base = HardwareSpec("trace", 1.0, 1.0, 1.0)
     dtype = str(engine.executor.dtype).removeprefix("torch.")
@@ -161,38 +198,38 @@ def calibrate(
     scale: float = 1.0,
     name: str | None = None,
     log: Callable[[str], None] = print,
-    between: list[Callable[[], None]] | None = None,
+    validation: Validation | None = None,
 ) -> Calibration:
     """Run the fit workloads on the real engine (CPU, the caller sets torch's threads) and fit
-    the step-time model to every step's measured duration. `between`: callables run after
-    each fit run in turn (validate() puts its real runs there, so load that drifts over
-    time on a shared machine hits the fit and the held-out runs alike)."""
+    the step-time model to every step's measured duration. With `validation`, its held-out
+    real runs step in turn with the fit runs (run_interleaved), so load that drifts on a
+    shared machine hits the fit and the held-out runs alike."""
     from cbbench.reference_engine.simulate import replay
 
-    traces: list[TracedClock] = []
-    wrap = _traced(_cost_for, clock, traces)
     warm = [RequestSpec(0, 16, 4), RequestSpec(1, 32, 4)]
     replay(warm, engine_config(model, "continuous", 2, 64, "real", "h100", dtype))
+    fits = fit_workloads(scale)
+    jobs = []
+    for scheduler, reqs, b in fits:
+        max_len = max(r.prompt_len + r.output_len for r in reqs)
+        jobs.append((reqs, engine_config(model, scheduler, b, max_len, "real", "h100", dtype)))
+    held = validation.real_jobs() if validation is not None else []
+    t0 = time.perf_counter()
+    out = run_interleaved(jobs + [job for _, job in held], clock)
     works: list[StepWork] = []
     times: list[float] = []
-    pending = list(between or [])
-    for scheduler, reqs, b in fit_workloads(scale):
-        max_len = max(r.prompt_len + r.output_len for r in reqs)
-        cfg = engine_config(model, scheduler, b, max_len, "real", "h100", dtype)
-        t0 = time.perf_counter()
-        replay(reqs, cfg, wrap_executor=wrap)
-        steps = traces[-1].steps
+    for (scheduler, reqs, b), (_, steps) in zip(fits, out, strict=False):
         works += [w for w, _ in steps]
         times += [d for _, d in steps]
         log(
             f"  fit run: {scheduler:<10} B={b:<3} {len(reqs):>3} requests "
-            f"{len(steps):>5} steps  {sum(d for _, d in steps):7.2f} s ({clock} clock; "
-            f"{time.perf_counter() - t0:.1f} s wall)"
+            f"{len(steps):>5} steps  {sum(d for _, d in steps):7.2f} s ({clock} clock)"
         )
-        if pending:
-            pending.pop(0)()
-    for fn in pending:
-        fn()
+    for (scheduler, _), (res, steps) in zip(held, out[len(jobs) :], strict=True):
+        assert validation is not None
+        validation.real[scheduler] = (res.summary(), steps)  # type: ignore[attr-defined]
+        log(f"  held-out run: {scheduler:<10} {sum(d for _, d in steps):7.2f} s ({clock} clock)")
+    log(f"  (all runs stepped in turn: {time.perf_counter() - t0:.0f} s wall)")
     if len(works) < len(STEP_TERMS):
         raise EngineError(f"calibration: only {len(works)} steps measured")
     coef, err = fit_linear(works, times, STEP_TERMS, relative=False)
@@ -258,8 +295,9 @@ class ValidationRow:
 
 class Validation:
     """The held-out check: `workload` run for real (CPU, in-process, `clock`) and simulated
-    on the fitted hardware, per scheduler. Real runs are callables (`real_runs`) so they can
-    be interleaved with the fit runs; `compare(spec)` simulates and returns the rows."""
+    on the fitted hardware, per scheduler. calibrate() steps the real runs in turn with its
+    fit runs (`real_jobs`); `compare(spec)` runs any not yet run, simulates and returns the
+    rows."""
 
     def __init__(
         self,
@@ -287,8 +325,9 @@ class Validation:
         return engine_config(self.model, scheduler, self.batch_size, self.max_model_len,
                              executor, hardware, self.dtype)  # fmt: skip
 
-    def real_runs(self) -> list[Callable[[], None]]:
-        return [lambda s=s: self._run_real(s) for s in self.schedulers]
+    def real_jobs(self) -> list[tuple[str, tuple[list[RequestSpec], EngineConfig]]]:
+        """(scheduler, (requests, real engine config)) for run_interleaved."""
+        return [(s, (self.requests, self._config(s, "real", "h100"))) for s in self.schedulers]
 
     def _run_real(self, scheduler: str) -> None:
         from cbbench.reference_engine.simulate import replay

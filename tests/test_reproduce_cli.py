@@ -60,6 +60,13 @@ def test_memory_reservation_sets_static_batch_and_the_gain():
     roomy = rp.run_pair("heavy-mixed", replace(base, kv_cache_memory_gb=100.0))
     assert roomy["conditions"]["static_batch_size"] == 16
     assert roomy["gain_req_s"] < rows["heavy-mixed"]["gain_req_s"]
+    # a static engine that skips finished rows (the real one) wastes less than padded rows
+    skip = rp.run_pair("heavy-mixed", replace(base, static_padded=False))
+    assert skip["conditions"]["static_finished_rows"] == "skipped"
+    assert 1.0 < skip["gain_req_s"] < rows["heavy-mixed"]["gain_req_s"]
+    assert (
+        skip["static"]["request_throughput"] > rows["heavy-mixed"]["static"]["request_throughput"]
+    )
 
 
 def test_sustained_window_excludes_the_drain_tail():

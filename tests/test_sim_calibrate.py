@@ -70,3 +70,26 @@ def test_calibrate_rejects_bad_flags(capsys):
     assert "--fit only goes with --validate" in capsys.readouterr().err
     assert main(["calibrate", "--validate", "--fit", "h100"]) == 2
     assert "not a fitted (linear) hardware" in capsys.readouterr().err
+
+
+def test_interleaved_runs_each_keep_their_own_clock():
+    """Two real engines stepped in turn: each clock runs only while its engine does, and
+    each run schedules exactly as it would alone."""
+    from cbbench.reference_engine.calibration import engine_config, run_interleaved
+    from cbbench.reference_engine.simulate import replay
+    from cbbench.workloads.spec import RequestSpec
+
+    reqs = [RequestSpec(i, 8 + 4 * i, 6 + 3 * i) for i in range(4)]
+    jobs = [
+        (reqs, engine_config("tiny", s, 2, 64, "real", "h100", "float32"))
+        for s in ("static", "continuous")
+    ]
+    out = run_interleaved(jobs, "wall")
+    for (_, cfg), (res, steps) in zip(jobs, out, strict=True):
+        alone = replay(reqs, cfg)
+        assert len(res.steps) == len(alone.steps) == len(steps)
+        assert [r.output_token_ids for r in res.requests] == [
+            r.output_token_ids for r in alone.requests
+        ]
+        traced = sum(d for _, d in steps)
+        assert 0 < traced <= res.duration_s < 1.5 * traced  # the other engine's time excluded

@@ -86,10 +86,10 @@ def run(args: argparse.Namespace) -> int:
             console.print(
                 f"calibrating {args.model} on cpu ({args.dtype}, {args.threads} thread(s), "
                 f"{args.clock} clock)"
-                + ("; the held-out runs go between the fit runs" if check else "")
+                + ("; the held-out runs step in turn with the fit runs" if check else "")
             )
             c = cal.calibrate(args.model, args.dtype, args.clock, args.scale, args.name, log,
-                              between=check.real_runs() if check else None)  # fmt: skip
+                              validation=check)  # fmt: skip
             spec = c.spec
             emit_table(console, fit_table(c))  # Markdown when piped
             out = Path(args.out or f"calibration-{Path(args.model).name}-cpu.json")
