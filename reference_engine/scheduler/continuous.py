@@ -42,6 +42,8 @@ class ContinuousScheduler(Scheduler):
             self.waiting = RequestQueue(priority_key(cfg.aging_rate))
         # running sequence -> its rank (forced first, then the queue key); keys are static
         self._running: dict[Sequence, tuple] = {}
+        # _running sorted by rank, kept until a sequence joins or leaves (ranks are static)
+        self._order: list[Sequence] | None = None
         self._forced: set[Sequence] = set()  # admitted by max_queue_wait: preempted last
         self.watermark_blocks = int(cfg.watermark * self.block_manager.num_blocks)
         spec = self.config.speculative
@@ -87,17 +89,22 @@ class ContinuousScheduler(Scheduler):
             return victim
 
         # 1. running sequences, most important first
-        for seq in sorted(self._running, key=self._running.__getitem__):
+        if self._order is None:
+            self._order = sorted(self._running, key=self._running.__getitem__)
+        for seq in self._order:
             if budget == 0:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted as a victim above
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            num_tokens, computed = len(seq.token_ids), seq.num_computed_tokens
+            n = min(num_tokens - computed, budget)
             assert n >= 1, f"{seq.request_id} is running with nothing to compute"
             la = (
-                self._lookahead(seq, budget) if seq.num_computed_tokens + 1 == seq.num_tokens else 0
+                self._lookahead(seq, budget)
+                if self.num_lookahead and computed + 1 == num_tokens
+                else 0
             )
-            while not bm.allocate_slots(seq, seq.num_computed_tokens + n + la):
+            while not bm.allocate_slots(seq, computed + n + la):
                 if preempt_worst() is seq:
                     break
             else:
@@ -144,6 +151,7 @@ class ContinuousScheduler(Scheduler):
                 if seq.metrics.first_scheduled_time is None:
                     seq.metrics.num_cached_tokens = num_cached
                 self._running[seq] = self._rank(seq)
+                self._order = None
                 scheduled[seq] = n
                 budget -= n
                 num_prefills += 1
@@ -172,6 +180,7 @@ class ContinuousScheduler(Scheduler):
 
     def _preempt(self, seq: Sequence) -> None:
         del self._running[seq]  # a forced sequence stays forced: the order must not flip
+        self._order = None
         self.block_manager.free(seq, finished=False)
         seq.num_computed_tokens = 0
         seq.num_draft_computed = 0
@@ -183,6 +192,7 @@ class ContinuousScheduler(Scheduler):
     # --- engine callbacks -------------------------------------------------------------
     def finish(self, seq: Sequence) -> None:
         del self._running[seq]
+        self._order = None
         self._forced.discard(seq)
         self.block_manager.free(seq)
 
@@ -191,6 +201,7 @@ class ContinuousScheduler(Scheduler):
             self.waiting.remove(seq)
         elif seq in self._running:
             del self._running[seq]
+            self._order = None
         self._forced.discard(seq)
         self.block_manager.free(seq)
 
