@@ -205,28 +205,32 @@ class CostModel:
         """(device, host) seconds of a step. The per-sequence term (`per_seq_overhead_s`,
         or a fitted `c_seq`) is host work: scheduling, input preparation, output
         processing; the rest is the device's."""
+        total, host = self._total_and_host(w)
+        return total - host, host
+
+    def _total_and_host(self, w: StepWork) -> tuple[float, float]:
         hw = self.hardware
         if hw.steps:
             return 1.0, 0.0
         if w.num_seqs == 0:
             return 0.0, 0.0
         if hw.linear is not None:
-            host = hw.linear.get("c_seq", 0.0) * w.feature("c_seq")
             total = max(0.0, sum(c * w.feature(t) for t, c in hw.linear.items()))
-            return max(0.0, total - host), min(host, total)
+            return total, min(total, hw.linear.get("c_seq", 0.0) * w.feature("c_seq"))
         # Kernels run one after the other, each bound by its own roofline: the dense layers
         # (weights read once, FLOPs per token) and attention (KV read, FLOPs per pair). A
         # decode's KV read is not hidden under a compute-bound prefill in the same step.
         peak, bw = hw.peak_flops * hw.flops_efficiency, hw.mem_bw * hw.bw_efficiency
         dense = max((w.flops - w.attn_flops) / peak, (w.bytes - w.kv_bytes) / bw)
         attention = max(w.attn_flops / peak, w.kv_bytes / bw)
-        return dense + attention + hw.step_overhead_s, hw.per_seq_overhead_s * w.num_seqs
+        host = hw.per_seq_overhead_s * w.num_seqs
+        return dense + attention + hw.step_overhead_s + host, host
 
     def time_of(self, w: StepWork, overlap_host: bool = False) -> float:
         """Step time: device + host; with `overlap_host` (async scheduling) the host work
         runs while the device computes the previous step, so max(device, host)."""
-        device, host = self.split_time(w)
-        return max(device, host) if overlap_host else device + host
+        total, host = self._total_and_host(w)
+        return max(total - host, host) if overlap_host else total
 
     def step_time(self, chunks: Iterable[tuple[int, int, bool]]) -> float:
         """Seconds one step takes given its batch: (start, num_tokens, samples) per chunk."""

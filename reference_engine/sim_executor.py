@@ -80,12 +80,9 @@ class SimExecutor:
             work.num_samples += drafts
             work.flops += self.cost_model.head_flops * drafts
         device, host = self.cost_model.split_time(work)
-        if self.overlap_host:
-            verify = max(device, host)
-            self.modeled_gap_s = max(0.0, host - device)
-        else:
-            verify = device + host
-            self.modeled_gap_s = host  # the device waits while the host builds the step
+        verify = self.cost_model.time_of(work, overlap_host=self.overlap_host)
+        # the device waits while the host builds the step, unless that overlaps (async)
+        self.modeled_gap_s = max(0.0, host - device) if self.overlap_host else host
         self.last_step_time = self._draft_time + verify
         self._draft_time = 0.0
         self.clock += self.last_step_time
