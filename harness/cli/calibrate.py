@@ -6,6 +6,11 @@ fits cost_model.STEP_TERMS (reference_engine/calibration.py) and saves a hardwar
 requests, B=8, max_model_len 2048, all at once) simulated and real, static and continuous,
 and prints throughput and p99 E2E side by side with the errors (targets: 5 % / 10 %);
 `--validate --fit PATH` checks an existing fit without refitting.
+
+Grid method (the flags of the first calibrate, still supported): --batch-sizes,
+--context-lens, --prefill-lens, --repeats, --min-time or a --device other than cpu time
+single model-runner steps over a grid of shapes instead (reference_engine/calibration_grid.py);
+quicker, and it runs on cuda.
 """
 
 from __future__ import annotations
@@ -25,7 +30,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_engine_args(p, only=("model", "dtype"), defaults={"model": "small", "dtype": "float32"})
+    add_engine_args(
+        p,
+        only=("model", "dtype", "device"),
+        defaults={"model": "small", "dtype": "float32", "device": "cpu"},
+    )
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.add_argument(
         "--clock",
@@ -52,7 +61,44 @@ def register(sub: argparse._SubParsersAction) -> None:
         "do not refit",
     )
     p.add_argument("--validate-requests", type=int, default=24, help="held-out workload size (24)")
+    g = p.add_argument_group("grid method (any of these selects it)")
+    g.add_argument("--batch-sizes", default=None, help="decode batch sizes (grid: 1,4,16)")
+    g.add_argument(
+        "--context-lens", default=None, help="decode context lengths (grid: 32,256,1024)"
+    )
+    g.add_argument("--prefill-lens", default=None, help="single-prefill lengths (grid: 32,128,512)")
+    g.add_argument("--repeats", type=int, default=None, help="min timed runs per grid point (3)")
+    g.add_argument(
+        "--min-time",
+        type=float,
+        default=None,
+        help="keep repeating a grid point up to this many seconds (0.3; 30 runs at most)",
+    )
     p.set_defaults(func=run)
+
+
+GRID_FLAGS = ("batch_sizes", "context_lens", "prefill_lens", "repeats", "min_time")
+
+
+def grid_options(args: argparse.Namespace):
+    """The grid calibration's Grid when a grid flag or a non-cpu --device asks for it."""
+    from cbbench.reference_engine.calibration_grid import Grid, parse_ints
+
+    if all(getattr(args, f) is None for f in GRID_FLAGS) and args.device == "cpu":
+        return None
+    d = Grid()
+
+    def ints(dest: str):
+        text = getattr(args, dest)
+        return parse_ints(text, "--" + dest.replace("_", "-")) if text else getattr(d, dest)
+
+    return Grid(
+        batch_sizes=ints("batch_sizes"),
+        context_lens=ints("context_lens"),
+        prefill_lens=ints("prefill_lens"),
+        repeats=d.repeats if args.repeats is None else args.repeats,
+        min_time_s=d.min_time_s if args.min_time is None else args.min_time,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,8 +107,14 @@ def run(args: argparse.Namespace) -> int:
     from cbbench.reference_engine.cost_model import get_hardware
     from rich.console import Console
 
-    for dest in ("model", "dtype"):
+    for dest in ("model", "dtype", "device"):
         setattr(args, dest, engine_value(args, dest))
+    grid = grid_options(args)
+    if grid is not None and (args.validate or args.clock != "wall" or args.scale != 1.0):
+        raise EngineError(
+            "--validate, --clock and --scale go with the engine-trace fit, not the grid method "
+            "(--batch-sizes/--context-lens/--prefill-lens/--repeats/--min-time/--device)"
+        )
     if args.scale <= 0:
         raise EngineError(f"--scale must be > 0, got {args.scale}")
     if args.validate_requests < 1:
@@ -82,6 +134,16 @@ def run(args: argparse.Namespace) -> int:
             if spec.linear is None:
                 raise EngineError(f"--fit {args.fit}: not a fitted (linear) hardware")
             out = None
+        elif grid is not None:
+            from cbbench.reference_engine.calibration_grid import calibrate_grid
+
+            console.print(f"calibrating {args.model} on {args.device} ({args.dtype}): grid of "
+                          f"{len(grid.points())} runner steps")  # fmt: skip
+            c = calibrate_grid(args.model, args.dtype, args.device, grid, args.name, log)
+            spec = c.spec
+            emit_table(console, fit_table(c))
+            device = args.device.replace(":", "")
+            out = Path(args.out or f"calibration-{Path(args.model).name}-{device}.json")
         else:
             console.print(
                 f"calibrating {args.model} on cpu ({args.dtype}, {args.threads} thread(s), "
