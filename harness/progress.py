@@ -31,6 +31,34 @@ def request_progress(
         TimeElapsedColumn(),
         console=console,
         transient=True,
+        disable=not console.is_terminal,  # piped: not even a blank line
     ) as progress:
         task = progress.add_task(description, total=total)
         yield lambda done, n: progress.update(task, completed=done, total=n)
+
+
+@contextlib.contextmanager
+def step_progress(
+    console: Console, description: str, total: int | None, unit: str = "steps"
+) -> Iterator[Callable[..., None]]:
+    """A bar over a few long steps (engines, grid points, runs): yields
+    `update(done, description=None)`; `total` None shows a spinner and the elapsed time.
+    Transient on a terminal, silent when output is piped, like request_progress."""
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn(unit),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,  # piped: not even a blank line
+    ) as progress:
+        task = progress.add_task(description, total=total)
+
+        def update(done: int, description: str | None = None) -> None:
+            kw = {} if description is None else {"description": description}
+            progress.update(task, completed=done, **kw)
+
+        yield update

@@ -149,16 +149,34 @@ def _traced(cost_of: Callable[[object], CostModel], clock: str, traces: list):
 
 
 def run_interleaved(
-    jobs: list[tuple[list[RequestSpec], EngineConfig]], clock: str
+    jobs: list[tuple[list[RequestSpec], EngineConfig]],
+    clock: str,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> list[tuple[object, list[tuple[StepWork, float]]]]:
     """Replay every job on its own real engine, one engine step of each in turn, each on a
     TracedClock that runs only while its engine does: load that drifts over time on a
-    shared machine then hits every job alike. Returns (SimResult, traced steps) per job."""
+    shared machine then hits every job alike. Returns (SimResult, traced steps) per job.
+    `on_progress(done, total)` counts finished requests over all jobs."""
     from cbbench.reference_engine.simulate import _replay_steps
 
     traces: list[list[TracedClock]] = [[] for _ in jobs]
+    finished = [0] * len(jobs)
+    total = sum(len(reqs) for reqs, _ in jobs)
+
+    def counter(i: int) -> Callable[[int, int], None] | None:
+        if on_progress is None:
+            return None
+
+        def update(n: int, _: int) -> None:
+            finished[i] = n
+            on_progress(sum(finished), total)
+
+        return update
+
     gens = [
-        _replay_steps(reqs, cfg, wrap_executor=_traced(_cost_for, clock, traces[i]))
+        _replay_steps(
+            reqs, cfg, wrap_executor=_traced(_cost_for, clock, traces[i]), on_progress=counter(i)
+        )  # fmt: skip
         for i, (reqs, cfg) in enumerate(jobs)
     ]
     results: list[object] = [None] * len(jobs)
@@ -199,11 +217,13 @@ def calibrate(
     name: str | None = None,
     log: Callable[[str], None] = print,
     validation: Validation | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> Calibration:
     """Run the fit workloads on the real engine (CPU, the caller sets torch's threads) and fit
     the step-time model to every step's measured duration. With `validation`, its held-out
     real runs step in turn with the fit runs (run_interleaved), so load that drifts on a
-    shared machine hits the fit and the held-out runs alike."""
+    shared machine hits the fit and the held-out runs alike. `on_progress(done, total)`
+    counts finished requests over all those runs."""
     from cbbench.reference_engine.simulate import replay
 
     warm = [RequestSpec(0, 16, 4), RequestSpec(1, 32, 4)]
@@ -215,7 +235,7 @@ def calibrate(
         jobs.append((reqs, engine_config(model, scheduler, b, max_len, "real", "h100", dtype)))
     held = validation.real_jobs() if validation is not None else []
     t0 = time.perf_counter()
-    out = run_interleaved(jobs + [job for _, job in held], clock)
+    out = run_interleaved(jobs + [job for _, job in held], clock, on_progress)
     works: list[StepWork] = []
     times: list[float] = []
     for (scheduler, reqs, b), (_, steps) in zip(fits, out, strict=False):

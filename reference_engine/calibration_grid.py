@@ -104,11 +104,11 @@ def calibrate_grid(
     grid: Grid | None = None,
     name: str | None = None,
     log: Callable[[str], None] = print,
-    on_point: Callable[[], None] | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> Calibration:
     """Time every grid point on a ModelRunner (the caller sets torch's threads) and fit
-    cost_model.STEP_TERMS to the per-point minima. `on_point` is called after each point
-    (progress)."""
+    cost_model.STEP_TERMS to the per-point minima. `on_progress(done, total)` counts the
+    grid points timed."""
     from cbbench.reference_engine.model_runner import ModelRunner
 
     grid = grid or Grid()
@@ -125,13 +125,14 @@ def calibrate_grid(
     cost = CostModel(runner.model_config, HardwareSpec("grid", 1.0, 1.0, 1.0), dtype, BLOCK_SIZE)
     bm = BlockManager(num_blocks, BLOCK_SIZE)
     works, times = [], []
-    for kind, b, c in grid.points():
+    points = grid.points()
+    for kind, b, c in points:
         chunks, t = _time_point(runner, bm, kind, b, c, grid)
         works.append(cost.work((ch.start, ch.num_tokens, ch.samples) for ch in chunks))
         times.append(t)
         log(f"  {kind:7} batch {b:>3} context {c:>5}: {t * 1e3:8.2f} ms")
-        if on_point is not None:
-            on_point()
+        if on_progress is not None:
+            on_progress(len(times), len(points))
     coef, err = fit_linear(works, times, STEP_TERMS, relative=True)
     short = model.rstrip("/").rsplit("/", 1)[-1]
     spec = HardwareSpec(

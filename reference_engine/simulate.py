@@ -203,11 +203,30 @@ def replay(requests: Sequence[RequestSpec], cfg: EngineConfig, **kwargs) -> SimR
 
 
 def replay_interleaved(
-    requests: Sequence[RequestSpec], cfgs: list[EngineConfig], **kwargs
+    requests: Sequence[RequestSpec],
+    cfgs: list[EngineConfig],
+    on_progress: Callable[[int, int], None] | None = None,
+    **kwargs,
 ) -> list[SimResult]:
     """Replay the same requests on one engine per config, one step of each in turn, every
-    real executor on a MeasuredClock: a fair A/B on a machine whose load drifts."""
-    gens = [_replay_steps(requests, c, measured_clock=True, **kwargs) for c in cfgs]
+    real executor on a MeasuredClock: a fair A/B on a machine whose load drifts.
+    `on_progress(done, total)` counts finished requests over all engines."""
+    finished = [0] * len(cfgs)
+
+    def counter(i: int) -> Callable[[int, int], None] | None:
+        if on_progress is None:
+            return None
+
+        def update(n: int, total: int) -> None:
+            finished[i] = n
+            on_progress(sum(finished), total * len(cfgs))
+
+        return update
+
+    gens = [
+        _replay_steps(requests, c, measured_clock=True, on_progress=counter(i), **kwargs)
+        for i, c in enumerate(cfgs)
+    ]
     results: list[SimResult | None] = [None] * len(gens)
     while any(r is None for r in results):
         for i, gen in enumerate(gens):

@@ -103,6 +103,7 @@ def grid_options(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from cbbench.harness.compare import emit_table
+    from cbbench.harness.progress import request_progress, step_progress
     from cbbench.reference_engine import calibration as cal
     from cbbench.reference_engine.cost_model import get_hardware
     from rich.console import Console
@@ -139,7 +140,10 @@ def run(args: argparse.Namespace) -> int:
 
             console.print(f"calibrating {args.model} on {args.device} ({args.dtype}): grid of "
                           f"{len(grid.points())} runner steps")  # fmt: skip
-            c = calibrate_grid(args.model, args.dtype, args.device, grid, args.name, log)
+            n = len(grid.points())
+            with step_progress(console, "timing grid points", n, "points") as progress:
+                c = calibrate_grid(args.model, args.dtype, args.device, grid, args.name, log,
+                                   on_progress=lambda done, _: progress(done))  # fmt: skip
             spec = c.spec
             emit_table(console, fit_table(c))
             device = args.device.replace(":", "")
@@ -150,8 +154,9 @@ def run(args: argparse.Namespace) -> int:
                 f"{args.clock} clock)"
                 + ("; the held-out runs step in turn with the fit runs" if check else "")
             )
-            c = cal.calibrate(args.model, args.dtype, args.clock, args.scale, args.name, log,
-                              validation=check)  # fmt: skip
+            with request_progress(console, "fit runs", 1) as progress:
+                c = cal.calibrate(args.model, args.dtype, args.clock, args.scale, args.name, log,
+                                  validation=check, on_progress=progress)  # fmt: skip
             spec = c.spec
             emit_table(console, fit_table(c))  # Markdown when piped
             out = Path(args.out or f"calibration-{Path(args.model).name}-cpu.json")

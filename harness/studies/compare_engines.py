@@ -228,9 +228,12 @@ def _run(args: CompareOptions, names: list[str], console: Console) -> dict:
     )
     results: dict[str, Result] = {}
     hf_model = None
-    for name in names:
-        t0 = time.perf_counter()
-        with console.status(f"{name}: {HOW[name]} ..."):
+    from cbbench.harness.progress import step_progress
+
+    with step_progress(console, "engines", len(names), "engines") as progress:
+        for i, name in enumerate(names):
+            progress(i, f"{name}: {HOW[name]}")
+            t0 = time.perf_counter()
             if name == "reference":
                 results[name] = _reference(folder, wl, args, out, max_len)
             elif name == "vllm":
@@ -245,12 +248,12 @@ def _run(args: CompareOptions, names: list[str], console: Console) -> dict:
                 c0 = time.process_time()
                 tokens, wall = fn(hf_model, jobs, args.max_batch)
                 results[name] = (tokens, wall, time.process_time() - c0)
-        tokens, wall, cpu = results[name]
-        cpu_text = "-" if cpu is None else f"{cpu:.1f}"
-        console.print(
-            f"  {name}: {tokens} tokens in {wall:.1f}s = {tokens / wall:.1f} tok/s, "
-            f"{cpu_text} CPU-s ({time.perf_counter() - t0:.0f}s with start-up)"
-        )
+            tokens, wall, cpu = results[name]
+            cpu_text = "-" if cpu is None else f"{cpu:.1f}"
+            console.print(
+                f"  {name}: {tokens} tokens in {wall:.1f}s = {tokens / wall:.1f} tok/s, "
+                f"{cpu_text} CPU-s ({time.perf_counter() - t0:.0f}s with start-up)"
+            )
     from cbbench.harness.compare import emit_table
 
     emit_table(console, results_table(results, args, len(jobs)), out, "compare.md")

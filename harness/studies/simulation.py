@@ -316,12 +316,11 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
     results: dict[str, SimResult] = {}
     if real:
         t0 = time.perf_counter()
-        with console.status(
-            f"running {', '.join(cfgs)} interleaved on {where} ({len(wl)} requests)..."
-        ):
+        desc = f"running {', '.join(cfgs)} interleaved on {where}"
+        with request_progress(console, desc, len(wl) * len(cfgs)) as upd:
             res = replay_interleaved(
                 wl.requests, list(cfgs.values()), prefix_block_size=wl.prefix_block_size,
-                seed=wl.seed, timeline=timeline, temperature=opts.temperature,
+                seed=wl.seed, timeline=timeline, temperature=opts.temperature, on_progress=upd,
             )  # fmt: skip
         console.print(
             f"{len(cfgs)} engines run interleaved in {time.perf_counter() - t0:.1f}s wall"
