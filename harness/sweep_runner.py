@@ -26,6 +26,7 @@ from cbbench.harness.sweep import Level, SaturationWatch, auto_rates
 from cbbench.harness.telemetry import TelemetryOptions, build_samplers
 
 SWEEP_FILE = "sweep.json"
+SWEEP_TABLE = "sweep.md"  # print_sweep's table, as Markdown
 SUSTAINED = 0.9  # achieved/offered request rate above which a rate level is sustained
 
 
@@ -189,7 +190,10 @@ def run_sweep(opts: SweepOptions) -> dict:
     return index
 
 
-def print_sweep(index: dict) -> None:
+def print_sweep(index: dict, folder: Path | None = None) -> Path | None:
+    """The levels' table on stderr (Markdown when stderr is not a terminal: names whole),
+    also written as Markdown into `folder` (SWEEP_TABLE) when given; returns that file."""
+    from cbbench.harness.compare import emit_table
     from rich.console import Console
     from rich.table import Table
 
@@ -209,7 +213,7 @@ def print_sweep(index: dict) -> None:
             ms(lv["ttft_p99_s"]),
             lv["stopped_early"] or "",
         )
-    Console(stderr=True).print(t)
+    path = emit_table(Console(stderr=True), t, folder, SWEEP_TABLE)
     sat = index["saturation"]
     if sat["max_sustained_rate"] is not None:
         print(
@@ -217,6 +221,7 @@ def print_sweep(index: dict) -> None:
             f"peak {sat['max_request_throughput']:.2f} req/s",
             file=sys.stderr,
         )
+    return path
 
 
 def find_max_rate(opts: SweepOptions) -> dict:

@@ -145,9 +145,9 @@ def run(args: argparse.Namespace) -> int:
                 c = calibrate_grid(args.model, args.dtype, args.device, grid, args.name, log,
                                    on_progress=lambda done, _: progress(done))  # fmt: skip
             spec = c.spec
-            emit_table(console, fit_table(c))
             device = args.device.replace(":", "")
             out = Path(args.out or f"calibration-{Path(args.model).name}-{device}.json")
+            emit_table(console, fit_table(c), out.parent, f"{out.stem}.md")
         else:
             console.print(
                 f"calibrating {args.model} on cpu ({args.dtype}, {args.threads} thread(s), "
@@ -158,8 +158,9 @@ def run(args: argparse.Namespace) -> int:
                 c = cal.calibrate(args.model, args.dtype, args.clock, args.scale, args.name, log,
                                   validation=check, on_progress=progress)  # fmt: skip
             spec = c.spec
-            emit_table(console, fit_table(c))  # Markdown when piped
             out = Path(args.out or f"calibration-{Path(args.model).name}-cpu.json")
+            # Markdown when piped; also beside the JSON (OUT.md)
+            emit_table(console, fit_table(c), out.parent, f"{out.stem}.md")
         if check is not None:
             console.print(
                 f"validating {spec.name} on a held-out workload: {v['workload']}, "
@@ -167,7 +168,8 @@ def run(args: argparse.Namespace) -> int:
                 f"{v['max_model_len']}, all at once, {args.clock} clock"
             )
             rows = check.compare(spec)
-            emit_table(console, validation_table(rows, spec.name))
+            folder, name = (None, "") if out is None else (out.parent, f"{out.stem}-validation.md")
+            emit_table(console, validation_table(rows, spec.name), folder, name)
             ok = all(r.ok for r in rows)
             console.print(
                 f"held-out validation: {'WITHIN' if ok else 'OUTSIDE'} the targets "
@@ -183,7 +185,9 @@ def run(args: argparse.Namespace) -> int:
             }
     if out is not None:
         out.write_text(json.dumps(spec.to_dict(), indent=2) + "\n", encoding="utf-8")
-        console.print(f"saved {out}: use `cbbench sim --hardware {out}`")
+        console.print(
+            f"saved {out} (tables: {out.stem}*.md beside it): use `cbbench sim --hardware {out}`"
+        )
     return 0
 
 

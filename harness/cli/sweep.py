@@ -109,7 +109,6 @@ def run(args: argparse.Namespace) -> int:
     if opts.find_max_rate:
         print_capacity(index)
     else:
-        print_sweep(index)
+        print_sweep(index, opts.out)
     print(f"sweep folder: {opts.out}  (cbbench report {opts.out})", file=sys.stderr)
     return 130 if index.get("status") == "interrupted" else 0
-

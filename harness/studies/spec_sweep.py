@@ -94,4 +94,6 @@ def print_sweep(opts: SpecSweepOptions, rows: list[SpecSweepRow], console) -> No
                 f"{row.tokens_per_step[r]:.2f}",
             ]
         t.add_row(*cells)
-    console.print(t)
+    from cbbench.harness.compare import emit_table
+
+    emit_table(console, t)  # Markdown when piped: names whole
