@@ -76,6 +76,7 @@ class TracedClock:
         self._mark: float | None = None
         self._paused_at = 0.0
         self.steps: list[tuple[StepWork, float]] = []
+        self.host_s: list[float] = []  # per step: the part outside execute() (scheduler, update)
 
     def now(self) -> float:
         return self._read() + self._offset
@@ -96,10 +97,12 @@ class TracedClock:
     def execute(self, chunks):
         if self._mark is None:
             self._mark = self.now()
+        start = self.now()
         out = self.inner.execute(chunks)
         end = self.now()
         work = self.cost.work((c.start, c.num_tokens, c.samples) for c in chunks)
         self.steps.append((work, end - self._mark))
+        self.host_s.append(start - self._mark)
         self._mark = end
         return out
 
@@ -155,8 +158,8 @@ def run_interleaved(
 ) -> list[tuple[object, list[tuple[StepWork, float]]]]:
     """Replay every job on its own real engine, one engine step of each in turn, each on a
     TracedClock that runs only while its engine does: load that drifts over time on a
-    shared machine then hits every job alike. Returns (SimResult, traced steps) per job.
-    `on_progress(done, total)` counts finished requests over all jobs."""
+    shared machine then hits every job alike. Returns (SimResult, traced steps, host seconds
+    per step) per job. `on_progress(done, total)` counts finished requests over all jobs."""
     from cbbench.reference_engine.simulate import _replay_steps
 
     traces: list[list[TracedClock]] = [[] for _ in jobs]
@@ -192,7 +195,38 @@ def run_interleaved(
                 results[i] = done.value
             if traces[i] and results[i] is None:
                 traces[i][0].pause()
-    return [(results[i], traces[i][0].steps) for i in range(len(jobs))]
+    return [(results[i], traces[i][0].steps, traces[i][0].host_s) for i in range(len(jobs))]
+
+
+def fit_step_terms(
+    works: list[StepWork], times: list[float], host: list[float]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Two stages. The host terms are what the engine spends outside the model per step
+    (c_host) and per sequence (c_seq): scheduling, output processing, the work async
+    scheduling hides; they are fitted on the measured host part of each step; in decode steps
+    tokens, samples and sequences are equal, so the whole duration alone could not tell them
+    apart. The other terms are then fitted to the whole duration less that, so the fit's
+    summed time stays the measured one."""
+    host_coef, _ = fit_linear(works, [max(h, 1e-9) for h in host], ("c0", "c_seq"),
+                              relative=False)  # fmt: skip
+    c_host, c_seq = host_coef["c0"], host_coef["c_seq"]
+    rest = tuple(t for t in STEP_TERMS if t not in ("c_seq", "c_host"))
+    left = [max(t - c_host - c_seq * w.num_seqs, 1e-9) for w, t in zip(works, times, strict=True)]
+    coef, _ = fit_linear(works, left, rest, relative=False)
+    coef = {t: {"c_seq": c_seq, "c_host": c_host}.get(t, coef.get(t, 0.0)) for t in STEP_TERMS}
+    pred = [sum(c * w.feature(t) for t, c in coef.items()) for w in works]
+    y = sum(times) / len(times)
+    rel = [abs(p - t) / t for p, t in zip(pred, times, strict=True)]
+    ss_res = sum((p - t) ** 2 for p, t in zip(pred, times, strict=True))
+    ss_tot = sum((t - y) ** 2 for t in times) or 1e-30
+    err = {
+        "mean_rel_error": sum(rel) / len(rel),
+        "max_rel_error": max(rel),
+        "r2": 1.0 - ss_res / ss_tot,
+        "total_time_error": sum(pred) / sum(times) - 1.0,
+        "host_share": sum(c_host + c_seq * w.num_seqs for w in works) / sum(times),
+    }
+    return coef, err
 
 
 def _cost_for(engine) -> CostModel:
@@ -238,21 +272,23 @@ def calibrate(
     out = run_interleaved(jobs + [job for _, job in held], clock, on_progress)
     works: list[StepWork] = []
     times: list[float] = []
-    for (scheduler, reqs, b), (_, steps) in zip(fits, out, strict=False):
+    host: list[float] = []
+    for (scheduler, reqs, b), (_, steps, host_s) in zip(fits, out, strict=False):
         works += [w for w, _ in steps]
         times += [d for _, d in steps]
+        host += host_s
         log(
             f"  fit run: {scheduler:<10} B={b:<3} {len(reqs):>3} requests "
             f"{len(steps):>5} steps  {sum(d for _, d in steps):7.2f} s ({clock} clock)"
         )
-    for (scheduler, _), (res, steps) in zip(held, out[len(jobs) :], strict=True):
+    for (scheduler, _), (res, steps, _h) in zip(held, out[len(jobs) :], strict=True):
         assert validation is not None
         validation.real[scheduler] = (res.summary(), steps)  # type: ignore[attr-defined]
         log(f"  held-out run: {scheduler:<10} {sum(d for _, d in steps):7.2f} s ({clock} clock)")
     log(f"  (all runs stepped in turn: {time.perf_counter() - t0:.0f} s wall)")
     if len(works) < len(STEP_TERMS):
         raise EngineError(f"calibration: only {len(works)} steps measured")
-    coef, err = fit_linear(works, times, STEP_TERMS, relative=False)
+    coef, err = fit_step_terms(works, times, host)
     spec = HardwareSpec(
         name or f"measured-{model.rstrip('/').rsplit('/', 1)[-1]}-cpu",
         peak_flops=1.0,

@@ -204,7 +204,7 @@ def test_cost_model_overlaps_host_work_with_device_time():
     sync, overlapped = cm.time_of(w), cm.time_of(w, overlap_host=True)
     c = cm.hardware.linear
     assert c is not None
-    host = c["c_seq"] * 8
+    host = c.get("c_host", 0.0) + c["c_seq"] * 8  # fitted host work: per step and per sequence
     assert overlapped == pytest.approx(max(sync - host, host))
     assert cm.time_of(StepWork(), overlap_host=True) == 0.0
 

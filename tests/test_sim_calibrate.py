@@ -23,6 +23,7 @@ def test_calibrate_then_validate_writes_a_fit_the_simulator_uses(tmp_path, capsy
     spec = get_hardware(str(out))
     assert spec.linear is not None and set(spec.linear) == set(STEP_TERMS)
     assert all(v >= 0 for v in spec.linear.values()) and any(v > 0 for v in spec.linear.values())
+    assert spec.linear["c_seq"] > 0  # host work per sequence, fitted on the host part
     assert spec.fit["model"] == "tiny" and spec.fit["clock"] == "cpu" and spec.fit["points"] > 20
     rows = spec.fit["validation"]["rows"]
     assert [r["scheduler"] for r in rows] == ["static", "continuous"]
@@ -85,7 +86,7 @@ def test_interleaved_runs_each_keep_their_own_clock():
         for s in ("static", "continuous")
     ]
     out = run_interleaved(jobs, "wall")
-    for (_, cfg), (res, steps) in zip(jobs, out, strict=True):
+    for (_, cfg), (res, steps, host) in zip(jobs, out, strict=True):
         alone = replay(reqs, cfg)
         assert len(res.steps) == len(alone.steps) == len(steps)
         assert [r.output_token_ids for r in res.requests] == [
@@ -93,3 +94,6 @@ def test_interleaved_runs_each_keep_their_own_clock():
         ]
         traced = sum(d for _, d in steps)
         assert 0 < traced <= res.duration_s < 1.5 * traced  # the other engine's time excluded
+        assert len(host) == len(steps) and all(
+            0 <= h <= d for h, (_, d) in zip(host, steps, strict=True)
+        )

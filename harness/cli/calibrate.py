@@ -213,6 +213,7 @@ def fit_table(c) -> object:
     assert spec.linear is not None
     units = {
         "c0": "ms per step",
+        "c_host": "ms per step on the host",
         "c_tok": "ms per query token",
         "c_sample": "ms per sampled token",
         "c_seq": "ms per sequence",
