@@ -23,7 +23,7 @@ def test_calibrate_then_validate_writes_a_fit_the_simulator_uses(tmp_path, capsy
     spec = get_hardware(str(out))
     assert spec.linear is not None and set(spec.linear) == set(STEP_TERMS)
     assert all(v >= 0 for v in spec.linear.values()) and any(v > 0 for v in spec.linear.values())
-    assert spec.linear["c_seq"] > 0  # host work per sequence, fitted on the host part
+    assert spec.linear["c_host"] + spec.linear["c_seq"] > 0  # host work, fitted on the host part
     assert spec.fit["model"] == "tiny" and spec.fit["clock"] == "cpu" and spec.fit["points"] > 20
     rows = spec.fit["validation"]["rows"]
     assert [r["scheduler"] for r in rows] == ["static", "continuous"]
