@@ -1,289 +1,52 @@
-"""Engine configuration: one EngineConfig, with one sub-config per batching policy.
+"""Engine configuration: one EngineConfig, with one sub-config per batching policy
+(policy_config.py) and one for speculative decoding (speculative_config.py).
 
 Everything a user can get wrong is checked here and raised as EngineError naming the field,
 so a bad flag never reaches the scheduler.
 
-Each field that users may set carries its command-line flag in its metadata (`flag(...)`):
-`reference_engine/options.py` builds every command's engine flags from these dataclasses, so
-a new setting is ONE field here (plus its check in `validate`). A batching policy registers
-its settings dataclass in `SCHEDULER_SETTINGS` (and its class in `scheduler/__init__.py`).
+Each field that users may set carries its command-line flag in its metadata (`flag(...)`,
+config_flags.py): `reference_engine/options.py` builds every command's engine flags from
+these dataclasses, so a new setting is ONE field (plus its check in `validate`). A batching
+policy registers its settings dataclass in `policy_config.SCHEDULER_SETTINGS` (and its class
+in `scheduler/__init__.py`). Every name stays importable from here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
+from cbbench.reference_engine.config_flags import flag
 from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.policy_config import (
+    POLICIES,
+    SCHEDULER_SETTINGS,
+    SCHEDULERS,
+    ContinuousConfig,
+    DynamicConfig,
+    StaticConfig,
+)
+from cbbench.reference_engine.speculative_config import SPECULATIVE_METHODS, SpeculativeConfig
 
-POLICIES = ("fcfs", "priority")
+__all__ = [
+    "ATTENTION_BACKENDS",
+    "EXECUTORS",
+    "GIB",
+    "POLICIES",
+    "SCHEDULERS",
+    "SCHEDULER_SETTINGS",
+    "SPECULATIVE_METHODS",
+    "ContinuousConfig",
+    "DynamicConfig",
+    "EngineConfig",
+    "SpeculativeConfig",
+    "StaticConfig",
+    "flag",
+    "kv_blocks_for_memory",
+]
+
 EXECUTORS = ("real", "sim")
-SPECULATIVE_METHODS = ("ngram", "draft")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 GIB = 2**30  # --kv-cache-memory-gb is GiB on every path
-
-
-def flag(
-    name: str,
-    help: str,
-    *,
-    unit: str | None = None,
-    choices: tuple[str, ...] | None = None,
-    aliases: tuple[str, ...] = (),
-    metavar: str | None = None,
-) -> dict[str, Any]:
-    """Field metadata naming the field's command-line flag (see options.py).
-
-    `unit` is said in --help ("GiB", "s"); `aliases` are older spellings that keep working
-    (deprecated); a bool field becomes `--name/--no-name`."""
-    return {
-        "flag": {
-            "name": name,
-            "help": help,
-            "unit": unit,
-            "choices": choices,
-            "aliases": aliases,
-            "metavar": metavar,
-        }
-    }
-
-
-@dataclass
-class StaticConfig:
-    """Fixed batch: wait for exactly `batch_size` requests, run them all to completion."""
-
-    batch_size: int = field(
-        default=8,
-        metadata=flag(
-            "--batch-size",
-            "B: requests per static batch; also the default of --max-batch-size (dynamic) "
-            "and --max-num-seqs (continuous), so one B compares the policies",
-        ),
-    )
-    # A partial batch is flushed once its oldest request waited this long (the tail of a run).
-    drain_timeout_s: float = field(
-        default=1.0,
-        metadata=flag(
-            "--drain-timeout",
-            "a partial static batch is flushed once its oldest request waited this long",
-            unit="s",
-        ),
-    )
-
-    def validate(self) -> None:
-        if self.batch_size < 1:
-            raise EngineError(f"static.batch_size must be >= 1, got {self.batch_size}")
-        if self.drain_timeout_s < 0:
-            raise EngineError(f"static.drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
-
-
-@dataclass
-class DynamicConfig:
-    """Request-level batching, Triton-server style: preferred sizes plus a maximum queue delay."""
-
-    max_batch_size: int = field(
-        default=8, metadata=flag("--max-batch-size", "most requests in one dynamic batch")
-    )
-    # empty = only max_batch_size is preferred
-    preferred_batch_sizes: tuple[int, ...] = field(
-        default=(),
-        metadata=flag(
-            "--preferred-batch-sizes",
-            "batch sizes launched at once, comma list, e.g. 4,8 (empty: max batch size only)",
-            metavar="N,N",
-        ),
-    )
-    max_queue_delay_s: float = field(
-        default=0.01,
-        metadata=flag(
-            "--max-queue-delay",
-            "the oldest request waits at most this long for a preferred batch",
-            unit="s",
-        ),
-    )
-    # reject (QueueFullError) beyond this many waiting
-    max_queue_size: int | None = field(
-        default=None,
-        metadata=flag("--max-queue-size", "dynamic: reject requests beyond this many waiting"),
-    )
-
-    def validate(self) -> None:
-        if self.max_batch_size < 1:
-            raise EngineError(f"dynamic.max_batch_size must be >= 1, got {self.max_batch_size}")
-        bad = [b for b in self.preferred_batch_sizes if not 1 <= b <= self.max_batch_size]
-        if bad:
-            raise EngineError(
-                f"dynamic.preferred_batch_sizes must lie in [1, max_batch_size="
-                f"{self.max_batch_size}], got {list(self.preferred_batch_sizes)}"
-            )
-        if self.max_queue_delay_s < 0:
-            raise EngineError(
-                f"dynamic.max_queue_delay_s must be >= 0, got {self.max_queue_delay_s}"
-            )
-        if self.max_queue_size is not None and self.max_queue_size < 1:
-            raise EngineError(f"dynamic.max_queue_size must be >= 1, got {self.max_queue_size}")
-
-    @property
-    def preferred(self) -> tuple[int, ...]:
-        return tuple(sorted(set(self.preferred_batch_sizes or (self.max_batch_size,))))
-
-
-@dataclass
-class ContinuousConfig:
-    """Iteration-level batching over paged KV (vLLM v1 style)."""
-
-    max_num_seqs: int = field(
-        default=64, metadata=flag("--max-num-seqs", "most sequences running in one step")
-    )
-    # token budget of one step
-    max_num_batched_tokens: int = field(
-        default=2048,
-        metadata=flag(
-            "--max-num-batched-tokens",
-            "token budget of one step (raised to --max-num-seqs when below it)",
-        ),
-    )
-    enable_chunked_prefill: bool = field(
-        default=True,
-        metadata=flag(
-            "--enable-chunked-prefill",
-            "split long prompts over steps",
-            aliases=("--no-chunked-prefill",),
-        ),
-    )
-    policy: str = field(
-        default="fcfs",
-        metadata=flag("--policy", "admission order of waiting requests", choices=POLICIES),
-    )
-    # priority policy: effective priority = priority - aging_rate * seconds waited
-    aging_rate: float = field(
-        default=1.0,
-        metadata=flag(
-            "--aging-rate",
-            "priority policy: priority levels a waiting request gains per second",
-            unit="1/s",
-        ),
-    )
-    # a request waiting longer is admitted by force
-    max_queue_wait_s: float | None = field(
-        default=None,
-        metadata=flag(
-            "--max-queue-wait", "a request waiting this long is admitted by force", unit="s"
-        ),
-    )
-    max_prefills_per_step: int | None = field(
-        default=None, metadata=flag("--max-prefills-per-step", "new prompts admitted per step")
-    )
-    # fraction of blocks kept free when admitting new requests
-    watermark: float = field(
-        default=0.01,
-        metadata=flag("--watermark", "fraction of KV blocks kept free when admitting requests"),
-    )
-
-    def validate(self) -> None:
-        if self.max_num_seqs < 1:
-            raise EngineError(f"continuous.max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise EngineError(
-                f"continuous.max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
-                f"max_num_seqs ({self.max_num_seqs})"
-            )
-        if self.policy not in POLICIES:
-            raise EngineError(
-                f"continuous.policy must be one of {', '.join(POLICIES)}, got {self.policy!r}"
-            )
-        if self.aging_rate < 0:
-            raise EngineError(f"continuous.aging_rate must be >= 0, got {self.aging_rate}")
-        if self.max_queue_wait_s is not None and self.max_queue_wait_s < 0:
-            raise EngineError(
-                f"continuous.max_queue_wait_s must be >= 0, got {self.max_queue_wait_s}"
-            )
-        if self.max_prefills_per_step is not None and self.max_prefills_per_step < 1:
-            raise EngineError(
-                f"continuous.max_prefills_per_step must be >= 1, got {self.max_prefills_per_step}"
-            )
-        if not 0 <= self.watermark < 1:
-            raise EngineError(f"continuous.watermark must be in [0, 1), got {self.watermark}")
-
-
-# The batching policies: name -> settings dataclass. EngineConfig holds one instance of each
-# under the same name; scheduler/__init__.py maps the same names to their classes.
-SCHEDULER_SETTINGS: dict[str, type] = {
-    "static": StaticConfig,
-    "dynamic": DynamicConfig,
-    "continuous": ContinuousConfig,
-}
-SCHEDULERS = tuple(SCHEDULER_SETTINGS)
-
-
-@dataclass
-class SpeculativeConfig:
-    """Speculative decoding (continuous scheduler only): each decode step verifies up to
-    `num_speculative_tokens` proposed tokens per sequence in the one target forward."""
-
-    # None (off) | "ngram" (prompt lookup) | "draft" (a draft model)
-    method: str | None = field(
-        default=None,
-        metadata=flag(
-            "--speculative-method",
-            "propose draft tokens by n-gram prompt lookup or with a draft model (default: off)",
-            choices=SPECULATIVE_METHODS,
-        ),
-    )
-    num_speculative_tokens: int = field(
-        default=4, metadata=flag("--num-speculative-tokens", "drafts per step")
-    )
-    # method "draft": a preset or HF folder with the target's vocab
-    model: str | None = field(
-        default=None,
-        metadata=flag(
-            "--speculative-model",
-            "draft model for --speculative-method draft: a preset or HF folder with the "
-            "target's vocabulary (the target itself is a 100%% acceptance control)",
-        ),
-    )
-    # method "ngram": shortest / longest suffix looked up in the context
-    ngram_min: int = field(default=1, metadata=flag("--ngram-min", "shortest suffix looked up"))
-    ngram_max: int = field(default=3, metadata=flag("--ngram-max", "longest suffix looked up"))
-    # simulator only: probability that each draft token is accepted (the proposer is modelled)
-    acceptance_rate: float = field(
-        default=0.7,
-        metadata=flag(
-            "--spec-acceptance-rate",
-            "simulator only: per-draft-token acceptance probability",
-        ),
-    )
-
-    @property
-    def enabled(self) -> bool:
-        return self.method is not None
-
-    def validate(self) -> None:
-        if self.method is None:
-            return
-        if self.method not in SPECULATIVE_METHODS:
-            raise EngineError(
-                f"speculative.method must be one of {', '.join(SPECULATIVE_METHODS)}, "
-                f"got {self.method!r}"
-            )
-        if self.num_speculative_tokens < 1:
-            raise EngineError(
-                f"speculative.num_speculative_tokens must be >= 1, "
-                f"got {self.num_speculative_tokens}"
-            )
-        if self.method == "draft" and not self.model:
-            raise EngineError(
-                "speculative method 'draft' needs a draft model (--speculative-model)"
-            )
-        if not 1 <= self.ngram_min <= self.ngram_max:
-            raise EngineError(
-                f"speculative ngram sizes must satisfy 1 <= ngram_min <= ngram_max, got "
-                f"{self.ngram_min}, {self.ngram_max}"
-            )
-        if not 0 <= self.acceptance_rate <= 1:
-            raise EngineError(
-                f"speculative.acceptance_rate must be in [0, 1], got {self.acceptance_rate}"
-            )
 
 
 @dataclass

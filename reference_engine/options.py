@@ -14,9 +14,9 @@ Settings are a flat dict keyed by flag dest (`max_num_seqs`, `drain_timeout`, ..
 keys `build_engine_config` takes, so library code never builds argparse namespaces.
 
 Adding a setting: add the field with `metadata=flag("--name", "help", unit=...)` to its
-dataclass in config.py; nothing here changes. Adding a policy: its settings dataclass in
-config.SCHEDULER_SETTINGS + an EngineConfig field of that name + its class in
-scheduler/__init__.py (see docs/architecture.md).
+dataclass (config.py, policy_config.py, speculative_config.py); nothing here changes.
+Adding a policy: its settings dataclass in policy_config.SCHEDULER_SETTINGS + an
+EngineConfig field of that name + its class in scheduler/__init__.py (docs/architecture.md).
 """
 
 from __future__ import annotations
