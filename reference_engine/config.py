@@ -146,6 +146,15 @@ class EngineConfig:
             "the simulator models the overlap)",
         ),
     )
+    # CUDA only: decode steps replay a CUDA graph per batch-size bucket (cuda_graphs.py)
+    enforce_eager: bool = field(
+        default=False,
+        metadata=flag(
+            "--enforce-eager",
+            "CUDA: run every step eagerly instead of replaying captured decode CUDA graphs "
+            "(no effect on the CPU)",
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:

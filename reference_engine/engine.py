@@ -104,6 +104,9 @@ class LLMEngine:
                 dtype=config.dtype,
                 attention_backend=config.attention_backend,
                 seed=config.seed,
+                enforce_eager=config.enforce_eager,
+                max_num_seqs=config.max_batch_slots,
+                max_model_len=max_model_len,
             )
             mc = executor.model_config
         if num_blocks < 1:

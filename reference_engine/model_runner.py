@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from cbbench.kernels import get_attention_backend
 from cbbench.reference_engine.cpu_linear import optimize_cpu_linears
+from cbbench.reference_engine.cuda_graphs import DecodeGraphs, capture_sizes
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.executor import PLACEHOLDER, ScheduledChunk
 from cbbench.reference_engine.loader import load_model, random_model, resolve_config, resolve_dtype
@@ -75,7 +76,15 @@ class ModelRunner:
         attention_backend: str = "auto",
         seed: int = 0,
         num_threads: int | None = None,
+        enforce_eager: bool = True,
+        max_num_seqs: int | None = None,
+        max_model_len: int | None = None,
+        padded_decode: bool = False,
     ) -> None:
+        """Decode graphs (cuda_graphs.py): on CUDA unless `enforce_eager`, buckets up to
+        `max_num_seqs`, block tables up to `max_model_len` (default: the model's context).
+        `padded_decode` runs the same padded static-buffer path eagerly on any device (the
+        CPU tests of the graph path)."""
         if num_kv_blocks < 1 or block_size < 1:
             raise EngineError(
                 f"num_kv_blocks and block_size must be >= 1, got {num_kv_blocks}, {block_size}"
@@ -104,10 +113,12 @@ class ModelRunner:
         self.num_kv_blocks = num_kv_blocks
         cfg = self.model_config
         assert cfg.head_dim is not None
+        use_graphs = self.device.type == "cuda" and not enforce_eager
+        want_padded = (use_graphs or padded_decode) and max_num_seqs is not None
         self.kv_cache = torch.zeros(
             cfg.num_hidden_layers,
             2,
-            num_kv_blocks,
+            num_kv_blocks + (1 if want_padded else 0),  # + the padded rows' scratch block
             block_size,
             cfg.num_key_value_heads,
             cfg.head_dim,
@@ -116,6 +127,22 @@ class ModelRunner:
         )
         self.sampler = Sampler(cfg.eos_token_ids, self.device, seed)
         self.rejection_sampler = RejectionSampler(self.device, seed)
+        self.decode_graphs: DecodeGraphs | None = None
+        if want_padded:
+            assert max_num_seqs is not None
+            max_len = max_model_len or cfg.max_position_embeddings
+            self.decode_graphs = DecodeGraphs(
+                self.model,
+                self.backend,
+                self.kv_cache,
+                sizes=capture_sizes(max_num_seqs),
+                block_size=block_size,
+                max_blocks_per_seq=-(-max_len // block_size),
+                scratch_block=num_kv_blocks,
+                use_cuda_graphs=use_graphs,
+            )
+            if use_graphs:
+                self.decode_graphs.capture()
 
     @property
     def attention_backend_name(self) -> str:
@@ -158,15 +185,21 @@ class ModelRunner:
     def patch(self, step: PreparedStep, rows: list[int], tokens: list[int]) -> None:
         """Replace placeholder input ids (rows of the flattened batch) by the real tokens."""
         ids = step.batch.input_ids
-        ids[rows] = torch.tensor(tokens, dtype=ids.dtype).to(ids.device, non_blocking=True)
+        ids[rows] = to_device(torch.tensor(tokens, dtype=ids.dtype), ids.device)
 
     def run(self, step: PreparedStep) -> list[list[int]]:
         self.last_logprobs = {}
         b = step.batch
         with torch.inference_mode():
-            hidden = self.model(
-                b.input_ids, b.positions, b.max_position, self.kv_cache, b.meta, self.backend
-            )
+            graphs = self.decode_graphs
+            size = graphs.bucket(b) if graphs is not None and not any(step.drafts) else None
+            if size is not None:
+                assert graphs is not None
+                hidden = graphs.run(b, size)  # padded to its bucket, dummy rows dropped
+            else:
+                hidden = self.model(
+                    b.input_ids, b.positions, b.max_position, self.kv_cache, b.meta, self.backend
+                )
             if not b.sample_rows:
                 return [[] for _ in step.drafts]
             logits = self.model.compute_logits(hidden[[row for _, row in b.sample_rows]])
@@ -291,13 +324,22 @@ def prepare_items(
     for q in qlens:
         qsl.append(qsl[-1] + q)
     meta = AttentionMetadata(
-        slot_mapping=slots.to(device),
-        block_tables=block_tables.to(device),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
+        slot_mapping=to_device(slots, device),
+        block_tables=to_device(block_tables, device),
+        seq_lens=to_device(torch.tensor(seq_lens, dtype=torch.int32), device),
+        query_start_loc=to_device(torch.tensor(qsl, dtype=torch.int32), device),
         decode_only=decode_only,
         max_query_len=max(qlens),
         max_seq_len=max(seq_lens),
     )
-    ids = torch.tensor(input_ids, dtype=torch.int64, device=device)
-    return Batch(ids, pos.to(device), max(seq_lens) - 1, meta, sample_rows)
+    ids = to_device(torch.tensor(input_ids, dtype=torch.int64), device)
+    return Batch(ids, to_device(pos, device), max(seq_lens) - 1, meta, sample_rows)
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor onto `device`: on CUDA through pinned memory with a non-blocking copy
+    (the host goes on preparing while the copy runs; the caching host allocator keeps the
+    pinned block alive until the copy is done), elsewhere a plain `.to`."""
+    if torch.device(device).type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
