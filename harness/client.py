@@ -118,22 +118,39 @@ class OpenAIClient:
     def _s(self, t_ns: int) -> float:
         return (t_ns - self.t0_ns) / 1e9
 
+    def encode(self, rec: RequestRecord, prompt: list[int] | str | list[dict]) -> bytes:
+        """What `send` writes for this request, built from nothing that depends on timing, so
+        it can be built ahead (loadgen's look-ahead): the whole HTTP/1.1 request (head and
+        body) for the raw client, the body for httpx."""
+        body = response.dump_json(build_payload(self.cfg, prompt, rec))
+        if self.pool is None:
+            return body
+        headers = {**self.headers, "x-request-id": rec.id}
+        return self.pool.request_bytes("POST", self.path, headers, body)
+
     async def send(
-        self, rec: RequestRecord, prompt: list[int] | str | list[dict], reply: Reply | None = None
+        self,
+        rec: RequestRecord,
+        prompt: list[int] | str | list[dict] | None,
+        reply: Reply | None = None,
+        encoded: bytes | None = None,
     ) -> RequestRecord:
         """Send one request and fill `rec` in place (timing, tokens, outcome); with `reply`,
-        also keep the response's text and token ids there (a session's next turn needs them)."""
+        also keep the response's text and token ids there (a session's next turn needs them).
+        `encoded`: the request as `encode` built it ahead (then `prompt` is not used, and
+        the caller sets `rec.prompt_tokens_client`)."""
         resp = Response(rec, self.cfg.stream, self.cfg.collect_server_times, reply)
-        body = response.dump_json(build_payload(self.cfg, prompt, rec))
-        if isinstance(prompt, list) and (not prompt or isinstance(prompt[0], int)):
-            rec.prompt_tokens_client = len(prompt)
+        if encoded is None:
+            encoded = self.encode(rec, prompt)
+            if isinstance(prompt, list) and (not prompt or isinstance(prompt[0], int)):
+                rec.prompt_tokens_client = len(prompt)
         exchange = self._exchange_raw if self.pool is not None else self._exchange
         try:
             if _timeout is not None:  # 3.11+: no task per request
                 async with _timeout(self.cfg.timeout_s):
-                    await exchange(rec, body, resp)
+                    await exchange(rec, encoded, resp)
             else:  # pragma: no cover - Python 3.10
-                await asyncio.wait_for(exchange(rec, body, resp), self.cfg.timeout_s)
+                await asyncio.wait_for(exchange(rec, encoded, resp), self.cfg.timeout_s)
         except Exception as exc:
             got = bool(resp.chunks or resp.status)
             why = failure(exc, got, self.cfg.base_url, self.cfg.timeout_s)
@@ -157,10 +174,9 @@ class OpenAIClient:
         finally:
             await r.aclose()
 
-    async def _exchange_raw(self, rec: RequestRecord, body: bytes, resp: Response) -> None:
+    async def _exchange_raw(self, rec: RequestRecord, request: bytes, resp: Response) -> None:
         assert self.pool is not None
-        headers = {**self.headers, "x-request-id": rec.id}
-        await self.pool.exchange("POST", self.path, headers, body, resp)
+        await self.pool.send_request(request, resp)
         resp.end(time.monotonic_ns())
 
 

@@ -154,6 +154,10 @@ class H1Pool:
                 return cand
         return None
 
+    def request_bytes(self, method: str, path: str, headers: dict[str, str], body: bytes) -> bytes:
+        """One whole request as written to the socket (head, then body)."""
+        return self._head(method, path, headers, len(body)) + body
+
     def _head(self, method: str, path: str, headers: dict[str, str], n: int) -> bytes:
         lines = [f"{method} {self.prefix}{path} HTTP/1.1", f"host: {self.host_header}"]
         lines += [f"{k}: {v}" for k, v in headers.items()]
@@ -170,7 +174,10 @@ class H1Pool:
 
         A kept-alive connection the server closed just as we reused it (its idle timeout)
         fails before any response byte: the request is sent once more on a new connection."""
-        data = self._head(method, path, headers, len(body)) + body
+        await self.send_request(self.request_bytes(method, path, headers, body), sink)
+
+    async def send_request(self, data: bytes, sink: Sink) -> None:
+        """`exchange` for a request already encoded (`request_bytes`)."""
         loop = asyncio.get_running_loop()
         conn = self._take()
         while True:

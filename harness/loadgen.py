@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cbbench.harness.client import ClientConfig, OpenAIClient
+from cbbench.harness.lookahead import Lookahead, Prepared
 from cbbench.harness.prompts import PromptBuilder
 from cbbench.harness.records import RequestRecord
 from cbbench.harness.sessions import CAP_UNITS, History, Reply, group_sessions
@@ -135,6 +136,7 @@ class Worker:
         self.t0_ns = 0
         self._warmup_t0_ns = 0
         self._tasks: set[asyncio.Task] = set()
+        self.ahead: Lookahead | None = None  # requests built ahead (`lookahead`)
 
     def _record(self, job: Job) -> RequestRecord:
         tag = "w" if job.warmup else ""
@@ -154,6 +156,34 @@ class Worker:
         build = self.prompts.text if self.plan.text_prompts else self.prompts.token_ids
         return build(job.index, job.prompt_len, job.prefix_ids)
 
+    def _client_tokens(self, rec: RequestRecord, prompt) -> int | None:
+        """The prompt's token count as the client reckons it (None: unknown)."""
+        if self.plan.client.endpoint == "chat":  # with the model's template, as the server
+            msgs = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+            n = self.prompts.count_chat(msgs)
+            if n is None and rec.session_id is None:
+                n = rec.prompt_len  # the message alone; the server's template adds to it
+            return n
+        if isinstance(prompt, str):  # text of the asked length, or a session's history
+            return rec.prompt_len if rec.session_id is None else self.prompts.count(prompt)
+        return len(prompt) if isinstance(prompt, list) else None
+
+    def prepare(self, client: OpenAIClient, job: Job) -> Prepared:
+        """Everything about `job`'s request that does not depend on timing."""
+        rec = self._record(job)
+        prompt = self._prompt(job)
+        return Prepared(rec, client.encode(rec, prompt), self._client_tokens(rec, prompt))
+
+    def lookahead(self, client: OpenAIClient) -> Lookahead:
+        """The measured jobs (not sessions) in send order, built ahead; fill it before t0."""
+        jobs = self.plan.jobs
+        if any(j.arrival_s is not None for j in jobs):
+            jobs = sorted(jobs, key=lambda j: (j.arrival_s or 0.0, j.index))
+            if self.plan.duration_s is not None:
+                jobs = [j for j in jobs if (j.arrival_s or 0.0) < self.plan.duration_s]
+        self.ahead = Lookahead(jobs, lambda j: self.prepare(client, j))
+        return self.ahead
+
     async def warmup(self, client: OpenAIClient) -> list[RequestRecord]:
         """Send the warmup jobs (before t0); their records are shifted once t0 is known."""
         if not self.plan.warmup_jobs:
@@ -170,7 +200,14 @@ class Worker:
         return list(recs)
 
     async def _send(
-        self, client: OpenAIClient, job: Job, rec: RequestRecord, prompt, slots, reply=None
+        self,
+        client: OpenAIClient,
+        job: Job,
+        rec: RequestRecord,
+        prompt,
+        slots,
+        reply=None,
+        encoded: bytes | None = None,
     ) -> bool:
         """Send (after a slot, if capped) and emit the record; False if cancelled."""
         try:
@@ -180,9 +217,9 @@ class Worker:
                         raise asyncio.CancelledError
                     if rec.scheduled_s is not None or rec.session_id is not None:
                         rec.client_queue_s = max(0.0, _now_s(self.t0_ns) - rec.ready_s)
-                    await self._send_now(client, rec, prompt, reply)
+                    await self._send_now(client, rec, prompt, reply, encoded)
             else:
-                await self._send_now(client, rec, prompt, reply)
+                await self._send_now(client, rec, prompt, reply, encoded)
         except asyncio.CancelledError:
             self.stats.cancelled += 1
             return False
@@ -190,23 +227,23 @@ class Worker:
         self.emit("record", rec)
         return True
 
-    async def _send_now(self, client: OpenAIClient, rec: RequestRecord, prompt, reply) -> None:
+    async def _send_now(
+        self, client: OpenAIClient, rec: RequestRecord, prompt, reply, encoded=None
+    ) -> None:
+        """Send; `encoded` (built ahead, with `rec.prompt_tokens_client` set) or `prompt`."""
         self.stats.sent += 1
-        if self.plan.client.endpoint == "chat":  # with the model's template, as the server
-            msgs = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-            n = self.prompts.count_chat(msgs)
-            if n is None and rec.session_id is None:
-                n = rec.prompt_len  # the message alone; the server's template adds to it
-            rec.prompt_tokens_client = n
-        elif isinstance(prompt, str) and rec.session_id is None:
-            rec.prompt_tokens_client = rec.prompt_len  # text of the asked length
-        elif isinstance(prompt, str):
-            rec.prompt_tokens_client = self.prompts.count(prompt)
-        await client.send(rec, prompt, reply)
+        if encoded is None:
+            rec.prompt_tokens_client = self._client_tokens(rec, prompt)
+        await client.send(rec, prompt, reply, encoded)
         assert rec.sent_s is not None and rec.ready_s is not None
         rec.send_lag_s = (
             rec.sent_s - rec.ready_s - (rec.client_queue_s or 0.0) - (rec.connect_s or 0.0)
         )
+
+    def _take(self, client: OpenAIClient, job: Job) -> Prepared:
+        p = self.ahead.take(job) if self.ahead is not None else self.prepare(client, job)
+        p.rec.prompt_tokens_client = p.prompt_tokens_client
+        return p
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
@@ -220,13 +257,12 @@ class Worker:
             t = job.arrival_s or 0.0
             if self.plan.duration_s is not None and t >= self.plan.duration_s:
                 break
-            prompt = self._prompt(job)  # built before the wait, off the send path
-            rec = self._record(job)
+            p = self._take(client, job)  # built before the wait, off the send path
             await _sleep_until_s(t, self.t0_ns, self.stop)
             if self.stop.is_set():
                 break
-            rec.scheduled_s = rec.ready_s = t
-            self._spawn(self._send(client, job, rec, prompt, slots))
+            p.rec.scheduled_s = p.rec.ready_s = t
+            self._spawn(self._send(client, job, p.rec, None, slots, None, p.encoded))
 
     async def _closed_loop(self, client: OpenAIClient) -> None:
         jobs = iter(self.plan.jobs)
@@ -236,10 +272,9 @@ class Worker:
             for job in jobs:
                 if self.stop.is_set() or (deadline is not None and _now_s(self.t0_ns) >= deadline):
                     return
-                rec = self._record(job)
-                prompt = self._prompt(job)
-                rec.ready_s = _now_s(self.t0_ns)
-                await self._send(client, job, rec, prompt, None)
+                p = self._take(client, job)
+                p.rec.ready_s = _now_s(self.t0_ns)
+                await self._send(client, job, p.rec, None, None, None, p.encoded)
 
         n = self.plan.concurrency or 1
         await asyncio.gather(*(self._spawn(slot()) for _ in range(n)), return_exceptions=True)
@@ -369,6 +404,7 @@ class Worker:
         self.t0_ns = client.t0_ns = t0_ns
         cpu0 = time.process_time()
         sampler = asyncio.ensure_future(self._sampler())
+        refill = asyncio.ensure_future(self.ahead.refill()) if self.ahead is not None else None
         stopped = asyncio.ensure_future(self.stop.wait())
         open_loop = any(j.arrival_s is not None for j in self.plan.jobs)
         if any(j.session_id is not None for j in self.plan.jobs):
@@ -387,6 +423,8 @@ class Worker:
                 task.cancel()
             await asyncio.gather(main, *self._tasks, return_exceptions=True)
             sampler.cancel()
+            if refill is not None:
+                refill.cancel()
             stopped.cancel()
             self.stats.cpu_s = time.process_time() - cpu0
 
@@ -404,8 +442,11 @@ async def run_worker(
         warm = await worker.warmup(client)
         if plan.prewarm and client.pool is not None and plan.concurrency:
             await client.pool.prewarm(plan.concurrency)  # connect before t0, not in TTFT
+        if not any(j.session_id is not None for j in plan.jobs):  # turns need their replies
+            worker.lookahead(client).fill()  # before t0: out of the measured phase
         t0_ns = await wait_t0()
-        await asyncio.sleep(max(0.0, (t0_ns - time.monotonic_ns()) / 1e9))  # t0 may be ahead
+        while (ahead_ns := t0_ns - time.monotonic_ns()) > 0:  # t0 may be ahead; a loop's
+            await asyncio.sleep(ahead_ns / 1e9)  # timer may wake up to a millisecond early
         for rec in warm:
             shift_record(rec, (worker._warmup_t0_ns - t0_ns) / 1e9)
             emit("record", rec)

@@ -1,0 +1,76 @@
+"""Requests built ahead of their send time (harness/lookahead.py): bounded, in send order,
+each built once, and the bytes on the wire equal to a request built at send time."""
+
+import asyncio
+from dataclasses import dataclass
+
+from cbbench.harness.client import ClientConfig, OpenAIClient
+from cbbench.harness.loadgen import Job, Worker, WorkerPlan
+from cbbench.harness.lookahead import RECORD_BYTES, Lookahead, Prepared
+from cbbench.harness.records import RequestRecord
+
+
+@dataclass
+class J:
+    index: int
+
+
+def _lookahead(n, **kw):
+    built = []
+
+    def build(job):
+        built.append(job.index)
+        return Prepared(RequestRecord(f"r{job.index}", job.index, 4, 4), b"x" * 100, 1)
+
+    return Lookahead([J(i) for i in range(n)], build, **kw), built
+
+
+def test_fill_stops_at_the_item_and_byte_caps():
+    la, built = _lookahead(50, max_items=8)
+    la.fill()
+    assert built == list(range(8)) and len(la) == 8
+    la, built = _lookahead(50, max_bytes=3 * (100 + RECORD_BYTES))
+    la.fill()
+    assert built == [0, 1, 2]
+
+
+def test_take_in_order_builds_each_job_once_and_refill_tops_up():
+    async def go():
+        la, built = _lookahead(40, max_items=8)
+        la.fill()
+        refill = asyncio.ensure_future(la.refill())
+        got = []
+        for i in range(40):
+            got.append(la.take(J(i)).rec.index)
+            assert len(la) <= 8
+            if i % 3 == 0:
+                await asyncio.sleep(0)
+        refill.cancel()
+        return la, built, got
+
+    la, built, got = asyncio.run(go())
+    assert got == list(range(40))
+    assert sorted(built) == list(range(40))  # nothing built twice, nothing skipped
+    assert la.built_ahead + la.built_late == 40 and la.built_ahead > 8  # the refill ran
+
+
+def test_a_job_taken_before_it_was_built_is_built_then_and_not_again():
+    la, built = _lookahead(5, max_items=2)
+    la.fill()
+    for i in range(5):  # no refill task: jobs 2.. are built late
+        assert la.take(J(i)).rec.index == i
+    assert built == [0, 1, 2, 3, 4] and la.built_late == 3
+
+
+def test_encoded_request_equals_the_one_built_at_send_time():
+    cfg = ClientConfig(base_url="http://127.0.0.1:9", model="m")
+    plan = WorkerPlan(0, [Job(7, 12, 5, priority=2)], [], cfg, 1, None, seed=3)
+    worker = Worker(plan, lambda *a: None)
+    client = OpenAIClient(cfg)
+    p = worker.prepare(client, plan.jobs[0])
+    ids = worker.prompts.token_ids(7, 12)
+    assert p.prompt_tokens_client == 12 and p.rec.id == "cbb-7"
+    assert p.encoded == client.encode(p.rec, ids)
+    head, body = p.encoded.split(b"\r\n\r\n", 1)
+    assert b"x-request-id: cbb-7" in head and f"content-length: {len(body)}".encode() in head
+    assert b'"prompt":[' + ",".join(map(str, ids)).encode() + b"]" in body
