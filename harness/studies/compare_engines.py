@@ -232,7 +232,8 @@ def _run(args: CompareOptions, names: list[str], console: Console) -> dict:
 
     with step_progress(console, "engines", len(names), "engines") as progress:
         for i, name in enumerate(names):
-            progress(i, f"{name}: {HOW[name]}")
+            console.print(f"{name}: {HOW[name]} ...", highlight=False)
+            progress(i, name)  # short: the bar keeps its counts on an 80-column terminal
             t0 = time.perf_counter()
             if name == "reference":
                 results[name] = _reference(folder, wl, args, out, max_len)

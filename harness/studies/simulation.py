@@ -316,8 +316,8 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
     results: dict[str, SimResult] = {}
     if real:
         t0 = time.perf_counter()
-        desc = f"running {', '.join(cfgs)} interleaved on {where}"
-        with request_progress(console, desc, len(wl) * len(cfgs)) as upd:
+        console.print(f"running {', '.join(cfgs)} interleaved on {where} ({len(wl)} requests each)")
+        with request_progress(console, "all engines", len(wl) * len(cfgs)) as upd:
             res = replay_interleaved(
                 wl.requests, list(cfgs.values()), prefix_block_size=wl.prefix_block_size,
                 seed=wl.seed, timeline=timeline, temperature=opts.temperature, on_progress=upd,
