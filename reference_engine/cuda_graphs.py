@@ -98,8 +98,10 @@ class DecodeGraphs:
             seq_lens=torch.ones(s, dtype=torch.int32, device=dev),
             query_start_loc=torch.arange(s + 1, dtype=torch.int32, device=dev),
         )
-        # padded paths use the captured bound as the host maxima (fixed in the graphs)
+        # graphs take the captured bound as the host maxima (fixed in them); the eager padded
+        # path takes the batch's own unless `bound_maxima` (same launches as the graphs)
         self.max_seq_len_bound = max_blocks_per_seq * block_size
+        self.bound_maxima = use_cuda_graphs
 
     # --- which steps take the padded path ----------------------------------------------
     def bucket(self, batch: Any) -> int | None:
@@ -163,6 +165,8 @@ class DecodeGraphs:
         if self.use_cuda_graphs:
             self.graphs[size].replay()
             return self.buf.hidden[size][:n]
+        if self.bound_maxima:
+            return self._forward(size, self.max_seq_len_bound, self.max_seq_len_bound - 1)[:n]
         return self._forward(size, batch.meta.max_seq_len, batch.max_position)[:n]
 
     # --- capture (CUDA) ------------------------------------------------------------------

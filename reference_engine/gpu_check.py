@@ -1,17 +1,22 @@
 """The reference engine end to end on the Triton attention kernels: the GPU check's engine part
 (kernels/ stays free of engine imports, so this lives with the engine).
 
-    python -m cbbench.reference_engine.gpu_check --out results/gpu-check [--quick]
+    python -m cbbench.reference_engine.gpu_check --out results/gpu-check [--quick] [--modes-only]
 
 Runs kernels/bench_gpu.py's kernel checks, then `engine_check` on CUDA with --engine-model,
-and writes one bench_gpu.json + summary.txt. Exits 1 without CUDA or Triton, and 3 when a
-correctness case fails or the engine does not run on the Triton kernels.
+and writes one bench_gpu.json + summary.txt; then graphs_check.py's engine modes (eager vs
+decode CUDA graphs, sync vs async scheduling: tok/s, step gap, graph == eager outputs) into
+engine_modes.json + engine_modes.txt. `--modes-only` runs just the modes. Exits 1 without
+CUDA or Triton, and 3 when a correctness case fails, the engine does not run on the Triton
+kernels, or a modes check fails.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 from cbbench.kernels import bench_gpu
@@ -94,15 +99,41 @@ def engine_check(
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    modes_only = "--modes-only" in argv
+    argv = [a for a in argv if a != "--modes-only"]
     if "--engine-model" not in argv:
         argv += ["--engine-model", "small"]
     args = bench_gpu.parse_args(argv)
-    report = bench_gpu.kernel_report(args)
-    if isinstance(report, int):
-        return report
-    if args.engine_model:
-        report["engine"] = engine_check("cuda", args.engine_model)
-    return bench_gpu.finish(args.out, report)
+    rc = 0
+    if modes_only:
+        if not torch.cuda.is_available():
+            print(
+                "gpu_check: no CUDA device visible to torch; this check needs a GPU",
+                file=sys.stderr,
+            )
+            return 1
+    else:
+        report = bench_gpu.kernel_report(args)
+        if isinstance(report, int):
+            return report
+        if args.engine_model:
+            report["engine"] = engine_check("cuda", args.engine_model)
+        rc = bench_gpu.finish(args.out, report)
+    return max(rc, write_modes(args.out, args.engine_model or "small"))
+
+
+def write_modes(out: Path, model: str) -> int:
+    """Eager vs graphs, sync vs async (graphs_check.py) -> engine_modes.json/.txt; 3 on a
+    failed check."""
+    from cbbench.reference_engine.graphs_check import modes_check, summary
+
+    result = modes_check("cuda", model)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "engine_modes.json").write_text(json.dumps(result, indent=2) + "\n")
+    text = summary(result)
+    (out / "engine_modes.txt").write_text(text)
+    print(text, end="")
+    return 0 if result["passed"] else 3
 
 
 if __name__ == "__main__":

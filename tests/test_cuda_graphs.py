@@ -116,3 +116,17 @@ def test_cpu_engine_builds_no_graphs_and_enforce_eager_is_an_engine_option():
     assert EngineConfig().enforce_eager is False
     cfg = build_engine_config({"enforce_eager": True})
     assert cfg.enforce_eager is True
+
+
+def test_gpu_check_engine_modes_run_on_the_cpu():
+    """The modes check's logic (on the CPU "graphs" is the padded path, run eagerly)."""
+    from cbbench.reference_engine.graphs_check import MODES, modes_check, summary
+
+    r = modes_check("cpu", "tiny", num_requests=5, max_tokens=6, max_num_seqs=4,
+                    max_model_len=64, num_kv_blocks=40)  # fmt: skip
+    assert set(r["modes"]) == {m[0] for m in MODES}
+    assert r["passed"], r["checks"]
+    assert r["modes"]["graphs"]["padded_steps"] > 0 and r["modes"]["eager"]["padded_steps"] == 0
+    assert all(m["identical_to_eager"] == "5/5" for m in r["modes"].values())
+    assert r["modes"]["eager-async"]["step_gap_p50_ms"] is not None
+    assert "graphs-async" in summary(r)
