@@ -1,7 +1,10 @@
 """Paged attention in vectorised torch: the CPU backend of the reference engine.
 
 Decode gathers every sequence's blocks through the block table in one `index_select`, then
-runs one masked `scaled_dot_product_attention` over the batch. GQA costs no copy: the G query
+runs one masked `scaled_dot_product_attention` over the batch. On CPU, when long runs of a
+batch's blocks are consecutive in the pool (a prompt's blocks usually are), those runs are
+read in place instead and merged by log-sum-exp (`torch_split_kv`): the copy is about half
+of a decode layer. GQA costs no copy: the G query
 heads that share a KV head become G query rows of that head (one query position, so they
 share one mask row). Sequences with several query tokens (prefill, chunked prefill) run one
 at a time: their work is compute, not per-call overhead.
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from cbbench.kernels import torch_split_kv
 
 _CPU_GATHER_BYTES = 4 << 20  # K+V gathered per attention call on CPU: about an L2/L3 share
 
@@ -26,6 +30,11 @@ class TorchAttentionBackend:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._workspace: torch.Tensor | None = None  # gather buffer, grown on demand
+        self.split_kv = device.type == "cpu" and torch_split_kv.available()
+        self.split_kv_min_run_bytes = torch_split_kv.MIN_RUN_BYTES  # tests lower it
+        # split plan of the last decode call, reused while the step's layers run
+        self._plan_key: tuple[tuple[object, ...], torch.Tensor, torch.Tensor] | None = None
+        self._plan: torch_split_kv.SplitPlan | None = None
 
     def describe(self) -> dict[str, object]:
         return {"name": self.name, "device": str(self.device)}
@@ -65,6 +74,14 @@ class TorchAttentionBackend:
         _check_paged(k_cache, v_cache, num_q_heads)
         _, block_size, num_kv_heads, _ = k_cache.shape
         group = num_q_heads // num_kv_heads
+        query = q.view(num_seqs, num_kv_heads, group, head_dim)
+        if self.split_kv and q.device.type == "cpu":
+            plan = self._split_plan(block_tables, seq_lens, k_cache)
+            if plan is not None:
+                out = torch_split_kv.split_kv_decode(
+                    query, k_cache, v_cache, plan, scale, self._gather, _CPU_GATHER_BYTES
+                )
+                return out.view(num_seqs, num_q_heads, head_dim)
         if max_seq_len is None:
             max_seq_len = int(seq_lens.max())
         num_blocks = min(-(-max_seq_len // block_size), block_tables.shape[1])
@@ -75,7 +92,6 @@ class TorchAttentionBackend:
         step = num_seqs if q.device.type != "cpu" else max(1, _CPU_GATHER_BYTES // per_seq)
         positions = torch.arange(padded, device=q.device)
         mask = positions[None, :] < seq_lens.to(q.device).long()[:, None]  # [B, L]
-        query = q.view(num_seqs, num_kv_heads, group, head_dim)
         tables = block_tables[:, :num_blocks].long()
         out = torch.empty_like(query)
         for s in range(0, num_seqs, step):
@@ -90,6 +106,33 @@ class TorchAttentionBackend:
                 scale=scale,
             )
         return out.view(num_seqs, num_q_heads, head_dim)
+
+    def _split_plan(
+        self, block_tables: torch.Tensor, seq_lens: torch.Tensor, k_cache: torch.Tensor
+    ) -> torch_split_kv.SplitPlan | None:
+        """The split plan of this batch, built once per step: every layer passes equal
+        tables and lengths (compared by value, a few microseconds)."""
+        shape = (tuple(k_cache.shape[1:]), k_cache.element_size(), self.split_kv_min_run_bytes)
+        old = self._plan_key
+        if (
+            old is not None
+            and old[0] == shape
+            and old[1].shape == block_tables.shape
+            and old[2].shape == seq_lens.shape
+            and torch.equal(old[1], block_tables)
+            and torch.equal(old[2], seq_lens)
+        ):
+            return self._plan
+        block_bytes = k_cache[0].numel() * k_cache.element_size()
+        self._plan = torch_split_kv.plan_split(
+            block_tables.tolist(),
+            seq_lens.tolist(),
+            k_cache.shape[1],
+            block_bytes,
+            self.split_kv_min_run_bytes,
+        )
+        self._plan_key = (shape, block_tables.clone(), seq_lens.clone())
+        return self._plan
 
     def _gather(
         self, k_cache: torch.Tensor, v_cache: torch.Tensor, ids: torch.Tensor

@@ -5,6 +5,10 @@ its own, then all running sequences decode together one token per step; a finish
 is replaced at once (continuous batching at its simplest). Prints output tokens/s.
 
     python -m cbbench.reference_engine.runner_bench --model small --num-seqs 8 --requests 32
+
+`--block-layout engine` hands blocks out as the block manager does (the torch backend then
+reads each prompt's run of blocks in place and gathers the rest); `--no-split-kv` turns that
+off for a side-by-side comparison.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from collections import deque
 
 import torch
 from cbbench.reference_engine.executor import ScheduledChunk
@@ -33,6 +38,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all CPUs)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--block-layout",
+        choices=("slot", "engine"),
+        default="slot",
+        help="slot: each sequence's blocks consecutive; engine: as the block manager hands "
+        "them out (a prompt's blocks together, decode blocks one at a time, interleaved)",
+    )
+    p.add_argument(
+        "--no-split-kv",
+        action="store_true",
+        help="torch backend: always gather KV blocks (never read runs of blocks in place)",
+    )
     return p
 
 
@@ -48,6 +65,11 @@ def run(args: argparse.Namespace) -> dict[str, float]:
         seed=args.seed,
         num_threads=args.threads,
     )
+    if args.no_split_kv and hasattr(runner.backend, "split_kv"):
+        runner.backend.split_kv = False
+    engine_layout = args.block_layout == "engine"
+    free_blocks = deque(range(blocks_per_seq * args.num_seqs))  # engine layout: FIFO reuse
+    bs = args.block_size
     rng = random.Random(args.seed)
     vocab = runner.model_config.vocab_size
     free_slots = list(range(args.num_seqs))
@@ -61,7 +83,10 @@ def run(args: argparse.Namespace) -> dict[str, float]:
             slot = free_slots.pop()
             prompt = [rng.randrange(vocab) for _ in range(rng.randint(lo, hi))]
             seq = Sequence(str(started), prompt, params, RequestMetrics(arrival_time=0.0))
-            seq.block_table = list(range(slot * blocks_per_seq, (slot + 1) * blocks_per_seq))
+            if engine_layout:
+                seq.block_table = [free_blocks.popleft() for _ in range(-(-len(prompt) // bs))]
+            else:
+                seq.block_table = list(range(slot * blocks_per_seq, (slot + 1) * blocks_per_seq))
             t = time.perf_counter()
             ((tok,),) = runner.execute([ScheduledChunk(seq, seq.num_tokens)])
             prefill_s += time.perf_counter() - t
@@ -70,6 +95,9 @@ def run(args: argparse.Namespace) -> dict[str, float]:
             running[slot] = seq
             started += 1
             out_tokens += 1
+        for seq in running.values():
+            if len(seq.block_table) * bs < seq.num_tokens:  # engine layout: one more block
+                seq.block_table.append(free_blocks.popleft())
         t = time.perf_counter()
         toks = runner.execute([ScheduledChunk(s, 1) for s in running.values()])
         decode_s += time.perf_counter() - t
@@ -79,6 +107,8 @@ def run(args: argparse.Namespace) -> dict[str, float]:
             seq.token_ids.append(tok)
             out_tokens += 1
             if seq.num_output_tokens >= args.output_len:
+                if engine_layout:
+                    free_blocks.extend(seq.block_table)
                 del running[slot]
                 free_slots.append(slot)
                 finished += 1
@@ -99,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     r = run(args)
     print(
-        f"{args.model} {args.dtype} {args.device} threads={r['threads']} in-flight={args.num_seqs}: "
+        f"{args.model} {args.dtype} {args.device} threads={r['threads']} in-flight={args.num_seqs} "
+        f"layout={args.block_layout} split-kv={'off' if args.no_split_kv else 'on'}: "
         f"{r['output_tokens']} output tokens in {r['wall_s']:.2f} s = {r['tok_per_s']:.1f} tok/s "
         f"(decode {r['decode_ms_per_step']:.1f} ms/step over {r['decode_steps']} steps, "
         f"prefill {r['prefill_s']:.2f} s); process CPU time {r['cpu_s']:.2f} s "

@@ -27,12 +27,18 @@ def generate(
     seqs: list[Sequence],
     token_budget: int | None = None,
     pool_seed: int = 0,
+    shuffle_pool: bool = True,
 ) -> list[list[int]]:
     """Run all sequences to max_tokens; returns each one's output tokens. Blocks are taken
-    from a shuffled pool so that block tables are not contiguous."""
+    from a shuffled pool so that block tables are not contiguous, or with `shuffle_pool`
+    False in increasing order, as a fresh block manager hands them out (a prompt's blocks
+    consecutive, decode blocks interleaved between sequences)."""
     bs = runner.block_size
     pool = list(range(runner.num_kv_blocks))
-    random.Random(pool_seed).shuffle(pool)
+    if shuffle_pool:
+        random.Random(pool_seed).shuffle(pool)
+    else:
+        pool.reverse()  # pop() takes the lowest id first
     live = list(seqs)
     while live:
         chunks: list[ScheduledChunk] = []

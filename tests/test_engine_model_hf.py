@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cbbench.kernels import torch_split_kv
 from cbbench.reference_engine.loader import load_model
 from cbbench.reference_engine.model_runner import ModelRunner
 from engine_model_support import (
@@ -55,6 +56,24 @@ def test_llama_greedy_equals_transformers(llama_dir, llama_expected):
 def test_llama_chunked_prefill_equals_transformers(llama_dir, llama_expected):
     # a budget of 5 tokens per step splits prompts into chunks mixed with other decodes
     assert _ours(llama_dir, PROMPTS, MAX_TOKENS, token_budget=5, block_size=2) == llama_expected
+
+
+def test_llama_greedy_with_in_place_split_kv_equals_transformers(
+    llama_dir, llama_expected, monkeypatch
+):
+    """Blocks handed out in order make prompt runs: the torch backend reads them in place
+    (threshold lowered to this tiny model) and still decodes what transformers decodes."""
+    calls = []
+    real = torch_split_kv.split_kv_decode
+    monkeypatch.setattr(
+        torch_split_kv, "split_kv_decode", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    runner = ModelRunner(llama_dir, num_kv_blocks=64, block_size=2)
+    assert runner.backend.name == "torch"
+    runner.backend.split_kv_min_run_bytes = 0
+    seqs = [make_seq(str(i), p, MAX_TOKENS) for i, p in enumerate(PROMPTS)]
+    assert generate(runner, seqs, shuffle_pool=False) == llama_expected
+    assert calls  # the in-place path ran
 
 
 def test_logits_match_transformers(llama_dir):
