@@ -139,3 +139,25 @@ def make_paged_case(
         "seq_lens": torch.tensor(seq_lens, dtype=torch.int32, device=device),
         "query_start_loc": torch.tensor(starts, dtype=torch.int32, device=device),
     }
+
+
+def engine_block_tables(
+    seq_lens: list[int], prompt_lens: list[int], block_size: int, first_block: int = 1
+) -> tuple[torch.Tensor, int]:
+    """Block tables laid out as a fresh block manager lays them out: each prompt's blocks
+    consecutive (allocated together), then decode blocks one at a time, round-robin between
+    sequences. Returns the int32 tables (a spare padding column) and the next unused id."""
+    need = [-(-s // block_size) for s in seq_lens]
+    prompt = [min(n, -(-p // block_size)) for n, p in zip(need, prompt_lens, strict=True)]
+    tables: list[list[int]] = []
+    nxt = first_block
+    for n in prompt:
+        tables.append(list(range(nxt, nxt + n)))
+        nxt += n
+    while any(len(t) < n for t, n in zip(tables, need, strict=True)):
+        for t, n in zip(tables, need, strict=True):
+            if len(t) < n:
+                t.append(nxt)
+                nxt += 1
+    width = max(need) + 1
+    return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32), nxt

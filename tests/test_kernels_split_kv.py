@@ -7,7 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 from cbbench.kernels import torch_split_kv
-from cbbench.kernels.reference import make_paged_case, ref_paged_decode_attention
+from cbbench.kernels.reference import (
+    engine_block_tables,
+    make_paged_case,
+    ref_paged_decode_attention,
+)
 from cbbench.kernels.torch_backend import TorchAttentionBackend
 
 pytestmark = pytest.mark.skipif(
@@ -16,25 +20,8 @@ pytestmark = pytest.mark.skipif(
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
 
 
-def engine_layout(seq_lens, prompt_lens, block_size):
-    """Block tables: prompts' blocks consecutive from 1, then decode blocks round-robin."""
-    need = [-(-s // block_size) for s in seq_lens]
-    prompt = [min(n, -(-p // block_size)) for n, p in zip(need, prompt_lens, strict=True)]
-    tables, nxt = [], 1
-    for n in prompt:
-        tables.append(list(range(nxt, nxt + n)))
-        nxt += n
-    while any(len(t) < n for t, n in zip(tables, need, strict=True)):
-        for t, n in zip(tables, need, strict=True):
-            if len(t) < n:
-                t.append(nxt)
-                nxt += 1
-    width = max(need) + 1
-    return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32), nxt
-
-
 def case(seq_lens, prompt_lens, block_size, num_kv_heads, group, dtype=torch.float32, seed=0):
-    tables, used = engine_layout(seq_lens, prompt_lens, block_size)
+    tables, used = engine_block_tables(seq_lens, prompt_lens, block_size)
     c = make_paged_case(seq_lens, [1] * len(seq_lens), block_size, num_kv_heads, group,
                         dtype=dtype, seed=seed)  # fmt: skip
     assert c["k_cache"].shape[0] >= used  # the pool is filled with random K/V everywhere
