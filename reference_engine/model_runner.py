@@ -81,7 +81,9 @@ class ModelRunner:
         max_model_len: int | None = None,
         padded_decode: bool = False,
     ) -> None:
-        """Decode graphs (cuda_graphs.py): on CUDA unless `enforce_eager`, buckets up to
+        """Decode graphs (cuda_graphs.py): on CUDA unless `enforce_eager` (True here, so
+        direct users such as runner_bench and the draft proposer stay eager; the engine passes
+        EngineConfig.enforce_eager, False by default), buckets up to
         `max_num_seqs`, block tables up to `max_model_len` (default: the model's context).
         `padded_decode` runs the same padded static-buffer path eagerly on any device (the
         CPU tests of the graph path)."""
