@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -144,7 +145,17 @@ class ModelRunner:
                 use_cuda_graphs=use_graphs,
             )
             if use_graphs:
-                self.decode_graphs.capture()
+                try:
+                    self.decode_graphs.capture()
+                except Exception as exc:  # a device or kernel that cannot be captured
+                    warnings.warn(
+                        f"CUDA graph capture failed ({type(exc).__name__}: {exc}); decode "
+                        "runs eagerly, as with --enforce-eager",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                    self.decode_graphs = None
+                    torch.cuda.synchronize()
 
     @property
     def attention_backend_name(self) -> str:
