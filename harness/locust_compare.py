@@ -8,7 +8,9 @@ other at the same number of streams, request and token count:
   request body, once building each request's prompt as cbbench does (workloads/tokens.py:
   a seeded draw per request, the same work cbbench does per request).
 - cbbench's own client (`run_bench`, one worker in this process): SSE parsing, token counting,
-  per-token timing, a record per request written to disk, telemetry samples.
+  per-token timing, a record per request written to disk, telemetry samples. As in any run,
+  its requests are built ahead (harness/lookahead.py: up to 16,384 before t0, the rest by a
+  refill during the run, whose CPU counts), so runs past that size show the refill's cost.
 Each side's CPU is what its process spent while the load ran (`time.process_time`, user +
 system, so the kernel's share of loopback sends counts for both), from the first request to
 the last: start-up, cbbench's probe and summary are left out of both.
