@@ -79,7 +79,7 @@ class TorchAttentionBackend:
             plan = self._split_plan(block_tables, seq_lens, k_cache)
             if plan is not None:
                 out = torch_split_kv.split_kv_decode(
-                    query, k_cache, v_cache, plan, scale, self._gather, _CPU_GATHER_BYTES
+                    query, k_cache, v_cache, plan, scale, self._gather
                 )
                 return out.view(num_seqs, num_q_heads, head_dim)
         if max_seq_len is None:

@@ -88,9 +88,11 @@ def test_plan_split_keeps_runs_and_gathers_the_rest():
     plan = torch_split_kv.plan_split(tables, [60, 20], 8, 1, min_run_bytes=0)
     assert plan is not None
     assert plan.runs == [(0, 5, 5)]
-    assert plan.rest_ids.tolist() == [[20, 22, 23], [40, 2, 41]]
+    (group,) = plan.rest
+    assert group.seqs.tolist() == [0, 1]
+    assert group.ids.tolist() == [[20, 22, 23], [40, 2, 41]]
     # seq 0 sees 2 full gathered blocks + 4 tokens of its last; seq 1 all of its 20 tokens
-    valid = (plan.rest_mask[:, 0, 0] == 0).sum(-1).tolist()
+    valid = (group.mask[:, 0, 0] == 0).sum(-1).tolist()
     assert valid == [2 * 8 + 60 - 7 * 8, 20]
     assert plan.seg.tolist() == [0, 1, 0]
 
@@ -103,6 +105,17 @@ def test_plan_split_declines_scattered_tables():
     q, kc, vc, bt, sl = case([64, 64], [1, 1], 8, 2, 2)  # decode blocks interleaved
     be.paged_decode_attention(q, kc, vc, bt, sl, scale=0.25)
     assert be._plan is None
+
+
+def test_plan_split_groups_the_rest_by_width_within_the_budget():
+    # gathered widths 1, 4, 2, 4 blocks (runs of 4 read in place); 2 blocks of 1 byte K+V each
+    tables = [[1, 2, 3, 4, 9], [10, 20, 30, 40], [11, 12, 13, 14, 50, 60], [70, 80, 90, 99]]
+    lens = [40, 32, 48, 30]
+    plan = torch_split_kv.plan_split(tables, lens, 8, 1, min_run_bytes=4, gather_bytes=16)
+    assert plan is not None and [r[0] for r in plan.runs] == [0, 2]
+    assert [g.seqs.tolist() for g in plan.rest] == [[1, 3], [0, 2]]
+    assert [g.ids.shape[1] for g in plan.rest] == [4, 2]  # seq 0 pads to 2, not to 4
+    assert plan.seg.tolist() == [1, 3, 0, 2, 0, 2]
 
 
 def test_min_run_bytes_sets_the_run_threshold():
