@@ -61,8 +61,8 @@ def _parse_json_std(data: bytes):
 _RAW_DECODE = json.JSONDecoder().raw_decode
 
 
-def _dump_json_std(obj) -> bytes:
-    return json.dumps(obj).encode()
+def _dump_json_std(obj) -> bytes:  # compact, as orjson writes it: the same bytes either way
+    return json.dumps(obj, separators=(",", ":")).encode()
 
 
 def _parse_json_fast(data: bytes):

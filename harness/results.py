@@ -8,6 +8,7 @@ tolerate a torn last line (the one being written when the process died).
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 from dataclasses import dataclass
@@ -24,18 +25,35 @@ TIMESERIES_FILE = "timeseries.jsonl"
 RUN_FILE = "run.json"
 
 
+def _plain(o: Any) -> Any:  # what the encoders leave to `default`: numpy scalars, others
+    if isinstance(o, float):
+        return float(o)
+    item = getattr(o, "item", None)
+    return item() if callable(item) else str(o)
+
+
+def _finite(o: Any) -> Any:  # NaN/inf -> null, as orjson writes them (JSON has neither)
+    if type(o).__module__ == "numpy":
+        o = _plain(o)
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    return o
+
+
 def _json_line_std(obj: dict) -> str:
-    return json.dumps(obj, separators=(",", ":"), allow_nan=False, default=str) + "\n"
+    try:
+        text = json.dumps(obj, separators=(",", ":"), allow_nan=False, default=_plain)
+    except ValueError:  # a non-finite float somewhere: written as null, the line is kept
+        text = json.dumps(_finite(obj), separators=(",", ":"), allow_nan=False, default=_plain)
+    return text + "\n"
 
 
 try:  # optional accelerator (a record a request: ~10x cheaper than the stdlib's encoder)
     import orjson
-
-    def _plain(o: Any) -> Any:  # what orjson leaves to `default`: numpy scalars, others
-        if isinstance(o, float):
-            return float(o)
-        item = getattr(o, "item", None)
-        return item() if callable(item) else str(o)
 
     def _json_line(obj: dict) -> str:
         try:
@@ -43,7 +61,7 @@ try:  # optional accelerator (a record a request: ~10x cheaper than the stdlib's
         except TypeError:  # what orjson refuses (a lone surrogate): the stdlib's escapes
             return _json_line_std(obj)
 
-except ImportError:  # pragma: no cover - orjson is installed in CI
+except ImportError:  # the `fast` extra is not installed
     _json_line = _json_line_std
 
 

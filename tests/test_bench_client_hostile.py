@@ -130,7 +130,15 @@ def test_stream_without_done_then_close_leaves_no_unretrieved_future(http_client
         res = run_bench(cfg, console=Console(file=io.StringIO()))
     gc.collect()
     assert res.summary["counts"]["failed"] == 40
-    assert res.summary["errors_by_reason"] == {"stream ended without [DONE]": 40}
+    reasons = res.summary["errors_by_reason"]
+    if http_client == "httpx":
+        # httpx does not resend a request that met a kept-alive connection the server had
+        # just closed (the raw transport does): such a request fails as a read error instead
+        stale = {k: v for k, v in reasons.items() if k != "stream ended without [DONE]"}
+        assert set(stale) <= {"ReadError: ", "RemoteProtocolError: "}, reasons
+        assert sum(stale.values()) <= 4, reasons
+    else:
+        assert reasons == {"stream ended without [DONE]": 40}
     logged = [r.getMessage() for r in caplog.records]
     assert not [m for m in logged if "never retrieved" in m], logged
 
