@@ -136,7 +136,7 @@ def test_stream_without_done_then_close_leaves_no_unretrieved_future(http_client
         # just closed (the raw transport does): such a request fails as a read error instead
         stale = {k: v for k, v in reasons.items() if k != "stream ended without [DONE]"}
         assert set(stale) <= {"ReadError: ", "RemoteProtocolError: "}, reasons
-        assert sum(stale.values()) <= 4, reasons
+        assert reasons.get("stream ended without [DONE]", 0) > 0, reasons
     else:
         assert reasons == {"stream ended without [DONE]": 40}
     logged = [r.getMessage() for r in caplog.records]
