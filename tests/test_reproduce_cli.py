@@ -8,9 +8,9 @@ import json
 from dataclasses import replace
 
 from cbbench.harness.cli import main
-from cbbench.harness.cli.reproduce import scaled_workload
 from cbbench.harness.results import load_run
 from cbbench.harness.studies import reproduce as rp
+from cbbench.harness.studies.reproduce_report import scaled_workload
 from cbbench.workloads import load_workload
 
 
