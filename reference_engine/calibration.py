@@ -289,8 +289,20 @@ def calibrate(
     if len(works) < len(STEP_TERMS):
         raise EngineError(f"calibration: only {len(works)} steps measured")
     coef, err = fit_step_terms(works, times, host)
-    spec = HardwareSpec(
+    spec = measured_spec(
         name or f"measured-{model.rstrip('/').rsplit('/', 1)[-1]}-cpu",
+        coef,
+        {"model": model, "device": "cpu", "dtype": dtype, "clock": clock,
+         "method": "engine step trace, NNLS on seconds", "points": len(works), **err},
+    )  # fmt: skip
+    fitted = CostModel(_cost_model_config(model), spec, dtype)
+    return Calibration(spec, works, times, [fitted.time_of(w) for w in works])
+
+
+def measured_spec(name: str, coef, fit: dict) -> HardwareSpec:
+    """A hardware spec that is a measured step-time fit: only the linear terms count."""
+    return HardwareSpec(
+        name,
         peak_flops=1.0,
         mem_bw=1.0,
         mem_gb=2.0,
@@ -298,11 +310,8 @@ def calibrate(
         bw_efficiency=1.0,
         gpu_memory_utilization=1.0,
         linear=coef,
-        fit={"model": model, "device": "cpu", "dtype": dtype, "clock": clock,
-             "method": "engine step trace, NNLS on seconds", "points": len(works), **err},
-    )  # fmt: skip
-    fitted = CostModel(_cost_model_config(model), spec, dtype)
-    return Calibration(spec, works, times, [fitted.time_of(w) for w in works])
+        fit=fit,
+    )
 
 
 def _cost_model_config(model: str):

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cbbench.reference_engine.block_manager import BlockManager
-from cbbench.reference_engine.calibration import Calibration
+from cbbench.reference_engine.calibration import Calibration, measured_spec
 from cbbench.reference_engine.cost_model import STEP_TERMS, CostModel, HardwareSpec, fit_linear
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.executor import ScheduledChunk
@@ -135,17 +135,11 @@ def calibrate_grid(
             on_progress(len(times), len(points))
     coef, err = fit_linear(works, times, STEP_TERMS, relative=True)
     short = model.rstrip("/").rsplit("/", 1)[-1]
-    spec = HardwareSpec(
+    spec = measured_spec(
         name or f"measured-{short}-{device.replace(':', '')}",
-        peak_flops=1.0,
-        mem_bw=1.0,
-        mem_gb=2.0,
-        flops_efficiency=1.0,
-        bw_efficiency=1.0,
-        gpu_memory_utilization=1.0,
-        linear=coef,
-        fit={"model": model, "device": device, "dtype": dtype, "method": "grid of runner steps, "
-             "NNLS on relative error", "points": len(works), **err},
+        coef,
+        {"model": model, "device": device, "dtype": dtype, "method": "grid of runner steps, "
+         "NNLS on relative error", "points": len(works), **err},
     )  # fmt: skip
     fitted = CostModel(runner.model_config, spec, dtype, BLOCK_SIZE)
     return Calibration(spec, works, times, [fitted.time_of(w) for w in works])
