@@ -71,8 +71,12 @@ def provoke(scenario: str, root: Path) -> Path:
     out = root / scenario
     hw = hardware_file(root)
     uniform = [(32, 32)] * 32
-    if scenario == "healthy":
+    if scenario == "healthy":  # the same step time, none of it host work between steps
+        hw = hardware_file(root, c0=0.012, c_seq=0.0)
         server, wl, conc = ["--max-num-seqs", "8"], workload("healthy", uniform), 8
+    elif scenario == "scheduling-delay":  # 12 ms host work + 0.5 ms/sequence between steps
+        hw = hardware_file(root, c_host=0.012)
+        server, wl, conc = ["--max-num-seqs", "8"], workload("sched", [(32, 32)] * 16), 8
     elif scenario == "kv-pressure":
         server = ["--max-num-seqs", "8", "--num-kv-blocks", "12"]
         wl, conc = workload("kv", [(32, 64)] * 24), 8
@@ -118,4 +122,5 @@ SCENARIOS = (
     "queue-delay",
     "prefill-stall",
     "client-bound",
+    "scheduling-delay",
 )

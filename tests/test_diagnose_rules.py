@@ -50,6 +50,7 @@ def test_healthy_run_has_no_findings(provoked) -> None:
         ("prefill-stall", "prefill-stall"),
         ("client-bound", "client-bound"),
         ("errors", "errors"),
+        ("scheduling-delay", "scheduling-delay"),
     ],
 )
 def test_rule_fires_on_its_provoked_run(provoked, scenario: str, rule: str) -> None:
@@ -75,6 +76,9 @@ def test_evidence_numbers_match_the_setup(provoked) -> None:
     assert stall.values["ratio"] >= 3
     err = findings(provoked("errors"))["errors"]
     assert err.values["by_kind"].get("http_4xx", 0) >= 1 and "429" in " ".join(err.evidence)
+    gap = findings(provoked("scheduling-delay"))["scheduling-delay"]
+    assert 0.010 <= gap.values["step_gap_p50_s"] <= 0.025  # 12 ms + 8 x 0.5 ms of host work
+    assert gap.values["gap_share"] >= 0.4
 
 
 def test_rules_that_do_not_apply_stay_silent_on_provoked_runs(provoked) -> None:

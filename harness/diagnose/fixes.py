@@ -95,6 +95,18 @@ FIXES: dict[str, dict[str, str]] = {
         "cbbench": "cbbench serve: cap --max-model-len; --policy priority with long requests at a "
         "lower priority (aging keeps them from starving)",
     },
+    "scheduling-delay": {
+        "vllm": "--async-scheduling (overlaps scheduling and output processing with the "
+        "forward pass); keep the V1 engine core in its own process",
+        "sglang": "keep the overlap scheduler on (drop --disable-overlap-schedule)",
+        "tgi": "the Rust router schedules between steps: lower --max-batch-size if the gap grows "
+        "with the batch; newer TGI releases overlap more of it",
+        "triton": "TensorRT-LLM backend: in-flight batching schedules in C++; lower "
+        "max_batch_size if host time grows with it",
+        "cbbench": "cbbench serve --async-scheduling (the next step is built while this one "
+        "computes); keep the engine process (drop --no-engine-process); a lower "
+        "--max-num-seqs if scheduler time grows with running sequences",
+    },
     "client-bound": {
         "vllm": "the numbers are the client's: rerun with more load-generator processes or on "
         "another machine (vllm bench serve: one process, so lower --request-rate)",

@@ -12,6 +12,7 @@ from cbbench.harness.diagnose.rules import (
     low_utilization,
     prefill_stall,
     queue_delay,
+    scheduling_delay,
     session_cache,
 )
 
@@ -24,6 +25,7 @@ RULES: tuple[Rule, ...] = (
     hol_blocking.RULE,
     queue_delay.RULE,
     prefill_stall.RULE,
+    scheduling_delay.RULE,
     length_skew.RULE,
     session_cache.RULE,
 )
