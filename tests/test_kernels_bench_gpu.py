@@ -6,16 +6,24 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
 from cbbench.kernels.bench_report import decode_bytes, peak_bandwidth, write_results
 
 
-@pytest.fixture
-def interpret(monkeypatch):
-    """Kernel modules first imported here become interpreted; keep the flag set meanwhile."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+def interpreted(code: str) -> object:
+    """Run `code` (which prints one JSON value) in a fresh interpreter under TRITON_INTERPRET=1:
+    triton.jit reads the flag when triton and the kernel modules are first imported, and an
+    earlier test in this process may have imported them compiled."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_refuses_loudly_without_cuda(tmp_path, capsys):
@@ -57,18 +65,24 @@ def test_decode_bytes_at_the_goal_point():
     assert decode_bytes(64, 4096, 32, 8, 128, 2) == 2**30 + 2 * 64 * 32 * 128 * 2
 
 
-def test_correctness_grid_and_report_on_cpu(tmp_path, interpret):
-    from cbbench.kernels.bench_gpu import GOAL, correctness_grid
+def test_correctness_grid_and_report_on_cpu(tmp_path):
+    from cbbench.kernels.bench_gpu import GOAL
 
-    checks = correctness_grid(torch.device("cpu"), [torch.float32], quick=True)
-    assert len(checks) == 9 and all(c.passed for c in checks), checks  # 4 cases x 2 kernels + cache
-    assert checks[-1].name == "reshape_and_cache" and checks[-1].max_abs_err == 0.0
+    checks = interpreted(
+        "import json, torch\n"
+        "from cbbench.kernels.bench_gpu import correctness_grid\n"
+        "cs = correctness_grid(torch.device('cpu'), [torch.float32], quick=True)\n"
+        "print(json.dumps([c.__dict__ for c in cs]))"
+    )
+    assert isinstance(checks, list)
+    assert len(checks) == 9 and all(c["passed"] for c in checks), checks  # 4 x 2 kernels + cache
+    assert checks[-1]["name"] == "reshape_and_cache" and checks[-1]["max_abs_err"] == 0.0
     report = {
         "device": "cpu-test",
         "peak_gbps": 3350.0,
         "peak_source": "name table",
         "measured_copy_gbps": 2900.0,
-        "correctness": [c.__dict__ for c in checks]
+        "correctness": checks
         + [{"name": "x", "dtype": "bfloat16", "max_abs_err": 0.5, "tol": 0.02, "passed": False}],
         "decode_shape": {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "block_size": 16},
         "decode": [
@@ -91,19 +105,22 @@ def test_correctness_grid_and_report_on_cpu(tmp_path, interpret):
     assert "heads 32 q / 8 kv x 128, block 16" in text
 
 
-def test_engine_check_runs_the_engine_on_triton_kernels(interpret):
+def test_engine_check_runs_the_engine_on_triton_kernels():
     """The engine end to end on the Triton path (interpreted on CPU), token-identical to torch;
     a 16-token step budget makes the 13- and 42-token prompts (beside an 8-token one) prefill
     in chunks over their cached prefix, batched with the other sequences' decodes."""
-    from cbbench.reference_engine.gpu_check import engine_check
-
-    result = engine_check(
-        "cpu", "tiny", backend="triton", num_requests=3, max_tokens=6, max_prompt=40,
-        token_budget=16,
-    )  # fmt: skip
+    result = interpreted(
+        "import json, os\n"
+        "from cbbench.reference_engine.gpu_check import engine_check\n"
+        "r = engine_check('cpu', 'tiny', backend='triton', num_requests=3, max_tokens=6,\n"
+        "                 max_prompt=40, token_budget=16)\n"
+        "r['interpret_env'] = os.environ['TRITON_INTERPRET']\n"
+        "print(json.dumps(r, default=str))"
+    )
+    assert isinstance(result, dict)
     checked, torch_run = result["checked"], result["torch"]
     assert checked["backend"] == "triton" and torch_run["backend"] == "torch"
     assert checked["steps"] == torch_run["steps"] > 6  # chunking took extra steps
     assert checked["attention_calls"] == 2 * checked["steps"]  # 2 layers, one call each
     assert result["identical_streams"] == "3/3" and result["passed"]
-    assert os.environ["TRITON_INTERPRET"] == "1"
+    assert result["interpret_env"] == "1"
