@@ -20,7 +20,13 @@ from cbbench.harness.client import ClientConfig, OpenAIClient
 from cbbench.harness.lookahead import Lookahead, Prepared
 from cbbench.harness.prompts import PromptBuilder
 from cbbench.harness.records import RequestRecord
-from cbbench.harness.sessions import CAP_UNITS, History, Reply, group_sessions
+from cbbench.harness.sessions import (
+    CAP_UNITS,
+    Conversation,
+    Reply,
+    group_sessions,
+    history_mode,
+)
 
 SAMPLE_PERIOD_S = 0.1  # event-loop lag probe
 REPORT_PERIOD_S = 1.0  # one client sample a second to timeseries
@@ -158,15 +164,8 @@ class Worker:
 
     def _client_tokens(self, rec: RequestRecord, prompt) -> int | None:
         """The prompt's token count as the client reckons it (None: unknown)."""
-        if self.plan.client.endpoint == "chat":  # with the model's template, as the server
-            msgs = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-            n = self.prompts.count_chat(msgs)
-            if n is None and rec.session_id is None:
-                n = rec.prompt_len  # the message alone; the server's template adds to it
-            return n
-        if isinstance(prompt, str):  # text of the asked length, or a session's history
-            return rec.prompt_len if rec.session_id is None else self.prompts.count(prompt)
-        return len(prompt) if isinstance(prompt, list) else None
+        session = rec.session_id is not None
+        return self.prompts.count_prompt(prompt, self.plan.client.endpoint, rec.prompt_len, session)
 
     def prepare(self, client: OpenAIClient, job: Job) -> Prepared:
         """Everything about `job`'s request that does not depend on timing."""
@@ -224,6 +223,9 @@ class Worker:
             self.stats.cancelled += 1
             return False
         self.stats.finished += 1
+        if reply is not None and self.plan.keep_token_ids:  # before the record goes out
+            rec.extra["prompt_token_ids"] = reply.prompt_token_ids
+            rec.extra["reply_token_ids"] = reply.token_ids
         self.emit("record", rec)
         return True
 
@@ -281,30 +283,14 @@ class Worker:
 
     # --- sessions ---------------------------------------------------------------------------
     def _history_mode(self) -> str:
-        if self.plan.client.endpoint == "chat":
-            return "chat"
-        texts = self.plan.text_prompts or any(j.text is not None for j in self.plan.jobs)
-        return "text" if texts else "ids"
-
-    def _message(self, job: Job, mode: str) -> list[int] | str:
-        """A turn's new message: its text, or generated ids/text of its length. Prefix ids
-        shape the first turn only (a shared system prompt); a later turn's ids name its
-        whole prompt, history included, which the history already supplies."""
-        if job.text is not None:
-            return job.text
-        prefix = job.prefix_ids if (job.turn or 1) <= 1 else ()
-        if mode == "ids":
-            return self.prompts.token_ids(job.index, job.prompt_len, prefix)
-        return self.prompts.text(job.index, job.prompt_len, prefix)
+        has_text = any(j.text is not None for j in self.plan.jobs)
+        return history_mode(self.plan.client.endpoint, self.plan.text_prompts, has_text)
 
     async def _run_session(
         self, client: OpenAIClient, unit: list[Job], session_slots, request_slots
     ) -> None:
         """Turn after turn: each waits for the previous reply, then its think time."""
-        mode = self._history_mode()
-        tok = self.prompts.tokenizer
-        encode = (lambda t: tok.encode(t, add_special_tokens=False).ids) if tok else None
-        history = History(mode, encode)
+        conv = Conversation(self._history_mode(), self.prompts)
         deadline = self.plan.duration_s
         ready = _now_s(self.t0_ns)
         async with session_slots if session_slots is not None else contextlib.nullcontext():
@@ -315,25 +301,17 @@ class Worker:
                 if self.stop.is_set() or (deadline is not None and ready >= deadline):
                     return
                 rec = self._record(job)
-                rec.history_len = history.tokens
                 if k == 0 and job.arrival_s is not None:
                     rec.scheduled_s = job.arrival_s
                 rec.ready_s = ready if k else (rec.scheduled_s or ready)
                 if k == 0 and session_slots is not None:  # waited for a session slot
                     rec.client_queue_s = max(0.0, _now_s(self.t0_ns) - rec.ready_s)
-                prompt = history.prompt(self._message(job, mode))
+                prompt = conv.prompt(rec, job)
                 reply = Reply()
                 if not await self._send(client, job, rec, prompt, request_slots, reply):
                     return
-                if history.gap:
-                    rec.extra["history_gap"] = True
-                if self.plan.keep_token_ids:
-                    rec.extra["prompt_token_ids"] = reply.prompt_token_ids
-                    rec.extra["reply_token_ids"] = reply.token_ids
-                if not rec.ok:
+                if not conv.reply(rec, prompt, reply):
                     return  # a failed turn ends its session: there is no reply to build on
-                out = rec.output_tokens_server or rec.output_tokens_client or 0
-                history.add(prompt, reply, rec.prompt_tokens_server, out)
 
     async def _sessions(self, client: OpenAIClient) -> None:
         """Sessions start by the arrival process (open loop) or fill the slots (closed loop);

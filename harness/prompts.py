@@ -138,6 +138,21 @@ class PromptBuilder:
         text = self.chat_render(messages)
         return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
+    def count_prompt(
+        self, prompt: list | str, endpoint: str, prompt_len: int, session: bool
+    ) -> int | None:
+        """A request's prompt tokens as the client reckons them (None: unknown). `prompt_len`
+        is what a lone request asked for; a session's prompt holds its history too."""
+        if endpoint == "chat":  # with the model's template, as the server
+            msgs = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+            n = self.count_chat(msgs)
+            if n is None and not session:
+                n = prompt_len  # the message alone; the server's template adds to it
+            return n
+        if isinstance(prompt, str):  # text of the asked length, or a session's history
+            return prompt_len if not session else self.count(prompt)
+        return len(prompt)
+
 
 def _load_tokenizer(path: str):
     from tokenizers import Tokenizer

@@ -26,6 +26,7 @@ from cbbench.harness.metrics import describe_array
 from cbbench.harness.outcome import stopped_answering
 from cbbench.harness.records import RECORD_SCHEMA_VERSION, RequestRecord
 from cbbench.harness.results import RunWriter
+from cbbench.harness.session_summary import add_server_hit_rate
 from cbbench.harness.sessions import CAP_UNITS, group_sessions
 from cbbench.harness.summary import RunSummary, summarize
 from cbbench.harness.telemetry.adapters import QUEUE_TIME
@@ -312,10 +313,7 @@ def run_bench(
             for t in summary["telemetry"].values():
                 if isinstance(t, dict) and isinstance(t.get(QUEUE_TIME), dict):
                     t[QUEUE_TIME] = bound_by_records(t[QUEUE_TIME], ttft)
-            if "sessions" in summary:  # the server's own counters, over the whole run
-                rates = [t.get("prefix_cache_hit_rate") for t in summary["telemetry"].values()]
-                rates = [x for x in rates if isinstance(x, (int, float))]
-                summary["sessions"]["prefix_cache_hit_rate_server"] = rates[0] if rates else None
+            add_server_hit_rate(summary)
         scheduler = next((r.extra["scheduler"] for r in records if "scheduler" in r.extra), None)
         if scheduler:
             meta["target"]["scheduler"] = scheduler

@@ -69,3 +69,13 @@ def session_summary(records: Sequence[RequestRecord]) -> dict | None:
         "history_gaps": sum(bool(r.extra.get("history_gap")) for r in measured),
         "by_turn": by_turn,
     }
+
+
+def add_server_hit_rate(summary: dict) -> None:
+    """A run with sessions and a server sampler: the prefix-cache hit rate from the server's
+    own counters over the whole run (`sessions.prefix_cache_hit_rate_server`)."""
+    if "sessions" not in summary or "telemetry" not in summary:
+        return
+    rates = [t.get("prefix_cache_hit_rate") for t in summary["telemetry"].values()]
+    rates = [x for x in rates if isinstance(x, (int, float))]
+    summary["sessions"]["prefix_cache_hit_rate_server"] = rates[0] if rates else None

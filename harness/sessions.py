@@ -15,7 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cbbench.harness.prompts import PromptBuilder
+    from cbbench.harness.records import RequestRecord
 
 Prompt = list[int] | str | list[dict[str, str]]
 HISTORY_MODES = ("ids", "text", "chat")
@@ -119,3 +123,54 @@ class History:
             assert isinstance(prompt, list)
             self.messages = [*prompt, {"role": "assistant", "content": reply.full_text}]
         self.tokens = (prompt_tokens or 0) + out_tokens
+
+
+def history_mode(endpoint: str, text_prompts: bool, has_text: bool) -> str:
+    """The shape a session's history takes: chat messages, text, or token ids."""
+    if endpoint == "chat":
+        return "chat"
+    return "text" if text_prompts or has_text else "ids"
+
+
+def turn_message(prompts: PromptBuilder, mode: str, req: Any, index: int) -> list[int] | str:
+    """A turn's new message (`req`: a workload request or a job): its own text, or generated
+    ids/text of its length, seeded by `index`. Prefix ids shape the first turn only (a shared
+    system prompt); a later turn's ids name its whole prompt, history included, which the
+    history already supplies."""
+    if req.text is not None:
+        return req.text
+    prefix = req.prefix_ids if (req.turn or 1) <= 1 else ()
+    if mode == "ids":
+        return prompts.token_ids(index, req.prompt_len, prefix)
+    return prompts.text(index, req.prompt_len, prefix)
+
+
+class Conversation:
+    """One session as a client runs it, turn after turn (`cbbench bench` and the Locust user
+    alike): each turn's whole prompt and record fields from the history, then the history
+    from the server's reply."""
+
+    def __init__(self, mode: str, prompts: PromptBuilder) -> None:
+        tok = prompts.tokenizer
+        encode = (lambda t: tok.encode(t, add_special_tokens=False).ids) if tok else None
+        self.history = History(mode, encode)
+        self.prompts = prompts
+
+    def prompt(self, rec: RequestRecord, req: Any, index: int | None = None) -> Prompt:
+        """The turn's prompt (history first); sets the record's history fields."""
+        rec.history_len = self.history.tokens
+        if self.history.gap:
+            rec.extra["history_gap"] = True
+        message = turn_message(
+            self.prompts, self.history.mode, req, req.index if index is None else index
+        )
+        return self.history.prompt(message)
+
+    def reply(self, rec: RequestRecord, prompt: Prompt, reply: Reply) -> bool:
+        """The turn ended: its prompt and reply become the history. False: it failed, which
+        ends the session (there is no reply to build on)."""
+        if not rec.ok:
+            return False
+        out = rec.output_tokens_server or rec.output_tokens_client or 0
+        self.history.add(prompt, reply, rec.prompt_tokens_server, out)
+        return True

@@ -52,7 +52,7 @@ def test_a_restarted_epoch_never_repeats_an_index():
     assert [t.position for t in second] == [6, 9, 12, 15, 18]
     assert [t.index for t in second] == [6, 9, 12, 15, 18]  # laps continue the numbering
     assert [t.lap for t in second] == [0, 0, 1, 1, 1]
-    assert second[2].spec == wl.requests[2]
+    assert second[2].turns == (wl.requests[2],)
 
 
 def test_schedule_orders_by_arrival_and_cycles_by_span():

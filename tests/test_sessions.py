@@ -11,8 +11,9 @@ import pytest
 from cbbench.harness.client import ClientConfig
 from cbbench.harness.live import summary_table
 from cbbench.harness.report import build_report
+from cbbench.harness.results import load_run
 from cbbench.harness.runner import BenchConfig, _plans, run_bench
-from cbbench.harness.sessions import History, Reply, group_sessions
+from cbbench.harness.sessions import History, Reply, group_sessions, turn_message
 from cbbench.reference_engine.config import EngineConfig
 from cbbench.workloads import WorkloadError, load_trace, load_workload, with_arrivals
 from cbbench.workloads.loader import build_from_spec
@@ -108,6 +109,8 @@ def test_turns_resend_prompt_and_reply_token_for_token(server, tmp_path, cap_uni
     res = _run(server, wl, tmp_path, concurrency=2, cap_unit=cap_unit, keep_token_ids=True)
     recs = res.records
     assert len(recs) == 9 and all(r.ok for r in recs)
+    written = load_run(res.run_dir).records  # the ids are in requests.jsonl too
+    assert all(r.extra["reply_token_ids"] for r in written)
     by_session: dict[str, list] = {}
     for r in recs:
         by_session.setdefault(r.session_id, []).append(r)
@@ -299,7 +302,7 @@ def test_later_turns_get_fresh_messages_not_the_prefix_blocks():
     ]
     plan = WorkerPlan(0, jobs, [], ClientConfig("http://127.0.0.1:1", "m"), 1, None, 0, 512)
     w = Worker(plan, lambda *_: None)
-    first, second = (w._message(j, "ids") for j in jobs)
+    first, second = (turn_message(w.prompts, "ids", j, j.index) for j in jobs)
     block0 = w.prompts.token_ids(9, 512, (0,))
     assert first[:512] == block0  # turn 1: the shared system-prompt block
     assert len(second) == 20 and second != block0[:20]  # turn 2: its own new message
@@ -353,17 +356,6 @@ def test_the_offline_replay_runs_sessions_turn_after_turn():
             assert c.prompt_len == p.prompt_len + len(p.output_token_ids) + cur.prompt_len
             assert c.num_cached_tokens >= p.prompt_len - cfg.block_size  # the history hits
         assert sims[unit[0].index].num_cached_tokens == 0
-
-
-def test_locust_refuses_multi_turn_sessions(tmp_path):
-    from cbbench.harness.errors import CbbenchError
-    from cbbench.harness.locust.settings import LocustSettings, load_workload_for
-
-    spec = tmp_path / "s.json"
-    spec.write_text(json.dumps({**SPEC, "num_requests": 6}), encoding="utf-8")
-    settings = LocustSettings(base_url="http://127.0.0.1:1", workload=str(spec))
-    with pytest.raises(CbbenchError, match="turn 2 of session 's0'.*cbbench bench"):
-        load_workload_for(settings)
 
 
 def test_diagnose_flags_sessions_that_miss_the_prefix_cache(server, tmp_path):

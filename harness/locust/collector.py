@@ -19,6 +19,7 @@ from cbbench.harness.errors import CbbenchError
 from cbbench.harness.records import RECORD_SCHEMA_VERSION, RequestRecord
 from cbbench.harness.results import RunWriter
 from cbbench.harness.runner import default_out_dir
+from cbbench.harness.session_summary import add_server_hit_rate
 from cbbench.harness.summary import summarize
 from cbbench.workloads.spec import Workload
 
@@ -135,6 +136,7 @@ class RunCollector:
             summary["telemetry"] = {
                 getattr(s, "name", type(s).__name__): s.summary() for s in self.samplers
             }
+            add_server_hit_rate(summary)
         return summary
 
     def write(self, status: str, **load: object) -> dict:

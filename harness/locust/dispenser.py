@@ -1,29 +1,41 @@
-"""Which request a Locust user sends next, with no request sent twice across workers.
+"""Which unit a Locust user runs next, with no unit sent twice across workers.
 
-The workload becomes a sequence of *positions*: position p is request `order[p % n]` of lap
-`p // n` (laps only with `cycle`). In schedule mode `order` sorts by arrival time and a
-position is due at `lap * span + arrival` seconds after t0 (plus the epoch's shift); in closed
-loop it is the workload order and nothing is due. A process that holds slot `k` of `of` takes
-positions `base + k, base + k + of, base + k + 2 * of, ...`, so the master's slots partition
-the positions among workers. A later epoch (the test restarted from the web UI) starts at a
-`base` past every position handed out before, so indices never repeat within a run folder.
-A record's `index` is `lap * n + RequestSpec.index`.
+A *unit* is a multi-turn session's turns (in turn order, `sessions.group_sessions`) or one
+request. The workload becomes a sequence of *positions*: position p is unit `order[p % u]`
+of lap `p // u` (laps only with `cycle`). In schedule mode `order` sorts the units by their
+first turn's arrival and a position is due at `lap * span + arrival` seconds after t0 (plus
+the epoch's shift); later turns follow their previous reply and think time, so they have no
+due time of their own. In closed loop `order` is the workload order and nothing is due. A
+process that holds slot `k` of `of` takes positions `base + k, base + k + of, ...`, so the
+master's slots partition the units among workers (a session stays with one user). A later
+epoch (the test restarted from the web UI) starts at a `base` past every position handed out
+before, so indices never repeat within a run folder. A record's `index` is
+`lap * n + RequestSpec.index` (n requests a lap).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cbbench.harness.sessions import group_sessions
 from cbbench.workloads.spec import RequestSpec, Workload
 
 
 @dataclass(frozen=True)
 class Ticket:
     position: int
-    index: int  # record index: lap * n + spec.index (unique within the run)
     lap: int
-    spec: RequestSpec
-    due_s: float | None  # seconds from t0 when it should be sent; None = as soon as taken
+    turns: tuple[RequestSpec, ...]  # a session's turns in order, or one request
+    offset: int  # lap * n: a turn's record index is offset + spec.index (unique in the run)
+    due_s: float | None  # seconds from t0 when the first turn should be sent; None = at once
+
+    def index_of(self, spec: RequestSpec) -> int:
+        return self.offset + spec.index
+
+    @property
+    def index(self) -> int:
+        """The first turn's record index."""
+        return self.index_of(self.turns[0])
 
 
 @dataclass(frozen=True)
@@ -44,15 +56,16 @@ class Dispenser:
         assert len(workload) > 0, "empty workload"
         self.schedule = schedule
         self.cycle = cycle
-        reqs = list(workload.requests)
+        units = [tuple(u) for u in group_sessions(workload.requests)]
         if schedule:
-            reqs.sort(key=lambda r: (r.arrival_s or 0.0, r.index))
-        self.order: tuple[RequestSpec, ...] = tuple(reqs)
-        self.n = len(reqs)
-        self._pos_of_index = {r.index: p for p, r in enumerate(reqs)}
+            units.sort(key=lambda u: (u[0].arrival_s or 0.0, u[0].index))
+        self.order: tuple[tuple[RequestSpec, ...], ...] = tuple(units)
+        self.n = len(workload)  # requests a lap
+        self.units = len(units)
+        self._pos_of_index = {r.index: p for p, u in enumerate(units) for r in u}
         assert len(self._pos_of_index) == self.n, "request indices must be unique"
-        times = [r.arrival_s or 0.0 for r in reqs]
-        gap = (times[-1] - times[0]) / (self.n - 1) if self.n > 1 else 1.0
+        times = [u[0].arrival_s or 0.0 for u in units]
+        gap = (times[-1] - times[0]) / (self.units - 1) if self.units > 1 else 1.0
         self.span = times[-1] + gap  # one lap of the schedule, for cycling
         self.plan: Plan | None = None
         self._round = 0
@@ -60,12 +73,13 @@ class Dispenser:
         self.taken = 0
 
     def due_raw(self, position: int) -> float:
-        lap, i = divmod(position, self.n)
-        return lap * self.span + (self.order[i].arrival_s or 0.0)
+        lap, i = divmod(position, self.units)
+        return lap * self.span + (self.order[i][0].arrival_s or 0.0)
 
     def position_of(self, index: int) -> int:
+        """The position of the unit that a record index belongs to."""
         lap, i = divmod(index, self.n)
-        return lap * self.n + self._pos_of_index[i]
+        return lap * self.units + self._pos_of_index[i]
 
     def assign(self, plan: Plan) -> None:
         self.plan = plan
@@ -82,7 +96,9 @@ class Dispenser:
     def exhausted(self) -> bool:
         """No position left for this process (never with `cycle`)."""
         p = self.plan
-        return p is not None and not self.cycle and p.base + self._round * p.of + p.slot >= self.n
+        return (
+            p is not None and not self.cycle and p.base + self._round * p.of + p.slot >= self.units
+        )
 
     def take(self) -> Ticket | None:
         p = self.plan
@@ -92,7 +108,6 @@ class Dispenser:
         self._round += 1
         self.taken += 1
         self.taken_max = max(self.taken_max, position)
-        lap, i = divmod(position, self.n)
-        spec = self.order[i]
+        lap, i = divmod(position, self.units)
         due = self.due_raw(position) + p.shift_s if self.schedule else None
-        return Ticket(position, lap * self.n + spec.index, lap, spec, due)
+        return Ticket(position, lap, self.order[i], lap * self.n, due)

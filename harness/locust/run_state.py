@@ -27,6 +27,8 @@ from cbbench.harness.locust.dispenser import Dispenser, Plan, Ticket
 from cbbench.harness.locust.settings import LocustSettings, load_workload_for, workload_digest
 from cbbench.harness.prompts import PromptBuilder
 from cbbench.harness.records import RequestRecord
+from cbbench.harness.sessions import Conversation, Prompt, history_mode
+from cbbench.workloads.spec import RequestSpec
 from locust.runners import STATE_RUNNING, STATE_SPAWNING, MasterRunner, WorkerRunner
 
 log = logging.getLogger("cbbench.locust")
@@ -77,6 +79,8 @@ class LocustRun:
             self.workload.seed, self.workload.prefix_block_size, settings.tokenizer
         )
         self.text_prompts = settings.text_prompts or settings.endpoint == "chat"
+        has_text = any(r.text is not None for r in self.workload.requests)
+        self.history_mode = history_mode(settings.endpoint, self.text_prompts, has_text)
         self.t0_ns: int | None = None
         self.t0_wall: float | None = None
         self.accepting = False  # records of this epoch are kept
@@ -314,42 +318,67 @@ class LocustRun:
             self.outstanding += 1
         return ticket
 
-    def new_record(self, ticket: Ticket) -> tuple[RequestRecord, list[int] | str]:
-        spec = ticket.spec
+    def new_record(self, ticket: Ticket, spec: RequestSpec) -> RequestRecord:
+        """The record of one turn of `ticket` (or of its one request)."""
+        index = ticket.index_of(spec)
         rec = RequestRecord(
-            id=f"cbb-{ticket.index}",
-            index=ticket.index,
+            id=f"cbb-{index}",
+            index=index,
             prompt_len=spec.prompt_len,
             output_len=spec.output_len,
             priority=spec.priority,
             worker=self.worker_id,
+            session_id=session_id(spec.session_id, ticket.lap),
+            turn=spec.turn if spec.session_id is not None else None,
         )
         if ticket.lap:
             rec.extra["lap"] = ticket.lap
-        build = self.prompts.text if self.text_prompts else self.prompts.token_ids
-        prompt = build(ticket.index, spec.prompt_len, spec.prefix_ids)
-        if self.text_prompts:
-            rec.prompt_tokens_client = spec.prompt_len
-        return rec, prompt
+        return rec
 
-    def release(self, rec: RequestRecord | None) -> bool:
-        """A ticket is done: `rec` finished (kept if still accepting), None = cancelled.
-        Returns whether the record was kept."""
+    def conversation(self, ticket: Ticket) -> Conversation | None:
+        """A session's history (None for a lone request)."""
+        if ticket.turns[0].session_id is None:
+            return None
+        return Conversation(self.history_mode, self.prompts)
+
+    def prompt(
+        self, ticket: Ticket, spec: RequestSpec, rec: RequestRecord, conv: Conversation | None
+    ) -> Prompt:
+        """The turn's whole prompt (a session's history first); sets the record's client
+        prompt-token count as `cbbench bench` does."""
+        index = ticket.index_of(spec)
+        if conv is not None:
+            prompt = conv.prompt(rec, spec, index)
+        else:
+            build = self.prompts.text if self.text_prompts else self.prompts.token_ids
+            prompt = build(index, spec.prompt_len, spec.prefix_ids)
+        session = rec.session_id is not None
+        endpoint = self.settings.endpoint
+        rec.prompt_tokens_client = self.prompts.count_prompt(
+            prompt, endpoint, spec.prompt_len, session
+        )
+        return prompt
+
+    def keep(self, rec: RequestRecord) -> bool:
+        """A finished request (a turn): kept if this epoch still accepts records."""
+        if not self.accepting:
+            self.dropped += 1
+            return False
+        if self.role == "worker":
+            self.outbox.append(rec.to_dict())
+        else:
+            assert self.collector is not None
+            self.collector.add(rec)
+        return True
+
+    def release(self, cancelled: bool) -> None:
+        """A ticket is done; `cancelled`: a request of it was in flight or still waiting to
+        be due when its user was stopped (counted, never recorded)."""
         self.outstanding -= 1
         assert self.outstanding >= 0
-        kept = rec is not None and self.accepting
-        if rec is None:
-            self.abandoned += 1  # killed in flight, or its test stopped before it was due
-        elif kept:
-            if self.role == "worker":
-                self.outbox.append(rec.to_dict())
-            else:
-                assert self.collector is not None
-                self.collector.add(rec)
-        else:
-            self.dropped += 1
+        if cancelled:
+            self.abandoned += 1
         self._check_exhausted()
-        return kept
 
     def _check_exhausted(self) -> None:
         if self.exhausted_sent or not self.accepting or self.outstanding:
@@ -362,3 +391,8 @@ class LocustRun:
             self.env.runner.send_message(MSG_EXHAUSTED, {"taken_max": self.dispenser.taken_max})
         else:
             self._finish("the workload ran out of requests")
+
+
+def session_id(sid: str | None, lap: int) -> str | None:
+    """A session's id in a run: laps of `--cycle` run it again, as another session."""
+    return sid if sid is None or not lap else f"{sid}#{lap}"

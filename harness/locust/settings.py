@@ -85,22 +85,17 @@ class LocustSettings:
 
 
 def load_workload_for(settings: LocustSettings) -> Workload:
-    """The workload exactly as `cbbench bench` would load it from the same flags. Multi-turn
-    sessions are refused: a Locust user sends single requests (no history, no think time)."""
-    wl = settings.load_options().build_workload()
-    later = next((r for r in wl.requests if r.session_id is not None and (r.turn or 1) > 1), None)
-    if later is not None:
-        raise CbbenchError(
-            f"--workload {settings.workload}: request {later.index} is turn {later.turn} of "
-            f"session {later.session_id!r}; cbbench locust sends single requests, so run "
-            "multi-turn sessions with cbbench bench (docs/sessions.md)"
-        )
-    return wl
+    """The workload exactly as `cbbench bench` would load it from the same flags."""
+    return settings.load_options().build_workload()
 
 
 def workload_digest(wl: Workload) -> str:
-    """Short hash of every request's lengths, arrival, priority and prefix ids."""
+    """Short hash of every request's lengths, arrival, priority, prefix ids and session
+    fields (id, turn, think time, text)."""
     h = hashlib.sha256()
     for r in wl.requests:
-        h.update(repr((r.prompt_len, r.output_len, r.arrival_s, r.priority, r.prefix_ids)).encode())
+        fields = (r.prompt_len, r.output_len, r.arrival_s, r.priority, r.prefix_ids)
+        if r.session_id is not None or r.text is not None:
+            fields += (r.session_id, r.turn, r.think_s, r.text)
+        h.update(repr(fields).encode())
     return h.hexdigest()[:16]

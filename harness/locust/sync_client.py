@@ -23,6 +23,7 @@ from cbbench.harness import response
 from cbbench.harness.client import ClientConfig, build_payload
 from cbbench.harness.records import RequestRecord
 from cbbench.harness.response import RequestFailed, Response, fail_record, failure, finish
+from cbbench.harness.sessions import Reply
 
 READ_SIZE = 65536
 
@@ -71,11 +72,14 @@ class SyncOpenAIClient:
         self._conn, self._served = conn, 0
         return conn, time.monotonic_ns() - t
 
-    def send_sync(self, rec: RequestRecord, prompt: list[int] | str) -> RequestRecord:
-        """Send one request and fill `rec` in place (timing, tokens, outcome)."""
-        resp = Response(rec, self.cfg.stream, self.cfg.collect_server_times)
+    def send_sync(
+        self, rec: RequestRecord, prompt: list[int] | str | list[dict], reply: Reply | None = None
+    ) -> RequestRecord:
+        """Send one request and fill `rec` in place (timing, tokens, outcome); with `reply`,
+        also keep the response's text and token ids there (a session's next turn needs them)."""
+        resp = Response(rec, self.cfg.stream, self.cfg.collect_server_times, reply)
         body = response.dump_json(build_payload(self.cfg, prompt, rec))
-        if isinstance(prompt, list):
+        if isinstance(prompt, list) and (not prompt or isinstance(prompt[0], int)):
             rec.prompt_tokens_client = len(prompt)
         try:
             self._exchange_sync(rec, body, resp)

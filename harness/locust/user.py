@@ -1,11 +1,15 @@
 """`CbbenchUser`: a Locust user that sends the workload's requests to an OpenAI-compatible
 streaming endpoint and reports LLM latencies into Locust's own statistics.
 
-Each user has one request in flight. Closed loop: a user takes the next request as soon as
-its previous one ends (load = user count). Schedule (open loop): a user takes the next
-request in arrival order and sends it when it is due; if every user is busy the request
-waits for one (recorded as `client_queue_s`, as `cbbench bench` does with a concurrency cap).
-Pacing: `wait_time` is Locust's `constant_pacing` (set by `--pacing`).
+Each user has one request in flight, and runs one *unit* at a time: a request, or a
+multi-turn session from its first turn to its last reply (users = concurrent chat users, as
+`cbbench bench --cap-unit sessions`). A later turn resends the history with the server's
+actual reply (`sessions.Conversation`) after the session's think time; a failed turn ends its
+session; a stopping test starts no new turn. Closed loop: a user takes the next unit as soon
+as its previous one ends (load = user count). Schedule (open loop): a user takes the next
+unit in arrival order (a session by its first turn) and sends it when it is due; if every
+user is busy it waits for one (recorded as `client_queue_s`, as `cbbench bench` does with a
+concurrency cap). Pacing: `wait_time` is Locust's `constant_pacing` (set by `--pacing`).
 
 Per finished request, Locust samples of request_type "LLM": "TTFT", "TPOT", "E2E" (response
 time in ms; E2E's response length is the output tokens) and one "ITL" sample per token gap.
@@ -15,13 +19,16 @@ A failed request is one failed "E2E" sample carrying the error.
 from __future__ import annotations
 
 import gevent
+from cbbench.harness.locust.dispenser import Ticket
 from cbbench.harness.locust.run_state import LocustRun
 from cbbench.harness.locust.sync_client import SyncOpenAIClient
 from cbbench.harness.records import RequestRecord
+from cbbench.harness.sessions import Reply
 from locust import User, constant, task
 
 REQUEST_TYPE = "LLM"
 IDLE_SLEEP_S = 0.2  # a user with nothing to send (workload done, or no slot yet)
+STOP_POLL_S = 0.1  # a thinking session checks this often whether the test is stopping
 
 
 class LLMRequestError(Exception):
@@ -70,34 +77,64 @@ class CbbenchUser(User):
 
     @task
     def send_next(self) -> None:
+        """Run one unit: a request, or a session's turns one after another."""
         run = self.run
         ticket = run.take()
         if ticket is None:
             gevent.sleep(IDLE_SLEEP_S)
             return
-        finished: RequestRecord | None = None
+        pending = True  # a request waits or is in flight: cancelled if the user stops now
         try:
-            rec, prompt = run.new_record(ticket)
             self.client.t0_ns = run.t0_ns
-            now = run.now_s()
-            if ticket.due_s is not None:
-                rec.scheduled_s = rec.ready_s = ticket.due_s
-                if ticket.due_s > now:
-                    # never early: libev's cached loop time can lag the monotonic clock
-                    while (left := ticket.due_s - run.now_s()) > 0:
-                        gevent.sleep(left)
-                    if not run.dispenser.is_open:  # the test is stopping: not sent
-                        return
-                else:  # late: every user was busy when it came due
-                    rec.client_queue_s = now - ticket.due_s
-            else:
-                rec.ready_s = now
-            self.client.send_sync(rec, prompt)
-            assert rec.sent_s is not None and rec.ready_s is not None
-            rec.send_lag_s = (
-                rec.sent_s - rec.ready_s - (rec.client_queue_s or 0.0) - (rec.connect_s or 0.0)
-            )
-            finished = rec
+            conv = run.conversation(ticket)
+            for k, spec in enumerate(ticket.turns):
+                if k:
+                    pending = False
+                    if not self._think(spec.think_s or 0.0):
+                        return  # the test is stopping: no new turn
+                    pending = True
+                    ready = run.now_s()  # after the previous reply and the think time
+                rec = run.new_record(ticket, spec)
+                prompt = run.prompt(ticket, spec, rec, conv)
+                if k:
+                    rec.ready_s = ready
+                elif not self._wait_until_due(rec, ticket):
+                    return  # the test is stopping: not sent
+                reply = Reply() if conv is not None else None
+                self.client.send_sync(rec, prompt, reply)
+                assert rec.sent_s is not None and rec.ready_s is not None
+                rec.send_lag_s = (
+                    rec.sent_s - rec.ready_s - (rec.client_queue_s or 0.0) - (rec.connect_s or 0.0)
+                )
+                pending = False
+                if run.keep(rec):
+                    report_to_locust(self.environment.events, rec, run.settings.itl_events)
+                if conv is None or not conv.reply(rec, prompt, reply):
+                    return  # a failed turn ends its session: there is no reply to build on
         finally:
-            if run.release(finished):
-                report_to_locust(self.environment.events, finished, run.settings.itl_events)
+            run.release(cancelled=pending)
+
+    def _wait_until_due(self, rec: RequestRecord, ticket: Ticket) -> bool:
+        """A first turn: wait for its due time (schedule mode); False if the test stopped."""
+        run = self.run
+        now = run.now_s()
+        if ticket.due_s is None:
+            rec.ready_s = now
+            return True
+        rec.scheduled_s = rec.ready_s = ticket.due_s
+        if ticket.due_s > now:
+            # never early: libev's cached loop time can lag the monotonic clock
+            while (left := ticket.due_s - run.now_s()) > 0:
+                gevent.sleep(left)
+            return run.dispenser.is_open
+        rec.client_queue_s = now - ticket.due_s  # late: every user was busy when it came due
+        return True
+
+    def _think(self, think_s: float) -> bool:
+        """A session's pause before its next turn (at least think_s); False as soon as the
+        test stops."""
+        run = self.run
+        until = run.now_s() + think_s
+        while run.dispenser.is_open and (left := until - run.now_s()) > 0:
+            gevent.sleep(min(left, STOP_POLL_S))
+        return run.dispenser.is_open
