@@ -1,9 +1,11 @@
 """How exact is this client here? One closed-loop run against the scripted local server
 (`fake_server`), graded against the server's own log.
 
-The server writes into every chunk the time it sent it (`t_send_ns`) and into the last one
-the time the request arrived (`t_recv_ns`), on CLOCK_MONOTONIC, which every process on one
-Linux host shares. Per request:
+The server writes into every chunk the time it sent it (`t_send_ns`, read right before the
+chunk's `send`) and into the last one the time the request arrived (`t_recv_ns`: the kernel's
+receive time of the request's bytes, `t_recv_stamp` "kernel", else when the server's loop
+handled them, "user"), on CLOCK_MONOTONIC, which every process on one Linux host shares.
+Per request:
 - TTFT error = client TTFT - server TTFT, where server TTFT = first chunk sent - request
   arrived. It holds the upload (request written -> server read) and the first chunk's
   receive error.
@@ -29,10 +31,8 @@ def timing_errors(records) -> dict[str, np.ndarray]:
     """TTFT, ITL and chunk errors (seconds) of the successful measured records that carry
     the server's times (`collect_server_times`)."""
     ttft, itl, chunk = [], [], []
-    for r in records:
+    for r in good_records(records):
         x = r.extra
-        if not r.ok or r.warmup or "server_send_ns" not in x or r.ttft_s is None:
-            continue
         sends = x["server_send_ns"]
         chunk.extend(x["recv_minus_send_s"])
         if "t_recv_ns" in x and x.get("sent_ns") is not None and sends:
@@ -45,6 +45,25 @@ def timing_errors(records) -> dict[str, np.ndarray]:
         k: np.asarray(v, dtype=np.float64)
         for k, v in (("ttft", ttft), ("itl", itl), ("chunk", chunk))
     }
+
+
+def good_records(records) -> list:
+    """The successful measured records that carry the server's times."""
+    return [
+        r
+        for r in records
+        if r.ok and not r.warmup and "server_send_ns" in r.extra and r.ttft_s is not None
+    ]
+
+
+def server_stamps(records) -> str:
+    """How the server stamped the graded requests' arrivals: "kernel", "user", or
+    "kernel (n user)" when some reads came without a kernel stamp."""
+    got = [r.extra.get("t_recv_stamp", "user") for r in good_records(records)]
+    n_user = sum(1 for g in got if g != "kernel")
+    if not got or n_user == len(got):
+        return "user"
+    return "kernel" if not n_user else f"kernel ({n_user} user)"
 
 
 def _pct(a: np.ndarray, p: float) -> float | None:
@@ -91,6 +110,7 @@ def measure(
         "workers": workers,
         "http_client": http_client,
         "timestamp_source": s.get("timestamp_source", "user"),
+        "server_stamps": server_stamps(res.records),
         "requests": s["counts"]["completed"],
         "failed": s["counts"]["failed"],
         "requests_per_s": s["request_throughput"] or 0.0,

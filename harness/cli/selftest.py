@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         f"{args.tokens} tokens/request, {args.http_client} client; errors vs the server's log "
         "in ms"
     )
-    cols = ("streams", "workers", "stamps", "requests", "req/s", "tok/s/worker")
+    cols = ("streams", "workers", "stamps", "server stamps", "requests", "req/s", "tok/s/worker")
     cols += ("TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "chunk p50", "chunk p99")
     cols += ("client CPU", "tok/CPU-s", "client-bound")
     for col in cols:
@@ -173,7 +173,8 @@ def run(args: argparse.Namespace) -> int:
         "TTFT err = client TTFT - (first chunk sent - request received, by the server); ITL err "
         "= client gap - server gap; chunk err = client arrival - server send. One clock "
         "(CLOCK_MONOTONIC); the server shares the machine, so its own delays count too. "
-        "stamps: who stamped arrivals (kernel = SO_TIMESTAMPNS receive time)."
+        "stamps: who stamped the client's arrivals (kernel = SO_TIMESTAMPNS receive time); "
+        "server stamps: who stamped the requests' arrival at the server."
     )
     return 0
 
@@ -190,6 +191,7 @@ def _row(m: dict) -> list[str]:
         str(m["streams"]),
         str(m["workers"]),
         m["timestamp_source"],
+        m["server_stamps"],
         done,
         f"{m['requests_per_s']:.0f}",
         f"{m['tokens_per_s_per_worker']:.0f}",
