@@ -22,6 +22,7 @@ from cbbench.harness.records import RequestRecord
 
 MAX_ITEMS = 16_384
 MAX_BYTES = 64 * 2**20
+PREFETCH = 64  # requests whose prompt ids are drawn in one batch (`prefetch`)
 RECORD_BYTES = 2048  # a RequestRecord and its Prepared, ~2 KB (tracemalloc)
 
 
@@ -45,10 +46,13 @@ class Lookahead:
         build: Callable[[_Job], Prepared],
         max_items: int = MAX_ITEMS,
         max_bytes: int = MAX_BYTES,
+        prefetch: Callable[[Sequence[_Job]], None] | None = None,
     ) -> None:
         assert max_items >= 1 and max_bytes >= 1
         self._jobs = jobs
         self._build = build
+        self._prefetch = prefetch  # told the next PREFETCH jobs before the first is built
+        self._prefetched = 0  # jobs before this position were passed to `prefetch`
         self.max_items = max_items
         self.max_bytes = max_bytes
         self._next = 0  # position in `jobs` of the next one to build
@@ -65,6 +69,9 @@ class Lookahead:
         return len(self._ready) >= self.max_items or self._bytes >= self.max_bytes
 
     def _build_next(self) -> None:
+        if self._prefetch is not None and self._next >= self._prefetched:
+            self._prefetched = min(self._next + PREFETCH, len(self._jobs))
+            self._prefetch(self._jobs[self._next : self._prefetched])
         job = self._jobs[self._next]
         self._next += 1
         p = self._build(job)

@@ -13,6 +13,7 @@ Qwen), an approximation that the client reconciles with the server's usage numbe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -106,10 +107,18 @@ class PromptBuilder:
             folder = Path(tokenizer_path)
             self.chat_render = load_chat_renderer(folder if folder.is_dir() else folder.parent)
         self._ids = PromptTokenIds(seed, prefix_block_size, vocab)
+        self._ready: dict[tuple[int, int, tuple[int, ...]], list[int]] = {}  # prefetched
+
+    def prefetch(self, requests: Sequence[tuple[int, int, tuple[int, ...]]]) -> None:
+        """Build these (index, prompt_len, prefix_ids) requests' ids in one batch (~1 us a
+        request instead of ~8); `token_ids` hands each out once."""
+        for key, ids in zip(requests, self._ids.many(requests), strict=True):
+            self._ready[key] = ids
 
     def token_ids(self, index: int, prompt_len: int, prefix_ids: tuple[int, ...] = ()) -> list[int]:
         """Exactly `prompt_len` ids: prefix blocks (truncated to fit), then request-own ids."""
-        return self._ids(index, prompt_len, prefix_ids)
+        ids = self._ready.pop((index, prompt_len, prefix_ids), None)
+        return ids if ids is not None else self._ids(index, prompt_len, prefix_ids)
 
     def text(self, index: int, prompt_len: int, prefix_ids: tuple[int, ...] = ()) -> str:
         ids = self.token_ids(index, prompt_len, prefix_ids)
