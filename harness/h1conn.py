@@ -173,6 +173,15 @@ class Conn:
             self._mode, self.keep_alive = "close", False
 
     def _chunked(self, data: bytes, t: int) -> None:
+        if self._cstate == _SIZE and not self._buf and data[-2:] == b"\r\n":
+            whole = _whole_chunks(data)
+            if whole is not None:  # the common case: the read is a run of whole chunks
+                body, last = whole
+                if body and self.sink is not None:
+                    self.sink.data(body, t)
+                if last:
+                    self._finish()
+                return
         buf = self._buf + data if self._buf else data  # _buf: at most a partial size line
         pos, out, finished = 0, [], False
         n = len(buf)
@@ -222,6 +231,26 @@ class Conn:
         assert self.done is not None
         if not self.done.done():
             self.done.set_result(None)
+
+
+def _whole_chunks(data: bytes) -> tuple[bytes, bool] | None:
+    """(the chunks' payload, whether the last chunk ended the body) when `data` is exactly a
+    run of whole chunks, each `size CRLF payload CRLF` (the body's end: `0 CRLF CRLF`);
+    None for anything else (extensions, trailers, CRLF in a payload, a partial chunk),
+    which the state machine reads. A few C-level passes instead of a loop per chunk."""
+    parts = data.split(b"\r\n")  # size, payload, size, payload, ..., b""
+    if len(parts) % 2 == 0 or parts[-1]:
+        return None
+    sizes, payloads = parts[0:-1:2], parts[1::2]
+    try:
+        if [int(s, 16) for s in sizes] != list(map(len, payloads)):
+            return None
+    except ValueError:
+        return None
+    last = not sizes[-1].strip(b"0")  # "0" (or "000"): the last chunk, no trailers
+    if b"" in payloads[:-1] or b"" in payloads[-1:] and not last:
+        return None  # a 0-size chunk before the end: let the state machine decide
+    return b"".join(payloads), last
 
 
 class ProtoConn(Conn, asyncio.Protocol):

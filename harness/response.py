@@ -200,16 +200,14 @@ def _apply(obj: dict, state: dict, stream: bool, reply: Reply | None = None) -> 
     """Fold one response object into `state`; return the tokens it carries."""
     get = obj.get
     choices = get("choices")
-    if "error" in obj and not choices:
+    if not choices and "error" in obj:
         err = obj["error"]
         msg = err.get("message", err) if isinstance(err, dict) else err
         raise RequestFailed("server_error", f"error in stream: {str(msg)[:ERROR_TEXT_LIMIT]}")
     if "cbbench" in obj:
         state["cbbench"] = obj["cbbench"]
-    k_usage = None
     usage = get("usage")
-    if usage:
-        k_usage = _usage(usage, state)
+    k_usage = _usage(usage, state) if usage else None
     if not choices:
         return 0
     c = choices[0]
@@ -219,11 +217,14 @@ def _apply(obj: dict, state: dict, stream: bool, reply: Reply | None = None) -> 
     finish = cget("finish_reason")
     if finish:
         state["finish"] = finish
-    if "prompt_token_ids" in c and c["prompt_token_ids"] is not None:
-        state["prompt_ids"] = len(c["prompt_token_ids"])
+    prompt_ids = cget("prompt_token_ids")
+    if prompt_ids is not None:
+        state["prompt_ids"] = len(prompt_ids)
     ids = cget("token_ids")
     if ids is not None:
-        if type(ids) is not list or not _valid_ids(ids):
+        if type(ids) is not list or not (
+            type(ids[0]) is int and ids[0] >= 0 if len(ids) == 1 else _valid_ids(ids)
+        ):
             raise RequestFailed(
                 "protocol", f"token_ids must be non-negative integers, got {str(ids)[:80]}"
             )
@@ -255,9 +256,6 @@ def _usage(usage: dict, state: dict) -> int | None:
 
 
 def _valid_ids(ids: list) -> bool:
-    if len(ids) == 1:  # the common case: one token a chunk
-        i = ids[0]
-        return type(i) is int and i >= 0
     return all(type(i) is int for i in ids) and (not ids or min(ids) >= 0)
 
 

@@ -29,6 +29,12 @@ class SSEParser:
         if b"\r" in data:
             data = data.replace(b"\r\n", b"\n")
         parts = self._parts
+        if not parts and data[-2:] == b"\n\n" and data[:6] == b"data: ":
+            # the common case: whole one-line `data: ` events; a line break other than the
+            # two ending each event (another field, a comment, a multi-line event) -> below
+            out = data[6:-2].split(b"\n\ndata: ")
+            if data.count(b"\n") == 2 * len(out):
+                return out
         end = data.rfind(b"\n\n")
         if end < 0:
             # an event may end across the boundary: "...\n" + "\n..."

@@ -24,6 +24,14 @@ def test_comments_other_fields_and_multiline_data():
     assert out == [b"one\ntwo"]
 
 
+def test_a_read_of_whole_one_line_events_and_what_leaves_that_path():
+    p = SSEParser()
+    assert p.feed(b"data: {}\n\ndata:  x\n\ndata: \n\n") == [b"{}", b" x", b""]
+    mixed = b"data: a\n\n: ping\n\ndata: b\ndata: c\n\nid: 4\ndata: d\n\ndata:e\n\n"
+    assert p.feed(mixed) == [b"a", b"b\nc", b"d", b"e"]
+    assert p.feed(b"data: f\n\ndata: g") == [b"f"] and p.feed(b"\n\n") == [b"g"]
+
+
 def test_truncated_stream_leaves_pending_bytes():
     p = SSEParser()
     assert p.feed(b"data: x\n\ndata: half") == [b"x"]
