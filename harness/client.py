@@ -91,6 +91,7 @@ class OpenAIClient:
         auth = {"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
         self.headers = {"content-type": "application/json", **auth}
         self.path = "/v1/chat/completions" if cfg.endpoint == "chat" else "/v1/completions"
+        self._head_start: bytes | None = None  # `encode`: the head before x-request-id
         assert cfg.http_client in ("raw", "httpx"), cfg.http_client
         self.pool = (
             http1.H1Pool(cfg.base_url, cfg.kernel_timestamps) if cfg.http_client == "raw" else None
@@ -125,8 +126,15 @@ class OpenAIClient:
         body = response.dump_json(build_payload(self.cfg, prompt, rec))
         if self.pool is None:
             return body
-        headers = {**self.headers, "x-request-id": rec.id}
-        return self.pool.request_bytes("POST", self.path, headers, body)
+        if self._head_start is None:  # the head is the same for every request up to here
+            self._head_start = self.pool.head_start("POST", self.path, self.headers)
+        rid = rec.id.encode("latin-1")
+        return b"%sx-request-id: %s\r\ncontent-length: %d\r\n\r\n%s" % (
+            self._head_start,
+            rid,
+            len(body),
+            body,
+        )
 
     async def send(
         self,
@@ -144,13 +152,15 @@ class OpenAIClient:
             encoded = self.encode(rec, prompt)
             if isinstance(prompt, list) and (not prompt or isinstance(prompt[0], int)):
                 rec.prompt_tokens_client = len(prompt)
-        exchange = self._exchange_raw if self.pool is not None else self._exchange
         try:
-            if _timeout is not None:  # 3.11+: no task per request
+            if self.pool is not None:  # the pool keeps the deadline: no timer a request
+                await self.pool.send_request(encoded, resp, self.cfg.timeout_s)
+                resp.end(time.monotonic_ns())
+            elif _timeout is not None:  # 3.11+: no task per request
                 async with _timeout(self.cfg.timeout_s):
-                    await exchange(rec, encoded, resp)
+                    await self._exchange(rec, encoded, resp)
             else:  # pragma: no cover - Python 3.10
-                await asyncio.wait_for(exchange(rec, encoded, resp), self.cfg.timeout_s)
+                await asyncio.wait_for(self._exchange(rec, encoded, resp), self.cfg.timeout_s)
         except Exception as exc:
             got = bool(resp.chunks or resp.status)
             why = failure(exc, got, self.cfg.base_url, self.cfg.timeout_s)
@@ -173,11 +183,6 @@ class OpenAIClient:
             resp.end(time.monotonic_ns())
         finally:
             await r.aclose()
-
-    async def _exchange_raw(self, rec: RequestRecord, request: bytes, resp: Response) -> None:
-        assert self.pool is not None
-        await self.pool.send_request(request, resp)
-        resp.end(time.monotonic_ns())
 
 
 def probe_server(base_url: str, api_key: str | None = None, timeout_s: float = 10.0) -> dict:

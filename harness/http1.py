@@ -78,6 +78,9 @@ class H1Pool:
         default_port = self.port == (443 if self.ssl else 80)
         self.host_header = self.host if default_port else f"{self.host}:{self.port}"
         self._idle: list[Conn] = []
+        self._busy: dict[Conn, int] = {}  # a request's connection -> its deadline (ns)
+        self._sweep_s = 1.0
+        self._sweeper: asyncio.TimerHandle | None = None
         self.stats = PoolStats()
         self._addr: tuple | None = None
         self._keeper: socket.socket | None = None
@@ -159,10 +162,14 @@ class H1Pool:
         return self._head(method, path, headers, len(body)) + body
 
     def _head(self, method: str, path: str, headers: dict[str, str], n: int) -> bytes:
+        return self.head_start(method, path, headers) + b"content-length: %d\r\n\r\n" % n
+
+    def head_start(self, method: str, path: str, headers: dict[str, str]) -> bytes:
+        """The head up to its content-length line: build it once for requests that share
+        their headers, then add `content-length: N CRLF CRLF` and the body."""
         lines = [f"{method} {self.prefix}{path} HTTP/1.1", f"host: {self.host_header}"]
         lines += [f"{k}: {v}" for k, v in headers.items()]
-        lines.append(f"content-length: {n}")
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        return ("\r\n".join(lines) + "\r\n").encode("latin-1")
 
     async def exchange(
         self, method: str, path: str, headers: dict[str, str], body: bytes, sink: Sink
@@ -176,13 +183,24 @@ class H1Pool:
         fails before any response byte: the request is sent once more on a new connection."""
         await self.send_request(self.request_bytes(method, path, headers, body), sink)
 
-    async def send_request(self, data: bytes, sink: Sink) -> None:
-        """`exchange` for a request already encoded (`request_bytes`)."""
+    async def send_request(self, data: bytes, sink: Sink, timeout_s: float | None = None) -> None:
+        """`exchange` for a request already encoded (`request_bytes`). With `timeout_s`, a
+        request not complete by then fails with TimeoutError: its connection's deadline is
+        checked every min(1 s, timeout_s / 10) by one timer for the whole pool (`_sweep`),
+        which costs less than a timer a request; so it fires up to that much late."""
         loop = asyncio.get_running_loop()
+        deadline = None
+        if timeout_s is not None:
+            deadline = time.monotonic_ns() + int(timeout_s * 1e9)
+            self._sweep_s = min(self._sweep_s, timeout_s / 10)
         conn = self._take()
         while True:
             if conn is None:
-                conn = await self._connect()
+                if deadline is None:
+                    conn = await self._connect()
+                else:  # opening one is rare (the pool is prewarmed): a timer of its own
+                    left = max(0.0, (deadline - time.monotonic_ns()) / 1e9)
+                    conn = await asyncio.wait_for(self._connect(), left)
             conn._reset(sink, loop)
             reused = conn.requests_sent > 0
             if reused or conn.connect_ns is None:
@@ -193,6 +211,11 @@ class H1Pool:
             conn.sent_ns = time.monotonic_ns()
             sink.sent(conn.sent_ns, conn.connect_ns, reused)
             conn.write(data)
+            watched = conn
+            if deadline is not None:
+                self._busy[watched] = deadline
+                if self._sweeper is None:
+                    self._sweeper = loop.call_later(self._sweep_s, self._sweep, loop)
             try:
                 await conn.done  # type: ignore[misc]
             except ConnectionLost as exc:
@@ -205,12 +228,23 @@ class H1Pool:
             except BaseException:
                 self.discard(conn)
                 raise
+            finally:
+                if deadline is not None:
+                    del self._busy[watched]
             if conn.keep_alive and not conn.closed:
                 conn.sink = None
                 self._idle.append(conn)
             else:
                 self.discard(conn)
             return
+
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Fail the requests past their deadline; again in `_sweep_s` while any is out."""
+        now = time.monotonic_ns()
+        late = [c for c, t in self._busy.items() if t <= now]
+        for conn in late:
+            conn._fail(asyncio.TimeoutError(), abort=False)  # its send_request discards it
+        self._sweeper = loop.call_later(self._sweep_s, self._sweep, loop) if self._busy else None
 
     @staticmethod
     def discard(conn: Conn) -> None:
@@ -221,6 +255,9 @@ class H1Pool:
         for conn in self._idle:
             self.discard(conn)
         self._idle.clear()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         if self._keeper is not None:
             self._keeper.close()
             self._keeper = None

@@ -140,6 +140,37 @@ def test_failures_become_failed_records(behavior, kind, text, hc):
         assert r.output_tokens_client == 3  # what arrived is kept
 
 
+def test_one_timer_for_the_pool_fails_only_the_late_requests():
+    """The raw pool checks deadlines with one timer (every min(1 s, timeout / 10)), not one
+    per request: the hanging request fails as a timeout, the others finish, and the timer
+    stops once nothing is out."""
+
+    async def go(url):
+        client = OpenAIClient(ClientConfig(base_url=url, model="m", timeout_s=0.3))
+        pool = client.pool
+
+        async def one(i):
+            rec = RequestRecord(id=f"cbb-{i}", index=i, prompt_len=2, output_len=3)
+            t = time.monotonic()
+            await client.send(rec, [1, 2])
+            return rec, time.monotonic() - t
+
+        out = await asyncio.gather(*(one(i) for i in range(4)))
+        busy, idle = dict(pool._busy), len(pool._idle)
+        await asyncio.sleep(0.1)  # the timer's next turn sees nothing out
+        stopped = pool._sweeper is None
+        await client.aclose()
+        return out, busy, idle, stopped
+
+    with threaded(FakeServerConfig(Behavior(), rules={2: Behavior(hang_s=3.0)})) as srv:
+        out, busy, idle, stopped = asyncio.run(go(srv.url))
+    kinds = [r.error_kind for r, _ in out]
+    assert kinds == [None, None, "timeout", None], [r.error for r, _ in out]
+    assert 0.3 <= out[2][1] < 0.3 + 0.03 + TOL  # late by at most one period (0.03 s)
+    assert not busy and stopped
+    assert idle == 3  # the timed-out connection is closed, never reused
+
+
 @HTTP_CLIENTS
 def test_refused_connection_is_a_connection_error(hc):
     with socket.socket() as s:
