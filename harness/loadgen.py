@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from cbbench.harness.client import ClientConfig, OpenAIClient
@@ -97,6 +98,10 @@ class WorkerStats:
         }
 
 
+def _arrival(job: Job) -> tuple[float, int]:
+    return (job.arrival_s or 0.0, job.index)
+
+
 def _now_s(t0_ns: int) -> float:
     return (time.monotonic_ns() - t0_ns) / 1e9
 
@@ -143,6 +148,11 @@ class Worker:
         self._warmup_t0_ns = 0
         self._tasks: set[asyncio.Task] = set()
         self.ahead: Lookahead | None = None  # requests built ahead (`lookahead`)
+        # what the plan is, found once (before t0: a scan of every job is not per request)
+        self.open_loop = any(j.arrival_s is not None for j in plan.jobs)
+        self.sessions = any(j.session_id is not None for j in plan.jobs)
+        self._texts = any(j.text is not None for j in plan.jobs)
+        self._sorted: list[Job] | None = None  # `_send_order`
 
     def _record(self, job: Job) -> RequestRecord:
         tag = "w" if job.warmup else ""
@@ -175,13 +185,22 @@ class Worker:
 
     def lookahead(self, client: OpenAIClient) -> Lookahead:
         """The measured jobs (not sessions) in send order, built ahead; fill it before t0."""
-        jobs = self.plan.jobs
-        if any(j.arrival_s is not None for j in jobs):
-            jobs = sorted(jobs, key=lambda j: (j.arrival_s or 0.0, j.index))
-            if self.plan.duration_s is not None:
-                jobs = [j for j in jobs if (j.arrival_s or 0.0) < self.plan.duration_s]
-        self.ahead = Lookahead(jobs, lambda j: self.prepare(client, j))
+        jobs = self._send_order()
+        if self.open_loop and self.plan.duration_s is not None:
+            jobs = [j for j in jobs if (j.arrival_s or 0.0) < self.plan.duration_s]
+        self.ahead = Lookahead(jobs, lambda j: self.prepare(client, j), prefetch=self._prefetch)
         return self.ahead
+
+    def _send_order(self) -> list[Job]:
+        """The jobs by arrival time (open loop; sorted once, before t0) or as planned."""
+        if self._sorted is None:
+            jobs = self.plan.jobs
+            self._sorted = sorted(jobs, key=_arrival) if self.open_loop else jobs
+        return self._sorted
+
+    def _prefetch(self, jobs: Sequence[Job]) -> None:
+        """Prompt ids of the next jobs the look-ahead builds, in one batch."""
+        self.prompts.prefetch([(j.index, j.prompt_len, j.prefix_ids) for j in jobs])
 
     async def warmup(self, client: OpenAIClient) -> list[RequestRecord]:
         """Send the warmup jobs (before t0); their records are shifted once t0 is known."""
@@ -255,7 +274,7 @@ class Worker:
 
     async def _open_loop(self, client: OpenAIClient) -> None:
         slots = asyncio.Semaphore(self.plan.concurrency) if self.plan.concurrency else None
-        for job in sorted(self.plan.jobs, key=lambda j: (j.arrival_s or 0.0, j.index)):
+        for job in self._send_order():
             t = job.arrival_s or 0.0
             if self.plan.duration_s is not None and t >= self.plan.duration_s:
                 break
@@ -283,8 +302,7 @@ class Worker:
 
     # --- sessions ---------------------------------------------------------------------------
     def _history_mode(self) -> str:
-        has_text = any(j.text is not None for j in self.plan.jobs)
-        return history_mode(self.plan.client.endpoint, self.plan.text_prompts, has_text)
+        return history_mode(self.plan.client.endpoint, self.plan.text_prompts, self._texts)
 
     async def _run_session(
         self, client: OpenAIClient, unit: list[Job], session_slots, request_slots
@@ -384,12 +402,11 @@ class Worker:
         sampler = asyncio.ensure_future(self._sampler())
         refill = asyncio.ensure_future(self.ahead.refill()) if self.ahead is not None else None
         stopped = asyncio.ensure_future(self.stop.wait())
-        open_loop = any(j.arrival_s is not None for j in self.plan.jobs)
-        if any(j.session_id is not None for j in self.plan.jobs):
+        if self.sessions:
             main = asyncio.ensure_future(self._sessions(client))
         else:
             main = asyncio.ensure_future(
-                self._open_loop(client) if open_loop else self._closed_loop(client)
+                self._open_loop(client) if self.open_loop else self._closed_loop(client)
             )
         try:
             await asyncio.wait([main, stopped], return_when=asyncio.FIRST_COMPLETED)
@@ -420,8 +437,10 @@ async def run_worker(
         warm = await worker.warmup(client)
         if plan.prewarm and client.pool is not None and plan.concurrency:
             await client.pool.prewarm(plan.concurrency)  # connect before t0, not in TTFT
-        if not any(j.session_id is not None for j in plan.jobs):  # turns need their replies
+        if not worker.sessions:  # turns need their replies
             worker.lookahead(client).fill()  # before t0: out of the measured phase
+        gc.collect()  # before t0, then what is built so far (the plan, the requests built
+        gc.freeze()  # ahead) is out of the collector's scans in the measured phase
         t0_ns = await wait_t0()
         while (ahead_ns := t0_ns - time.monotonic_ns()) > 0:  # t0 may be ahead; a loop's
             await asyncio.sleep(ahead_ns / 1e9)  # timer may wake up to a millisecond early
@@ -441,6 +460,7 @@ async def run_worker(
         if watcher is not None:
             watcher.cancel()
     finally:
+        gc.unfreeze()
         await client.aclose()
         if client.pool is not None:
             worker.stats.connections = dataclasses.asdict(client.pool.stats)

@@ -2,12 +2,14 @@
 each built once, and the bytes on the wire equal to a request built at send time."""
 
 import asyncio
+import json
 from dataclasses import dataclass
 
 from cbbench.harness.client import ClientConfig, OpenAIClient
 from cbbench.harness.loadgen import Job, Worker, WorkerPlan
 from cbbench.harness.lookahead import RECORD_BYTES, Lookahead, Prepared
 from cbbench.harness.records import RequestRecord
+from cbbench.workloads.tokens import PromptTokenIds
 
 
 @dataclass
@@ -74,3 +76,29 @@ def test_encoded_request_equals_the_one_built_at_send_time():
     head, body = p.encoded.split(b"\r\n\r\n", 1)
     assert b"x-request-id: cbb-7" in head and f"content-length: {len(body)}".encode() in head
     assert b'"prompt":[' + ",".join(map(str, ids)).encode() + b"]" in body
+    assert p.encoded == client.pool.request_bytes(  # the head template = the general builder
+        "POST",
+        "/v1/completions",
+        {"content-type": "application/json", "x-request-id": "cbb-7"},
+        body,
+    )
+
+
+def test_prompt_ids_drawn_in_batches_equal_those_drawn_one_by_one():
+    cfg = ClientConfig(base_url="http://127.0.0.1:9", model="m")
+    jobs = [Job(i, 5 + i % 7, 2, prefix_ids=(i % 3,) if i % 2 else ()) for i in range(150)]
+    plan = WorkerPlan(0, jobs, [], cfg, 4, None, seed=11, prefix_block_size=4)
+    worker = Worker(plan, lambda *a: None)
+    calls = []
+    worker.prompts.prefetch = lambda reqs, f=worker.prompts.prefetch: (
+        calls.append(len(reqs)) or f(reqs)
+    )
+    la = worker.lookahead(OpenAIClient(cfg))
+    la.fill()
+    assert calls == [64, 64, 22]  # PREFETCH at a time
+    alone = PromptTokenIds(11, 4)
+    for job in jobs:
+        body = la.take(job).encoded.split(b"\r\n\r\n", 1)[1]
+        want = alone(job.index, job.prompt_len, job.prefix_ids)
+        assert json.loads(body)["prompt"] == want
+    assert not worker.prompts._ready  # each handed out once
