@@ -1,8 +1,13 @@
 """The cbbench page's HTML from a snapshot: escaping, an empty run, numbers where they belong."""
 
-from cbbench.harness.locust.webpage import _spark, render_page
+from types import SimpleNamespace
+
+from cbbench.harness.locust.collector import RunCollector
+from cbbench.harness.locust.settings import LocustSettings
+from cbbench.harness.locust.webpage import PageData, _spark, render_page
 from cbbench.harness.records import RequestRecord
 from cbbench.harness.summary import summarize
+from cbbench.workloads import load_workload
 
 
 def _snap(records, name="run", series=(), server=None) -> dict:
@@ -54,3 +59,31 @@ def test_sparkline_scales_into_its_box():
     ys = [float(p.split(",")[1]) for p in points]
     assert xs == [2.0, 50.0, 98.0] and ys == [48.0, 2.0, 25.0]
     assert "<polyline" not in _spark([(0.0, 1.0)])
+
+
+def test_sessions_line_and_tab_rows(tmp_path):
+    def turn(i: int, sid: str, k: int, ttft: float, cached: int) -> RequestRecord:
+        rec = _rec(i, ttft, ttft + 0.1)
+        rec.session_id, rec.turn, rec.history_len = sid, k, 0 if k == 1 else 20
+        rec.prompt_tokens_server = 40
+        rec.extra["num_cached_tokens"] = cached
+        return rec
+
+    records = [turn(0, "a", 1, 0.300, 0), turn(1, "a", 2, 0.100, 30), turn(2, "b", 1, 0.500, 0)]
+    page = render_page(_snap(records))
+    assert "sessions: 2 (0 with a failed turn), up to 2 turns" in page
+    assert "TTFT p50 turn 1 400.0 ms, later turns 100.0 ms" in page
+    assert "prefix-cache hits on later turns 75.0%" in page
+    assert "sessions:" not in render_page(_snap([_rec(0, 0.1, 0.2)]))
+
+    settings = LocustSettings(base_url="http://127.0.0.1:1", out_dir=str(tmp_path / "run"))
+    wl = load_workload("seed-demo", num_requests=3)
+    collector = RunCollector(settings, wl, "digest", {})
+    for rec in records:
+        collector.add(rec)
+    run = SimpleNamespace(collector=collector)  # PageData reads the run's collector only
+    rows = {r["metric"]: r for r in PageData(run).tab_rows()}
+    assert rows["TTFT turn 1 (ms)"]["count"] == 2 and rows["TTFT turn 1 (ms)"]["p50"] == "400.0"
+    assert rows["TTFT later turns (ms)"]["mean"] == "100.0"
+    assert rows["prefix-cache hits, later turns (%)"]["mean"] == "75.00"
+    collector.close()

@@ -71,11 +71,24 @@ class PageData:
             row = {"metric": f"{label} (ms)", "count": d.get("count", 0)}
             row.update({col: _ms(d.get(col)) for col in COLUMNS})
             rows.append(row)
+        sessions = s.get("sessions")
+        if sessions:  # multi-turn: first turns against later turns (which resend history)
+            for label, key in (
+                ("TTFT turn 1", "ttft_turn1_s"),
+                ("TTFT later turns", "ttft_later_turns_s"),
+            ):
+                d = sessions.get(key) or {}
+                row = {"metric": f"{label} (ms)", "count": d.get("count", 0)}
+                row.update({col: _ms(d.get(col)) for col in COLUMNS})
+                rows.append(row)
         for label, key in (
             ("requests/s", "request_throughput"),
             ("output tok/s", "output_throughput"),
         ):
             rows.append({"metric": label, "mean": _num(s.get(key))})
+        if sessions:
+            hit = sessions.get("prefix_cache_hit_rate_later_turns")
+            rows.append({"metric": "prefix-cache hits, later turns (%)", "mean": _num(hit, 100.0)})
         server = self.run.collector.latest_telemetry().get("server", {})
         for label, key, scale, unit in GAUGES:
             v = server.get(key)
@@ -143,6 +156,24 @@ def _spark(points: list[tuple[float, float]], width: int = 360, height: int = 60
     return box + f'<polyline points="{xy}" fill="none" stroke="#2a7ae2" stroke-width="2"/></svg>'
 
 
+def _sessions_line(sessions: dict | None) -> str:
+    """Multi-turn runs: sessions, TTFT of first against later turns, prefix-cache hits."""
+    if not sessions:
+        return ""
+
+    def p50(key: str) -> str:
+        v = (sessions.get(key) or {}).get("p50")
+        return "n/a" if v is None else f"{_ms(v)} ms"
+
+    hit = sessions.get("prefix_cache_hit_rate_later_turns")
+    return (
+        f"<p>sessions: {sessions['sessions']} ({sessions['sessions_with_failure']} with a "
+        f"failed turn), up to {sessions['turns_max']} turns; TTFT p50 turn 1 "
+        f"{p50('ttft_turn1_s')}, later turns {p50('ttft_later_turns_s')}; prefix-cache hits "
+        f"on later turns {'n/a' if hit is None else f'{hit:.1%}'}</p>"
+    )
+
+
 def render_page(snap: dict) -> str:
     s = snap["summary"]
     esc = html.escape
@@ -186,6 +217,7 @@ state {esc(str(snap["state"]))} &middot; users {snap["user_count"]} &middot;
 {snap["elapsed_s"]:.0f} s &middot; run folder <code>{esc(snap["run_dir"])}</code></p>
 <p>requests: {counts.get("completed", 0)} completed, {counts.get("failed", 0)} failed,
 {s.get("cancelled_in_flight", 0)} cancelled in flight</p>
+{_sessions_line(s.get("sessions"))}
 <div>{tput_html}</div>
 <h2>Latency (ms)</h2>
 <table><thead><tr><th>metric</th>{head}<th>count</th></tr></thead>
