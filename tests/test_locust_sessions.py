@@ -93,6 +93,13 @@ def test_digest_tells_session_workloads_apart():
     assert workload_digest(a) != workload_digest(b)
 
 
+@pytest.fixture(scope="module")
+def server() -> str:
+    config = EngineConfig(model="tiny", enable_prefix_caching=True, block_size=4)
+    with serve(config) as (url, _):
+        yield url
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -113,6 +120,13 @@ def _locust(url: str, spec: Path, out: Path, *argv: str) -> subprocess.Completed
     return subprocess.run(cmd, capture_output=True, text=True, timeout=PROC_TIMEOUT_S)
 
 
+def _bench(url: str, wl, out: Path, endpoint: str):
+    cfg = BenchConfig(
+        base_url=url, workload=wl, out_dir=out, live=False, concurrency=2, endpoint=endpoint
+    )
+    return run_bench(cfg, console=Console(file=io.StringIO()))
+
+
 def _by_session(records) -> dict[str, list]:
     out: dict[str, list] = {}
     for r in sorted(records, key=lambda r: r.turn):
@@ -121,7 +135,7 @@ def _by_session(records) -> dict[str, list]:
 
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
-def test_sessions_run_as_in_bench_against_the_reference_engine(tmp_path, endpoint):
+def test_sessions_run_as_in_bench_against_the_reference_engine(server, tmp_path, endpoint):
     """Closed loop, 2 users = 2 chat users: the same (session, turn) records as `cbbench
     bench --concurrency 2` (with ids, the same history lengths); each later turn's prompt is the
     previous prompt and the server's actual reply (ids, or the chat messages) plus the new
@@ -129,19 +143,10 @@ def test_sessions_run_as_in_bench_against_the_reference_engine(tmp_path, endpoin
     n = 10
     spec = _spec_file(tmp_path, SPEC, n)
     wl = load_workload_for(LocustSettings(base_url="http://127.0.0.1:1", workload=str(spec)))
-    config = EngineConfig(model="tiny", enable_prefix_caching=True, block_size=4)
-    with serve(config) as (url, _):
-        argv = ("--endpoint", endpoint, "-u", "2", "-t", "45s")
-        proc = _locust(url, spec, tmp_path / "locust", *argv)
-        cfg = BenchConfig(
-            base_url=url,
-            workload=wl,
-            out_dir=tmp_path / "bench",
-            live=False,
-            concurrency=2,
-            endpoint=endpoint,
-        )
-        bench = run_bench(cfg, console=Console(file=io.StringIO()))
+    proc = _locust(
+        server, spec, tmp_path / "locust", "--endpoint", endpoint, "-u", "2", "-t", "45s"
+    )
+    bench = _bench(server, wl, tmp_path / "bench", endpoint)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = load_run(tmp_path / "locust")
     recs = run.records
@@ -170,6 +175,50 @@ def test_sessions_run_as_in_bench_against_the_reference_engine(tmp_path, endpoin
     assert s["sessions"] == len(sessions) and s["sessions_with_failure"] == 0
     assert s["prefix_cache_hit_rate_later_turns"] > 0.5  # the server got its own reply back
     assert run.meta["summary"]["duplicate_records"] == 0
+
+
+SHAREGPT = [
+    {
+        "id": "c1",
+        "conversations": [
+            {"from": "human", "value": "Name a prime."},
+            {"from": "gpt", "value": "Seven is prime."},
+            {"from": "human", "value": "And an even one?"},
+            {"from": "gpt", "value": "Two."},
+        ],
+    },
+    {
+        "id": "c2",
+        "conversations": [
+            {"from": "human", "value": "Why is the sky blue?"},
+            {"from": "gpt", "value": "Rayleigh scattering."},
+        ],
+    },
+]
+
+
+@pytest.mark.parametrize("sessions", [True, False])
+def test_sharegpt_sends_its_real_text_as_bench_does(server, tmp_path, sessions):
+    """ShareGPT's human messages go out as they are (before, Locust sent generated text of
+    their length): the server counts the same first-turn prompts as from `cbbench bench`."""
+    trace = tmp_path / "sg.json"
+    trace.write_text(json.dumps(SHAREGPT), encoding="utf-8")
+    spec = tmp_path / "sg_spec.json"
+    spec.write_text(json.dumps({"trace": {"path": str(trace), "sessions": sessions}}))
+    wl = load_workload_for(LocustSettings(base_url="http://127.0.0.1:1", workload=str(spec)))
+    assert len(wl) == (3 if sessions else 2)
+    proc = _locust(server, spec, tmp_path / "locust", "--endpoint", "chat", "-u", "2", "-t", "45s")
+    bench = _bench(server, wl, tmp_path / "bench", "chat")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    recs = load_run(tmp_path / "locust").records
+    assert all(r.ok for r in recs) and len(recs) == len(wl)
+    first = {r.session_id: r.prompt_tokens_server for r in recs if r.turn == 1}
+    assert first == {r.session_id: r.prompt_tokens_server for r in bench.records if r.turn == 1}
+    assert len(first) == 2
+    if sessions:
+        c1 = _by_session(recs)["c1"]
+        assert [r.turn for r in c1] == [1, 2]
+        assert c1[1].history_len == c1[0].prompt_tokens_server + c1[0].output_tokens_server
 
 
 def test_processes_on_a_schedule_and_a_failed_turn_ends_its_session(tmp_path):
