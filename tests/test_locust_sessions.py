@@ -80,7 +80,10 @@ def test_cycled_sessions_get_new_indices_and_a_restart_skips_past_them():
     laps = [d.take() for _ in range(2 * len(units))]
     indices = [t.index_of(s) for t in laps for s in t.turns]
     assert sorted(indices) == list(range(20))  # lap 1 is 10..19
-    assert laps[len(units)].lap == 1 and laps[len(units)].turns == tuple(units[0])
+    again = laps[len(units)]
+    assert again.lap == 1 and again.turns == tuple(units[0])
+    sid = units[0][0].session_id
+    assert laps[0].session_id(units[0][0]) == sid and again.session_id(units[0][0]) == f"{sid}#1"
     done = max(d.position_of(i) for i in indices)
     assert done == d.taken_max == 2 * len(units) - 1
 
@@ -259,6 +262,24 @@ def test_processes_on_a_schedule_and_a_failed_turn_ends_its_session(tmp_path):
             assert all(r.ok for r in turns)
     s = run.meta["summary"]["sessions"]
     assert s["sessions"] == len(units) and s["sessions_with_failure"] == 1
+
+
+def test_replies_without_token_ids_leave_a_marked_gap(tmp_path):
+    """`--no-extensions`: the server returns no token ids and there is no tokenizer, so an ids
+    history cannot hold the reply: later turns say so, as in bench."""
+    spec = _spec_file(tmp_path, SPEC, 8)
+    with threaded(FakeServerConfig(Behavior(itl_s=0.001))) as srv:
+        proc = _locust(srv.url, spec, tmp_path / "run", "--no-extensions", "-u", "2", "-t", "45s")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = load_run(tmp_path / "run")
+    assert len(run.records) == 8 and all(r.ok for r in run.records)
+    for turns in _by_session(run.records).values():
+        assert not turns[0].extra.get("history_gap")
+        for prev, cur in zip(turns, turns[1:], strict=False):
+            assert cur.extra["history_gap"] is True
+            assert cur.history_len == prev.history_len + prev.prompt_len  # the messages only
+    later = sum(r.turn > 1 for r in run.records)
+    assert later > 0 and run.meta["summary"]["sessions"]["history_gaps"] == later
 
 
 def test_a_stopping_test_starts_no_new_turn(tmp_path):

@@ -32,6 +32,12 @@ class Ticket:
     def index_of(self, spec: RequestSpec) -> int:
         return self.offset + spec.index
 
+    def session_id(self, spec: RequestSpec) -> str | None:
+        """A session's id in the run: a later lap of `--cycle` runs it again, as another
+        session."""
+        sid = spec.session_id
+        return sid if sid is None or not self.lap else f"{sid}#{self.lap}"
+
     @property
     def index(self) -> int:
         """The first turn's record index."""

@@ -328,7 +328,7 @@ class LocustRun:
             output_len=spec.output_len,
             priority=spec.priority,
             worker=self.worker_id,
-            session_id=session_id(spec.session_id, ticket.lap),
+            session_id=ticket.session_id(spec),
             turn=spec.turn if spec.session_id is not None else None,
         )
         if ticket.lap:
@@ -391,8 +391,3 @@ class LocustRun:
             self.env.runner.send_message(MSG_EXHAUSTED, {"taken_max": self.dispenser.taken_max})
         else:
             self._finish("the workload ran out of requests")
-
-
-def session_id(sid: str | None, lap: int) -> str | None:
-    """A session's id in a run: laps of `--cycle` run it again, as another session."""
-    return sid if sid is None or not lap else f"{sid}#{lap}"
