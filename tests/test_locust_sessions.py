@@ -178,6 +178,7 @@ def test_sessions_run_as_in_bench_against_the_reference_engine(server, tmp_path,
     assert s["sessions"] == len(sessions) and s["sessions_with_failure"] == 0
     assert s["prefix_cache_hit_rate_later_turns"] > 0.5  # the server got its own reply back
     assert run.meta["summary"]["duplicate_records"] == 0
+    assert run.meta["load"]["cap_unit"] == bench.meta["load"]["cap_unit"] == "sessions"
 
 
 SHAREGPT = [

@@ -83,6 +83,7 @@ class RunCollector:
                 "arrival": settings.arrival,
                 "cycle": settings.cycle,
                 "pacing_s": settings.pacing_s,
+                "cap_unit": "sessions",  # a user runs a whole session (docs/sessions.md)
                 **meta_extra,
             },
             "environment": environment(),
