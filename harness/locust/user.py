@@ -109,7 +109,7 @@ class CbbenchUser(User):
                 pending = False
                 if run.keep(rec):
                     report_to_locust(self.environment.events, rec, run.settings.itl_events)
-                if conv is None or not conv.reply(rec, prompt, reply):
+                if conv is not None and not conv.reply(rec, prompt, reply):
                     return  # a failed turn ends its session: there is no reply to build on
         finally:
             run.release(cancelled=pending)
