@@ -153,9 +153,9 @@ class Response:
         if not (self.stream and self.status < 400):
             self.body.append(raw)
             return
-        k_read = 0
+        k_read = one_ids = 0
         fast = _loads if parse_json is _parse_json_fast else None  # one frame less an event
-        state, reply = self.state, self.reply
+        state, reply, sends = self.state, self.reply, self.sends
         for data in self.parser.feed(raw):
             if data == b"[DONE]":
                 state["done"] = True
@@ -169,10 +169,32 @@ class Response:
                 obj = parse_json(data)
             if type(obj) is not dict:
                 raise RequestFailed("protocol", f"SSE data is not a JSON object: {data[:80]!r}")
+            # the common chunk, one token id and nothing else to fold in, counted here;
+            # anything else (text, usage, finish, errors, several ids, a session) -> _apply
+            choices = obj.get("choices")
+            if reply is None and type(choices) is list and choices and not obj.get("usage"):
+                c = choices[0]
+                if type(c) is dict and "cbbench" not in obj:
+                    ids = c.get("token_ids")
+                    if (
+                        type(ids) is list
+                        and len(ids) == 1
+                        and type(ids[0]) is int
+                        and ids[0] >= 0
+                        and not c.get("finish_reason")
+                        and c.get("prompt_token_ids") is None
+                    ):
+                        one_ids += 1
+                        if sends is not None and "t_send_ns" in obj:
+                            sends.append((t, obj["t_send_ns"]))
+                        continue
             k = _apply(obj, state, True, reply)
             k_read += k
-            if k and self.sends is not None and "t_send_ns" in obj:
-                self.sends.append((t, obj["t_send_ns"]))
+            if k and sends is not None and "t_send_ns" in obj:
+                sends.append((t, obj["t_send_ns"]))
+        if one_ids:
+            state["ids_total"] = state.get("ids_total", 0) + one_ids
+            k_read += one_ids
         if k_read:
             self.chunks.append((t, k_read))
 
