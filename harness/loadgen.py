@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import gc
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from cbbench.harness.client import ClientConfig, OpenAIClient
+from cbbench.harness.heap import FrozenHeap
 from cbbench.harness.lookahead import Lookahead, Prepared
 from cbbench.harness.prompts import PromptBuilder
 from cbbench.harness.records import RequestRecord
@@ -433,14 +433,14 @@ async def run_worker(
     """Warm up, wait for t0 (`await wait_t0()` -> int ns), run, emit records; returns stats."""
     worker = Worker(plan, emit)
     client = OpenAIClient(plan.client)
+    heap = FrozenHeap()
     try:
         warm = await worker.warmup(client)
         if plan.prewarm and client.pool is not None and plan.concurrency:
             await client.pool.prewarm(plan.concurrency)  # connect before t0, not in TTFT
         if not worker.sessions:  # turns need their replies
             worker.lookahead(client).fill()  # before t0: out of the measured phase
-        gc.collect()  # before t0, then what is built so far (the plan, the requests built
-        gc.freeze()  # ahead) is out of the collector's scans in the measured phase
+        heap.start()  # what is built so far stays out of the collector's scans (heap.py)
         t0_ns = await wait_t0()
         while (ahead_ns := t0_ns - time.monotonic_ns()) > 0:  # t0 may be ahead; a loop's
             await asyncio.sleep(ahead_ns / 1e9)  # timer may wake up to a millisecond early
@@ -460,7 +460,7 @@ async def run_worker(
         if watcher is not None:
             watcher.cancel()
     finally:
-        gc.unfreeze()
+        heap.stop()
         await client.aclose()
         if client.pool is not None:
             worker.stats.connections = dataclasses.asdict(client.pool.stats)
