@@ -132,3 +132,64 @@ def test_summarize_1m_records(benchmark):
         recs.append(r)
     s = benchmark.pedantic(summarize, args=(recs, None, {"ttft": 0.1}), rounds=1, iterations=1)
     assert s["counts"]["completed"] == 1_000_000 and s["itl_s"]["count"] == 7_000_000
+
+
+def _chunked_response(tokens: int) -> bytes:
+    """A zero-delay server's whole streamed response, as one read brings it."""
+    events = [
+        b'data: {"id":"x","object":"text_completion","model":"m","choices":[{"index":0,'
+        b'"finish_reason":null,"text":" tok","token_ids":[17]}]}\n\n'
+    ] * tokens
+    events.append(
+        b'data: {"id":"x","choices":[],"usage":{"prompt_tokens":16,"completion_tokens":%d}}\n\n'
+        % tokens
+    )
+    events.append(b"data: [DONE]\n\n")
+    body = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+    return b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + body
+
+
+@pytest.mark.parametrize("tokens", [16, 256])
+def test_one_streamed_response(benchmark, tokens):
+    """A request's response handling in the raw client, one read: head, chunked framing, SSE,
+    JSON, token counting and the record's latencies (the per-request cost the client ceiling
+    of docs/timing.md pays besides the socket calls)."""
+    import asyncio
+
+    from cbbench.harness import h1conn, response
+
+    raw = _chunked_response(tokens)
+    loop = asyncio.new_event_loop()
+
+    class Conn(h1conn.Conn):
+        def write(self, data: bytes) -> None: ...
+
+        def abort(self) -> None: ...
+
+    conn = Conn(h1conn.PoolStats())
+
+    def one() -> RequestRecord:
+        rec = RequestRecord("cbb-1", 1, 16, tokens)
+        resp = response.Response(rec, True, False)
+        conn._reset(resp, loop)
+        resp.sent(1)
+        conn.feed(raw, 2)
+        resp.end(3)
+        response.finish(rec, resp, 0, 4)
+        return rec
+
+    rec = benchmark(one)
+    loop.close()
+    assert rec.ok and rec.output_tokens_client == tokens == len(rec.token_times_s)
+
+
+@pytest.mark.parametrize("batch", [1, 64])
+def test_prompt_ids(benchmark, batch):
+    """16-token prompts, one at a time (a session turn, a request built late) or as the
+    look-ahead draws them (64 a batch); per call of `batch` requests."""
+    from cbbench.workloads.tokens import PromptTokenIds
+
+    ids = PromptTokenIds(0)
+    reqs = [(i, 16, ()) for i in range(batch)]
+    out = benchmark(ids.many if batch > 1 else lambda r: [ids(*r[0])], reqs)
+    assert len(out) == batch and all(len(x) == 16 for x in out)
