@@ -1,0 +1,63 @@
+"""aio.TurnBudget: a burst of finished requests does its bookkeeping a few per turn of the
+event loop, in order, so the loop reads its sockets in between (docs/timing.md)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from cbbench.harness.aio import TurnBudget
+
+
+async def _burst(n_tasks: int, n: int, cancel: set[int] = frozenset()) -> list:
+    budget = TurnBudget(n)
+    log: list = []
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def tick() -> None:  # one entry per turn, as a socket's reader would run
+        log.append("turn")
+        if not done.is_set():
+            loop.call_soon(tick)
+
+    async def finished(i: int) -> None:
+        await budget.wait()
+        log.append(i)
+
+    loop.call_soon(tick)
+    tasks = [asyncio.ensure_future(finished(i)) for i in range(n_tasks)]
+    await asyncio.sleep(0)  # every task is now waiting (or through)
+    for i in cancel:
+        tasks[i].cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    done.set()
+    return log
+
+
+@pytest.mark.parametrize("use_cancel", [False, True])
+def test_at_most_n_per_turn_in_order_and_turns_in_between(use_cancel):
+    cancel = {10, 11, 20} if use_cancel else set()  # waiting (the first 8 pass at once)
+    log = asyncio.run(_burst(40, 8, cancel))
+    passes = [x for x in log if x != "turn"]
+    assert passes == [i for i in range(40) if i not in cancel]  # all, first come first
+    batch, batches = 0, []
+    for x in log:
+        if x == "turn":
+            batches.append(batch)
+            batch = 0
+        else:
+            batch += 1
+    batches.append(batch)
+    assert max(batches) <= 8
+    assert sum(1 for b in batches if b) >= 5  # 37-40 passes: several turns, reads between
+
+
+def test_a_lone_caller_passes_at_once():
+    async def main() -> int:
+        budget = TurnBudget(2)
+        for _ in range(5):  # one at a time, each in a later turn: never waits
+            await budget.wait()
+            await asyncio.sleep(0)
+        return budget._left
+
+    assert asyncio.run(main()) >= 1
