@@ -2,8 +2,11 @@
 
 Request i goes to worker i % N; all share one t0 on CLOCK_MONOTONIC (system-wide on Linux),
 fixed by the parent once every worker has warmed up. Workers send each finished record to the
-parent over a multiprocessing queue as soon as it finishes (the parent is the only writer, so
-a worker that dies loses only its in-flight requests). SIGINT is ignored in workers: the
+parent within 20 ms of its end (the parent is the only writer, so a worker that dies loses only
+its in-flight requests and its last batch), in batches over a pipe of its own written from the
+event loop's thread: a multiprocessing queue's feeder thread would take the GIL from the loop in
+the middle of a send or a read (between stamping a request and writing it: milliseconds of
+timing error), and one write per record would cost the parent a wake-up each. SIGINT is ignored in workers: the
 parent turns Ctrl-C into a stop event they poll. Workers die with the parent, even on
 kill -9 (harness/lifeline.py).
 """
@@ -13,11 +16,11 @@ from __future__ import annotations
 import asyncio
 import multiprocessing as mp
 import os
-import queue
 import signal
 import threading
 import time
 from collections.abc import Callable
+from multiprocessing import connection as mp_connection
 
 from cbbench.harness import aio
 from cbbench.harness.lifeline import die_with_parent
@@ -31,16 +34,46 @@ def _worker_main(plan: WorkerPlan, q, t0_value, go, stop, parent_pid: int) -> No
     die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-    def emit(kind: str, payload) -> None:
-        q.put((kind, payload.to_dict() if kind == "record" else payload))
+    out = _Outbox(q)
 
     async def wait_t0() -> int:
-        q.put(("ready", plan.worker))
+        q.send(("ready", plan.worker))
         await asyncio.get_running_loop().run_in_executor(None, go.wait)
         return int(t0_value.value)
 
-    stats = aio.run(run_worker(plan, emit, wait_t0, stop.is_set))
-    q.put(("done", plan.worker, stats.final()))
+    stats = aio.run(run_worker(plan, out.emit, wait_t0, stop.is_set))
+    out.flush()
+    q.send(("done", plan.worker, stats.final()))
+    q.close()
+
+
+class _Outbox:
+    """A worker's records and samples go to the parent in batches (one pickle and one write
+    for up to `MAX_BATCH` of them, at most `MAX_WAIT_S` after the first), sent from the loop's
+    own thread."""
+
+    MAX_BATCH = 64
+    MAX_WAIT_S = 0.02
+
+    def __init__(self, conn) -> None:
+        self.conn = conn
+        self.batch: list = []
+        self.timer: asyncio.TimerHandle | None = None
+
+    def emit(self, kind: str, payload) -> None:
+        self.batch.append((kind, payload.to_dict() if kind == "record" else payload))
+        if len(self.batch) >= self.MAX_BATCH:
+            self.flush()
+        elif self.timer is None:
+            self.timer = asyncio.get_running_loop().call_later(self.MAX_WAIT_S, self.flush)
+
+    def flush(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.batch:
+            self.conn.send(("batch", self.batch))
+            self.batch = []
 
 
 def run_workers(
@@ -53,20 +86,22 @@ def run_workers(
     on_event("t0", ns) once, then ("record", RequestRecord) and ("sample", dict) as they come.
     """
     ctx = mp.get_context("spawn")
-    q = ctx.Queue()
     go, stop = ctx.Event(), ctx.Event()
     t0_value = ctx.Value("q", 0)
+    pipes = {p.worker: ctx.Pipe(duplex=False) for p in plans}  # (parent's end, worker's end)
     procs = {
         p.worker: ctx.Process(
             target=_worker_main,
-            args=(p, q, t0_value, go, stop, os.getpid()),
+            args=(p, pipes[p.worker][1], t0_value, go, stop, os.getpid()),
             name=f"cbbench-worker-{p.worker}",
         )
         for p in plans
     }
-    for proc in procs.values():
+    for w, proc in procs.items():
         proc.daemon = True
         proc.start()
+        pipes[w][1].close()  # the worker holds it now: its exit ends our reads with EOF
+    open_ends = {pipes[w][0]: w for w in procs}
     ready: set[int] = set()
     done: dict[int, dict] = {}
     while len(done) < len(procs):
@@ -76,15 +111,18 @@ def run_workers(
                 t0_value.value = time.monotonic_ns()
                 on_event("t0", int(t0_value.value))
                 go.set()
-        try:
-            msg = q.get(timeout=0.1)
-        except queue.Empty:
+        msgs = []
+        for end in mp_connection.wait(list(open_ends), timeout=0.1):
+            try:
+                msgs.append(end.recv())
+            except (EOFError, OSError):  # the worker is gone: its exit code says how
+                del open_ends[end]
+        if not msgs:
             for w, proc in procs.items():
-                if w not in done and proc.exitcode is not None:
+                if w not in done and proc.exitcode is not None and w not in open_ends.values():
                     done[w] = {"crashed": f"worker {w} exited with code {proc.exitcode}"}
                     ready.add(w)
-            msg = None
-        if msg is not None:
+        for msg in [m for b in msgs for m in (b[1] if b[0] == "batch" else [b])]:
             kind = msg[0]
             if kind == "record":
                 on_event("record", RequestRecord.from_dict(msg[1]))
