@@ -80,7 +80,7 @@ class AsyncPipeline:
         if self.inflight is None:
             first = self._prepare()
             if first is None:
-                e.last_scheduled = []
+                e._last_chunks = []
                 e._idle_since_step()
                 return []
             self._launch(first)
@@ -99,7 +99,7 @@ class AsyncPipeline:
         elif not e.seqs:
             e._last_compute_end = None
         p = current.prepared
-        e.last_scheduled = [c.seq.request_id for c in p.chunks]
+        e._last_chunks = p.chunks
         e.last_step_window = (start, end)
         e._update_stats(
             len(p.chunks),
@@ -124,8 +124,6 @@ class AsyncPipeline:
         row = 0
         for c in chunks:
             seq = c.seq
-            if seq.metrics.first_scheduled_time is None:
-                seq.metrics.first_scheduled_time = now
             # only the last token can be a placeholder (the one the step in flight samples)
             last = seq.num_tokens - 1
             if c.start <= last < c.end and seq.token_ids[last] == PLACEHOLDER:

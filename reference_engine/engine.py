@@ -13,7 +13,7 @@ from cbbench.reference_engine.block_manager import BlockManager
 from cbbench.reference_engine.config import EngineConfig, kv_blocks_for_memory
 from cbbench.reference_engine.cost_model import CostModel, get_hardware
 from cbbench.reference_engine.errors import EngineError, QueueFullError
-from cbbench.reference_engine.executor import PLACEHOLDER, Executor
+from cbbench.reference_engine.executor import PLACEHOLDER, Executor, ScheduledChunk
 from cbbench.reference_engine.model_config import ModelConfig, resolve_model_config
 from cbbench.reference_engine.outputs import EngineStats, RequestMetrics, RequestOutput
 from cbbench.reference_engine.sampling_params import SamplingParams
@@ -60,7 +60,7 @@ class LLMEngine:
         self.seqs: dict[str, Sequence] = {}  # unfinished requests
         self._num_added = 0
         self.num_steps = 0
-        self.last_scheduled: list[str] = []  # request ids computed in the last step
+        self._last_chunks: list[ScheduledChunk] = []  # computed in the last step
         self._stats = EngineStats(0, 0, 0, 0, num_kv_blocks, 0, 0.0, 0, 0.0)
         spec = config.speculative
         self.proposer = make_proposer(config, executor, max_model_len)
@@ -226,6 +226,10 @@ class LLMEngine:
             ),
             priority=priority,
             seq_index=self._num_added,
+            stop_token_ids=frozenset(params.stop_token_ids).union(
+                () if params.ignore_eos else self.model_config.eos_token_ids
+            ),
+            max_num_tokens=min(total, self.max_model_len),
         )
         self._num_added += 1
         self.seqs[request_id] = seq
@@ -262,34 +266,36 @@ class LLMEngine:
         now = self.now()
         t0 = time.perf_counter()
         out = self.scheduler.schedule(now)
-        self.last_scheduled = [c.seq.request_id for c in out.chunks]
-        if out.is_empty:
+        chunks = self._last_chunks = out.chunks
+        if not chunks:
             self._idle_since_step()
             return []
         sched_s = time.perf_counter() - t0  # host scheduling only, not the draft's forwards
         start = self.now()  # the device's work starts here: draft forwards, then the verify
-        if self.proposer is not None and any(c.num_lookahead for c in out.chunks):
-            self.proposer.propose(out.chunks)
-        for c in out.chunks:
-            assert len(c.spec_token_ids) <= c.num_lookahead
-            if c.seq.metrics.first_scheduled_time is None:
-                c.seq.metrics.first_scheduled_time = now
-        tokens = self.executor.execute(out.chunks)
-        logprobs = getattr(self.executor, "last_logprobs", None) or {}
+        num_tokens = out.num_batched_tokens  # = query rows, unless lookahead slots went unused
+        if self.proposer is not None and any(c.num_lookahead for c in chunks):
+            self.proposer.propose(chunks)
+            for c in chunks:
+                assert len(c.spec_token_ids) <= c.num_lookahead
+            num_tokens = sum(c.num_scheduled_tokens for c in chunks)
+        tokens = self.executor.execute(chunks)
+        logprobs = getattr(self.executor, "last_logprobs", None)
         end = self.now()
         self.num_steps += 1
-        outputs: list[RequestOutput] = []
-        for chunk, toks in zip(out.chunks, tokens, strict=True):
-            output = self._apply(chunk, toks, end)
-            if output is not None and chunk.seq.request_id in logprobs:
-                output.logprobs = logprobs[chunk.seq.request_id][: len(output.new_token_ids)]
-            if output is not None:
-                outputs.append(output)
-        num_tokens = sum(c.num_scheduled_tokens for c in out.chunks)
+        outputs = self._apply(chunks, tokens, end)
+        if logprobs:
+            for output in outputs:
+                if output.request_id in logprobs:
+                    output.logprobs = logprobs[output.request_id][: len(output.new_token_ids)]
         self.last_step_window = (start, end)
-        self._update_stats(len(out.chunks), num_tokens, end - now, sched_s, self._gap(start))
+        self._update_stats(len(chunks), num_tokens, end - now, sched_s, self._gap(start))
         self._last_compute_end = end if self.seqs else None
         return outputs
+
+    @property
+    def last_scheduled(self) -> list[str]:
+        """Request ids computed in the last step."""
+        return [c.seq.request_id for c in self._last_chunks]
 
     def _gap(self, start: float) -> float | None:
         """Executor idle time before a step that starts at `start` (None after idling)."""
@@ -361,27 +367,76 @@ class LLMEngine:
             metrics=seq.metrics,
         )
 
-    def _apply(self, chunk, toks: list[int], end: float) -> RequestOutput | None:
-        """Apply one chunk's result: computed tokens, accepted drafts, new tokens, stops."""
+    def _apply(
+        self, chunks: list[ScheduledChunk], tokens: list[list[int]], end: float
+    ) -> list[RequestOutput]:
+        """Apply a computed step: computed tokens, new tokens, stops; the step's outputs.
+        The plain chunk (no lookahead: 0 or 1 token) is inlined, as this loop runs for every
+        scheduled sequence of every step."""
+        bm = self.block_manager
+        caching = bm.enable_prefix_caching
+        outputs: list[RequestOutput] = []
+        for chunk, toks in zip(chunks, tokens, strict=True):
+            if chunk.num_lookahead:
+                outputs.append(self._apply_speculative(chunk, toks, end))
+                continue
+            seq = chunk.seq
+            token_ids = seq.token_ids
+            computed = seq.num_computed_tokens + chunk.num_tokens
+            seq.num_computed_tokens = computed
+            if not toks:
+                assert computed < len(token_ids), f"{seq.request_id}: executor/sample mismatch"
+                if caching:
+                    bm.cache_blocks(seq)
+                continue
+            assert computed == len(token_ids) and len(toks) == 1, f"{seq.request_id}: bad result"
+            tok = toks[0]
+            token_ids.append(tok)
+            num_tokens = computed + 1
+            metrics = seq.metrics
+            if metrics.first_token_time is None:
+                metrics.first_token_time = end
+            if caching:
+                bm.cache_blocks(seq)
+            num_prompt = len(seq.prompt_token_ids)
+            reason = None
+            if tok in seq.stop_token_ids and (
+                num_tokens - num_prompt >= seq.sampling_params.min_tokens
+            ):
+                reason = "stop"
+            elif num_tokens >= seq.max_num_tokens:
+                reason = "length"
+            if reason is not None:
+                self._finish(seq, reason, end)
+            # positional (RequestOutput's field order): keywords cost twice as much here
+            outputs.append(
+                RequestOutput(
+                    seq.request_id,
+                    toks,
+                    num_prompt,
+                    num_tokens - num_prompt,
+                    reason is not None,
+                    reason,
+                    metrics,
+                )
+            )
+        return outputs
+
+    def _apply_speculative(self, chunk: ScheduledChunk, toks: list[int], end: float):
+        """A decode chunk with lookahead slots: accepted drafts, then one token of its own."""
         seq, bm = chunk.seq, self.block_manager
         assert bool(toks) == chunk.samples, f"{seq.request_id}: executor/sample mismatch"
         seq.num_computed_tokens += chunk.num_tokens
-        if not toks:
-            bm.cache_blocks(seq)
-            return None
         num_draft = len(chunk.spec_token_ids)
-        if chunk.num_lookahead:
-            num_accepted = len(toks) - 1
-            assert (
-                0 <= num_accepted <= num_draft and toks[:-1] == chunk.spec_token_ids[:num_accepted]
-            ), f"{seq.request_id}: executor returned tokens that are not an accepted prefix"
-            seq.num_computed_tokens += num_accepted  # accepted drafts have their K/V
-            if num_draft and self.spec_stats is not None:
-                self.spec_stats.observe(num_draft, num_accepted)
-                seq.metrics.num_draft_tokens += num_draft
-                seq.metrics.num_accepted_tokens += num_accepted
-        else:
-            assert len(toks) == 1, f"{seq.request_id}: several tokens without drafts"
+        num_accepted = len(toks) - 1
+        assert (
+            0 <= num_accepted <= num_draft and toks[:-1] == chunk.spec_token_ids[:num_accepted]
+        ), f"{seq.request_id}: executor returned tokens that are not an accepted prefix"
+        seq.num_computed_tokens += num_accepted  # accepted drafts have their K/V
+        if num_draft and self.spec_stats is not None:
+            self.spec_stats.observe(num_draft, num_accepted)
+            seq.metrics.num_draft_tokens += num_draft
+            seq.metrics.num_accepted_tokens += num_accepted
         reason = None
         new: list[int] = []
         for tok in toks:
@@ -394,8 +449,7 @@ class LLMEngine:
         # beyond them go back to the pool (prefix-cache hashes cover computed tokens only)
         seq.num_computed_tokens = min(seq.num_computed_tokens, seq.num_tokens - 1)
         seq.num_draft_computed = min(seq.num_draft_computed, seq.num_computed_tokens)
-        if chunk.num_lookahead:
-            bm.trim(seq, seq.num_tokens)
+        bm.trim(seq, seq.num_tokens)
         if seq.metrics.first_token_time is None:
             seq.metrics.first_token_time = end
         bm.cache_blocks(seq)
@@ -403,14 +457,15 @@ class LLMEngine:
             self._finish(seq, reason, end)
         return self._output(seq, new, reason)
 
-    def _stop_reason(self, seq: Sequence, tok: int) -> str | None:
-        p = seq.sampling_params
-        n = len(seq.token_ids) - len(seq.prompt_token_ids)
-        if n >= p.min_tokens and (
-            (not p.ignore_eos and tok in self.model_config.eos_token_ids) or tok in p.stop_token_ids
+    @staticmethod
+    def _stop_reason(seq: Sequence, tok: int) -> str | None:
+        """Why seq ends with `tok` just appended (None: it goes on)."""
+        if (
+            tok in seq.stop_token_ids
+            and len(seq.token_ids) - len(seq.prompt_token_ids) >= seq.sampling_params.min_tokens
         ):
             return "stop"
-        if n >= p.max_tokens or len(seq.token_ids) >= self.max_model_len:
+        if len(seq.token_ids) >= seq.max_num_tokens:
             return "length"
         return None
 
@@ -458,8 +513,14 @@ class LLMEngine:
         for seq in self.scheduler.running():
             assert seq.request_id in self.seqs
             assert seq.num_computed_tokens <= len(seq.block_table) * self.block_manager.block_size
+        assert self.scheduler.num_running == len(self.scheduler.running())
         assert self.scheduler.num_running <= self.config.max_batch_slots
         bm = self.block_manager
+        unused = sum(  # the stat's shortcut (no per-block walk) against its definition
+            len(s.block_table) * bm.block_size - (0 if s.is_finished else s.num_computed_tokens)
+            for s in holders
+        )
+        assert self.scheduler.reserved_unused_tokens() == unused
         for seq in self.scheduler.running():
             for i, bid in enumerate(seq.block_table):  # cached blocks hold kept tokens only
                 b = bm.blocks[bid]

@@ -19,7 +19,6 @@ Executors: `ModelRunner` (real torch model on CPU/CUDA over the paged KV cache) 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -32,14 +31,40 @@ if TYPE_CHECKING:
 PLACEHOLDER = -1
 
 
-@dataclass
+class _NoneYet(list):
+    """The shared empty list a chunk starts with for its drafts: one per chunk would be an
+    allocation per scheduled sequence per step. It refuses in-place changes; a proposer
+    assigns a list of its own."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("a chunk's drafts start as a shared empty list: assign a new list")
+
+    append = extend = insert = __setitem__ = __iadd__ = __imul__ = _refuse  # type: ignore
+
+
+NO_DRAFTS: list[Any] = _NoneYet()
+
+
 class ScheduledChunk:
-    seq: Sequence
-    num_tokens: int  # known tokens to compute this step, from seq.num_computed_tokens on
-    num_lookahead: int = 0  # KV slots reserved past the known tokens for draft tokens
-    spec_token_ids: list[int] = field(default_factory=list)  # drafts (<= num_lookahead)
-    # the draft's distribution [V] behind each sampled draft (empty: one-hot drafts)
-    spec_draft_probs: list[torch.Tensor] = field(default_factory=list)
+    """A scheduler creates one per scheduled sequence per step: slots, no default lists."""
+
+    __slots__ = ("seq", "num_tokens", "num_lookahead", "spec_token_ids", "spec_draft_probs")
+
+    def __init__(self, seq: Sequence, num_tokens: int, num_lookahead: int = 0) -> None:
+        self.seq = seq
+        self.num_tokens = num_tokens  # known tokens to compute, from seq.num_computed_tokens
+        self.num_lookahead = num_lookahead  # KV slots reserved past them for draft tokens
+        self.spec_token_ids: list[int] = NO_DRAFTS  # drafts (<= num_lookahead)
+        # the draft's distribution [V] behind each sampled draft (empty: one-hot drafts)
+        self.spec_draft_probs: list[torch.Tensor] = NO_DRAFTS
+
+    def __repr__(self) -> str:
+        return (
+            f"ScheduledChunk({self.seq.request_id!r}, num_tokens={self.num_tokens}, "
+            f"num_lookahead={self.num_lookahead}, spec_token_ids={self.spec_token_ids})"
+        )
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -57,7 +82,7 @@ class ScheduledChunk:
     @property
     def samples(self) -> bool:
         """True when this chunk completes all known tokens, so a new token is sampled."""
-        return self.end == len(self.seq.token_ids)
+        return self.seq.num_computed_tokens + self.num_tokens == len(self.seq.token_ids)
 
 
 class Executor(Protocol):

@@ -30,10 +30,19 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     seq_index: int = 0  # order in which the engine received it (the tie-break among equals)
     num_draft_computed: int = 0  # speculative draft model: tokens whose draft K/V is valid
+    # when to stop, resolved once (the engine adds the model's EOS ids unless ignore_eos):
+    # a token in stop_token_ids once min_tokens are out, or num_tokens reaching max_num_tokens
+    stop_token_ids: frozenset[int] = frozenset()
+    max_num_tokens: int = 0  # prompt + max_tokens (0: resolved from sampling_params)
 
     def __post_init__(self) -> None:
         if not self.token_ids:
             self.token_ids = list(self.prompt_token_ids)
+        p = self.sampling_params
+        if not self.stop_token_ids:
+            self.stop_token_ids = frozenset(p.stop_token_ids)
+        if not self.max_num_tokens:
+            self.max_num_tokens = len(self.prompt_token_ids) + p.max_tokens
 
     @property
     def num_prompt_tokens(self) -> int:

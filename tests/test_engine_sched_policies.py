@@ -323,3 +323,33 @@ def test_stats_fields():
     assert s.kv_reserved_unused_tokens == 2 * (8 - 6)
     assert e.seqs["a"].metrics.first_token_time == 1.0
     assert e.seqs["a"].metrics.queue_time == 0.0
+
+
+def test_first_scheduled_time_is_stamped_once_at_admission():
+    e = sim_engine(num_kv_blocks=6, block_size=4, continuous={"watermark": 0.0})
+    add(e, "a", prompt_len=8, max_tokens=12)
+    add(e, "b", prompt_len=8, max_tokens=12)
+    e.step()  # both admitted at engine time 0
+    while e.get_stats().num_preempted_total == 0:
+        e.step()
+    victim = next(s for s in e.seqs.values() if s.metrics.num_preemptions)
+    assert victim.metrics.first_scheduled_time == 0.0
+    while victim.num_computed_tokens == 0:  # readmitted later: still its first admission
+        e.step()
+    assert victim.metrics.first_scheduled_time == 0.0 and e.now() > 1.0
+
+
+def test_chunk_drafts_start_as_a_shared_list_that_refuses_changes():
+    from cbbench.reference_engine.executor import ScheduledChunk
+
+    e = sim_engine()
+    add(e, "a")
+    c, d = ScheduledChunk(e.seqs["a"], 8), ScheduledChunk(e.seqs["a"], 8)
+    assert c.spec_token_ids == [] and c.num_scheduled_tokens == 8 and c.samples
+    with pytest.raises(TypeError, match="assign a new list"):
+        c.spec_token_ids.append(5)
+    with pytest.raises(TypeError):
+        c.spec_draft_probs += [1.0]
+    c.spec_token_ids = [5, 6]  # what a proposer does
+    assert d.spec_token_ids == [] and c.num_scheduled_tokens == 10
+    assert e.seqs["a"].token_ids[:2] + c.spec_token_ids[:0] == [3, 3]

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from cbbench.reference_engine.block_manager import BlockManager
 from cbbench.reference_engine.config import EngineConfig
 from cbbench.reference_engine.executor import ScheduledChunk
 from cbbench.reference_engine.scheduler.queues import RequestQueue, fcfs_key
 from cbbench.reference_engine.sequence import Sequence, SequenceStatus
+
+_block_table = attrgetter("block_table")
+_num_computed = attrgetter("num_computed_tokens")
 
 
 @dataclass
@@ -42,7 +46,9 @@ class Scheduler(ABC):
         self.waiting.add(seq)
 
     @abstractmethod
-    def schedule(self, now: float) -> SchedulerOutput: ...
+    def schedule(self, now: float) -> SchedulerOutput:
+        """The next step's chunks. A sequence scheduled for the first time gets
+        `metrics.first_scheduled_time = now`."""
 
     @abstractmethod
     def finish(self, seq: Sequence) -> None:
@@ -76,9 +82,11 @@ class Scheduler(ABC):
 
     def reserved_unused_tokens(self) -> int:
         """KV token slots held but not filled by a live sequence's computed tokens."""
-        bs = self.block_manager.block_size
-        total = 0
-        for seq in self.holders():
-            held = len(seq.block_table) * bs
-            total += held if seq.is_finished else held - seq.num_computed_tokens
-        return total
+        bm = self.block_manager
+        # without prefix caching every used block has exactly one holder (check_invariants)
+        held = (
+            sum(map(len, map(_block_table, self.holders())))
+            if bm.enable_prefix_caching
+            else bm.num_used_blocks
+        )
+        return held * bm.block_size - sum(map(_num_computed, self.running()))

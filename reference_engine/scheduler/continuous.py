@@ -72,9 +72,9 @@ class ContinuousScheduler(Scheduler):
     def schedule(self, now: float) -> SchedulerOutput:
         cfg = self.config.continuous
         bm = self.block_manager
-        budget = cfg.max_num_batched_tokens
-        scheduled: dict[Sequence, int] = {}
-        lookahead: dict[Sequence, int] = {}  # speculative: draft slots per decoding seq
+        max_tokens = cfg.max_num_batched_tokens
+        budget = max_tokens
+        chunks: list[ScheduledChunk] = []  # one per sequence: a victim's is taken out
         preempted: list[Sequence] = []
 
         def preempt_worst(spare_forced: bool = False) -> Sequence | None:
@@ -83,36 +83,45 @@ class ContinuousScheduler(Scheduler):
                 return None
             victim = max(candidates, key=self._running.__getitem__)
             nonlocal budget
-            budget += scheduled.pop(victim, 0) + lookahead.pop(victim, 0)
+            if victim.status is SequenceStatus.RUNNING:  # scheduled already? (rare path)
+                for i, c in enumerate(chunks):
+                    if c.seq is victim:
+                        budget += c.num_tokens + c.num_lookahead
+                        del chunks[i]
+                        break
             self._preempt(victim)
             preempted.append(victim)
             return victim
 
-        # 1. running sequences, most important first
+        # 1. running sequences, most important first. The hot loop of a decode step: one
+        # token each, and a new KV block only every block_size tokens (checked inline).
         if self._order is None:
             self._order = sorted(self._running, key=self._running.__getitem__)
+        bs = bm.block_size
+        lookahead = self.num_lookahead
+        running = SequenceStatus.RUNNING
         for seq in self._order:
             if budget == 0:
                 break
-            if seq.status is not SequenceStatus.RUNNING:
+            if seq.status is not running:
                 continue  # preempted as a victim above
-            num_tokens, computed = len(seq.token_ids), seq.num_computed_tokens
-            n = min(num_tokens - computed, budget)
+            computed = seq.num_computed_tokens
+            n = len(seq.token_ids) - computed
             assert n >= 1, f"{seq.request_id} is running with nothing to compute"
-            la = (
-                self._lookahead(seq, budget)
-                if self.num_lookahead and computed + 1 == num_tokens
-                else 0
-            )
-            while not bm.allocate_slots(seq, computed + n + la):
-                if preempt_worst() is seq:
-                    break
-            else:
-                scheduled[seq] = n
-                budget -= n
-                if la:
-                    lookahead[seq] = la
-                    budget -= la
+            la = self._lookahead(seq, budget) if lookahead and n == 1 else 0  # a decode
+            if n > budget:
+                n = budget
+            need = computed + n + la
+            if need > len(seq.block_table) * bs:
+                while not bm.allocate_slots(seq, need):
+                    if preempt_worst() is seq:
+                        break
+                else:
+                    chunks.append(ScheduledChunk(seq, n, la))
+                    budget -= n + la
+                continue
+            chunks.append(ScheduledChunk(seq, n, la))
+            budget -= n + la
 
         # 2. waiting sequences
         num_prefills = 0
@@ -131,14 +140,14 @@ class ContinuousScheduler(Scheduler):
                 forced and preempt_worst(spare_forced=True)
             ):
                 break
-            computed = bm.get_computed_blocks(seq)
-            num_cached = len(computed) * bm.block_size
+            computed_blocks = bm.get_computed_blocks(seq)
+            num_cached = len(computed_blocks) * bs
             need = seq.num_tokens - num_cached
             if not cfg.enable_chunked_prefill and need > budget:
                 break
             n = min(need, budget)
             watermark = self.watermark_blocks if self._running else 0
-            while not bm.allocate_slots(seq, num_cached + n, computed, watermark):
+            while not bm.allocate_slots(seq, num_cached + n, computed_blocks, watermark):
                 if not forced or preempt_worst(spare_forced=True) is None:
                     break
                 watermark = self.watermark_blocks if self._running else 0
@@ -149,24 +158,22 @@ class ContinuousScheduler(Scheduler):
                 seq.status = SequenceStatus.RUNNING
                 seq.num_computed_tokens = num_cached
                 if seq.metrics.first_scheduled_time is None:
+                    seq.metrics.first_scheduled_time = now
                     seq.metrics.num_cached_tokens = num_cached
                 self._running[seq] = self._rank(seq)
                 self._order = None
-                scheduled[seq] = n
+                chunks.append(ScheduledChunk(seq, n))
                 budget -= n
                 num_prefills += 1
                 continue
             break
 
-        chunks = [ScheduledChunk(s, n, lookahead.get(s, 0)) for s, n in scheduled.items()]
-        out = SchedulerOutput(
-            chunks=chunks,
-            preempted=preempted,
-            num_batched_tokens=sum(scheduled.values()) + sum(lookahead.values()),
-        )
-        assert out.num_batched_tokens <= cfg.max_num_batched_tokens
+        # the budget was charged for every token and lookahead slot, refunded for victims;
+        # a sequence gets one chunk (running ones once in the order, admitted ones leave
+        # the waiting queue)
+        out = SchedulerOutput(chunks, preempted, max_tokens - budget)
+        assert 0 <= budget <= max_tokens
         assert len(self._running) <= cfg.max_num_seqs
-        assert len(chunks) == len({id(c.seq) for c in chunks})
         return out
 
     def _overdue(self, now: float) -> Sequence | None:

@@ -72,7 +72,7 @@ class DraftModelProposer:
                     c.seq.sampling_params, c.seq.num_tokens + len(c.spec_token_ids)
                 )
                 out[i] = int(torch.multinomial(probs[j], 1, generator=gen))
-                c.spec_draft_probs.append(probs[j])
+                c.spec_draft_probs = [*c.spec_draft_probs, probs[j]]
         return out
 
     def _generator(self, params: SamplingParams, position: int) -> torch.Generator:

@@ -1,8 +1,9 @@
 """Scheduler overhead per step at 16, 256 and 1024 running sequences (decode phase).
 
-`schedule` times the policy's decision alone (block allocation included); `step` times a
-whole engine iteration with the simulated executor (schedule + cost model + update +
-outputs), i.e. the engine's own per-step Python cost, no model. Run:
+`schedule` times the policy's decision alone (block allocation included). `step_engine`
+times a whole engine iteration with `NullExecutor` (schedule + apply + outputs + stats: the
+engine's own per-step Python cost, no model); `step` the same with the simulated executor,
+whose cost model and pseudo tokens add their own per-sequence work. Run:
     .venv/bin/python -m pytest tests/benchmarks/test_scheduler_bench.py -o addopts="" --benchmark-only
 """
 
@@ -19,6 +20,20 @@ from cbbench.reference_engine.engine import LLMEngine
 from cbbench.reference_engine.sampling_params import SamplingParams
 
 SIZES = (16, 256, 1024)
+
+
+class NullExecutor:
+    """The cheapest stand-in for a model: token 7 for every sampling chunk, 10 ms a step."""
+
+    def __init__(self, clock: float) -> None:
+        self.clock = clock
+
+    def now(self) -> float:
+        return self.clock
+
+    def execute(self, chunks):
+        self.clock += 0.01
+        return [[7] if c.samples else [] for c in chunks]
 
 
 def running_engine(scheduler: str, n: int) -> LLMEngine:
@@ -57,3 +72,12 @@ def test_step(benchmark, scheduler, n):
     engine = running_engine(scheduler, n)
     outputs = benchmark.pedantic(engine.step, rounds=100, iterations=1, warmup_rounds=2)
     assert len(outputs) == n
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("scheduler", ["static", "continuous"])
+def test_step_engine(benchmark, scheduler, n):
+    engine = running_engine(scheduler, n)
+    engine.executor = NullExecutor(engine.now())
+    outputs = benchmark.pedantic(engine.step, rounds=200, iterations=1, warmup_rounds=2)
+    assert len(outputs) == n and all(o.new_token_ids == [7] for o in outputs)
