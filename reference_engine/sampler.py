@@ -42,18 +42,17 @@ class Sampler:
         out = logits.argmax(dim=-1)
         rows = [i for i, r in enumerate(reqs) if not r.params.greedy]
         probs = self._probs(logits[rows], [reqs[i].params for i in rows])
-        # exponential race: argmax(p / E) with E ~ Exp(1) draws from p
-        noise = torch.empty_like(probs)
+        u = torch.empty(len(rows), 1, dtype=torch.float64, device=probs.device)
         unseeded = [j for j, i in enumerate(rows) if reqs[i].params.seed is None]
         if unseeded:
-            noise[unseeded] = noise[unseeded].exponential_(generator=self.generator)
+            u[unseeded] = u[unseeded].uniform_(generator=self.generator)
         for j, i in enumerate(rows):
             seed = reqs[i].params.seed
             if seed is not None:
                 step_seed = (seed * _SEED_MIX + reqs[i].num_tokens) % (1 << 63)
                 self._row_generator.manual_seed(step_seed)
-                noise[j].exponential_(generator=self._row_generator)
-        out[rows] = (probs / noise).argmax(dim=-1)
+                u[j].uniform_(generator=self._row_generator)
+        out[rows] = inverse_cdf(probs, u)
         return out.tolist()
 
     def _mask_stop_tokens(self, logits: torch.Tensor, reqs: list[SampleRequest]) -> None:
@@ -85,6 +84,17 @@ class Sampler:
             sorted_logits = sorted_logits.masked_fill(before >= ps[:, None], float("-inf"))
             logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
         return logits.softmax(dim=-1)
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """probs [n, V] (rows need not sum to 1), u [n, 1] uniform in [0, 1) -> [n] token ids
+    drawn from each row: the first token whose cumulative mass reaches (1 - u) * total. One
+    random number per row (an exponential race needs one per vocabulary entry: measured 5.5 ms
+    against 0.2 ms for 8 x 32k rows on one CPU thread). The target lies in (0, total], so a
+    token of zero probability is never picked; float64 sums keep the tail tokens' odds."""
+    cdf = probs.to(torch.float64).cumsum_(dim=-1)
+    target = (1.0 - u) * cdf[:, -1:]
+    return torch.searchsorted(cdf, target)[:, 0].clamp_(max=probs.shape[-1] - 1)
 
 
 def token_logprobs(logprobs: torch.Tensor, token_ids: list[int], top_k: int) -> list[TokenLogprob]:

@@ -4,7 +4,7 @@ the batch, min_tokens masking of stop tokens."""
 from __future__ import annotations
 
 import torch
-from cbbench.reference_engine.sampler import Sampler, SampleRequest
+from cbbench.reference_engine.sampler import Sampler, SampleRequest, inverse_cdf
 from cbbench.reference_engine.sampling_params import SamplingParams
 
 V = 50
@@ -90,3 +90,25 @@ def test_min_tokens_masks_eos_and_stop_tokens():
     assert _sampler()(logits.clone(), reqs) == [11, 20, EOS]
     ignore = _req(num_output=0, min_tokens=2, max_tokens=8, ignore_eos=True, temperature=0.0)
     assert _sampler()(logits.clone()[:1], [ignore]) == [EOS]
+
+
+def test_inverse_cdf_draws_follow_the_probabilities():
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.25, 0.25, 0.0]])  # exact in binary
+    edges = torch.tensor([[0.0], [0.25 - 1e-12], [0.25], [0.5], [1.0 - 1e-12]], dtype=torch.float64)
+    got = inverse_cdf(probs.expand(5, -1), edges).tolist()
+    assert got == [4, 4, 3, 1, 1]  # u = 0 takes the whole mass: the last nonzero token
+    n = 20_000
+    u = torch.rand(n, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    counts = torch.bincount(inverse_cdf(probs.expand(n, -1), u), minlength=6).double() / n
+    assert counts[[0, 2, 5]].sum() == 0  # zero-probability tokens never drawn
+    assert torch.allclose(counts, probs[0].double(), atol=0.015)
+    # unnormalised rows: the total is read from the row itself
+    assert inverse_cdf(probs * 7, edges[2:3]).tolist() == [3]
+
+
+def test_sampled_tokens_follow_the_softmax():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -30.0]])
+    s = _sampler(3)
+    picks = [s(logits.clone(), [_req(temperature=1.0)])[0] for _ in range(3000)]
+    freq = torch.bincount(torch.tensor(picks), minlength=4).double() / len(picks)
+    assert torch.allclose(freq, logits[0].softmax(-1).double(), atol=0.03)
