@@ -11,7 +11,9 @@ a client in another process can grade its own timing against it):
   `fake_conn.py`), so the server's own event-loop lag is not taken for the client's upload
   time, and `t_recv_stamp`: `kernel`, or `user` where the kernel gave no stamp (then it is
   the time the server's loop handled that read; one warning says why).
-The schedule runs from `t_recv_ns`: chunk k is due at t_recv + ttft + k * itl. One timer per
+The schedule: the first chunk is due at t_recv + ttft, chunk k at (first chunk sent) + k * itl:
+a server late with its first chunk (its loop busy with a burst of requests) keeps its token
+gap after it, as a decoding server does. One timer per
 process writes every stream's due chunks (`Pacer`), no task or sleep per chunk, so a Python
 process carries many hundreds of paced streams.
 
@@ -297,6 +299,7 @@ class _Stream:
         self.kind = "chat.completion.chunk" if chat else "text_completion"
         self.sent = 0
         self.chunk_no = 0
+        self.t_first = 0.0  # when the first chunk was sent (monotonic s)
         self.done: asyncio.Future | None = None
         self.pacer: Pacer | None = None
 
@@ -327,7 +330,9 @@ class _Stream:
             conn.write(_event(json.dumps(err)) + b"".join(self.tail) + _DONE)
             self._end(True)
             return None
-        return self.t_recv + b.ttft_s + b.itl_s * self.chunk_no
+        if self.chunk_no == 0:
+            return self.t_recv + b.ttft_s
+        return self.t_first + b.itl_s * self.chunk_no
 
     def step(self) -> float | None:
         """Write the chunk that is due; the next one's due time, or None (ended, or waiting
@@ -344,6 +349,8 @@ class _Stream:
             return None
         k = min(b.tokens_per_chunk, self.n_out - self.sent)
         first = self.chunk_no == 0
+        if first:
+            self.t_first = time.monotonic()
         if self.sent + k < self.n_out:  # the hot path: a cached body, only the send time filled in
             key = (self.chat, first, k, self.want_ids)
             templates = self.server._templates
