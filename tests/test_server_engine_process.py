@@ -185,3 +185,16 @@ def test_engine_process_waits_passively_unless_told_otherwise(proc_server):
     with open(f"/proc/{pid}/environ", "rb") as f:
         env = dict(line.split("=", 1) for line in f.read().decode().split("\0") if "=" in line)
     assert env.get("OMP_WAIT_POLICY") == "PASSIVE"
+
+
+def test_engine_nice_lowers_only_the_engine_process_priority():
+    import os
+
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    config = EngineConfig(max_model_len=128)
+    with serve(config, engine_process=True, engine_nice=3) as (url, stack):
+        engine_pid = stack.engine.process.pid
+        assert os.getpriority(os.PRIO_PROCESS, engine_pid) == min(19, mine + 3)
+        assert os.getpriority(os.PRIO_PROCESS, 0) == mine
+        out = _client(url).completions.create(model="tiny", prompt="hi", max_tokens=3)
+        assert out.usage.completion_tokens == 3

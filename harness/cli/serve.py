@@ -46,6 +46,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="run the engine in its own process, the HTTP API in this one (default: on; "
         "--no-engine-process runs it in a thread of the API process)",
     )
+    h.add_argument(
+        "--engine-nice",
+        type=int,
+        default=0,
+        help="lower the engine process's CPU priority by N (0-19; os.nice) so the HTTP API "
+        "goes first on a contended core (default 0)",
+    )
     p.set_defaults(func=run)
 
 
@@ -64,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
     max_body = args.max_body_bytes or DEFAULT_MAX_BODY_BYTES
     if max_body < 1:
         raise EngineError(f"--max-body-bytes must be >= 1, got {max_body}")
+    if not 0 <= args.engine_nice <= 19:
+        raise EngineError(f"--engine-nice must be in [0, 19], got {args.engine_nice}")
     warning = bind_warning(args.host, args.api_key)
     if warning:
         print(f"cbbench serve: {warning}", file=sys.stderr, flush=True)
@@ -79,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
             api_key=args.api_key,
             max_body_bytes=max_body,
             engine_process=args.engine_process,
+            engine_nice=args.engine_nice,
         )
     except BaseException:
         sock.close()

@@ -5,7 +5,9 @@
 Each mode is a `cbbench serve` subprocess (engine in a thread of the API process, or in its
 own process; async scheduling off or on). For each: a closed loop of `--concurrency`
 streaming completions (fixed prompt and output lengths, ignore_eos) while a prober GETs
-/v1/models every 20 ms. Printed per mode: output tokens/s, /v1/models p50/p99 under load, and
+/v1/models every 20 ms. The prober is a process of its own, so the load generator's threads
+(one GIL) cannot delay its requests: its latencies are the server's. Printed per mode: output
+tokens/s, /v1/models p50/p99 under load, and
 from the engine's own histograms the step gap p50 and the mean step time (busy time / steps),
 so "step gap p50 as a share of the step time" reads off directly. Modes run one after the
 other; repeat the command to see the noise of a shared machine.
@@ -14,8 +16,8 @@ other; repeat the command to see the noise of a shared machine.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import statistics
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ MODES = {
     "thread+async": ["--no-engine-process", "--async-scheduling"],
     "process": ["--engine-process", "--no-async-scheduling"],
     "process+async": ["--engine-process", "--async-scheduling"],
+    "process+nice": ["--engine-process", "--no-async-scheduling", "--engine-nice", "10"],
 }
 
 
@@ -62,16 +65,9 @@ def run_mode(flags: list[str], args: argparse.Namespace) -> ModeResult:
         with httpx.Client(timeout=120) as c:  # warm-up: one request
             c.post(url + "/v1/completions", json={**body, "stream": False, "max_tokens": 4})
             before = parse_metrics(c.get(url + "/metrics").text)
-        stop = threading.Event()
-        probes: list[float] = []
-
-        def probe() -> None:
-            with httpx.Client(timeout=30) as c:
-                while not stop.is_set():
-                    t = time.perf_counter()
-                    c.get(url + "/v1/models")
-                    probes.append(time.perf_counter() - t)
-                    stop.wait(0.02)
+        mp = multiprocessing.get_context("spawn")
+        stop = mp.Event()
+        results = mp.Queue()
 
         def one(_: int) -> int:
             n = 0
@@ -84,13 +80,15 @@ def run_mode(flags: list[str], args: argparse.Namespace) -> ModeResult:
                         n += 1
             return n
 
-        prober = threading.Thread(target=probe, daemon=True)
-        t0 = time.perf_counter()
+        prober = mp.Process(target=probe, args=(url, stop, results), daemon=True)
         prober.start()
+        assert results.get(timeout=60) == "ready"
+        t0 = time.perf_counter()
         with ThreadPoolExecutor(args.concurrency) as pool:
             chunks = sum(pool.map(one, range(args.requests)))
         wall = time.perf_counter() - t0
         stop.set()
+        probes: list[float] = results.get(timeout=30)
         prober.join(5)
         with httpx.Client(timeout=30) as c:
             after = parse_metrics(c.get(url + "/metrics").text)
@@ -110,6 +108,20 @@ def run_mode(flags: list[str], args: argparse.Namespace) -> ModeResult:
         step_mean_ms=wall / steps * 1e3 if steps else None,
         sched_p50_us=None if sched is None else (quantile(sched, 0.5) or 0.0) * 1e6,
     )
+
+
+def probe(url: str, stop, results) -> None:
+    """The prober process: GET /v1/models every 20 ms until `stop`; puts the latencies."""
+    with httpx.Client(timeout=30) as c:
+        c.get(url + "/v1/models")  # connect (and import) before the measured phase
+        results.put("ready")
+        latencies: list[float] = []
+        while not stop.is_set():
+            t = time.perf_counter()
+            c.get(url + "/v1/models")
+            latencies.append(time.perf_counter() - t)
+            stop.wait(0.02)
+    results.put(latencies)
 
 
 def main() -> None:

@@ -49,6 +49,7 @@ def build_stack(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     llm_engine: Any = None,
     engine_process: bool = False,
+    engine_nice: int = 0,
 ) -> ServingStack:
     """Builds (or takes) the engine and starts its driver; `shutdown()` stops it."""
     model_name = served_model_name or config.model
@@ -60,7 +61,7 @@ def build_stack(
 
         assert llm_engine is None, "an engine process builds its own engine"
         model_config = resolve_model_config(config.model)  # for the tokenizer; fails fast
-        engine = EngineCoreClient(config, metrics)
+        engine = EngineCoreClient(config, metrics, nice=engine_nice)
         engine.start()
         info, max_model_len, vocab_size = engine.info, engine.max_model_len, engine.vocab_size
     else:

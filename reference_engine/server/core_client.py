@@ -52,6 +52,7 @@ class _Stream:
 class EngineCoreClient:
     config: EngineConfig
     metrics: ServerMetrics | None = None
+    nice: int = 0  # added to the engine process's niceness (os.nice): the API goes first
     info: dict[str, Any] = field(default_factory=dict)  # describe() of the engine
     max_model_len: int = 0
     vocab_size: int = 0
@@ -80,7 +81,7 @@ class EngineCoreClient:
         mp = multiprocessing.get_context("spawn")  # torch + threads: never fork
         self.process = mp.Process(
             target=run_engine_core,
-            args=(self.config, in_addr, out_addr, os.getpid()),
+            args=(self.config, in_addr, out_addr, os.getpid(), self.nice),
             name="cbbench-engine-core",
             daemon=True,
         )

@@ -34,11 +34,16 @@ logger = logging.getLogger("cbbench.engine_core")
 MAX_IDLE_WAIT_S = 0.5  # upper bound on one idle poll (parent liveness, next_wakeup None)
 
 
-def run_engine_core(config: EngineConfig, in_addr: str, out_addr: str, parent_pid: int) -> None:
-    """Entry point of the engine process (multiprocessing target)."""
+def run_engine_core(
+    config: EngineConfig, in_addr: str, out_addr: str, parent_pid: int, nice: int = 0
+) -> None:
+    """Entry point of the engine process (multiprocessing target). `nice` > 0 lowers its
+    CPU priority, so the API process wins a contended core (docs/performance.md)."""
     import zmq
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if nice:
+        os.nice(nice)
     ctx = zmq.Context(1)
     inbox = ctx.socket(zmq.PULL)
     inbox.connect(in_addr)
