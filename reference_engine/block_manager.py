@@ -45,7 +45,10 @@ class BlockManager:
         # Blocks are created on first use: ids >= len(self.blocks) are fresh (and free), so a
         # huge simulated pool costs nothing. Fresh blocks are handed out before freed ones.
         self.blocks: list[KVBlock] = []
-        # Used-then-freed blocks in LRU order: popped from the front, freed to the back.
+        # Used-then-freed blocks, popped from the front. Cached blocks are freed to the back
+        # (LRU eviction); blocks without cached content go to the front in table order, so
+        # they are reused first (keeping cached ones longer) and a new prompt gets a run of
+        # consecutive ids that attention can read in place.
         self._free: OrderedDict[int, None] = OrderedDict()
         self._cached: dict[int, int] = {}  # block hash -> block id
         self._hashes: dict[str, list[int]] = {}  # request id -> chain hashes of full blocks
@@ -179,7 +182,13 @@ class BlockManager:
                 f"block {bid}: a lookahead block is shared or cached"
             )
             b.ref_count = 0
+            self._free_front([bid])
+
+    def _free_front(self, bids: list[int]) -> None:
+        """Put blocks without cached content at the front of the free queue, in this order."""
+        for bid in reversed(bids):
             self._free[bid] = None
+            self._free.move_to_end(bid, last=False)
 
     def _pop_free(self) -> int:
         if len(self.blocks) < self.num_blocks:
@@ -198,14 +207,21 @@ class BlockManager:
         return bid
 
     def free(self, seq: Sequence, finished: bool = True) -> None:
-        """Release seq's blocks (tail first, so the tail is evicted first). `finished=False`
-        (preemption) keeps its memoised hashes for the recompute."""
+        """Release seq's blocks: cached ones to the back, tail first (the tail is evicted
+        first), the others to the front in table order. `finished=False` (preemption) keeps
+        its memoised hashes for the recompute."""
+        plain: list[int] = []
         for bid in reversed(seq.block_table):
             b = self.blocks[bid]
             b.ref_count -= 1
             assert b.ref_count >= 0, f"block {bid} freed more often than allocated"
             if b.ref_count == 0:
-                self._free[bid] = None
+                if b.block_hash is None:
+                    plain.append(bid)
+                else:
+                    self._free[bid] = None
+        plain.reverse()
+        self._free_front(plain)
         seq.block_table = []
         self._num_registered.pop(seq.request_id, None)
         if finished:

@@ -118,3 +118,35 @@ def test_invariant_check_catches_a_block_owned_twice():
     b.block_table = list(a.block_table)  # corrupt: b claims a's block
     with pytest.raises(AssertionError):
         bm.check_invariants([a, b])
+
+
+def test_freed_blocks_come_back_in_table_order_so_a_prompt_gets_a_run():
+    """A finished request's blocks are reused first and in its table's order: the next
+    prompt gets consecutive ids (its KV read in place by attention), not a reversed list."""
+    bm = BlockManager(num_blocks=6, block_size=2)
+    a, b = seq("a", range(8)), seq("b", range(4))
+    assert bm.allocate_slots(a, 8) and bm.allocate_slots(b, 4)
+    assert a.block_table == [0, 1, 2, 3]
+    bm.free(a)
+    c = seq("c", range(8))
+    assert bm.allocate_slots(c, 8)
+    assert c.block_table == [0, 1, 2, 3]
+    bm.check_invariants([b, c])
+
+
+def test_plain_blocks_are_reused_before_cached_ones():
+    bm = BlockManager(num_blocks=4, block_size=2, enable_prefix_caching=True)
+    a = seq("a", [1, 2, 3, 4, 5])  # 2 full blocks (cached once computed) + 1 partial
+    assert bm.allocate_slots(a, 5)
+    a.num_computed_tokens = 5
+    bm.cache_blocks(a)
+    partial = a.block_table[2]
+    bm.free(a)
+    b = seq("b", [9, 9])
+    assert bm.allocate_slots(b, 2)
+    assert b.block_table == [3]  # the never-used block first
+    d = seq("d", [8, 8])
+    assert bm.allocate_slots(d, 2)
+    assert d.block_table == [partial]  # then the uncached one: both cached blocks survive
+    assert bm.num_cached_blocks == 2 and bm.num_evictions == 0
+    bm.check_invariants([b, d])
