@@ -39,7 +39,8 @@ logger = logging.getLogger("cbbench.server")
 STARTUP_TIMEOUT_S = 600.0  # loading a big checkpoint on a slow disk
 STOP_TIMEOUT_S = 1.5  # then the engine process is killed (SIGTERM to exit within 2 s)
 _POLL_MS = 100  # reader's poll interval: how soon a silently dead engine is noticed
-OMP_WAIT_POLICY = "PASSIVE"  # the engine process's default (see start())
+# The engine process's OpenMP waiting (see start()): spin this many rounds, then sleep.
+OMP_SPIN_ENV = {"GOMP_SPINCOUNT": "20000"}
 
 
 @dataclass
@@ -85,17 +86,19 @@ class EngineCoreClient:
             name="cbbench-engine-core",
             daemon=True,
         )
-        # OpenMP threads that spin while waiting steal the cores the API process and a load
-        # generator need: passive waiting measured ~10x faster with 2 torch threads on a
-        # loaded 2-core machine (docs/performance.md). The child reads its environment at
-        # spawn; a policy the user set is kept.
-        saved = os.environ.get("OMP_WAIT_POLICY")
-        os.environ["OMP_WAIT_POLICY"] = saved or OMP_WAIT_POLICY
+        # OpenMP threads between two parallel regions: spinning forever (ACTIVE) steals the
+        # cores the API process and a load generator need, sleeping at once (PASSIVE) pays
+        # a futex wake-up per region, ~100 per step. A short spin measured best with 2
+        # torch threads (docs/performance.md). The child reads its environment at spawn; a
+        # policy the user set (OMP_WAIT_POLICY or GOMP_SPINCOUNT) is kept.
+        user_set = "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ
+        added = {} if user_set else OMP_SPIN_ENV
+        os.environ.update(added)
         try:
             self.process.start()
         finally:
-            if saved is None:
-                del os.environ["OMP_WAIT_POLICY"]
+            for key in added:
+                del os.environ[key]
         first = self._wait_first_message()
         if first["t"] != "ready":
             self._close_transport()
