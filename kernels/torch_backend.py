@@ -15,8 +15,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from cbbench.kernels import torch_split_kv
+from cbbench.reference_engine.kv_layout import GATHER_BYTES
 
-_CPU_GATHER_BYTES = 4 << 20  # K+V gathered per attention call on CPU: about an L2/L3 share
+_CPU_GATHER_BYTES = GATHER_BYTES  # K+V gathered per attention call on CPU (kv_layout)
 
 
 def _check_paged(k_cache: torch.Tensor, v_cache: torch.Tensor, num_q_heads: int) -> None:

@@ -14,8 +14,9 @@ Each piece yields a partial output and its log-sum-exp; the pieces of a sequence
 weights exp(lse_p - max lse), as the Triton split-KV decode kernel does. Softmax attention is
 invariant to the order of keys, so gathered blocks need not keep their table order.
 
-The plan (which blocks go where) is built on the host once per step and reused by every
-layer: it depends only on the block tables and the sequence lengths.
+The plan (which blocks go where, reference_engine/kv_layout.py, which the simulator's cost model
+counts from too) is built on the host once per step and reused by every layer: it depends
+only on the block tables and the sequence lengths.
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from cbbench.reference_engine.kv_layout import GATHER_BYTES, MIN_RUN_BYTES, split_layout
 
 _flash_cpu = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-# A run is read in place from this many bytes of K (2 blocks of `small`): one more attention
-# call costs less than copying it. Measured on a batch captured from the engine (`small`,
-# 8 sequences, 164-314 tokens): 64 KiB 0.87 ms, 256 KiB 1.04 ms, gather-only 1.38 ms.
-MIN_RUN_BYTES = 64 << 10
+# MIN_RUN_BYTES (kv_layout): a run is read in place from this many bytes of K (2 blocks
+# of `small`): one more attention call costs less than copying it. Measured on a batch
+# captured from the engine (`small`, 8 sequences, 164-314 tokens): 64 KiB 0.87 ms, 256 KiB
+# 1.04 ms, gather-only 1.38 ms.
 
 
 def available() -> bool:
@@ -63,55 +65,27 @@ def plan_split(
     block_size: int,
     block_bytes: int,
     min_run_bytes: int = MIN_RUN_BYTES,
-    gather_bytes: int = 4 << 20,
+    gather_bytes: int = GATHER_BYTES,
 ) -> SplitPlan | None:
-    """Split each sequence's blocks into in-place runs and gathered rest, or None when too
-    few blocks would be read in place to pay for the extra calls. A run qualifies from
-    `min_run_bytes` of K per run (and at least 2 blocks); `block_bytes` is one block of K.
-    The rest is grouped by width into groups of about `gather_bytes` of K+V each, so that
-    a group's copy is still in cache when attention reads it."""
-    min_run = max(2, -(-min_run_bytes // block_bytes))
-    runs: list[tuple[int, int, int]] = []
-    rests: list[list[int]] = []
-    valid: list[int] = []
-    in_place = total = 0
-    for b, (row, length) in enumerate(zip(tables, seq_lens, strict=True)):
-        assert length >= 1, "a decode sequence has at least its own token"
-        nb = -(-length // block_size)
-        ids = row[:nb]
-        total += nb
-        rest: list[int] = []
-        start = 0
-        for i in range(1, nb):  # runs among the full blocks ids[:-1]
-            if i == nb - 1 or ids[i] != ids[i - 1] + 1:
-                n = i - start
-                if n >= min_run:
-                    runs.append((b, ids[start], n))
-                    in_place += n
-                else:
-                    rest.extend(ids[start:i])
-                start = i
-        rest.append(ids[-1])  # the last block holds the only padding positions
-        rests.append(rest)
-        valid.append((len(rest) - 1) * block_size + length - (nb - 1) * block_size)
-    if not runs or 4 * in_place < total:  # under a quarter in place: not worth it
+    """The layout of `kv_layout.split_layout` (runs read in place, the rest gathered in
+    groups of about `gather_bytes` of K+V) as index tensors, or None: gather everything."""
+    layout = split_layout(tables, seq_lens, block_size, block_bytes, min_run_bytes, gather_bytes)
+    if layout is None:
         return None
     groups: list[RestGroup] = []
-    order = sorted(range(len(rests)), key=lambda i: len(rests[i]))
-    while order:  # widest first: take as many of the widest as fit the budget
-        width = len(rests[order[-1]])
-        n = max(1, min(len(order), gather_bytes // (2 * width * block_bytes)))
-        members, order = order[-n:], order[:-n]
-        ids = torch.tensor([rests[i] + [0] * (width - len(rests[i])) for i in members])
+    for members in layout.groups:
+        width = layout.width(members)
+        rests = [layout.rests[i] for i in members]
+        ids = torch.tensor([r + [0] * (width - len(r)) for r in rests])
         keep = (
             torch.arange(width * block_size)[None, :]
-            < torch.tensor([valid[i] for i in members])[:, None]
+            < torch.tensor([layout.valid[i] for i in members])[:, None]
         )
         mask = torch.zeros(keep.shape).masked_fill_(~keep, float("-inf"))
         groups.append(RestGroup(torch.tensor(members), ids, mask[:, None, None, :]))
     rows = [int(i) for g in groups for i in g.seqs]
-    seg = torch.tensor(rows + [b for b, _, _ in runs])
-    return SplitPlan(runs, groups, seg)
+    seg = torch.tensor(rows + [b for b, _, _ in layout.runs])
+    return SplitPlan(layout.runs, groups, seg)
 
 
 def split_kv_decode(
