@@ -7,9 +7,9 @@ the previous step to the end of this one, so everything the engine spends per st
 and the durations sum to the run's time — and fits cost_model.STEP_TERMS by non-negative
 least squares on absolute seconds (what a run's total time, hence throughput, sums).
 
-`validate()` then replays a *held-out* workload (not used for fitting: the `chat` preset)
-twice per scheduler, simulated with the fitted hardware and real, and compares throughput
-and p99 E2E.
+sim_validation.Validation then replays a *held-out* workload (not used for fitting: the
+`chat` preset by default), static and continuous, simulated with the fitted hardware and
+real, and compares throughput and p99 E2E.
 
 Clocks: "wall" (perf_counter; the honest one on a quiet machine) or "cpu" (this thread's CPU
 time, with one torch thread all the model's work runs on it): on a machine shared with other
@@ -24,8 +24,10 @@ import os
 import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+import numpy as np
 from cbbench.reference_engine.config import ContinuousConfig, EngineConfig, StaticConfig
 from cbbench.reference_engine.cost_model import (
     STEP_TERMS,
@@ -37,10 +39,16 @@ from cbbench.reference_engine.cost_model import (
 from cbbench.reference_engine.errors import EngineError
 from cbbench.workloads.spec import RequestSpec
 
+if TYPE_CHECKING:
+    from cbbench.reference_engine.sim_validation import Validation
+
 CLOCKS = ("wall", "cpu")
 # Held-out workload of the validation (the issue's setting): never used for fitting.
 VALIDATION = {"workload": "chat", "num_requests": 24, "batch_size": 8, "max_model_len": 2048}
+# Held-out presets `--validate-workloads` knows: (requests, B) sized to a few minutes on CPU.
+HELD_OUT = {"chat": (24, 8), "uniform": (8, 4)}
 TARGETS = {"throughput": 0.05, "e2e_p99": 0.10}
+DRIFT_WINDOW = 25  # rounds of run_interleaved sharing one machine-speed factor in the fit
 
 
 @contextlib.contextmanager
@@ -100,7 +108,10 @@ class TracedClock:
         start = self.now()
         out = self.inner.execute(chunks)
         end = self.now()
-        work = self.cost.work((c.start, c.num_tokens, c.samples) for c in chunks)
+        # the step's work, block tables included; its counting stops the clock
+        work = self.cost.work((c.start, c.num_tokens, c.samples, c.seq.block_table)
+                              for c in chunks)  # fmt: skip
+        self._offset -= self.now() - end
         self.steps.append((work, end - self._mark))
         self.host_s.append(start - self._mark)
         self._mark = end
@@ -108,9 +119,10 @@ class TracedClock:
 
 
 def fit_workloads(scale: float = 1.0, seed: int = 1) -> list[tuple[str, list[RequestSpec], int]]:
-    """(scheduler, requests, B) runs whose steps span the shapes a serving run meets: 1..16
+    """(scheduler, requests, B) runs whose steps span the shapes a serving run meets: 1..12
     sequences, contexts up to ~1.4k tokens, whole-prompt prefills alone and mixed with
-    decodes. Uniform random lengths (not the validation's lognormal chat mix)."""
+    decodes; the last two: short prompts in wide batches, with many small admissions.
+    Uniform random lengths (not the validation's lognormal chat mix)."""
     rng = random.Random(seed)
 
     def reqs(n: int, prompt: tuple[int, int], output: tuple[int, int]) -> list[RequestSpec]:
@@ -124,11 +136,20 @@ def fit_workloads(scale: float = 1.0, seed: int = 1) -> list[tuple[str, list[Req
         ("static", reqs(max(4, int(16 * scale)), (8, 768), (8, 512)), 6),
         ("continuous", reqs(max(4, int(10 * scale)), (8, 256), (8, 320)), 3),
         ("static", reqs(max(4, int(8 * scale)), (8, 384), (4, 256)), 2),
+        ("continuous", reqs(max(4, int(24 * scale)), (8, 160), (16, 400)), 8),
+        ("static", reqs(max(4, int(16 * scale)), (8, 160), (16, 320)), 8),
     ]
 
 
 def engine_config(
-    model: str, scheduler: str, b: int, max_model_len: int, executor: str, hardware: str, dtype: str
+    model: str,
+    scheduler: str,
+    b: int,
+    max_model_len: int,
+    executor: str,
+    hardware: str,
+    dtype: str,
+    num_kv_blocks: int | None = None,
 ) -> EngineConfig:
     return EngineConfig(
         model=model,
@@ -139,6 +160,7 @@ def engine_config(
         static=StaticConfig(batch_size=b, drain_timeout_s=0.0),
         continuous=ContinuousConfig(max_num_seqs=b, max_num_batched_tokens=max(8192, b)),
         max_model_len=max_model_len,
+        num_kv_blocks=num_kv_blocks,
     )
 
 
@@ -199,20 +221,33 @@ def run_interleaved(
 
 
 def fit_step_terms(
-    works: list[StepWork], times: list[float], host: list[float]
+    works: list[StepWork],
+    times: list[float],
+    host: list[float],
+    rounds: list[int] | None = None,
+    window: int = DRIFT_WINDOW,
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Two stages. The host terms are what the engine spends outside the model per step
     (c_host) and per sequence (c_seq): scheduling, output processing, the work async
     scheduling hides; they are fitted on the measured host part of each step; in decode steps
     tokens, samples and sequences are equal, so the whole duration alone could not tell them
     apart. The other terms are then fitted to the whole duration less that, so the fit's
-    summed time stays the measured one."""
+    summed time stays the measured one.
+
+    `rounds` (per step: its round in run_interleaved, where every run steps once per round)
+    lets the second stage see the machine's speed drift: the runs stepping together in a
+    window of `window` rounds share one speed factor, fitted jointly with the terms
+    (alternating), so that a slow minute of the machine is not read as the cost of the shapes
+    that happened to run in it. The factors average 1 over the fit's time."""
     host_coef, _ = fit_linear(works, [max(h, 1e-9) for h in host], ("c0", "c_seq"),
                               relative=False)  # fmt: skip
     c_host, c_seq = host_coef["c0"], host_coef["c_seq"]
     rest = tuple(t for t in STEP_TERMS if t not in ("c_seq", "c_host"))
     left = [max(t - c_host - c_seq * w.num_seqs, 1e-9) for w, t in zip(works, times, strict=True)]
     coef, _ = fit_linear(works, left, rest, relative=False)
+    speed: list[float] = []
+    if rounds is not None:
+        coef, speed = _fit_with_drift(works, left, rest, rounds, window)
     coef = {t: {"c_seq": c_seq, "c_host": c_host}.get(t, coef.get(t, 0.0)) for t in STEP_TERMS}
     pred = [sum(c * w.feature(t) for t, c in coef.items()) for w in works]
     y = sum(times) / len(times)
@@ -226,7 +261,39 @@ def fit_step_terms(
         "total_time_error": sum(pred) / sum(times) - 1.0,
         "host_share": sum(c_host + c_seq * w.num_seqs for w in works) / sum(times),
     }
+    if speed:
+        err["speed_drift"] = [min(speed), max(speed)]
     return coef, err
+
+
+def _fit_with_drift(
+    works: list[StepWork],
+    times: list[float],
+    terms: tuple[str, ...],
+    rounds: list[int],
+    window: int,
+    max_iter: int = 200,
+) -> tuple[dict[str, float], list[float]]:
+    """NNLS of `terms` with a speed factor per window of rounds: time = factor x model,
+    alternating between the two until the factors settle. Factors average 1 (weighted by
+    the modelled time)."""
+    assert len(rounds) == len(works) == len(times) and window >= 1
+    win = np.array(rounds) // window
+    y = np.array(times)
+    X = np.array([w.features(terms) for w in works])
+    speed = np.ones(int(win.max()) + 1)
+    coef, _ = fit_linear(works, times, terms, relative=False)
+    for _ in range(max_iter):
+        pred = X @ np.array([coef[t] for t in terms])
+        den = np.bincount(win, pred, len(speed))
+        new = np.where(den > 0, np.bincount(win, y, len(speed)) / np.maximum(den, 1e-300), 1.0)
+        new /= float((new[win] * pred).sum() / pred.sum())
+        coef, _ = fit_linear(works, list(y / new[win]), terms, relative=False)
+        done = float(np.abs(new - speed).max()) < 1e-7
+        speed = new
+        if done:
+            break
+    return coef, [float(f) for f in speed]
 
 
 def _cost_for(engine) -> CostModel:
@@ -250,14 +317,14 @@ def calibrate(
     scale: float = 1.0,
     name: str | None = None,
     log: Callable[[str], None] = print,
-    validation: Validation | None = None,
+    validation: Validation | list[Validation] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> Calibration:
     """Run the fit workloads on the real engine (CPU, the caller sets torch's threads) and fit
-    the step-time model to every step's measured duration. With `validation`, its held-out
-    real runs step in turn with the fit runs (run_interleaved), so load that drifts on a
-    shared machine hits the fit and the held-out runs alike. `on_progress(done, total)`
-    counts finished requests over all those runs."""
+    the step-time model to every step's measured duration. With `validation` (one or
+    several), the held-out real runs step in turn with the fit runs (run_interleaved), so
+    load that drifts on a shared machine hits the fit and the held-out runs alike.
+    `on_progress(done, total)` counts finished requests over all those runs."""
     from cbbench.reference_engine.simulate import replay
 
     warm = [RequestSpec(0, 16, 4), RequestSpec(1, 32, 4)]
@@ -267,33 +334,37 @@ def calibrate(
     for scheduler, reqs, b in fits:
         max_len = max(r.prompt_len + r.output_len for r in reqs)
         jobs.append((reqs, engine_config(model, scheduler, b, max_len, "real", "h100", dtype)))
-    held = validation.real_jobs() if validation is not None else []
+    checks = validation if isinstance(validation, list) else [validation] if validation else []
+    held = [(v, s, job) for v in checks for s, job in v.real_jobs()]
     t0 = time.perf_counter()
-    out = run_interleaved(jobs + [job for _, job in held], clock, on_progress)
+    out = run_interleaved(jobs + [job for _, _, job in held], clock, on_progress)
     works: list[StepWork] = []
     times: list[float] = []
     host: list[float] = []
+    rounds: list[int] = []
     for (scheduler, reqs, b), (_, steps, host_s) in zip(fits, out, strict=False):
         works += [w for w, _ in steps]
         times += [d for _, d in steps]
         host += host_s
+        rounds += range(len(steps))  # run_interleaved: step i of every run is in round i
         log(
             f"  fit run: {scheduler:<10} B={b:<3} {len(reqs):>3} requests "
             f"{len(steps):>5} steps  {sum(d for _, d in steps):7.2f} s ({clock} clock)"
         )
-    for (scheduler, _), (res, steps, _h) in zip(held, out[len(jobs) :], strict=True):
-        assert validation is not None
-        validation.real[scheduler] = (res.summary(), steps)  # type: ignore[attr-defined]
-        log(f"  held-out run: {scheduler:<10} {sum(d for _, d in steps):7.2f} s ({clock} clock)")
+    for (check, scheduler, _), (res, steps, _h) in zip(held, out[len(jobs) :], strict=True):
+        check.real[scheduler] = (res.summary(), steps)  # type: ignore[attr-defined]
+        log(f"  held-out run: {check.workload:<8} {scheduler:<10} "
+            f"{sum(d for _, d in steps):7.2f} s ({clock} clock)")  # fmt: skip
     log(f"  (all runs stepped in turn: {time.perf_counter() - t0:.0f} s wall)")
     if len(works) < len(STEP_TERMS):
         raise EngineError(f"calibration: only {len(works)} steps measured")
-    coef, err = fit_step_terms(works, times, host)
+    coef, err = fit_step_terms(works, times, host, rounds)
     spec = measured_spec(
         name or f"measured-{model.rstrip('/').rsplit('/', 1)[-1]}-cpu",
         coef,
         {"model": model, "device": "cpu", "dtype": dtype, "clock": clock,
-         "method": "engine step trace, NNLS on seconds", "points": len(works), **err},
+         "method": "engine step trace, NNLS on seconds, speed drift per window of "
+         f"{DRIFT_WINDOW} rounds", "points": len(works), **err},
     )  # fmt: skip
     fitted = CostModel(_cost_model_config(model), spec, dtype)
     return Calibration(spec, works, times, [fitted.time_of(w) for w in works])
@@ -318,130 +389,3 @@ def _cost_model_config(model: str):
     from cbbench.reference_engine.model_config import resolve_model_config
 
     return resolve_model_config(model)
-
-
-@dataclass
-class ValidationRow:
-    scheduler: str
-    sim_throughput: float  # output tokens/s
-    real_throughput: float
-    sim_e2e_p99: float
-    real_e2e_p99: float
-    step_model_error: float  # fitted step times summed over the real run's own steps
-
-    @property
-    def throughput_error(self) -> float:
-        return self.sim_throughput / self.real_throughput - 1.0
-
-    @property
-    def e2e_p99_error(self) -> float:
-        return self.sim_e2e_p99 / self.real_e2e_p99 - 1.0
-
-    @property
-    def ok(self) -> bool:
-        return (
-            abs(self.throughput_error) <= TARGETS["throughput"]
-            and abs(self.e2e_p99_error) <= TARGETS["e2e_p99"]
-        )
-
-    def to_dict(self) -> dict:
-        return {
-            "scheduler": self.scheduler,
-            "sim_output_tok_s": self.sim_throughput,
-            "real_output_tok_s": self.real_throughput,
-            "throughput_error": self.throughput_error,
-            "sim_e2e_p99_s": self.sim_e2e_p99,
-            "real_e2e_p99_s": self.real_e2e_p99,
-            "e2e_p99_error": self.e2e_p99_error,
-            "step_model_error": self.step_model_error,
-            "within_targets": self.ok,
-        }
-
-
-class Validation:
-    """The held-out check: `workload` run for real (CPU, in-process, `clock`) and simulated
-    on the fitted hardware, per scheduler. calibrate() steps the real runs in turn with its
-    fit runs (`real_jobs`); `compare(spec)` runs any not yet run, simulates and returns the
-    rows."""
-
-    def __init__(
-        self,
-        model: str,
-        clock: str = "wall",
-        dtype: str = "float32",
-        workload: str = VALIDATION["workload"],
-        num_requests: int = VALIDATION["num_requests"],
-        batch_size: int = VALIDATION["batch_size"],
-        max_model_len: int = VALIDATION["max_model_len"],
-        schedulers: tuple[str, ...] = ("static", "continuous"),
-        log: Callable[[str], None] = print,
-    ) -> None:
-        from cbbench.workloads import load_workload
-
-        self.model, self.clock, self.dtype, self.log = model, clock, dtype, log
-        self.batch_size, self.max_model_len = batch_size, max_model_len
-        wl = load_workload(workload, num_requests=num_requests)
-        self.requests = [replace(r, arrival_s=None) for r in wl.requests]
-        self.schedulers = schedulers
-        self.real: dict[str, tuple[dict, list[tuple[StepWork, float]]]] = {}
-        self._warm = False
-
-    def _config(self, scheduler: str, executor: str, hardware: str) -> EngineConfig:
-        return engine_config(self.model, scheduler, self.batch_size, self.max_model_len,
-                             executor, hardware, self.dtype)  # fmt: skip
-
-    def real_jobs(self) -> list[tuple[str, tuple[list[RequestSpec], EngineConfig]]]:
-        """(scheduler, (requests, real engine config)) for run_interleaved."""
-        return [(s, (self.requests, self._config(s, "real", "h100"))) for s in self.schedulers]
-
-    def _run_real(self, scheduler: str) -> None:
-        from cbbench.reference_engine.simulate import replay
-
-        if not self._warm:  # first run in this process: torch's one-time costs
-            replay([RequestSpec(0, 16, 4), RequestSpec(1, 32, 4)],
-                   engine_config(self.model, "continuous", 2, 64, "real", "h100", self.dtype))  # fmt: skip
-            self._warm = True
-        traces: list[TracedClock] = []
-        t0 = time.perf_counter()
-        res = replay(
-            self.requests,
-            self._config(scheduler, "real", "h100"),
-            wrap_executor=_traced(_cost_for, self.clock, traces),
-        )
-        self.real[scheduler] = (res.summary(), traces[-1].steps)
-        self.log(
-            f"  held-out run: {scheduler:<10} {res.duration_s:7.2f} s ({self.clock} clock; "
-            f"{time.perf_counter() - t0:.1f} s wall)"
-        )
-
-    def compare(self, spec: HardwareSpec) -> list[ValidationRow]:
-        import json
-        import tempfile
-        from pathlib import Path
-
-        from cbbench.reference_engine.simulate import replay
-
-        for s in self.schedulers:
-            if s not in self.real:
-                self._run_real(s)
-        fitted = CostModel(_cost_model_config(self.model), spec, self.dtype)
-        rows = []
-        with tempfile.TemporaryDirectory() as tmp:
-            hw = str(Path(tmp) / "hw.json")
-            Path(hw).write_text(json.dumps(spec.to_dict()), encoding="utf-8")
-            for s in self.schedulers:
-                sim = replay(self.requests, self._config(s, "sim", hw)).summary()
-                real, steps = self.real[s]
-                measured = sum(d for _, d in steps)
-                predicted = sum(fitted.time_of(w) for w, _ in steps)
-                rows.append(
-                    ValidationRow(
-                        s,
-                        sim["output_throughput"],
-                        real["output_throughput"],
-                        sim["e2e_s"]["p99"],
-                        real["e2e_s"]["p99"],
-                        predicted / measured - 1.0,
-                    )
-                )
-        return rows

@@ -92,9 +92,10 @@ def _time_point(runner, bm: BlockManager, kind: str, batch: int, context: int, g
         t0 = time.perf_counter()
         runner.execute(chunks)
         times.append(time.perf_counter() - t0)
+    shape = [(c.start, c.num_tokens, c.samples, list(c.seq.block_table)) for c in chunks]
     for c in chunks:
         bm.free(c.seq)
-    return chunks, min(times)
+    return shape, min(times)
 
 
 def calibrate_grid(
@@ -128,7 +129,7 @@ def calibrate_grid(
     points = grid.points()
     for kind, b, c in points:
         chunks, t = _time_point(runner, bm, kind, b, c, grid)
-        works.append(cost.work((ch.start, ch.num_tokens, ch.samples) for ch in chunks))
+        works.append(cost.work(chunks))
         times.append(t)
         log(f"  {kind:7} batch {b:>3} context {c:>5}: {t * 1e3:8.2f} ms")
         if on_progress is not None:

@@ -15,10 +15,11 @@ coefficient x feature over the coefficients present (STEP_FEATURES names them al
 features follow what a step costs on the reference engine: a fixed cost per step (Python,
 launches), per query token (the linear layers), per sampled token (LM head and sampler), per
 sequence (batch preparation, bookkeeping), per prefill chunk (its own attention call),
-decode attention over the batch's *padded* context (decode sequences x the longest decode
-context, rounded up to a KV block, as the torch backend gathers it) and prefill attention
-(query tokens x context per prefill chunk). Older fits (c0, c_flops, c_bytes, c_seq) still
-load. `CostModel.step_time(chunks)` is the one stable entry point: the time of one step given
+decode attention as the CPU torch backend lays it out from the block tables
+(reference_engine/kv_layout.py): KV tokens read in place, KV token slots gathered (copied, with
+their padding) and attention calls, and prefill attention (query tokens x context per
+prefill chunk). Older fits (c0, c_flops, c_bytes, c_seq; c_dec_ctx, the decode context
+padded to the batch's longest) still load. `CostModel.step_time(chunks)` is the one stable entry point: the time of one step given
 its batch.
 """
 
@@ -31,14 +32,18 @@ from pathlib import Path
 
 import numpy as np
 from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.kv_layout import gather_calls, split_layout
 from cbbench.reference_engine.model_config import ModelConfig
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 LINEAR_TERMS = ("c0", "c_flops", "c_bytes", "c_seq")  # the first calibration's terms
 # What `cbbench calibrate` fits now (see the module docstring); each is non-negative.
 STEP_TERMS = (
-    "c0", "c_host", "c_tok", "c_sample", "c_seq", "c_prefill", "c_dec_ctx", "c_pre_ctx",
+    "c0", "c_host", "c_tok", "c_sample", "c_seq", "c_prefill",
+    "c_dec_in_place", "c_dec_gathered", "c_dec_calls", "c_pre_ctx",
 )  # fmt: skip
+# Terms counted from the decode batch's block tables (kv_layout): a step's work needs them.
+LAYOUT_TERMS = ("c_dec_in_place", "c_dec_gathered", "c_dec_calls")
 
 
 @dataclass(frozen=True)
@@ -140,6 +145,10 @@ class StepWork:
     num_samples: int = 0  # chunks that sample a token (LM head rows)
     num_prefill_seqs: int = 0  # chunks of more than one query token
     decode_padded_ctx: int = 0  # decode chunks x their longest context, block-rounded
+    # decode attention as laid out by split_layout (all gathered when no block tables given)
+    dec_in_place: int = 0  # KV tokens read in place
+    dec_gathered: int = 0  # KV token slots copied, padding included
+    dec_calls: int = 0  # attention calls (per layer)
     prefill_ctx: int = 0  # sum over prefill chunks of query tokens x context length
     attn_flops: float = 0.0  # the attention part of `flops`
     kv_bytes: float = 0.0  # the KV part of `bytes` (the rest: weights)
@@ -161,6 +170,9 @@ STEP_FEATURES = {
     "c_seq": lambda w: w.num_seqs,
     "c_prefill": lambda w: w.num_prefill_seqs,
     "c_dec_ctx": lambda w: w.decode_padded_ctx,
+    "c_dec_in_place": lambda w: w.dec_in_place,
+    "c_dec_gathered": lambda w: w.dec_gathered,
+    "c_dec_calls": lambda w: w.dec_calls,
     "c_pre_ctx": lambda w: w.prefill_ctx,
 }
 
@@ -185,6 +197,11 @@ class CostModel:
         self.kv_bytes_per_token = mc.kv_bytes_per_token(self.dtype_bytes)
         self.weight_bytes = float(self.params * self.dtype_bytes)
         self.block_size = block_size
+        # one token / one block of K of one layer, as the CPU backend's layout counts them
+        self.k_token_bytes = mc.num_key_value_heads * mc.head_dim * self.dtype_bytes
+        lin = hardware.linear or {}
+        # whether step times depend on the block tables (then pass them to `work`)
+        self.uses_layout = any(lin.get(t, 0.0) for t in LAYOUT_TERMS)
         if hardware.linear is not None:
             unknown = sorted(set(hardware.linear) - set(STEP_FEATURES))
             if unknown:
@@ -193,15 +210,17 @@ class CostModel:
                     f"{', '.join(STEP_FEATURES)})"
                 )
 
-    def work(self, chunks: Iterable[tuple[int, int, bool]]) -> StepWork:
-        """Work of a step given (start, num_tokens, samples) per sequence."""
+    def work(self, chunks: Iterable[tuple]) -> StepWork:
+        """Work of a step given (start, num_tokens, samples) per sequence, optionally with
+        the sequence's block table as a 4th item (decode attention's layout needs them)."""
         w = StepWork()
         pairs = 0
         kv_tokens = 0
         samples = 0
-        decodes = 0
         longest_decode = 0
-        for start, n, sample in chunks:
+        dec_lens: list[int] = []
+        tables: list[list[int]] | None = []
+        for start, n, sample, *table in chunks:
             end = start + n
             w.num_tokens += n
             w.num_seqs += 1
@@ -209,14 +228,28 @@ class CostModel:
             kv_tokens += end + n  # read the context, write the new tokens
             samples += bool(sample)
             if n == 1:
-                decodes += 1
+                dec_lens.append(end)
                 longest_decode = max(longest_decode, end)
+                if tables is not None and table and table[0] is not None:
+                    tables.append(table[0])
+                else:
+                    tables = None
             else:
                 w.num_prefill_seqs += 1
                 w.prefill_ctx += n * end
         bs = self.block_size
         w.num_samples = samples
-        w.decode_padded_ctx = decodes * -(-longest_decode // bs) * bs
+        w.decode_padded_ctx = len(dec_lens) * -(-longest_decode // bs) * bs
+        if dec_lens:
+            layout = None
+            if tables is not None:
+                layout = split_layout(tables, dec_lens, bs, bs * self.k_token_bytes)
+            if layout is None:  # everything gathered, padded to the longest
+                w.dec_gathered = w.decode_padded_ctx
+                w.dec_calls = gather_calls(len(dec_lens), w.decode_padded_ctx // len(dec_lens),
+                                           self.k_token_bytes)  # fmt: skip
+            else:
+                w.dec_in_place, w.dec_gathered, w.dec_calls = layout.counts(bs)
         w.attn_flops = self.attn_flops_per_pair * pairs
         w.flops = 2.0 * self.linear_params * w.num_tokens + self.head_flops * samples + w.attn_flops
         w.kv_bytes = float(kv_tokens * self.kv_bytes_per_token)

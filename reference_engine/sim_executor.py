@@ -10,8 +10,9 @@ from cbbench.reference_engine.cost_model import CostModel
 from cbbench.reference_engine.executor import ScheduledChunk
 from cbbench.reference_engine.model_config import ModelConfig
 
-# (request id, start, known tokens, draft tokens, samples): one chunk, as the step saw it
-_Item = tuple[str, int, int, list[int], bool]
+# (request id, start, known tokens, draft tokens, samples, block table or None): one chunk,
+# as the step saw it (the table only when the cost model prices the KV layout)
+_Item = tuple[str, int, int, list[int], bool, list[int] | None]
 
 
 class SimExecutor:
@@ -65,17 +66,26 @@ class SimExecutor:
 
     def prepare(self, chunks: list[ScheduledChunk]) -> list[_Item]:
         """A snapshot of the chunks (plain tuples: this runs for every simulated step)."""
+        if self.cost_model.uses_layout:  # a calibrated CPU fit prices decode's KV layout
+            return [
+                (c.seq.request_id, c.start, c.num_tokens, c.spec_token_ids, c.samples,
+                 c.seq.block_table)
+                for c in chunks
+            ]  # fmt: skip
         return [
-            (c.seq.request_id, c.start, c.num_tokens, c.spec_token_ids, c.samples) for c in chunks
+            (c.seq.request_id, c.start, c.num_tokens, c.spec_token_ids, c.samples, None)
+            for c in chunks
         ]
 
     def patch(self, step: object, rows: list[int], tokens: list[int]) -> None:
         pass  # pseudo tokens depend on (request, position) only
 
     def run(self, step: list[_Item]) -> list[list[int]]:
-        work = self.cost_model.work((start, n + len(spec), s) for _, start, n, spec, s in step)
+        work = self.cost_model.work(
+            (start, n + len(spec), s, table) for _, start, n, spec, s, table in step
+        )
         # speculative verify: the LM head runs on every draft row too, not just the last
-        drafts = sum(len(spec) for _, _, _, spec, s in step if s)
+        drafts = sum(len(spec) for _, _, _, spec, s, _ in step if s)
         if drafts:
             work.num_samples += drafts
             work.flops += self.cost_model.head_flops * drafts
@@ -86,7 +96,9 @@ class SimExecutor:
         self.last_step_time = self._draft_time + verify
         self._draft_time = 0.0
         self.clock += self.last_step_time
-        return [self._tokens(rid, start + n, spec) if s else [] for rid, start, n, spec, s in step]
+        return [
+            self._tokens(rid, start + n, spec) if s else [] for rid, start, n, spec, s, _ in step
+        ]
 
     def _tokens(self, rid: str, end: int, spec: list[int]) -> list[int]:
         """The request's own tokens from `end` on: drafts while they match, then one more."""

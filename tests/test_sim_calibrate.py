@@ -15,7 +15,8 @@ def test_calibrate_then_validate_writes_a_fit_the_simulator_uses(tmp_path, capsy
     monkeypatch.setenv("COLUMNS", "200")
     out = tmp_path / "cpu.json"
     argv = ["calibrate", "--model", "tiny", "--scale", "0.05", "--clock", "cpu", "--out", str(out)]
-    assert main([*argv, "--validate", "--validate-requests", "2"]) == 0
+    held = ["--validate-workloads", "chat,uniform", "--validate-requests", "2"]
+    assert main([*argv, "--validate", *held]) == 0
     text = capsys.readouterr().out
     assert "measured engine steps" in text and "decode only" in text
     assert "held-out validation: SIMULATED (measured-tiny-cpu) vs MEASURED" in text
@@ -25,8 +26,16 @@ def test_calibrate_then_validate_writes_a_fit_the_simulator_uses(tmp_path, capsy
     assert all(v >= 0 for v in spec.linear.values()) and any(v > 0 for v in spec.linear.values())
     assert spec.linear["c_host"] + spec.linear["c_seq"] > 0  # host work, fitted on the host part
     assert spec.fit["model"] == "tiny" and spec.fit["clock"] == "cpu" and spec.fit["points"] > 20
+    assert 0 < spec.fit["speed_drift"][0] <= 1 <= spec.fit["speed_drift"][1]
     rows = spec.fit["validation"]["rows"]
-    assert [r["scheduler"] for r in rows] == ["static", "continuous"]
+    assert [(r["workload"], r["scheduler"]) for r in rows] == [
+        ("chat", "static"), ("chat", "continuous"), ("uniform", "static"),
+        ("uniform", "continuous"),
+    ]  # fmt: skip
+    assert spec.fit["validation"]["workloads"] == {
+        "chat": {"num_requests": 2, "batch_size": 8},
+        "uniform": {"num_requests": 8, "batch_size": 4},
+    }
     for r in rows:
         assert r["sim_output_tok_s"] > 0 and r["real_output_tok_s"] > 0
         assert r["throughput_error"] == pytest.approx(
@@ -71,6 +80,8 @@ def test_calibrate_rejects_bad_flags(capsys):
     assert "--fit only goes with --validate" in capsys.readouterr().err
     assert main(["calibrate", "--validate", "--fit", "h100"]) == 2
     assert "not a fitted (linear) hardware" in capsys.readouterr().err
+    assert main(["calibrate", "--validate", "--validate-workloads", "chat,nope"]) == 2
+    assert "held-out workload 'nope': not one of chat, uniform" in capsys.readouterr().err
 
 
 def test_interleaved_runs_each_keep_their_own_clock():

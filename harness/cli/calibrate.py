@@ -2,10 +2,11 @@
 
 Runs the real engine (CPU, in-process) over a few fit workloads, times every engine step,
 fits cost_model.STEP_TERMS (reference_engine/calibration.py) and saves a hardware JSON for
-`cbbench sim --hardware PATH`. `--validate` then replays a held-out workload (chat, 24
-requests, B=8, max_model_len 2048, all at once) simulated and real, static and continuous,
-and prints throughput and p99 E2E side by side with the errors (targets: 5 % / 10 %);
-`--validate --fit PATH` checks an existing fit without refitting.
+`cbbench sim --hardware PATH`. `--validate` then replays held-out workloads
+(`--validate-workloads`, default chat: 24 requests, B=8; uniform: 8, B=4; max_model_len
+2048, all at once) simulated and real, static and continuous, and prints throughput and p99
+E2E side by side with the errors (targets: 5 % / 10 %); `--validate --fit PATH` checks an
+existing fit without refitting.
 
 Grid method (the flags of the first calibrate, still supported): --batch-sizes,
 --context-lens, --prefill-lens, --repeats, --min-time or a --device other than cpu time
@@ -60,7 +61,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with --validate: check this fitted hardware (a calibrate JSON or cpu-measured), "
         "do not refit",
     )
-    p.add_argument("--validate-requests", type=int, default=24, help="held-out workload size (24)")
+    p.add_argument(
+        "--validate-requests",
+        type=int,
+        default=None,
+        help="requests of the first held-out workload (chat: 24)",
+    )
+    p.add_argument(
+        "--validate-workloads",
+        default="chat",
+        help="held-out presets, comma-separated (chat: 24 requests, B=8; uniform: 8, B=4)",
+    )
     g = p.add_argument_group("grid method (any of these selects it)")
     g.add_argument("--batch-sizes", default=None, help="decode batch sizes (grid: 1,4,16)")
     g.add_argument(
@@ -106,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
     from cbbench.harness.progress import request_progress, step_progress
     from cbbench.reference_engine import calibration as cal
     from cbbench.reference_engine.cost_model import get_hardware
+    from cbbench.reference_engine.sim_validation import held_out
     from rich.console import Console
 
     for dest in ("model", "dtype", "device"):
@@ -118,17 +130,16 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.scale <= 0:
         raise EngineError(f"--scale must be > 0, got {args.scale}")
-    if args.validate_requests < 1:
+    if args.validate_requests is not None and args.validate_requests < 1:
         raise EngineError(f"--validate-requests must be >= 1, got {args.validate_requests}")
     if args.fit and not args.validate:
         raise EngineError("--fit only goes with --validate (it checks an existing fit)")
     console = Console()
     log = lambda s: console.print(s, highlight=False)  # noqa: E731
-    v = cal.VALIDATION
-    check = None
+    checks = []
     if args.validate:
-        check = cal.Validation(args.model, args.clock, args.dtype,
-                               num_requests=args.validate_requests, log=log)  # fmt: skip
+        names = [w.strip() for w in args.validate_workloads.split(",") if w.strip()]
+        checks = held_out(args.model, names, args.clock, args.dtype, args.validate_requests, log)
     with cal.torch_threads(args.threads):
         if args.fit:
             spec = get_hardware(args.fit)
@@ -152,22 +163,24 @@ def run(args: argparse.Namespace) -> int:
             console.print(
                 f"calibrating {args.model} on cpu ({args.dtype}, {args.threads} thread(s), "
                 f"{args.clock} clock)"
-                + ("; the held-out runs step in turn with the fit runs" if check else "")
+                + ("; the held-out runs step in turn with the fit runs" if checks else "")
             )
             with request_progress(console, "fit runs", 1) as progress:
                 c = cal.calibrate(args.model, args.dtype, args.clock, args.scale, args.name, log,
-                                  validation=check, on_progress=progress)  # fmt: skip
+                                  validation=checks, on_progress=progress)  # fmt: skip
             spec = c.spec
             out = Path(args.out or f"calibration-{Path(args.model).name}-cpu.json")
             # Markdown when piped; also beside the JSON (OUT.md)
             emit_table(console, fit_table(c), out.parent, f"{out.stem}.md")
-        if check is not None:
-            console.print(
-                f"validating {spec.name} on a held-out workload: {v['workload']}, "
-                f"{args.validate_requests} requests, B={v['batch_size']}, max_model_len "
-                f"{v['max_model_len']}, all at once, {args.clock} clock"
+        if checks:
+            sizes = ", ".join(
+                f"{c.workload} ({len(c.requests)} requests, B={c.batch_size})" for c in checks
             )
-            rows = check.compare(spec)
+            console.print(
+                f"validating {spec.name} on held-out workloads: {sizes}, max_model_len "
+                f"{cal.VALIDATION['max_model_len']}, all at once, {args.clock} clock"
+            )
+            rows = [row for c in checks for row in c.compare(spec)]
             folder, name = (None, "") if out is None else (out.parent, f"{out.stem}-validation.md")
             emit_table(console, validation_table(rows, spec.name), folder, name)
             ok = all(r.ok for r in rows)
@@ -177,9 +190,10 @@ def run(args: argparse.Namespace) -> int:
                 f"{cal.TARGETS['e2e_p99']:.0%})"
             )
             spec.fit["validation"] = {
-                "workload": v["workload"],
-                "num_requests": args.validate_requests,
-                "batch_size": v["batch_size"],
+                "workloads": {
+                    c.workload: {"num_requests": len(c.requests), "batch_size": c.batch_size}
+                    for c in checks
+                },
                 "clock": args.clock,
                 "rows": [r.to_dict() for r in rows],
             }
@@ -219,6 +233,9 @@ def fit_table(c) -> object:
         "c_seq": "ms per sequence",
         "c_prefill": "ms per prefill chunk",
         "c_dec_ctx": "us per padded decode-context token",
+        "c_dec_in_place": "us per decode KV token read in place",
+        "c_dec_gathered": "us per decode KV token slot gathered",
+        "c_dec_calls": "ms per decode attention call",
         "c_pre_ctx": "us per prefill (query x context) pair",
     }
     parts = []
@@ -233,12 +250,12 @@ def validation_table(rows, name: str) -> object:
     from rich.table import Table
 
     t = Table(title=f"held-out validation: SIMULATED ({name}) vs MEASURED (real engine)")
-    for col in ("scheduler", "sim tok/s", "real tok/s", "error", "sim p99 E2E s",
+    for col in ("workload", "scheduler", "sim tok/s", "real tok/s", "error", "sim p99 E2E s",
                 "real p99 E2E s", "error", "step model on the real steps", "within 5%/10%"):  # fmt: skip
         t.add_column(col, justify="right")
     for r in rows:
         t.add_row(
-            r.scheduler, f"{r.sim_throughput:.1f}", f"{r.real_throughput:.1f}",
+            r.workload, r.scheduler, f"{r.sim_throughput:.1f}", f"{r.real_throughput:.1f}",
             f"{r.throughput_error:+.1%}", f"{r.sim_e2e_p99:.2f}", f"{r.real_e2e_p99:.2f}",
             f"{r.e2e_p99_error:+.1%}", f"{r.step_model_error:+.1%}", "yes" if r.ok else "NO",
         )  # fmt: skip
