@@ -76,7 +76,7 @@ def plan_split(
     for members in layout.groups:
         width = layout.width(members)
         rests = [layout.rests[i] for i in members]
-        ids = torch.tensor([r + [0] * (width - len(r)) for r in rests])
+        ids = torch.tensor([[*r, *[0] * (width - len(r))] for r in rests])
         keep = (
             torch.arange(width * block_size)[None, :]
             < torch.tensor([layout.valid[i] for i in members])[:, None]

@@ -24,7 +24,7 @@ GATHER_BYTES = 4 << 20
 @dataclass
 class SplitLayout:
     runs: list[tuple[int, int, int]]  # (sequence, first pool block, number of blocks)
-    rests: list[list[int]]  # per sequence: the blocks it gathers (the last one included)
+    rests: list[tuple[int, ...]]  # per sequence: the blocks it gathers (the last included)
     valid: list[int]  # per sequence: valid token positions among its gathered blocks
     groups: list[list[int]]  # sequences gathered and attended together, widest first
 
@@ -54,27 +54,17 @@ def split_layout(
     about `gather_bytes` of K+V each."""
     min_run = max(2, -(-min_run_bytes // block_bytes))
     runs: list[tuple[int, int, int]] = []
-    rests: list[list[int]] = []
+    rests: list[tuple[int, ...]] = []
     valid: list[int] = []
     in_place = total = 0
     for b, (row, length) in enumerate(zip(tables, seq_lens, strict=True)):
         assert length >= 1, "a decode sequence has at least its own token"
         nb = -(-length // block_size)
-        ids = row[:nb]
-        assert len(ids) == nb, f"sequence {b}: {len(ids)} blocks for {length} tokens"
+        assert len(row) >= nb, f"sequence {b}: {len(row)} blocks for {length} tokens"
+        seq_runs, rest = _pieces(tuple(row[:nb]), min_run)
+        runs += [(b, first, n) for first, n in seq_runs]
+        in_place += nb - len(rest)
         total += nb
-        rest: list[int] = []
-        start = 0
-        for i in range(1, nb):  # runs among the full blocks ids[:-1]
-            if i == nb - 1 or ids[i] != ids[i - 1] + 1:
-                n = i - start
-                if n >= min_run:
-                    runs.append((b, ids[start], n))
-                    in_place += n
-                else:
-                    rest.extend(ids[start:i])
-                start = i
-        rest.append(ids[-1])  # the last block holds the only padding positions
         rests.append(rest)
         valid.append((len(rest) - 1) * block_size + length - (nb - 1) * block_size)
     if not runs or 4 * in_place < total:  # under a quarter in place: not worth it
@@ -87,6 +77,34 @@ def split_layout(
         groups.append(order[-n:])
         order = order[:-n]
     return SplitLayout(runs, rests, valid, groups)
+
+
+_PIECES: dict[tuple[tuple[int, ...], int], tuple[list[tuple[int, int]], tuple[int, ...]]] = {}
+_PIECES_MAX = 1 << 16  # entries: a sequence's pieces change once per block, so memoise them
+
+
+def _pieces(ids: tuple[int, ...], min_run: int) -> tuple[list[tuple[int, int]], tuple[int, ...]]:
+    """One sequence's blocks: runs (first block, count) of >= `min_run` consecutive ids among
+    its full blocks ids[:-1], and the rest (the last block always among them)."""
+    key = (ids, min_run)
+    hit = _PIECES.get(key)
+    if hit is not None:
+        return hit
+    runs: list[tuple[int, int]] = []
+    rest: list[int] = []
+    nb, start = len(ids), 0
+    for i in range(1, nb):
+        if i == nb - 1 or ids[i] != ids[i - 1] + 1:
+            if i - start >= min_run:
+                runs.append((ids[start], i - start))
+            else:
+                rest.extend(ids[start:i])
+            start = i
+    rest.append(ids[-1])  # the last block holds the only padding positions
+    if len(_PIECES) >= _PIECES_MAX:
+        _PIECES.clear()
+    _PIECES[key] = out = (runs, tuple(rest))
+    return out
 
 
 def gather_calls(num_seqs: int, padded_len: int, token_bytes: int) -> int:
