@@ -69,12 +69,14 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
     "a100-80g": HardwareSpec("a100-80g", peak_flops=312e12, mem_bw=2.039e12, mem_gb=80),
     "h100-sxm": HardwareSpec("h100-sxm", peak_flops=989e12, mem_bw=3.35e12, mem_gb=80),
     "h200": HardwareSpec("h200", peak_flops=989e12, mem_bw=4.8e12, mem_gb=141),
-    # Fitted by `cbbench calibrate --clock cpu --scale 0.5 --validate` (small, fp32, one torch
-    # thread; 1,117 whole engine steps, stepped in turn with the held-out runs) on the 2-core
-    # CPU this project is developed on, shared with other jobs (2026-12-01). Held-out chat
-    # workload, B = 8: throughput -2.2 % (static) / -1.7 % (continuous), p99 E2E +2.2 % /
-    # +1.6 %. Host work outside the model (c_host, c_seq) is 0.3 % of step time here.
-    # Recalibrate on your machine for anything serious; docs/reproduce.md has the method.
+    # Fitted by `cbbench calibrate --validate --validate-workloads chat,uniform` (small, fp32,
+    # one torch thread, wall clock; 4,983 whole engine steps of six fit runs, stepped in turn
+    # with the held-out runs) on the 2-core CPU this project is developed on, alone under the
+    # measurement lock (2026-12-02). Held-out, throughput / p99 E2E error: chat (B = 8)
+    # static +2.9 % / -3.0 %, continuous +1.1 % / -0.9 %; uniform (B = 4) static -1.3 % /
+    # +1.3 %, continuous -0.9 % / +0.9 %. Decode attention is priced by its KV layout
+    # (kv_layout.py), so the simulator passes block tables. Recalibrate on your machine for
+    # anything serious; docs/reproduce.md has the method.
     "cpu-measured": HardwareSpec(
         "cpu-measured",
         peak_flops=33.7e9,
@@ -84,29 +86,32 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
         bw_efficiency=1.0,
         gpu_memory_utilization=1.0,
         linear={
-            "c0": 2.2497e-2,
-            "c_host": 1.0825e-4,
-            "c_tok": 3.3028e-4,
-            "c_sample": 9.2140e-4,
-            "c_seq": 1.5894e-5,
+            "c0": 2.9397e-2,
+            "c_host": 1.0457e-4,
+            "c_tok": 1.1991e-3,
+            "c_sample": 0.0,
+            "c_seq": 6.9568e-6,
             "c_prefill": 0.0,
-            "c_dec_ctx": 6.9290e-6,
-            "c_pre_ctx": 1.1506e-6,
+            "c_dec_in_place": 6.6647e-6,
+            "c_dec_gathered": 1.0150e-5,
+            "c_dec_calls": 5.1848e-4,
+            "c_pre_ctx": 7.9627e-7,
         },
         fit={
             "model": "small",
             "device": "cpu",
             "dtype": "float32",
-            "clock": "cpu",
-            "points": 1117,
-            "mean_rel_error": 0.040,
-            "max_rel_error": 0.236,
-            "r2": 0.9987,
-            "host_share": 0.0034,
+            "clock": "wall",
+            "points": 4983,
+            "mean_rel_error": 0.119,
+            "max_rel_error": 0.820,
+            "r2": 0.9706,
+            "host_share": 0.0023,
+            "speed_drift": [0.793, 1.200],
             "validation": {
-                "workload": "chat",
-                "throughput_error": [-0.022, -0.017],
-                "e2e_p99_error": [0.022, 0.016],
+                "workloads": ["chat", "uniform"],
+                "throughput_error": [0.029, 0.011, -0.013, -0.009],
+                "e2e_p99_error": [-0.030, -0.009, 0.013, 0.009],
             },
         },
     ),
