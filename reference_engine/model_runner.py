@@ -107,10 +107,13 @@ class ModelRunner:
         else:
             self.model = load_model(model, dtype, self.device)
         self.model_config: ModelConfig = self.model.config
-        # "onednn" | "column-major" on the CPU (see cpu_linear.py), "torch" elsewhere
+        # "panels" | "onednn" | "column-major" on the CPU (see cpu_linear.py), "torch" elsewhere
         self.linear_impl = "torch"
         if self.device.type == "cpu":
-            self.linear_impl = optimize_cpu_linears(self.model)
+            try:
+                self.linear_impl = optimize_cpu_linears(self.model)
+            except ValueError as exc:  # $CBBENCH_CPU_LINEAR names one that cannot run here
+                raise EngineError(str(exc)) from None
         self.dtype = resolve_dtype(dtype, self.model_config)
         self.block_size = block_size
         self.num_kv_blocks = num_kv_blocks

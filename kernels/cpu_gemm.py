@@ -1,0 +1,118 @@
+"""The "panels" CPU projection kernel (csrc/cpu_gemm.cpp), built on first use.
+
+fp32 only, AVX-512 CPUs only. `load()` compiles the C++ source with
+`torch.utils.cpp_extension.load` into torch's extension cache (once per machine; torch's file
+lock keeps concurrent first builds apart) and returns the module, or None with one logged
+reason: not x86-64 Linux, no AVX-512F, no ninja/compiler, or the build failed. Callers then
+keep oneDNN. Nothing here is needed to install cbbench.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import threading
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).parent / "csrc" / "cpu_gemm.cpp"
+PANEL = 32  # outputs per panel, as in the C++ source
+CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}  # "module" or "reason", set once
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def _precheck() -> str | None:
+    """Why the kernel cannot be built here, or None."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return f"needs x86-64 Linux, not {platform.system()} {platform.machine()}"
+    if "avx512f" not in _cpu_flags():
+        return "the CPU lacks AVX-512F"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torch.utils import cpp_extension
+
+    if not cpp_extension.is_ninja_available():
+        return "ninja is not installed (torch builds extensions with it)"
+    return None
+
+
+def _build(extra_cflags: list[str] | None = None, name: str = "cbbench_cpu_gemm") -> ModuleType:
+    with warnings.catch_warnings():  # setuptools' pkg_resources warns about editable installs
+        warnings.simplefilter("ignore")
+        from torch.utils import cpp_extension
+
+    return cpp_extension.load(
+        name=name,
+        sources=[str(SOURCE)],
+        extra_cflags=CFLAGS + list(extra_cflags or []),
+        extra_ldflags=["-fopenmp"],
+        verbose=False,
+    )
+
+
+def load() -> ModuleType | None:
+    """The compiled module, or None (the reason is in `unavailable_reason()`)."""
+    with _lock:
+        if not _state:
+            reason = _precheck()
+            if reason is None:
+                log.info("loading the panels CPU linear kernel (built once, about a minute)")
+                try:
+                    _state["module"] = _build()
+                except Exception as exc:  # compiler missing, build or import error
+                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                    reason = f"build failed: {first[:300]}"
+            if reason is not None:
+                _state["reason"] = reason
+                log.warning("panels CPU linear kernel unavailable (%s); using oneDNN", reason)
+        return _state.get("module")  # type: ignore[return-value]
+
+
+def unavailable_reason() -> str | None:
+    load()
+    return _state.get("reason")  # type: ignore[return-value]
+
+
+def pack(
+    weight: torch.Tensor, bias: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """W [N, K] fp32 -> (panels [ceil(N/32), K, 32], bias padded to the panels or None)."""
+    mod = load()
+    assert mod is not None and weight.dtype == torch.float32 and weight.dim() == 2
+    panels = mod.pack(weight.detach().contiguous())
+    if bias is None:
+        return panels, None
+    padded = torch.zeros(panels.shape[0] * PANEL, dtype=torch.float32)
+    padded[: bias.numel()] = bias.detach().float()
+    return panels, padded
+
+
+def linear(
+    x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, out_features: int
+) -> torch.Tensor:
+    """x [..., K] @ W^T (+ bias) -> [..., out_features]."""
+    mod = load()
+    assert mod is not None
+    x2 = x.reshape(-1, x.shape[-1])
+    if not x2.is_contiguous():
+        x2 = x2.contiguous()
+    y = mod.linear(x2, panels, bias, out_features)
+    return y.view(*x.shape[:-1], out_features)
