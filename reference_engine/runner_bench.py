@@ -8,7 +8,8 @@ is replaced at once (continuous batching at its simplest). Prints output tokens/
 
 `--block-layout engine` hands blocks out as the block manager does (the torch backend then
 reads each prompt's run of blocks in place and gathers the rest); `--no-split-kv` turns that
-off for a side-by-side comparison.
+off for a side-by-side comparison. $CBBENCH_CPU_LINEAR picks the CPU projection kernel
+(reference_engine/cpu_linear.py) for an A/B run.
 """
 
 from __future__ import annotations
@@ -122,6 +123,7 @@ def run(args: argparse.Namespace) -> dict[str, float]:
         "decode_ms_per_step": 1000 * decode_s / steps,
         "prefill_s": prefill_s,
         "threads": torch.get_num_threads(),
+        "linear": runner.linear_impl,
     }
 
 
@@ -130,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     r = run(args)
     print(
         f"{args.model} {args.dtype} {args.device} threads={r['threads']} in-flight={args.num_seqs} "
-        f"layout={args.block_layout} split-kv={'off' if args.no_split_kv else 'on'}: "
+        f"layout={args.block_layout} split-kv={'off' if args.no_split_kv else 'on'} "
+        f"linear={r['linear']}: "
         f"{r['output_tokens']} output tokens in {r['wall_s']:.2f} s = {r['tok_per_s']:.1f} tok/s "
         f"(decode {r['decode_ms_per_step']:.1f} ms/step over {r['decode_steps']} steps, "
         f"prefill {r['prefill_s']:.2f} s); process CPU time {r['cpu_s']:.2f} s "
