@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import ipaddress
 import signal
 import socket
@@ -102,6 +103,17 @@ class Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
+def _have(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+# The API process's event loop and HTTP parser: uvloop and httptools when installed (the `fast`
+# extra; the tests install both), else asyncio and h11. Under a full batch on 2 cores they cut the
+# /v1/models p99 from 12.8-16.1 ms to 8.8 ms (docs/performance.md).
+LOOP_IMPL = "uvloop" if _have("uvloop") else "asyncio"
+HTTP_IMPL = "httptools" if _have("httptools") else "h11"
+
+
 def make_server(
     app: ASGIApp,
     on_ready: Callable[[], None] | None = None,
@@ -114,8 +126,8 @@ def make_server(
         log_level=log_level,
         access_log=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        http="h11",
-        loop="asyncio",
+        http=HTTP_IMPL,
+        loop=LOOP_IMPL,
     )
     return Server(config, on_ready, on_stop)
 
