@@ -70,13 +70,14 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
     "h100-sxm": HardwareSpec("h100-sxm", peak_flops=989e12, mem_bw=3.35e12, mem_gb=80),
     "h200": HardwareSpec("h200", peak_flops=989e12, mem_bw=4.8e12, mem_gb=141),
     # Fitted by `cbbench calibrate --validate --validate-workloads chat,uniform` (small, fp32,
-    # one torch thread, wall clock; 4,983 whole engine steps of six fit runs, stepped in turn
-    # with the held-out runs) on the 2-core CPU this project is developed on, alone under the
-    # measurement lock (2026-12-02). Held-out, throughput / p99 E2E error: chat (B = 8)
-    # static +2.9 % / -3.0 %, continuous +1.1 % / -0.9 %; uniform (B = 4) static -1.3 % /
-    # +1.3 %, continuous -0.9 % / +0.9 %. Decode attention is priced by its KV layout
-    # (kv_layout.py), so the simulator passes block tables. Recalibrate on your machine for
-    # anything serious; docs/reproduce.md has the method.
+    # one torch thread, the "panels" CPU linear kernel, wall clock; 4,983 whole engine steps
+    # of six fit runs, stepped in turn with the held-out runs) on the 2-core CPU this project
+    # is developed on, alone under the measurement lock (2026-12-02 02:02 UTC). Held-out,
+    # throughput / p99 E2E error: chat (B = 8) static +3.7 % / -3.8 %, continuous +2.7 % /
+    # -2.4 %; uniform (B = 4) static -1.3 % / +1.3 %, continuous -2.3 % / +2.4 %. Decode
+    # attention is priced by its KV layout (kv_layout.py), so the simulator passes block
+    # tables. Recalibrate on your machine for anything serious; docs/reproduce.md has the
+    # method.
     "cpu-measured": HardwareSpec(
         "cpu-measured",
         peak_flops=33.7e9,
@@ -86,16 +87,16 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
         bw_efficiency=1.0,
         gpu_memory_utilization=1.0,
         linear={
-            "c0": 2.9397e-2,
-            "c_host": 1.0457e-4,
-            "c_tok": 1.1991e-3,
+            "c0": 2.6996e-2,
+            "c_host": 1.1983e-4,
+            "c_tok": 1.0691e-3,
             "c_sample": 0.0,
-            "c_seq": 6.9568e-6,
+            "c_seq": 6.4497e-6,
             "c_prefill": 0.0,
-            "c_dec_in_place": 6.6647e-6,
-            "c_dec_gathered": 1.0150e-5,
-            "c_dec_calls": 5.1848e-4,
-            "c_pre_ctx": 7.9627e-7,
+            "c_dec_in_place": 7.3796e-6,
+            "c_dec_gathered": 9.6103e-6,
+            "c_dec_calls": 4.0497e-4,
+            "c_pre_ctx": 9.3095e-7,
         },
         fit={
             "model": "small",
@@ -103,15 +104,15 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
             "dtype": "float32",
             "clock": "wall",
             "points": 4983,
-            "mean_rel_error": 0.119,
-            "max_rel_error": 0.820,
-            "r2": 0.9706,
-            "host_share": 0.0023,
-            "speed_drift": [0.793, 1.200],
+            "mean_rel_error": 0.139,
+            "max_rel_error": 0.674,
+            "r2": 0.9768,
+            "host_share": 0.0026,
+            "speed_drift": [0.767, 1.281],
             "validation": {
                 "workloads": ["chat", "uniform"],
-                "throughput_error": [0.029, 0.011, -0.013, -0.009],
-                "e2e_p99_error": [-0.030, -0.009, 0.013, 0.009],
+                "throughput_error": [0.037, 0.027, -0.013, -0.023],
+                "e2e_p99_error": [-0.038, -0.024, 0.013, 0.024],
             },
         },
     ),
