@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from cbbench.kernels import torch_split_kv
-from cbbench.reference_engine.kv_layout import GATHER_BYTES
+from cbbench.kernels.kv_layout import GATHER_BYTES
 
 _CPU_GATHER_BYTES = GATHER_BYTES  # K+V gathered per attention call on CPU (kv_layout)
 

@@ -14,7 +14,7 @@ Each piece yields a partial output and its log-sum-exp; the pieces of a sequence
 weights exp(lse_p - max lse), as the Triton split-KV decode kernel does. Softmax attention is
 invariant to the order of keys, so gathered blocks need not keep their table order.
 
-The plan (which blocks go where, reference_engine/kv_layout.py, which the simulator's cost model
+The plan (which blocks go where, kernels/kv_layout.py, which the simulator's cost model
 counts from too) is built on the host once per step and reused by every layer: it depends
 only on the block tables and the sequence lengths.
 """
@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from cbbench.reference_engine.kv_layout import GATHER_BYTES, MIN_RUN_BYTES, split_layout
+from cbbench.kernels.kv_layout import GATHER_BYTES, MIN_RUN_BYTES, split_layout
 
 _flash_cpu = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 # MIN_RUN_BYTES (kv_layout): a run is read in place from this many bytes of K (2 blocks

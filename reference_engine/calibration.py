@@ -25,7 +25,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 from cbbench.reference_engine.config import ContinuousConfig, EngineConfig, StaticConfig
@@ -39,8 +39,16 @@ from cbbench.reference_engine.cost_model import (
 from cbbench.reference_engine.errors import EngineError
 from cbbench.workloads.spec import RequestSpec
 
-if TYPE_CHECKING:
-    from cbbench.reference_engine.sim_validation import Validation
+
+class HeldOutCheck(Protocol):
+    """What calibrate() needs of a held-out check (sim_validation.Validation): its real
+    runs, stepped in turn with the fit runs, and where their results go."""
+
+    workload: str
+    real: dict
+
+    def real_jobs(self) -> list[tuple[str, tuple[list[RequestSpec], EngineConfig]]]: ...
+
 
 CLOCKS = ("wall", "cpu")
 # Held-out workload of the validation (the issue's setting): never used for fitting.
@@ -317,7 +325,7 @@ def calibrate(
     scale: float = 1.0,
     name: str | None = None,
     log: Callable[[str], None] = print,
-    validation: Validation | list[Validation] | None = None,
+    validation: HeldOutCheck | list[HeldOutCheck] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> Calibration:
     """Run the fit workloads on the real engine (CPU, the caller sets torch's threads) and fit
@@ -352,7 +360,7 @@ def calibrate(
             f"{len(steps):>5} steps  {sum(d for _, d in steps):7.2f} s ({clock} clock)"
         )
     for (check, scheduler, _), (res, steps, _h) in zip(held, out[len(jobs) :], strict=True):
-        check.real[scheduler] = (res.summary(), steps)  # type: ignore[attr-defined]
+        check.real[scheduler] = (res.summary(), steps)
         log(f"  held-out run: {check.workload:<8} {scheduler:<10} "
             f"{sum(d for _, d in steps):7.2f} s ({clock} clock)")  # fmt: skip
     log(f"  (all runs stepped in turn: {time.perf_counter() - t0:.0f} s wall)")

@@ -16,7 +16,7 @@ features follow what a step costs on the reference engine: a fixed cost per step
 launches), per query token (the linear layers), per sampled token (LM head and sampler), per
 sequence (batch preparation, bookkeeping), per prefill chunk (its own attention call),
 decode attention as the CPU torch backend lays it out from the block tables
-(reference_engine/kv_layout.py): KV tokens read in place, KV token slots gathered (copied, with
+(kernels/kv_layout.py): KV tokens read in place, KV token slots gathered (copied, with
 their padding) and attention calls, and prefill attention (query tokens x context per
 prefill chunk). Older fits (c0, c_flops, c_bytes, c_seq; c_dec_ctx, the decode context
 padded to the batch's longest) still load. `CostModel.step_time(chunks)` is the one stable entry point: the time of one step given
@@ -31,8 +31,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+from cbbench.kernels.kv_layout import gather_calls, split_layout
 from cbbench.reference_engine.errors import EngineError
-from cbbench.reference_engine.kv_layout import gather_calls, split_layout
 from cbbench.reference_engine.model_config import ModelConfig
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}

@@ -1,4 +1,4 @@
-"""The decode KV layout the simulator prices (reference_engine/kv_layout.py) is the one the
+"""The decode KV layout the simulator prices (kernels/kv_layout.py) is the one the
 CPU torch backend runs, and the calibrated model's layout terms and drift-aware fit."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import random
 
 import pytest
 from cbbench.kernels import torch_split_kv
+from cbbench.kernels.kv_layout import gather_calls, split_layout
 from cbbench.reference_engine.calibration import fit_step_terms
 from cbbench.reference_engine.cost_model import (
     HARDWARE_PRESETS,
@@ -15,7 +16,6 @@ from cbbench.reference_engine.cost_model import (
     HardwareSpec,
     StepWork,
 )
-from cbbench.reference_engine.kv_layout import gather_calls, split_layout
 from cbbench.reference_engine.model_config import preset_config
 
 SMALL = preset_config("small")  # 8 KV heads x 64 fp32: one block of K (16 tokens) is 32 KiB
