@@ -69,6 +69,9 @@ class ServerMetricsSampler:
         assert self._thread is None, "a sampler starts once"
         self._t0_ns, self._sink = t0_ns, sink
         self._client = httpx.Client(timeout=self.timeout_s, trust_env=False)
+        # the window's first scrape, before start() returns: the load starts after it, so
+        # counters and histograms over the window hold every request of the run
+        self._scrape_once()
         self._thread = threading.Thread(target=self._loop, name="cbbench-server-metrics")
         self._thread.daemon = True
         self._thread.start()
@@ -141,7 +144,6 @@ class ServerMetricsSampler:
 
     def _loop(self) -> None:
         next_t = time.monotonic()
-        self._scrape_once()
         while True:
             next_t = max(next_t + self.interval_s, time.monotonic())
             if self._stop.wait(next_t - time.monotonic()):
