@@ -4,6 +4,7 @@ warmup, --workers 2 merging, and a server killed mid-run."""
 import io
 import json
 import threading
+import time
 
 import pytest
 from cbbench.harness.results import load_run
@@ -80,11 +81,21 @@ def test_two_workers_merge_without_loss_or_duplicates(tmp_path):
 
 
 def test_server_killed_mid_run_every_request_on_disk(tmp_path):
+    def kill_after_first_record(srv) -> None:
+        # kill once a request has finished (on disk), not after a fixed delay: on a loaded
+        # machine the first requests may take longer than any fixed timer
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if any(f.stat().st_size for f in tmp_path.glob("run/**/requests.jsonl")):
+                break
+            time.sleep(0.01)
+        srv.kill()
+
     with process(FakeServerConfig(Behavior(itl_s=0.02))) as srv:
-        timer = threading.Timer(0.6, srv.kill)
-        timer.start()
+        killer = threading.Thread(target=kill_after_first_record, args=(srv,))
+        killer.start()
         res = _run(srv.url, _wl(12, output_len=15), tmp_path, concurrency=3, timeout_s=5)
-        timer.join()
+        killer.join()
     recs = load_run(res.run_dir).records
     assert len(recs) == 12 and len({r.index for r in recs}) == 12
     ok = [r for r in recs if r.ok]
