@@ -1,4 +1,6 @@
-"""The "panels" CPU projection kernel (csrc/cpu_gemm.cpp), built on first use.
+"""The CPU kernels (csrc/): the "panels" projection (cpu_gemm.cpp) and paged decode
+attention (cpu_attention.cpp, used through kernels/cpu_attention.py), one extension built on
+first use.
 
 fp32 only, AVX-512 CPUs only. `load()` compiles the C++ source with
 `torch.utils.cpp_extension.load` into torch's extension cache (once per machine; torch's file
@@ -20,7 +22,8 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).parent / "csrc" / "cpu_gemm.cpp"
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = [CSRC / "cpu_gemm.cpp", CSRC / "cpu_attention.cpp", CSRC / "bindings.cpp"]
 PANEL = 32  # outputs per panel, as in the C++ source
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 
@@ -54,14 +57,14 @@ def _precheck() -> str | None:
     return None
 
 
-def _build(extra_cflags: list[str] | None = None, name: str = "cbbench_cpu_gemm") -> ModuleType:
+def _build(extra_cflags: list[str] | None = None, name: str = "cbbench_cpu_kernels") -> ModuleType:
     with warnings.catch_warnings():  # setuptools' pkg_resources warns about editable installs
         warnings.simplefilter("ignore")
         from torch.utils import cpp_extension
 
     return cpp_extension.load(
         name=name,
-        sources=[str(SOURCE)],
+        sources=[str(p) for p in SOURCES],
         extra_cflags=CFLAGS + list(extra_cflags or []),
         extra_ldflags=["-fopenmp"],
         verbose=False,
@@ -74,7 +77,7 @@ def load() -> ModuleType | None:
         if not _state:
             reason = _precheck()
             if reason is None:
-                log.info("loading the panels CPU linear kernel (built once, about a minute)")
+                log.info("loading the CPU kernels (built once, about a minute)")
                 try:
                     _state["module"] = _build()
                 except Exception as exc:  # compiler missing, build or import error
@@ -82,7 +85,7 @@ def load() -> ModuleType | None:
                     reason = f"build failed: {first[:300]}"
             if reason is not None:
                 _state["reason"] = reason
-                log.warning("panels CPU linear kernel unavailable (%s); using oneDNN", reason)
+                log.warning("CPU kernels unavailable (%s): oneDNN linears, torch attention", reason)
         return _state.get("module")  # type: ignore[return-value]
 
 

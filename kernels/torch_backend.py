@@ -1,6 +1,8 @@
 """Paged attention in vectorised torch: the CPU backend of the reference engine.
 
-Decode gathers every sequence's blocks through the block table in one `index_select`, then
+Decode on CPU in fp32 runs the C++ paged kernel (cpu_attention: K/V read in place through
+the block table, one call per layer) where the CPU kernels build. Otherwise decode gathers
+every sequence's blocks through the block table in one `index_select`, then
 runs one masked `scaled_dot_product_attention` over the batch. On CPU, when long runs of a
 batch's blocks are consecutive in the pool (a prompt's blocks usually are), those runs are
 read in place instead and merged by log-sum-exp (`torch_split_kv`): the copy is about half
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from cbbench.kernels import torch_split_kv
+from cbbench.kernels import cpu_attention, torch_split_kv
 from cbbench.kernels.kv_layout import GATHER_BYTES
 
 _CPU_GATHER_BYTES = GATHER_BYTES  # K+V gathered per attention call on CPU (kv_layout)
@@ -31,6 +33,8 @@ class TorchAttentionBackend:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._workspace: torch.Tensor | None = None  # gather buffer, grown on demand
+        # fp32 decode on CPU: the C++ kernel (cpu_attention), read in place; else split-KV
+        self.paged_kernel = device.type == "cpu" and cpu_attention.available()
         self.split_kv = device.type == "cpu" and torch_split_kv.available()
         self.split_kv_min_run_bytes = torch_split_kv.MIN_RUN_BYTES  # tests lower it
         # split plan of the last decode call, reused while the step's layers run
@@ -75,6 +79,10 @@ class TorchAttentionBackend:
         _check_paged(k_cache, v_cache, num_q_heads)
         _, block_size, num_kv_heads, _ = k_cache.shape
         group = num_q_heads // num_kv_heads
+        if self.paged_kernel and cpu_attention.supports(q, k_cache):
+            return cpu_attention.paged_decode_attention(
+                q, k_cache, v_cache, block_tables, seq_lens, scale
+            )
         query = q.view(num_seqs, num_kv_heads, group, head_dim)
         if self.split_kv and q.device.type == "cpu":
             plan = self._split_plan(block_tables, seq_lens, k_cache)

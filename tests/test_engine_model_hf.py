@@ -70,6 +70,7 @@ def test_llama_greedy_with_in_place_split_kv_equals_transformers(
     )
     runner = ModelRunner(llama_dir, num_kv_blocks=64, block_size=2)
     assert runner.backend.name == "torch"
+    runner.backend.paged_kernel = False  # the torch path, not the C++ decode kernel
     runner.backend.split_kv_min_run_bytes = 0
     seqs = [make_seq(str(i), p, MAX_TOKENS) for i, p in enumerate(PROMPTS)]
     assert generate(runner, seqs, shuffle_pool=False) == llama_expected

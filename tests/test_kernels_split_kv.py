@@ -30,6 +30,7 @@ def case(seq_lens, prompt_lens, block_size, num_kv_heads, group, dtype=torch.flo
 
 def backend(min_run_bytes=0):
     be = TorchAttentionBackend(torch.device("cpu"))
+    be.paged_kernel = False  # the torch path (the C++ kernel is tested on its own)
     be.split_kv_min_run_bytes = min_run_bytes  # runs of 2+ blocks qualify at test sizes
     return be
 

@@ -11,10 +11,18 @@ from cbbench.kernels.reference import (
     ref_paged_decode_attention,
     ref_reshape_and_cache,
 )
-from cbbench.kernels.torch_backend import TorchAttentionBackend
+from cbbench.kernels.torch_backend import TorchAttentionBackend as _Backend
 
 # Tolerances per dtype: fp32 accumulates like the oracle; bf16 inputs keep 8 mantissa bits.
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
+
+
+def TorchAttentionBackend(device: torch.device) -> _Backend:  # noqa: N802
+    """The backend's torch path: the C++ decode kernel has tests of its own
+    (test_kernels_cpu_attention.py)."""
+    be = _Backend(device)
+    be.paged_kernel = False
+    return be
 
 
 def make_case(seq_lens, qlens, block_size, num_kv_heads, group, **kw):
@@ -103,7 +111,7 @@ def test_prefill_then_decode_through_cache_equals_dense_causal():
     vc = torch.zeros_like(kc)
     table = torch.tensor([[9, 2, 14]], dtype=torch.int32)
     slots = torch.tensor([int(table[0, i // BS]) * BS + i % BS for i in range(T)])
-    be = get_attention_backend("torch")
+    be = get_attention_backend("torch")  # the default path: the C++ kernel where it builds
     be.reshape_and_cache(k, v, kc, vc, slots)
     out = be.paged_attention(
         q,

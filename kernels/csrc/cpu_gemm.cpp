@@ -125,10 +125,3 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& panels,
   }
   return y;
 }
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("pack", &pack, "W [N, K] -> panels [ceil(N/32), K, 32]",
-        py::call_guard<py::gil_scoped_release>());
-  m.def("linear", &linear, "x @ W^T (+ bias) from panels",
-        py::call_guard<py::gil_scoped_release>());
-}

@@ -1,0 +1,20 @@
+// The Python module of the CPU kernels (cbbench/kernels/cpu_gemm.py builds and loads it).
+#include <torch/extension.h>
+
+torch::Tensor pack(const torch::Tensor& w);
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& panels,
+                     const c10::optional<torch::Tensor>& bias, int64_t N);
+torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
+                                     const torch::Tensor& v_cache,
+                                     const torch::Tensor& block_tables,
+                                     const torch::Tensor& seq_lens, double scale);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("pack", &pack, "W [N, K] -> panels [ceil(N/32), K, 32]",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("linear", &linear, "x @ W^T (+ bias) from panels",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("paged_decode_attention", &paged_decode_attention,
+        "q [B, Hq, D], caches [NB, BS, Hkv, D], block_tables [B, MB] int32, seq_lens [B] int32",
+        py::call_guard<py::gil_scoped_release>());
+}
