@@ -1,6 +1,6 @@
-"""The CPU kernels (csrc/): the "panels" projection (cpu_gemm.cpp) and paged decode
-attention (cpu_attention.cpp, used through kernels/cpu_attention.py), one extension built on
-first use.
+"""The CPU kernels (csrc/): the "panels" projection (cpu_gemm.cpp), paged decode attention
+(cpu_attention.cpp, through kernels/cpu_attention.py) and row ops (cpu_ops.cpp, through
+kernels/cpu_ops.py), one extension built on first use.
 
 fp32 only, AVX-512 CPUs only. `load()` compiles the C++ source with
 `torch.utils.cpp_extension.load` into torch's extension cache (once per machine; torch's file
@@ -23,7 +23,7 @@ import torch
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "cpu_gemm.cpp", CSRC / "cpu_attention.cpp", CSRC / "bindings.cpp"]
+SOURCES = [CSRC / f for f in ("cpu_gemm.cpp", "cpu_attention.cpp", "cpu_ops.cpp", "bindings.cpp")]
 PANEL = 32  # outputs per panel, as in the C++ source
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from cbbench.kernels import AttentionBackend
+from cbbench.kernels import AttentionBackend, cpu_ops
 from cbbench.reference_engine.model_config import ModelConfig
 from cbbench.reference_engine.rope import RotaryEmbedding
 from torch import nn
@@ -38,8 +38,11 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
+        self.cpu_kernel = False  # fp32 on CPU through kernels/cpu_ops (the ModelRunner sets it)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cpu_kernel and x.dtype == torch.float32 and x.device.type == "cpu":
+            return cpu_ops.rms_norm(x, self.weight, self.eps)
         if x.dtype == torch.float32:  # one fused op, bitwise equal to the formula below
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype  # HF's rounding for half types: normalise in fp32, round, then scale

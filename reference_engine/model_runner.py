@@ -13,13 +13,13 @@ import warnings
 from dataclasses import dataclass
 
 import torch
-from cbbench.kernels import get_attention_backend
+from cbbench.kernels import cpu_ops, get_attention_backend
 from cbbench.reference_engine.cpu_linear import optimize_cpu_linears
 from cbbench.reference_engine.cuda_graphs import DecodeGraphs, capture_sizes
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.executor import PLACEHOLDER, ScheduledChunk
 from cbbench.reference_engine.loader import load_model, random_model, resolve_config, resolve_dtype
-from cbbench.reference_engine.model import AttentionMetadata
+from cbbench.reference_engine.model import AttentionMetadata, RMSNorm
 from cbbench.reference_engine.model_config import PRESETS, ModelConfig
 from cbbench.reference_engine.outputs import TokenLogprob
 from cbbench.reference_engine.sampler import Sampler, SampleRequest, token_logprobs
@@ -114,6 +114,10 @@ class ModelRunner:
                 self.linear_impl = optimize_cpu_linears(self.model)
             except ValueError as exc:  # $CBBENCH_CPU_LINEAR names one that cannot run here
                 raise EngineError(str(exc)) from None
+            if cpu_ops.available():  # one C++ call per norm instead of six torch ops
+                for m in self.model.modules():
+                    if isinstance(m, RMSNorm):
+                        m.cpu_kernel = True
         self.dtype = resolve_dtype(dtype, self.model_config)
         self.block_size = block_size
         self.num_kv_blocks = num_kv_blocks

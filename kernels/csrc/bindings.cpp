@@ -8,6 +8,8 @@ torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor
                                      const torch::Tensor& v_cache,
                                      const torch::Tensor& block_tables,
                                      const torch::Tensor& seq_lens, double scale);
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+torch::Tensor argmax_rows(const torch::Tensor& x);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &pack, "W [N, K] -> panels [ceil(N/32), K, 32]",
@@ -16,5 +18,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("paged_decode_attention", &paged_decode_attention,
         "q [B, Hq, D], caches [NB, BS, Hkv, D], block_tables [B, MB] int32, seq_lens [B] int32",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("rms_norm", &rms_norm, "x [N, H] / rms * weight", py::call_guard<py::gil_scoped_release>());
+  m.def("argmax_rows", &argmax_rows, "x [N, V] -> int64 [N], as torch.argmax(dim=-1)",
         py::call_guard<py::gil_scoped_release>());
 }

@@ -1,0 +1,30 @@
+"""Row ops of a CPU decode step in C++ (csrc/cpu_ops.cpp, built with the other CPU kernels
+by cpu_gemm.load()): RMSNorm and greedy argmax, fp32.
+
+On `small` (8 rows, 1 thread) F.rms_norm ran as six torch ops, ~65 us a call and 19 calls a
+step; torch's argmax over 8 x 32k logits took ~400 us. Each is one call here. Results equal
+torch's up to fp32 summation order (argmax: exactly, NaN and ties included).
+"""
+
+from __future__ import annotations
+
+import torch
+from cbbench.kernels import cpu_gemm
+
+
+def available() -> bool:
+    return cpu_gemm.load() is not None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., H] fp32 -> x / sqrt(mean(x^2) + eps) * weight."""
+    mod = cpu_gemm.load()
+    assert mod is not None, "cpu_ops: the CPU kernels are not built here"
+    return mod.rms_norm(x.reshape(-1, x.shape[-1]).contiguous(), weight, float(eps)).view(x.shape)
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [N, V] fp32 -> int64 [N]: as x.argmax(dim=-1) (first maximum, a NaN wins)."""
+    mod = cpu_gemm.load()
+    assert mod is not None, "cpu_ops: the CPU kernels are not built here"
+    return mod.argmax_rows(x.contiguous())

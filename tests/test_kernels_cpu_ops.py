@@ -1,0 +1,70 @@
+"""The C++ row ops (kernels/csrc/cpu_ops.cpp) against torch, and where the engine uses them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from cbbench.kernels import cpu_gemm, cpu_ops
+from cbbench.reference_engine.model import RMSNorm
+from cbbench.reference_engine.model_runner import ModelRunner
+from cbbench.reference_engine.sampler import Sampler, SampleRequest
+from cbbench.reference_engine.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.skipif(
+    not cpu_ops.available(), reason=f"CPU kernels: {cpu_gemm.unavailable_reason()}"
+)
+
+
+@pytest.mark.parametrize("rows, hidden", [(1, 512), (8, 512), (37, 896), (3, 40), (2, 7)])
+def test_rms_norm_equals_f_rms_norm(rows, hidden):
+    gen = torch.Generator().manual_seed(rows * hidden)
+    x = torch.randn(rows, hidden, generator=gen) * 3
+    w = torch.randn(hidden, generator=gen)
+    got = cpu_ops.rms_norm(x, w, 1e-6)
+    torch.testing.assert_close(got, F.rms_norm(x, (hidden,), w, 1e-6), rtol=2e-6, atol=2e-6)
+    assert got.shape == x.shape
+
+
+def test_rms_norm_keeps_leading_shape_and_reads_strided_input():
+    x = torch.randn(4, 3, 64).transpose(0, 1)  # not contiguous
+    w = torch.rand(64)
+    torch.testing.assert_close(cpu_ops.rms_norm(x, w, 1e-5), F.rms_norm(x, (64,), w, 1e-5))
+
+
+@pytest.mark.parametrize("vocab", [1, 15, 16, 17, 32000, 151936])
+def test_argmax_equals_torch_with_ties_nan_and_inf(vocab):
+    gen = torch.Generator().manual_seed(vocab)
+    x = torch.randn(6, vocab, generator=gen)
+    if vocab > 3:
+        x[1, [2, vocab - 1]] = 50.0  # a tie: the first index wins
+        x[2, vocab // 2] = float("nan")  # NaN wins wherever it is
+        x[2, vocab - 1] = float("nan")
+        x[3, vocab - 1] = float("inf")
+    x[4] = float("-inf")  # all -inf: index 0
+    x[5, -1] = float("nan")  # NaN in the tail lanes
+    assert torch.equal(cpu_ops.argmax_rows(x), x.argmax(dim=-1))
+
+
+def test_rms_norm_module_uses_the_kernel_only_when_switched_on(monkeypatch):
+    calls = []
+    real = cpu_ops.rms_norm
+    monkeypatch.setattr(cpu_ops, "rms_norm", lambda *a: calls.append(1) or real(*a))
+    norm = RMSNorm(32, 1e-5)
+    x = torch.randn(3, 32)
+    want = norm(x)
+    assert not calls
+    norm.cpu_kernel = True
+    torch.testing.assert_close(norm(x), want)
+    norm(x.to(torch.bfloat16))  # other dtypes keep the torch formula
+    assert calls == [1]
+
+
+def test_model_runner_switches_norms_on_and_sampler_argmax_agrees():
+    runner = ModelRunner("tiny", num_kv_blocks=8, block_size=4)
+    norms = [m for m in runner.model.modules() if isinstance(m, RMSNorm)]
+    assert norms and all(m.cpu_kernel for m in norms)
+    s = Sampler((2,), torch.device("cpu"))
+    logits = torch.randn(5, 1000)
+    reqs = [SampleRequest(SamplingParams(temperature=0.0), 3, 0) for _ in range(5)]
+    assert s(logits.clone(), reqs) == logits.argmax(dim=-1).tolist()
