@@ -1,5 +1,6 @@
 """Row ops of a CPU decode step in C++ (csrc/cpu_ops.cpp, built with the other CPU kernels
-by cpu_gemm.load()): RMSNorm and greedy argmax, fp32.
+by cpu_gemm.load()): RMSNorm, greedy argmax, and rotary embedding fused with the KV-cache
+write, fp32.
 
 On `small` (8 rows, 1 thread) F.rms_norm ran as six torch ops, ~65 us a call and 19 calls a
 step; torch's argmax over 8 x 32k logits took ~400 us. Each is one call here. Results equal
@@ -28,3 +29,25 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     mod = cpu_gemm.load()
     assert mod is not None, "cpu_ops: the CPU kernels are not built here"
     return mod.argmax_rows(x.contiguous())
+
+
+def rope_and_cache(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+) -> torch.Tensor:
+    """One layer's fused projection output qkv [T, (Hq + 2 Hkv) * D] -> rotated q [T, Hq, D];
+    rotated k and v written into cache slots `slot_mapping` (< 0: padding, skipped). The
+    torch path's rotate, two contiguous copies and two index_copy calls in one pass."""
+    mod = cpu_gemm.load()
+    assert mod is not None, "cpu_ops: the CPU kernels are not built here"
+    return mod.rope_and_cache(
+        qkv.contiguous(), cos.contiguous(), sin.contiguous(), k_cache, v_cache,
+        slot_mapping.to(torch.int64).contiguous(), num_heads, num_kv_heads, head_dim,
+    )  # fmt: skip

@@ -65,6 +65,7 @@ class LlamaAttention(nn.Module):
             cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias
         )
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.cpu_kernel = False  # fp32 on CPU: rope + cache write in one kernels/cpu_ops call
 
     def forward(
         self,
@@ -77,13 +78,19 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(x)
-        # q and k are adjacent columns: rotate them in one go
-        qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)
-        q, k = RotaryEmbedding.apply(qk, cos, sin).split([self.num_heads, self.num_kv_heads], 1)
-        q, k = q.contiguous(), k.contiguous()
-        v = qkv[:, self.q_size + self.kv_size :].reshape(t, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = kv_cache[0], kv_cache[1]
-        backend.reshape_and_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        if self.cpu_kernel and qkv.dtype == torch.float32 and qkv.device.type == "cpu":
+            q = cpu_ops.rope_and_cache(
+                qkv, cos, sin, k_cache, v_cache, meta.slot_mapping,
+                self.num_heads, self.num_kv_heads, self.head_dim,
+            )  # fmt: skip
+        else:
+            # q and k are adjacent columns: rotate them in one go
+            qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)
+            q, k = RotaryEmbedding.apply(qk, cos, sin).split([self.num_heads, self.num_kv_heads], 1)
+            q, k = q.contiguous(), k.contiguous()
+            v = qkv[:, self.q_size + self.kv_size :].reshape(t, self.num_kv_heads, self.head_dim)
+            backend.reshape_and_cache(k, v, k_cache, v_cache, meta.slot_mapping)
         if meta.decode_only:
             o = backend.paged_decode_attention(
                 q,

@@ -19,7 +19,7 @@ from cbbench.reference_engine.cuda_graphs import DecodeGraphs, capture_sizes
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.executor import PLACEHOLDER, ScheduledChunk
 from cbbench.reference_engine.loader import load_model, random_model, resolve_config, resolve_dtype
-from cbbench.reference_engine.model import AttentionMetadata, RMSNorm
+from cbbench.reference_engine.model import AttentionMetadata, LlamaAttention, RMSNorm
 from cbbench.reference_engine.model_config import PRESETS, ModelConfig
 from cbbench.reference_engine.outputs import TokenLogprob
 from cbbench.reference_engine.sampler import Sampler, SampleRequest, token_logprobs
@@ -114,9 +114,9 @@ class ModelRunner:
                 self.linear_impl = optimize_cpu_linears(self.model)
             except ValueError as exc:  # $CBBENCH_CPU_LINEAR names one that cannot run here
                 raise EngineError(str(exc)) from None
-            if cpu_ops.available():  # one C++ call per norm instead of six torch ops
-                for m in self.model.modules():
-                    if isinstance(m, RMSNorm):
+            if cpu_ops.available() and self.model.model.embed_tokens.weight.dtype == torch.float32:
+                for m in self.model.modules():  # C++ norms, and rope fused with the cache write
+                    if isinstance(m, RMSNorm | LlamaAttention):
                         m.cpu_kernel = True
         self.dtype = resolve_dtype(dtype, self.model_config)
         self.block_size = block_size

@@ -68,3 +68,38 @@ def test_model_runner_switches_norms_on_and_sampler_argmax_agrees():
     logits = torch.randn(5, 1000)
     reqs = [SampleRequest(SamplingParams(temperature=0.0), 3, 0) for _ in range(5)]
     assert s(logits.clone(), reqs) == logits.argmax(dim=-1).tolist()
+
+
+@pytest.mark.parametrize("hq, hkv, d", [(8, 8, 64), (4, 2, 16), (14, 2, 64), (2, 1, 10)])
+def test_rope_and_cache_equals_rotate_then_reshape_and_cache(hq, hkv, d):
+    from cbbench.kernels.torch_backend import TorchAttentionBackend
+    from cbbench.reference_engine.rope import RotaryEmbedding
+
+    gen = torch.Generator().manual_seed(hq * d)
+    t, nb, bs = 7, 6, 4
+    rope = RotaryEmbedding(d, 10000.0, 64, None, "cpu")
+    positions = torch.tensor([0, 3, 9, 17, 18, 40, 63])
+    cos, sin = rope.cos_sin(positions, 63)
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen)
+    slots = torch.tensor([3, 0, 22, -1, 5, 23, 11])  # -1: a padded row writes nothing
+    kc, vc = torch.zeros(nb, bs, hkv, d), torch.zeros(nb, bs, hkv, d)
+    q = cpu_ops.rope_and_cache(qkv, cos, sin, kc, vc, slots, hq, hkv, d)
+
+    qk = qkv[:, : (hq + hkv) * d].view(t, -1, d)
+    rq, rk = RotaryEmbedding.apply(qk, cos, sin).split([hq, hkv], 1)
+    rv = qkv[:, (hq + hkv) * d :].reshape(t, hkv, d)
+    rkc, rvc = torch.zeros_like(kc), torch.zeros_like(vc)
+    TorchAttentionBackend(torch.device("cpu")).reshape_and_cache(
+        rk.contiguous(), rv, rkc, rvc, slots
+    )
+    torch.testing.assert_close(q, rq, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(kc, rkc, rtol=1e-6, atol=1e-6)
+    assert torch.equal(vc, rvc)
+    assert int((kc != 0).any(dim=(2, 3)).sum()) == 6  # six slots written, the padded row none
+
+
+def test_rope_and_cache_rejects_a_slot_past_the_cache():
+    qkv, cos, sin = torch.randn(2, 3 * 8), torch.randn(2, 4), torch.randn(2, 4)
+    kc, vc = torch.zeros(2, 2, 1, 8), torch.zeros(2, 2, 1, 8)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        cpu_ops.rope_and_cache(qkv, cos, sin, kc, vc, torch.tensor([1, 4]), 1, 1, 8)

@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <cstring>
 
 #ifndef __AVX512F__
 #error "cpu_ops needs AVX-512F (built with -march=native)"
@@ -94,4 +95,67 @@ torch::Tensor argmax_rows(const torch::Tensor& x) {
     }
   });
   return out;
+}
+
+// Rotary embedding of q and k (half-split layout, as HF's rotate_half) and the KV-cache write
+// of one layer, in one pass over the fused projection's output:
+//   qkv [T, (Hq + 2 Hkv) * D] fp32 contiguous (q | k | v columns), cos/sin [T, D/2],
+//   caches [NB, BS, Hkv, D] fp32 contiguous, slots [T] int64 (< 0: padding, not written).
+// Returns the rotated q [T, Hq, D]; rotated k and v go into their slots.
+torch::Tensor rope_and_cache(const torch::Tensor& qkv, const torch::Tensor& cos,
+                             const torch::Tensor& sin, torch::Tensor& k_cache,
+                             torch::Tensor& v_cache, const torch::Tensor& slots, int64_t Hq,
+                             int64_t Hkv, int64_t D) {
+  TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == torch::kFloat32 && qkv.is_contiguous() &&
+                  qkv.size(1) == (Hq + 2 * Hkv) * D,
+              "rope_and_cache: qkv must be contiguous fp32 [T, (Hq + 2 Hkv) * D]");
+  const int64_t T = qkv.size(0), half = D / 2;
+  TORCH_CHECK(D % 2 == 0, "rope_and_cache: head_dim must be even");
+  TORCH_CHECK(cos.dim() == 2 && cos.size(0) == T && cos.size(1) == half && cos.is_contiguous() &&
+                  sin.sizes() == cos.sizes() && sin.is_contiguous() &&
+                  cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32,
+              "rope_and_cache: cos/sin must be contiguous fp32 [T, D/2]");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
+                  k_cache.size(2) == Hkv && k_cache.size(3) == D &&
+                  k_cache.scalar_type() == torch::kFloat32 &&
+                  v_cache.scalar_type() == torch::kFloat32 && k_cache.is_contiguous() &&
+                  v_cache.is_contiguous(),
+              "rope_and_cache: caches must be contiguous fp32 [NB, BS, Hkv, D]");
+  TORCH_CHECK(slots.dim() == 1 && slots.size(0) == T && slots.scalar_type() == torch::kInt64 &&
+                  slots.is_contiguous(),
+              "rope_and_cache: slots must be contiguous int64 [T]");
+  const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t)
+    TORCH_CHECK(sp[t] < num_slots, "rope_and_cache: slot ", sp[t], " outside the cache of ",
+                num_slots);
+  auto q = torch::empty({T, Hq, D}, qkv.options());
+  const float* in = qkv.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* snp = sin.data_ptr<float>();
+  float* qp = q.data_ptr<float>();
+  float* kc = k_cache.data_ptr<float>();
+  float* vc = v_cache.data_ptr<float>();
+  const int64_t width = (Hq + 2 * Hkv) * D;
+  auto rotate = [&](const float* x, const float* c, const float* s, float* y) {
+    for (int64_t i = 0; i < half; ++i) {
+      const float x1 = x[i], x2 = x[half + i];
+      y[i] = x1 * c[i] - x2 * s[i];
+      y[half + i] = x2 * c[i] + x1 * s[i];
+    }
+  };
+  at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* row = in + t * width;
+      const float* c = cp + t * half;
+      const float* s = snp + t * half;
+      for (int64_t h = 0; h < Hq; ++h) rotate(row + h * D, c, s, qp + (t * Hq + h) * D);
+      if (sp[t] < 0) continue;
+      float* kdst = kc + sp[t] * Hkv * D;
+      float* vdst = vc + sp[t] * Hkv * D;
+      for (int64_t h = 0; h < Hkv; ++h) rotate(row + (Hq + h) * D, c, s, kdst + h * D);
+      std::memcpy(vdst, row + (Hq + Hkv) * D, sizeof(float) * Hkv * D);
+    }
+  });
+  return q;
 }
