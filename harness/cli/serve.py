@@ -53,6 +53,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="lower the engine process's CPU priority by N (0-19; os.nice) so the HTTP API "
         "goes first on a contended core (default 0)",
     )
+    h.add_argument(
+        "--api-rt-priority",
+        type=int,
+        default=0,
+        help="run the HTTP API process's threads under SCHED_RR at this priority (1-99; "
+        "needs root or CAP_SYS_NICE) so a request preempts the engine on a busy core; "
+        "the engine keeps the normal class (default 0: off)",
+    )
     p.set_defaults(func=run)
 
 
@@ -73,6 +81,12 @@ def run(args: argparse.Namespace) -> int:
         raise EngineError(f"--max-body-bytes must be >= 1, got {max_body}")
     if not 0 <= args.engine_nice <= 19:
         raise EngineError(f"--engine-nice must be in [0, 19], got {args.engine_nice}")
+    if not 0 <= args.api_rt_priority <= 99:
+        raise EngineError(f"--api-rt-priority must be in [0, 99], got {args.api_rt_priority}")
+    if args.api_rt_priority and not args.engine_process:
+        raise EngineError(
+            "--api-rt-priority needs --engine-process (the engine thread would run RT)"
+        )
     warning = bind_warning(args.host, args.api_key)
     if warning:
         print(f"cbbench serve: {warning}", file=sys.stderr, flush=True)
@@ -94,6 +108,12 @@ def run(args: argparse.Namespace) -> int:
         sock.close()
         raise
     url = base_url(sock)
+    if args.api_rt_priority:  # after the engine process started: it keeps the normal class
+        from cbbench.reference_engine.server.cpu_priority import raise_to_realtime
+
+        why = raise_to_realtime(args.api_rt_priority)
+        if why:
+            print(f"cbbench serve: --api-rt-priority ignored: {why}", file=sys.stderr, flush=True)
 
     info = stack.engine_info
     print(

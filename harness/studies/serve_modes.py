@@ -34,6 +34,7 @@ MODES = {
     "process": ["--engine-process", "--no-async-scheduling"],
     "process+async": ["--engine-process", "--async-scheduling"],
     "process+nice": ["--engine-process", "--no-async-scheduling", "--engine-nice", "10"],
+    "process+rt": ["--engine-process", "--no-async-scheduling", "--api-rt-priority", "10"],
 }
 
 
