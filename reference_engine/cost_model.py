@@ -70,14 +70,14 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
     "h100-sxm": HardwareSpec("h100-sxm", peak_flops=989e12, mem_bw=3.35e12, mem_gb=80),
     "h200": HardwareSpec("h200", peak_flops=989e12, mem_bw=4.8e12, mem_gb=141),
     # Fitted by `cbbench calibrate --validate --validate-workloads chat,uniform` (small, fp32,
-    # one torch thread, the "panels" CPU linear kernel, wall clock; 4,983 whole engine steps
-    # of six fit runs, stepped in turn with the held-out runs) on the 2-core CPU this project
-    # is developed on, alone under the measurement lock (2026-12-02 02:02 UTC). Held-out,
-    # throughput / p99 E2E error: chat (B = 8) static +3.7 % / -3.8 %, continuous +2.7 % /
-    # -2.4 %; uniform (B = 4) static -1.3 % / +1.3 %, continuous -2.3 % / +2.4 %. Decode
-    # attention is priced by its KV layout (kv_layout.py), so the simulator passes block
-    # tables. Recalibrate on your machine for anything serious; docs/reproduce.md has the
-    # method.
+    # one torch thread, the "panels" CPU linear kernel and the C++ decode attention / row ops,
+    # wall clock; 4,983 whole engine steps of six fit runs, stepped in turn with the held-out
+    # runs) on the 2-core CPU this project is developed on (2026-12-02 07:39 UTC). Held-out,
+    # throughput / p99 E2E error: chat (B = 8) static +2.2 % / -2.0 %, continuous +0.8 % /
+    # -0.2 %; uniform (B = 4) static -4.0 % / +4.2 %, continuous -1.0 % / +1.0 %. With the C++
+    # kernel decode attention reads every block in place, so the fit prices in-place and
+    # gathered tokens alike and attention calls at zero; the layout terms stay for the torch
+    # path. Recalibrate on your machine for anything serious; docs/reproduce.md has the method.
     "cpu-measured": HardwareSpec(
         "cpu-measured",
         peak_flops=33.7e9,
@@ -87,16 +87,16 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
         bw_efficiency=1.0,
         gpu_memory_utilization=1.0,
         linear={
-            "c0": 2.6996e-2,
-            "c_host": 1.1983e-4,
-            "c_tok": 1.0691e-3,
+            "c0": 1.0317e-02,
+            "c_host": 1.0122e-04,
+            "c_tok": 1.3770e-03,
             "c_sample": 0.0,
-            "c_seq": 6.4497e-6,
+            "c_seq": 8.3935e-06,
             "c_prefill": 0.0,
-            "c_dec_in_place": 7.3796e-6,
-            "c_dec_gathered": 9.6103e-6,
-            "c_dec_calls": 4.0497e-4,
-            "c_pre_ctx": 9.3095e-7,
+            "c_dec_in_place": 3.1692e-06,
+            "c_dec_gathered": 3.0617e-06,
+            "c_dec_calls": 0.0,
+            "c_pre_ctx": 6.1320e-07,
         },
         fit={
             "model": "small",
@@ -104,15 +104,15 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
             "dtype": "float32",
             "clock": "wall",
             "points": 4983,
-            "mean_rel_error": 0.139,
-            "max_rel_error": 0.674,
-            "r2": 0.9768,
-            "host_share": 0.0026,
-            "speed_drift": [0.767, 1.281],
+            "mean_rel_error": 0.133,
+            "max_rel_error": 0.867,
+            "r2": 0.9630,
+            "host_share": 0.0046,
+            "speed_drift": [0.716, 1.368],
             "validation": {
                 "workloads": ["chat", "uniform"],
-                "throughput_error": [0.037, 0.027, -0.013, -0.023],
-                "e2e_p99_error": [-0.038, -0.024, 0.013, 0.024],
+                "throughput_error": [0.022, 0.008, -0.040, -0.010],
+                "e2e_p99_error": [-0.020, -0.002, 0.042, 0.010],
             },
         },
     ),
