@@ -8,7 +8,7 @@
 //   2. out_j = sum_t softmax(s_j)[t] * v_t[head of j]  (V streamed, Hq FMAs of D per row)
 // GQA: the G = Hq / Hkv query heads of a KV head read the same row slice. The scores
 // (Hq x L floats) and the outputs stay in L1/L2; the next row is prefetched.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
@@ -54,21 +54,21 @@ inline void prefetch_row(const float* p, int64_t d) {
 
 // q [B, Hq, D] fp32 contiguous; k_cache, v_cache [NB, BS, Hkv, D] fp32 contiguous;
 // block_tables [B, MB] int32; seq_lens [B] int32 (context length including this token).
-torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
-                                     const torch::Tensor& v_cache,
-                                     const torch::Tensor& block_tables,
-                                     const torch::Tensor& seq_lens, double scale) {
-  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat32 && q.is_contiguous(),
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                                     const at::Tensor& v_cache,
+                                     const at::Tensor& block_tables,
+                                     const at::Tensor& seq_lens, double scale) {
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.is_contiguous(),
               "paged_decode_attention: q must be contiguous [B, Hq, D] fp32");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
-                  k_cache.scalar_type() == torch::kFloat32 &&
-                  v_cache.scalar_type() == torch::kFloat32 && k_cache.is_contiguous() &&
+                  k_cache.scalar_type() == at::kFloat &&
+                  v_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
                   v_cache.is_contiguous(),
               "paged_decode_attention: caches must be contiguous [NB, BS, Hkv, D] fp32");
-  TORCH_CHECK(block_tables.dim() == 2 && block_tables.scalar_type() == torch::kInt32 &&
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.scalar_type() == at::kInt &&
                   block_tables.is_contiguous(),
               "paged_decode_attention: block_tables must be contiguous [B, MB] int32");
-  TORCH_CHECK(seq_lens.dim() == 1 && seq_lens.scalar_type() == torch::kInt32 &&
+  TORCH_CHECK(seq_lens.dim() == 1 && seq_lens.scalar_type() == at::kInt &&
                   seq_lens.is_contiguous(),
               "paged_decode_attention: seq_lens must be contiguous [B] int32");
   const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
@@ -90,7 +90,7 @@ torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor
                   " outside the pool of ", NB);
     }
   }
-  auto out = torch::empty_like(q);
+  auto out = at::empty_like(q);
   const float* qp = q.data_ptr<float>();
   const float* kp = k_cache.data_ptr<float>();
   const float* vp = v_cache.data_ptr<float>();

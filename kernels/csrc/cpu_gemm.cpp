@@ -6,7 +6,7 @@
 // per k, loads the panel's two vectors once and FMAs them with each row's broadcast x[m, k].
 // Threads split the panels; each thread runs every m-block of a panel while it is in
 // L1/L2, so a decode step (M <= 16) reads each weight from memory once.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
@@ -74,21 +74,21 @@ __mmask16 lanes(int64_t n) {  // the first n (clamped to 0..16) lanes
 }  // namespace
 
 // W [N, K] fp32 -> panels [ceil(N / 32), K, 32], outputs past N zero.
-torch::Tensor pack(const torch::Tensor& w) {
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32, "pack: W must be 2-D fp32");
+at::Tensor pack(const at::Tensor& w) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kFloat, "pack: W must be 2-D fp32");
   const int64_t N = w.size(0), K = w.size(1), NP = (N + kPanel - 1) / kPanel;
-  auto padded = torch::zeros({NP * kPanel, K}, w.options());
+  auto padded = at::zeros({NP * kPanel, K}, w.options());
   padded.narrow(0, 0, N).copy_(w);
   return padded.view({NP, kPanel, K}).transpose(1, 2).contiguous();
 }
 
 // x [M, K] fp32 contiguous, panels from pack(), bias: none or [NP * 32] (zero past N).
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& panels,
-                     const c10::optional<torch::Tensor>& bias, int64_t N) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
+at::Tensor linear(const at::Tensor& x, const at::Tensor& panels,
+                     const c10::optional<at::Tensor>& bias, int64_t N) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "linear: x must be contiguous 2-D fp32");
   TORCH_CHECK(panels.dim() == 3 && panels.size(2) == kPanel && panels.is_contiguous() &&
-                  panels.scalar_type() == torch::kFloat32,
+                  panels.scalar_type() == at::kFloat,
               "linear: panels must come from pack()");
   const int64_t M = x.size(0), K = x.size(1), NP = panels.size(0);
   TORCH_CHECK(panels.size(1) == K, "linear: x has ", K, " columns, W ", panels.size(1));
@@ -96,11 +96,11 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& panels,
   const float* bp = nullptr;
   if (bias.has_value()) {
     TORCH_CHECK(bias->is_contiguous() && bias->numel() == NP * kPanel &&
-                    bias->scalar_type() == torch::kFloat32,
+                    bias->scalar_type() == at::kFloat,
                 "linear: bias must be fp32 [NP * 32]");
     bp = bias->data_ptr<float>();
   }
-  auto y = torch::empty({M, N}, x.options());
+  auto y = at::empty({M, N}, x.options());
   if (M == 0) return y;
   const float* xp = x.data_ptr<float>();
   const float* pp = panels.data_ptr<float>();

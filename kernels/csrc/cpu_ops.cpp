@@ -1,6 +1,6 @@
 // Small fp32 row ops of a CPU decode step, each one call instead of a chain of torch ops
 // (F.rms_norm on [8, 512] runs pow, mean, add, rsqrt and two muls: ~65 us; this: a few us).
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
@@ -18,14 +18,14 @@ inline __mmask16 tail_mask(int64_t n) { return static_cast<__mmask16>((1u << n) 
 }  // namespace
 
 // y = x / sqrt(mean(x^2) + eps) * weight, per row; x [N, H] fp32 contiguous, weight [H].
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "rms_norm: x must be contiguous 2-D fp32");
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1) &&
-                  weight.scalar_type() == torch::kFloat32 && weight.is_contiguous(),
+                  weight.scalar_type() == at::kFloat && weight.is_contiguous(),
               "rms_norm: weight must be fp32 [H]");
   const int64_t N = x.size(0), H = x.size(1);
-  auto y = torch::empty_like(x);
+  auto y = at::empty_like(x);
   const float* xp = x.data_ptr<float>();
   const float* wp = weight.data_ptr<float>();
   float* yp = y.data_ptr<float>();
@@ -61,12 +61,12 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
 
 // Index of each row's largest value, the first one on ties, the first NaN if the row has
 // one (torch.argmax's rules); x [N, V] fp32 contiguous -> int64 [N].
-torch::Tensor argmax_rows(const torch::Tensor& x) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous() &&
+at::Tensor argmax_rows(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() &&
                   x.size(1) > 0,
               "argmax_rows: x must be contiguous 2-D fp32 with at least one column");
   const int64_t N = x.size(0), V = x.size(1);
-  auto out = torch::empty({N}, x.options().dtype(torch::kInt64));
+  auto out = at::empty({N}, x.options().dtype(at::kLong));
   const float* xp = x.data_ptr<float>();
   int64_t* op = out.data_ptr<int64_t>();
   at::parallel_for(0, N, 1, [&](int64_t begin, int64_t end) {
@@ -102,26 +102,26 @@ torch::Tensor argmax_rows(const torch::Tensor& x) {
 //   qkv [T, (Hq + 2 Hkv) * D] fp32 contiguous (q | k | v columns), cos/sin [T, D/2],
 //   caches [NB, BS, Hkv, D] fp32 contiguous, slots [T] int64 (< 0: padding, not written).
 // Returns the rotated q [T, Hq, D]; rotated k and v go into their slots.
-torch::Tensor rope_and_cache(const torch::Tensor& qkv, const torch::Tensor& cos,
-                             const torch::Tensor& sin, torch::Tensor& k_cache,
-                             torch::Tensor& v_cache, const torch::Tensor& slots, int64_t Hq,
+at::Tensor rope_and_cache(const at::Tensor& qkv, const at::Tensor& cos,
+                             const at::Tensor& sin, at::Tensor& k_cache,
+                             at::Tensor& v_cache, const at::Tensor& slots, int64_t Hq,
                              int64_t Hkv, int64_t D) {
-  TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == torch::kFloat32 && qkv.is_contiguous() &&
+  TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == at::kFloat && qkv.is_contiguous() &&
                   qkv.size(1) == (Hq + 2 * Hkv) * D,
               "rope_and_cache: qkv must be contiguous fp32 [T, (Hq + 2 Hkv) * D]");
   const int64_t T = qkv.size(0), half = D / 2;
   TORCH_CHECK(D % 2 == 0, "rope_and_cache: head_dim must be even");
   TORCH_CHECK(cos.dim() == 2 && cos.size(0) == T && cos.size(1) == half && cos.is_contiguous() &&
                   sin.sizes() == cos.sizes() && sin.is_contiguous() &&
-                  cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32,
+                  cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat,
               "rope_and_cache: cos/sin must be contiguous fp32 [T, D/2]");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
                   k_cache.size(2) == Hkv && k_cache.size(3) == D &&
-                  k_cache.scalar_type() == torch::kFloat32 &&
-                  v_cache.scalar_type() == torch::kFloat32 && k_cache.is_contiguous() &&
+                  k_cache.scalar_type() == at::kFloat &&
+                  v_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
                   v_cache.is_contiguous(),
               "rope_and_cache: caches must be contiguous fp32 [NB, BS, Hkv, D]");
-  TORCH_CHECK(slots.dim() == 1 && slots.size(0) == T && slots.scalar_type() == torch::kInt64 &&
+  TORCH_CHECK(slots.dim() == 1 && slots.size(0) == T && slots.scalar_type() == at::kLong &&
                   slots.is_contiguous(),
               "rope_and_cache: slots must be contiguous int64 [T]");
   const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
@@ -129,7 +129,7 @@ torch::Tensor rope_and_cache(const torch::Tensor& qkv, const torch::Tensor& cos,
   for (int64_t t = 0; t < T; ++t)
     TORCH_CHECK(sp[t] < num_slots, "rope_and_cache: slot ", sp[t], " outside the cache of ",
                 num_slots);
-  auto q = torch::empty({T, Hq, D}, qkv.options());
+  auto q = at::empty({T, Hq, D}, qkv.options());
   const float* in = qkv.data_ptr<float>();
   const float* cp = cos.data_ptr<float>();
   const float* snp = sin.data_ptr<float>();
