@@ -2,13 +2,14 @@
 
 On a machine whose cores the engine and a load generator keep busy, the API process's short
 bursts of work (accept, parse, answer) wait for the kernel to give it a core: measured on a
-2-core VM, `/v1/models` p99 8-17 ms with the engine at full batch, p50 1 ms, while the same
-server answers in 0.07 ms idle. Under SCHED_RR a woken API thread preempts the engine at
-once: p99 1.6-2.1 ms at equal tokens/s (docs/performance.md). The API process only ever
+2-core VM, `/v1/models` p99 12.7-24.8 ms with the engine at full batch, p50 1.1 ms, while
+the same server answers in 0.07 ms idle. Under SCHED_RR a woken API thread preempts the
+engine at once: p99 1.45-3.0 ms, tokens/s 4-13 % lower in the same pairs (docs/performance.md). The API process only ever
 runs short bursts; the kernel's RT throttling (kernel.sched_rt_runtime_us, 95 % by default)
 still leaves every core's last 5 % to normal tasks.
 
-SCHED_RESET_ON_FORK: processes and threads started afterwards get the normal class back.
+SCHED_RESET_ON_FORK: processes and threads started afterwards (the engine process, a thread
+pool created later) get the normal class back.
 """
 
 from __future__ import annotations
