@@ -6,6 +6,9 @@ a token's slot is `block * block_size + offset`.
 Backends: "torch" (vectorised torch, any device; the CPU path) and "triton" (Triton kernels;
 CUDA, or CPU tensors under `TRITON_INTERPRET=1` for testing). Triton is imported lazily, so
 CPU users without it never fail at import.
+
+Layer: kernels (the bottom, beside workloads).
+Imports: nothing.
 """
 
 from __future__ import annotations

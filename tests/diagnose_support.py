@@ -13,8 +13,8 @@ import io
 import json
 from pathlib import Path
 
-from cbbench.harness.launcher import launch_reference_server
-from cbbench.harness.runner import BenchConfig, run_bench
+from cbbench.harness.load.runner import BenchConfig, run_bench
+from cbbench.harness.servers.launcher import launch_reference_server
 from cbbench.harness.telemetry import ServerMetricsSampler, metrics_url_for
 from cbbench.workloads.spec import RequestSpec, Workload
 from rich.console import Console

@@ -8,11 +8,11 @@ import random
 
 import torch
 from cbbench.kernels import get_attention_backend
-from cbbench.reference_engine.executor import ScheduledChunk
-from cbbench.reference_engine.model_runner import ModelRunner, prepare_batch
-from cbbench.reference_engine.outputs import RequestMetrics
+from cbbench.reference_engine.core.executor import ScheduledChunk
+from cbbench.reference_engine.core.outputs import RequestMetrics
+from cbbench.reference_engine.core.sequence import Sequence
+from cbbench.reference_engine.execution.model_runner import ModelRunner, prepare_batch
 from cbbench.reference_engine.sampling_params import SamplingParams
-from cbbench.reference_engine.sequence import Sequence
 
 _TORCH = get_attention_backend("torch", "cpu")
 

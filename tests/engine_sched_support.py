@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cbbench.reference_engine.config import (
+from cbbench.reference_engine.config.engine_config import (
     ContinuousConfig,
     DynamicConfig,
     EngineConfig,
     SpeculativeConfig,
     StaticConfig,
 )
-from cbbench.reference_engine.engine import LLMEngine
+from cbbench.reference_engine.engine.llm_engine import LLMEngine
 from cbbench.reference_engine.sampling_params import SamplingParams
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from cbbench.harness.records import RequestRecord
-from cbbench.harness.results import RunWriter
+from cbbench.harness.results.records import RequestRecord
+from cbbench.harness.results.run_folder import RunWriter
 
 
 def write_run(

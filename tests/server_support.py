@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
-from cbbench.reference_engine.config import EngineConfig
+from cbbench.reference_engine.config.engine_config import EngineConfig
 from cbbench.reference_engine.server.build import ServingStack, build_stack
 from cbbench.reference_engine.server.runner import ThreadedServer
 from prometheus_client.parser import text_string_to_metric_families

@@ -7,9 +7,10 @@ import time
 
 import numpy as np
 import pytest
-from cbbench.harness import aio, response, results
-from cbbench.harness.client import ClientConfig, OpenAIClient
-from cbbench.harness.records import RequestRecord
+from cbbench.harness.client import aio, response
+from cbbench.harness.client.api import ClientConfig, OpenAIClient
+from cbbench.harness.results import run_folder as results
+from cbbench.harness.results.records import RequestRecord
 from servers.fake import Behavior, FakeServerConfig, threaded
 
 
@@ -64,7 +65,7 @@ def test_open_loop_never_sends_before_the_schedule(tmp_path):
     request still goes out at or after its arrival time."""
     import io
 
-    from cbbench.harness.runner import BenchConfig, run_bench
+    from cbbench.harness.load.runner import BenchConfig, run_bench
     from cbbench.workloads.spec import RequestSpec, Workload
     from rich.console import Console
 

@@ -9,7 +9,7 @@ import time
 
 import pandas as pd
 import pytest
-from cbbench.harness.results import load_run
+from cbbench.harness.results.run_folder import load_run
 from servers.fake import Behavior, FakeServerConfig, threaded
 
 CLI = [sys.executable, "-m", "cbbench.harness.cli"]

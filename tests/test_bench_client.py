@@ -11,9 +11,9 @@ import time
 
 import openai
 import pytest
-from cbbench.harness.client import ClientConfig, OpenAIClient
-from cbbench.harness.records import RequestRecord
-from cbbench.harness.summary import summarize
+from cbbench.harness.client.api import ClientConfig, OpenAIClient
+from cbbench.harness.results.records import RequestRecord
+from cbbench.harness.results.summary import summarize
 from servers.fake import Behavior, FakeServerConfig, threaded
 
 TOL = 0.05

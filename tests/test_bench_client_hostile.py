@@ -11,13 +11,13 @@ import logging
 import time
 
 import pytest
-from cbbench.harness.client import ClientConfig, OpenAIClient
-from cbbench.harness.live import summary_table
+from cbbench.harness.client.api import ClientConfig, OpenAIClient
+from cbbench.harness.client.sse import SSEParser
+from cbbench.harness.console.live import summary_table
+from cbbench.harness.load.runner import BenchConfig, run_bench
 from cbbench.harness.locust.sync_client import SyncOpenAIClient
-from cbbench.harness.records import RequestRecord
-from cbbench.harness.runner import BenchConfig, run_bench
-from cbbench.harness.sse import SSEParser
-from cbbench.harness.summary import summarize
+from cbbench.harness.results.records import RequestRecord
+from cbbench.harness.results.summary import summarize
 from cbbench.workloads.spec import RequestSpec, Workload
 from rich.console import Console
 from servers.scripted import scripted, sse, stream_response

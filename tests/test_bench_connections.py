@@ -8,10 +8,10 @@ import logging
 import time
 
 import pytest
-from cbbench.harness import http1
-from cbbench.harness.client import ClientConfig, OpenAIClient
-from cbbench.harness.records import RequestRecord
-from cbbench.harness.runner import BenchConfig, run_bench
+from cbbench.harness.client import http1
+from cbbench.harness.client.api import ClientConfig, OpenAIClient
+from cbbench.harness.load.runner import BenchConfig, run_bench
+from cbbench.harness.results.records import RequestRecord
 from cbbench.workloads.spec import RequestSpec, Workload
 from rich.console import Console
 from servers.fake import Behavior, FakeServerConfig, threaded

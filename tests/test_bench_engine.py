@@ -4,8 +4,8 @@ records exactly."""
 
 import io
 
-from cbbench.harness.launcher import launch_reference_server
-from cbbench.harness.runner import BenchConfig, run_bench
+from cbbench.harness.load.runner import BenchConfig, run_bench
+from cbbench.harness.servers.launcher import launch_reference_server
 from cbbench.workloads import load_workload
 from rich.console import Console
 

@@ -1,6 +1,6 @@
 import pytest
 from cbbench.harness.errors import CbbenchError
-from cbbench.harness.prompts import PromptBuilder
+from cbbench.harness.load.prompts import PromptBuilder
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 

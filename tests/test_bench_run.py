@@ -7,8 +7,8 @@ import threading
 import time
 
 import pytest
-from cbbench.harness.results import load_run
-from cbbench.harness.runner import BenchConfig, run_bench
+from cbbench.harness.load.runner import BenchConfig, run_bench
+from cbbench.harness.results.run_folder import load_run
 from cbbench.workloads.spec import RequestSpec, Workload
 from rich.console import Console
 from servers.fake import Behavior, FakeServerConfig, process, threaded
@@ -116,7 +116,7 @@ def test_duration_stops_new_requests(tmp_path):
 
 
 def test_live_view_and_summary_table_render(tmp_path):
-    from cbbench.harness.live import LiveStats, LiveView, summary_table
+    from cbbench.harness.console.live import LiveStats, LiveView, summary_table
 
     with threaded(FakeServerConfig(Behavior())) as srv:
         res = _run(srv.url, _wl(5), tmp_path, concurrency=2, slo={"e2e": 1.0})

@@ -1,4 +1,4 @@
-from cbbench.harness.sse import SSEParser
+from cbbench.harness.client.sse import SSEParser
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -1,7 +1,7 @@
 import pytest
 from cbbench.harness.errors import CbbenchError
-from cbbench.harness.records import RequestRecord
-from cbbench.harness.summary import parse_slo, summarize
+from cbbench.harness.results.records import RequestRecord
+from cbbench.harness.results.summary import parse_slo, summarize
 
 
 def _records():

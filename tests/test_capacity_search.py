@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from cbbench.harness.capacity import CapacityConfig, Trial, find_max_rate
 from cbbench.harness.errors import CbbenchError
+from cbbench.harness.sweep.capacity import CapacityConfig, Trial, find_max_rate
 
 
 def model(knee: float, noise: float = 0.0, seed: int = 0):

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from cbbench.harness.cli import main
-from cbbench.harness.launcher import launch_reference_server
+from cbbench.harness.servers.launcher import launch_reference_server
 
 from tests.diagnose_support import hardware_file, sim_args
 

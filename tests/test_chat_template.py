@@ -9,9 +9,9 @@ import json
 import openai
 import pytest
 import transformers
-from cbbench.harness.runner import BenchConfig, run_bench
-from cbbench.reference_engine.config import EngineConfig
-from cbbench.reference_engine.loader import save_random_model
+from cbbench.harness.load.runner import BenchConfig, run_bench
+from cbbench.reference_engine.config.engine_config import EngineConfig
+from cbbench.reference_engine.model.loader import save_random_model
 from cbbench.workloads.loader import build_from_spec
 from cbbench.workloads.spec import RequestSpec, Workload
 from rich.console import Console

@@ -7,8 +7,8 @@ import threading
 import time
 
 from cbbench.harness.cli.selftest import ServerProcess
-from cbbench.harness.fake_server import Behavior, FakeServerConfig
-from cbbench.harness.selftest import measure
+from cbbench.harness.servers.fake_server import Behavior, FakeServerConfig
+from cbbench.harness.studies.selftest import measure
 
 
 def _hog(stop: threading.Event) -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import io
 
-from cbbench.harness.compare import comparison_table, emit_table, markdown
+from cbbench.harness.results.compare import comparison_table, emit_table, markdown
 from cbbench.harness.studies.simulation import run_summary
-from cbbench.reference_engine.options import build_engine_config
-from cbbench.reference_engine.simulate import replay
+from cbbench.reference_engine.config.options import build_engine_config
+from cbbench.reference_engine.sim.simulate import replay
 from cbbench.workloads import load_workload
 from rich.console import Console
 
@@ -65,7 +65,7 @@ def test_measured_summaries_read_the_servers_telemetry():
 def test_the_summary_type_names_every_key_summarize_writes():
     """RunSummary (the typed form of run.json's summary) covers what summarize and a replay
     write, and Stats is exactly the percentile helper's output."""
-    from cbbench.harness.summary import Counts, RunSummary, Stats
+    from cbbench.harness.results.summary import Counts, RunSummary, Stats
 
     s = _sim_summaries()["static"]
     assert set(s) <= set(RunSummary.__annotations__)

@@ -1,18 +1,18 @@
-"""Decode CUDA graphs' CPU-testable core (reference_engine/cuda_graphs.py): the bucket list and
+"""Decode CUDA graphs' CPU-testable core (reference_engine/execution/cuda_graphs.py): the bucket list and
 bucket choice, and the padded static-buffer path, which on the CPU runs eagerly: padded decode
 batches (dummy rows writing a scratch KV block, outputs dropped) give the same greedy tokens
 as unpadded ones, with sync and async scheduling, and the engine's KV blocks hold the same
-values. The capture itself needs CUDA: `python -m cbbench.reference_engine.gpu_check`."""
+values. The capture itself needs CUDA: `python -m tests.benchmarks.gpu.engine_check`."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from cbbench.reference_engine.config import ContinuousConfig, EngineConfig
-from cbbench.reference_engine.cuda_graphs import bucket_for, capture_sizes
-from cbbench.reference_engine.engine import LLMEngine
-from cbbench.reference_engine.model_runner import ModelRunner
-from cbbench.reference_engine.options import build_engine_config
+from cbbench.reference_engine.config.engine_config import ContinuousConfig, EngineConfig
+from cbbench.reference_engine.config.options import build_engine_config
+from cbbench.reference_engine.engine.llm_engine import LLMEngine
+from cbbench.reference_engine.execution.cuda_graphs import bucket_for, capture_sizes
+from cbbench.reference_engine.execution.model_runner import ModelRunner
 from cbbench.reference_engine.sampling_params import SamplingParams
 
 NUM_BLOCKS, BLOCK, MAX_LEN, MAX_SEQS = 48, 4, 64, 6
@@ -120,7 +120,7 @@ def test_cpu_engine_builds_no_graphs_and_enforce_eager_is_an_engine_option():
 
 def test_gpu_check_engine_modes_run_on_the_cpu():
     """The modes check's logic (on the CPU "graphs" is the padded path, run eagerly)."""
-    from cbbench.reference_engine.graphs_check import MODES, modes_check, summary
+    from tests.benchmarks.gpu.graphs_check import MODES, modes_check, summary
 
     r = modes_check("cpu", "tiny", num_requests=5, max_tokens=6, max_num_seqs=4,
                     max_model_len=64, num_kv_blocks=40)  # fmt: skip

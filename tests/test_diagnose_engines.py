@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from cbbench.harness.diagnose import diagnose_run
-from cbbench.harness.records import RequestRecord
-from cbbench.harness.results import Run
+from cbbench.harness.results.records import RequestRecord
+from cbbench.harness.results.run_folder import Run
 
 
 def _run(engine: str | None, samples: list[dict], records: list[RequestRecord] | None = None):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from cbbench.harness.diagnose import diagnose_run
 from cbbench.harness.diagnose.base import ENGINES
-from cbbench.harness.results import load_run
+from cbbench.harness.results.run_folder import load_run
 
 from tests.diagnose_support import provoke
 

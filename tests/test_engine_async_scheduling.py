@@ -8,16 +8,21 @@ from __future__ import annotations
 import random
 
 import pytest
-from cbbench.reference_engine.config import (
+from cbbench.reference_engine.config.engine_config import (
     ContinuousConfig,
     DynamicConfig,
     EngineConfig,
     StaticConfig,
 )
-from cbbench.reference_engine.cost_model import CostModel, HardwareSpec, StepWork, get_hardware
-from cbbench.reference_engine.engine import LLMEngine
-from cbbench.reference_engine.executor import PLACEHOLDER
-from cbbench.reference_engine.model_config import resolve_model_config
+from cbbench.reference_engine.core.executor import PLACEHOLDER
+from cbbench.reference_engine.engine.llm_engine import LLMEngine
+from cbbench.reference_engine.execution.cost_model import (
+    CostModel,
+    HardwareSpec,
+    StepWork,
+    get_hardware,
+)
+from cbbench.reference_engine.model.config import resolve_model_config
 from cbbench.reference_engine.sampling_params import SamplingParams
 from engine_sched_support import drive, sim_engine
 from hypothesis import HealthCheck, given, settings
@@ -215,8 +220,8 @@ def test_simulated_async_scheduling_is_faster_with_the_same_tokens(tmp_path):
     hardware whose host work is 5 % of a step (a preset's share depends on its machine)."""
     import json
 
-    from cbbench.reference_engine.cost_model import STEP_TERMS
-    from cbbench.reference_engine.simulate import replay
+    from cbbench.reference_engine.execution.cost_model import STEP_TERMS
+    from cbbench.reference_engine.sim.simulate import replay
     from cbbench.workloads.spec import RequestSpec
 
     linear = dict.fromkeys(STEP_TERMS, 0.0)
@@ -241,7 +246,7 @@ def test_simulated_async_scheduling_is_faster_with_the_same_tokens(tmp_path):
 
 
 def test_speculative_decoding_and_async_scheduling_are_refused_together():
-    from cbbench.reference_engine.config import SpeculativeConfig
+    from cbbench.reference_engine.config.engine_config import SpeculativeConfig
     from cbbench.reference_engine.errors import EngineError
 
     with pytest.raises(EngineError, match="speculative decoding and async scheduling"):

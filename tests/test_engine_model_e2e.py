@@ -5,13 +5,13 @@ small that it forces preemption, and prefix caching) and equal transformers' `ge
 from __future__ import annotations
 
 import pytest
-from cbbench.reference_engine.config import (
+from cbbench.reference_engine.config.engine_config import (
     ContinuousConfig,
     DynamicConfig,
     EngineConfig,
     StaticConfig,
 )
-from cbbench.reference_engine.engine import LLMEngine
+from cbbench.reference_engine.engine.llm_engine import LLMEngine
 from cbbench.reference_engine.sampling_params import SamplingParams
 from engine_model_support import HF_TINY_SHAPE, hf_greedy, save_hf_model
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 from cbbench.kernels import torch_split_kv
-from cbbench.reference_engine.loader import load_model
-from cbbench.reference_engine.model_runner import ModelRunner
+from cbbench.reference_engine.execution.model_runner import ModelRunner
+from cbbench.reference_engine.model.loader import load_model
 from engine_model_support import (
     HF_TINY_SHAPE,
     generate,

@@ -9,7 +9,9 @@ import json
 import pytest
 import torch
 from cbbench.reference_engine.errors import EngineError
-from cbbench.reference_engine.loader import (
+from cbbench.reference_engine.execution.model_runner import ModelRunner
+from cbbench.reference_engine.model.config import ModelConfig, preset_config
+from cbbench.reference_engine.model.loader import (
     INDEX_FILE,
     load_model,
     random_model,
@@ -17,8 +19,6 @@ from cbbench.reference_engine.loader import (
     save_model,
     save_random_model,
 )
-from cbbench.reference_engine.model_config import ModelConfig, preset_config
-from cbbench.reference_engine.model_runner import ModelRunner
 from engine_model_support import paged_logits
 from safetensors.torch import load_file, save_file
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from cbbench.reference_engine.errors import EngineError
-from cbbench.reference_engine.rope import RotaryEmbedding
+from cbbench.reference_engine.model.rope import RotaryEmbedding
 
 transformers = pytest.importorskip("transformers")
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402

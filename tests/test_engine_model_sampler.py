@@ -4,7 +4,7 @@ the batch, min_tokens masking of stop tokens."""
 from __future__ import annotations
 
 import torch
-from cbbench.reference_engine.sampler import Sampler, SampleRequest, inverse_cdf
+from cbbench.reference_engine.execution.sampler import Sampler, SampleRequest, inverse_cdf
 from cbbench.reference_engine.sampling_params import SamplingParams
 
 V = 50

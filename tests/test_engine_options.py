@@ -7,10 +7,8 @@ import argparse
 
 import pytest
 from cbbench.harness.cli import build_parser, main
-from cbbench.reference_engine.config import SCHEDULERS, EngineConfig
-from cbbench.reference_engine.engine import LLMEngine
-from cbbench.reference_engine.errors import EngineError
-from cbbench.reference_engine.options import (
+from cbbench.reference_engine.config.engine_config import SCHEDULERS, EngineConfig
+from cbbench.reference_engine.config.options import (
     FLAGS,
     SIM_DEFAULTS,
     add_engine_args,
@@ -19,6 +17,8 @@ from cbbench.reference_engine.options import (
     engine_config_from_args,
     engine_flags,
 )
+from cbbench.reference_engine.engine.llm_engine import LLMEngine
+from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.scheduler import SCHEDULER_CLASSES
 
 ENGINE_COMMANDS = ("serve", "sim", "run", "reproduce", "compare-engines", "calibrate")

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from cbbench.reference_engine.block_manager import BlockManager
-from cbbench.reference_engine.outputs import RequestMetrics
+from cbbench.reference_engine.core.block_manager import BlockManager
+from cbbench.reference_engine.core.outputs import RequestMetrics
+from cbbench.reference_engine.core.sequence import Sequence
 from cbbench.reference_engine.sampling_params import SamplingParams
-from cbbench.reference_engine.sequence import Sequence
 
 
 def seq(rid: str, tokens: list[int]) -> Sequence:

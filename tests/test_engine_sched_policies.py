@@ -340,7 +340,7 @@ def test_first_scheduled_time_is_stamped_once_at_admission():
 
 
 def test_chunk_drafts_start_as_a_shared_list_that_refuses_changes():
-    from cbbench.reference_engine.executor import ScheduledChunk
+    from cbbench.reference_engine.core.executor import ScheduledChunk
 
     e = sim_engine()
     add(e, "a")

@@ -12,9 +12,9 @@ import threading
 import time
 
 import pytest
-from cbbench.harness import fake_server
-from cbbench.harness.fake_server import Behavior, FakeServerConfig, ThreadedServer
-from cbbench.harness.h1conn import kernel_timestamps_supported
+from cbbench.harness.client.h1conn import kernel_timestamps_supported
+from cbbench.harness.servers import fake_server
+from cbbench.harness.servers.fake_server import Behavior, FakeServerConfig, ThreadedServer
 
 KERNEL = kernel_timestamps_supported() is None
 

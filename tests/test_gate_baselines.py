@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 from cbbench.harness.cli import main
-from cbbench.harness.launcher import launch_reference_server
-from cbbench.harness.results import load_run
+from cbbench.harness.results.run_folder import load_run
+from cbbench.harness.servers.launcher import launch_reference_server
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINES = Path("results/baselines")  # relative: the workload path is part of sim's run.json
@@ -53,7 +53,7 @@ def test_real_cpu_rerun_passes_the_tolerant_gate(tmp_path: Path, capsys) -> None
 
 def test_tolerant_gate_still_fails_a_gross_regression(tmp_path: Path) -> None:
     """The CPU policy is wide, not blind: the baseline made 6x slower fails it."""
-    from cbbench.harness.results import RunWriter
+    from cbbench.harness.results.run_folder import RunWriter
 
     base = load_run(BASELINES / "cpu-tiny-continuous")
     w = RunWriter(tmp_path / "slow")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from cbbench.harness.cli import main
-from cbbench.harness.gate_policy import DEFAULT_POLICY, load_policy
+from cbbench.harness.gate.policy import DEFAULT_POLICY, load_policy
 from report_synth import write_run
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 from cbbench.harness.cli import main
-from cbbench.harness.gate import run_gate
-from cbbench.harness.gate_policy import DEFAULT_POLICY, Policy, Rule
-from cbbench.harness.results import load_run
-from cbbench.harness.summary import summarize
+from cbbench.harness.gate.judge import run_gate
+from cbbench.harness.gate.policy import DEFAULT_POLICY, Policy, Rule
+from cbbench.harness.results.run_folder import load_run
+from cbbench.harness.results.summary import summarize
 from report_synth import write_run
 
 N = 4000  # a p99 rests on the slowest 40 requests: enough to resolve a 20% shift

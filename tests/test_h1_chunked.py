@@ -1,10 +1,10 @@
-"""The raw client's chunked-body reader (harness/h1conn.py): a read of whole chunks takes the
+"""The raw client's chunked-body reader (harness/client/h1conn.py): a read of whole chunks takes the
 fast path, anything else the state machine; both give the same bytes however the body is
 split across reads, and the body ends exactly at its last chunk."""
 
 import asyncio
 
-from cbbench.harness.h1conn import Conn, PoolStats, _whole_chunks
+from cbbench.harness.client.h1conn import Conn, PoolStats, _whole_chunks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -1,10 +1,10 @@
-"""The collector during a measured phase (harness/heap.py): the heap is frozen at start and
+"""The collector during a measured phase (harness/load/heap.py): the heap is frozen at start and
 again after each full collection, young objects are still collected, and stop puts back the
 collector as it was."""
 
 import gc
 
-from cbbench.harness.heap import FrozenHeap
+from cbbench.harness.load.heap import FrozenHeap
 
 
 class _Cycle:

@@ -11,7 +11,8 @@ import sys
 
 import pytest
 import torch
-from cbbench.kernels.bench_report import decode_bytes, peak_bandwidth, write_results
+
+from tests.benchmarks.gpu.kernels_report import decode_bytes, peak_bandwidth, write_results
 
 
 def interpreted(code: str) -> object:
@@ -27,7 +28,7 @@ def interpreted(code: str) -> object:
 
 
 def test_refuses_loudly_without_cuda(tmp_path, capsys):
-    from cbbench.kernels.bench_gpu import main
+    from tests.benchmarks.gpu.kernels_check import main
 
     assert not torch.cuda.is_available()
     assert main(["--out", str(tmp_path / "o")]) == 1
@@ -36,7 +37,7 @@ def test_refuses_loudly_without_cuda(tmp_path, capsys):
 
 
 def test_parse_args():
-    from cbbench.kernels.bench_gpu import parse_args
+    from tests.benchmarks.gpu.kernels_check import parse_args
 
     args = parse_args(["--out", "x", "--dtypes", "bfloat16", "--batches", "1,64", "--quick"])
     assert args.dtypes == [torch.bfloat16] and args.batches == [1, 64] and args.quick
@@ -66,11 +67,11 @@ def test_decode_bytes_at_the_goal_point():
 
 
 def test_correctness_grid_and_report_on_cpu(tmp_path):
-    from cbbench.kernels.bench_gpu import GOAL
+    from tests.benchmarks.gpu.kernels_check import GOAL
 
     checks = interpreted(
         "import json, torch\n"
-        "from cbbench.kernels.bench_gpu import correctness_grid\n"
+        "from tests.benchmarks.gpu.kernels_check import correctness_grid\n"
         "cs = correctness_grid(torch.device('cpu'), [torch.float32], quick=True)\n"
         "print(json.dumps([c.__dict__ for c in cs]))"
     )
@@ -111,7 +112,7 @@ def test_engine_check_runs_the_engine_on_triton_kernels():
     in chunks over their cached prefix, batched with the other sequences' decodes."""
     result = interpreted(
         "import json, os\n"
-        "from cbbench.reference_engine.gpu_check import engine_check\n"
+        "from tests.benchmarks.gpu.engine_check import engine_check\n"
         "r = engine_check('cpu', 'tiny', backend='triton', num_requests=3, max_tokens=6,\n"
         "                 max_prompt=40, token_budget=16)\n"
         "r['interpret_env'] = os.environ['TRITON_INTERPRET']\n"

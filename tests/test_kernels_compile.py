@@ -20,7 +20,7 @@ def _compile(tmp_path, *flags: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
     return subprocess.run(
-        [sys.executable, "-m", "cbbench.kernels.compile_check", *flags],
+        [sys.executable, "-m", "tests.benchmarks.gpu.compile_check", *flags],
         capture_output=True,
         text=True,
         env=env,
@@ -46,7 +46,7 @@ def test_all_kernels_compile_for_sm80_and_sm90(tmp_path):
 
 
 def test_refuses_under_the_interpreter(monkeypatch, capsys):
-    from cbbench.kernels.compile_check import main
+    from tests.benchmarks.gpu.compile_check import main
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert main([]) == 1

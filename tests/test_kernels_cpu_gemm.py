@@ -1,5 +1,5 @@
 """The "panels" CPU projection kernel (kernels/csrc/cpu_gemm.cpp) against F.linear, and its
-place among the CPU linear layouts (reference_engine/cpu_linear.py)."""
+place among the CPU linear layouts (reference_engine/execution/cpu_linear.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from cbbench.kernels import cpu_gemm
-from cbbench.reference_engine.cpu_linear import PanelLinear, optimize_cpu_linears
 from cbbench.reference_engine.errors import EngineError
-from cbbench.reference_engine.loader import random_model
-from cbbench.reference_engine.model_runner import ModelRunner
+from cbbench.reference_engine.execution.cpu_linear import PanelLinear, optimize_cpu_linears
+from cbbench.reference_engine.execution.model_runner import ModelRunner
+from cbbench.reference_engine.model.loader import random_model
 from engine_model_support import paged_logits
 
 PROMPT = [5, 17, 300, 42, 7, 99, 12, 250, 3]

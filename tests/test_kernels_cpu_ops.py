@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from cbbench.kernels import cpu_gemm, cpu_ops
-from cbbench.reference_engine.model import RMSNorm
-from cbbench.reference_engine.model_runner import ModelRunner
-from cbbench.reference_engine.sampler import Sampler, SampleRequest
+from cbbench.reference_engine.execution.model_runner import ModelRunner
+from cbbench.reference_engine.execution.sampler import Sampler, SampleRequest
+from cbbench.reference_engine.model.llama import RMSNorm
 from cbbench.reference_engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(
@@ -73,7 +73,7 @@ def test_model_runner_switches_norms_on_and_sampler_argmax_agrees():
 @pytest.mark.parametrize("hq, hkv, d", [(8, 8, 64), (4, 2, 16), (14, 2, 64), (2, 1, 10)])
 def test_rope_and_cache_equals_rotate_then_reshape_and_cache(hq, hkv, d):
     from cbbench.kernels.torch_backend import TorchAttentionBackend
-    from cbbench.reference_engine.rope import RotaryEmbedding
+    from cbbench.reference_engine.model.rope import RotaryEmbedding
 
     gen = torch.Generator().manual_seed(hq * d)
     t, nb, bs = 7, 6, 4

@@ -14,7 +14,7 @@ import torch
 
 
 def _run_bench_gpu(
-    out_dir, *flags: str, module: str = "cbbench.reference_engine.gpu_check"
+    out_dir, *flags: str, module: str = "tests.benchmarks.gpu.engine_check"
 ) -> dict:
     assert torch.cuda.is_available(), "tests marked gpu need a CUDA device"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -39,7 +39,7 @@ def test_bench_gpu_quick(tmp_path):
 
 @pytest.mark.gpu
 def test_bench_gpu_kernels_only(tmp_path):
-    report = _run_bench_gpu(tmp_path, "--quick", module="cbbench.kernels.bench_gpu")
+    report = _run_bench_gpu(tmp_path, "--quick", module="tests.benchmarks.gpu.kernels_check")
     assert report["correctness"] and "engine" not in report
 
 

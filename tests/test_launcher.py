@@ -8,7 +8,7 @@ import sys
 import httpx
 import pytest
 from cbbench.harness.errors import CbbenchError
-from cbbench.harness.launcher import (
+from cbbench.harness.servers.launcher import (
     READY_PREFIX,
     fake_server_command,
     launch_server,

@@ -6,9 +6,9 @@ import asyncio
 import socket
 import time
 
-from cbbench.harness.client import ClientConfig, OpenAIClient
+from cbbench.harness.client.api import ClientConfig, OpenAIClient
 from cbbench.harness.locust.sync_client import SyncOpenAIClient
-from cbbench.harness.records import RequestRecord
+from cbbench.harness.results.records import RequestRecord
 from servers.fake import Behavior, FakeServerConfig, threaded
 
 PROMPT = [11, 12, 13, 14, 15]

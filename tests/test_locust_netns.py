@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cbbench.harness.results import load_run
+from cbbench.harness.results.run_folder import load_run
 
 SUBNET = "10.213.77"
 MASTER_IP = f"{SUBNET}.1"

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from cbbench.harness.launcher import launch_reference_server
-from cbbench.harness.results import load_run
-from cbbench.harness.summary import summarize
+from cbbench.harness.results.run_folder import load_run
+from cbbench.harness.results.summary import summarize
+from cbbench.harness.servers.launcher import launch_reference_server
 from cbbench.workloads import load_workload, with_arrivals
 from PIL import Image
 

@@ -14,12 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from cbbench.harness.load.runner import BenchConfig, run_bench
+from cbbench.harness.load.sessions import group_sessions
 from cbbench.harness.locust.dispenser import Dispenser, Plan
 from cbbench.harness.locust.settings import LocustSettings, load_workload_for, workload_digest
-from cbbench.harness.results import load_run
-from cbbench.harness.runner import BenchConfig, run_bench
-from cbbench.harness.sessions import group_sessions
-from cbbench.reference_engine.config import EngineConfig
+from cbbench.harness.results.run_folder import load_run
+from cbbench.reference_engine.config.engine_config import EngineConfig
 from cbbench.workloads import with_arrivals
 from cbbench.workloads.loader import build_from_spec
 from hypothesis import given, settings

@@ -5,8 +5,8 @@ from types import SimpleNamespace
 from cbbench.harness.locust.collector import RunCollector
 from cbbench.harness.locust.settings import LocustSettings
 from cbbench.harness.locust.webpage import PageData, _spark, render_page
-from cbbench.harness.records import RequestRecord
-from cbbench.harness.summary import summarize
+from cbbench.harness.results.records import RequestRecord
+from cbbench.harness.results.summary import summarize
 from cbbench.workloads import load_workload
 
 

@@ -9,8 +9,8 @@ import math
 import openai
 import pytest
 import torch
-from cbbench.reference_engine.config import EngineConfig
-from cbbench.reference_engine.sampler import token_logprobs
+from cbbench.reference_engine.config.engine_config import EngineConfig
+from cbbench.reference_engine.execution.sampler import token_logprobs
 from server_support import serve
 
 PROMPT = "the cat sat on"

@@ -1,14 +1,14 @@
-"""Requests built ahead of their send time (harness/lookahead.py): bounded, in send order,
+"""Requests built ahead of their send time (harness/load/lookahead.py): bounded, in send order,
 each built once, and the bytes on the wire equal to a request built at send time."""
 
 import asyncio
 import json
 from dataclasses import dataclass
 
-from cbbench.harness.client import ClientConfig, OpenAIClient
-from cbbench.harness.loadgen import Job, Worker, WorkerPlan
-from cbbench.harness.lookahead import RECORD_BYTES, Lookahead, Prepared
-from cbbench.harness.records import RequestRecord
+from cbbench.harness.client.api import ClientConfig, OpenAIClient
+from cbbench.harness.load.loadgen import Job, Worker, WorkerPlan
+from cbbench.harness.load.lookahead import RECORD_BYTES, Lookahead, Prepared
+from cbbench.harness.results.records import RequestRecord
 from cbbench.workloads.tokens import PromptTokenIds
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from cbbench.harness.cli import main
-from cbbench.harness.sweep_runner import SWEEP_TABLE, print_sweep
+from cbbench.harness.sweep.runner import SWEEP_TABLE, print_sweep
 
 
 def _index() -> dict:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 from cbbench.harness.cli import main
-from cbbench.harness.launcher import launch_reference_server
 from cbbench.harness.probe.verdicts import first_cluster, prefix_caching
-from cbbench.harness.records import RequestRecord
+from cbbench.harness.results.records import RequestRecord
+from cbbench.harness.servers.launcher import launch_reference_server
 
 from tests.diagnose_support import hardware_file, sim_args
 

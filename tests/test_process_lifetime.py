@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cbbench.harness.lifeline import die_with_parent
+from cbbench.reference_engine.server.lifeline import die_with_parent
 from servers.fake import Behavior, FakeServerConfig, threaded
 
 CLI = [sys.executable, "-m", "cbbench.harness.cli"]

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import io
 
-from cbbench.harness.progress import request_progress, step_progress
-from cbbench.reference_engine.calibration import engine_config, run_interleaved
-from cbbench.reference_engine.calibration_grid import Grid, calibrate_grid
-from cbbench.reference_engine.config import DynamicConfig, EngineConfig, StaticConfig
-from cbbench.reference_engine.simulate import replay_interleaved
+from cbbench.harness.console.progress import request_progress, step_progress
+from cbbench.reference_engine.config.engine_config import DynamicConfig, EngineConfig, StaticConfig
+from cbbench.reference_engine.sim.calibration import engine_config, run_interleaved
+from cbbench.reference_engine.sim.calibration_grid import Grid, calibrate_grid
+from cbbench.reference_engine.sim.simulate import replay_interleaved
 from cbbench.workloads.spec import RequestSpec
 from rich.console import Console
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cbbench.harness.prompts import PromptBuilder
-from cbbench.reference_engine.engine import LLMEngine
-from cbbench.reference_engine.options import build_engine_config
-from cbbench.reference_engine.simulate import replay
+from cbbench.harness.load.prompts import PromptBuilder
+from cbbench.reference_engine.config.options import build_engine_config
+from cbbench.reference_engine.engine.llm_engine import LLMEngine
+from cbbench.reference_engine.sim.simulate import replay
 from cbbench.workloads.loader import build_from_spec
 from cbbench.workloads.tokens import (
     DEFAULT_ID_RANGE,

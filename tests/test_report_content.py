@@ -10,7 +10,7 @@ import pytest
 from cbbench.harness.cli import main
 from cbbench.harness.report import build_report
 from cbbench.harness.report.svg import nice_ticks
-from cbbench.harness.summary import summarize
+from cbbench.harness.results.summary import summarize
 from report_synth import write_run
 
 

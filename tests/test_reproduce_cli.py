@@ -8,7 +8,7 @@ import json
 from dataclasses import replace
 
 from cbbench.harness.cli import main
-from cbbench.harness.results import load_run
+from cbbench.harness.results.run_folder import load_run
 from cbbench.harness.studies import reproduce as rp
 from cbbench.harness.studies.reproduce_report import scaled_workload
 from cbbench.workloads import load_workload
@@ -116,8 +116,7 @@ def test_reproduce_measured_part_on_tiny(tmp_path, capsys, monkeypatch):
 
 
 def test_gpu_check_says_it_needs_cuda_and_sizes_memory_like_the_server(capsys):
-    from cbbench.harness.studies import reproduce_gpu
-
+    from tests.benchmarks.gpu import reproduce_gpu
     assert reproduce_gpu.main(["--device", "cpu"]) == 2
     assert "needs CUDA" in capsys.readouterr().err
     args = reproduce_gpu.parse_args(["--batch-size", "16", "--num-requests", "64"])

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from cbbench.harness.cli import build_parser, main
 from cbbench.harness.cli.run import run_options
-from cbbench.harness.results import load_run
+from cbbench.harness.results.run_folder import load_run
 from cbbench.harness.studies.run_demo import RUN_WORKLOAD, serve_settings
-from cbbench.reference_engine.options import (
+from cbbench.reference_engine.config.options import (
     build_engine_config,
     engine_argv,
     engine_config_from_args,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 from cbbench.harness.cli import main
-from cbbench.harness.peer_engines import Job, hf_continuous, hf_static, load_hf_model
-from cbbench.harness.results import load_run
+from cbbench.harness.results.run_folder import load_run
+from cbbench.harness.servers.peer_engines import Job, hf_continuous, hf_static, load_hf_model
 
 
 def test_compare_engines_tiny(tmp_path, capsys, monkeypatch):
@@ -31,7 +31,7 @@ def test_compare_engines_tiny(tmp_path, capsys, monkeypatch):
 
 
 def test_hf_modes_generate_exactly_the_asked_tokens(tmp_path):
-    from cbbench.reference_engine.loader import save_random_model
+    from cbbench.reference_engine.model.loader import save_random_model
 
     folder = save_random_model("tiny", tmp_path / "m", seed=1)
     model = load_hf_model(folder)

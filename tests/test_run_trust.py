@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 from cbbench.harness.cli import main
-from cbbench.harness.client import fail_record
-from cbbench.harness.records import RequestRecord
-from cbbench.harness.redact import MASK, redact_argv, redact_meta, redact_text
-from cbbench.harness.results import RunWriter
-from cbbench.reference_engine.config import EngineConfig
+from cbbench.harness.client.api import fail_record
+from cbbench.harness.results.records import RequestRecord
+from cbbench.harness.results.redact import MASK, redact_argv, redact_meta, redact_text
+from cbbench.harness.results.run_folder import RunWriter
+from cbbench.reference_engine.config.engine_config import EngineConfig
 from report_synth import write_run
 from servers.fake import Behavior, FakeServerConfig, threaded
 
@@ -178,7 +178,7 @@ def test_gate_refuses_a_killed_run_unless_allowed(runs, capsys):
     ],
 )
 def test_incomplete_reason(status, words):
-    from cbbench.harness.outcome import incomplete_reason
+    from cbbench.harness.results.outcome import incomplete_reason
 
     reason = incomplete_reason({} if status is None else {"status": status})
     assert (reason is None) if words is None else (words in reason)

@@ -5,9 +5,9 @@ import subprocess
 import sys
 
 from cbbench.harness.cli.selftest import ServerProcess
-from cbbench.harness.fake_server import Behavior, FakeServerConfig
-from cbbench.harness.http1 import kernel_timestamps_supported
-from cbbench.harness.selftest import measure
+from cbbench.harness.client.http1 import kernel_timestamps_supported
+from cbbench.harness.servers.fake_server import Behavior, FakeServerConfig
+from cbbench.harness.studies.selftest import measure
 
 
 def test_measure_grades_ttft_and_itl_against_the_server_log():

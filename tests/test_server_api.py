@@ -8,12 +8,12 @@ import socket
 import httpx
 import openai
 import pytest
-from cbbench.reference_engine.config import DynamicConfig, EngineConfig, StaticConfig
-from cbbench.reference_engine.engine import LLMEngine
+from cbbench.reference_engine.config.engine_config import DynamicConfig, EngineConfig, StaticConfig
+from cbbench.reference_engine.engine.llm_engine import LLMEngine
+from cbbench.reference_engine.model.tokenizer import apply_chat_template
 from cbbench.reference_engine.sampling_params import SamplingParams
 from cbbench.reference_engine.server.build import build_stack
 from cbbench.reference_engine.server.runner import ThreadedServer
-from cbbench.reference_engine.tokenizer import apply_chat_template
 
 from tests.server_support import scrape, serve
 

@@ -7,7 +7,7 @@ import argparse
 import pytest
 from cbbench.harness.cli import main
 from cbbench.harness.cli.serve import add_engine_args, engine_config_from_args
-from cbbench.reference_engine.config import EngineConfig
+from cbbench.reference_engine.config.engine_config import EngineConfig
 
 
 def parse(*argv: str) -> EngineConfig:
@@ -76,7 +76,7 @@ def test_api_rt_priority_puts_the_api_under_sched_rr_and_not_the_engine():
     import os
 
     import httpx
-    from cbbench.harness.launcher import launch_reference_server
+    from cbbench.harness.servers.launcher import launch_reference_server
 
     with launch_reference_server("tiny", extra_args=["--api-rt-priority", "5"]) as server:
         api = server.process.pid

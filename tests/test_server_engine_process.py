@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import httpx
 import openai
 import pytest
-from cbbench.harness.launcher import launch_reference_server
-from cbbench.reference_engine import outputs as outputs_module
-from cbbench.reference_engine.config import EngineConfig
-from cbbench.reference_engine.outputs import EngineStats, RequestMetrics, RequestOutput
+from cbbench.harness.servers.launcher import launch_reference_server
+from cbbench.reference_engine.config.engine_config import EngineConfig
+from cbbench.reference_engine.core import outputs as outputs_module
+from cbbench.reference_engine.core.outputs import EngineStats, RequestMetrics, RequestOutput
 from cbbench.reference_engine.sampling_params import SamplingParams
 from cbbench.reference_engine.server.ipc import decode, encode, msgpack_decode, msgpack_encode
 

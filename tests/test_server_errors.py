@@ -8,7 +8,7 @@ import json
 import httpx
 import openai
 import pytest
-from cbbench.reference_engine.config import EngineConfig, StaticConfig
+from cbbench.reference_engine.config.engine_config import EngineConfig, StaticConfig
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 from cbbench.harness.cli import main
-from cbbench.reference_engine.config import EngineConfig, StaticConfig
+from cbbench.reference_engine.config.engine_config import EngineConfig, StaticConfig
 from cbbench.reference_engine.server.body import OFFLOAD_BYTES
 from cbbench.reference_engine.server.runner import bind_warning
 

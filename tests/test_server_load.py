@@ -9,7 +9,11 @@ import json
 import httpx
 import openai
 import pytest
-from cbbench.reference_engine.config import ContinuousConfig, EngineConfig, StaticConfig
+from cbbench.reference_engine.config.engine_config import (
+    ContinuousConfig,
+    EngineConfig,
+    StaticConfig,
+)
 
 from tests.server_support import scrape, serve, wait_for_metric
 

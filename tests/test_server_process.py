@@ -10,7 +10,7 @@ import threading
 import httpx
 import pytest
 from cbbench.harness.errors import CbbenchError
-from cbbench.harness.launcher import launch_reference_server, start_reference_server
+from cbbench.harness.servers.launcher import launch_reference_server, start_reference_server
 
 
 def test_sigterm_ends_in_flight_streams_and_exits_cleanly():

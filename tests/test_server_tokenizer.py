@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 from cbbench.reference_engine.errors import EngineError
-from cbbench.reference_engine.model_config import preset_config
-from cbbench.reference_engine.tokenizer import (
+from cbbench.reference_engine.model.config import preset_config
+from cbbench.reference_engine.model.tokenizer import (
     BYTE_OFFSET,
     ByteTokenizer,
     HFTokenizer,
@@ -118,8 +118,8 @@ def test_bad_tokenizer_file_is_an_engine_error(tmp_path):
 
 def test_server_uses_the_model_folders_tokenizer(hf_folder):
     import openai
-    from cbbench.reference_engine.config import EngineConfig
-    from cbbench.reference_engine.loader import save_random_model
+    from cbbench.reference_engine.config.engine_config import EngineConfig
+    from cbbench.reference_engine.model.loader import save_random_model
 
     from tests.server_support import serve
 

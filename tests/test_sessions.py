@@ -8,13 +8,14 @@ import json
 import re
 
 import pytest
-from cbbench.harness.client import ClientConfig
-from cbbench.harness.live import summary_table
+from cbbench.harness.client.api import ClientConfig
+from cbbench.harness.client.reply import Reply
+from cbbench.harness.console.live import summary_table
+from cbbench.harness.load.runner import BenchConfig, _plans, run_bench
+from cbbench.harness.load.sessions import History, group_sessions, turn_message
 from cbbench.harness.report import build_report
-from cbbench.harness.results import load_run
-from cbbench.harness.runner import BenchConfig, _plans, run_bench
-from cbbench.harness.sessions import History, Reply, group_sessions, turn_message
-from cbbench.reference_engine.config import EngineConfig
+from cbbench.harness.results.run_folder import load_run
+from cbbench.reference_engine.config.engine_config import EngineConfig
 from cbbench.workloads import WorkloadError, load_trace, load_workload, with_arrivals
 from cbbench.workloads.loader import build_from_spec
 from cbbench.workloads.native import read_native, write_native_jsonl
@@ -294,7 +295,7 @@ def test_worker_processes_keep_each_session_in_order(tmp_path):
 
 
 def test_later_turns_get_fresh_messages_not_the_prefix_blocks():
-    from cbbench.harness.loadgen import Job, Worker, WorkerPlan
+    from cbbench.harness.load.loadgen import Job, Worker, WorkerPlan
 
     jobs = [
         Job(0, 600, 4, prefix_ids=(0, 1), session_id="m0", turn=1),
@@ -342,7 +343,7 @@ def test_plain_sharegpt_sends_its_first_message_as_text(server, tmp_path):
 
 
 def test_the_offline_replay_runs_sessions_turn_after_turn():
-    from cbbench.reference_engine.simulate import simulate
+    from cbbench.reference_engine.sim.simulate import simulate
 
     spec = {**SPEC, "session": {**SPEC["session"], "think_ms": {"dist": "constant", "value": 500}}}
     wl = build_from_spec(spec, "s", "spec", seed=0, num_requests=12)
@@ -360,7 +361,7 @@ def test_the_offline_replay_runs_sessions_turn_after_turn():
 
 def test_diagnose_flags_sessions_that_miss_the_prefix_cache(server, tmp_path):
     from cbbench.harness.diagnose import diagnose_run
-    from cbbench.harness.results import load_run
+    from cbbench.harness.results.run_folder import load_run
 
     spec = {**SPEC, "session": {**SPEC["session"], "turns": {"dist": "constant", "value": 4}}}
     wl = build_from_spec(spec, "s", "spec", seed=15, num_requests=12)

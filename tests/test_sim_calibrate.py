@@ -7,8 +7,8 @@ import json
 
 import pytest
 from cbbench.harness.cli import main
-from cbbench.reference_engine.calibration import TracedClock, calibrate, fit_workloads
-from cbbench.reference_engine.cost_model import STEP_TERMS, get_hardware
+from cbbench.reference_engine.execution.cost_model import STEP_TERMS, get_hardware
+from cbbench.reference_engine.sim.calibration import TracedClock, calibrate, fit_workloads
 
 
 def test_calibrate_then_validate_writes_a_fit_the_simulator_uses(tmp_path, capsys, monkeypatch):
@@ -87,8 +87,8 @@ def test_calibrate_rejects_bad_flags(capsys):
 def test_interleaved_runs_each_keep_their_own_clock():
     """Two real engines stepped in turn: each clock runs only while its engine does, and
     each run schedules exactly as it would alone."""
-    from cbbench.reference_engine.calibration import engine_config, run_interleaved
-    from cbbench.reference_engine.simulate import replay
+    from cbbench.reference_engine.sim.calibration import engine_config, run_interleaved
+    from cbbench.reference_engine.sim.simulate import replay
     from cbbench.workloads.spec import RequestSpec
 
     reqs = [RequestSpec(i, 8 + 4 * i, 6 + 3 * i) for i in range(4)]

@@ -6,7 +6,7 @@ import re
 
 import pytest
 from cbbench.harness.cli import main
-from cbbench.harness.results import load_run
+from cbbench.harness.results.run_folder import load_run
 
 
 def test_seed_demo_prints_the_timeline(capsys):
@@ -118,8 +118,8 @@ def test_flags_beat_the_preset_settings(capsys, monkeypatch):
 def test_static_never_idles_a_drain_timeout_no_arrival_can_end():
     """6 requests, B = 32, all at once: the batch can never fill, so static runs what waits at
     once instead of idling its 1 s drain timeout (virtual clock: the whole run is < 1 s)."""
-    from cbbench.reference_engine.options import build_engine_config
-    from cbbench.reference_engine.simulate import replay
+    from cbbench.reference_engine.config.options import build_engine_config
+    from cbbench.reference_engine.sim.simulate import replay
     from cbbench.workloads import load_workload
 
     wl = load_workload("seed-demo")

@@ -6,7 +6,8 @@ import json
 
 import numpy as np
 import pytest
-from cbbench.reference_engine.cost_model import (
+from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.execution.cost_model import (
     HARDWARE_PRESETS,
     STEP_TERMS,
     CostModel,
@@ -15,8 +16,7 @@ from cbbench.reference_engine.cost_model import (
     fit_linear,
     get_hardware,
 )
-from cbbench.reference_engine.errors import EngineError
-from cbbench.reference_engine.model_config import preset_config
+from cbbench.reference_engine.model.config import preset_config
 
 LLAMA = preset_config("llama-3-8b")
 

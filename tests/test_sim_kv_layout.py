@@ -8,15 +8,15 @@ import random
 import pytest
 from cbbench.kernels import torch_split_kv
 from cbbench.kernels.kv_layout import gather_calls, split_layout
-from cbbench.reference_engine.calibration import fit_step_terms
-from cbbench.reference_engine.cost_model import (
+from cbbench.reference_engine.execution.cost_model import (
     HARDWARE_PRESETS,
     STEP_TERMS,
     CostModel,
     HardwareSpec,
     StepWork,
 )
-from cbbench.reference_engine.model_config import preset_config
+from cbbench.reference_engine.model.config import preset_config
+from cbbench.reference_engine.sim.calibration import fit_step_terms
 
 SMALL = preset_config("small")  # 8 KV heads x 64 fp32: one block of K (16 tokens) is 32 KiB
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from cbbench.reference_engine.config import (
+from cbbench.reference_engine.config.engine_config import (
     ContinuousConfig,
     DynamicConfig,
     EngineConfig,
     StaticConfig,
 )
 from cbbench.reference_engine.errors import EngineError
-from cbbench.reference_engine.simulate import prompt_tokens, replay_interleaved, simulate
+from cbbench.reference_engine.sim.simulate import prompt_tokens, replay_interleaved, simulate
 from cbbench.workloads import load_workload, with_arrivals
 from cbbench.workloads.spec import RequestSpec
 

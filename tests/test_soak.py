@@ -1,4 +1,4 @@
-"""The soak study's pieces (harness/studies/soak.py): process sampling from /proc and the
+"""The soak study's pieces (tests/benchmarks/studies/soak.py): process sampling from /proc and the
 flat-memory verdict. The soak itself is a benchmark, run by hand (docs/reliability.md)."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from cbbench.harness.studies.soak import ProcessSampler, process_usage, verdict
+
+from tests.benchmarks.studies.soak import ProcessSampler, process_usage, verdict
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
 

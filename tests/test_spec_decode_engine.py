@@ -8,8 +8,12 @@ from __future__ import annotations
 import random
 
 import pytest
-from cbbench.reference_engine.config import ContinuousConfig, EngineConfig, SpeculativeConfig
-from cbbench.reference_engine.engine import LLMEngine
+from cbbench.reference_engine.config.engine_config import (
+    ContinuousConfig,
+    EngineConfig,
+    SpeculativeConfig,
+)
+from cbbench.reference_engine.engine.llm_engine import LLMEngine
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.sampling_params import SamplingParams
 from engine_model_support import HF_TINY_SHAPE, hf_greedy, save_hf_model

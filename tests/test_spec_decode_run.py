@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from cbbench.harness.cli import main
-from cbbench.harness.results import load_run
+from cbbench.harness.results.run_folder import load_run
 
 
 def test_run_compares_with_and_without_speculation(tmp_path, capsys, monkeypatch):

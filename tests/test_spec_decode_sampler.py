@@ -7,13 +7,13 @@ lookup proposes what followed the context's suffix."""
 from __future__ import annotations
 
 import torch
-from cbbench.reference_engine.sampler import Sampler, SampleRequest
-from cbbench.reference_engine.sampling_params import SamplingParams
-from cbbench.reference_engine.spec_decode.rejection_sampler import (
+from cbbench.reference_engine.execution.rejection_sampler import (
     RejectionSampler,
     accept_greedy,
     sample_chunks,
 )
+from cbbench.reference_engine.execution.sampler import Sampler, SampleRequest
+from cbbench.reference_engine.sampling_params import SamplingParams
 
 CHI2_DF4_P001 = 18.467  # chi-square critical value, 4 degrees of freedom, p = 0.001
 N = 4000

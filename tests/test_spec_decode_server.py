@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import openai
 import pytest
-from cbbench.reference_engine.config import EngineConfig, SpeculativeConfig
+from cbbench.reference_engine.config.engine_config import EngineConfig, SpeculativeConfig
 from server_support import scrape, serve
 
 PROMPT = [5, 17, 300, 42, 7, 99, 12, 5, 17, 300]

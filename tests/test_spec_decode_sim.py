@@ -9,8 +9,8 @@ import time
 import pytest
 from cbbench.harness.cli import main
 from cbbench.harness.studies.spec_sweep import SpecSweepOptions, spec_sweep
-from cbbench.reference_engine.config import EngineConfig, SpeculativeConfig
-from cbbench.reference_engine.simulate import MeasuredClock, replay_interleaved
+from cbbench.reference_engine.config.engine_config import EngineConfig, SpeculativeConfig
+from cbbench.reference_engine.sim.simulate import MeasuredClock, replay_interleaved
 from cbbench.workloads.spec import RequestSpec
 
 

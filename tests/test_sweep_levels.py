@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from cbbench.harness.cli import main
 from cbbench.harness.report import build_report
-from cbbench.harness.results import load_run
-from cbbench.harness.sweep import SaturationWatch, auto_rates
+from cbbench.harness.results.run_folder import load_run
+from cbbench.harness.sweep.levels import SaturationWatch, auto_rates
 from servers.fake import Behavior, FakeServerConfig, threaded
 
 FAST = Behavior(ttft_s=0.005, itl_s=0.0, tokens_per_chunk=64)

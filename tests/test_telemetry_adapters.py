@@ -225,8 +225,8 @@ def test_not_prometheus_text_is_a_counted_failure() -> None:
 def test_bench_records_server_samples_from_metrics_url(tmp_path) -> None:
     """`cbbench bench --metrics-url`: samples land in timeseries.jsonl, summary in run.json."""
     from cbbench.harness.cli import main as cli_main
-    from cbbench.harness.fake_server import ThreadedServer
-    from cbbench.harness.results import load_run
+    from cbbench.harness.results.run_folder import load_run
+    from cbbench.harness.servers.fake_server import ThreadedServer
 
     target = ThreadedServer()
     try:
@@ -250,7 +250,7 @@ def test_bench_records_server_samples_from_metrics_url(tmp_path) -> None:
 def test_live_view_shows_kv_usage_running_and_waiting() -> None:
     import io
 
-    from cbbench.harness.live import LiveStats
+    from cbbench.harness.console.live import LiveStats
     from rich.console import Console
 
     with MetricsServer(fixture("vllm.txt")) as server:

@@ -175,10 +175,10 @@ def test_real_pynvml_records_only_when_a_driver_answers() -> None:
 
 
 def test_gpu_check_exit_code_follows_nvml(tmp_path) -> None:
-    """`python -m cbbench.harness.telemetry.gpu_check`: non-zero exactly when there is no GPU."""
+    """`python -m tests.benchmarks.gpu.telemetry_check`: non-zero exactly when there is no GPU."""
     import json
 
-    from cbbench.harness.telemetry.gpu_check import main
+    from tests.benchmarks.gpu.telemetry_check import main
 
     rc = main(["--out", str(tmp_path), "--seconds", "0.2"])
     report = json.loads((tmp_path / "gpu_check.json").read_text())

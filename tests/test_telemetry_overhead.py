@@ -1,12 +1,13 @@
 """The sampling-cost measurement runs end to end (a tiny setting; the real figures come from
-`python -m cbbench.harness.telemetry.overhead`)."""
+`python -m tests.benchmarks.studies.telemetry_overhead`)."""
 
 from __future__ import annotations
 
 import re
 
 import pytest
-from cbbench.harness.telemetry.overhead import main, vllm_like_exposition
+
+from tests.benchmarks.studies.telemetry_overhead import main, vllm_like_exposition
 
 
 def test_exposition_is_vllm_sized_and_detected_as_vllm() -> None:

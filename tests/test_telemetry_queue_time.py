@@ -7,7 +7,6 @@ import math
 
 import numpy as np
 import pytest
-from cbbench.harness.metrics import describe_array
 from cbbench.harness.telemetry import add_telemetry_args, build_samplers, metrics_url_for
 from cbbench.harness.telemetry.gpu import GpuSampler
 from cbbench.harness.telemetry.prom import Histogram, parse_metrics
@@ -18,6 +17,7 @@ from cbbench.harness.telemetry.queue_time import (
     quantile,
 )
 from cbbench.harness.telemetry.server_sampler import ServerMetricsSampler
+from cbbench.workloads.stats import describe_array
 from telemetry_server import fixture
 
 INF = math.inf

@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 from cbbench.harness.cli import main as cli_main
-from cbbench.harness.launcher import start_reference_server
-from cbbench.harness.results import load_run
+from cbbench.harness.results.run_folder import load_run
+from cbbench.harness.servers.launcher import start_reference_server
 from cbbench.harness.telemetry.adapters import CBBENCH, SERVER_FIELDS, detect
 from cbbench.harness.telemetry.prom import fetch_metrics
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from cbbench.harness.aio import TurnBudget
+from cbbench.harness.client.aio import TurnBudget
 
 
 async def _burst(n_tasks: int, n: int, cancel: set[int] = frozenset()) -> list:

@@ -11,8 +11,8 @@ import threading
 import time
 
 from cbbench.harness.cli.selftest import ServerProcess
-from cbbench.harness.fake_server import Behavior, FakeServerConfig
-from cbbench.harness.runner import BenchConfig, run_bench
+from cbbench.harness.load.runner import BenchConfig, run_bench
+from cbbench.harness.servers.fake_server import Behavior, FakeServerConfig
 from cbbench.workloads.spec import RequestSpec, Workload
 from rich.console import Console
 

@@ -5,6 +5,9 @@ from cbbench.workloads import load_workload, with_arrivals
 wl = load_workload("mixed", seed=0, num_requests=100)  # preset, trace path or spec file
 wl = with_arrivals(wl, "poisson", rate=4.0)             # only arrival_s changes
 ```
+
+Layer: workloads (the bottom: request streams, and the statistics helpers everyone shares).
+Imports: nothing.
 """
 
 from cbbench.workloads.arrivals import ARRIVAL_KINDS, with_arrivals

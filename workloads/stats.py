@@ -1,6 +1,6 @@
 """The one percentile helper: mean, p50, p90, p95, p99, max, count, used by every summary
 (run summaries, the engine's replay summary, reports). It lives in the lowest layer so the
-harness and the engine share it (harness/metrics.py re-exports it)."""
+harness and the engine share it (workloads/stats.py re-exports it)."""
 
 from __future__ import annotations
 

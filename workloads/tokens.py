@@ -7,8 +7,8 @@ position): `vocab[h % len(vocab)]` with `h` a splitmix64 hash of the four (strea
 block `p`; stream 2: request `index`'s own ids). No generator state: ids for many requests
 come out of one set of numpy calls (`many`), and one request's ids are the same whether built
 alone or in a batch. The same workload (seed, request index, length, prefix ids) therefore
-sends the same ids whether the load generator sends them over HTTP (harness/prompts.py), the
-engine replays it offline or the simulator does (reference_engine/simulate.py).
+sends the same ids whether the load generator sends them over HTTP (harness/load/prompts.py), the
+engine replays it offline or the simulator does (reference_engine/sim/simulate.py).
 
 (Until December 2026 each request drew from its own seeded PCG64 generator; ids differ from
 that version, their distribution does not: uniform over the pool.)

@@ -5,6 +5,9 @@ argparse keeps start-up fast and adds no dependency; each subcommand module expo
 `run(args) -> int`. `main` imports only the command it runs: the others are listed from
 COMMAND_HELP (kept equal to each module's own help by tests/test_cli_startup.py), so
 `cbbench --help` and `cbbench sim --help` import no torch, numpy, httpx or Locust.
+
+Layer: commands (the top).
+Imports: anything; nothing imports a command module.
 """
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def config_from_args(args: argparse.Namespace):
-    from cbbench.harness.load_options import ClientOptions, LoadOptions, bench_config
+    from cbbench.harness.load.options import ClientOptions, LoadOptions, bench_config
 
     return bench_config(
         args.base_url,
@@ -115,7 +115,7 @@ def config_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from cbbench.harness.runner import run_bench
+    from cbbench.harness.load.runner import run_bench
     from cbbench.harness.telemetry import build_samplers
 
     cfg = config_from_args(args)

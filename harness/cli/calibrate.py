@@ -1,7 +1,7 @@
 """`cbbench calibrate`: fit the simulator's step-time model to the real engine, and check it.
 
 Runs the real engine (CPU, in-process) over a few fit workloads, times every engine step,
-fits cost_model.STEP_TERMS (reference_engine/calibration.py) and saves a hardware JSON for
+fits cost_model.STEP_TERMS (reference_engine/sim/calibration.py) and saves a hardware JSON for
 `cbbench sim --hardware PATH`. `--validate` then replays held-out workloads
 (`--validate-workloads`, default chat: 24 requests, B=8; uniform: 8, B=4; max_model_len
 2048, all at once) simulated and real, static and continuous, and prints throughput and p99
@@ -10,7 +10,7 @@ existing fit without refitting.
 
 Grid method (the flags of the first calibrate, still supported): --batch-sizes,
 --context-lens, --prefill-lens, --repeats, --min-time or a --device other than cpu time
-single model-runner steps over a grid of shapes instead (reference_engine/calibration_grid.py);
+single model-runner steps over a grid of shapes instead (reference_engine/sim/calibration_grid.py);
 quicker, and it runs on cuda.
 """
 
@@ -20,8 +20,8 @@ import argparse
 import json
 from pathlib import Path
 
+from cbbench.reference_engine.config.options import add_engine_args, engine_value
 from cbbench.reference_engine.errors import EngineError
-from cbbench.reference_engine.options import add_engine_args, engine_value
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -93,7 +93,7 @@ GRID_FLAGS = ("batch_sizes", "context_lens", "prefill_lens", "repeats", "min_tim
 
 def grid_options(args: argparse.Namespace):
     """The grid calibration's Grid when a grid flag or a non-cpu --device asks for it."""
-    from cbbench.reference_engine.calibration_grid import Grid, parse_ints
+    from cbbench.reference_engine.sim.calibration_grid import Grid, parse_ints
 
     if all(getattr(args, f) is None for f in GRID_FLAGS) and args.device == "cpu":
         return None
@@ -113,11 +113,11 @@ def grid_options(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from cbbench.harness.compare import emit_table
-    from cbbench.harness.progress import request_progress, step_progress
-    from cbbench.reference_engine import calibration as cal
-    from cbbench.reference_engine.cost_model import get_hardware
-    from cbbench.reference_engine.sim_validation import held_out
+    from cbbench.harness.console.progress import request_progress, step_progress
+    from cbbench.harness.results.compare import emit_table
+    from cbbench.reference_engine.execution.cost_model import get_hardware
+    from cbbench.reference_engine.sim import calibration as cal
+    from cbbench.reference_engine.sim.validation import held_out
     from rich.console import Console
 
     for dest in ("model", "dtype", "device"):
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
                 raise EngineError(f"--fit {args.fit}: not a fitted (linear) hardware")
             out = None
         elif grid is not None:
-            from cbbench.reference_engine.calibration_grid import calibrate_grid
+            from cbbench.reference_engine.sim.calibration_grid import calibrate_grid
 
             console.print(f"calibrating {args.model} on {args.device} ({args.dtype}): grid of "
                           f"{len(grid.points())} runner steps")  # fmt: skip

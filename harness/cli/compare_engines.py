@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from cbbench.reference_engine.options import add_engine_args, engine_value
+from cbbench.reference_engine.config.options import add_engine_args, engine_value
 
 ENGINES = ("reference", "hf-static", "hf-continuous", "vllm")  # = studies.compare_engines'
 

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from cbbench.harness.errors import CbbenchError
-from cbbench.harness.results import load_run
+from cbbench.harness.results.run_folder import load_run
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from cbbench.harness.errors import CbbenchError
-from cbbench.harness.gate_policy import LATENCY, THROUGHPUT
+from cbbench.harness.gate.policy import LATENCY, THROUGHPUT
 
 VERDICT_STYLE = {"pass": "green", "noisy": "yellow", "fail": "bold red", "n/a": "dim"}
 
@@ -167,9 +167,9 @@ def _write(path: str, text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cbbench.harness.gate import run_gate
-    from cbbench.harness.gate_policy import DEFAULT_POLICY, load_policy
-    from cbbench.harness.results import load_run
+    from cbbench.harness.gate.judge import run_gate
+    from cbbench.harness.gate.policy import DEFAULT_POLICY, load_policy
+    from cbbench.harness.results.run_folder import load_run
 
     policy = load_policy(args.policy) if args.policy else DEFAULT_POLICY
     gate = run_gate(

@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 from cbbench.harness.errors import CbbenchError
-from cbbench.harness.summary import parse_duration, parse_slo
+from cbbench.harness.results.summary import parse_duration, parse_slo
 from cbbench.harness.telemetry import TelemetryOptions
 
 DEFAULT_WEB_PORT = 8089
@@ -178,7 +178,7 @@ def locust_command(args: argparse.Namespace, locustfile: str, base_url: str) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    from cbbench.harness.client import probe_server
+    from cbbench.harness.client.api import probe_server
     from cbbench.harness.locust import LOCUSTFILE
     from cbbench.harness.locust.settings import ENV_VAR
 

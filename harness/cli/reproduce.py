@@ -22,11 +22,11 @@ import json
 import sys
 from pathlib import Path
 
-from cbbench.harness.compare import emit_table
 from cbbench.harness.errors import CbbenchError
+from cbbench.harness.results.compare import emit_table
 from cbbench.harness.studies import reproduce as rp
 from cbbench.harness.studies import reproduce_report as rr
-from cbbench.reference_engine.options import SIM_DEFAULTS, add_engine_args, engine_value
+from cbbench.reference_engine.config.options import SIM_DEFAULTS, add_engine_args, engine_value
 from rich.console import Console
 
 SEED_DEMO_STEPS = {"static": 22}  # the seeds' count; continuous: "fewer"
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     sens = rr.sensitivity(console, sim_s) if args.sensitivity else None
     cpu = None
     if not args.sim_only:
-        from cbbench.reference_engine.calibration import TracedClock, _cost_for, torch_threads
+        from cbbench.reference_engine.sim.calibration import TracedClock, _cost_for, torch_threads
 
         cpu_s = rr.cpu_setting(args, sim_s)
         console.rule(

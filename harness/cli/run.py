@@ -17,7 +17,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from cbbench.reference_engine.options import add_engine_args, engine_settings, scheduler_names
+from cbbench.reference_engine.config.options import (
+    add_engine_args,
+    engine_settings,
+    scheduler_names,
+)
 
 DEFAULT_SLO = "ttft=10s,tpot=100ms"
 DEFAULT_SIM_MODEL = "llama-3-8b"
@@ -105,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     res = run_demo(opts, console)
     if res.summaries:
-        from cbbench.harness.compare import comparison_table, emit_table
+        from cbbench.harness.results.compare import comparison_table, emit_table
 
         table = comparison_table(res.summaries, _title(opts, res.device))
         if "static" in res.summaries and opts.rate is None:

@@ -15,9 +15,9 @@ from __future__ import annotations
 import argparse
 
 from cbbench.harness.errors import CbbenchError
-from cbbench.harness.fake_server import Behavior, FakeServerConfig
-from cbbench.harness.launcher import ServerHandle, fake_server_command, start_server
-from cbbench.harness.selftest import measure
+from cbbench.harness.servers.fake_server import Behavior, FakeServerConfig
+from cbbench.harness.servers.launcher import ServerHandle, fake_server_command, start_server
+from cbbench.harness.studies.selftest import measure
 from rich.console import Console
 from rich.table import Table
 
@@ -68,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from cbbench.harness.locust_compare import compare
+    from cbbench.harness.studies.locust_compare import compare
 
     streams = args.streams[0]
     config = FakeServerConfig(default=Behavior(itl_s=0.0, queue_time_s=None))
@@ -104,7 +104,7 @@ def run_compare(args: argparse.Namespace) -> int:
 
 
 class ServerProcess:
-    """The fake server in its own Python process (harness/launcher.py starts it); context
+    """The fake server in its own Python process (harness/servers/launcher.py starts it); context
     manager with `.url`."""
 
     def __init__(self, config: FakeServerConfig, procs: int = 1) -> None:

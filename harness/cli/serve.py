@@ -1,8 +1,8 @@
 """`cbbench serve`: the reference engine behind an OpenAI-compatible HTTP API.
 
-Engine flags come from reference_engine/options.py (the one registry every command shares);
+Engine flags come from reference_engine/config/options.py (the one registry every command shares);
 flags left unset keep EngineConfig's defaults. The ready line (`READY_PREFIX` + URL on stdout)
-is what harness/launcher.py waits for.
+is what harness/servers/launcher.py waits for.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cbbench.harness.launcher import READY_PREFIX
+from cbbench.harness.servers.launcher import READY_PREFIX
+from cbbench.reference_engine.config.options import add_engine_args, engine_config_from_args
 from cbbench.reference_engine.errors import EngineError
-from cbbench.reference_engine.options import add_engine_args, engine_config_from_args
 
 __all__ = ["READY_PREFIX", "add_engine_args", "engine_config_from_args", "register", "run"]
 

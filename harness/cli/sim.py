@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from cbbench.harness.errors import CbbenchError
-from cbbench.reference_engine.options import (
+from cbbench.reference_engine.config.options import (
     SIM_DEFAULTS,
     add_engine_args,
     engine_settings,
@@ -90,7 +90,7 @@ def _floats(text: str, flag: str) -> tuple[float, ...]:
 
 def _spec_sweep(args: argparse.Namespace, console) -> int:
     from cbbench.harness.studies.spec_sweep import SpecSweepOptions, print_sweep, spec_sweep
-    from cbbench.reference_engine.options import build_engine_config
+    from cbbench.reference_engine.config.options import build_engine_config
 
     settings = engine_settings(args)
     if settings.get("speculative_method") is None:

@@ -1,6 +1,6 @@
 """`cbbench sweep`: one benchmark per load level into one folder, for `cbbench report` curves.
 
-Parse -> SweepOptions -> harness.sweep_runner.run_sweep -> print."""
+Parse -> SweepOptions -> harness.sweep.runner.run_sweep -> print."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from cbbench.harness.sweep import parse_list
+from cbbench.harness.sweep.levels import parse_list
 from cbbench.harness.telemetry import TelemetryOptions
 
 
@@ -68,8 +68,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def sweep_options(args: argparse.Namespace):
     """The typed options of the parsed flags."""
-    from cbbench.harness.load_options import ClientOptions, LoadOptions
-    from cbbench.harness.sweep_runner import SweepOptions
+    from cbbench.harness.load.options import ClientOptions, LoadOptions
+    from cbbench.harness.sweep.runner import SweepOptions
 
     return SweepOptions(
         base_url=args.base_url,
@@ -102,7 +102,7 @@ def sweep_options(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from cbbench.harness.sweep_runner import print_capacity, print_sweep, run_sweep
+    from cbbench.harness.sweep.runner import print_capacity, print_sweep, run_sweep
 
     opts = sweep_options(args)
     index = run_sweep(opts)

@@ -4,6 +4,9 @@ telemetry; each finding carries its evidence and the fix in each engine's own fl
     from cbbench.harness.diagnose import diagnose_run
     for f in diagnose_run(load_run("results/runs/x")):
         print(f.title, f.evidence, f.fixes["vllm"])
+
+Layer: diagnose (run folders -> findings).
+Imports: results.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from dataclasses import dataclass, field
 
 from cbbench.harness.diagnose.base import ENGINES, Finding, Rule, RunView
 from cbbench.harness.diagnose.rules import RULES
-from cbbench.harness.results import Run
+from cbbench.harness.results.run_folder import Run
 
 
 @dataclass

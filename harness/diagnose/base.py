@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
-from cbbench.harness.records import RequestRecord
-from cbbench.harness.results import Run
+from cbbench.harness.results.records import RequestRecord
+from cbbench.harness.results.run_folder import Run
 
 ENGINES = ("vllm", "sglang", "tgi", "triton", "cbbench")
 STREAM_SAMPLE = 2000

@@ -4,6 +4,9 @@ and a cbbench page in Locust's web UI. `cbbench locust` (harness/cli/locust.py) 
 
 Importing this package does not import Locust (which monkey-patches the process for gevent);
 only `locustfile.py`, `hooks.py`, `user.py` and `run_state.py` do.
+
+Layer: Locust glue (a second load generator on the same client and records).
+Imports: client, load, results, telemetry, workloads.
 """
 
 from __future__ import annotations

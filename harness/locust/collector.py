@@ -3,7 +3,7 @@
 Same files as `cbbench bench`: `requests.jsonl` appended as records arrive (from this
 process's users, or merged from workers' messages), `timeseries.jsonl` from the telemetry
 samplers, `run.json` written at the start and rewritten with the summary
-(`harness/summary.py`) whenever a test stops, so `cbbench report` and `cbbench gate` read
+(`harness/results/summary.py`) whenever a test stops, so `cbbench report` and `cbbench gate` read
 Locust runs like bench runs.
 """
 
@@ -14,13 +14,13 @@ import datetime as dt
 import logging
 from pathlib import Path
 
-from cbbench.harness.environment import environment
 from cbbench.harness.errors import CbbenchError
-from cbbench.harness.records import RECORD_SCHEMA_VERSION, RequestRecord
-from cbbench.harness.results import RunWriter
-from cbbench.harness.runner import default_out_dir
-from cbbench.harness.session_summary import add_server_hit_rate
-from cbbench.harness.summary import summarize
+from cbbench.harness.load.runner import default_out_dir
+from cbbench.harness.results.environment import environment
+from cbbench.harness.results.records import RECORD_SCHEMA_VERSION, RequestRecord
+from cbbench.harness.results.run_folder import RunWriter
+from cbbench.harness.results.session_summary import add_server_hit_rate
+from cbbench.harness.results.summary import summarize
 from cbbench.workloads.spec import Workload
 
 log = logging.getLogger("cbbench.locust")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cbbench.harness.sessions import group_sessions
+from cbbench.harness.load.sessions import group_sessions
 from cbbench.workloads.spec import RequestSpec, Workload
 
 

@@ -21,13 +21,13 @@ import logging
 import time
 
 import gevent
-from cbbench.harness.client import ClientConfig, probe_server
+from cbbench.harness.client.api import ClientConfig, probe_server
+from cbbench.harness.load.prompts import PromptBuilder
+from cbbench.harness.load.sessions import Conversation, Prompt, history_mode
 from cbbench.harness.locust.collector import RunCollector
 from cbbench.harness.locust.dispenser import Dispenser, Plan, Ticket
 from cbbench.harness.locust.settings import LocustSettings, load_workload_for, workload_digest
-from cbbench.harness.prompts import PromptBuilder
-from cbbench.harness.records import RequestRecord
-from cbbench.harness.sessions import Conversation, Prompt, history_mode
+from cbbench.harness.results.records import RequestRecord
 from cbbench.workloads.spec import RequestSpec
 from locust.runners import STATE_RUNNING, STATE_SPAWNING, MasterRunner, WorkerRunner
 

@@ -72,7 +72,7 @@ class LocustSettings:
 
     def load_options(self):
         """The load options `cbbench bench` would use for the same flags."""
-        from cbbench.harness.load_options import LoadOptions
+        from cbbench.harness.load.options import LoadOptions
 
         return LoadOptions(
             workload=self.workload,

@@ -19,11 +19,11 @@ import ssl
 import time
 from urllib.parse import urlsplit
 
-from cbbench.harness import response
-from cbbench.harness.client import ClientConfig, build_payload
-from cbbench.harness.records import RequestRecord
-from cbbench.harness.response import RequestFailed, Response, fail_record, failure, finish
-from cbbench.harness.sessions import Reply
+from cbbench.harness.client import response
+from cbbench.harness.client.api import ClientConfig, build_payload
+from cbbench.harness.client.reply import Reply
+from cbbench.harness.client.response import RequestFailed, Response, fail_record, failure, finish
+from cbbench.harness.results.records import RequestRecord
 
 READ_SIZE = 65536
 

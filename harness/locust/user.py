@@ -19,11 +19,11 @@ A failed request is one failed "E2E" sample carrying the error.
 from __future__ import annotations
 
 import gevent
+from cbbench.harness.client.reply import Reply
 from cbbench.harness.locust.dispenser import Ticket
 from cbbench.harness.locust.run_state import LocustRun
 from cbbench.harness.locust.sync_client import SyncOpenAIClient
-from cbbench.harness.records import RequestRecord
-from cbbench.harness.sessions import Reply
+from cbbench.harness.results.records import RequestRecord
 from locust import User, constant, task
 
 REQUEST_TYPE = "LLM"

@@ -1,7 +1,7 @@
 """cbbench in Locust's web UI: a `cbbench` tab in Locust's own UI and a standalone page.
 
 - `/cbbench`: server-rendered HTML (refreshes every 2 s): TTFT/TPOT/ITL/E2E percentiles over
-  the run's records (`harness/summary.py`), request and token throughput, and the server's
+  the run's records (`harness/results/summary.py`), request and token throughput, and the server's
   KV usage, running and waiting requests from the telemetry sampler, with sparklines.
 - `/cbbench/summary.json`: the same numbers as JSON.
 - A "cbbench" tab in Locust's UI (its `extended_tabs` / `extended_tables` hooks), fed through
@@ -14,7 +14,7 @@ import html
 import json
 import time
 
-from cbbench.harness.metrics import PERCENTILES
+from cbbench.workloads.stats import PERCENTILES
 from flask import Blueprint, Response, request
 
 LATENCIES = (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("ITL", "itl_s"), ("E2E", "e2e_s"))

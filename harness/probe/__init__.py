@@ -11,6 +11,9 @@ workload. Phases (each a run folder under the probe folder, plus `probe.json`):
 
 Bounded: at most `max_requests` requests and `max_time_s` seconds (a phase that would
 overrun either is skipped and says so).
+
+Layer: probe (designed runs of the load layer).
+Imports: client, load, results, telemetry, workloads.
 """
 
 from __future__ import annotations
@@ -22,14 +25,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cbbench.harness.client import probe_server
+from cbbench.harness.client.api import probe_server
 from cbbench.harness.errors import CbbenchError
+from cbbench.harness.load.runner import BenchConfig, run_bench
 from cbbench.harness.probe import design
 from cbbench.harness.probe import verdicts as V
 from cbbench.harness.probe.verdicts import Verdict
-from cbbench.harness.records import RequestRecord
-from cbbench.harness.redact import redact_meta
-from cbbench.harness.runner import BenchConfig, run_bench
+from cbbench.harness.results.records import RequestRecord
+from cbbench.harness.results.redact import redact_meta
 from cbbench.harness.telemetry import ServerMetricsSampler, metrics_url_for
 from cbbench.workloads.spec import Workload
 

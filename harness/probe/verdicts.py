@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from cbbench.harness.records import RequestRecord
+from cbbench.harness.results.records import RequestRecord
 
 ITERATION, REQUEST = "iteration-level", "request-level"
 JUMP = 1.7  # TTFT p50 growth from one concurrency level to the next that means queueing

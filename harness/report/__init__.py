@@ -1,4 +1,8 @@
-"""cbbench.harness.report: HTML and Markdown reports comparing run folders."""
+"""cbbench.harness.report: HTML and Markdown reports comparing run folders.
+
+Layer: report (run folders -> HTML and Markdown).
+Imports: diagnose, results.
+"""
 
 from __future__ import annotations
 

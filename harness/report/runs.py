@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from cbbench.harness.errors import CbbenchError
-from cbbench.harness.results import REQUESTS_FILE, Run, load_run
+from cbbench.harness.results.run_folder import REQUESTS_FILE, Run, load_run
 
 SWEEP_FILE = "sweep.json"
 
@@ -108,8 +108,8 @@ def load_level(meta: dict[str, Any]) -> str | None:
 
 def trust_warnings(runs: list[LoadedRun]) -> list[str]:
     """Runs to read with care: killed or interrupted before the end, or a server that stopped
-    answering mid-run (harness/outcome.py)."""
-    from cbbench.harness.outcome import incomplete_reason
+    answering mid-run (harness/results/outcome.py)."""
+    from cbbench.harness.results.outcome import incomplete_reason
 
     out = []
     for lr in runs:

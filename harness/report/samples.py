@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from cbbench.harness.results import Run
-from cbbench.harness.summary import measured_window_s, output_tokens
+from cbbench.harness.results.run_folder import Run
+from cbbench.harness.results.summary import measured_window_s, output_tokens
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e", "queue")
 

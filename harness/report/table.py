@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from cbbench.harness.report.runs import LoadedRun
 from cbbench.harness.report.samples import LATENCY_METRICS, RunSamples, extract
-from cbbench.harness.summary import SLO_KEYS, summarize
+from cbbench.harness.results.summary import SLO_KEYS, summarize
 
 LATENCY_TITLES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "E2E", "queue": "queue"}
 STAT_KEYS = ("mean", "p50", "p90", "p95", "p99", "max")

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cbbench.harness.errors import CbbenchError
-from cbbench.reference_engine.options import engine_argv
+from cbbench.reference_engine.config.options import engine_argv
 from rich.console import Console
 from rich.table import Table
 
@@ -43,8 +43,7 @@ HOW = {
 
 
 def _vllm(folder: Path, wl, args: CompareOptions, out: Path, max_len: int) -> Result:
-    from cbbench.harness import peer_engines as peers
-
+    from cbbench.harness.servers import peer_engines as peers
     with peers.vllm_server(
         folder, args.max_batch, max_len, python=args.vllm_python, threads=args.threads
     ) as (url, pid):
@@ -69,8 +68,8 @@ def model_folder(model: str, out: Path, seed: int) -> Path:
         if not (path / "config.json").is_file():
             raise CbbenchError(f"--model {model}: a folder without config.json")
         return path
-    from cbbench.reference_engine.loader import save_random_model
-    from cbbench.reference_engine.model_config import PRESETS
+    from cbbench.reference_engine.model.config import PRESETS
+    from cbbench.reference_engine.model.loader import save_random_model
 
     if model not in PRESETS:
         raise CbbenchError(f"--model {model}: not a folder nor a preset ({', '.join(PRESETS)})")
@@ -78,7 +77,7 @@ def model_folder(model: str, out: Path, seed: int) -> Path:
 
 
 def _reference(folder: Path, wl, args, out: Path, max_len: int) -> Result:
-    from cbbench.harness.launcher import launch_reference_server
+    from cbbench.harness.servers.launcher import launch_reference_server
 
     flags = engine_argv(
         {"max_num_seqs": args.max_batch, "max_model_len": max_len, "seed": args.seed}
@@ -118,7 +117,7 @@ def process_cpu_s(pid: int) -> float | None:
 
 
 def _bench(base_url: str, wl, args, out: Path, name: str) -> tuple[int, float]:
-    from cbbench.harness.runner import BenchConfig, run_bench
+    from cbbench.harness.load.runner import BenchConfig, run_bench
 
     cfg = BenchConfig(
         base_url=base_url,
@@ -187,8 +186,8 @@ def torch_threads(n: int) -> Iterator[None]:
 
 
 def _run(args: CompareOptions, names: list[str], console: Console) -> dict:
-    from cbbench.harness import peer_engines as peers
-    from cbbench.harness.prompts import PromptBuilder
+    from cbbench.harness.load.prompts import PromptBuilder
+    from cbbench.harness.servers import peer_engines as peers
     from cbbench.workloads import load_workload
 
     if args.max_batch < 1:
@@ -228,7 +227,7 @@ def _run(args: CompareOptions, names: list[str], console: Console) -> dict:
     )
     results: dict[str, Result] = {}
     hf_model = None
-    from cbbench.harness.progress import step_progress
+    from cbbench.harness.console.progress import step_progress
 
     with step_progress(console, "engines", len(names), "engines") as progress:
         for i, name in enumerate(names):
@@ -255,7 +254,7 @@ def _run(args: CompareOptions, names: list[str], console: Console) -> dict:
                 f"  {name}: {tokens} tokens in {wall:.1f}s = {tokens / wall:.1f} tok/s, "
                 f"{cpu_text} CPU-s ({time.perf_counter() - t0:.0f}s with start-up)"
             )
-    from cbbench.harness.compare import emit_table
+    from cbbench.harness.results.compare import emit_table
 
     emit_table(console, results_table(results, args, len(jobs)), out, "compare.md")
     doc = {

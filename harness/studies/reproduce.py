@@ -36,14 +36,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 from cbbench.harness.errors import CbbenchError
-from cbbench.reference_engine.block_manager import cdiv
-from cbbench.reference_engine.config import (
+from cbbench.reference_engine.config.engine_config import (
     ContinuousConfig,
     EngineConfig,
     StaticConfig,
     kv_blocks_for_memory,
 )
-from cbbench.reference_engine.simulate import SimResult
+from cbbench.reference_engine.core.block_manager import cdiv
+from cbbench.reference_engine.sim.simulate import SimResult
 from cbbench.workloads.spec import RequestSpec
 
 WORKLOADS = ("uniform", "mixed", "heavy-mixed")
@@ -131,8 +131,8 @@ def pool_blocks(s: Setting) -> int:
     """KV blocks both policies get: the same device memory."""
     if s.num_kv_blocks:
         return s.num_kv_blocks
-    from cbbench.reference_engine.cost_model import CostModel, get_hardware
-    from cbbench.reference_engine.model_config import resolve_model_config
+    from cbbench.reference_engine.execution.cost_model import CostModel, get_hardware
+    from cbbench.reference_engine.model.config import resolve_model_config
 
     mc = resolve_model_config(s.model)
     dtype = mc.torch_dtype if s.dtype == "auto" else s.dtype
@@ -284,7 +284,7 @@ def run_pair(
 ) -> dict:
     """Static and continuous on the same requests under setting `s`: one table row.
     `on_progress(done, total)` counts finished requests over both replays."""
-    from cbbench.reference_engine.simulate import replay
+    from cbbench.reference_engine.sim.simulate import replay
     from cbbench.workloads import load_workload
 
     wl = load_workload(workload, num_requests=s.num_requests)

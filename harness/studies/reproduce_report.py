@@ -11,7 +11,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from cbbench.harness.progress import request_progress
+from cbbench.harness.console.progress import request_progress
 from cbbench.harness.studies import reproduce as rp
 from rich.console import Console
 from rich.table import Table
@@ -20,7 +20,7 @@ HOLDS_WITHIN = 0.15  # a gain "holds" when ours is within 15 % of the seed's
 
 
 def engine_config(model: str, scheduler: str, b: int, executor: str, hardware: str, **kw):
-    from cbbench.reference_engine.options import SIM_DEFAULTS, build_engine_config
+    from cbbench.reference_engine.config.options import SIM_DEFAULTS, build_engine_config
 
     # dtype auto: the model's own (bf16 for the llama presets; fp32 for tiny)
     settings = {"model": model, "batch_size": b, "executor": executor, "hardware": hardware}
@@ -30,7 +30,7 @@ def engine_config(model: str, scheduler: str, b: int, executor: str, hardware: s
 def seed_demo(console: Console) -> dict[str, int]:
     """The seeds' timeline in engine steps (hardware `steps`: one time unit per step)."""
     from cbbench.harness.studies.simulation import print_timeline
-    from cbbench.reference_engine.simulate import replay
+    from cbbench.reference_engine.sim.simulate import replay
     from cbbench.workloads import load_workload
 
     wl = load_workload("seed-demo")

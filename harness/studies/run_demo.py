@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from cbbench.harness.errors import CbbenchError
-from cbbench.harness.summary import RunSummary, parse_slo
-from cbbench.reference_engine.config import SCHEDULERS
-from cbbench.reference_engine.options import FLAGS, SIM_DEFAULTS, engine_argv
+from cbbench.harness.results.summary import RunSummary, parse_slo
+from cbbench.reference_engine.config.engine_config import SCHEDULERS
+from cbbench.reference_engine.config.options import FLAGS, SIM_DEFAULTS, engine_argv
 from cbbench.workloads.presets import preset_settings
 from rich.console import Console
 
@@ -172,8 +172,8 @@ def run_demo(opts: RunOptions, console: Console | None = None) -> RunDemoResult:
 
 def run_measured(opts: RunOptions, spec: str, parent: Path, console: Console) -> RunDemoResult:
     """One server and one bench run per scheduler (finished requests are kept on Ctrl-C)."""
-    from cbbench.harness.launcher import launch_reference_server
-    from cbbench.harness.runner import BenchConfig, run_bench
+    from cbbench.harness.load.runner import BenchConfig, run_bench
+    from cbbench.harness.servers.launcher import launch_reference_server
     from cbbench.harness.telemetry import TelemetryOptions, build_samplers
     from cbbench.workloads import load_workload, with_arrivals
 

@@ -1,7 +1,7 @@
 """The reference engine's schedulers on one workload, in simulated (or offline real) time.
 
 `simulate(options)` replays a workload through one engine per scheduler: with the SimExecutor
-every number is SIMULATED (a virtual clock advanced by reference_engine/cost_model.py) and
+every number is SIMULATED (a virtual clock advanced by reference_engine/execution/cost_model.py) and
 labelled so, on screen and in run.json (`"simulated": true`); `executor="real"` replays it
 through the real model instead (offline, in-process, wall clock): MEASURED.
 """
@@ -15,19 +15,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cbbench.harness import compare
+from cbbench.harness.console.progress import request_progress
 from cbbench.harness.errors import CbbenchError
-from cbbench.harness.progress import request_progress
-from cbbench.harness.records import RequestRecord
-from cbbench.harness.results import RunWriter
-from cbbench.harness.summary import RunSummary, summarize
-from cbbench.reference_engine.block_manager import cdiv
-from cbbench.reference_engine.config import SCHEDULERS, EngineConfig
-from cbbench.reference_engine.cost_model import CostModel, get_hardware
-from cbbench.reference_engine.engine import resolve_model_config, sim_num_kv_blocks
+from cbbench.harness.results import compare
+from cbbench.harness.results.records import RequestRecord
+from cbbench.harness.results.run_folder import RunWriter
+from cbbench.harness.results.summary import RunSummary, summarize
+from cbbench.reference_engine.config.engine_config import SCHEDULERS, EngineConfig
+from cbbench.reference_engine.config.options import FLAGS, SIM_DEFAULTS, build_engine_config
+from cbbench.reference_engine.core.block_manager import cdiv
+from cbbench.reference_engine.engine.llm_engine import resolve_model_config, sim_num_kv_blocks
 from cbbench.reference_engine.errors import EngineError
-from cbbench.reference_engine.options import FLAGS, SIM_DEFAULTS, build_engine_config
-from cbbench.reference_engine.simulate import SimResult, replay, replay_interleaved
+from cbbench.reference_engine.execution.cost_model import CostModel, get_hardware
+from cbbench.reference_engine.sim.simulate import SimResult, replay, replay_interleaved
 from cbbench.workloads import load_workload, with_arrivals
 from cbbench.workloads.presets import preset_settings
 from cbbench.workloads.spec import Workload

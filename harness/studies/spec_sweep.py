@@ -6,7 +6,7 @@ with max_num_seqs = B, replayed without speculation and with it at each acceptan
 throughputs. Each speculative step costs k draft decode steps (the draft model's CostModel)
 plus one target step over k + 1 tokens per sequence: nearly free while the target step is
 memory-bound (small B), paid in full once it is compute-bound (large B), so the speed-up
-shrinks as B grows. Every number is SIMULATED (reference_engine/cost_model.py).
+shrinks as B grows. Every number is SIMULATED (reference_engine/execution/cost_model.py).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from cbbench.reference_engine.config import EngineConfig, SpeculativeConfig
-from cbbench.reference_engine.simulate import replay
+from cbbench.reference_engine.config.engine_config import EngineConfig, SpeculativeConfig
+from cbbench.reference_engine.sim.simulate import replay
 from cbbench.workloads.spec import RequestSpec
 
 
@@ -94,6 +94,6 @@ def print_sweep(opts: SpecSweepOptions, rows: list[SpecSweepRow], console) -> No
                 f"{row.tokens_per_step[r]:.2f}",
             ]
         t.add_row(*cells)
-    from cbbench.harness.compare import emit_table
+    from cbbench.harness.results.compare import emit_table
 
     emit_table(console, t)  # Markdown when piped: names whole

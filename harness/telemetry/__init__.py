@@ -3,6 +3,9 @@
 `TelemetryOptions.add_args(parser)` adds the flags and `TelemetryOptions.from_args(ns)` reads
 them; `build_samplers(options, base_url)` turns them into samplers that follow the runner's
 protocol: `name`, `start(t0_ns, sink)`, `stop()`, `summary()` and `latest()`.
+
+Layer: telemetry (samplers beside the load; they read /metrics and NVML).
+Imports: nothing.
 """
 
 from __future__ import annotations

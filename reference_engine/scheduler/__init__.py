@@ -1,9 +1,13 @@
-"""Batching policies behind one interface; `make_scheduler` picks one by name."""
+"""Batching policies behind one interface; `make_scheduler` picks one by name.
+
+Layer: scheduler (the batching policies).
+Imports: config, core.
+"""
 
 from __future__ import annotations
 
-from cbbench.reference_engine.block_manager import BlockManager
-from cbbench.reference_engine.config import EngineConfig
+from cbbench.reference_engine.config.engine_config import EngineConfig
+from cbbench.reference_engine.core.block_manager import BlockManager
 from cbbench.reference_engine.scheduler.base import Scheduler, SchedulerOutput
 from cbbench.reference_engine.scheduler.continuous import ContinuousScheduler
 from cbbench.reference_engine.scheduler.dynamic import DynamicScheduler

@@ -6,11 +6,11 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from cbbench.reference_engine.block_manager import BlockManager
-from cbbench.reference_engine.config import EngineConfig
-from cbbench.reference_engine.executor import ScheduledChunk
+from cbbench.reference_engine.config.engine_config import EngineConfig
+from cbbench.reference_engine.core.block_manager import BlockManager
+from cbbench.reference_engine.core.executor import ScheduledChunk
+from cbbench.reference_engine.core.sequence import Sequence, SequenceStatus
 from cbbench.reference_engine.scheduler.queues import RequestQueue, fcfs_key
-from cbbench.reference_engine.sequence import Sequence, SequenceStatus
 
 _block_table = attrgetter("block_table")
 _num_computed = attrgetter("num_computed_tokens")

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from abc import abstractmethod
 
-from cbbench.reference_engine.executor import ScheduledChunk
+from cbbench.reference_engine.core.executor import ScheduledChunk
+from cbbench.reference_engine.core.sequence import Sequence, SequenceStatus
 from cbbench.reference_engine.scheduler.base import Scheduler, SchedulerOutput
-from cbbench.reference_engine.sequence import Sequence, SequenceStatus
 
 
 class RunToCompletionScheduler(Scheduler):

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from cbbench.reference_engine.executor import ScheduledChunk
+from cbbench.reference_engine.core.executor import ScheduledChunk
+from cbbench.reference_engine.core.sequence import Sequence, SequenceStatus
 from cbbench.reference_engine.scheduler.base import Scheduler, SchedulerOutput
 from cbbench.reference_engine.scheduler.queues import RequestQueue, SortKey, priority_key
-from cbbench.reference_engine.sequence import Sequence, SequenceStatus
 
 FORCED: SortKey = (float("-inf"),)
 

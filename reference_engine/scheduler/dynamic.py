@@ -5,8 +5,8 @@ prompt + max_tokens per request; the batch runs to completion. `max_queue_size` 
 
 from __future__ import annotations
 
+from cbbench.reference_engine.core.sequence import Sequence
 from cbbench.reference_engine.scheduler.batch import RunToCompletionScheduler
-from cbbench.reference_engine.sequence import Sequence
 
 
 class DynamicScheduler(RunToCompletionScheduler):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterator
 
-from cbbench.reference_engine.sequence import Sequence
+from cbbench.reference_engine.core.sequence import Sequence
 
 SortKey = tuple[float, ...]
 

@@ -5,8 +5,8 @@ can arrive any more (`input_closed`: a drain timeout no arrival can end is pure 
 
 from __future__ import annotations
 
+from cbbench.reference_engine.core.sequence import Sequence
 from cbbench.reference_engine.scheduler.batch import RunToCompletionScheduler
-from cbbench.reference_engine.sequence import Sequence
 
 
 class StaticScheduler(RunToCompletionScheduler):

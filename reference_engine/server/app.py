@@ -1,6 +1,9 @@
 """The OpenAI-compatible HTTP app: /v1/completions, /v1/chat/completions, /v1/models,
 /health, /metrics. Routes validate and tokenize; AsyncEngine runs the engine; Generation
 turns outputs into text; this module wraps them in OpenAI shapes (SSE when streaming).
+
+Over 400 lines because every route shares its parsing, error mapping and SSE framing here;
+the engine-facing parts already live in serving.py and async_engine.py.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.model.tokenizer import Tokenizer, encode_chat
 from cbbench.reference_engine.sampling_params import SamplingParams
 from cbbench.reference_engine.server import protocol as P
 from cbbench.reference_engine.server.async_engine import AsyncEngine, RequestStream
@@ -29,7 +33,6 @@ from cbbench.reference_engine.server.errors import (
 from cbbench.reference_engine.server.guard import GuardMiddleware
 from cbbench.reference_engine.server.metrics import CONTENT_TYPE, ServerMetrics
 from cbbench.reference_engine.server.serving import Generation, ResponseShaper
-from cbbench.reference_engine.tokenizer import Tokenizer, encode_chat
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi

@@ -20,8 +20,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from cbbench.reference_engine.core.outputs import RequestOutput
 from cbbench.reference_engine.errors import EngineError, QueueFullError
-from cbbench.reference_engine.outputs import RequestOutput
 from cbbench.reference_engine.sampling_params import SamplingParams
 from cbbench.reference_engine.server.errors import QueueFull, ShuttingDown
 

@@ -17,8 +17,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from cbbench.harness.lifeline import die_with_parent
 from cbbench.reference_engine.server.errors import APIError, bad_request
+from cbbench.reference_engine.server.lifeline import die_with_parent
 from pydantic import BaseModel, ValidationError
 
 OFFLOAD_BYTES = 64 * 1024
@@ -141,7 +141,7 @@ class BodyParser:
         assert not self.closed, "body parser used after close()"
         if self._pool is None:
             # spawn, not fork: the server process has an engine thread and a torch runtime.
-            # The worker dies with the server, even on kill -9 (harness/lifeline.py).
+            # The worker dies with the server, even on kill -9 (reference_engine/server/lifeline.py).
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 1,
                 mp_context=multiprocessing.get_context("spawn"),

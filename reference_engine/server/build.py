@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cbbench.reference_engine.config import EngineConfig
+from cbbench.reference_engine.config.engine_config import EngineConfig
+from cbbench.reference_engine.model.tokenizer import Tokenizer, load_tokenizer
 from cbbench.reference_engine.server.app import DEFAULT_MAX_BODY_BYTES, create_app
 from cbbench.reference_engine.server.async_engine import AsyncEngine
 from cbbench.reference_engine.server.body import BodyParser
 from cbbench.reference_engine.server.metrics import ServerMetrics
-from cbbench.reference_engine.tokenizer import Tokenizer, load_tokenizer
 from starlette.types import ASGIApp
 
 
@@ -56,7 +56,7 @@ def build_stack(
     metrics = ServerMetrics(model_name, config.scheduler)
     engine: Any
     if engine_process:
-        from cbbench.reference_engine.model_config import resolve_model_config
+        from cbbench.reference_engine.model.config import resolve_model_config
         from cbbench.reference_engine.server.core_client import EngineCoreClient
 
         assert llm_engine is None, "an engine process builds its own engine"
@@ -66,7 +66,7 @@ def build_stack(
         info, max_model_len, vocab_size = engine.info, engine.max_model_len, engine.vocab_size
     else:
         if llm_engine is None:
-            from cbbench.reference_engine.engine import LLMEngine
+            from cbbench.reference_engine.engine.llm_engine import LLMEngine
 
             llm_engine = LLMEngine.from_config(config)
         model_config = llm_engine.model_config

@@ -23,7 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from cbbench.reference_engine.config import EngineConfig
+from cbbench.reference_engine.config.engine_config import EngineConfig
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.sampling_params import SamplingParams
 from cbbench.reference_engine.server.async_engine import _ACCEPTED, RequestStream

@@ -25,7 +25,7 @@ import time
 import traceback
 from typing import Any
 
-from cbbench.reference_engine.config import EngineConfig
+from cbbench.reference_engine.config.engine_config import EngineConfig
 from cbbench.reference_engine.errors import EngineError, QueueFullError
 from cbbench.reference_engine.server.ipc import decode, encode
 
@@ -80,7 +80,7 @@ class EngineCore:
 
     def __init__(self, config: EngineConfig, llm_engine: Any = None):
         if llm_engine is None:
-            from cbbench.reference_engine.engine import LLMEngine
+            from cbbench.reference_engine.engine.llm_engine import LLMEngine
 
             llm_engine = LLMEngine.from_config(config)
         self.engine = llm_engine

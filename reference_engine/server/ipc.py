@@ -5,7 +5,7 @@ Messages are pickled (protocol 5) and sent over ZMQ sockets (ipc:// files in a p
 multiprocessing pipe). Pickle carries any dataclass with *all* its fields, so a field added
 to RequestOutput, RequestMetrics, EngineStats or SamplingParams flows through the IPC with
 no change here. Measured against msgpack (below) by `python -m
-cbbench.reference_engine.server.ipc_bench`: for a step message of dataclasses pickle is
+tests.benchmarks.studies.ipc_bench`: for a step message of dataclasses pickle is
 faster to encode and decode (docs/engine.md has the figures), so pickle is the default.
 
 `msgpack_encode`/`msgpack_decode` are the alternative measured there: a dataclass travels as

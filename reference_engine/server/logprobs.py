@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from cbbench.reference_engine.outputs import TokenLogprob
+from cbbench.reference_engine.core.outputs import TokenLogprob
 
 TokenText = Callable[[int], str]
 

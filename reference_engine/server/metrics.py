@@ -7,8 +7,8 @@ engine thread writes; prometheus-client is thread-safe for the scrape.
 
 from __future__ import annotations
 
-from cbbench.reference_engine.outputs import EngineStats, RequestOutput
-from cbbench.reference_engine.spec_decode.stats import SpecDecodeStats
+from cbbench.reference_engine.core.outputs import EngineStats, RequestOutput
+from cbbench.reference_engine.core.spec_decode_stats import SpecDecodeStats
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

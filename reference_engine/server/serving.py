@@ -14,7 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from cbbench.reference_engine.outputs import RequestMetrics, RequestOutput, TokenLogprob
+from cbbench.reference_engine.core.outputs import RequestMetrics, RequestOutput, TokenLogprob
+from cbbench.reference_engine.model.tokenizer import IncrementalDetokenizer
 from cbbench.reference_engine.server import protocol as P
 from cbbench.reference_engine.server.logprobs import (
     TokenText,
@@ -22,7 +23,6 @@ from cbbench.reference_engine.server.logprobs import (
     completion_logprobs,
 )
 from cbbench.reference_engine.server.protocol import cbbench_info
-from cbbench.reference_engine.tokenizer import IncrementalDetokenizer
 
 
 @dataclass

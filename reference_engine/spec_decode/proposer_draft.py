@@ -16,11 +16,11 @@ control that measures the mechanism's overhead.
 from __future__ import annotations
 
 import torch
+from cbbench.reference_engine.core.executor import ScheduledChunk
 from cbbench.reference_engine.errors import EngineError
-from cbbench.reference_engine.executor import ScheduledChunk
-from cbbench.reference_engine.loader import resolve_config
-from cbbench.reference_engine.model_runner import BatchItem, ModelRunner, prepare_items
-from cbbench.reference_engine.sampler import Sampler
+from cbbench.reference_engine.execution.model_runner import BatchItem, ModelRunner, prepare_items
+from cbbench.reference_engine.execution.sampler import Sampler
+from cbbench.reference_engine.model.loader import resolve_config
 from cbbench.reference_engine.sampling_params import SamplingParams
 
 _SEED_MIX = 0x9E3779B97F4A7C15

@@ -6,8 +6,8 @@ sequence, and pays off on outputs that copy from their prompt (summaries, code e
 from __future__ import annotations
 
 import numpy as np
-from cbbench.reference_engine.executor import ScheduledChunk
-from cbbench.reference_engine.sequence import Sequence
+from cbbench.reference_engine.core.executor import ScheduledChunk
+from cbbench.reference_engine.core.sequence import Sequence
 from numpy.lib.stride_tricks import sliding_window_view
 
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING
 
-from cbbench.reference_engine.executor import ScheduledChunk
+from cbbench.reference_engine.core.executor import ScheduledChunk
 
 if TYPE_CHECKING:
-    from cbbench.reference_engine.cost_model import CostModel
-    from cbbench.reference_engine.sim_executor import SimExecutor
+    from cbbench.reference_engine.execution.cost_model import CostModel
+    from cbbench.reference_engine.execution.sim_executor import SimExecutor
 
 
 class SimProposer:

@@ -14,7 +14,7 @@ import threading
 import time
 
 import httpx
-from cbbench.reference_engine.config import EngineConfig
+from cbbench.reference_engine.config.engine_config import EngineConfig
 
 from tests.server_support import serve
 

@@ -13,11 +13,11 @@ import random
 
 import pytest
 from cbbench.harness.cli.selftest import ServerProcess
-from cbbench.harness.fake_server import Behavior, FakeServerConfig
-from cbbench.harness.records import RequestRecord
-from cbbench.harness.selftest import measure
-from cbbench.harness.sse import SSEParser
-from cbbench.harness.summary import summarize
+from cbbench.harness.client.sse import SSEParser
+from cbbench.harness.results.records import RequestRecord
+from cbbench.harness.results.summary import summarize
+from cbbench.harness.servers.fake_server import Behavior, FakeServerConfig
+from cbbench.harness.studies.selftest import measure
 
 
 @pytest.fixture(scope="module")
@@ -156,8 +156,7 @@ def test_one_streamed_response(benchmark, tokens):
     of docs/timing.md pays besides the socket calls)."""
     import asyncio
 
-    from cbbench.harness import h1conn, response
-
+    from cbbench.harness.client import h1conn, response
     raw = _chunked_response(tokens)
     loop = asyncio.new_event_loop()
 

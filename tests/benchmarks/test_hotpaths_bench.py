@@ -7,10 +7,10 @@ test_scheduler_bench.py and test_client_bench.py). Run:
 from __future__ import annotations
 
 import pytest
-from cbbench.reference_engine.block_manager import BlockManager
-from cbbench.reference_engine.outputs import RequestMetrics
+from cbbench.reference_engine.core.block_manager import BlockManager
+from cbbench.reference_engine.core.outputs import RequestMetrics
+from cbbench.reference_engine.core.sequence import Sequence
 from cbbench.reference_engine.sampling_params import SamplingParams
-from cbbench.reference_engine.sequence import Sequence
 
 BLOCK = 16
 PROMPT = 512  # 32 blocks per sequence

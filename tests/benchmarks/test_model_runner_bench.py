@@ -7,11 +7,11 @@ on the `tiny` and `small` presets, and one 128-token prefill, fp32 on the CPU.
 from __future__ import annotations
 
 import pytest
-from cbbench.reference_engine.executor import ScheduledChunk
-from cbbench.reference_engine.model_runner import ModelRunner
-from cbbench.reference_engine.outputs import RequestMetrics
+from cbbench.reference_engine.core.executor import ScheduledChunk
+from cbbench.reference_engine.core.outputs import RequestMetrics
+from cbbench.reference_engine.core.sequence import Sequence
+from cbbench.reference_engine.execution.model_runner import ModelRunner
 from cbbench.reference_engine.sampling_params import SamplingParams
-from cbbench.reference_engine.sequence import Sequence
 
 CONTEXT = 128
 BLOCK = 16

@@ -10,13 +10,13 @@ whose cost model and pseudo tokens add their own per-sequence work. Run:
 from __future__ import annotations
 
 import pytest
-from cbbench.reference_engine.config import (
+from cbbench.reference_engine.config.engine_config import (
     ContinuousConfig,
     DynamicConfig,
     EngineConfig,
     StaticConfig,
 )
-from cbbench.reference_engine.engine import LLMEngine
+from cbbench.reference_engine.engine.llm_engine import LLMEngine
 from cbbench.reference_engine.sampling_params import SamplingParams
 
 SIZES = (16, 256, 1024)

@@ -13,9 +13,9 @@ import json
 import time
 
 import httpx
-from cbbench.harness.launcher import launch_reference_server
-from cbbench.reference_engine.config import EngineConfig
-from cbbench.reference_engine.engine import LLMEngine
+from cbbench.harness.servers.launcher import launch_reference_server
+from cbbench.reference_engine.config.engine_config import EngineConfig
+from cbbench.reference_engine.engine.llm_engine import LLMEngine
 from cbbench.reference_engine.sampling_params import SamplingParams
 
 N, PROMPT_LEN, MAX_TOKENS = 64, 32, 32

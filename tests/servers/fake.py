@@ -1,4 +1,4 @@
-"""The scripted OpenAI-compatible server (`cbbench.harness.fake_server`) for tests: in a thread
+"""The scripted OpenAI-compatible server (`cbbench.harness.servers.fake_server`) for tests: in a thread
 (`threaded`) or in its own process (`process`, which a test may kill mid-run).
 
 The server's behaviour per request index is a `Behavior` (TTFT, gap per chunk, tokens per
@@ -11,7 +11,7 @@ import contextlib
 import subprocess
 from collections.abc import Iterator
 
-from cbbench.harness.fake_server import Behavior, FakeServerConfig, ThreadedServer
+from cbbench.harness.servers.fake_server import Behavior, FakeServerConfig, ThreadedServer
 
 __all__ = ["Behavior", "FakeServerConfig", "process", "threaded"]
 
@@ -38,7 +38,7 @@ class ServerProc:
 
 @contextlib.contextmanager
 def process(config: FakeServerConfig | None = None) -> Iterator[ServerProc]:
-    from cbbench.harness.launcher import fake_server_command, start_server
+    from cbbench.harness.servers.launcher import fake_server_command, start_server
 
     handle = start_server(fake_server_command((config or FakeServerConfig()).to_json()))
     try:

@@ -1,4 +1,7 @@
-"""One module per rule; RULES lists them in the order findings are shown."""
+"""One module per rule; RULES lists them in the order findings are shown.
+
+Layer: diagnose (its rules).
+"""
 
 from __future__ import annotations
 

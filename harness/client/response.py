@@ -1,0 +1,404 @@
+"""One response handler behind every transport: the raw asyncio client (`http1.py`), httpx, and
+the blocking `http.client` one that Locust users run on.
+
+A transport only moves bytes. It tells a `Response` the status and headers (`head`), hands it
+each read of the body with the read's arrival time (`data`), and says when the body ended
+(`end`); `Response` does the rest, the same way for all three: SSE parsing, token counting,
+HTTP errors (4xx/5xx with the server's message), the non-streaming body, a stream that ended
+without `[DONE]`. `failure` maps any transport's exception to an error kind, and `finish`
+turns what arrived into the record's timing (TTFT, ITL, TPOT, E2E).
+
+Token counting. A chunk's count comes from `token_ids` (vLLM's `return_token_ids`, the
+reference engine), else from a `usage` delta, else one token per non-empty text chunk. Ids
+must be non-negative integers (anything else fails the request as a protocol error). When ids
+were streamed, that count is exact: it times the request even if `usage.completion_tokens`
+disagrees; the record says so in `token_mismatch` and the summary counts such records. Without
+ids, `usage` gives TPOT's token count (a chunk may carry several tokens).
+
+A read that carries k tokens spreads the gap since the previous token evenly over its k tokens,
+so the ITL list has one entry per token after the first and its mean equals TPOT (tokens of the
+first read after the first one get gap 0: they arrived with it).
+
+Over 400 lines because it is the one handler all three transports share: splitting it would
+put back the per-transport copies it replaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import time
+from collections.abc import Callable
+
+import httpx
+from cbbench.harness.client import http1
+from cbbench.harness.client.reply import Reply
+from cbbench.harness.client.sse import SSEParser
+from cbbench.harness.results.records import RequestRecord
+
+ERROR_TEXT_LIMIT = 300
+
+try:  # optional accelerator: ~2-4x faster on SSE payloads; the stdlib path stays tested
+    import orjson
+
+    _loads: Callable[[bytes], object] = orjson.loads
+    JSON_DECODER = "orjson"
+except ImportError:  # pragma: no cover - orjson is installed in CI
+    orjson = None
+    JSON_DECODER = "json"
+
+
+def _parse_json_std(data: bytes):
+    """json.loads for one payload, faster: raw_decode on str skips encoding detection."""
+    text = data.decode()
+    try:
+        obj, end = _RAW_DECODE(text)
+    except ValueError:
+        return json.loads(text)  # leading whitespace, or the error message json.loads gives
+    if end != len(text) and text[end:].strip():
+        return json.loads(text)  # trailing garbage: let json.loads raise
+    return obj
+
+
+_RAW_DECODE = json.JSONDecoder().raw_decode
+
+
+def _dump_json_std(obj) -> bytes:  # compact, as orjson writes it: the same bytes either way
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _parse_json_fast(data: bytes):
+    try:
+        return _loads(data)
+    except ValueError:  # what orjson refuses and the stdlib takes (lone surrogates), or an error
+        return _parse_json_std(data)  # with the stdlib's message
+
+
+def _dump_json_fast(obj) -> bytes:
+    try:
+        return orjson.dumps(obj)
+    except TypeError:  # e.g. a lone surrogate in a text prompt: the stdlib escapes it
+        return _dump_json_std(obj)
+
+
+parse_json: Callable[[bytes], object] = _parse_json_fast if orjson else _parse_json_std
+dump_json: Callable[[object], bytes] = _dump_json_fast if orjson else _dump_json_std
+
+
+def use_stdlib_json(flag: bool = True) -> None:
+    """Encode and decode with the stdlib (tests of the pure path, comparisons)."""
+    global parse_json, dump_json
+    pure = flag or orjson is None
+    parse_json = _parse_json_std if pure else _parse_json_fast
+    dump_json = _dump_json_std if pure else _dump_json_fast
+
+
+class RequestFailed(Exception):
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class Response:
+    """What one response delivered, whichever transport carried it."""
+
+    __slots__ = (
+        "stream",
+        "status",
+        "chunks",
+        "state",
+        "parser",
+        "body",
+        "sends",
+        "rec",
+        "sent_ns",
+        "connect_ns",
+        "reused",
+        "reply",
+        "attempt_ns",
+    )
+
+    def __init__(
+        self,
+        rec: RequestRecord,
+        stream: bool,
+        collect_server_times: bool,
+        reply: Reply | None = None,
+    ) -> None:
+        self.rec = rec
+        self.reply = reply  # a session turn: keep the text and ids for the next turn
+        self.stream = stream
+        self.status = 0
+        self.chunks: list[tuple[int, int]] = []  # (arrival ns, tokens in that read)
+        self.state: dict = {}
+        self.parser = SSEParser()
+        self.body: list[bytes] = []
+        # selftest: (arrival, the server's t_send_ns) per event that carried tokens
+        self.sends: list[tuple[int, int]] | None = [] if collect_server_times else None
+        self.attempt_ns = time.monotonic_ns()  # the transport starts: connect (if any), send
+        self.sent_ns: int | None = None  # when the request was written (after any connect)
+        self.connect_ns: int | None = None  # set-up of a connection opened for this request
+        self.reused: bool | None = None  # sent on a connection that served a request before
+
+    def sent(self, t: int, connect_ns: int | None = None, reused: bool | None = None) -> None:
+        """The request was written at `t` (ns); the transport says what the connection cost."""
+        self.sent_ns, self.connect_ns, self.reused = t, connect_ns, reused
+
+    def head(self, status: int, header: Callable[[str], str | None]) -> None:
+        self.status = status
+        scheduler = header("x-cbbench-scheduler")
+        if scheduler:
+            self.rec.extra["scheduler"] = scheduler
+
+    def data(self, raw: bytes, t: int) -> None:
+        """Body bytes that arrived at `t` (ns, monotonic clock)."""
+        if not (self.stream and self.status < 400):
+            self.body.append(raw)
+            return
+        k_read = one_ids = 0
+        fast = _loads if parse_json is _parse_json_fast else None  # one frame less an event
+        state, reply, sends = self.state, self.reply, self.sends
+        for data in self.parser.feed(raw):
+            if data == b"[DONE]":
+                state["done"] = True
+                continue
+            if fast is not None:
+                try:
+                    obj = fast(data)
+                except ValueError:
+                    obj = _parse_json_std(data)
+            else:
+                obj = parse_json(data)
+            if type(obj) is not dict:
+                raise RequestFailed("protocol", f"SSE data is not a JSON object: {data[:80]!r}")
+            # the common chunk, one token id and nothing else to fold in, counted here;
+            # anything else (text, usage, finish, errors, several ids, a session) -> _apply
+            choices = obj.get("choices")
+            if reply is None and type(choices) is list and choices and not obj.get("usage"):
+                c = choices[0]
+                if type(c) is dict and "cbbench" not in obj:
+                    ids = c.get("token_ids")
+                    if (
+                        type(ids) is list
+                        and len(ids) == 1
+                        and type(ids[0]) is int
+                        and ids[0] >= 0
+                        and not c.get("finish_reason")
+                        and c.get("prompt_token_ids") is None
+                    ):
+                        one_ids += 1
+                        if sends is not None and "t_send_ns" in obj:
+                            sends.append((t, obj["t_send_ns"]))
+                        continue
+            k = _apply(obj, state, True, reply)
+            k_read += k
+            if k and sends is not None and "t_send_ns" in obj:
+                sends.append((t, obj["t_send_ns"]))
+        if one_ids:
+            state["ids_total"] = state.get("ids_total", 0) + one_ids
+            k_read += one_ids
+        if k_read:
+            self.chunks.append((t, k_read))
+
+    def end(self, t: int) -> None:
+        """The body is complete (as the transport saw it); raises RequestFailed if the
+        response is an HTTP error, an incomplete stream or an unreadable body."""
+        if self.status >= 400:
+            text = b"".join(self.body).decode("utf-8", "replace")
+            raise RequestFailed(
+                f"http_{self.status // 100}xx", f"HTTP {self.status}: {error_message(text)}"
+            )
+        if self.stream:
+            if not self.state.get("done"):
+                raise RequestFailed("stream", "stream ended without [DONE]")
+            return
+        obj = json.loads(b"".join(self.body))
+        if not isinstance(obj, dict):
+            raise RequestFailed("protocol", "response body is not a JSON object")
+        k = _apply(obj, self.state, False, self.reply)
+        state = self.state
+        self.chunks.append((t, state.get("ids_total") or state.get("usage_out") or k))
+
+
+def _apply(obj: dict, state: dict, stream: bool, reply: Reply | None = None) -> int:
+    """Fold one response object into `state`; return the tokens it carries."""
+    get = obj.get
+    choices = get("choices")
+    if not choices and "error" in obj:
+        err = obj["error"]
+        msg = err.get("message", err) if isinstance(err, dict) else err
+        raise RequestFailed("server_error", f"error in stream: {str(msg)[:ERROR_TEXT_LIMIT]}")
+    if "cbbench" in obj:
+        state["cbbench"] = obj["cbbench"]
+    usage = get("usage")
+    k_usage = _usage(usage, state) if usage else None
+    if not choices:
+        return 0
+    c = choices[0]
+    if reply is not None:
+        reply.add_choice(c)
+    cget = c.get
+    finish = cget("finish_reason")
+    if finish:
+        state["finish"] = finish
+    prompt_ids = cget("prompt_token_ids")
+    if prompt_ids is not None:
+        state["prompt_ids"] = len(prompt_ids)
+    ids = cget("token_ids")
+    if ids is not None:
+        if type(ids) is not list or not (
+            type(ids[0]) is int and ids[0] >= 0 if len(ids) == 1 else _valid_ids(ids)
+        ):
+            raise RequestFailed(
+                "protocol", f"token_ids must be non-negative integers, got {str(ids)[:80]}"
+            )
+        n = len(ids)
+        state["ids_total"] = state.get("ids_total", 0) + n
+        return n
+    if k_usage is not None and stream:
+        return k_usage
+    text = cget("text")
+    if text is None:
+        msg = cget("delta") or cget("message") or {}
+        text = msg.get("content") or msg.get("reasoning_content")
+    return 1 if text else 0
+
+
+def _usage(usage: dict, state: dict) -> int | None:
+    """Fold a `usage` object; the tokens it adds when usage comes with every chunk (vLLM's
+    continuous_usage_stats), else None."""
+    state["usage_prompt"] = usage.get("prompt_tokens")
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict) and details.get("cached_tokens") is not None:
+        state["cached_tokens"] = details["cached_tokens"]  # vLLM's prefix-cache hits
+    out = usage.get("completion_tokens")
+    if out is None:
+        return None
+    k = out - state["usage_out"] if "usage_out" in state else None
+    state["usage_out"] = out
+    return k
+
+
+def _valid_ids(ids: list) -> bool:
+    return all(type(i) is int for i in ids) and (not ids or min(ids) >= 0)
+
+
+def failure(exc: BaseException, got_response: bool, base_url: str, timeout_s: float):
+    """(error kind, message) for an exception any transport raised; None: not ours, re-raise.
+    `got_response`: some of the response had arrived (a failure then is a stream failure)."""
+    if isinstance(exc, RequestFailed):
+        return exc.kind, str(exc)
+    if isinstance(exc, http1.ConnectFailed):
+        return "connection", str(exc)
+    if isinstance(exc, http1.ConnectionLost):
+        return ("stream" if exc.got_response else "connection"), str(exc)
+    if isinstance(exc, http1.BadResponse):
+        return "protocol", str(exc)
+    if isinstance(exc, asyncio.TimeoutError):
+        return "timeout", f"no complete response within {timeout_s:g} s"
+    if isinstance(exc, httpx.TimeoutException):
+        return "timeout", f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, httpx.ConnectError | ConnectionRefusedError):
+        return "connection", f"cannot connect to {base_url}: {exc}"
+    if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
+        kind = "stream" if got_response else "connection"
+        return kind, f"{type(exc).__name__}: {exc or 'connection closed'}"
+    if isinstance(exc, httpx.HTTPError):
+        return "http", f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, ValueError | KeyError | TypeError | IndexError):
+        return "protocol", f"unexpected response: {type(exc).__name__}: {exc}"
+    if isinstance(exc, http.client.HTTPException | OSError):
+        kind = "stream" if got_response else "connection"
+        return kind, f"{type(exc).__name__}: {exc or 'connection closed'}"
+    return None
+
+
+def finish(rec: RequestRecord, resp: Response, t0_ns: int, end_ns: int) -> None:
+    """Fill `rec`'s counts and derived latencies from what arrived (ok or failed)."""
+
+    def s(t_ns: int) -> float:
+        return (t_ns - t0_ns) / 1e9
+
+    state, chunks = resp.state, resp.chunks
+    if resp.sent_ns is not None:
+        rec.sent_s = s(resp.sent_ns)
+        rec.connect_s = None if resp.connect_ns is None else resp.connect_ns / 1e9
+        rec.conn_reused = resp.reused
+    else:  # never sent (no connection could be made): when the attempt began
+        rec.sent_s = s(resp.attempt_ns)
+    rec.end_s = s(end_ns)
+    rec.finish_reason = state.get("finish")
+    rec.prompt_tokens_server = state.get("usage_prompt") or state.get("prompt_ids")
+    rec.output_tokens_server = state.get("usage_out")
+    if "cbbench" in state and isinstance(state["cbbench"], dict):
+        info = dict(state["cbbench"])
+        rec.server_queue_s = info.pop("queue_time_s", None)
+        rec.extra.update(info)
+    if "cached_tokens" in state:
+        rec.extra.setdefault("num_cached_tokens", state["cached_tokens"])
+    if resp.sends is not None:  # the server's clock is ours (CLOCK_MONOTONIC, one host)
+        rec.extra["recv_minus_send_s"] = [(t - ts) / 1e9 for t, ts in resp.sends]
+        rec.extra["server_send_ns"] = [ts for _, ts in resp.sends]
+        rec.extra["sent_ns"] = resp.sent_ns
+    n_streamed = sum(k for _, k in chunks) if chunks else 0
+    rec.output_tokens_client = n_streamed
+    exact = "ids_total" in state  # the stream carried token ids: its count is exact
+    if exact and rec.output_tokens_server is not None and rec.output_tokens_server != n_streamed:
+        rec.token_mismatch = (
+            f"usage.completion_tokens {rec.output_tokens_server} != {n_streamed} streamed "
+            "token_ids (timing uses the streamed count)"
+        )
+    if chunks:
+        times = spread(chunks)
+        rec.token_times_s = [(t - t0_ns) / 1e9 for t in times]
+        rec.first_token_s = rec.token_times_s[0]
+        rec.last_token_s = rec.token_times_s[-1]
+    if not rec.ok or rec.sent_s is None or not chunks:
+        if rec.ok:
+            fail_record(rec, "empty", "response carried no output tokens")
+        return
+    rec.e2e_s = rec.last_token_s - rec.sent_s
+    if resp.stream:
+        rec.ttft_s = rec.first_token_s - rec.sent_s
+        tt = rec.token_times_s
+        rec.itl_s = [b - a for a, b in zip(tt, tt[1:], strict=False)]
+        n = n_streamed if exact else (rec.output_tokens_server or n_streamed)
+        if n > 1:
+            rec.tpot_s = (rec.e2e_s - rec.ttft_s) / (n - 1)
+    else:
+        rec.token_times_s = []
+
+
+def spread(chunks: list[tuple[int, int]]) -> list[int]:
+    """Token arrival times (ns): a read of k tokens spreads the gap since the last token."""
+    t_first, k_first = chunks[0]
+    times = [t_first] * k_first
+    prev = t_first
+    for t, k in chunks[1:]:
+        if k == 1:
+            times.append(t)
+        else:
+            gap = (t - prev) / k
+            times.extend(int(prev + gap * (j + 1)) for j in range(k))
+        prev = t
+    return times
+
+
+def fail_record(rec: RequestRecord, kind: str, message: str) -> None:
+    if rec.status == "error":  # keep the first reason
+        return
+    rec.status = "error"
+    rec.error_kind = kind
+    rec.error = message[:ERROR_TEXT_LIMIT]
+
+
+def error_message(text: str) -> str:
+    try:
+        err = json.loads(text).get("error")
+        msg = err.get("message") if isinstance(err, dict) else err
+        if msg:
+            return str(msg)[:ERROR_TEXT_LIMIT]
+    except (ValueError, AttributeError):
+        pass
+    return text.strip()[:ERROR_TEXT_LIMIT] or "(empty body)"

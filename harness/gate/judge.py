@@ -1,0 +1,265 @@
+"""Regression gate: judge each policy rule with a bootstrap confidence interval.
+
+The bootstrap resamples *requests* (seeded, vectorised: one row of drawn request indices per
+resample, in chunks); ITL gaps are weighted by how often their request was drawn, so the
+gaps of a request move together.
+- Latency stats: the ratio candidate/baseline of the weighted statistic (mean, or the
+  inverted-CDF percentile), each run resampled independently.
+- Throughput: per-request contributions through Little's law. A run's throughput is
+  Σtokens / W = L · Σtokens / Σe2e with L = Σe2e / W its mean number of requests in flight;
+  a resample keeps L and re-draws the requests, so the interval carries the spread of
+  per-request token counts and latencies (exact for a closed loop, wider than needed for
+  an open loop whose rate is set by the schedule). When a run has no per-request e2e the
+  run-level number is used as it is (a zero-width interval).
+- Error rate: the resampled fraction of failed requests; `max = 0` is judged on the
+  observed count instead (any failed request fails the rule).
+A rule fails only when the whole interval lies beyond its limit; when only the point
+estimate does, it is reported as `noisy` and passes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from cbbench.harness.errors import CbbenchError
+from cbbench.harness.gate.policy import LATENCY, Policy, Rule
+from cbbench.harness.report.runs import workload_identity
+from cbbench.harness.report.samples import RunSamples
+from cbbench.harness.results.outcome import incomplete_reason
+from cbbench.harness.results.run_folder import Run
+
+CHUNK_ELEMENTS = 4_000_000  # bounds the (resamples x values) weight matrix in memory
+
+
+@dataclass
+class RuleResult:
+    rule: Rule
+    baseline: float | None  # the statistic on each run (seconds, 1/s or a fraction)
+    candidate: float | None
+    estimate: float  # candidate/baseline for relative rules, else the candidate value
+    low: float  # confidence interval of `estimate`
+    high: float
+    bound: float  # the limit `estimate` is held against
+    verdict: str  # "pass" | "noisy" | "fail" | "n/a"
+    note: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict == "fail"
+
+
+@dataclass
+class GateResult:
+    results: list[RuleResult]
+    policy: Policy
+    baseline: str
+    candidate: str
+
+    @property
+    def passed(self) -> bool:
+        return not any(r.failed for r in self.results)
+
+
+class _Sample:
+    """Values sorted once, with the request each belongs to (None: one value per request)."""
+
+    def __init__(self, values: np.ndarray, owner: np.ndarray | None, n_owners: int) -> None:
+        keep = ~np.isnan(values)
+        order = np.argsort(values[keep], kind="stable")
+        self.values = values[keep][order]
+        self.owner = None if owner is None else owner[keep][order]
+        self.n = self.values.size if owner is None else n_owners  # what a resample draws
+
+    def point(self, q: float | None) -> float:
+        if self.owner is not None:
+            return float(self._weighted(q, np.ones((1, self.n)))[0])
+        return float(self.values.mean() if q is None else self.values[self._rank(q)])
+
+    def _rank(self, q: float) -> int:
+        """Position of the inverted-CDF q-quantile in the sorted values."""
+        return max(0, math.ceil(q * self.values.size - 1e-9) - 1)
+
+    def draws(self, q: float | None, rng: np.random.Generator, resamples: int) -> np.ndarray:
+        """The statistic on `resamples` bootstrap resamples of the requests."""
+        m = self.values.size
+        if self.owner is None and q is not None:
+            # The k-th smallest of m uniform draws from the m sorted values is the value at
+            # floor(m * U_(k)), U_(k) ~ Beta(k+1, m-k): exact, and O(resamples), not O(m) each.
+            k = self._rank(q)
+            pos = np.floor(rng.beta(k + 1, m - k, size=resamples) * m).astype(np.int64)
+            return self.values[np.minimum(pos, m - 1)]
+        if self.owner is None:
+            return _boot(rng, m, resamples, m, lambda p: self.values[p].mean(axis=1))
+
+        def weighted(picks: np.ndarray) -> np.ndarray:
+            rows = picks.shape[0]
+            flat = (picks + (np.arange(rows) * self.n)[:, None]).ravel()
+            counts = np.bincount(flat, minlength=rows * self.n).reshape(rows, self.n)
+            return self._weighted(q, counts)
+
+        return _boot(rng, self.n, resamples, m, weighted)
+
+    def _weighted(self, q: float | None, counts: np.ndarray) -> np.ndarray:
+        """Grouped values (ITL gaps): each weighted by how often its request was drawn."""
+        w = counts[:, self.owner].astype(np.float64)
+        total = w.sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            if q is None:
+                return (w @ self.values) / total
+            cw = np.cumsum(w, axis=1)
+            idx = (cw < (q * total)[:, None] - 1e-9).sum(axis=1)
+        out = self.values[np.minimum(idx, self.values.size - 1)]
+        return np.where(total > 0, out, np.nan)
+
+
+def _boot(rng: np.random.Generator, n: int, resamples: int, width: int, fn) -> np.ndarray:
+    """fn(picks: rows x n request indices drawn with replacement) -> rows, in chunks."""
+    rows = max(1, CHUNK_ELEMENTS // max(1, width, n))
+    return np.concatenate(
+        [
+            fn(rng.integers(0, n, size=(min(rows, resamples - i), n)))
+            for i in range(0, resamples, rows)
+        ]
+    )
+
+
+def _latency_sample(s: RunSamples, metric: str) -> _Sample:
+    if metric == "itl":
+        return _Sample(s.itl, s.itl_owner, s.n_ok)
+    return _Sample(s.latency(metric), None, s.n_ok)
+
+
+def _throughput_boot(s: RunSamples, metric: str, rng, resamples: int) -> tuple[float, np.ndarray]:
+    point = s.output_throughput if metric == "output_throughput" else s.request_throughput
+    assert point is not None
+    e2e = np.nan_to_num(s.e2e, nan=0.0)
+    if e2e.sum() <= 0:
+        return point, np.full(resamples, point)
+    in_flight = e2e.sum() / s.window_s
+    per_req = s.output_tokens if metric == "output_throughput" else np.ones(s.n_ok)
+    return point, _boot(
+        rng,
+        s.n_ok,
+        resamples,
+        s.n_ok,
+        lambda p: in_flight * per_req[p].sum(axis=1) / e2e[p].sum(axis=1),
+    )
+
+
+def _interval(draws: np.ndarray, confidence: float) -> tuple[float, float]:
+    draws = draws[np.isfinite(draws)]
+    if draws.size == 0:
+        return math.nan, math.nan
+    a = (1.0 - confidence) / 2.0 * 100.0
+    lo, hi = np.percentile(draws, [a, 100.0 - a])
+    return float(lo), float(hi)
+
+
+def _verdict(rule: Rule, estimate: float, low: float, high: float) -> tuple[str, float]:
+    if rule.limit == "max_increase":
+        bound = 1.0 + rule.value
+        beyond_all, beyond_point = low > bound, estimate > bound
+    elif rule.limit == "max_decrease":
+        bound = 1.0 - rule.value
+        beyond_all, beyond_point = high < bound, estimate < bound
+    elif rule.limit == "max":
+        bound = rule.value
+        beyond_all, beyond_point = low > bound, estimate > bound
+    else:
+        bound = rule.value
+        beyond_all, beyond_point = high < bound, estimate < bound
+    return ("fail" if beyond_all else "noisy" if beyond_point else "pass"), bound
+
+
+def judge(rule: Rule, base: RunSamples, cand: RunSamples, policy: Policy) -> RuleResult:
+    rng = np.random.default_rng(policy.seed)
+    n = policy.resamples
+    if rule.metric == "error_rate":
+        errs = np.r_[np.ones(cand.n_errors), np.zeros(cand.n_total - cand.n_errors)]
+        est = cand.error_rate
+        if rule.value == 0:
+            verdict = "fail" if cand.n_errors else "pass"
+            note = f"{cand.n_errors} of {cand.n_total} requests failed"
+            return RuleResult(rule, base.error_rate, est, est, est, est, 0.0, verdict, note)
+        draws = _boot(rng, errs.size, n, errs.size, lambda p: errs[p].mean(axis=1))
+        low, high = _interval(draws, policy.confidence)
+        verdict, bound = _verdict(rule, est, low, high)
+        return RuleResult(rule, base.error_rate, est, est, low, high, bound, verdict)
+    if rule.metric in LATENCY:
+        bs, cs = _latency_sample(base, rule.metric), _latency_sample(cand, rule.metric)
+        if bs.values.size == 0 and cs.values.size == 0:
+            return RuleResult(
+                rule,
+                None,
+                None,
+                math.nan,
+                math.nan,
+                math.nan,
+                math.nan,
+                "n/a",
+                "neither run reports it",
+            )
+        if bs.values.size == 0 or cs.values.size == 0:
+            which = "baseline" if bs.values.size == 0 else "candidate"
+            raise CbbenchError(f"{rule.metric}: the {which} run has no values to compare")
+        q = rule.quantile
+        b_point, c_point = bs.point(q), cs.point(q)
+        b_draws, c_draws = bs.draws(q, rng, n), cs.draws(q, rng, n)
+    else:
+        b_point, b_draws = _throughput_boot(base, rule.metric, rng, n)
+        c_point, c_draws = _throughput_boot(cand, rule.metric, rng, n)
+    if rule.relative:
+        if b_point <= 0:
+            raise CbbenchError(f"{rule.metric}: baseline {rule.stat} is 0, a ratio is undefined")
+        with np.errstate(invalid="ignore", divide="ignore"):
+            draws = c_draws / b_draws
+        est = c_point / b_point
+    else:
+        draws, est = c_draws, c_point
+    low, high = _interval(draws, policy.confidence)
+    verdict, bound = _verdict(rule, est, low, high)
+    return RuleResult(rule, b_point, c_point, est, low, high, bound, verdict)
+
+
+def check_inputs(
+    base: Run,
+    cand: Run,
+    bs: RunSamples,
+    cs: RunSamples,
+    policy: Policy,
+    allow_incomplete: bool = False,
+) -> None:
+    """Unusable or mismatched inputs: one clear error (exit 2)."""
+    for run, s, which in ((base, bs, "baseline"), (cand, cs, "candidate")):
+        reason = incomplete_reason(run.meta)
+        if reason and not allow_incomplete:
+            raise CbbenchError(
+                f"{run.dir}: the {which} {reason}; rerun it, or pass --allow-incomplete"
+            )
+        if s.n_ok < policy.min_requests:
+            raise CbbenchError(
+                f"{run.dir}: {which} has {s.n_ok} successful requests, "
+                f"the policy needs at least {policy.min_requests}"
+            )
+        if s.window_s <= 0:
+            raise CbbenchError(f"{run.dir}: {which} has no request timings (sent_s/last_token_s)")
+    (bn, bseed), (cn, cseed) = workload_identity(base.meta), workload_identity(cand.meta)
+    if bn is not None and cn is not None and bn != cn:
+        raise CbbenchError(f"workload mismatch: baseline ran {bn!r}, candidate ran {cn!r}")
+    if bseed is not None and cseed is not None and bseed != cseed:
+        raise CbbenchError(f"workload seed mismatch: baseline {bseed}, candidate {cseed}")
+    if bool(base.meta.get("simulated")) != bool(cand.meta.get("simulated")):
+        which = "baseline" if base.meta.get("simulated") else "candidate"
+        raise CbbenchError(f"only the {which} is SIMULATED: compare simulated with simulated")
+
+
+def run_gate(base: Run, cand: Run, policy: Policy, allow_incomplete: bool = False) -> GateResult:
+    """`allow_incomplete`: judge killed or interrupted runs too (on the requests they hold)."""
+    from cbbench.harness.report.samples import extract
+
+    bs, cs = extract(base), extract(cand)
+    check_inputs(base, cand, bs, cs, policy, allow_incomplete)
+    results = [judge(rule, bs, cs, policy) for rule in policy.rules]
+    return GateResult(results, policy, str(base.dir), str(cand.dir))

@@ -1,0 +1,168 @@
+"""Typed load options shared by bench, sweep, locust and run: which requests, and when.
+
+`LoadOptions.from_args(ns)` reads the flags `cli/bench.add_load_args` defines (sweep and
+locust define a subset; what a command lacks keeps its default); `build_workload()` is the one
+way a workload is loaded and given arrival times; `bench_config(...)` is the one way a
+BenchConfig is built from them, so no library code fakes command-line input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from cbbench.harness.errors import CbbenchError
+from cbbench.harness.load.runner import BenchConfig
+from cbbench.harness.results.summary import parse_duration, parse_slo
+from cbbench.workloads.spec import Workload
+
+
+@dataclass
+class LoadOptions:
+    workload: str = "mixed"  # preset name, trace file or spec file
+    seed: int | None = None  # None: the spec's own, else 0
+    num_requests: int | None = None
+    rate: float | None = None  # open loop, req/s (inf = all at once); None: the workload's own
+    burstiness: float = 1.0  # gamma shape of the gaps: 1 = Poisson, < 1 burstier
+    arrival: str | None = None  # poisson | constant (with rate)
+    concurrency: int | None = None  # closed loop: in flight; open loop: a cap
+    duration: str | None = None  # stop sending new requests after this long ("60s")
+    warmup: int = 0
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace, **overrides: Any) -> LoadOptions:
+        values = {f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)}
+        return cls(**{**values, **overrides})
+
+    def build_workload(self) -> Workload:
+        from cbbench.workloads import load_workload, with_arrivals
+
+        wl = load_workload(self.workload, seed=self.seed, num_requests=self.num_requests)
+        if len(wl) == 0:
+            raise CbbenchError(f"--workload {self.workload}: no requests")
+        if self.rate is None:
+            return wl
+        if self.rate <= 0:
+            raise CbbenchError(f"--rate must be > 0, got {self.rate}")
+        if math.isinf(self.rate):
+            return with_arrivals(wl, "all-at-once")
+        if self.burstiness <= 0:
+            raise CbbenchError(f"--burstiness must be > 0, got {self.burstiness}")
+        kind = self.arrival or ("poisson" if self.burstiness == 1.0 else "gamma")
+        cv = 1.0 / math.sqrt(self.burstiness)  # gamma shape k has CV 1/sqrt(k)
+        return with_arrivals(wl, kind, rate=self.rate, cv=cv, seed=self.seed)
+
+    def describe(self) -> dict:
+        """The load as given, for run.json."""
+        return {"rate": self.rate, "burstiness": self.burstiness, "arrival": self.arrival}
+
+
+def parse_extra_body(text: str | None) -> dict:
+    if not text:
+        return {}
+    try:
+        extra = json.loads(text)
+    except ValueError as exc:
+        raise CbbenchError(f"--extra-body: not JSON ({exc})") from None
+    if not isinstance(extra, dict):
+        raise CbbenchError("--extra-body: expected a JSON object")
+    return extra
+
+
+def server_root(base_url: str) -> str:
+    """The server root: no trailing slash, no /v1 (the OpenAI client's habit)."""
+    url = base_url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+@dataclass
+class ClientOptions:
+    """How requests are sent (bench and sweep; locust has its own settings)."""
+
+    endpoint: str = "completions"
+    model: str | None = None
+    slo: str | None = None
+    tokenizer: str | None = None
+    text_prompts: bool = False
+    api_key: str | None = None
+    workers: int = 1
+    timeout_s: float = 600.0
+    stream: bool = True
+    extensions: bool = True
+    extra_body: dict = field(default_factory=dict)
+    http_client: str = "raw"
+    cap_unit: str = "sessions"
+    prewarm: bool = True  # open the connections (up to the concurrency) before t0
+    kernel_timestamps: bool = True  # raw client: the kernel's receive times where available
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> ClientOptions:
+        return cls(
+            endpoint=getattr(ns, "endpoint", "completions"),
+            model=getattr(ns, "model", None),
+            slo=getattr(ns, "slo", None),
+            tokenizer=getattr(ns, "tokenizer", None),
+            text_prompts=getattr(ns, "text_prompts", False),
+            api_key=getattr(ns, "api_key", None),
+            workers=getattr(ns, "workers", 1),
+            timeout_s=getattr(ns, "timeout", 600.0),
+            stream=not getattr(ns, "no_stream", False),
+            extensions=not getattr(ns, "no_extensions", False),
+            extra_body=parse_extra_body(getattr(ns, "extra_body", None)),
+            http_client=getattr(ns, "http_client", "raw"),
+            cap_unit=getattr(ns, "cap_unit", "sessions"),
+            prewarm=not getattr(ns, "no_prewarm", False),
+            kernel_timestamps=not getattr(ns, "user_timestamps", False),
+        )
+
+
+def bench_config(
+    base_url: str,
+    load: LoadOptions,
+    client: ClientOptions,
+    *,
+    out_dir: str | None = None,
+    name: str | None = None,
+    live: bool = True,
+    command: list[str] | None = None,
+) -> BenchConfig:
+    """The BenchConfig of one benchmark run (CbbenchError naming the bad option)."""
+    if load.concurrency is not None and load.concurrency < 1:
+        raise CbbenchError(f"--concurrency must be >= 1, got {load.concurrency}")
+    if client.timeout_s <= 0:
+        raise CbbenchError(f"--timeout must be > 0, got {client.timeout_s}")
+    wl = load.build_workload()
+    duration = parse_duration(load.duration, "--duration") if load.duration else None
+    concurrency = load.concurrency
+    if not wl.open_loop and concurrency is None:
+        concurrency = len(wl)  # no rate, no cap, no timestamps: all at once, as vLLM does
+    return BenchConfig(
+        base_url=server_root(base_url),
+        workload=wl,
+        endpoint=client.endpoint,
+        model=client.model,
+        concurrency=concurrency,
+        duration_s=duration,
+        warmup=load.warmup,
+        slo=parse_slo(client.slo),
+        tokenizer=client.tokenizer,
+        api_key=client.api_key,
+        workers=client.workers,
+        out_dir=out_dir,
+        name=name,
+        timeout_s=client.timeout_s,
+        stream=client.stream,
+        extensions=client.extensions,
+        extra_body=client.extra_body,
+        text_prompts=client.text_prompts,
+        load=load.describe(),
+        command=list(command or []),
+        live=live,
+        http_client=client.http_client,
+        cap_unit=client.cap_unit,
+        prewarm=client.prewarm,
+        kernel_timestamps=client.kernel_timestamps,
+    )

@@ -1,0 +1,330 @@
+"""One benchmark run: probe the server, write the run folder, drive the load (in-process or
+in worker processes), telemetry samplers, live view, summary, run.json; survives Ctrl-C.
+
+run.json is written at the start (status "running") and rewritten at the end, so even a killed
+run leaves a valid one next to every request that finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from cbbench.harness.client import aio
+from cbbench.harness.client.api import ClientConfig, probe_server
+from cbbench.harness.console.live import LiveStats, LiveView, summary_table
+from cbbench.harness.errors import CbbenchError
+from cbbench.harness.load.loadgen import Job, WorkerPlan, run_worker
+from cbbench.harness.load.sessions import CAP_UNITS, group_sessions
+from cbbench.harness.load.workers import run_workers
+from cbbench.harness.results.environment import environment
+from cbbench.harness.results.outcome import stopped_answering
+from cbbench.harness.results.records import RECORD_SCHEMA_VERSION, RequestRecord
+from cbbench.harness.results.run_folder import RunWriter
+from cbbench.harness.results.session_summary import add_server_hit_rate
+from cbbench.harness.results.summary import RunSummary, summarize
+from cbbench.harness.telemetry.adapters import QUEUE_TIME
+from cbbench.harness.telemetry.queue_time import bound_by_records
+from cbbench.workloads.spec import Workload
+from cbbench.workloads.stats import describe_array
+from rich.console import Console
+
+
+@dataclass
+class BenchConfig:
+    base_url: str
+    workload: Workload
+    endpoint: str = "completions"
+    model: str | None = None
+    concurrency: int | None = None
+    duration_s: float | None = None
+    warmup: int = 0
+    slo: dict = field(default_factory=dict)
+    tokenizer: str | None = None
+    api_key: str | None = None
+    workers: int = 1
+    out_dir: str | Path | None = None
+    name: str | None = None
+    timeout_s: float = 600.0
+    stream: bool = True
+    extensions: bool = True
+    extra_body: dict = field(default_factory=dict)
+    text_prompts: bool = False
+    load: dict = field(default_factory=dict)  # load flags as given (rate, burstiness), for run.json
+    command: list[str] = field(default_factory=list)
+    live: bool = True
+    collect_server_times: bool = False
+    http_client: str = "raw"
+    prewarm: bool = True  # open the connections (up to the concurrency) before t0
+    kernel_timestamps: bool = True  # raw client: kernel receive times where the OS gives them
+    cap_unit: str = "sessions"  # sessions: what --concurrency counts (sessions | requests)
+    keep_token_ids: bool = False  # sessions: prompt/reply token ids in each record's extra
+
+
+@dataclass
+class BenchResult:
+    run_dir: Path
+    summary: RunSummary
+    interrupted: bool
+    records: list[RequestRecord]
+    meta: dict
+    failure: str | None = None  # the server stopped answering: the CLI exits 1
+
+
+def _now_iso() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def default_out_dir(name: str) -> Path:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("results") / "runs" / f"{stamp}-{name}"
+
+
+def _jobs(wl: Workload, warmup: int) -> tuple[list[Job], list[Job]]:
+    def job(r, is_warmup=False):
+        session = {} if is_warmup else {"session_id": r.session_id, "turn": r.turn}
+        return Job(
+            r.index,
+            r.prompt_len,
+            r.output_len,
+            None if is_warmup else r.arrival_s,
+            r.priority,
+            tuple(r.prefix_ids),
+            is_warmup,
+            think_s=r.think_s,
+            text=r.text,
+            **session,
+        )
+
+    warm = [job(r, True) for r in wl.requests[:warmup]]
+    return [job(r) for r in wl.requests], warm
+
+
+def _plans(cfg: BenchConfig, client: ClientConfig) -> list[WorkerPlan]:
+    jobs, warm = _jobs(cfg.workload, cfg.warmup)
+    n = min(cfg.workers, cfg.concurrency or cfg.workers)  # every worker holds >= 1 slot
+    units = group_sessions(jobs)  # a session stays on one worker; lone jobs round-robin
+    plans = []
+    for w in range(n):
+        share = cfg.concurrency // n + (w < cfg.concurrency % n) if cfg.concurrency else None
+        plans.append(
+            WorkerPlan(
+                worker=w,
+                jobs=[j for unit in units[w::n] for j in unit],
+                warmup_jobs=warm[w::n],
+                client=client,
+                concurrency=share,
+                duration_s=cfg.duration_s,
+                seed=cfg.workload.seed,
+                prefix_block_size=cfg.workload.prefix_block_size,
+                tokenizer=cfg.tokenizer,
+                text_prompts=cfg.text_prompts or cfg.endpoint == "chat",
+                cap_unit=cfg.cap_unit,
+                keep_token_ids=cfg.keep_token_ids,
+                prewarm=cfg.prewarm,
+            )
+        )
+    return plans
+
+
+def connection_summary(records: list[RequestRecord], stats: list[dict]) -> dict:
+    """Connection counts: the raw pools' own (opened, before t0, reused, closed by the
+    server, requests sent again) and, from the measured records, how many requests had to
+    open a connection and what that cost (`connect_s`, kept out of TTFT)."""
+    pools = [st["connections"] for st in stats if st.get("connections")]
+    keys = ("opened", "prewarmed", "reused", "closed_by_server", "retried", "user_reads")
+    out: dict = {k: (sum(p.get(k, 0) for p in pools) if pools else None) for k in keys}
+    measured = [r for r in records if not r.warmup]
+    cold = [r.connect_s for r in measured if r.connect_s is not None]
+    out["requests_on_new_connection"] = len(cold)
+    out["connect_s"] = describe_array(np.asarray(cold, dtype=float))
+    return out
+
+
+def _run_inprocess(plan: WorkerPlan, on_event, stop_flag: threading.Event) -> dict[int, dict]:
+    async def main() -> dict[int, dict]:
+        loop = asyncio.get_running_loop()
+        try:
+            loop.add_signal_handler(signal.SIGINT, stop_flag.set)
+            handled = True
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+            handled = False
+
+        async def wait_t0() -> int:
+            t0 = time.monotonic_ns()
+            on_event("t0", t0)
+            return t0
+
+        try:
+            stats = await run_worker(plan, on_event, wait_t0, stop_flag.is_set)
+        finally:
+            if handled:
+                loop.remove_signal_handler(signal.SIGINT)
+        return {0: stats.final()}
+
+    return aio.run(main())
+
+
+def _run_meta(cfg: BenchConfig, name: str, engine: dict, model: str, workers: int) -> dict:
+    """run.json as written at the start; the end adds status, ended_at and summary."""
+    return {
+        "name": name,
+        "status": "running",
+        "command": cfg.command,
+        "record_schema_version": RECORD_SCHEMA_VERSION,
+        "workload": {
+            "name": cfg.workload.name,
+            "seed": cfg.workload.seed,
+            "num_requests": len(cfg.workload),
+            "prefix_block_size": cfg.workload.prefix_block_size,
+            "source": cfg.workload.source,
+        },
+        "target": {
+            "base_url": cfg.base_url,
+            "model": model,
+            "endpoint": cfg.endpoint,
+            "engine": engine,
+        },
+        "load": {
+            "mode": "open" if cfg.workload.open_loop else "closed",
+            "concurrency": cfg.concurrency,
+            "duration_s": cfg.duration_s,
+            "warmup": cfg.warmup,
+            "workers": workers,
+            "stream": cfg.stream,
+            "timeout_s": cfg.timeout_s,
+            "extensions": cfg.extensions,
+            "http_client": cfg.http_client,
+            "prewarm": cfg.prewarm,
+            "event_loop": aio.loop_name(),
+            "text_prompts": cfg.text_prompts or cfg.endpoint == "chat",
+            "cap_unit": cfg.cap_unit,
+            "tokenizer": cfg.tokenizer,
+            "slo_s": cfg.slo,
+            **cfg.load,
+        },
+        "environment": environment(),
+        "started_at": _now_iso(),
+        "ended_at": None,
+        "interrupted": False,
+    }
+
+
+def run_bench(
+    cfg: BenchConfig, samplers: list | None = None, console: Console | None = None
+) -> BenchResult:
+    samplers = list(samplers or [])
+    out = console or Console()  # the final table: stdout
+    console = console or Console(stderr=True)  # the live view: stderr
+    if cfg.workers < 1:
+        raise CbbenchError(f"--workers must be >= 1, got {cfg.workers}")
+    if cfg.warmup < 0:
+        raise CbbenchError(f"--warmup must be >= 0, got {cfg.warmup}")
+    if cfg.cap_unit not in CAP_UNITS:
+        raise CbbenchError(f"--cap-unit must be one of {', '.join(CAP_UNITS)}, got {cfg.cap_unit}")
+    engine = probe_server(cfg.base_url, cfg.api_key)
+    model = cfg.model or (engine["models"][0] if engine["models"] else None)
+    if not model:
+        raise CbbenchError(f"{cfg.base_url}/v1/models lists no model; pass --model")
+    name = cfg.name or f"{cfg.workload.name.replace('/', '_')}"
+    run_dir = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(Path(name).name)
+    if (run_dir / "requests.jsonl").exists():
+        raise CbbenchError(f"{run_dir}: already holds a run; choose another --out")
+    client = ClientConfig(
+        base_url=cfg.base_url,
+        model=model,
+        endpoint=cfg.endpoint,
+        stream=cfg.stream,
+        api_key=cfg.api_key,
+        timeout_s=cfg.timeout_s,
+        extensions=cfg.extensions,
+        extra_body=cfg.extra_body,
+        max_connections=cfg.concurrency or max(1, len(cfg.workload)),
+        collect_server_times=cfg.collect_server_times,
+        http_client=cfg.http_client,
+        kernel_timestamps=cfg.kernel_timestamps,
+    )
+    plans = _plans(cfg, client)
+    meta = _run_meta(cfg, name, engine, model, len(plans))
+    writer = RunWriter(run_dir, secrets=(cfg.api_key,))
+    writer.write_run(meta)
+    records: list[RequestRecord] = []
+    live = LiveStats(len(cfg.workload), samplers)
+    stop_flag = threading.Event()
+    started: list = []
+
+    def on_event(kind: str, payload) -> None:
+        if kind == "record":
+            writer.add_record(payload)
+            records.append(payload)
+            live.on_record(payload)
+        elif kind == "sample":
+            writer.add_sample(payload)
+            live.on_sample(payload)
+        elif kind == "t0":
+            for s in samplers:
+                s.start(payload, writer.add_sample)
+                started.append(s)
+
+    worker_stats: dict[int, dict] = {}
+    try:
+        with LiveView(live, console, enabled=cfg.live):
+            if len(plans) == 1:
+                worker_stats = _run_inprocess(plans[0], on_event, stop_flag)
+            else:
+                previous = signal.signal(signal.SIGINT, lambda *_: stop_flag.set())
+                try:
+                    worker_stats = run_workers(plans, on_event, stop_flag)
+                finally:
+                    signal.signal(signal.SIGINT, previous)
+    finally:
+        for s in started:
+            s.stop()
+        interrupted = stop_flag.is_set()
+        client_samples: dict = {"loop_lag_s": [], "cpu": []}
+        for st in worker_stats.values():
+            client_samples["loop_lag_s"] += st.get("loop_lag_s", [])
+            client_samples["cpu"] += st.get("cpu", [])
+        sources = {st.get("timestamp_source", "user") for st in worker_stats.values()}
+        client_samples["timestamp_source"] = "kernel" if sources == {"kernel"} else "user"
+        summary = summarize(records, None, cfg.slo, client_samples)
+        summary["cancelled_in_flight"] = sum(st.get("cancelled", 0) for st in worker_stats.values())
+        summary["client"]["cpu_s"] = sum(st.get("cpu_s", 0.0) for st in worker_stats.values())
+        summary["connections"] = connection_summary(records, list(worker_stats.values()))
+        summary["timestamp_source"] = client_samples["timestamp_source"]
+        meta["timestamp_source"] = summary["timestamp_source"]
+        failure = None if interrupted else stopped_answering(records)
+        if failure:
+            summary["server_stopped_answering"] = failure
+        crashed = [st["crashed"] for st in worker_stats.values() if "crashed" in st]
+        if crashed:
+            summary["worker_crashes"] = crashed
+        if started:
+            summary["telemetry"] = {
+                getattr(s, "name", type(s).__name__): s.summary() for s in started
+            }
+            ttft = summary["ttft_s"] if cfg.stream else summary["e2e_s"]
+            for t in summary["telemetry"].values():
+                if isinstance(t, dict) and isinstance(t.get(QUEUE_TIME), dict):
+                    t[QUEUE_TIME] = bound_by_records(t[QUEUE_TIME], ttft)
+            add_server_hit_rate(summary)
+        scheduler = next((r.extra["scheduler"] for r in records if "scheduler" in r.extra), None)
+        if scheduler:
+            meta["target"]["scheduler"] = scheduler
+        meta.update(
+            status="interrupted" if interrupted else "complete",
+            ended_at=_now_iso(),
+            interrupted=interrupted,
+            summary=summary,
+        )
+        writer.write_run(meta)
+        writer.close()
+    out.print(summary_table(summary, f"cbbench bench: {name}"))
+    out.print(f"run folder: {run_dir}")
+    return BenchResult(run_dir, summary, interrupted, records, meta, failure)

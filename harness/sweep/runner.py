@@ -1,0 +1,302 @@
+"""`cbbench sweep` as a library call: one benchmark per load level into one folder (for
+`cbbench report` curves), or the SLO capacity search (harness/sweep/capacity.py).
+
+    index = run_sweep(SweepOptions(base_url=..., out=Path(...), rates=[1, 2, 4]))
+
+Levels are rates (open loop), concurrencies (closed loop), or auto (synchronous, all at once,
+then rates in between); a level stops early when the server is clearly over-saturated.
+Returns sweep.json's content (also written, after every level).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cbbench.harness.errors import CbbenchError
+from cbbench.harness.load.options import ClientOptions, LoadOptions, bench_config
+from cbbench.harness.sweep.levels import Level, SaturationWatch, auto_rates
+from cbbench.harness.telemetry import TelemetryOptions, build_samplers
+
+SWEEP_FILE = "sweep.json"
+SWEEP_TABLE = "sweep.md"  # print_sweep's table, as Markdown
+SUSTAINED = 0.9  # achieved/offered request rate above which a rate level is sustained
+
+
+@dataclass
+class SweepOptions:
+    base_url: str
+    out: Path
+    load: LoadOptions = field(default_factory=lambda: LoadOptions(num_requests=50, seed=0))
+    client: ClientOptions = field(default_factory=ClientOptions)
+    telemetry: TelemetryOptions = field(default_factory=TelemetryOptions)
+    rates: list[float] | None = None  # open-loop levels
+    concurrency: list[int] | None = None  # closed-loop levels
+    find_max_rate: bool = False  # else neither rates nor concurrency: auto
+    between: int = 4  # auto: rates in between
+    level_timeout_s: float = 300.0
+    max_levels: int = 12
+    live: bool = True
+    command: list[str] = field(default_factory=list)
+    # capacity search (find_max_rate)
+    goodput: float = 0.95
+    start_rate: float = 1.0
+    max_rate: float = 1000.0
+    precision: float = 0.1
+    repeats: int = 2
+    max_requests: int = 2000
+    max_time_s: float = 1800.0
+
+    @property
+    def mode(self) -> str:
+        if self.find_max_rate:
+            return "find-max-rate"
+        return "rates" if self.rates else "concurrency" if self.concurrency else "auto"
+
+
+def run_level(opts: SweepOptions, level: Level, seed_offset: int = 0) -> dict:
+    """One level: a bench run into OUT/<level name>; its row of sweep.json."""
+    from cbbench.harness.load.runner import run_bench
+    from rich.console import Console
+
+    load = dataclasses.replace(
+        opts.load, rate=level.rate, concurrency=level.concurrency, duration=None,
+        seed=(opts.load.seed or 0) + seed_offset,
+    )  # fmt: skip
+    name = f"{Path(str(opts.load.workload)).name}-{level.name}"
+    cfg = bench_config(
+        opts.base_url, load, opts.client, out_dir=str(opts.out / level.name), name=name,
+        live=opts.live, command=opts.command,
+    )  # fmt: skip
+    cfg.load = {**cfg.load, "sweep_level": level.name}
+    samplers = list(build_samplers(opts.telemetry, cfg.base_url))
+    watch = SaturationWatch(Path(cfg.out_dir), len(cfg.workload), opts.level_timeout_s)
+    console = Console(stderr=True) if opts.live else Console(file=io.StringIO())
+    t = time.monotonic()
+    try:
+        result = run_bench(cfg, [*samplers, watch], console=console)
+    except KeyboardInterrupt:
+        if watch.reason is None:
+            raise
+        raise CbbenchError(
+            f"{cfg.out_dir}: level stopped while finishing ({watch.reason})"
+        ) from None
+    s = result.summary
+    return {
+        "name": level.name,
+        "load": level.describe(),
+        "rate": None if level.rate is None or math.isinf(level.rate) else level.rate,
+        "all_at_once": level.rate is not None and math.isinf(level.rate),
+        "concurrency": level.concurrency,
+        "request_throughput": s.get("request_throughput"),
+        "output_throughput": s.get("output_throughput"),
+        "ttft_p50_s": (s.get("ttft_s") or {}).get("p50"),
+        "ttft_p99_s": (s.get("ttft_s") or {}).get("p99"),
+        "completed": (s.get("counts") or {}).get("completed"),
+        "requests": (s.get("counts") or {}).get("total"),
+        "goodput_fraction": (s.get("goodput") or {}).get("fraction"),
+        "stopped_early": watch.reason,
+        "interrupted": result.interrupted and watch.reason is None,  # the user's Ctrl-C
+        "wall_s": round(time.monotonic() - t, 3),
+    }
+
+
+def _write_index(out: Path, index: dict) -> None:
+    tmp = out / (SWEEP_FILE + ".tmp")
+    tmp.write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, out / SWEEP_FILE)
+
+
+def saturation(levels: list[dict]) -> dict:
+    """The highest offered rate the server sustained, and the most it ever delivered."""
+    sustained = [
+        lv["rate"]
+        for lv in levels
+        if lv["rate"]
+        and not lv["stopped_early"]
+        and (lv["request_throughput"] or 0) >= SUSTAINED * lv["rate"]
+    ]
+    peak = max((lv["request_throughput"] or 0 for lv in levels), default=0.0)
+    return {"max_sustained_rate": max(sustained, default=None), "max_request_throughput": peak}
+
+
+def _check(opts: SweepOptions) -> None:
+    if (opts.out / SWEEP_FILE).exists():
+        raise CbbenchError(f"{opts.out}: already holds a sweep; choose another --out")
+    n = opts.load.num_requests
+    if n is None or n < 1 or opts.max_levels < 1 or opts.level_timeout_s <= 0:
+        raise CbbenchError("--num-requests, --max-levels and --level-timeout must be positive")
+
+
+def run_sweep(opts: SweepOptions) -> dict:
+    """Every level in turn (or the capacity search); returns sweep.json's content, whose
+    "status" says whether Ctrl-C stopped it (finished levels are kept)."""
+    _check(opts)
+    out = opts.out
+    if opts.find_max_rate:
+        return find_max_rate(opts)
+    if opts.rates:
+        plan = [Level(f"rate-{r:g}", rate=r) for r in opts.rates]
+    elif opts.concurrency:
+        plan = [Level(f"concurrency-{c}", concurrency=c) for c in opts.concurrency]
+    else:
+        plan = [Level("sync", concurrency=1), Level("max", rate=math.inf)]
+    if len(plan) > opts.max_levels:
+        raise CbbenchError(f"{len(plan)} levels, more than --max-levels {opts.max_levels}")
+    out.mkdir(parents=True, exist_ok=True)
+    mode = opts.mode
+    index: dict = {
+        "kind": "sweep",
+        "mode": mode,
+        "workload": opts.load.workload,
+        "runs": [],
+        "levels": [],
+    }
+    status = "complete"
+    try:
+        i = 0
+        while i < len(plan) and i < opts.max_levels:
+            level = plan[i]
+            print(f"sweep level {i + 1}: {level.describe()}", file=sys.stderr)
+            lv = run_level(opts, level)
+            index["runs"].append(level.name)
+            index["levels"].append(lv)
+            if lv["stopped_early"]:
+                print(f"  stopped early: {lv['stopped_early']}", file=sys.stderr)
+            _write_index(out, index)
+            if lv["interrupted"]:
+                raise KeyboardInterrupt  # stop the sweep; the level keeps what finished
+            if mode == "auto" and level.name == "max":
+                sync_rps = index["levels"][0]["request_throughput"] or 0.0
+                rates = auto_rates(sync_rps, lv["request_throughput"] or 0.0, opts.between)
+                plan += [Level(f"rate-{r:.3g}", rate=float(f"{r:.3g}")) for r in rates]
+            i += 1
+    except KeyboardInterrupt:
+        status = "interrupted"
+    if mode == "auto":  # report order = load order: synchronous, rates, all at once
+        rank = {"sync": -1.0, "max": math.inf}
+        index["levels"].sort(key=lambda lv: rank.get(lv["name"], lv["rate"] or 0.0))
+        index["runs"] = [lv["name"] for lv in index["levels"]]
+    index["status"] = status
+    index["saturation"] = saturation(index["levels"])
+    _write_index(out, index)
+    return index
+
+
+def print_sweep(index: dict, folder: Path | None = None) -> Path | None:
+    """The levels' table on stderr (Markdown when stderr is not a terminal: names whole),
+    also written as Markdown into `folder` (SWEEP_TABLE) when given; returns that file."""
+    from cbbench.harness.results.compare import emit_table
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"cbbench sweep ({index['mode']}, {index['status']})")
+    for col in ("level", "req/s", "output tok/s", "TTFT p50 (ms)", "TTFT p99 (ms)", "note"):
+        t.add_column(col, justify="left" if col in ("level", "note") else "right")
+
+    def ms(v):
+        return "–" if v is None else f"{v * 1e3:.1f}"
+
+    for lv in index["levels"]:
+        t.add_row(
+            lv["load"],
+            "–" if lv["request_throughput"] is None else f"{lv['request_throughput']:.2f}",
+            "–" if lv["output_throughput"] is None else f"{lv['output_throughput']:.1f}",
+            ms(lv["ttft_p50_s"]),
+            ms(lv["ttft_p99_s"]),
+            lv["stopped_early"] or "",
+        )
+    path = emit_table(Console(stderr=True), t, folder, SWEEP_TABLE)
+    sat = index["saturation"]
+    if sat["max_sustained_rate"] is not None:
+        print(
+            f"highest sustained rate {sat['max_sustained_rate']:g} req/s; "
+            f"peak {sat['max_request_throughput']:.2f} req/s",
+            file=sys.stderr,
+        )
+    return path
+
+
+def find_max_rate(opts: SweepOptions) -> dict:
+    """--find-max-rate: the capacity search of harness.capacity, one run folder per trial."""
+    from cbbench.harness.results.summary import parse_slo
+    from cbbench.harness.sweep.capacity import CapacityConfig, Trial
+    from cbbench.harness.sweep.capacity import find_max_rate as search
+
+    out = opts.out
+    slo = opts.client.slo
+    if not parse_slo(slo):
+        raise CbbenchError("--find-max-rate needs --slo, e.g. --slo ttft=200ms,tpot=50ms")
+    cfg = CapacityConfig(
+        goodput=opts.goodput,
+        start_rate=opts.start_rate,
+        max_rate=opts.max_rate,
+        min_rate=min(opts.start_rate, 0.01),
+        precision=opts.precision,
+        repeats=opts.repeats,
+        requests_per_level=opts.load.num_requests,
+        max_requests=opts.max_requests,
+        max_time_s=opts.max_time_s,
+    )
+    cfg.validate()
+    out.mkdir(parents=True, exist_ok=True)
+    index: dict = {
+        "kind": "sweep",
+        "mode": "find-max-rate",
+        "workload": opts.load.workload,
+        "slo": slo,
+        "goodput": opts.goodput,
+        "runs": [],
+        "levels": [],
+    }
+
+    def measure(rate: float, attempt: int) -> Trial:
+        name = f"rate-{rate:.4g}" + (f"-repeat{attempt}" if attempt else "")
+        print(
+            f"capacity search: rate {rate:.4g}/s" + (f" (repeat {attempt})" if attempt else ""),
+            file=sys.stderr,
+        )
+        lv = run_level(opts, Level(name, rate=float(f"{rate:.4g}")), seed_offset=attempt)
+        index["runs"].append(name)
+        index["levels"].append(lv)
+        _write_index(out, index)
+        if lv["interrupted"]:
+            raise KeyboardInterrupt
+        good = lv["goodput_fraction"]
+        if lv["stopped_early"]:
+            good = 0.0  # clearly over-saturated: stopped before it finished
+        print(f"  goodput {'–' if good is None else f'{good:.0%}'}", file=sys.stderr)
+        return Trial(rate, attempt, good, lv["request_throughput"], lv["requests"] or 0, name)
+
+    status = "complete"
+    try:
+        res = search(measure, cfg)
+        index["capacity"] = res.to_dict()
+    except KeyboardInterrupt:
+        status = "interrupted"
+    index["status"] = status
+    index["saturation"] = saturation(index["levels"])
+    _write_index(out, index)
+    return index
+
+
+def print_capacity(index: dict) -> None:
+    cap = index.get("capacity")
+    if cap:
+        lo, hi = cap["interval"]
+        if lo is None:
+            print(f"no rate met the SLO ({cap['stopped']})")
+        else:
+            upper = f"{hi:.3g}" if hi is not None else "?"
+            print(
+                f"max rate meeting {index['slo']} for {index['goodput']:.0%} of requests: "
+                f"{lo:.3g} req/s (interval [{lo:.3g}, {upper}); {cap['stopped']}; "
+                f"{cap['requests']} requests, {cap['wall_s']:.0f} s)"
+            )

@@ -1,0 +1,209 @@
+"""Engine configuration: one EngineConfig, with one sub-config per batching policy
+(policy_config.py) and one for speculative decoding (speculative_config.py).
+
+Everything a user can get wrong is checked here and raised as EngineError naming the field,
+so a bad flag never reaches the scheduler.
+
+Each field that users may set carries its command-line flag in its metadata (`flag(...)`,
+config_flags.py): `reference_engine/config/options.py` builds every command's engine flags from
+these dataclasses, so a new setting is ONE field (plus its check in `validate`). A batching
+policy registers its settings dataclass in `policy_config.SCHEDULER_SETTINGS` (and its class
+in `scheduler/__init__.py`). Every name stays importable from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cbbench.reference_engine.config.flags import flag
+from cbbench.reference_engine.config.policy_config import (
+    POLICIES,
+    SCHEDULER_SETTINGS,
+    SCHEDULERS,
+    ContinuousConfig,
+    DynamicConfig,
+    StaticConfig,
+)
+from cbbench.reference_engine.config.speculative_config import (
+    SPECULATIVE_METHODS,
+    SpeculativeConfig,
+)
+from cbbench.reference_engine.errors import EngineError
+
+__all__ = [
+    "ATTENTION_BACKENDS",
+    "EXECUTORS",
+    "GIB",
+    "POLICIES",
+    "SCHEDULERS",
+    "SCHEDULER_SETTINGS",
+    "SPECULATIVE_METHODS",
+    "ContinuousConfig",
+    "DynamicConfig",
+    "EngineConfig",
+    "SpeculativeConfig",
+    "StaticConfig",
+    "flag",
+    "kv_blocks_for_memory",
+]
+
+EXECUTORS = ("real", "sim")
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+GIB = 2**30  # --kv-cache-memory-gb is GiB on every path
+
+
+@dataclass
+class EngineConfig:
+    # preset name (model/config.py: PRESETS) or an HF folder
+    model: str = field(
+        default="tiny",
+        metadata=flag(
+            "--model", "model preset (tiny, small, qwen2.5-0.5b, llama-3-8b, ...) or HF folder"
+        ),
+    )
+    device: str = field(default="cpu", metadata=flag("--device", "cpu | cuda | cuda:N"))
+    dtype: str = field(
+        default="float32",
+        metadata=flag("--dtype", "float32 | float16 | bfloat16 | auto (the model's own)"),
+    )
+    scheduler: str = field(
+        default="continuous",
+        metadata=flag(
+            "--scheduler",
+            f"batching policy: {', '.join(SCHEDULERS)}; commands that compare policies take "
+            "a comma list",
+            metavar="NAME[,NAME]",
+        ),
+    )
+    static: StaticConfig = field(default_factory=StaticConfig)
+    dynamic: DynamicConfig = field(default_factory=DynamicConfig)
+    continuous: ContinuousConfig = field(default_factory=ContinuousConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    block_size: int = field(default=16, metadata=flag("--block-size", "tokens per KV block"))
+    # None: sized from kv_cache_memory_gb or the device
+    num_kv_blocks: int | None = field(
+        default=None,
+        metadata=flag("--num-kv-blocks", "KV pool size in blocks (beats --kv-cache-memory-gb)"),
+    )
+    kv_cache_memory_gb: float | None = field(
+        default=None,
+        metadata=flag(
+            "--kv-cache-memory-gb",
+            "KV pool size in memory (default: sized from the device)",
+            unit="GiB",
+        ),
+    )
+    # None: the model's max_position_embeddings
+    max_model_len: int | None = field(
+        default=None,
+        metadata=flag(
+            "--max-model-len", "longest prompt + output (default: the model's context length)"
+        ),
+    )
+    enable_prefix_caching: bool = field(
+        default=False,
+        metadata=flag("--enable-prefix-caching", "reuse KV blocks of shared prompt prefixes"),
+    )
+    # "real" (ModelRunner) | "sim" (SimExecutor, virtual clock)
+    executor: str = field(
+        default="real",
+        metadata=flag(
+            "--executor",
+            "real torch model, or sim: the cost-model simulator (virtual time, SIMULATED)",
+            choices=EXECUTORS,
+        ),
+    )
+    # simulator only: a cost_model preset, "steps", or a JSON path
+    hardware: str = field(
+        default="h100",
+        metadata=flag(
+            "--hardware",
+            "simulator only: a100-80g, h100-sxm (h100), h200, cpu-measured, steps (1 time "
+            "unit per step), or a JSON from `cbbench calibrate`",
+        ),
+    )
+    attention_backend: str = field(
+        default="auto",
+        metadata=flag("--attention-backend", "attention kernels", choices=ATTENTION_BACKENDS),
+    )
+    seed: int = field(
+        default=0,
+        metadata=flag(
+            "--seed",
+            "seed of the engine (random weights, sampling) and of a generated workload",
+        ),
+    )
+    # reject (QueueFullError) beyond this many waiting, any policy
+    max_waiting: int | None = field(
+        default=None,
+        metadata=flag(
+            "--max-waiting", "waiting-queue limit, any policy; beyond it requests get HTTP 429"
+        ),
+    )
+    # build step N+1 while step N computes (async_scheduling.py); greedy outputs unchanged
+    async_scheduling: bool = field(
+        default=False,
+        metadata=flag(
+            "--async-scheduling",
+            "build the next step while the current one computes (greedy outputs unchanged; "
+            "the simulator models the overlap)",
+        ),
+    )
+    # CUDA only: decode steps replay a CUDA graph per batch-size bucket (cuda_graphs.py)
+    enforce_eager: bool = field(
+        default=False,
+        metadata=flag(
+            "--enforce-eager",
+            "CUDA: run every step eagerly instead of replaying captured decode CUDA graphs "
+            "(no effect on the CPU)",
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if self.scheduler not in SCHEDULERS:
+            raise EngineError(
+                f"scheduler must be one of {', '.join(SCHEDULERS)}, got {self.scheduler!r}"
+            )
+        if self.executor not in EXECUTORS:
+            raise EngineError(
+                f"executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}"
+            )
+        if self.block_size < 1:
+            raise EngineError(f"block_size must be >= 1, got {self.block_size}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise EngineError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if self.kv_cache_memory_gb is not None and self.kv_cache_memory_gb <= 0:
+            raise EngineError(f"kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise EngineError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.max_waiting is not None and self.max_waiting < 1:
+            raise EngineError(f"max_waiting must be >= 1, got {self.max_waiting}")
+        self.static.validate()
+        self.dynamic.validate()
+        self.continuous.validate()
+        self.speculative.validate()
+        if self.speculative.enabled and self.scheduler != "continuous":
+            raise EngineError(
+                f"speculative decoding needs the continuous scheduler (got {self.scheduler!r}): "
+                f"static and dynamic batching run one token per sequence per step"
+            )
+        if self.speculative.enabled and self.async_scheduling:
+            raise EngineError(
+                "speculative decoding and async scheduling cannot be combined (as in vLLM's "
+                "first async scheduler): a step's drafts depend on the previous step's "
+                "accepted tokens; drop --async-scheduling or --speculative-method"
+            )
+
+    @property
+    def max_batch_slots(self) -> int:
+        """Sequences the chosen policy can run at once (the denominator of batch occupancy)."""
+        if self.scheduler == "static":
+            return self.static.batch_size
+        if self.scheduler == "dynamic":
+            return self.dynamic.max_batch_size
+        return self.continuous.max_num_seqs
+
+
+def kv_blocks_for_memory(memory_gib: float, bytes_per_block: int) -> int:
+    """KV blocks that fit in `memory_gib` GiB (2**30 bytes): the one rule for both executors."""
+    return int(memory_gib * GIB // bytes_per_block)

@@ -1,0 +1,111 @@
+"""The simulated executor: no model, a virtual clock advanced by the cost model's step time,
+and deterministic pseudo tokens, a function of (seed, request id, position) only, so the same
+request yields the same tokens whatever the batch, the scheduler or a preemption."""
+
+from __future__ import annotations
+
+import zlib
+
+from cbbench.reference_engine.core.executor import ScheduledChunk
+from cbbench.reference_engine.execution.cost_model import CostModel
+from cbbench.reference_engine.model.config import ModelConfig
+
+# (request id, start, known tokens, draft tokens, samples, block table or None): one chunk,
+# as the step saw it (the table only when the cost model prices the KV layout)
+_Item = tuple[str, int, int, list[int], bool, list[int] | None]
+
+
+class SimExecutor:
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        cost_model: CostModel,
+        seed: int = 0,
+        eos_probability: float = 0.0,
+    ) -> None:
+        assert 0.0 <= eos_probability <= 1.0
+        self.model_config = model_config
+        self.cost_model = cost_model
+        self.seed = seed
+        self.eos_probability = eos_probability
+        self.eos_ids = model_config.eos_token_ids
+        self.clock = 0.0
+        self.last_step_time = 0.0
+        self._draft_time = 0.0  # speculative: draft-model time of this step (SimProposer)
+        self.modeled_gap_s = 0.0  # device idle before the last step (the clock can't show it)
+
+    def now(self) -> float:
+        return self.clock
+
+    def advance_to(self, t: float) -> None:
+        """Idle until virtual time t (never backwards)."""
+        self.clock = max(self.clock, t)
+
+    def token_for(self, request_id: str, position: int) -> int:
+        """The token a request gets at `position` of its token ids: EOS with probability
+        `eos_probability`, otherwise a pseudo-random non-EOS id."""
+        h = zlib.crc32(f"{self.seed}:{request_id}:{position}".encode())
+        if self.eos_ids and self.eos_probability and (h >> 8) / (1 << 24) < self.eos_probability:
+            return self.eos_ids[0]
+        vocab = self.model_config.vocab_size
+        tok = zlib.crc32(f"t{h}".encode()) % vocab
+        while tok in self.eos_ids:
+            tok = (tok + 1) % vocab
+        return tok
+
+    def add_draft_time(self, seconds: float) -> None:
+        """Charge the draft model's steps to the next execute()."""
+        self._draft_time += seconds
+
+    def execute(self, chunks: list[ScheduledChunk]) -> list[list[int]]:
+        return self.run(self.prepare(chunks))
+
+    # --- async scheduling: the same, split; run inline (virtual time) --------------------
+    runs_in_thread = False
+    overlap_host = False  # async scheduling: host work hides behind device time
+
+    def prepare(self, chunks: list[ScheduledChunk]) -> list[_Item]:
+        """A snapshot of the chunks (plain tuples: this runs for every simulated step)."""
+        if self.cost_model.uses_layout:  # a calibrated CPU fit prices decode's KV layout
+            return [
+                (c.seq.request_id, c.start, c.num_tokens, c.spec_token_ids, c.samples,
+                 c.seq.block_table)
+                for c in chunks
+            ]  # fmt: skip
+        return [
+            (c.seq.request_id, c.start, c.num_tokens, c.spec_token_ids, c.samples, None)
+            for c in chunks
+        ]
+
+    def patch(self, step: object, rows: list[int], tokens: list[int]) -> None:
+        pass  # pseudo tokens depend on (request, position) only
+
+    def run(self, step: list[_Item]) -> list[list[int]]:
+        work = self.cost_model.work(
+            (start, n + len(spec), s, table) for _, start, n, spec, s, table in step
+        )
+        # speculative verify: the LM head runs on every draft row too, not just the last
+        drafts = sum(len(spec) for _, _, _, spec, s, _ in step if s)
+        if drafts:
+            work.num_samples += drafts
+            work.flops += self.cost_model.head_flops * drafts
+        device, host = self.cost_model.split_time(work)
+        verify = self.cost_model.time_of(work, overlap_host=self.overlap_host)
+        # the device waits while the host builds the step, unless that overlaps (async)
+        self.modeled_gap_s = max(0.0, host - device) if self.overlap_host else host
+        self.last_step_time = self._draft_time + verify
+        self._draft_time = 0.0
+        self.clock += self.last_step_time
+        return [
+            self._tokens(rid, start + n, spec) if s else [] for rid, start, n, spec, s, _ in step
+        ]
+
+    def _tokens(self, rid: str, end: int, spec: list[int]) -> list[int]:
+        """The request's own tokens from `end` on: drafts while they match, then one more."""
+        out: list[int] = []
+        for j, d in enumerate(spec):
+            out.append(self.token_for(rid, end + j))
+            if out[-1] != d:
+                return out
+        out.append(self.token_for(rid, end + len(spec)))
+        return out

@@ -1,0 +1,7 @@
+"""The model: a Llama-family decoder over a flattened varlen batch (`llama`), its config from
+an HF `config.json` and named random-weight shapes (`config`), HF-format loading
+(`loader`), RoPE (`rope`), the tokenizer and chat template.
+
+Layer: model (torch modules and weights; no scheduling).
+Imports: kernels.
+"""

@@ -1,0 +1,255 @@
+"""Model architecture from an HF `config.json`, and named shapes for random-weight models.
+
+One dataclass serves the real model (reference_engine/model/llama.py), the loader and the
+simulator's cost model, so they always agree on the shape.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cbbench.reference_engine.errors import EngineError
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    max_position_embeddings: int
+    head_dim: int | None = None  # defaults to hidden_size // num_attention_heads
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None  # HF format: rope_type linear|dynamic|llama3|yarn
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2 uses q/k/v biases
+    architecture: str = "LlamaForCausalLM"
+    bos_token_id: int | None = 1
+    eos_token_id: int | list[int] | None = 2
+    torch_dtype: str = "float32"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise EngineError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        if self.eos_token_id is None:
+            return ()
+        if isinstance(self.eos_token_id, int):
+            return (self.eos_token_id,)
+        return tuple(self.eos_token_id)
+
+    def num_params(self) -> int:
+        h, i, L = self.hidden_size, self.intermediate_size, self.num_hidden_layers
+        d = self.head_dim or h // self.num_attention_heads
+        q = h * self.num_attention_heads * d
+        kv = 2 * h * self.num_key_value_heads * d
+        o = self.num_attention_heads * d * h
+        mlp = 3 * h * i
+        per_layer = q + kv + o + mlp + 2 * h
+        emb = self.vocab_size * h
+        head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        return L * per_layer + emb + head + h
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        assert self.head_dim is not None
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes
+
+    # --- HF config.json ---------------------------------------------------------------
+    @classmethod
+    def from_hf_dict(cls, cfg: dict[str, Any], where: str = "config.json") -> ModelConfig:
+        archs = cfg.get("architectures") or ["LlamaForCausalLM"]
+        arch = archs[0]
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise EngineError(
+                f"{where}: architecture {arch!r} is not supported "
+                f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+            )
+        required = (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+        )
+        missing = [k for k in required if k not in cfg]
+        if missing:
+            raise EngineError(f"{where}: missing {', '.join(missing)}")
+        if cfg.get("hidden_act", "silu") != "silu" or cfg.get("mlp_bias"):
+            raise EngineError(f"{where}: only SiLU MLPs without bias are supported")
+        # transformers >= 5 writes `rope_parameters` (rope_theta inside); older, rope_scaling
+        rope_params = dict(cfg.get("rope_parameters") or {})
+        rope_theta = cfg.get("rope_theta", rope_params.pop("rope_theta", 10000.0))
+        rope_scaling = cfg.get("rope_scaling")
+        if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
+            rope_scaling = rope_params
+        return cls(
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=int(cfg["hidden_size"]),
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_hidden_layers=int(cfg["num_hidden_layers"]),
+            num_attention_heads=int(cfg["num_attention_heads"]),
+            num_key_value_heads=int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"]),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            head_dim=cfg.get("head_dim"),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+            rope_theta=float(rope_theta),
+            rope_scaling=rope_scaling,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
+            architecture=arch,
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_id=cfg.get("eos_token_id"),
+            torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
+        )
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> ModelConfig:
+        p = Path(path)
+        try:
+            cfg = json.loads(p.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise EngineError(f"{p}: no such file") from None
+        except json.JSONDecodeError as exc:
+            raise EngineError(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        return cls.from_hf_dict(cfg, where=str(p))
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("extra")
+        arch = d.pop("architecture")
+        model_type = {"MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}.get(
+            arch, "llama"
+        )
+        return {"architectures": [arch], "model_type": model_type, **d}
+
+
+# Named shapes. `tiny` is for CPU tests and the default run; the others are real models'
+# shapes for GPU runs and the simulator (weights random unless a checkpoint is given).
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+    ),
+    # ~54M parameters: the CPU engine-comparison model
+    "small": dict(
+        vocab_size=32000,
+        hidden_size=512,
+        intermediate_size=2048,
+        num_hidden_layers=9,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-0.5b": dict(
+        architecture="Qwen2ForCausalLM",
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        attention_bias=True,
+        bos_token_id=151643,
+        eos_token_id=151645,
+        torch_dtype="bfloat16",
+    ),
+    "llama-3-8b": dict(
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=8192,
+        rope_theta=500000.0,
+        bos_token_id=128000,
+        eos_token_id=128001,
+        torch_dtype="bfloat16",
+    ),
+    # Llama 3.2 1B's shape (Llama 3's vocabulary): a draft model for llama-3-8b
+    "llama-3.2-1b": dict(
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        tie_word_embeddings=True,
+        bos_token_id=128000,
+        eos_token_id=128001,
+        torch_dtype="bfloat16",
+    ),
+    "llama-2-7b": dict(
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        max_position_embeddings=4096,
+        torch_dtype="float16",
+    ),
+    "mistral-7b": dict(
+        architecture="MistralForCausalLM",
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        torch_dtype="bfloat16",
+    ),
+}
+
+
+def resolve_model_config(model: str | ModelConfig) -> ModelConfig:
+    """A preset name, an HF folder or its config.json, or a ModelConfig."""
+    if isinstance(model, ModelConfig):
+        return model
+    if model in PRESETS:
+        return preset_config(model)
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.exists():
+        raise EngineError(
+            f"model {model!r} is neither a preset ({', '.join(PRESETS)}) nor an HF folder "
+            f"with a config.json"
+        )
+    return ModelConfig.from_file(path)
+
+
+def preset_config(name: str) -> ModelConfig:
+    if name not in PRESETS:
+        raise EngineError(f"unknown model preset {name!r} (known: {', '.join(PRESETS)})")
+    return ModelConfig(**PRESETS[name])
