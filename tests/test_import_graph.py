@@ -73,6 +73,16 @@ ALLOWED: dict[str, set[str] | str] = {
         "reference_engine.engine",
         "reference_engine.model",
     },
+    "reference_engine.router": {
+        "reference_engine.config",
+        "reference_engine.core",
+        "reference_engine.engine",
+        "reference_engine.execution",
+        "reference_engine.model",
+        "reference_engine.server",
+        "reference_engine.sim",
+        "workloads",
+    },
     "reference_engine": {"kernels", "workloads"},
     # the harness: workload -> load -> client -> results -> report / gate
     "harness.results": {"workloads"},
