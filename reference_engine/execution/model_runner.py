@@ -128,7 +128,8 @@ class ModelRunner:
         self.num_kv_blocks = num_kv_blocks
         cfg = self.model_config
         assert cfg.head_dim is not None
-        use_graphs = self.device.type == "cuda" and not enforce_eager
+        # MoE layers read their expert counts back to split the batch: not capturable, eager
+        use_graphs = self.device.type == "cuda" and not enforce_eager and not cfg.is_moe
         want_padded = (use_graphs or padded_decode) and max_num_seqs is not None
         self.kv_cache = torch.zeros(
             cfg.num_hidden_layers,
@@ -172,6 +173,13 @@ class ModelRunner:
     @property
     def attention_backend_name(self) -> str:
         return self.backend.name
+
+    def expert_load(self) -> list[list[int]] | None:
+        """MoE models: tokens routed to each expert per sparse layer since the start
+        ([layers][experts], one device read); None for dense models."""
+        if not self.model_config.is_moe:
+            return None
+        return self.model.expert_load().tolist()
 
     @staticmethod
     def kv_bytes_per_block(model_config: ModelConfig, block_size: int, dtype: str) -> int:

@@ -12,8 +12,21 @@ from pathlib import Path
 from typing import Any
 
 from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.model.moe_config import (
+    MOE_ARCHITECTURES,
+    MOE_FIELDS,
+    MOE_PRESETS,
+    moe_fields,
+)
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+DENSE_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ARCHITECTURES = DENSE_ARCHITECTURES + MOE_ARCHITECTURES
+MODEL_TYPES = {
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+}
 
 
 @dataclass
@@ -35,6 +48,14 @@ class ModelConfig:
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
     torch_dtype: str = "float32"
+    # mixture of experts (Mixtral, Qwen2-MoE); num_experts 0 = a dense model
+    num_experts: int = 0  # HF: num_local_experts (Mixtral), num_experts (Qwen2-MoE)
+    num_experts_per_tok: int = 0  # top-k
+    moe_intermediate_size: int | None = None  # one expert's; Mixtral: intermediate_size
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's shared expert (0: none)
+    norm_topk_prob: bool = True  # renormalise the top-k router probabilities
+    decoder_sparse_step: int = 1  # every n-th layer is sparse (Qwen2-MoE)
+    mlp_only_layers: tuple[int, ...] = ()  # dense layers among them (Qwen2-MoE)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -45,6 +66,46 @@ class ModelConfig:
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
+        self.mlp_only_layers = tuple(self.mlp_only_layers)
+        if self.num_experts:
+            if self.moe_intermediate_size is None:
+                self.moe_intermediate_size = self.intermediate_size
+            if not 1 <= self.num_experts_per_tok <= self.num_experts:
+                raise EngineError(
+                    f"num_experts_per_tok ({self.num_experts_per_tok}) must be in 1.."
+                    f"{self.num_experts} (num_experts)"
+                )
+            if self.decoder_sparse_step < 1:
+                raise EngineError(
+                    f"decoder_sparse_step must be >= 1, got {self.decoder_sparse_step}"
+                )
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def is_sparse_layer(self, i: int) -> bool:
+        """Whether decoder layer `i` has a routed-experts block (else a dense MLP)."""
+        return (
+            self.num_experts > 0
+            and i not in self.mlp_only_layers
+            and (i + 1) % self.decoder_sparse_step == 0
+        )
+
+    @property
+    def sparse_layers(self) -> list[int]:
+        return [i for i in range(self.num_hidden_layers) if self.is_sparse_layer(i)]
+
+    def mlp_params(self, i: int, active: bool = False) -> int:
+        """Parameters of layer `i`'s MLP; `active`: those one token uses (its top-k experts)."""
+        h = self.hidden_size
+        if not self.is_sparse_layer(i):
+            return 3 * h * self.intermediate_size
+        assert self.moe_intermediate_size is not None
+        experts = self.num_experts_per_tok if active else self.num_experts
+        shared = 3 * h * self.shared_expert_intermediate_size
+        shared += h if self.shared_expert_intermediate_size else 0  # its sigmoid gate
+        return experts * 3 * h * self.moe_intermediate_size + h * self.num_experts + shared
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -54,17 +115,17 @@ class ModelConfig:
             return (self.eos_token_id,)
         return tuple(self.eos_token_id)
 
-    def num_params(self) -> int:
-        h, i, L = self.hidden_size, self.intermediate_size, self.num_hidden_layers
+    def num_params(self, active: bool = False) -> int:
+        """All parameters; `active`: those one token's forward uses (MoE: top-k experts)."""
+        h, L = self.hidden_size, self.num_hidden_layers
         d = self.head_dim or h // self.num_attention_heads
         q = h * self.num_attention_heads * d
         kv = 2 * h * self.num_key_value_heads * d
         o = self.num_attention_heads * d * h
-        mlp = 3 * h * i
-        per_layer = q + kv + o + mlp + 2 * h
+        mlp = sum(self.mlp_params(i, active) for i in range(L))
         emb = self.vocab_size * h
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
-        return L * per_layer + emb + head + h
+        return L * (q + kv + o + 2 * h) + mlp + emb + head + h
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         assert self.head_dim is not None
@@ -98,6 +159,7 @@ class ModelConfig:
         rope_scaling = cfg.get("rope_scaling")
         if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
             rope_scaling = rope_params
+        moe = moe_fields(arch, cfg, where)
         return cls(
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=int(cfg["hidden_size"]),
@@ -111,11 +173,14 @@ class ModelConfig:
             rope_theta=float(rope_theta),
             rope_scaling=rope_scaling,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
+            attention_bias=bool(
+                cfg.get("attention_bias", cfg.get("qkv_bias", arch.startswith("Qwen2")))
+            ),
             architecture=arch,
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=cfg.get("eos_token_id"),
             torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
+            **moe,
         )
 
     @classmethod
@@ -133,10 +198,17 @@ class ModelConfig:
         d = asdict(self)
         d.pop("extra")
         arch = d.pop("architecture")
-        model_type = {"MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}.get(
-            arch, "llama"
-        )
-        return {"architectures": [arch], "model_type": model_type, **d}
+        moe = {k: d.pop(k) for k in MOE_FIELDS}
+        if arch == "MixtralForCausalLM":
+            d.update(
+                num_local_experts=moe["num_experts"],
+                num_experts_per_tok=moe["num_experts_per_tok"],
+                intermediate_size=moe["moe_intermediate_size"],
+            )
+        elif arch == "Qwen2MoeForCausalLM":
+            moe["mlp_only_layers"] = list(moe["mlp_only_layers"])
+            d.update(moe, qkv_bias=d["attention_bias"])
+        return {"architectures": [arch], "model_type": MODEL_TYPES.get(arch, "llama"), **d}
 
 
 # Named shapes. `tiny` is for CPU tests and the default run; the others are real models'
@@ -229,6 +301,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         rope_theta=1000000.0,
         torch_dtype="bfloat16",
     ),
+    **MOE_PRESETS,
 }
 
 

@@ -117,11 +117,11 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, intermediate_size: int | None = None) -> None:
         super().__init__()
-        self.intermediate_size = cfg.intermediate_size
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        inter = self.intermediate_size = intermediate_size or cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * inter, bias=False)
+        self.down_proj = nn.Linear(inter, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
@@ -200,11 +200,7 @@ class LlamaForCausalLM(nn.Module):
     def hf_weight_slices(self) -> dict[str, tuple[torch.Tensor, int, int]]:
         """HF tensor name -> (parameter, first row, end row) it occupies."""
         cfg = self.config
-        q, kv, inter = (
-            self.model.layers[0].self_attn.q_size,
-            self.model.layers[0].self_attn.kv_size,
-            cfg.intermediate_size,
-        )
+        q, kv = self.model.layers[0].self_attn.q_size, self.model.layers[0].self_attn.kv_size
         out: dict[str, tuple[torch.Tensor, int, int]] = {}
 
         def whole(name: str, p: torch.Tensor) -> None:
@@ -224,9 +220,24 @@ class LlamaForCausalLM(nn.Module):
                 out[pre + f"self_attn.k_proj.{kind}"] = (p, q, q + kv)
                 out[pre + f"self_attn.v_proj.{kind}"] = (p, q + kv, q + 2 * kv)
             whole(pre + "self_attn.o_proj.weight", attn.o_proj.weight)
-            out[pre + "mlp.gate_proj.weight"] = (layer.mlp.gate_up_proj.weight, 0, inter)
-            out[pre + "mlp.up_proj.weight"] = (layer.mlp.gate_up_proj.weight, inter, 2 * inter)
-            whole(pre + "mlp.down_proj.weight", layer.mlp.down_proj.weight)
+            out.update(self.mlp_weight_slices(pre, layer.mlp))
             whole(pre + "input_layernorm.weight", layer.input_layernorm.weight)
             whole(pre + "post_attention_layernorm.weight", layer.post_attention_layernorm.weight)
         return out
+
+    def mlp_weight_slices(
+        self, pre: str, mlp: nn.Module
+    ) -> dict[str, tuple[torch.Tensor, int, int]]:
+        """HF names of one layer's MLP (`pre` = "model.layers.{i}."); MoE models override."""
+        return dense_mlp_slices(pre + "mlp.", mlp)
+
+
+def dense_mlp_slices(pre: str, mlp: nn.Module) -> dict[str, tuple[torch.Tensor, int, int]]:
+    """A gate/up/down MLP under `pre` ("model.layers.{i}.mlp.", or a shared expert's)."""
+    assert isinstance(mlp, LlamaMLP)
+    gate_up, inter = mlp.gate_up_proj.weight, mlp.intermediate_size
+    return {
+        pre + "gate_proj.weight": (gate_up, 0, inter),
+        pre + "up_proj.weight": (gate_up, inter, 2 * inter),
+        pre + "down_proj.weight": (mlp.down_proj.weight, 0, mlp.down_proj.weight.shape[0]),
+    }

@@ -17,6 +17,7 @@ from cbbench.reference_engine.model.config import (
     resolve_model_config,
 )
 from cbbench.reference_engine.model.llama import LlamaForCausalLM
+from cbbench.reference_engine.model.mixtral import model_class
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
@@ -49,7 +50,7 @@ resolve_config = resolve_model_config  # the loader's name for it
 
 def _empty_model(cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device):
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg)
+        model = model_class(cfg)(cfg)
     model = model.to(dtype=dtype).to_empty(device=device)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
@@ -101,7 +102,8 @@ def _weight_files(folder: Path) -> dict[Path, list[str] | None]:
 def load_model(
     path: str | Path, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu"
 ) -> LlamaForCausalLM:
-    """Load an HF-format folder (Llama, Mistral, Qwen2) onto `device` in `dtype`."""
+    """Load an HF-format folder (Llama, Mistral, Qwen2, Mixtral, Qwen2-MoE) onto `device`
+    in `dtype`."""
     folder = Path(path)
     if not folder.is_dir():
         raise EngineError(f"{folder}: not a model folder")
