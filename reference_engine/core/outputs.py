@@ -72,6 +72,10 @@ class EngineStats:
     # one's (engine clock); None when the engine had been idle (nothing to compute) before
     step_gap_s: float | None = None
     num_steps: int = 0  # steps computed so far (a consumer observes each step once)
+    # MoE models: tokens routed to each expert of each layer since the start, cumulative
+    # ([layer][expert], [] for a dense layer; read from the executor when stats are read);
+    # None for dense models
+    expert_load: list[list[int]] | None = None
 
     @property
     def kv_usage(self) -> float:

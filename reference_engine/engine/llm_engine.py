@@ -343,6 +343,8 @@ class LLMEngine(StepUpdate):
         s.num_waiting = self.scheduler.num_waiting
         s.num_running = self.scheduler.num_running
         s.kv_blocks_used = self.block_manager.num_used_blocks
+        expert_load = getattr(self.executor, "expert_load", None)  # MoE models (ModelRunner)
+        s.expert_load = expert_load() if expert_load is not None else None
         return s
 
     def check_invariants(self) -> None:

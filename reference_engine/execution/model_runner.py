@@ -175,11 +175,13 @@ class ModelRunner:
         return self.backend.name
 
     def expert_load(self) -> list[list[int]] | None:
-        """MoE models: tokens routed to each expert per sparse layer since the start
-        ([layers][experts], one device read); None for dense models."""
-        if not self.model_config.is_moe:
+        """MoE models: tokens routed to each expert of each decoder layer since the start
+        ([layer][expert], one device read; [] for a dense layer); None for dense models."""
+        cfg = self.model_config
+        if not cfg.is_moe:
             return None
-        return self.model.expert_load().tolist()
+        rows = iter(self.model.expert_load().tolist())
+        return [next(rows) if cfg.is_sparse_layer(i) else [] for i in range(cfg.num_hidden_layers)]
 
     @staticmethod
     def kv_bytes_per_block(model_config: ModelConfig, block_size: int, dtype: str) -> int:

@@ -197,6 +197,7 @@ class ServerMetrics:
         )
         info.labels(m, scheduler).set(1)
         self._preempted_seen = 0
+        self._experts = ExpertLoadMetrics(r, m)
 
     def update_stats(self, stats: EngineStats) -> None:
         self.num_running.set(stats.num_running)
@@ -209,6 +210,8 @@ class ServerMetrics:
             self._preempted_seen = stats.num_preempted_total
         if stats.spec_decode is not None:
             self._update_spec(stats.spec_decode)
+        if stats.expert_load is not None:
+            self._experts.update(stats.expert_load)
         if stats.num_steps > self._steps_seen:  # a new step: observe its timings once
             self._steps_seen = stats.num_steps
             self.scheduler_time.observe(stats.scheduler_time_s)
@@ -252,3 +255,58 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class ExpertLoadMetrics:
+    """MoE models: `cbbench:expert_tokens_total{layer,expert}` (tokens routed, counters fed
+    by the engine's cumulative counts) and the load imbalance per layer (max / mean tokens
+    per expert: 1 = balanced, E / k = every token of the window on the same k experts) over
+    the last step that routed tokens and over all steps since the start."""
+
+    def __init__(self, registry: CollectorRegistry, model_name: str) -> None:
+        labels = ["model_name", "layer"]
+        self._model = model_name
+        self.tokens = Counter(
+            "cbbench:expert_tokens",
+            "Tokens routed to each expert (MoE models), per layer.",
+            [*labels, "expert"],
+            registry=registry,
+        )
+        self.imbalance = Gauge(
+            "cbbench:expert_load_imbalance",
+            "Max / mean tokens per expert of a layer in the last step (1 = balanced).",
+            labels,
+            registry=registry,
+        )
+        self.imbalance_cumulative = Gauge(
+            "cbbench:expert_load_imbalance_cumulative",
+            "Max / mean tokens per expert of a layer since the start (1 = balanced).",
+            labels,
+            registry=registry,
+        )
+        self._seen: list[list[int]] = []
+
+    def update(self, load: list[list[int]]) -> None:
+        if not self._seen:  # every (layer, expert) series exists from the first stats on
+            self._seen = [[0] * len(row) for row in load]
+            for layer, row in enumerate(load):
+                for e in range(len(row)):
+                    self.tokens.labels(self._model, str(layer), str(e))
+        for layer, (row, seen) in enumerate(zip(load, self._seen, strict=True)):
+            if not row:
+                continue  # a dense layer
+            delta = [now - before for now, before in zip(row, seen, strict=True)]
+            if not any(delta):
+                continue
+            for e, d in enumerate(delta):
+                if d:
+                    self.tokens.labels(self._model, str(layer), str(e)).inc(d)
+            self.imbalance.labels(self._model, str(layer)).set(imbalance(delta))
+            self.imbalance_cumulative.labels(self._model, str(layer)).set(imbalance(row))
+            self._seen[layer] = list(row)
+
+
+def imbalance(counts: list[int]) -> float:
+    """max / mean of per-expert token counts (1.0 when nothing was routed)."""
+    total = sum(counts)
+    return max(counts) * len(counts) / total if total else 1.0
