@@ -1,0 +1,242 @@
+"""The router's HTTP app: the OpenAI API in front, the replicas' OpenAI API behind.
+
+POST /v1/completions and /v1/chat/completions: the body is read once, a policy picks a
+replica, the request goes there unchanged (streaming or not) and the replica's answer comes
+back as it is, with `x-cbbench-replica` naming the replica. The router reads the body only
+for `stream` and, for prefix-affinity, the prompt's first blocks.
+
+Failures keep the OpenAI shape: no healthy replica is a 503; a replica that refuses the
+connection is taken out of rotation and the request goes to another one (nothing was sent);
+a replica lost mid-request is taken out and the request ends with a 502 (or, once a stream
+has started, an SSE error event and `[DONE]`) naming it. A client that disconnects closes
+the upstream connection, which aborts the request at the replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from cbbench.reference_engine.router.metrics import CONTENT_TYPE, RouterMetrics
+from cbbench.reference_engine.router.policy import NoReplicaAvailable, RouteRequest, RoutingPolicy
+from cbbench.reference_engine.router.prefix import body_block_hashes
+from cbbench.reference_engine.router.upstream import Replica, ReplicaPool
+from cbbench.reference_engine.server.errors import error_body, truncate
+from cbbench.reference_engine.server.guard import GuardMiddleware
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import ASGIApp
+
+UPSTREAM_TIMEOUT_S = 600.0
+PARSE_IN_THREAD_BYTES = 256 * 1024
+# Response headers passed back from the replica (the guard adds x-cbbench-scheduler).
+PASS_HEADERS = ("content-type", "x-cbbench-queue-time-s", "cache-control")
+
+
+class Router:
+    """The routing state of one app: the pool, the policy, the upstream HTTP client."""
+
+    def __init__(
+        self,
+        pool: ReplicaPool,
+        policy: RoutingPolicy,
+        upstream_timeout_s: float = UPSTREAM_TIMEOUT_S,
+    ) -> None:
+        self.pool, self.policy = pool, policy
+        self.metrics = RouterMetrics(pool, policy.name)
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        timeout = httpx.Timeout(upstream_timeout_s, connect=5.0)
+        self.client = httpx.AsyncClient(timeout=timeout, limits=limits)
+
+    def pick(self, body: Any) -> Replica:
+        t = time.perf_counter()
+        hashes = body_block_hashes(body) if self.policy.needs_prefix else ()
+        i = self.policy.choose(RouteRequest(hashes), self.pool.loads)
+        self.metrics.routing_time.observe(time.perf_counter() - t)
+        return self.pool.replicas[i]
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+def create_router_app(
+    router: Router, *, api_key: str | None = None, max_body_bytes: int = 4 * 1024 * 1024
+) -> ASGIApp:
+    """The app; whoever built `router` starts its pool first and closes both after."""
+    app = FastAPI(title="cbbench router", version="0.1.0")
+    pool = router.pool
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(
+            error_body(f"internal error: {type(exc).__name__}", "server_error"), 500
+        )
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _forward(router, request, "/v1/completions")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _forward(router, request, "/v1/chat/completions")
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        cards: dict[str, dict] = {}
+        for r in pool.replicas:
+            for card in r.models:
+                cards.setdefault(str(card.get("id")), card)
+        return {"object": "list", "data": list(cards.values())}
+
+    @app.get("/health")
+    async def health() -> Response:
+        replicas = [r.describe() for r in pool.replicas]
+        up = sum(r["healthy"] for r in replicas)
+        if up == 0:
+            body = error_body("no healthy replica", "server_error", None, "no_replica")
+            return JSONResponse({**body, "replicas": replicas}, 503)
+        status = "ok" if up == len(replicas) else "degraded"
+        return JSONResponse({"status": status, "replicas": replicas})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(router.metrics.render(), media_type=CONTENT_TYPE)
+
+    scheduler = f"router:{router.policy.name}"
+    return GuardMiddleware(app, scheduler, max_body_bytes, api_key)
+
+
+def _error(status: int, message: str, code: str, type_: str = "server_error") -> JSONResponse:
+    return JSONResponse(error_body(message, type_, None, code), status)
+
+
+async def _forward(router: Router, request: Request, path: str) -> Response:
+    raw = await request.body()
+    try:
+        if len(raw) > PARSE_IN_THREAD_BYTES:
+            body = await asyncio.to_thread(json.loads, raw)
+        else:
+            body = json.loads(raw)
+    except ValueError as exc:
+        return _error(400, f"invalid JSON: {exc}", "invalid_json", "invalid_request_error")
+    stream = isinstance(body, dict) and body.get("stream") is True
+    headers = {"content-type": "application/json", **router.pool.headers}
+    tried: set[int] = set()
+    while True:
+        try:
+            replica = router.pick(body)
+        except NoReplicaAvailable as exc:
+            return _error(503, str(exc), "no_replica")
+        if replica.load.index in tried:  # every healthy one refused just now
+            return _error(503, "no replica accepted the connection", "no_replica")
+        tried.add(replica.load.index)
+        upstream = router.client.build_request(
+            "POST", replica.url + path, content=raw, headers=headers
+        )
+        replica.load.sent()
+        try:
+            return await _exchange(router, replica, upstream, request, stream)
+        except httpx.ConnectError as exc:  # nothing reached the replica: try another
+            replica.load.ended()
+            replica.failed += 1
+            router.pool.mark_down(replica, f"connection refused: {exc}"[:200])
+
+
+async def _exchange(
+    router: Router, replica: Replica, upstream: httpx.Request, request: Request, stream: bool
+) -> Response:
+    """Send, racing the client's disconnect; the replica's `load.ended()` is called once,
+    when the answer is complete or abandoned (ConnectError: by the caller)."""
+    work = asyncio.ensure_future(_send(router, upstream, stream))
+    watch = asyncio.ensure_future(_until_disconnected(request))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if not work.done():  # the client left: closing the connection aborts the replica's work
+        work.cancel()
+        await asyncio.gather(work, return_exceptions=True)
+        replica.load.ended()
+        return Response(status_code=499)
+    exc = work.exception()
+    if isinstance(exc, httpx.ConnectError):
+        raise exc
+    if exc is not None:
+        replica.load.ended()
+        return _replica_failed(router, replica, exc)
+    resp, content = work.result()
+    out_headers = {k: v for k in PASS_HEADERS if (v := resp.headers.get(k)) is not None}
+    out_headers["x-cbbench-replica"] = replica.name
+    if content is not None:  # the whole answer was read
+        replica.load.ended()
+        if resp.status_code >= 400 and not _is_error_body(content):
+            message = f"replica {replica.name} answered {resp.status_code}: "
+            message += truncate(content.decode("utf-8", "replace").strip() or "(empty body)")
+            type_ = "server_error" if resp.status_code >= 500 else "invalid_request_error"
+            return JSONResponse(
+                error_body(message, type_, None, resp.status_code), resp.status_code
+            )
+        return Response(content, resp.status_code, headers=out_headers)
+    return StreamingResponse(_relay(router, replica, resp), resp.status_code, headers=out_headers)
+
+
+async def _send(
+    router: Router, upstream: httpx.Request, stream: bool
+) -> tuple[httpx.Response, bytes | None]:
+    resp = await router.client.send(upstream, stream=True)
+    is_sse = resp.headers.get("content-type", "").startswith("text/event-stream")
+    if stream and is_sse and resp.status_code < 400:
+        return resp, None  # relayed chunk by chunk
+    try:
+        return resp, await resp.aread()
+    finally:
+        await resp.aclose()
+
+
+async def _relay(router: Router, replica: Replica, resp: httpx.Response) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in resp.aiter_raw():
+            yield chunk
+    except httpx.HTTPError as exc:
+        router.pool.mark_down(replica, _lost(exc))
+        replica.failed += 1
+        body = error_body(_failed_message(replica, exc), "server_error", None, "replica_failed")
+        yield f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
+    finally:
+        await resp.aclose()  # also when the client went away: the replica aborts
+        replica.load.ended()
+
+
+def _replica_failed(router: Router, replica: Replica, exc: BaseException) -> JSONResponse:
+    replica.failed += 1
+    if isinstance(exc, httpx.TimeoutException):
+        return _error(504, _failed_message(replica, exc), "replica_timeout")
+    router.pool.mark_down(replica, _lost(exc))
+    return _error(502, _failed_message(replica, exc), "replica_failed")
+
+
+def _lost(exc: BaseException) -> str:
+    return f"connection lost: {type(exc).__name__}: {exc}"[:200]
+
+
+def _failed_message(replica: Replica, exc: BaseException) -> str:
+    return (
+        f"replica {replica.name} ({replica.url}) failed during the request: "
+        f"{type(exc).__name__}: {exc}"
+    )
+
+
+def _is_error_body(content: bytes) -> bool:
+    try:
+        return isinstance(json.loads(content).get("error"), dict)
+    except (ValueError, AttributeError):
+        return False
+
+
+async def _until_disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

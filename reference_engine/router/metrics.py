@@ -1,0 +1,108 @@
+"""The router's Prometheus /metrics: per-replica series with a `replica` label and the
+routing-time histogram, in one registry per router (no global state).
+
+Per replica, as last read from its /metrics: `vllm:num_requests_running`,
+`vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`, `vllm:prefix_cache_hits_total` /
+`_queries_total` (vLLM's names, so a scraper that sums over labels, cbbench's telemetry
+included, reads the cluster's totals) and `cbbench:router_prefix_cache_hit_rate`; the
+router's own: `cbbench:router_requests_routed_total`, `cbbench:router_requests_in_flight`,
+`cbbench:router_request_failures_total`, `cbbench:router_replica_up` (with the `url`), and
+`cbbench:router_routing_time_seconds` (one policy decision, prefix hashing included). A
+field a replica does not export has no sample for it, never a zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from cbbench.reference_engine.router.upstream import ReplicaPool
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+ROUTING_BUCKETS = (5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 5e-3)
+
+
+class _PoolCollector(Collector):
+    def __init__(self, pool: ReplicaPool) -> None:
+        self.pool = pool
+
+    def collect(self) -> Iterator[Metric]:
+        rs = self.pool.replicas
+        label = ["replica"]
+
+        def gauge(name: str, doc: str, attr: str) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=label)
+            for r in rs:
+                v = getattr(r.stats, attr)
+                if v is not None:
+                    g.add_metric([r.name], v)
+            return g
+
+        def counter(name: str, doc: str, attr: str) -> CounterMetricFamily:
+            c = CounterMetricFamily(name, doc, labels=label)
+            for r in rs:
+                v = getattr(r.stats, attr)
+                if v is not None:
+                    c.add_metric([r.name], v)
+            return c
+
+        yield gauge(
+            "vllm:num_requests_running", "Replica's running requests, last read.", "running"
+        )
+        yield gauge(
+            "vllm:num_requests_waiting", "Replica's waiting requests, last read.", "waiting"
+        )
+        yield gauge(
+            "vllm:kv_cache_usage_perc", "Replica's KV-cache usage (0-1), last read.", "kv_usage"
+        )
+        yield counter(
+            "vllm:prefix_cache_hits", "Replica's prefix-cache hit tokens, last read.", "prefix_hits"
+        )
+        yield counter(
+            "vllm:prefix_cache_queries",
+            "Replica's prefix-cache query tokens, last read.",
+            "prefix_queries",
+        )
+        yield gauge(
+            "cbbench:router_prefix_cache_hit_rate",
+            "Replica's prefix-cache hit rate since it started (hits / queries), last read.",
+            "prefix_hit_rate",
+        )  # fmt: skip
+        routed = CounterMetricFamily(
+            "cbbench:router_requests_routed", "Requests routed to the replica.", labels=label
+        )
+        failed = CounterMetricFamily(
+            "cbbench:router_request_failures",
+            "Requests that failed at the replica (connection lost, refused).",
+            labels=label,
+        )
+        in_flight = GaugeMetricFamily(
+            "cbbench:router_requests_in_flight", "Router's requests at the replica.", labels=label
+        )
+        up = GaugeMetricFamily(
+            "cbbench:router_replica_up", "1 in rotation, 0 out.", labels=["replica", "url"]
+        )
+        for r in rs:
+            routed.add_metric([r.name], r.load.routed)
+            failed.add_metric([r.name], r.failed)
+            in_flight.add_metric([r.name], r.load.in_flight)
+            up.add_metric([r.name, r.url], 1.0 if r.load.healthy else 0.0)
+        yield from (routed, failed, in_flight, up)
+
+
+class RouterMetrics:
+    def __init__(self, pool: ReplicaPool, policy: str) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_PoolCollector(pool))
+        self.routing_time = Histogram(
+            "cbbench:router_routing_time_seconds",
+            "Time of one routing decision (prefix hashing included).",
+            ["policy"],
+            registry=self.registry,
+            buckets=ROUTING_BUCKETS,
+        ).labels(policy)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,147 @@
+"""Running the router: `serve_router(RouterOptions, on_ready)` in the foreground (`cbbench
+route`, `cbbench serve --replicas`), `RouterThread` in a background thread (tests).
+
+The pool's first poll happens before the socket accepts requests, so a replica that is
+down at start begins out of rotation; none reachable is an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.router.app import UPSTREAM_TIMEOUT_S, Router, create_router_app
+from cbbench.reference_engine.router.registry import make_policy
+from cbbench.reference_engine.router.upstream import POLL_INTERVAL_S, ReplicaPool
+from cbbench.reference_engine.server.runner import (
+    GRACEFUL_SHUTDOWN_S,
+    LOOP_IMPL,
+    base_url,
+    bind_socket,
+    make_server,
+)
+
+
+@dataclass
+class RouterOptions:
+    replicas: Sequence[str]  # base URLs
+    policy: str = "least-outstanding"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None  # clients must send it
+    replica_api_key: str | None = None  # sent to the replicas (default: api_key)
+    poll_interval_s: float = POLL_INTERVAL_S
+    upstream_timeout_s: float = UPSTREAM_TIMEOUT_S
+    log_level: str = "warning"
+
+    def validate(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise EngineError(f"--port must be in [0, 65535], got {self.port}")
+        if not self.poll_interval_s > 0:
+            raise EngineError(f"--poll-interval must be > 0 s, got {self.poll_interval_s}")
+        if not self.upstream_timeout_s > 0:
+            raise EngineError(f"--upstream-timeout must be > 0 s, got {self.upstream_timeout_s}")
+
+
+def build_router(opts: RouterOptions) -> tuple[Router, object]:
+    opts.validate()
+    key = opts.replica_api_key if opts.replica_api_key is not None else opts.api_key
+    pool = ReplicaPool(opts.replicas, key, opts.poll_interval_s)
+    router = Router(pool, make_policy(opts.policy), opts.upstream_timeout_s)
+    return router, create_router_app(router, api_key=opts.api_key)
+
+
+async def _serve(
+    opts: RouterOptions,
+    sock: socket.socket,
+    on_ready: Callable[[str, Router], None],
+    started: Callable[[object], None] | None = None,
+) -> None:
+    router, app = build_router(opts)
+    await router.pool.start()
+    try:
+        if not router.pool.healthy:
+            why = "; ".join(f"{r.url}: {r.down_reason}" for r in router.pool.replicas)
+            raise EngineError(f"no replica is reachable ({why})")
+        server = make_server(
+            app, on_ready=lambda: on_ready(base_url(sock), router), log_level=opts.log_level
+        )
+        if started is not None:
+            started(server)
+        await server.serve(sockets=[sock])
+    finally:
+        await router.pool.stop()
+        await router.aclose()
+
+
+def _runner() -> asyncio.Runner:
+    if LOOP_IMPL == "uvloop":
+        import uvloop
+
+        return asyncio.Runner(loop_factory=uvloop.new_event_loop)
+    return asyncio.Runner()
+
+
+def serve_router(opts: RouterOptions, on_ready: Callable[[str, Router], None]) -> None:
+    """Bind, poll the replicas, serve until SIGINT/SIGTERM; `on_ready(url, router)` once
+    the socket accepts requests."""
+    opts.validate()
+    try:
+        sock = bind_socket(opts.host, opts.port)
+    except OSError as exc:
+        raise EngineError(f"cannot bind {opts.host}:{opts.port}: {exc.strerror}") from None
+    try:
+        with _runner() as runner:
+            runner.run(_serve(opts, sock, on_ready))
+    finally:
+        sock.close()
+
+
+class RouterThread:
+    """`with RouterThread(RouterOptions([url1, url2], port=0)) as url:` serves the router on
+    127.0.0.1 in a background thread until the block ends; `.router` is its state."""
+
+    def __init__(self, opts: RouterOptions, ready_timeout_s: float = 30.0) -> None:
+        self.opts, self.ready_timeout_s = opts, ready_timeout_s
+        self.router: Router | None = None
+        self._server = None
+        self._error: BaseException | None = None
+
+    def __enter__(self) -> str:
+        self._sock = bind_socket(self.opts.host, self.opts.port)
+        ready = threading.Event()
+
+        def on_ready(url: str, router: Router) -> None:
+            self.router = router
+            ready.set()
+
+        def started(server: object) -> None:
+            self._server = server
+
+        def run() -> None:
+            try:
+                asyncio.run(_serve(self.opts, self._sock, on_ready, started))
+            except BaseException as exc:  # handed to __enter__
+                self._error = exc
+            finally:
+                ready.set()
+
+        self._thread = threading.Thread(target=run, name="cbbench-router", daemon=True)
+        self._thread.start()
+        ready.wait(self.ready_timeout_s)
+        if self.router is None:
+            self.__exit__()
+            raise self._error or RuntimeError("router thread did not start")
+        return base_url(self._sock)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.stop()  # type: ignore[attr-defined]
+        self._thread.join(GRACEFUL_SHUTDOWN_S + 5)
+        with contextlib.suppress(OSError):
+            self._sock.close()

@@ -1,0 +1,186 @@
+"""The replicas behind the router: their URLs, their load as the router knows it, and the
+health/stats loop that reads each one's /health and Prometheus /metrics.
+
+A replica is taken out of rotation when a request to it cannot connect or loses its
+connection, or when a poll fails (an error, or /health not 200); it comes back when a poll
+succeeds again. The stats read: running, waiting, KV usage and prefix-cache hits/queries,
+under the names vLLM, SGLang, TGI and cbbench's engine export (the harness's telemetry
+adapters list the same names; the engine cannot import them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import httpx
+from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.router.policy import ReplicaLoad
+from prometheus_client.parser import text_string_to_metric_families
+
+# Sample names per field, first found wins (counters with their _total suffix).
+RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "tgi_batch_current_size")
+WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "tgi_queue_size")
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
+PREFIX_HITS = ("vllm:prefix_cache_hits_total",)
+PREFIX_QUERIES = ("vllm:prefix_cache_queries_total",)
+PREFIX_HIT_RATE = ("vllm:gpu_prefix_cache_hit_rate", "sglang:cache_hit_rate")
+
+POLL_INTERVAL_S = 0.5
+POLL_TIMEOUT_S = 2.0
+
+
+@dataclass
+class ReplicaStats:
+    """One read of a replica's /metrics (fields it does not export stay None)."""
+
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None
+    prefix_hits: float | None = None
+    prefix_queries: float | None = None
+    prefix_hit_rate: float | None = None  # a gauge (SGLang, older vLLM), else hits/queries
+
+
+def parse_stats(text: str) -> ReplicaStats:
+    """Sum each sample name over its label sets (KV usage: the mean)."""
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            sums[s.name] = sums.get(s.name, 0.0) + float(s.value)
+            counts[s.name] = counts.get(s.name, 0) + 1
+
+    def first(names: Sequence[str], mean: bool = False) -> float | None:
+        for n in names:
+            if n in sums:
+                return sums[n] / counts[n] if mean else sums[n]
+        return None
+
+    st = ReplicaStats(
+        first(RUNNING),
+        first(WAITING),
+        first(KV_USAGE, mean=True),
+        first(PREFIX_HITS),
+        first(PREFIX_QUERIES),
+        first(PREFIX_HIT_RATE, mean=True),
+    )
+    if st.prefix_hit_rate is None and st.prefix_queries:
+        st.prefix_hit_rate = (st.prefix_hits or 0.0) / st.prefix_queries
+    return st
+
+
+@dataclass
+class Replica:
+    url: str  # base URL, no /v1
+    load: ReplicaLoad
+    stats: ReplicaStats = field(default_factory=ReplicaStats)
+    down_reason: str | None = None  # why it is out of rotation
+    failed: int = 0  # requests that failed at this replica
+    models: list[dict] = field(default_factory=list)  # its /v1/models cards, last read
+    read_at: float | None = None  # monotonic time of the last good poll
+
+    @property
+    def name(self) -> str:
+        return self.load.name
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name,
+            "url": self.url,
+            "healthy": self.load.healthy,
+            "in_flight": self.load.in_flight,
+            "routed": self.load.routed,
+            "failed": self.failed,
+            **({"error": self.down_reason} if self.down_reason else {}),
+        }
+
+
+def check_url(url: str) -> str:
+    u = url.strip().rstrip("/")
+    if u.endswith("/v1"):
+        u = u[:-3]
+    if not u.startswith(("http://", "https://")) or len(u.split("//", 1)[1]) == 0:
+        raise EngineError(f"--replica {url!r}: expected a base URL like http://HOST:PORT")
+    return u
+
+
+class ReplicaPool:
+    """The replicas and the loop that polls them. All state changes on the event loop."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        api_key: str | None = None,
+        poll_interval_s: float = POLL_INTERVAL_S,
+    ) -> None:
+        if not urls:
+            raise EngineError("the router needs at least one --replica URL")
+        clean = [check_url(u) for u in urls]
+        dup = sorted({u for u in clean if clean.count(u) > 1})
+        if dup:
+            raise EngineError(f"--replica given twice: {', '.join(dup)}")
+        assert poll_interval_s > 0
+        self.replicas = [Replica(u, ReplicaLoad(i, f"r{i}")) for i, u in enumerate(clean)]
+        self.loads = [r.load for r in self.replicas]
+        self.headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self.poll_interval_s = poll_interval_s
+        self._task: asyncio.Task | None = None
+        self._client: httpx.AsyncClient | None = None
+
+    def mark_down(self, replica: Replica, reason: str) -> None:
+        replica.load.healthy = False
+        replica.down_reason = reason
+
+    def mark_up(self, replica: Replica) -> None:
+        replica.load.healthy = True
+        replica.down_reason = None
+
+    @property
+    def healthy(self) -> list[Replica]:
+        return [r for r in self.replicas if r.load.healthy]
+
+    async def poll(self, replica: Replica) -> None:
+        """One read of /health and /metrics (and /v1/models until it has the cards)."""
+        assert self._client is not None
+        try:
+            h = await self._client.get(replica.url + "/health")
+            if h.status_code != 200:
+                self.mark_down(replica, f"/health answered {h.status_code}")
+                return
+            m = await self._client.get(replica.url + "/metrics")
+            if m.status_code == 200:
+                replica.stats = parse_stats(m.text)
+                st = replica.stats
+                replica.load.stats_read(int(st.running or 0), int(st.waiting or 0), st.kv_usage)
+            if not replica.models:
+                r = await self._client.get(replica.url + "/v1/models", headers=self.headers)
+                if r.status_code == 200:
+                    replica.models = list(r.json().get("data") or [])
+        except (httpx.HTTPError, ValueError) as exc:
+            self.mark_down(replica, f"poll failed: {type(exc).__name__}: {exc}"[:200])
+            return
+        replica.read_at = time.monotonic()
+        self.mark_up(replica)
+
+    async def start(self) -> None:
+        """First poll of every replica (so a dead URL starts out of rotation), then the loop."""
+        self._client = httpx.AsyncClient(timeout=POLL_TIMEOUT_S)
+        await asyncio.gather(*(self.poll(r) for r in self.replicas))
+        self._task = asyncio.ensure_future(self._loop())
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_interval_s)
+            await asyncio.gather(*(self.poll(r) for r in self.replicas))
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._client is not None:
+            await self._client.aclose()
