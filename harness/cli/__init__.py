@@ -33,6 +33,7 @@ COMMAND_MODULES: list[str] = [
     "cbbench.harness.cli.gate",
     "cbbench.harness.cli.sweep",
     "cbbench.harness.cli.serve",
+    "cbbench.harness.cli.route",
     "cbbench.harness.cli.sim",
     "cbbench.harness.cli.calibrate",
 ]
@@ -55,6 +56,7 @@ COMMAND_HELP: dict[str, str] = {
     "gate": "fail CI on a statistically clear regression between two runs",
     "sweep": "benchmark a server at several load levels into one folder (for report curves)",
     "serve": "serve the reference engine over an OpenAI-compatible HTTP API",
+    "route": "route OpenAI requests across engine replicas (a global scheduler)",
     "sim": "compare static / dynamic / continuous batching in simulated time",
     "calibrate": "fit the simulator's cost model to measured reference-engine step times",
 }

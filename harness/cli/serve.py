@@ -13,6 +13,7 @@ import sys
 from cbbench.harness.servers.launcher import READY_PREFIX
 from cbbench.reference_engine.config.options import add_engine_args, engine_config_from_args
 from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.router.options import add_router_args, router_options_from_args
 
 __all__ = ["READY_PREFIX", "add_engine_args", "engine_config_from_args", "register", "run"]
 
@@ -61,10 +62,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         "needs root or CAP_SYS_NICE) so a request preempts the engine on a busy core; "
         "the engine keeps the normal class (default 0: off)",
     )
+    r = p.add_argument_group("replicas (docs/router.md)")
+    r.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        metavar="N",
+        help="start N engine servers (each its own process on an ephemeral 127.0.0.1 port) "
+        "and a router in front of them on --host/--port",
+    )
+    add_router_args(p, policy_flag="--router")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.replicas is not None:
+        return _run_replicas(args)
     from cbbench.reference_engine.server.app import DEFAULT_MAX_BODY_BYTES
     from cbbench.reference_engine.server.build import build_stack
     from cbbench.reference_engine.server.runner import (
@@ -138,5 +151,53 @@ def run(args: argparse.Namespace) -> int:
     finally:
         stack.shutdown()
         sock.close()
+    print("cbbench serve: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+def _replica_argv(args: argparse.Namespace) -> list[str]:
+    """The flags each replica child gets: the engine's and the HTTP ones, not host/port."""
+    from cbbench.reference_engine.config.options import engine_argv, engine_settings
+
+    argv = engine_argv(engine_settings(args))
+    for flag, value in (
+        ("--api-key", args.api_key),
+        ("--served-model-name", args.served_model_name),
+        ("--max-body-bytes", args.max_body_bytes),
+        ("--engine-nice", args.engine_nice or None),
+        ("--api-rt-priority", args.api_rt_priority or None),
+    ):
+        if value is not None:
+            argv += [flag, str(value)]
+    argv += ["--log-level", args.log_level]
+    return argv + ([] if args.engine_process else ["--no-engine-process"])
+
+
+def _run_replicas(args: argparse.Namespace) -> int:
+    from cbbench.harness.studies.replicas import ReplicaSetOptions, serve_replicas
+    from cbbench.reference_engine.server.runner import bind_warning
+
+    engine_config_from_args(args)  # bad engine flags: one error here, not N from children
+    warning = bind_warning(args.host, args.api_key)
+    if warning:
+        print(f"cbbench serve: {warning}", file=sys.stderr, flush=True)
+    opts = ReplicaSetOptions(args.replicas, _replica_argv(args), router_options_from_args(args, []))
+
+    def replica(i: int, handle) -> None:
+        print(
+            f"cbbench serve: replica r{i} (pid {handle.process.pid}) at {handle.base_url}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def ready(url: str, router) -> None:
+        print(
+            f"cbbench serve: router ({router.policy.name}) over {args.replicas} replicas",
+            file=sys.stderr,
+            flush=True,
+        )
+        print(f"{READY_PREFIX}{url}", flush=True)
+
+    serve_replicas(opts, replica, ready)
     print("cbbench serve: stopped", file=sys.stderr, flush=True)
     return 0

@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 from cbbench.reference_engine.router.metrics import CONTENT_TYPE, RouterMetrics
+from cbbench.reference_engine.router.options import UPSTREAM_TIMEOUT_S
 from cbbench.reference_engine.router.policy import NoReplicaAvailable, RouteRequest, RoutingPolicy
 from cbbench.reference_engine.router.prefix import body_block_hashes
 from cbbench.reference_engine.router.upstream import Replica, ReplicaPool
@@ -31,7 +32,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp
 
-UPSTREAM_TIMEOUT_S = 600.0
 PARSE_IN_THREAD_BYTES = 256 * 1024
 # Response headers passed back from the replica (the guard adds x-cbbench-scheduler).
 PASS_HEADERS = ("content-type", "x-cbbench-queue-time-s", "cache-control")

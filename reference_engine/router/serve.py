@@ -11,13 +11,13 @@ import asyncio
 import contextlib
 import socket
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 
 from cbbench.reference_engine.errors import EngineError
-from cbbench.reference_engine.router.app import UPSTREAM_TIMEOUT_S, Router, create_router_app
+from cbbench.reference_engine.router.app import Router, create_router_app
+from cbbench.reference_engine.router.options import RouterOptions
 from cbbench.reference_engine.router.registry import make_policy
-from cbbench.reference_engine.router.upstream import POLL_INTERVAL_S, ReplicaPool
+from cbbench.reference_engine.router.upstream import ReplicaPool
 from cbbench.reference_engine.server.runner import (
     GRACEFUL_SHUTDOWN_S,
     LOOP_IMPL,
@@ -25,27 +25,6 @@ from cbbench.reference_engine.server.runner import (
     bind_socket,
     make_server,
 )
-
-
-@dataclass
-class RouterOptions:
-    replicas: Sequence[str]  # base URLs
-    policy: str = "least-outstanding"
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = None  # clients must send it
-    replica_api_key: str | None = None  # sent to the replicas (default: api_key)
-    poll_interval_s: float = POLL_INTERVAL_S
-    upstream_timeout_s: float = UPSTREAM_TIMEOUT_S
-    log_level: str = "warning"
-
-    def validate(self) -> None:
-        if not 0 <= self.port <= 65535:
-            raise EngineError(f"--port must be in [0, 65535], got {self.port}")
-        if not self.poll_interval_s > 0:
-            raise EngineError(f"--poll-interval must be > 0 s, got {self.poll_interval_s}")
-        if not self.upstream_timeout_s > 0:
-            raise EngineError(f"--upstream-timeout must be > 0 s, got {self.upstream_timeout_s}")
 
 
 def build_router(opts: RouterOptions) -> tuple[Router, object]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import httpx
 from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.router.options import POLL_INTERVAL_S
 from cbbench.reference_engine.router.policy import ReplicaLoad
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -29,7 +30,6 @@ PREFIX_HITS = ("vllm:prefix_cache_hits_total",)
 PREFIX_QUERIES = ("vllm:prefix_cache_queries_total",)
 PREFIX_HIT_RATE = ("vllm:gpu_prefix_cache_hit_rate", "sglang:cache_hit_rate")
 
-POLL_INTERVAL_S = 0.5
 POLL_TIMEOUT_S = 2.0
 
 
