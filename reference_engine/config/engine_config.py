@@ -122,6 +122,31 @@ class EngineConfig:
             "unit per step), or a JSON from `cbbench calibrate`",
         ),
     )
+    # simulator, MoE models: routing and expert parallelism (execution/moe_cost.py)
+    sim_expert_skew: float = field(
+        default=0.0,
+        metadata=flag(
+            "--sim-expert-skew",
+            "simulator, MoE models: Zipf exponent of each routing topic's expert popularity "
+            "(0 = uniform routing)",
+        ),
+    )
+    sim_expert_topics: int = field(
+        default=1,
+        metadata=flag(
+            "--sim-expert-topics",
+            "simulator, MoE models: routing topics; each request follows one (a hash of its "
+            "id), each topic favours its own experts",
+        ),
+    )
+    expert_parallel: int = field(
+        default=1,
+        metadata=flag(
+            "--expert-parallel",
+            "simulator, MoE models: devices the experts are spread over (attention and dense "
+            "layers data-parallel); each layer waits for its slowest device",
+        ),
+    )
     attention_backend: str = field(
         default="auto",
         metadata=flag("--attention-backend", "attention kernels", choices=ATTENTION_BACKENDS),
@@ -178,6 +203,13 @@ class EngineConfig:
             raise EngineError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.max_waiting is not None and self.max_waiting < 1:
             raise EngineError(f"max_waiting must be >= 1, got {self.max_waiting}")
+        if self.sim_expert_skew < 0:
+            raise EngineError(f"sim_expert_skew must be >= 0, got {self.sim_expert_skew}")
+        if self.sim_expert_topics < 1 or self.expert_parallel < 1:
+            raise EngineError(
+                f"sim_expert_topics and expert_parallel must be >= 1, got "
+                f"{self.sim_expert_topics}, {self.expert_parallel}"
+            )
         self.static.validate()
         self.dynamic.validate()
         self.continuous.validate()

@@ -86,11 +86,14 @@ class LLMEngine(StepUpdate):
             )
         dtype = mc.torch_dtype if config.dtype == "auto" else config.dtype
         if config.executor == "sim":
+            from cbbench.reference_engine.execution.moe_cost import MoeSimSettings
             from cbbench.reference_engine.execution.sim_executor import SimExecutor
 
-            cost = CostModel(mc, get_hardware(config.hardware), dtype, config.block_size)
+            moe = MoeSimSettings(config.sim_expert_skew, config.sim_expert_topics,
+                                 config.expert_parallel, config.seed)  # fmt: skip
+            cost = CostModel(mc, get_hardware(config.hardware), dtype, config.block_size, moe)
             num_blocks = sim_num_kv_blocks(config, cost)
-            executor: Executor = SimExecutor(mc, cost, seed=config.seed)
+            executor: Executor = SimExecutor(mc, cost, seed=config.seed, moe=moe)
         else:
             from cbbench.reference_engine.execution.model_runner import ModelRunner
 

@@ -6,6 +6,8 @@ One step computes a set of chunks (query tokens [start, end) of some sequences).
   (query token, context token) pair, causal.
 - Bytes: all weights read once per step; per sequence its KV context read once and the new
   tokens' KV written.
+- MoE models (moe_cost.py): each active routed expert by its own roofline over its tokens
+  (expert parallel: the slowest device per layer); routing uniform or per `MoeSimSettings`.
 Roofline, per kernel class (they run one after the other): time = max(dense FLOPs / peak,
 weight bytes / bandwidth) + max(attention FLOPs / peak, KV bytes / bandwidth) + overhead + a
 per-sequence cost (scheduling, sampling, launches), peak and bandwidth derated by their
@@ -33,6 +35,7 @@ from pathlib import Path
 import numpy as np
 from cbbench.kernels.kv_layout import gather_calls, split_layout
 from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.execution.moe_cost import MoeCost, MoeSimSettings
 from cbbench.reference_engine.model.config import ModelConfig
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
@@ -158,6 +161,10 @@ class StepWork:
     prefill_ctx: int = 0  # sum over prefill chunks of query tokens x context length
     attn_flops: float = 0.0  # the attention part of `flops`
     kv_bytes: float = 0.0  # the KV part of `bytes` (the rest: weights)
+    # MoE (moe_cost.py): one sparse layer's (tokens per expert, P(active)); their FLOPs, bytes
+    expert_load: tuple[np.ndarray, np.ndarray] | None = None
+    moe_flops: float = 0.0
+    moe_bytes: float = 0.0
 
     def feature(self, term: str) -> float:
         return float(STEP_FEATURES[term](self))
@@ -184,9 +191,8 @@ STEP_FEATURES = {
 
 
 class CostModel:
-    def __init__(
-        self, model_config: ModelConfig, hardware: HardwareSpec, dtype: str, block_size: int = 16
-    ) -> None:
+    def __init__(self, model_config: ModelConfig, hardware: HardwareSpec, dtype: str,
+                 block_size: int = 16, moe: MoeSimSettings | None = None) -> None:  # fmt: skip
         if dtype not in DTYPE_BYTES:
             raise EngineError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPE_BYTES)})")
         self.model_config = model_config
@@ -202,6 +208,12 @@ class CostModel:
         self.attn_flops_per_pair = 4.0 * mc.num_hidden_layers * mc.num_attention_heads * mc.head_dim
         self.kv_bytes_per_token = mc.kv_bytes_per_token(self.dtype_bytes)
         self.weight_bytes = float(self.params * self.dtype_bytes)
+        ep = (moe or MoeSimSettings()).expert_parallel
+        self.moe = MoeCost(mc, self.dtype_bytes, ep) if mc.is_moe else None
+        routed = self.moe.routed_params if self.moe is not None else 0  # priced per expert
+        self.linear_params -= routed
+        self.step_weight_bytes = float((self.params - routed) * self.dtype_bytes)  # every step
+        self.device_weight_bytes = self.step_weight_bytes + routed * self.dtype_bytes / ep
         self.block_size = block_size
         # one token / one block of K of one layer, as the CPU backend's layout counts them
         self.k_token_bytes = mc.num_key_value_heads * mc.head_dim * self.dtype_bytes
@@ -216,9 +228,13 @@ class CostModel:
                     f"{', '.join(STEP_FEATURES)})"
                 )
 
-    def work(self, chunks: Iterable[tuple]) -> StepWork:
+    def work(
+        self, chunks: Iterable[tuple], expert_load: tuple[np.ndarray, np.ndarray] | None = None
+    ) -> StepWork:
         """Work of a step given (start, num_tokens, samples) per sequence, optionally with
-        the sequence's block table as a 4th item (decode attention's layout needs them)."""
+        the sequence's block table as a 4th item (decode attention's layout needs them).
+        MoE models: `expert_load` (tokens per expert, P(active)) from ExpertRouting, else
+        uniform routing."""
         w = StepWork()
         pairs = 0
         kv_tokens = 0
@@ -259,7 +275,9 @@ class CostModel:
         w.attn_flops = self.attn_flops_per_pair * pairs
         w.flops = 2.0 * self.linear_params * w.num_tokens + self.head_flops * samples + w.attn_flops
         w.kv_bytes = float(kv_tokens * self.kv_bytes_per_token)
-        w.bytes = self.weight_bytes + w.kv_bytes
+        w.bytes = self.step_weight_bytes + w.kv_bytes
+        if self.moe is not None:
+            self.moe.add_work(w, expert_load)
         return w
 
     def split_time(self, w: StepWork) -> tuple[float, float]:
@@ -283,8 +301,11 @@ class CostModel:
         # (weights read once, FLOPs per token) and attention (KV read, FLOPs per pair). A
         # decode's KV read is not hidden under a compute-bound prefill in the same step.
         peak, bw = hw.peak_flops * hw.flops_efficiency, hw.mem_bw * hw.bw_efficiency
-        dense = max((w.flops - w.attn_flops) / peak, (w.bytes - w.kv_bytes) / bw)
-        attention = max(w.attn_flops / peak, w.kv_bytes / bw)
+        ep = self.moe.expert_parallel if self.moe is not None else 1  # EP: data-parallel rest
+        dense_flops = (w.flops - w.attn_flops - w.moe_flops) / ep
+        dense = max(dense_flops / peak, (w.bytes - w.kv_bytes - w.moe_bytes) / bw)
+        attention = max(w.attn_flops / ep / peak, w.kv_bytes / ep / bw)
+        dense += self.moe.time(w, peak, bw) if self.moe is not None else 0.0
         host = hw.per_seq_overhead_s * w.num_seqs
         return dense + attention + hw.step_overhead_s + host, host
 
@@ -303,12 +324,13 @@ class CostModel:
         hw = self.hardware
         if hw.steps:
             return 1 << 16
-        free = hw.mem_gb * 1e9 * hw.gpu_memory_utilization - self.weight_bytes
-        n = int(free // (self.kv_bytes_per_token * block_size))
+        free = hw.mem_gb * 1e9 * hw.gpu_memory_utilization - self.device_weight_bytes
+        ep = self.moe.expert_parallel if self.moe is not None else 1  # a KV pool per device
+        n = int(ep * free // (self.kv_bytes_per_token * block_size))
         if n < 1:
             raise EngineError(
-                f"model weights ({self.weight_bytes / 1e9:.1f} GB) do not leave room for a KV "
-                f"cache on {hw.name} ({hw.mem_gb} GB)"
+                f"model weights ({self.device_weight_bytes / 1e9:.1f} GB per device) do not "
+                f"leave room for a KV cache on {hw.name} ({hw.mem_gb} GB)"
             )
         return n
 

@@ -8,6 +8,7 @@ import zlib
 
 from cbbench.reference_engine.core.executor import ScheduledChunk
 from cbbench.reference_engine.execution.cost_model import CostModel
+from cbbench.reference_engine.execution.moe_cost import ExpertRouting, MoeSimSettings
 from cbbench.reference_engine.model.config import ModelConfig
 
 # (request id, start, known tokens, draft tokens, samples, block table or None): one chunk,
@@ -22,8 +23,13 @@ class SimExecutor:
         cost_model: CostModel,
         seed: int = 0,
         eos_probability: float = 0.0,
+        moe: MoeSimSettings | None = None,
     ) -> None:
         assert 0.0 <= eos_probability <= 1.0
+        # MoE models: each request's expected routing (moe_cost.py), priced per step
+        self.routing = (
+            ExpertRouting(model_config, moe or MoeSimSettings()) if model_config.is_moe else None
+        )
         self.model_config = model_config
         self.cost_model = cost_model
         self.seed = seed
@@ -81,8 +87,11 @@ class SimExecutor:
         pass  # pseudo tokens depend on (request, position) only
 
     def run(self, step: list[_Item]) -> list[list[int]]:
+        load = None
+        if self.routing is not None:
+            load = self.routing.step_load((rid, n + len(spec)) for rid, _, n, spec, _, _ in step)
         work = self.cost_model.work(
-            (start, n + len(spec), s, table) for _, start, n, spec, s, table in step
+            ((start, n + len(spec), s, table) for _, start, n, spec, s, table in step), load
         )
         # speculative verify: the LM head runs on every draft row too, not just the last
         drafts = sum(len(spec) for _, _, _, spec, s, _ in step if s)
