@@ -5,13 +5,17 @@
 2. The seed's gains table, static -> continuous in sustained req/s, for uniform, mixed
    (outputs 10-1000) and highly mixed (1-4000) lengths (seed: 1x, 2.38x, 5.67x):
    - SIMULATED: llama-3-8b on a modelled H100, all requests at t=0, throughput over the
-     steady window with a 95 % interval (harness/studies/reproduce.py says how);
+     steady window; --replicates independent request sets (workload seeds) per workload,
+     each gain with the 95 % Student-t interval across them, and every verdict drawn from
+     the interval: holds (inside the tolerance), does not hold (outside), or not resolved
+     with N replicates (harness/studies/reproduce_stats.py);
    - device utilization (busy fraction, slot utilization) static vs continuous;
    - --sensitivity: the same gains with one condition changed at a time;
    - MEASURED (skipped by --sim-only): the real engine on CPU (the 54M `small` model), the
-     same three rows at small scale (lengths / --cpu-scale, a KV pool scaled alike).
-Setting: same device memory for both; static reserves max_model_len (the workload's longest
-request) per slot and runs the largest batch that fits (at most B); continuous: paged KV,
+     same three rows at small scale (lengths / --cpu-scale, a KV pool scaled alike),
+     --cpu-replicates replicates, intervals by the same method.
+Setting: same device memory for both; static reserves max_model_len (the longest request the
+workload can produce) per slot and runs the largest batch that fits (at most B); continuous: paged KV,
 max_num_seqs B (256) and 8192 batched tokens per step, vLLM's defaults.
 """
 
@@ -26,6 +30,7 @@ from cbbench.harness.errors import CbbenchError
 from cbbench.harness.results.compare import emit_table
 from cbbench.harness.studies import reproduce as rp
 from cbbench.harness.studies import reproduce_report as rr
+from cbbench.harness.studies import reproduce_stats as rs
 from cbbench.reference_engine.config.options import SIM_DEFAULTS, add_engine_args, engine_value
 from rich.console import Console
 
@@ -56,10 +61,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--sim-scale", type=int, default=1,
                    help="divide the simulated prompt and output lengths by this (1)")  # fmt: skip
+    p.add_argument("--replicates", type=int, default=5,
+                   help="independent request sets per simulated workload (5)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0,
+                   help="first workload seed; replicate k uses seed + k (0)")  # fmt: skip
     g = p.add_argument_group("measured on CPU")
     g.add_argument("--cpu-model", default="small", help="default small (54M parameters)")
     g.add_argument("--cpu-batch-size", type=int, default=8, help="B on CPU (default 8)")
-    g.add_argument("--cpu-requests", type=int, default=32, help="requests per workload (32)")
+    g.add_argument("--cpu-requests", type=int, default=32, help="requests per replicate (32)")
+    g.add_argument("--cpu-replicates", type=int, default=3,
+                   help="independent request sets per measured workload (3)")  # fmt: skip
     g.add_argument(
         "--cpu-scale", type=int, default=16, help="divide prompt and output lengths by this (16)"
     )
@@ -70,11 +81,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _check(args: argparse.Namespace) -> None:
     for flag in ("batch_size", "num_requests", "cpu_batch_size", "cpu_requests", "cpu_scale",
-                 "max_num_batched_tokens", "sim_scale"):  # fmt: skip
+                 "max_num_batched_tokens", "sim_scale", "replicates", "cpu_replicates"):  # fmt: skip
         if getattr(args, flag) < 1:
             raise CbbenchError(
                 f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}"
             )
+    if args.seed < 0:
+        raise CbbenchError(f"--seed must be >= 0, got {args.seed}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,10 +106,13 @@ def run(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len,
         kv_cache_memory_gb=args.kv_cache_memory_gb,
         length_scale=args.sim_scale,
+        replicates=args.replicates,
+        seed=args.seed,
     )
     console.rule(
         f"[bold]2a. SIMULATED: {args.model} on {args.hardware}, B={args.batch_size}, "
-        f"{args.num_requests} requests per workload at t=0, sustained throughput"
+        f"{args.replicates} x {args.num_requests} requests per workload at t=0, sustained "
+        "throughput"
     )
     sim = rr.run_rows(console, "sim", sim_s, out, "sim")
     t = rr.gains_table("static -> continuous, sustained req/s (SIMULATED)", sim)
@@ -110,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         cpu_s = rr.cpu_setting(args, sim_s)
         console.rule(
             f"[bold]2b. MEASURED: the real engine ({args.cpu_model}) on CPU, B={cpu_s.max_num_seqs}, "
-            f"{cpu_s.num_requests} requests, lengths / {cpu_s.length_scale}, KV pool "
+            f"{cpu_s.replicates} x {cpu_s.num_requests} requests, lengths / {cpu_s.length_scale}, KV pool "
             f"{cpu_s.num_kv_blocks} blocks, {args.clock} clock"
         )
 
@@ -139,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
             ],
             "seed_utilization": rp.SEED_UTILIZATION,
             "sensitivity": sens,
+            "interval_method": rs.METHOD,
+            "claims": {"simulated": rr.claims(sim), "measured_cpu": rr.claims(cpu) if cpu else None},
             "verdicts": lines,
             "simulated": sim,
             "measured_cpu": cpu,

@@ -9,12 +9,17 @@ server), and throughput is counted over the steady window (t_a, t_b] — t_b the
 last waiting request is admitted (after it the server only drains, the tail that decided
 the old makespan figure), t_a the completion at 10 % of those finished by t_b (start-up).
 For static the window is its whole batches but the last (each batch a renewal cycle).
-Output tokens/s in that window, with a 95 % interval from the rates of its sub-windows
-(static: one per batch; continuous: 5 equal ones); req/s = tok/s / mean output length (completions come in bursts, so counting
-them in a window is biased by the bursts at its edges).
+Output tokens/s in that window; req/s = tok/s / mean output length (completions come in
+bursts, so counting them in a window is biased by the bursts at its edges).
+
+Intervals come from independent replicates (`run_replicates`): the same setting, one
+workload seed each (a fresh request set), static and continuous on the same requests; the
+gain's interval is the 95 % Student-t interval of the mean per-replicate gain
+(harness/studies/reproduce_stats.py says why, and draws the verdicts from it).
 
 The setting a reader would assume (Setting): same device memory for both; static reserves
-max_model_len per slot, max_model_len = the workload's longest request, and runs the largest
+max_model_len per slot, max_model_len = the longest request the workload can produce (prompt
+cap + output cap: one server for every replicate's request set), and runs the largest
 batch that reservation fits (capped at max_num_seqs); a finished request keeps its row and is
 computed as padding until the batch ends (the seed: "its GPU resources, memory and compute
 units, are not released until the whole batch completes"; HF generate does this); continuous uses paged KV and vLLM's
@@ -31,11 +36,11 @@ Utilization, as the seed means it, from the engine's steps in the window:
 from __future__ import annotations
 
 import bisect
-import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 from cbbench.harness.errors import CbbenchError
+from cbbench.harness.studies.reproduce_stats import METHOD, t_interval
 from cbbench.reference_engine.config.engine_config import (
     ContinuousConfig,
     EngineConfig,
@@ -59,8 +64,6 @@ SEED_ROWS = {
 for _r in SEED_ROWS.values():
     _r["gain"] = _r["continuous_rps"] / _r["static_rps"]
 SEED_UTILIZATION = {"static": (0.30, 0.50), "continuous": (0.80, 0.95)}
-# two-sided 95 % Student t quantiles, df 1..10
-_T95 = (12.71, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,7 @@ class Setting:
     max_num_seqs: int = 256  # continuous; also the cap of static's batch
     max_num_batched_tokens: int = 8192
     static_batch_size: int | None = None  # None: the largest that max_model_len per slot fits
-    max_model_len: int | None = None  # None: the workload's longest request
+    max_model_len: int | None = None  # None: the longest request the workload can produce
     kv_cache_memory_gb: float | None = None  # GiB; None: what the device leaves after weights
     num_kv_blocks: int | None = None  # overrides kv_cache_memory_gb (the CPU runs set it)
     block_size: int = 16
@@ -82,6 +85,8 @@ class Setting:
     # keeps its row, computed as padding, until the whole batch ends. False: the engine's
     # static, which skips finished rows (the best case for static). Simulator only.
     static_padded: bool = True
+    replicates: int = 5  # independent request sets (workload seeds seed, seed + 1, ...)
+    seed: int = 0
 
 
 class PaddedStatic:
@@ -142,10 +147,38 @@ def pool_blocks(s: Setting) -> int:
     return cost.kv_pool_blocks(s.block_size)
 
 
-def configs(s: Setting, requests: list[RequestSpec]) -> tuple[EngineConfig, EngineConfig, dict]:
-    """(static, continuous) engine configs for these requests, and the conditions used."""
+def longest_possible(workload: str, scale: int = 1) -> int | None:
+    """The longest request a preset can produce (prompt cap + output cap, each divided by
+    `scale` as `scaled` does): what a static server must reserve per slot for any of its
+    request sets. None when the preset's lengths have no cap."""
+    from cbbench.workloads.presets import PRESETS
+
+    if workload not in PRESETS:
+        return None
+    spec = PRESETS[workload].spec
+
+    def top(d: dict) -> int | None:
+        if d.get("dist") == "constant":
+            return d.get("value")
+        if d.get("dist") == "sequence":
+            return max(d["values"])
+        return d.get("max")
+
+    caps = [top(spec.get(k, {})) for k in ("prompt", "output")]
+    if any(c is None for c in caps):
+        return None
+    return sum(max(1, int(c) // scale) for c in caps)
+
+
+def configs(
+    s: Setting, requests: list[RequestSpec], workload: str | None = None
+) -> tuple[EngineConfig, EngineConfig, dict]:
+    """(static, continuous) engine configs for these requests, and the conditions used.
+    max_model_len: the setting's, else the longest `workload` can produce, else the longest
+    of these requests."""
     longest = max(r.prompt_len + r.output_len for r in requests)
-    max_len = max(2, s.max_model_len or longest)
+    bound = longest_possible(workload, s.length_scale) if workload else None
+    max_len = max(2, s.max_model_len or max(bound or 0, longest))
     if max_len < longest:
         raise CbbenchError(f"max_model_len {max_len} is below the longest request ({longest})")
     blocks = pool_blocks(s)
@@ -178,6 +211,9 @@ def configs(s: Setting, requests: list[RequestSpec]) -> tuple[EngineConfig, Engi
     )
     cond = {
         "max_model_len": max_len,
+        "max_model_len_from": "setting" if s.max_model_len else
+        "the workload's longest possible request" if bound and bound >= longest
+        else "the longest request",
         "kv_pool_tokens": blocks * s.block_size,
         "static_batch_size": b,
         "static_batch_limited_by": "memory" if fits < (s.static_batch_size or s.max_num_seqs)
@@ -190,39 +226,25 @@ def configs(s: Setting, requests: list[RequestSpec]) -> tuple[EngineConfig, Engi
     return static, cont, cond
 
 
-def _interval(values: list[float]) -> tuple[float, float]:
-    """Mean and 95 % half-width of the mean (Student t)."""
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, math.nan
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return mean, _T95[min(n - 1, len(_T95)) - 1] * sd / math.sqrt(n)
-
-
-def sustained(res: SimResult, windows: int = 5) -> dict:
+def sustained(res: SimResult) -> dict:
     """Steady-state throughput and utilization of a saturated run (see the module doc).
 
-    Static: the window is its whole batches before the last one (the last is the tail),
-    one sub-window per batch (each batch is a renewal cycle). Continuous: from the
-    completion at 10 % of those before the last admission to that admission, `windows`
-    equal sub-windows."""
+    Static: the window is its whole batches before the last one (the last is the tail;
+    each batch is a renewal cycle). Continuous: from the completion at 10 % of those before
+    the last admission to that admission."""
     reqs = res.requests
     fin = sorted(r.finished_s for r in reqs if r.finished_s is not None)
     admits = sorted({r.first_scheduled_s for r in reqs if r.first_scheduled_s is not None})
     t_b = admits[-1]
     if res.config.scheduler == "static":
-        edges = admits  # batch starts
-        steady = len(edges) >= 2
-        t_a = edges[0]
+        steady = len(admits) >= 2  # batch starts
+        t_a = admits[0]
     else:
         before = fin[: bisect.bisect_right(fin, t_b)]
         t_a = before[len(before) // 10] if before else t_b
         steady = t_a < t_b
-        edges = [t_a + (t_b - t_a) * i / windows for i in range(windows + 1)]
     if not steady:  # one batch: nothing is sustained, fall back to the whole run
         t_a, t_b = 0.0, res.duration_s
-        edges = [t_a, t_b]
     span = t_b - t_a
     assert span > 0
 
@@ -230,17 +252,11 @@ def sustained(res: SimResult, windows: int = 5) -> dict:
         return bisect.bisect_right(times, hi) - bisect.bisect_right(times, lo)
 
     tokens = sorted(t for r in reqs for t in r.token_times_s)
-    tok_rates = [
-        count_in(tokens, lo, hi) / (hi - lo) for lo, hi in zip(edges, edges[1:], strict=False)
-    ]
-    _, tok_hw = _interval(tok_rates)
     tok_rate = count_in(tokens, t_a, t_b) / span
     # In a steady state each completion stands for its output tokens, so req/s = tok/s /
     # the mean output length. Counting completions in the window instead is biased by
     # whichever burst (a static batch, a continuous admission wave) falls at its edges.
     mean_out = sum(len(r.token_times_s) for r in reqs) / len(reqs)
-    req_rate = tok_rate / mean_out
-    req_hw = tok_hw / mean_out
     busy = live = 0.0
     peak = max((s.num_seqs for s in res.steps), default=0)
     slots = res.config.max_batch_slots if res.config.scheduler == "static" else peak
@@ -251,14 +267,11 @@ def sustained(res: SimResult, windows: int = 5) -> dict:
             live += overlap * s.num_seqs / max(1, slots)
     return {
         "steady": steady,
-        "sub_windows": len(edges) - 1,
         "window_s": [t_a, t_b],
         "requests_in_window": count_in(fin, t_a, t_b),
-        "request_throughput": req_rate,
+        "request_throughput": tok_rate / mean_out,
         "completions_per_s_in_window": count_in(fin, t_a, t_b) / span,
-        "request_throughput_ci95": req_hw,
         "output_throughput": tok_rate,
-        "output_throughput_ci95": tok_hw,
         "busy_fraction": busy / span,
         "slot_utilization": live / span,
         "batch_slots": slots,
@@ -268,30 +281,28 @@ def sustained(res: SimResult, windows: int = 5) -> dict:
     }
 
 
-def gain_of(st: dict, co: dict, key: str = "request_throughput") -> tuple[float, float]:
-    """continuous / static, and its 95 % half-width (relative errors added in quadrature)."""
-    g = co[key] / st[key]
-    rel = math.hypot((co[f"{key}_ci95"] or 0.0) / co[key], (st[f"{key}_ci95"] or 0.0) / st[key])
-    return g, g * rel
-
-
 def run_pair(
     workload: str,
     s: Setting,
+    seed: int | None = None,
     wrap_executor: Callable | None = None,
     replay_fn: Callable | None = None,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> dict:
-    """Static and continuous on the same requests under setting `s`: one table row.
-    `on_progress(done, total)` counts finished requests over both replays."""
+    """Static and continuous on the same requests (workload seed `seed`, default s.seed)
+    under setting `s`: one replicate. `on_progress(done, total)` counts finished requests
+    over both replays."""
     from cbbench.reference_engine.sim.simulate import replay
     from cbbench.workloads import load_workload
 
-    wl = load_workload(workload, num_requests=s.num_requests)
+    seed = s.seed if seed is None else seed
+    wl = load_workload(workload, seed=seed, num_requests=s.num_requests)
     reqs = scaled(wl.requests, s.length_scale)
-    st_cfg, co_cfg, cond = configs(s, reqs)
+    st_cfg, co_cfg, cond = configs(s, reqs, workload)
     run = replay_fn or replay
-    kw = {"wrap_executor": wrap_executor} if wrap_executor else {}
+    kw: dict = {"seed": wl.seed}
+    if wrap_executor:
+        kw["wrap_executor"] = wrap_executor
     st_kw = dict(kw)
     if s.static_padded:
         if s.executor != "sim":
@@ -304,32 +315,86 @@ def run_pair(
     st_res = run(reqs, st_cfg, **st_kw)
     co_res = run(reqs, co_cfg, **kw)
     st, co = sustained(st_res), sustained(co_res)
-    g, g_hw = gain_of(st, co)
-    gt, gt_hw = gain_of(st, co, "output_throughput")
     return {
         "workload": workload,
+        "seed": seed,
         "setting": asdict(s),
         "conditions": cond,
         "static": st,
         "continuous": co,
-        "gain_req_s": g,
-        "gain_req_s_ci95": g_hw,
-        "gain_tok_s": gt,
-        "gain_tok_s_ci95": gt_hw,
+        "gain_req_s": co["request_throughput"] / st["request_throughput"],
+        "gain_tok_s": co["output_throughput"] / st["output_throughput"],
         "gain_makespan": co["makespan_request_throughput"] / st["makespan_request_throughput"],
         "results": (st_res, co_res),
     }
 
 
-def sensitivity_settings(base: Setting) -> list[tuple[str, Setting]]:
-    """One factor at a time around `base`: B, max_model_len, KV memory, request count."""
-    out = [("base", base)]
-    for b in (32, 64):
-        out.append((f"B (max_num_seqs, static cap) = {b}", replace(base, max_num_seqs=b)))
-    out.append(("max_model_len = 8192 (model maximum)", replace(base, max_model_len=8192)))
-    out.append(("static skips finished rows (not padded)", replace(base, static_padded=False)))
-    out.append(("KV memory = 16 GiB", replace(base, kv_cache_memory_gb=16.0)))
-    out.append(("KV memory = 400 GiB (static B = 256)", replace(base, kv_cache_memory_gb=400.0)))
-    for n in (200, 2 * base.num_requests):
-        out.append((f"requests = {n}", replace(base, num_requests=n)))
-    return out
+def run_replicates(
+    workload: str,
+    s: Setting,
+    wrap_executor: Callable | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+    on_result: Callable[[dict, tuple], None] | None = None,
+) -> dict:
+    """`s.replicates` independent replicates (workload seeds s.seed, s.seed + 1, ...) of
+    `run_pair`, and the 95 % t-intervals across them. A simulated replicate whose request
+    set equals an earlier one's (constant lengths) is that replicate again (the simulator
+    is deterministic) and is not rerun. `on_result(row, (static, continuous))` gets each
+    replicate's results as it ends (they are not kept: a long run's token times are large);
+    `on_progress(done, total)` counts finished requests over all replicates."""
+    assert s.replicates >= 1
+    total = 2 * s.num_requests * s.replicates
+    reps: list[dict] = []
+    seen: dict[tuple, dict] = {}
+    for i in range(s.replicates):
+        seed = s.seed + i
+        prog = None if on_progress is None else (
+            lambda done, _n, _b=2 * s.num_requests * i: on_progress(_b + done, total)
+        )  # fmt: skip
+        key = None
+        if s.executor == "sim":
+            wl_reqs = scaled(_requests(workload, seed, s.num_requests), s.length_scale)
+            key = tuple((r.prompt_len, r.output_len) for r in wl_reqs)
+            if key in seen:
+                reps.append({**seen[key], "seed": seed, "same_requests_as_seed": seen[key]["seed"]})
+                if prog:
+                    prog(2 * s.num_requests, total)
+                continue
+        row = run_pair(workload, s, seed, wrap_executor=wrap_executor, on_progress=prog)
+        results = row.pop("results")
+        if on_result is not None:
+            on_result(row, results)
+        del results
+        if key is not None:
+            seen[key] = row
+        reps.append(row)
+    conds = [r["conditions"] for r in reps]
+    assert all(c == conds[0] for c in conds), "replicates must run under the same conditions"
+
+    def across(f: Callable[[dict], float]) -> dict:
+        return t_interval([f(r) for r in reps]).to_json()
+
+    return {
+        "workload": workload,
+        "setting": asdict(s),
+        "conditions": conds[0],
+        "replicates": reps,
+        "seeds": [r["seed"] for r in reps],
+        "method": METHOD,
+        "static_req_s": across(lambda r: r["static"]["request_throughput"]),
+        "continuous_req_s": across(lambda r: r["continuous"]["request_throughput"]),
+        "gain_req_s": across(lambda r: r["gain_req_s"]),
+        "gain_tok_s": across(lambda r: r["gain_tok_s"]),
+        "gain_makespan": across(lambda r: r["gain_makespan"]),
+        "utilization": {
+            k: {u: across(lambda r, k=k, u=u: r[k][u])["mean"]
+                for u in ("busy_fraction", "slot_utilization")}
+            for k in ("static", "continuous")
+        },  # fmt: skip
+    }
+
+
+def _requests(workload: str, seed: int, n: int) -> tuple[RequestSpec, ...]:
+    from cbbench.workloads import load_workload
+
+    return load_workload(workload, seed=seed, num_requests=n).requests

@@ -1,22 +1,25 @@
 """The pieces of `cbbench reproduce` (harness/cli/reproduce.py runs them in order): the seed
 demo's timeline, the gains and utilization tables, the sensitivity sweep, the CPU-scale
 setting, the verdicts and the brief rows of reproduce.json. The measurement itself (settings,
-sustained throughput, intervals) is `harness/studies/reproduce.py`."""
+sustained throughput, replicates) is `harness/studies/reproduce.py`; the intervals and the
+verdict rules are `harness/studies/reproduce_stats.py`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from cbbench.harness.console.progress import request_progress
 from cbbench.harness.studies import reproduce as rp
+from cbbench.harness.studies import reproduce_stats as rs
 from rich.console import Console
 from rich.table import Table
 
-HOLDS_WITHIN = 0.15  # a gain "holds" when ours is within 15 % of the seed's
+HOLDS_WITHIN = 0.15  # a gain "holds" when its interval lies within 15 % of the seed's
+UNIFORM_WITHIN = 0.05  # "uniform gains nothing": its interval lies within 5 % of 1.0
 
 
 def engine_config(model: str, scheduler: str, b: int, executor: str, hardware: str, **kw):
@@ -47,91 +50,121 @@ def seed_demo(console: Console) -> dict[str, int]:
     return steps
 
 
-def scaled_workload(name: str, n: int, scale: int):
+def scaled_workload(name: str, n: int, scale: int, seed: int | None = None):
     """A preset with every prompt and output length divided by `scale` (at least 1)."""
     from cbbench.workloads import load_workload
     from cbbench.workloads.spec import Workload
 
-    wl = load_workload(name, num_requests=n)
+    wl = load_workload(name, seed=seed, num_requests=n)
     if scale == 1:
         return wl
     reqs = tuple(rp.scaled(wl.requests, scale))
     return Workload(f"{name}/{scale}", wl.seed, reqs, wl.prefix_block_size, wl.source)
 
 
+def iv(d: dict) -> rs.Interval:
+    """An interval back from its JSON form."""
+    return rs.Interval(d["mean"], d["half_width"], d["n"], tuple(d.get("values", ())))
+
+
 def run_rows(console: Console, label: str, s: rp.Setting, out: Path | None, folder: str,
           wrap=None) -> dict:  # fmt: skip
+    """The three workloads, `s.replicates` replicates each; run folders (one per replicate
+    and scheduler) under out/folder/<workload>/seed<k>/ when `out` is given."""
     from cbbench.harness.studies.simulation import write_run
+
+    def write(row: dict, results: tuple) -> None:
+        wl = scaled_workload(row["workload"], s.num_requests, s.length_scale, row["seed"])
+        where = out / folder / wl.name.replace("/", "_") / f"seed{row['seed']}"
+        for res in results:
+            write_run(where, res.config.scheduler, res, wl, workload_name=wl.name,
+                      command=sys.argv)  # fmt: skip
 
     rows = {}
     for w in rp.WORKLOADS:
         t0 = time.perf_counter()
-        desc = f"{label}: {w}, static then continuous"
-        with request_progress(console, desc, 2 * (s.num_requests or 1)) as progress:
-            row = rp.run_pair(w, s, wrap_executor=wrap, on_progress=progress)
-        st_res, co_res = row.pop("results")
+        desc = f"{label}: {w}, {s.replicates} replicates, static then continuous"
+        with request_progress(console, desc, 2 * s.num_requests * s.replicates) as progress:
+            row = rp.run_replicates(w, s, wrap_executor=wrap, on_progress=progress,
+                                    on_result=write if out is not None else None)  # fmt: skip
         c = row["conditions"]
         console.print(
             f"  {label} {w:<12} static B={c['static_batch_size']:<4} "
-            f"{row['static']['request_throughput']:9.2f} req/s  continuous "
-            f"{row['continuous']['request_throughput']:9.2f} req/s  gain {row['gain_req_s']:.2f}x"
-            f"  ({time.perf_counter() - t0:.0f}s wall)",
+            f"{iv(row['static_req_s']).text()} req/s  continuous "
+            f"{iv(row['continuous_req_s']).text()} req/s  gain {iv(row['gain_req_s']).text()}x"
+            f"  ({s.replicates} replicates, {time.perf_counter() - t0:.0f}s wall)",
             highlight=False,
         )
-        if out is not None:
-            wl = scaled_workload(w, s.num_requests, s.length_scale)
-            for res in (st_res, co_res):
-                write_run(out / folder / wl.name.replace("/", "_"), res.config.scheduler, res,
-                          wl, workload_name=wl.name, command=sys.argv)  # fmt: skip
         rows[w] = row
     return rows
 
 
-def pm(v: float, hw: float, spec: str) -> str:
-    if hw != hw:  # nan
-        return format(v, spec)
-    return f"{format(v, spec)} ± {format(hw, spec)}"
+def seed_verdict(w: str, gain: rs.Interval) -> str:
+    return rs.ratio_verdict(gain, rp.SEED_ROWS[w]["gain"], HOLDS_WITHIN)
 
 
-def verdict(w: str, gain: float) -> str:
-    seed = rp.SEED_ROWS[w]["gain"]
-    if abs(gain / seed - 1) <= HOLDS_WITHIN:
-        return "holds"
-    return f"does not hold ({gain / seed:.0%} of the seed's)"
+def claims(rows: dict) -> dict[str, str]:
+    """The seed's claims for one set of rows (simulated or measured), each with its verdict."""
+    g = {w: iv(rows[w]["gain_req_s"]) for w in rp.WORKLOADS}
+    out = {
+        f"{w} gain within {HOLDS_WITHIN:.0%} of the seed's {rp.SEED_ROWS[w]['gain']:.2f}x":
+        seed_verdict(w, g[w]) for w in rp.WORKLOADS
+    }  # fmt: skip
+    out["ordering uniform < mixed < highly mixed"] = rs.order_verdict([g[w] for w in rp.WORKLOADS])
+    out[f"uniform within {UNIFORM_WITHIN:.0%} of 1.0"] = rs.band_verdict(
+        g["uniform"], 1 - UNIFORM_WITHIN, 1 + UNIFORM_WITHIN
+    )
+    return out
 
 
-def gains_table(title: str, rows: dict, measured: bool = False) -> Table:
+def method_line(rows: dict) -> str:
+    r = next(iter(rows.values()))
+    seeds = r["seeds"]
+    same = [x["seed"] for x in r["replicates"] if "same_requests_as_seed" in x]
+    return (
+        f"± = {rs.METHOD}: {len(seeds)} replicates per workload (seeds {seeds[0]}-{seeds[-1]}), "
+        f"each {r['setting']['num_requests']} requests, static and continuous on the same "
+        f"requests" + (", uniform's request sets are identical (constant lengths)" if same and
+                       rows.get("uniform") is r else "")
+    )  # fmt: skip
+
+
+def gains_table(title: str, rows: dict) -> Table:
     t = Table(title=title)
     for col in ("workload", "seed req/s", "seed gain", "static req/s", "continuous req/s",
-                "gain (req/s)", "gain (tok/s)", "makespan gain", "static B", "verdict"):  # fmt: skip
+                "gain (req/s)", "95 % interval", "makespan gain", "static B", "verdict"):  # fmt: skip
         t.add_column(col, justify="right" if col != "workload" else "left")
     for w, r in rows.items():
         sd = rp.SEED_ROWS[w]
-        st, co = r["static"], r["continuous"]
         c = r["conditions"]
+        g = iv(r["gain_req_s"])
         t.add_row(
             w,
             f"{sd['static_rps']:g} -> {sd['continuous_rps']:g}",
             f"{sd['gain']:.2f}x",
-            pm(st["request_throughput"], st["request_throughput_ci95"], ".2f"),
-            pm(co["request_throughput"], co["request_throughput_ci95"], ".2f"),
-            pm(r["gain_req_s"], r["gain_req_s_ci95"], ".2f") + "x",
-            f"{r['gain_tok_s']:.2f}x",
-            f"{r['gain_makespan']:.2f}x",
+            iv(r["static_req_s"]).text(),
+            iv(r["continuous_req_s"]).text(),
+            g.text() + "x",
+            f"[{g.lo:.2f}, {g.hi:.2f}]" if g.resolved else "-",
+            f"{r['gain_makespan']['mean']:.2f}x",
             f"{c['static_batch_size']} ({c['static_batch_limited_by']})",
-            verdict(w, r["gain_req_s"]),
+            seed_verdict(w, g),
         )
+    t.caption = (
+        f"{method_line(rows)}. Verdict: holds when the interval lies within {HOLDS_WITHIN:.0%} "
+        "of the seed's gain, does not hold when it lies outside, else not resolved"
+    )
     return t
 
 
 def utilization_table(rows: dict) -> Table:
-    t = Table(title="device utilization in the steady window (SIMULATED)")
+    t = Table(title="device utilization in the steady window, mean over replicates (SIMULATED)")
     for col in ("workload", "static busy", "static slot util.", "continuous busy",
                 "continuous slot util.", "seed: static / continuous"):  # fmt: skip
         t.add_column(col, justify="right" if col != "workload" else "left")
     su, cu = rp.SEED_UTILIZATION["static"], rp.SEED_UTILIZATION["continuous"]
     for w, r in rows.items():
-        st, co = r["static"], r["continuous"]
+        st, co = r["utilization"]["static"], r["utilization"]["continuous"]
         t.add_row(
             w, f"{st['busy_fraction']:.0%}", f"{st['slot_utilization']:.0%}",
             f"{co['busy_fraction']:.0%}", f"{co['slot_utilization']:.0%}",
@@ -145,6 +178,20 @@ def utilization_table(rows: dict) -> Table:
     return t
 
 
+def sensitivity_settings(base: rp.Setting) -> list[tuple[str, rp.Setting]]:
+    """One factor at a time around `base`: B, max_model_len, KV memory, request count."""
+    out = [("base", base)]
+    for b in (32, 64):
+        out.append((f"B (max_num_seqs, static cap) = {b}", replace(base, max_num_seqs=b)))
+    out.append(("max_model_len = 8192 (model maximum)", replace(base, max_model_len=8192)))
+    out.append(("static skips finished rows (not padded)", replace(base, static_padded=False)))
+    out.append(("KV memory = 16 GiB", replace(base, kv_cache_memory_gb=16.0)))
+    out.append(("KV memory = 400 GiB (static B = 256)", replace(base, kv_cache_memory_gb=400.0)))
+    for n in (200, 2 * base.num_requests):
+        out.append((f"requests = {n}", replace(base, num_requests=n)))
+    return out
+
+
 def sensitivity(console: Console, base: rp.Setting) -> list[dict]:
     t = Table(title="sensitivity: gain in sustained req/s, one condition changed (SIMULATED)")
     t.add_column("condition")
@@ -153,21 +200,22 @@ def sensitivity(console: Console, base: rp.Setting) -> list[dict]:
     t.add_column("static B (uniform / mixed / heavy)", justify="right")
     t.add_column("makespan gain, heavy", justify="right")
     out = []
-    for label, s in rp.sensitivity_settings(base):
+    for label, s in sensitivity_settings(base):
         cells, bs, entry = [], [], {"condition": label, "setting": asdict(s), "gains": {}}
         for w in rp.WORKLOADS:
             with console.status(f"sensitivity: {label}: {w}"):
-                row = rp.run_pair(w, s)
-            row.pop("results")
-            cells.append(pm(row["gain_req_s"], row["gain_req_s_ci95"], ".2f") + "x")
+                row = rp.run_replicates(w, s)
+            cells.append(iv(row["gain_req_s"]).text() + "x")
             bs.append(str(row["conditions"]["static_batch_size"]))
-            entry["gains"][w] = {k: row[k] for k in ("gain_req_s", "gain_req_s_ci95",
-                                 "gain_tok_s", "gain_makespan", "conditions")}  # fmt: skip
+            entry["gains"][w] = {k: row[k] for k in ("gain_req_s", "gain_makespan",
+                                 "conditions", "seeds")}  # fmt: skip
         t.add_row(
-            label, *cells, " / ".join(bs), f"{entry['gains']['heavy-mixed']['gain_makespan']:.2f}x"
-        )
+            label, *cells, " / ".join(bs),
+            f"{entry['gains']['heavy-mixed']['gain_makespan']['mean']:.2f}x",
+        )  # fmt: skip
         console.print(f"  {label}: " + ", ".join(cells), highlight=False)
         out.append(entry)
+    t.caption = f"± = {rs.METHOD}, {base.replicates} replicates per cell"
     console.print(t)
     return out
 
@@ -189,39 +237,41 @@ def cpu_setting(args: argparse.Namespace, sim: rp.Setting) -> rp.Setting:
         length_scale=args.cpu_scale,
         dtype="float32",
         static_padded=False,  # the real engine's static skips finished rows
+        replicates=args.cpu_replicates,
+        seed=sim.seed,
     )
 
 
 def brief(row: dict) -> dict:
-    st, co = row["static"], row["continuous"]
+    g = iv(row["gain_req_s"])
     return {
-        "static_req_s": st["request_throughput"],
-        "continuous_req_s": co["request_throughput"],
-        "gain": row["gain_req_s"],
-        "gain_ci95": row["gain_req_s_ci95"],
-        "gain_tok_s": row["gain_tok_s"],
-        "gain_makespan": row["gain_makespan"],
-        "utilization": {
-            "static": {k: st[k] for k in ("busy_fraction", "slot_utilization")},
-            "continuous": {k: co[k] for k in ("busy_fraction", "slot_utilization")},
-        },
+        "static_req_s": row["static_req_s"]["mean"],
+        "continuous_req_s": row["continuous_req_s"]["mean"],
+        "gain": g.mean,
+        "gain_ci95": g.half_width,
+        "gain_interval": [g.lo, g.hi],
+        "interval_method": f"{rs.METHOD}, n = {g.n}",
+        "replicate_gains": list(g.values),
+        "seeds": row["seeds"],
+        "verdict_vs_seed": seed_verdict(row["workload"], g),
+        "gain_tok_s": row["gain_tok_s"]["mean"],
+        "gain_makespan": row["gain_makespan"]["mean"],
+        "utilization": row["utilization"],
         "conditions": {**row["conditions"], **{k: row["setting"][k] for k in (
-            "model", "hardware", "executor", "num_requests", "length_scale")}},
+            "model", "hardware", "executor", "num_requests", "length_scale", "replicates")}},
     }  # fmt: skip
 
 
 def verdicts(sim: dict, cpu: dict | None) -> list[str]:
+    """One line per set of rows: each gain with its interval and every claim's verdict."""
     lines = []
     for label, rows in (("simulated", sim), ("measured on CPU", cpu)):
         if rows is None:
             continue
-        g = {w: rows[w]["gain_req_s"] for w in rp.WORKLOADS}
-        parts = [f"{w} {g[w]:.2f}x (seed {rp.SEED_ROWS[w]['gain']:.2f}x: {verdict(w, g[w])})"
-                 for w in rp.WORKLOADS]  # fmt: skip
-        order = g["uniform"] < g["mixed"] < g["heavy-mixed"]
-        lines.append(
-            f"{label}: " + "; ".join(parts) + f". Ordering uniform < mixed < highly mixed "
-            f"{'holds' if order else 'does NOT hold'}; uniform "
-            f"{'is' if abs(g['uniform'] - 1) <= 0.05 else 'is NOT'} within 5% of 1.0."
-        )
+        gains = "; ".join(
+            f"{w} {iv(rows[w]['gain_req_s']).text()}x" for w in rp.WORKLOADS
+        )  # fmt: skip
+        n = iv(rows["uniform"]["gain_req_s"]).n
+        said = "; ".join(f"{claim}: {v}" for claim, v in claims(rows).items())
+        lines.append(f"{label} ({n} replicates, 95 % t-intervals): {gains}. {said}.")
     return lines
