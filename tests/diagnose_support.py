@@ -1,6 +1,7 @@
 """Provoked runs for the diagnosis rules: the reference engine (`cbbench serve`, the tiny
 model's shape on the simulated executor, paced to the wall clock) on 127.0.0.1, set up to
 show one symptom each, and a healthy run. Small on purpose: a few dozen requests each.
+`demo_runs` is `cbbench run` itself on a small cut of its workload.
 
 The simulated executor keeps step times deterministic on a loaded CI machine: a step costs
 8 ms + 0.5 ms per sequence + FLOPs x 3.5e-10 s (a 1500-token prompt: ~0.3 s), so symptoms
@@ -110,6 +111,37 @@ def provoke(scenario: str, root: Path) -> Path:
         raise ValueError(scenario)
     with launch_reference_server("tiny", "continuous", "cpu", sim_args(hw, *server)) as srv:
         return bench(srv.base_url, wl, out, conc)
+
+
+# the KV pool `cbbench run` gets on the CPU: every one of its B = 8 slots at the tiny model's
+# full length (max_model_len 2048, 16-token blocks), so static's reservations fill it exactly
+DEMO_KV_BLOCKS = 8 * 2048 // 16
+
+
+def demo_runs(root: Path, num_requests: int = 48, scale: int = 4) -> dict[str, Path]:
+    """`cbbench run` at small scale: `run_demo` itself with its own defaults (tiny model,
+    B = 8, all requests at once, the default telemetry) on the demo's workload cut to
+    `num_requests` requests with output lengths divided by `scale`. The device is the
+    simulated executor (12 ms a step, none of it host work, so the run lasts long enough for
+    the 4 Hz telemetry whatever the machine's load) with the CPU's KV pool. Returns
+    scheduler -> run folder."""
+    from cbbench.harness.studies.run_demo import RUN_WORKLOAD, RunOptions, run_demo
+
+    spec = json.loads(json.dumps(RUN_WORKLOAD))
+    spec.update(name="run-demo-small", num_requests=num_requests)
+    out = spec["output"]
+    out.update(median=out["median"] // scale, max=out["max"] // scale)
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "run-demo-small.json"
+    path.write_text(json.dumps(spec), encoding="utf-8")
+    hw = hardware_file(root, c0=0.012, c_seq=0.0)
+    engine = {"executor": "sim", "hardware": str(hw), "num_kv_blocks": DEMO_KV_BLOCKS}
+    opts = RunOptions(
+        workload=str(path), engine=engine, out=root / "demo", report=False, live=False
+    )
+    res = run_demo(opts, Console(file=io.StringIO()))
+    assert not res.interrupted and len(res.run_dirs) == 3, res
+    return {d.name: d for d in res.run_dirs}
 
 
 SCENARIOS = (

@@ -89,3 +89,70 @@ def test_queue_delay_is_silent_for_iteration_level_engines_and_fires_for_unknown
 def test_no_signal_no_finding() -> None:
     # no server metrics at all: the telemetry rules stay silent instead of guessing
     assert rules(_run(None, [])) == set()
+
+
+def _batched(batch_gap_s: float, n_batches: int = 3) -> tuple[list[RequestRecord], list[dict]]:
+    """A run-to-completion server at batch 4: every request sent at t = 0; batch k starts when
+    batch k-1's longest member (1 s) ends plus `batch_gap_s` (an idle batcher waiting to
+    fill, when > 0); members decode 0.2, 0.4, 0.6 and 1 s. Records and the running/waiting
+    gauges sampled every 0.05 s, as a Triton-like server exports them."""
+    durs = (0.2, 0.4, 0.6, 1.0)
+    recs, spans = [], []
+    for k in range(n_batches):
+        start = batch_gap_s + k * (1.02 + batch_gap_s)
+        for j, d in enumerate(durs):
+            n = int(d / 0.01)
+            times = [start + 0.01 * (i + 1) for i in range(n)]
+            timing = dict(first_token_s=times[0], last_token_s=times[-1], end_s=times[-1])
+            recs.append(
+                RequestRecord(
+                    id=f"b{k}-{j}",
+                    index=4 * k + j,
+                    prompt_len=16,
+                    output_len=n,
+                    sent_s=0.0,
+                    ttft_s=times[0],
+                    e2e_s=times[-1],
+                    tpot_s=0.01,
+                    server_queue_s=start,
+                    output_tokens_server=n,
+                    token_times_s=times,
+                    itl_s=[0.01] * (n - 1),
+                    **timing,
+                )
+            )
+            spans.append((start, times[-1]))
+    samples = []
+    for i in range(int(n_batches * (1.02 + batch_gap_s) / 0.05) + 1):
+        t = 0.05 * i + 0.001
+        running = sum(a <= t < b for a, b in spans)
+        waiting = sum(a > t for a, _ in spans)
+        samples.append({"t_s": t, "source": "server", "running": running, "waiting": waiting})
+    return recs, samples
+
+
+def test_run_to_completion_waits_are_held_slots_not_a_batching_delay() -> None:
+    # requests queue behind running batches whose finished members keep their slots
+    recs, samples = _batched(batch_gap_s=0.0)
+    d = diagnose_run(_run("triton", samples, recs))
+    found = {f.rule: f for f in d.findings}
+    assert "queue-delay" not in found, found["queue-delay"].evidence
+    hol = found["hol-blocking"]
+    assert hol.values["mode"] == "run-to-completion" and hol.values["slots"] == 4
+    assert 0.3 <= hol.values["idle_share"] <= 0.7 and hol.values["running_drops"] >= 3
+    assert 0.3 <= hol.values["refill_p50_s"] <= 0.85  # an end -> the batch's longest member's
+    assert "in-flight (continuous) batching" in hol.fixes["triton"]
+    # the same server on vLLM's telemetry: iteration-level, so no held slots are claimed
+    assert "hol-blocking" not in rules(_run("vllm", samples, recs))
+
+
+def test_an_idle_batcher_is_a_batching_delay_not_held_slots() -> None:
+    # each batch waits 1.5 s with nothing running before it starts: a batcher waiting to fill
+    recs, samples = _batched(batch_gap_s=1.5)
+    found = {f.rule: f for f in diagnose_run(_run("triton", samples, recs)).findings}
+    q = found["queue-delay"]
+    assert q.values["queue_busy_share"] < 0.5
+    assert any("ran no request for" in e for e in q.evidence)
+    assert found.get("hol-blocking") is None or found["hol-blocking"].values["mode"] != (
+        "run-to-completion"
+    )

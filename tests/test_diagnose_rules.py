@@ -12,7 +12,7 @@ from cbbench.harness.diagnose import diagnose_run
 from cbbench.harness.diagnose.base import ENGINES
 from cbbench.harness.results.run_folder import load_run
 
-from tests.diagnose_support import provoke
+from tests.diagnose_support import demo_runs, provoke
 
 
 @pytest.fixture(scope="session")
@@ -28,8 +28,54 @@ def provoked(tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory) -> dict[str, Path]:
+    """`cbbench run` (its defaults, a simulated device) on 48 requests of its workload."""
+    return demo_runs(tmp_path_factory.mktemp("demo"))
+
+
 def findings(run_dir: Path) -> dict:
     return {f.rule: f for f in diagnose_run(load_run(run_dir)).findings}
+
+
+# `cbbench run`'s three schedulers: the cause each one has, and the verdicts that misname it
+DEMO_VERDICTS = {
+    # a run-to-completion batch holds its finished members' slots (and static: KV reserved
+    # at max_model_len per slot) until its longest member ends; nothing waits for a batch to
+    # fill (all requests are there at once) and no prompt joins a running batch
+    "static": ("hol-blocking", {"queue-delay", "prefill-stall", "batch-cap", "kv-pressure"}),
+    "dynamic": ("hol-blocking", {"queue-delay", "prefill-stall", "batch-cap", "kv-pressure"}),
+    # every slot refilled at the next step: the cap of 8 sequences is what requests wait for
+    "continuous": ("batch-cap", {"hol-blocking", "queue-delay", "kv-pressure", "low-concurrency"}),
+}
+
+
+@pytest.mark.parametrize("scheduler", list(DEMO_VERDICTS))
+def test_demo_runs_name_the_cause_their_scheduler_has(demo, scheduler: str) -> None:
+    d = diagnose_run(load_run(demo[scheduler]))
+    assert d.engine == "cbbench" and d.scheduler == scheduler and d.requests == 48
+    found = {f.rule for f in d.findings}
+    want, wrong = DEMO_VERDICTS[scheduler]
+    assert want in found, f"{scheduler}: {want} silent; found {sorted(found)}; {d.vitals}"
+    assert not found & wrong, f"{scheduler}: misnamed as {sorted(found & wrong)}; {d.vitals}"
+
+
+def test_demo_run_to_completion_evidence(demo) -> None:
+    static = findings(demo["static"])["hol-blocking"]
+    v = static.values
+    assert v["mode"] == "run-to-completion" and "run-to-completion" in static.title
+    assert v["slots"] == 8 and v["idle_share"] >= 0.3 and v["batch_share"] >= 0.5
+    assert v["running_drops"] >= 1 and v["refill_p50_s"] > 0
+    assert v["kv_reserved_share"] >= 0.5  # the CPU pool is 8 slots x max_model_len, all reserved
+    text = " ".join(static.evidence)
+    assert "held by requests that had already finished" in text and "--max-model-len" in text
+    fix = static.fixes["cbbench"]
+    assert "--scheduler continuous (continuous batching" in fix and "--max-model-len" in fix
+    dynamic = findings(demo["dynamic"])["hol-blocking"].values
+    assert dynamic["mode"] == "run-to-completion" and dynamic["idle_share"] >= 0.3
+    assert dynamic["kv_usage_mean"] < 0.5  # prompt + max_tokens reserved: memory to spare
+    cap = findings(demo["continuous"])["batch-cap"]
+    assert cap.values["running_max"] == 8 and cap.values["kv_usage_max"] < 0.6
 
 
 def test_healthy_run_has_no_findings(provoked) -> None:

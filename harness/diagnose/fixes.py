@@ -55,15 +55,16 @@ FIXES: dict[str, dict[str, str]] = {
         "--max-batch-size (static / dynamic)",
     },
     "hol-blocking": {
-        "vllm": "vLLM already batches per iteration: if seen there, lower --max-model-len or "
-        "cap max_tokens of long requests",
+        "vllm": "vLLM already batches per iteration (continuous batching): if seen there, "
+        "lower --max-model-len or cap max_tokens of long requests",
         "sglang": "SGLang batches per iteration; cap --context-length or long requests' max_tokens",
         "tgi": "TGI batches per iteration; lower --max-total-tokens for long requests",
         "triton": "request-level dynamic_batching holds short requests behind long ones: serve "
-        "LLMs through the TensorRT-LLM/vLLM backend with in-flight batching "
+        "LLMs through the TensorRT-LLM/vLLM backend with in-flight (continuous) batching "
         "(batching_strategy: inflight_fused_batching)",
-        "cbbench": "cbbench serve --scheduler continuous (iteration-level batching); or cap "
-        "--max-model-len / long requests' max_tokens",
+        "cbbench": "cbbench serve --scheduler continuous (continuous batching: a finished "
+        "request's slot is refilled at the next step); or a smaller --max-model-len (static "
+        "reserves it for every slot) / cap long requests' max_tokens",
     },
     "queue-delay": {
         "vllm": "vLLM has no batching delay: if queue time dominates, the server is full; see "

@@ -1,6 +1,13 @@
-"""Head-of-line blocking under request-level batching: a short request that arrives while a
-long one runs gets its first token only once the long one has ended, so its E2E tracks the
-longest request it overlapped, not its own length."""
+"""Head-of-line blocking under request-level batching, seen two ways:
+
+- held slots: a run-to-completion batch (static, dynamic) admits nobody until its longest
+  member ends, so while requests wait the slots of members that finished early stay held —
+  `running` falls inside the batch, nobody is admitted, and the wait is the batch's longest
+  request (the server's running/waiting gauges; silent for iteration-level servers);
+- arrivals: a short request that arrives while a long one runs gets its first token only once
+  the long one has ended, so its E2E tracks the longest request it overlapped, not its own
+  length (request times only).
+"""
 
 from __future__ import annotations
 
@@ -9,13 +16,89 @@ import heapq
 import numpy as np
 from cbbench.harness.diagnose.base import Finding, Rule, RunView, ms, pct
 from cbbench.harness.diagnose.fixes import fixes_for
+from cbbench.harness.diagnose.slots import admitted_s, held_slots, iteration_level
 
 SHORT = 0.5  # a request is short next to one with at least 1/SHORT times its output tokens
 MIN_CANDIDATES = 4
 BLOCKED_SHARE = 0.5
+MIN_WAITING_SAMPLES = 4
+BATCH_SHARE = 0.5  # requests waited while a batch ran in at least this share of samples ...
+IDLE_SHARE = 0.3  # ... and at least this share of its slots ran no request
+KV_FULL = 0.9  # a KV pool this full without reservations: memory, not slots, kept them out
+RESERVED = 0.5  # reserved-but-unfilled KV at least this share of the pool: held memory
+QUEUE_SHARE = 0.5  # queue p50 / TTFT p50 at or above this: the wait is worth a line
+RESERVES = {
+    "static": " (static reserves --max-model-len for every slot)",
+    "dynamic": " (dynamic reserves prompt + max_tokens per request)",
+}
 
 
-def check(v: RunView) -> Finding | None:
+def _held(v: RunView) -> tuple[list[str], dict] | None:
+    if iteration_level(v):
+        return None  # a finished slot is refilled at the next step there
+    h = held_slots(v)
+    if h is None or h.waiting_samples < MIN_WAITING_SAMPLES:
+        return None
+    if h.batch_share < BATCH_SHARE or h.idle_share < IDLE_SHARE:
+        return None
+    if h.kv_mean is not None and h.kv_mean >= KV_FULL and (h.reserved_share or 0.0) < RESERVED:
+        return None  # the pool is full of tokens: memory, not the batch, keeps requests out
+    evidence = [
+        f"with requests waiting (mean {h.waiting_mean:.1f}) while a batch ran "
+        f"({pct(h.batch_share)} of the samples with requests waiting), the server ran "
+        f"{h.running_mean:.1f} of its {h.slots:.0f} batch slots on average: {pct(h.idle_share)} "
+        "of the slots held by requests that had already finished (run to completion)",
+    ]
+    if h.drops:
+        evidence.append(
+            f"running fell in {h.drops} of {h.intervals} sample intervals with requests waiting, "
+            "and waiting did not fall in those: slots freed, nobody admitted until the batch ended"
+        )
+    values: dict = {
+        "slots": h.slots,
+        "batch_share": h.batch_share,
+        "running_mean": h.running_mean,
+        "waiting_mean": h.waiting_mean,
+        "idle_share": h.idle_share,
+        "running_drops": h.drops,
+        "kv_usage_mean": h.kv_mean,
+        "kv_reserved_share": h.reserved_share,
+    }
+    if h.refill_s.size:
+        r50, r90 = (float(np.percentile(h.refill_s, q)) for q in (50, 90))
+        evidence.append(
+            f"{h.refill_s.size} requests ended while others waited; the next admission came "
+            f"p50 {ms(r50)} (p90 {ms(r90)}) after such an end, when the batch's longest member "
+            "ended (iteration-level batching refills a freed slot at the next step)"
+        )
+        values["refill_p50_s"] = r50
+    if h.reserved_share is not None and h.reserved_share >= RESERVED:
+        evidence.append(
+            f"KV usage mean {pct(h.kv_mean)}, of which {pct(h.reserved_share)} of the pool "
+            f"reserved up front and never filled{RESERVES.get(v.scheduler or '', '')}: memory "
+            "held, not used"
+        )
+    elif h.kv_mean is not None:
+        evidence.append(
+            f"KV usage mean {pct(h.kv_mean)}: memory was free; the batching policy, not the "
+            "KV pool, kept the waiting requests out"
+        )
+    pairs = [(r.server_queue_s, r.ttft_s) for r in v.ok if admitted_s(r) is not None and r.ttft_s]
+    q50, t50 = (
+        (float(np.median([p[0] for p in pairs])), float(np.median([p[1] for p in pairs])))
+        if len(pairs) >= MIN_CANDIDATES
+        else (0.0, 0.0)
+    )
+    if t50 > 0 and q50 >= QUEUE_SHARE * t50:
+        evidence.append(
+            f"server queue time p50 {ms(q50)} ({pct(q50 / t50)} of TTFT p50 {ms(t50)}): spent "
+            "behind running batches, not waiting for one to fill"
+        )
+        values["queue_p50_s"] = q50
+    return evidence, values
+
+
+def _arrivals(v: RunView) -> tuple[list[str], dict] | None:
     recs = [
         r
         for r in v.ok
@@ -62,24 +145,59 @@ def check(v: RunView) -> Finding | None:
         evidence.append(
             f"correlation of their E2E with the longest overlapped request's remaining time: {corr:.2f}"
         )
+    values = {
+        "candidates": len(cands),
+        "blocked": blocked,
+        "blocked_fraction": blocked / len(cands),
+        "wait_p50_s": float(np.median(wait)),
+        "e2e_remaining_corr": corr,
+        "blocked_share_seen": pct(blocked / len(cands)),
+    }
+    return evidence, values
+
+
+def check(v: RunView) -> Finding | None:
+    held, arrivals = _held(v), _arrivals(v)
+    if held is None and arrivals is None:
+        return None
+    evidence: list[str] = []
+    values: dict = {}
+    for part in (held, arrivals):
+        if part is not None:
+            evidence += part[0]
+            values.update(part[1])
+    values["mode"] = "run-to-completion" if held is not None else "arrivals"
     if v.scheduler:
         evidence.append(f"server scheduler: {v.scheduler}")
+    if held is not None:
+        title = (
+            "requests wait behind a run-to-completion batch: finished requests' slots stay "
+            "held (head-of-line blocking)"
+        )
+        cause = (
+            "run-to-completion batching: a batch admits nobody until its longest member ends, "
+            "so the slots of members that finished early are held, not free, and waiting "
+            "requests queue behind the batch's longest request"
+        )
+    else:
+        title = "short requests wait behind long ones (head-of-line blocking)"
+        cause = (
+            "request-level batching: a batch runs until its longest member ends and new "
+            "requests join only between batches"
+        )
     return Finding(
         rule=RULE.id,
-        title="short requests wait behind long ones (head-of-line blocking)",
-        cause="request-level batching: a batch runs until its longest member ends and new "
-        "requests join only between batches",
+        title=title,
+        cause=cause,
         evidence=evidence,
         fixes=fixes_for("hol-blocking"),
-        values={
-            "candidates": len(cands),
-            "blocked": blocked,
-            "blocked_fraction": blocked / len(cands),
-            "wait_p50_s": float(np.median(wait)),
-            "e2e_remaining_corr": corr,
-            "blocked_share_seen": pct(blocked / len(cands)),
-        },
+        values=values,
     )
 
 
-RULE = Rule("hol-blocking", "short requests' first token waits for the longest running one", check)
+RULE = Rule(
+    "hol-blocking",
+    "requests wait behind the longest running one: slots of a run-to-completion batch held "
+    "while requests wait, or short requests' first token after a long one ends",
+    check,
+)

@@ -1,5 +1,8 @@
 """TPOT spikes when prefills join: running streams stall while another request's (long)
-prompt is computed in the same step (no chunked prefill, or too large a token budget)."""
+prompt is computed in the same step (no chunked prefill, or too large a token budget).
+Silent under the reference engine's run-to-completion schedulers: a prompt there joins only
+a new batch, never a running stream (a batch's first tokens reaching the client a few ms
+apart are not prefills joining)."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import bisect
 import numpy as np
 from cbbench.harness.diagnose.base import Finding, Rule, RunView, ms
 from cbbench.harness.diagnose.fixes import fixes_for
+from cbbench.harness.diagnose.slots import RUN_TO_COMPLETION
 
 RATIO = 3.0  # median gap with a prefill / median gap without, at or above: stalls
 MIN_GAPS = 5
@@ -15,6 +19,8 @@ SPIKE = 3.0  # a gap this many times the median gap without a prefill is a stall
 
 
 def check(v: RunView) -> Finding | None:
+    if v.scheduler in RUN_TO_COMPLETION:
+        return None
     firsts = sorted(
         (r.first_token_s, v.prompt_tokens(r), r.id) for r in v.ok if r.first_token_s is not None
     )

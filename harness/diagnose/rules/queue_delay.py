@@ -1,19 +1,26 @@
 """Queue time dominating TTFT under a dynamic batcher: requests sit in the queue waiting for a
-batch to fill (max_queue_delay too long) while the server has free slots."""
+batch to fill (max_queue_delay too long) while the server has free slots.
+
+A slot held by a running run-to-completion batch is not a free slot: when the server was
+running a batch for most of the time requests spent queued, they waited behind that batch
+(`hol-blocking`, or a full server), not for one to fill, and this rule stays silent."""
 
 from __future__ import annotations
 
 import numpy as np
 from cbbench.harness.diagnose.base import Finding, Rule, RunView, ms, pct
 from cbbench.harness.diagnose.fixes import fixes_for
+from cbbench.harness.diagnose.slots import (
+    MIN_QUEUE_S,
+    RUN_TO_COMPLETION,
+    iteration_level,
+    queue_busy_share,
+)
 
 SHARE = 0.5  # queue p50 / TTFT p50 at or above this: queue time dominates
-MIN_QUEUE_S = 0.02
 NOT_FULL = 0.9  # mean batch occupancy under this: batches left the queue part-full
-REQUEST_LEVEL = ("dynamic", "static")  # the reference engine's batchers that wait to fill
-ITERATION_LEVEL = ("continuous",)
-ITERATION_LEVEL_ENGINES = ("vllm", "sglang", "tgi")
 BOUNDED = 2.0  # queue max <= BOUNDED x queue p50: a fixed delay, not a growing queue
+BUSY = 0.5  # another request ran for at least this share of the queued time: not a delay
 
 
 def check(v: RunView) -> Finding | None:
@@ -30,15 +37,23 @@ def check(v: RunView) -> Finding | None:
     if occ.size and occ.mean() >= NOT_FULL:
         return None  # full batches: an overloaded server, not a batching delay
     bounded = float(q.max()) <= BOUNDED * q50
-    if v.scheduler in ITERATION_LEVEL or v.engine in ITERATION_LEVEL_ENGINES:
+    if iteration_level(v):
         return None  # no batching delay there: a long queue means a full server
-    if not (v.scheduler in REQUEST_LEVEL or v.engine == "triton" or bounded):
+    if not (v.scheduler in RUN_TO_COMPLETION or v.engine == "triton" or bounded):
         return None
+    busy = queue_busy_share(v)
+    if busy is not None and busy[0] >= BUSY:
+        return None  # they queued behind a running batch: its slots were held, not free
     evidence = [
         f"server queue time p50 {ms(q50)} is {pct(q50 / t50)} of TTFT p50 {ms(t50)}",
         f"queue time p90 {ms(float(np.percentile(q, 90)))}, max {ms(float(q.max()))}"
         + (" — bounded like a fixed batching delay, not a growing backlog" if bounded else ""),
     ]
+    if busy is not None:
+        evidence.append(
+            f"the server ran no request for {pct(1 - busy[0])} of the time {busy[1]} requests "
+            "spent queued: they waited for a batch to form, not behind a running one"
+        )
     if occ.size:
         evidence.append(f"batch occupancy mean {pct(float(occ.mean()))}: batches left part-full")
     if v.scheduler:
@@ -55,8 +70,13 @@ def check(v: RunView) -> Finding | None:
             "ttft_p50_s": t50,
             "queue_share": q50 / t50,
             "queue_max_s": float(q.max()),
+            "queue_busy_share": None if busy is None else busy[0],
         },
     )
 
 
-RULE = Rule("queue-delay", "server queue time dominates TTFT with free batch slots", check)
+RULE = Rule(
+    "queue-delay",
+    "server queue time dominates TTFT while the server has free slots and runs nothing",
+    check,
+)
