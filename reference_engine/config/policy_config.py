@@ -147,6 +147,23 @@ class ContinuousConfig:
         default=0.01,
         metadata=flag("--watermark", "fraction of KV blocks kept free when admitting requests"),
     )
+    # MoE models (scheduler/expert_balance.py): admission order that balances expert load
+    expert_balance: bool = field(
+        default=False,
+        metadata=flag(
+            "--expert-balance",
+            "MoE models: when more requests wait than fit, admit first those among the next "
+            "--expert-balance-window waiting whose predicted routing lowers the running "
+            "batch's expert imbalance",
+        ),
+    )
+    expert_balance_window: int = field(
+        default=8,
+        metadata=flag(
+            "--expert-balance-window",
+            "--expert-balance: waiting requests considered per admission (queue order beyond)",
+        ),
+    )
 
     def validate(self) -> None:
         if self.max_num_seqs < 1:
@@ -172,6 +189,10 @@ class ContinuousConfig:
             )
         if not 0 <= self.watermark < 1:
             raise EngineError(f"continuous.watermark must be in [0, 1), got {self.watermark}")
+        if self.expert_balance_window < 1:
+            raise EngineError(
+                f"continuous.expert_balance_window must be >= 1, got {self.expert_balance_window}"
+            )
 
 
 # The batching policies: name -> settings dataclass. EngineConfig holds one instance of each

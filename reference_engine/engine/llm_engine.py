@@ -21,6 +21,7 @@ from cbbench.reference_engine.execution.cost_model import CostModel, get_hardwar
 from cbbench.reference_engine.model.config import ModelConfig, resolve_model_config
 from cbbench.reference_engine.sampling_params import SamplingParams
 from cbbench.reference_engine.scheduler import make_scheduler
+from cbbench.reference_engine.scheduler.expert_balance import ExpertBalancer
 from cbbench.reference_engine.spec_decode import make_proposer
 
 __all__ = ["LLMEngine", "QueueFullError", "resolve_model_config"]
@@ -67,12 +68,28 @@ class LLMEngine(StepUpdate):
         self.proposer = make_proposer(config, executor, max_model_len)
         if hasattr(self.proposer, "max_drafts"):
             self.scheduler.draft_limit = self.proposer.max_drafts  # type: ignore[union-attr]
+        if config.scheduler == "continuous" and config.continuous.expert_balance:
+            self._attach_expert_balancer()
         self.spec_stats = SpecDecodeStats(spec.num_speculative_tokens) if spec.enabled else None
         self.last_step_window = (0.0, 0.0)  # engine-clock start/end of the last step's compute
         self._last_compute_end: float | None = None  # for the step gap
         self._pipeline = AsyncPipeline(self) if config.async_scheduling else None
         if config.async_scheduling and hasattr(executor, "overlap_host"):
             executor.overlap_host = True  # the simulator: host work hides behind the device
+
+    def _attach_expert_balancer(self) -> None:
+        """continuous.expert_balance: the executor predicts each sequence's routing."""
+        mc, ex = self.model_config, self.executor
+        predict = getattr(ex, "expert_histogram", None)
+        if not mc.is_moe or predict is None:
+            raise EngineError(
+                f"continuous.expert_balance needs a mixture-of-experts model ({mc.architecture} "
+                f"is dense) on the real or simulated executor"
+            )
+        if hasattr(ex, "enable_expert_prediction"):
+            ex.enable_expert_prediction()
+        window = self.config.continuous.expert_balance_window
+        self.scheduler.balancer = ExpertBalancer(predict, mc.num_experts, window)  # type: ignore[attr-defined]
 
     # --- construction -----------------------------------------------------------------
     @classmethod

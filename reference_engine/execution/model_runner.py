@@ -16,9 +16,11 @@ import torch
 from cbbench.kernels import cpu_ops, get_attention_backend
 from cbbench.reference_engine.core.executor import PLACEHOLDER, ScheduledChunk
 from cbbench.reference_engine.core.outputs import TokenLogprob
+from cbbench.reference_engine.core.sequence import Sequence
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution.cpu_linear import optimize_cpu_linears
 from cbbench.reference_engine.execution.cuda_graphs import DecodeGraphs, capture_sizes
+from cbbench.reference_engine.execution.expert_predictor import ExpertPredictor
 from cbbench.reference_engine.execution.rejection_sampler import (
     RejectionSampler,
     sample_chunks,
@@ -144,6 +146,7 @@ class ModelRunner:
         self.sampler = Sampler(cfg.eos_token_ids, self.device, seed)
         self.rejection_sampler = RejectionSampler(self.device, seed)
         self.decode_graphs: DecodeGraphs | None = None
+        self.expert_predictor: ExpertPredictor | None = None  # enable_expert_prediction()
         if want_padded:
             assert max_num_seqs is not None
             max_len = max_model_len or cfg.max_position_embeddings
@@ -182,6 +185,15 @@ class ModelRunner:
             return None
         rows = iter(self.model.expert_load().tolist())
         return [next(rows) if cfg.is_sparse_layer(i) else [] for i in range(cfg.num_hidden_layers)]
+
+    def enable_expert_prediction(self) -> None:
+        """MoE models: learn each request's routing (the expert-balance scheduler)."""
+        if self.model_config.is_moe and self.expert_predictor is None:
+            self.expert_predictor = ExpertPredictor(self.model)
+
+    def expert_histogram(self, seq: Sequence) -> list[float] | None:
+        p = self.expert_predictor
+        return p.histogram(seq.request_id, seq.prompt_token_ids) if p is not None else None
 
     @staticmethod
     def kv_bytes_per_block(model_config: ModelConfig, block_size: int, dtype: str) -> int:
@@ -235,6 +247,10 @@ class ModelRunner:
                 hidden = self.model(
                     b.input_ids, b.positions, b.max_position, self.kv_cache, b.meta, self.backend
                 )
+                if self.expert_predictor is not None:
+                    self.expert_predictor.observe(
+                        b.input_ids, b.meta.query_start_loc, step.request_ids
+                    )
             if not b.sample_rows:
                 return [[] for _ in step.drafts]
             logits = self.model.compute_logits(hidden[[row for _, row in b.sample_rows]])

@@ -59,9 +59,16 @@ class ExpertRouting:
             self.topic_logits[t, order] = log_rank  # order[0]: the topic's favourite expert
         self._rng = np.random.default_rng([settings.seed, 1 << 20])
         self.last_histograms: dict[str, np.ndarray] = {}  # request id -> pairs per expert
+        self.topic_load = np.zeros((settings.topics, e))  # pairs per expert seen, per topic
 
     def topic(self, request_id: str) -> int:
         return zlib.crc32(request_id.encode()) % self.settings.topics
+
+    def predicted(self, request_id: str) -> list[float] | None:
+        """A request's predicted routing: what its topic's tokens were routed to so far (a
+        topic classifier's view; None before any of its topic ran)."""
+        seen = self.topic_load[self.topic(request_id)]
+        return seen.tolist() if seen.any() else None
 
     def step_load(self, items: Iterable[tuple[str, int]]) -> tuple[np.ndarray, np.ndarray]:
         """(tokens per expert, 1.0 where an expert got any) of a step whose chunks are
@@ -76,6 +83,7 @@ class ExpertRouting:
         hist = np.bincount((rows[:, None] * e + chosen).ravel(), minlength=len(items) * e)
         hist = hist.reshape(len(items), e)
         self.last_histograms = {rid: hist[i] for i, (rid, _) in enumerate(items)}
+        np.add.at(self.topic_load, [self.topic(rid) for rid, _ in items], hist)
         tokens = hist.sum(axis=0).astype(np.float64)
         return tokens, (tokens > 0).astype(np.float64)
 

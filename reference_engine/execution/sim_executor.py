@@ -47,6 +47,10 @@ class SimExecutor:
         """Idle until virtual time t (never backwards)."""
         self.clock = max(self.clock, t)
 
+    def expert_histogram(self, seq) -> list[float] | None:
+        """MoE models, the expert-balance scheduler: the request's predicted routing."""
+        return self.routing.predicted(seq.request_id) if self.routing is not None else None
+
     def token_for(self, request_id: str, position: int) -> int:
         """The token a request gets at `position` of its token ids: EOS with probability
         `eos_probability`, otherwise a pseudo-random non-EOS id."""

@@ -15,6 +15,10 @@ Each step, with a token budget of `max_num_batched_tokens`:
    and the most important sequence always progresses: no preemption ping-pong.
 A sequence that finishes frees its slot and blocks at once, so the next step refills it.
 
+Expert balance (MoE models, `expert_balance`, scheduler/expert_balance.py): when more
+requests wait than there are free slots, admission takes, among the next few waiting, the one
+whose predicted routing lowers the running batch's expert imbalance most.
+
 Speculative decoding: a running sequence in decode (one token left to compute) also gets up
 to `num_speculative_tokens` lookahead slots for draft tokens, allocated with its decode and
 charged to the token budget; never more than its max_tokens or max_model_len leave room for.
@@ -27,6 +31,7 @@ from collections.abc import Callable
 from cbbench.reference_engine.core.executor import ScheduledChunk
 from cbbench.reference_engine.core.sequence import Sequence, SequenceStatus
 from cbbench.reference_engine.scheduler.base import Scheduler, SchedulerOutput
+from cbbench.reference_engine.scheduler.expert_balance import ExpertBalancer
 from cbbench.reference_engine.scheduler.queues import RequestQueue, SortKey, priority_key
 
 FORCED: SortKey = (float("-inf"),)
@@ -51,6 +56,7 @@ class ContinuousScheduler(Scheduler):
         # a proposer that knows its drafts before the step (n-gram lookup) tells how many a
         # sequence will get, so the budget and the lookahead blocks are charged exactly
         self.draft_limit: Callable[[Sequence, int], int] | None = None
+        self.balancer: ExpertBalancer | None = None  # set by the engine (expert_balance)
 
     def _lookahead(self, seq: Sequence, budget: int) -> int:
         """Draft slots for a decoding seq: within the budget left after its own token, and
@@ -125,9 +131,15 @@ class ContinuousScheduler(Scheduler):
 
         # 2. waiting sequences
         num_prefills = 0
+        balancer, load = self.balancer, None
+        if balancer is not None and len(self.waiting) > cfg.max_num_seqs - len(self._running):
+            load = balancer.load(self._running)  # more wait than fit: the order matters
         while self.waiting and budget > 0:
             overdue = self._overdue(now)
             seq = overdue or self.waiting.peek()
+            if load is not None and overdue is None:
+                assert balancer is not None
+                seq = balancer.pick(self.waiting, load, set(preempted)) or seq
             forced = overdue is not None
             if seq in preempted:
                 break  # never re-admit in the step that preempted it
@@ -162,6 +174,8 @@ class ContinuousScheduler(Scheduler):
                     seq.metrics.num_cached_tokens = num_cached
                 self._running[seq] = self._rank(seq)
                 self._order = None
+                if load is not None:
+                    ExpertBalancer.add(load, balancer.share(seq))  # type: ignore[union-attr]
                 chunks.append(ScheduledChunk(seq, n))
                 budget -= n
                 num_prefills += 1
