@@ -50,6 +50,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         "at --spec-sweep-rates, with the --speculative-* flags given",
     )
     p.add_argument("--spec-sweep-rates", default="0.6,0.8", help="acceptance rates of --spec-sweep")
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        metavar="N",
+        help="simulate N replicas behind a router (one --scheduler, default continuous) and "
+        "compare the --router policies (docs/router.md)",
+    )
+    p.add_argument(
+        "--router",
+        default=None,
+        metavar="POLICIES",
+        help="with --replicas: routing policies to compare, comma-separated (default all: "
+        "round-robin,least-outstanding,kv-aware,prefix-affinity)",
+    )
     add_engine_args(p, defaults=SIM_DEFAULTS)
     p.set_defaults(func=run)
 
@@ -61,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     if args.spec_sweep is not None:
         return _spec_sweep(args, console)
+    if args.replicas is not None:
+        return _cluster(args, console)
     settings = engine_settings(args)
     names = scheduler_names(settings.pop("scheduler", None))
     seed = settings.pop("seed", None)
@@ -102,4 +119,34 @@ def _spec_sweep(args: argparse.Namespace, console) -> int:
     base = build_engine_config(settings, SIM_DEFAULTS, scheduler="continuous")
     opts = SpecSweepOptions(base, batch_sizes=batches, acceptance_rates=rates)
     print_sweep(opts, spec_sweep(opts), console)
+    return 0
+
+
+def _cluster(args: argparse.Namespace, console) -> int:
+    from cbbench.harness.studies.cluster import (
+        ClusterOptions,
+        policy_names,
+        print_cluster_study,
+        simulate_cluster_study,
+    )
+    from cbbench.harness.studies.simulation import SimOptions
+
+    if args.replicas < 1:
+        raise CbbenchError(f"--replicas must be >= 1, got {args.replicas}")
+    settings = engine_settings(args)
+    names = scheduler_names(settings.pop("scheduler", None), default=("continuous",))
+    seed = settings.pop("seed", None)
+    sim = SimOptions(
+        workload=args.workload,
+        schedulers=names,
+        engine=settings,
+        seed=seed,
+        num_requests=args.num_requests,
+        rate=args.rate,
+        drop_too_long=args.drop_too_long,
+        out=Path(args.out) if args.out else None,
+        command=list(sys.argv),
+    )
+    opts = ClusterOptions(sim, args.replicas, policy_names(args.router))
+    print_cluster_study(simulate_cluster_study(opts, console), console)
     return 0

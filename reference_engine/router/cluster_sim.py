@@ -1,0 +1,269 @@
+"""The routing policies over N simulated engines on one virtual clock: a cluster on a laptop.
+
+Each replica is its own `LLMEngine` with the simulated executor (the same scheduler code and
+cost model as `cbbench sim`). Events are taken in time order: an arrival is routed (the
+policy sees every replica's running, waiting and KV usage as of that moment, and the
+router's own in-flight counts) and added to its replica; otherwise the replica whose clock
+is earliest runs one step. So a replica never runs ahead of an arrival it could have
+received, and an idle replica's clock jumps to its next request. Sessions (sim/arrivals.py)
+send turn k + 1 after turn k's reply, to whichever replica the policy picks then.
+
+Per request it keeps times and counts, not per-token lists, so 100,000 requests over 1,000
+replicas fit in memory (tests/benchmarks/test_router_bench.py records the cost). Every number
+is SIMULATED.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from cbbench.reference_engine.config.engine_config import EngineConfig
+from cbbench.reference_engine.engine.llm_engine import LLMEngine
+from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.router.policy import ReplicaLoad, RouteRequest, RoutingPolicy
+from cbbench.reference_engine.router.prefix import token_block_hashes
+from cbbench.reference_engine.sampling_params import SamplingParams
+from cbbench.reference_engine.sim.arrivals import Arrivals
+from cbbench.workloads.spec import RequestSpec
+from cbbench.workloads.stats import describe
+from cbbench.workloads.tokens import PromptTokenIds, id_pool
+
+# The simulator hashes prompts in blocks of this many tokens for prefix-affinity (the first
+# MAX_BLOCKS of them: 8,192 tokens, deep enough to tell long conversations apart).
+ROUTE_BLOCK_TOKENS = 256
+
+
+@dataclass(slots=True)
+class ClusterRequest:
+    index: int
+    replica: int
+    prompt_len: int
+    output_len: int
+    arrival_s: float
+    turn: int | None = None
+    first_scheduled_s: float | None = None
+    first_token_s: float | None = None
+    finished_s: float | None = None
+    num_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
+
+    @property
+    def e2e_s(self) -> float | None:
+        return None if self.finished_s is None else self.finished_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        if self.num_tokens < 2 or self.first_token_s is None or self.finished_s is None:
+            return None
+        return (self.finished_s - self.first_token_s) / (self.num_tokens - 1)
+
+
+@dataclass
+class ReplicaTotals:
+    """One replica over the run: steps, busy time, time-weighted load and KV usage."""
+
+    requests: int = 0
+    steps: int = 0
+    busy_s: float = 0.0
+    load_time: float = 0.0  # integral of (running + waiting) over the replica's steps
+    kv_time: float = 0.0  # integral of KV usage over its steps
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass
+class ClusterResult:
+    policy: str
+    num_replicas: int
+    requests: list[ClusterRequest]  # in workload order
+    replicas: list[ReplicaTotals]
+    routing_time_s: list[float]  # wall time of each decision (prefix hashing included)
+    wall_s: float  # the whole simulation's wall time
+
+    @property
+    def duration_s(self) -> float:
+        return max((r.finished_s or 0.0) for r in self.requests) if self.requests else 0.0
+
+    def summary(self) -> dict:
+        """Throughput, latencies, prefix-cache hit rate (all and turns >= 2), per-replica
+        load and its imbalance: max/mean and coefficient of variation of requests routed and
+        of time-averaged outstanding requests. SIMULATED, but the routing time (measured)."""
+        dur = self.duration_s
+        reqs = self.requests
+        later = [r for r in reqs if (r.turn or 1) >= 2]
+        tokens = sum(r.num_tokens for r in reqs)
+        routed = [t.requests for t in self.replicas]
+        load = [t.load_time / dur if dur > 0 else 0.0 for t in self.replicas]
+        return {
+            "simulated": True,
+            "policy": self.policy,
+            "num_replicas": self.num_replicas,
+            "num_requests": len(reqs),
+            "duration_s": dur,
+            "request_throughput": len(reqs) / dur if dur > 0 else None,
+            "output_throughput": tokens / dur if dur > 0 else None,
+            "ttft_s": describe([r.ttft_s for r in reqs]),
+            "ttft_later_turns_s": describe([r.ttft_s for r in later]),
+            "tpot_s": describe([r.tpot_s for r in reqs]),
+            "e2e_s": describe([r.e2e_s for r in reqs]),
+            "prefix_cache_hit_rate": _rate(reqs),
+            "prefix_cache_hit_rate_later_turns": _rate(later) if later else None,
+            "num_preemptions": sum(r.num_preemptions for r in reqs),
+            "requests_per_replica": imbalance(routed),
+            "outstanding_per_replica": imbalance(load),
+            "kv_usage_mean_per_replica": imbalance(
+                [t.kv_time / dur if dur > 0 else 0.0 for t in self.replicas]
+            ),
+            "routing_time_s": describe(self.routing_time_s),
+            "wall_s": self.wall_s,
+        }
+
+
+def _rate(reqs: Sequence[ClusterRequest]) -> float:
+    return sum(r.num_cached_tokens for r in reqs) / max(1, sum(r.prompt_len for r in reqs))
+
+
+def imbalance(values: Sequence[float]) -> dict:
+    """mean, max, max/mean and the coefficient of variation (population std / mean)."""
+    n = len(values)
+    mean = sum(values) / n if n else 0.0
+    if mean <= 0:
+        return {"mean": mean, "max": max(values, default=0.0), "max_over_mean": None, "cv": None}
+    var = sum((v - mean) ** 2 for v in values) / n
+    return {
+        "mean": mean,
+        "max": max(values),
+        "max_over_mean": max(values) / mean,
+        "cv": math.sqrt(var) / mean,
+    }
+
+
+def simulate_cluster(
+    requests: Sequence[RequestSpec],
+    config: EngineConfig,
+    num_replicas: int,
+    policy: RoutingPolicy,
+    *,
+    prefix_block_size: int = 512,
+    seed: int = 0,
+    route_block_tokens: int = ROUTE_BLOCK_TOKENS,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> ClusterResult:
+    """Replay `requests` over `num_replicas` simulated engines of `config`, routed by
+    `policy`. `seed` and `prefix_block_size` (the workload's) give the prompt ids."""
+    if num_replicas < 1:
+        raise EngineError(f"--replicas must be >= 1, got {num_replicas}")
+    wall0 = time.perf_counter()
+    cfg = replace(config, executor="sim")
+    engines = [LLMEngine.from_config(cfg) for _ in range(num_replicas)]
+    for e in engines:
+        assert e.now() == 0.0, "every simulated clock starts at 0"
+    loads = [ReplicaLoad(i, f"r{i}") for i in range(num_replicas)]
+    for load in loads:
+        load.stats_read(0, 0, 0.0)  # empty engines: read before the first request
+    totals = [ReplicaTotals() for _ in range(num_replicas)]
+    vocab = engines[0].model_config.vocab_size
+    arrivals = Arrivals(requests, PromptTokenIds(seed, prefix_block_size, id_pool(vocab)))
+    recs: dict[str, ClusterRequest] = {}
+    out_ids: dict[str, list[int]] = {}  # sessions' replies, until the next turn is built
+    sessions = any(r.session_id is not None for r in requests)
+    busy: list[tuple[float, int]] = []  # (clock, replica) of replicas with work
+    in_busy = [False] * num_replicas
+    routing: list[float] = []
+    done = 0
+    closed = False
+
+    def wake(i: int) -> None:
+        if not in_busy[i]:
+            in_busy[i] = True
+            heapq.heappush(busy, (engines[i].now(), i))
+
+    while arrivals.pending or busy:
+        t_arr = arrivals.next_time()
+        if t_arr is not None and (not busy or t_arr <= busy[0][0]):
+            for spec, arrival, ids in arrivals.pop_due(t_arr):
+                t = time.perf_counter()
+                hashes = token_block_hashes(ids, route_block_tokens) if policy.needs_prefix else ()
+                i = policy.choose(RouteRequest(hashes), loads)
+                routing.append(time.perf_counter() - t)
+                e = engines[i]
+                if not in_busy[i]:
+                    e.executor.advance_to(arrival)  # type: ignore[attr-defined]
+                rid = f"req-{spec.index}"
+                try:
+                    e.add_request(
+                        rid, ids, SamplingParams(max_tokens=spec.output_len, ignore_eos=True),
+                        priority=spec.priority, arrival_time=arrival,
+                    )  # fmt: skip
+                except EngineError as exc:
+                    raise EngineError(f"workload request {spec.index}: {exc}") from None
+                recs[rid] = ClusterRequest(
+                    spec.index, i, len(ids), spec.output_len, arrival, spec.turn
+                )
+                loads[i].sent()
+                totals[i].requests += 1
+                wake(i)
+            if not arrivals.pending and not closed:
+                closed = True
+                for e in engines:
+                    e.close_input()
+            continue
+        if not busy:
+            raise EngineError("cluster simulation stalled: sessions wait for replies, none runs")
+        _, i = heapq.heappop(busy)
+        in_busy[i] = False
+        e = engines[i]
+        start = e.now()
+        outputs = e.step()
+        sched = e.scheduler
+        tot = totals[i]
+        if e.last_scheduled:
+            end = e.now()
+            tot.steps += 1
+            tot.busy_s += end - start
+            tot.load_time += (sched.num_running + sched.num_waiting) * (end - start)
+            bm = e.block_manager
+            tot.kv_time += bm.num_used_blocks / bm.num_blocks * (end - start)
+        for o in outputs:
+            r = recs[o.request_id]
+            r.num_tokens += len(o.new_token_ids)
+            if sessions:
+                out_ids.setdefault(o.request_id, []).extend(o.new_token_ids)
+            if o.finished:
+                m = o.metrics
+                r.first_scheduled_s = m.first_scheduled_time
+                r.first_token_s = m.first_token_time
+                r.finished_s = m.finished_time
+                r.num_preemptions = m.num_preemptions
+                r.num_cached_tokens = m.num_cached_tokens
+                tot.prompt_tokens += r.prompt_len
+                tot.cached_tokens += m.num_cached_tokens
+                loads[i].ended()
+                done += 1
+                assert r.finished_s is not None
+                arrivals.on_finished(o.request_id, r.finished_s, out_ids.pop(o.request_id, []))
+                if on_progress is not None:
+                    on_progress(done, len(requests))
+        bm = e.block_manager
+        kv = bm.num_used_blocks / bm.num_blocks
+        loads[i].stats_read(sched.num_running, sched.num_waiting, kv)
+        if e.has_unfinished_requests():
+            if not e.last_scheduled:  # the policy waits (a batch to fill, a queue delay)
+                t_wake = e.next_wakeup()
+                if t_wake is None:
+                    continue  # woken by its next request
+                e.executor.advance_to(t_wake)  # type: ignore[attr-defined]
+            wake(i)
+    result = [recs[f"req-{s.index}"] for s in requests]
+    return ClusterResult(
+        policy.name, num_replicas, result, totals, routing, time.perf_counter() - wall0
+    )
