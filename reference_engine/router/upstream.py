@@ -2,8 +2,8 @@
 health/stats loop that reads each one's /health and Prometheus /metrics.
 
 A replica is taken out of rotation when a request to it cannot connect or loses its
-connection, or when a poll fails (an error, or /health not 200); it comes back when a poll
-succeeds again. The stats read: running, waiting, KV usage and prefix-cache hits/queries,
+connection, when a poll is refused or /health answers other than 200, or after
+POLL_FAILURES polls in a row fail otherwise (time out); it comes back when a poll succeeds. The stats read: running, waiting, KV usage and prefix-cache hits/queries,
 under the names vLLM, SGLang, TGI and cbbench's engine export (the harness's telemetry
 adapters list the same names; the engine cannot import them).
 """
@@ -31,6 +31,7 @@ PREFIX_QUERIES = ("vllm:prefix_cache_queries_total",)
 PREFIX_HIT_RATE = ("vllm:gpu_prefix_cache_hit_rate", "sglang:cache_hit_rate")
 
 POLL_TIMEOUT_S = 2.0
+POLL_FAILURES = 2  # consecutive failed polls (not refused) that take a replica out
 
 
 @dataclass
@@ -82,6 +83,7 @@ class Replica:
     failed: int = 0  # requests that failed at this replica
     models: list[dict] = field(default_factory=list)  # its /v1/models cards, last read
     read_at: float | None = None  # monotonic time of the last good poll
+    poll_failures: int = 0  # consecutive failed polls
 
     @property
     def name(self) -> str:
@@ -161,8 +163,12 @@ class ReplicaPool:
                 if r.status_code == 200:
                     replica.models = list(r.json().get("data") or [])
         except (httpx.HTTPError, ValueError) as exc:
-            self.mark_down(replica, f"poll failed: {type(exc).__name__}: {exc}"[:200])
+            replica.poll_failures += 1
+            # refused: nobody listens; a slow answer (a busy host) counts only when repeated
+            if isinstance(exc, httpx.ConnectError) or replica.poll_failures >= POLL_FAILURES:
+                self.mark_down(replica, f"poll failed: {type(exc).__name__}: {exc}"[:200])
             return
+        replica.poll_failures = 0
         replica.read_at = time.monotonic()
         self.mark_up(replica)
 
