@@ -31,6 +31,7 @@ import logging
 import socket
 import ssl
 import time
+from array import array
 from urllib.parse import urlsplit
 
 from cbbench.harness.client.h1conn import (
@@ -82,6 +83,9 @@ class H1Pool:
         self._sweep_s = 1.0
         self._sweeper: asyncio.TimerHandle | None = None
         self.stats = PoolStats()
+        # per request: `sent_s` stamped -> the write returned (the send side of the stamps'
+        # error; the summary's per-worker timing bound)
+        self.send_window_ns = array("q")
         self._addr: tuple | None = None
         self._keeper: socket.socket | None = None
         self.kernel = False
@@ -211,6 +215,7 @@ class H1Pool:
             conn.sent_ns = time.monotonic_ns()
             sink.sent(conn.sent_ns, conn.connect_ns, reused)
             conn.write(data)
+            self.send_window_ns.append(time.monotonic_ns() - conn.sent_ns)
             watched = conn
             if deadline is not None:
                 self._busy[watched] = deadline

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 from cbbench.harness.client.api import ClientConfig, OpenAIClient
 from cbbench.harness.load.heap import FrozenHeap
 from cbbench.harness.load.lookahead import Lookahead, Prepared
@@ -31,6 +32,7 @@ from cbbench.harness.load.sessions import (
     history_mode,
 )
 from cbbench.harness.results.records import RequestRecord
+from cbbench.workloads.stats import describe_array
 
 SAMPLE_PERIOD_S = 0.1  # event-loop lag probe
 REPORT_PERIOD_S = 1.0  # one client sample a second to timeseries
@@ -84,6 +86,7 @@ class WorkerStats:
     connections: dict = field(default_factory=dict)  # the raw pool's counts (http1.PoolStats)
     timestamp_source: str = "user"  # "kernel" | "user": who stamped the reads (http1.py)
     cpu_s: float = 0.0  # process CPU (user + system) spent in the measured phase
+    send_window_s: dict = field(default_factory=dict)  # Stats: sent_s stamped -> write returned
 
     @property
     def in_flight(self) -> int:
@@ -98,6 +101,7 @@ class WorkerStats:
             "connections": self.connections,
             "timestamp_source": self.timestamp_source,
             "cpu_s": self.cpu_s,
+            "send_window_s": self.send_window_s,
         }
 
 
@@ -156,6 +160,7 @@ class Worker:
         self.sessions = any(j.session_id is not None for j in plan.jobs)
         self._texts = any(j.text is not None for j in plan.jobs)
         self._sorted: list[Job] | None = None  # `_send_order`
+        self._lags: list[float] = []  # loop-lag samples not yet reported (`_sampler`)
 
     def _record(self, job: Job) -> RequestRecord:
         tag = "w" if job.warmup else ""
@@ -372,7 +377,7 @@ class Worker:
         period = SAMPLE_PERIOD_S
         last_report = time.monotonic()
         cpu0, wall0 = time.process_time(), time.monotonic()
-        lags: list[float] = []
+        lags = self._lags  # the last partial second's are kept when the run ends (`run`)
         while True:
             t = time.monotonic()
             await asyncio.sleep(period)
@@ -394,7 +399,7 @@ class Worker:
                         "sent": self.stats.sent,
                     },
                 )
-                lags = []
+                lags.clear()
                 last_report = now
                 cpu0, wall0 = time.process_time(), now
 
@@ -421,6 +426,8 @@ class Worker:
                 task.cancel()
             await asyncio.gather(main, *self._tasks, return_exceptions=True)
             sampler.cancel()
+            self.stats.loop_lag_s.extend(self._lags)  # a run shorter than a report period too
+            self._lags.clear()
             if refill is not None:
                 refill.cancel()
             stopped.cancel()
@@ -447,6 +454,8 @@ async def run_worker(
         t0_ns = await wait_t0()
         while (ahead_ns := t0_ns - time.monotonic_ns()) > 0:  # t0 may be ahead; a loop's
             await asyncio.sleep(ahead_ns / 1e9)  # timer may wake up to a millisecond early
+        if client.pool is not None:
+            del client.pool.send_window_ns[:]  # the measured phase's sends only
         for rec in warm:
             shift_record(rec, (worker._warmup_t0_ns - t0_ns) / 1e9)
             emit("record", rec)
@@ -468,4 +477,6 @@ async def run_worker(
         if client.pool is not None:
             worker.stats.connections = dataclasses.asdict(client.pool.stats)
             worker.stats.timestamp_source = client.pool.timestamp_source
+            window = np.frombuffer(client.pool.send_window_ns, dtype=np.int64) / 1e9
+            worker.stats.send_window_s = describe_array(window)
     return worker.stats

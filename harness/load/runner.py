@@ -171,6 +171,35 @@ def _run_inprocess(plan: WorkerPlan, on_event, stop_flag: threading.Event) -> di
     return aio.run(main())
 
 
+WORKER_TIMING_KEYS = ("loop_lag_s", "cpu", "timestamp_source", "send_window_s")
+
+
+def worker_timing_lines(summary: RunSummary) -> list[str]:
+    """One line per worker (loop lag, send lag, send window, timing bound), then a warning
+    when a bound exceeds the limit: the user needs more workers, cores or hosts."""
+    client = summary.get("client") or {}
+    rows = client.get("workers") or []
+
+    def ms(x: float | None) -> str:
+        return "-" if x is None else f"{x * 1e3:.3f}"
+
+    out = []
+    for x in rows:
+        out.append(
+            f"worker {x['worker']}: {x['requests']} requests, {x['timestamp_source']} stamps, "
+            f"loop lag p99 {ms(x['loop_lag_s']['p99'])} ms, send lag p99 "
+            f"{ms(x['send_lag_s']['p99'])} ms, send window p99 {ms(x['send_window_s']['p99'])} "
+            f"ms; timing error bound (p99) {ms(x['timing_bound_s'])} ms"
+        )
+    if client.get("timing_bound_exceeded"):
+        out.append(
+            f"TIMING BOUND EXCEEDED: a worker's bound {ms(client['timing_bound_s'])} ms > "
+            f"{ms(client['timing_bound_limit_s'])} ms: its times may be off by that much "
+            "(more --workers, cores or hosts; kernel stamps where possible)"
+        )
+    return out
+
+
 def _run_meta(cfg: BenchConfig, name: str, engine: dict, model: str, workers: int) -> dict:
     """run.json as written at the start; the end adds status, ended_at and summary."""
     return {
@@ -293,6 +322,11 @@ def run_bench(
             client_samples["cpu"] += st.get("cpu", [])
         sources = {st.get("timestamp_source", "user") for st in worker_stats.values()}
         client_samples["timestamp_source"] = "kernel" if sources == {"kernel"} else "user"
+        client_samples["workers"] = {
+            w: {k: st[k] for k in WORKER_TIMING_KEYS if k in st}
+            for w, st in worker_stats.items()
+            if "crashed" not in st
+        }
         summary = summarize(records, None, cfg.slo, client_samples)
         summary["cancelled_in_flight"] = sum(st.get("cancelled", 0) for st in worker_stats.values())
         summary["client"]["cpu_s"] = sum(st.get("cpu_s", 0.0) for st in worker_stats.values())
@@ -326,5 +360,7 @@ def run_bench(
         writer.write_run(meta)
         writer.close()
     out.print(summary_table(summary, f"cbbench bench: {name}"))
+    for line in worker_timing_lines(summary):
+        out.print(line, highlight=False)
     out.print(f"run folder: {run_dir}")
     return BenchResult(run_dir, summary, interrupted, records, meta, failure)

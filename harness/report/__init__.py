@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cbbench.harness.report.runs import LoadedRun, load_runs, trust_warnings
+from cbbench.harness.report.runs import LoadedRun, load_runs, timing_warnings, trust_warnings
 from cbbench.harness.report.samples import RunSamples, extract
 from cbbench.harness.report.table import summary_row
 
@@ -21,8 +21,9 @@ class Report:
     diagnoses: list = field(default_factory=list)  # harness.diagnose.Diagnosis, one per run
 
     def trust_warnings(self) -> list[str]:
-        """Runs killed, interrupted, or whose server stopped answering (flagged, not hidden)."""
-        return trust_warnings(self.runs)
+        """Runs killed, interrupted, or whose server stopped answering, and runs whose timing
+        error bound exceeds the limit (flagged, not hidden)."""
+        return trust_warnings(self.runs) + timing_warnings(self.runs)
 
     def html(self) -> str:
         from cbbench.harness.diagnose.render import html as diagnosis_html

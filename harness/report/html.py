@@ -18,6 +18,7 @@ from cbbench.harness.report.runs import (
     comparability_warnings,
     flatten,
     load_level,
+    timing_warnings,
     trust_warnings,
     workload_identity,
 )
@@ -161,6 +162,7 @@ def render(
     warn_html += "".join(
         f'<p class="warn">Incomplete: {escape(w)}</p>' for w in trust_warnings(runs)
     )
+    warn_html += "".join(f'<p class="warn">Timing: {escape(w)}</p>' for w in timing_warnings(runs))
     sections = [
         (
             "Summary",

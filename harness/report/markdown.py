@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from html import escape
 
-from cbbench.harness.report.runs import LoadedRun, comparability_warnings, trust_warnings
+from cbbench.harness.report.runs import (
+    LoadedRun,
+    comparability_warnings,
+    timing_warnings,
+    trust_warnings,
+)
 from cbbench.harness.report.table import SUMMARY_COLUMNS, Column, best_index, fmt
 
 MD_KEYS = (
@@ -52,6 +57,8 @@ def render_markdown(runs: list[LoadedRun], rows: list[dict]) -> str:
         lines.append(f"- **Not comparable:** {md_text(w)}")
     for w in trust_warnings(runs):
         lines.append(f"- **Incomplete:** {md_text(w)}")
+    for w in timing_warnings(runs):
+        lines.append(f"- **Timing:** {md_text(w)}")
     if any(lr.simulated for lr in runs):
         lines.append("- Runs marked **SIMULATED** come from the simulator, not a measured server.")
     if lines[-1] != "":

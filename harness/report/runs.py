@@ -122,6 +122,22 @@ def trust_warnings(runs: list[LoadedRun]) -> list[str]:
     return out
 
 
+def timing_warnings(runs: list[LoadedRun]) -> list[str]:
+    """Runs where a load-generator worker's bound on its p99 timing error exceeds the limit
+    (summary client.timing_bound_s, harness/results/summary.py): their latencies may be off by
+    that much."""
+    out = []
+    for lr in runs:
+        client = (lr.meta.get("summary") or {}).get("client") or {}
+        if client.get("timing_bound_exceeded"):
+            out.append(
+                f"{lr.label}: a load-generator worker's timing error bound "
+                f"{client['timing_bound_s'] * 1e3:.2f} ms exceeds "
+                f"{client['timing_bound_limit_s'] * 1e3:.2f} ms (more workers, cores or hosts)"
+            )
+    return out
+
+
 def comparability_warnings(runs: list[LoadedRun]) -> list[str]:
     """Reasons the runs should not be compared side by side (different workloads or seeds)."""
     ids = {lr.label: workload_identity(lr.meta) for lr in runs}

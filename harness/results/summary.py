@@ -15,9 +15,9 @@ from typing import TypedDict
 
 import numpy as np
 from cbbench.harness.errors import CbbenchError
-from cbbench.workloads.stats import describe_array
 from cbbench.harness.results.records import RequestRecord
 from cbbench.harness.results.session_summary import session_summary
+from cbbench.workloads.stats import describe_array
 
 
 class Stats(TypedDict):
@@ -90,6 +90,8 @@ LOOP_LAG_P99_LIMIT_S = 0.020  # kernel arrival stamps: loop lag delays reads, no
 # flag it before that error passes 5 ms
 LOOP_LAG_P99_LIMIT_USER_S = 0.005
 CPU_LIMIT = 0.90
+# the report flags a run where a worker's bound on its p99 timing error exceeds this
+TIMING_BOUND_LIMIT_S = 0.001
 
 _UNITS = {"ms": 1e-3, "us": 1e-6, "s": 1.0, "m": 60.0, "": 1.0}
 
@@ -238,6 +240,8 @@ def summarize(
         "loop_lag_s": describe_array(np.asarray((client or {}).get("loop_lag_s", []), float)),
         "cpu": describe_array(np.asarray((client or {}).get("cpu", []), float)),
     }
+    if (client or {}).get("workers"):
+        client_stats.update(worker_timing(measured, client["workers"]))
     summary["client"] = client_stats
     open_loop_lag = m["send_lag_s"][~np.isnan(m["scheduled_s"])]  # scheduled sends only
     stamps = (client or {}).get("timestamp_source", "user")
@@ -269,6 +273,55 @@ def _goodput(slo, ttft, tpot, e2e, n_measured: int, dur: float) -> dict:
         "requests": n,
         "requests_per_s": _rate(n, dur),
         "fraction": n / n_measured if n_measured else None,
+    }
+
+
+def worker_timing(measured: Sequence[RequestRecord], workers: dict) -> dict:
+    """Per worker (`workers`: id -> {"loop_lag_s": [...], "timestamp_source", "send_window_s":
+    Stats, "cpu": [...]}): loop lag, send lag, send window and a bound on the p99 error of its
+    stamps, the sum of two terms (docs/timing.md "Per-worker timing bound"):
+    - send: the send window p99, `sent_s` stamped -> the write returned (on loopback the
+      request is in the server's kernel by then; a GIL switch or a preemption there is error);
+    - receive: user-space stamps: a read is stamped when the loop gets to it, so the loop lag
+      p99 is its error; kernel stamps: the read keeps the kernel's time however late the loop
+      is, except that TCP merges segments a late read finds together and keeps the last one's
+      time: error up to the loop lag, possible only when the lag exceeds the gap between
+      tokens (ITL p50 of the worker's records), else 0."""
+    by_worker: dict[int, list[RequestRecord]] = {}
+    for r in measured:
+        by_worker.setdefault(r.worker, []).append(r)
+    rows = []
+    for w in sorted(workers, key=int):
+        st, recs = workers[w], by_worker.get(int(w), [])
+        lag = describe_array(np.asarray(st.get("loop_lag_s", []), float))
+        window = st.get("send_window_s") or describe_array(np.empty(0))
+        ok = [r for r in recs if r.status == "ok"]
+        gaps = np.fromiter(itertools.chain.from_iterable(r.itl_s for r in ok), np.float64)
+        gap = float(np.median(gaps)) if gaps.size else float("inf")
+        stamps = st.get("timestamp_source", "user")
+        lag99 = lag["p99"]  # None: the run ended before the first sample (unknown)
+        receive = None if lag99 is None else lag99 if stamps != "kernel" or lag99 > gap else 0.0
+        bound = None if receive is None else (window["p99"] or 0.0) + receive
+        rows.append(
+            {
+                "worker": int(w),
+                "requests": len(recs),
+                "timestamp_source": stamps,
+                "loop_lag_s": lag,
+                "send_lag_s": describe_array(np.asarray([r.send_lag_s for r in recs], float)),
+                "send_window_s": window,
+                "cpu": describe_array(np.asarray(st.get("cpu", []), float)),
+                "timing_bound_s": bound,
+                "timing_bound_terms_s": {"send": window["p99"] or 0.0, "receive": receive},
+            }
+        )
+    known = [x["timing_bound_s"] for x in rows if x["timing_bound_s"] is not None]
+    worst = max(known, default=None)
+    return {
+        "workers": rows,
+        "timing_bound_s": worst,
+        "timing_bound_limit_s": TIMING_BOUND_LIMIT_S,
+        "timing_bound_exceeded": worst is not None and worst > TIMING_BOUND_LIMIT_S,
     }
 
 

@@ -1,0 +1,171 @@
+"""Per-worker timing in every run: loop lag, send lag, send window and a bound on each
+worker's p99 timing error in run.json's summary, the printed lines and the report's flag;
+a `--workers 2` run's merged summary is what `summarize` gives on the same records."""
+
+import io
+
+import numpy as np
+import pytest
+from cbbench.harness.load.runner import BenchConfig, run_bench, worker_timing_lines
+from cbbench.harness.report import build_report
+from cbbench.harness.results.records import RequestRecord
+from cbbench.harness.results.run_folder import load_run
+from cbbench.harness.results.summary import TIMING_BOUND_LIMIT_S, summarize, worker_timing
+from cbbench.workloads.spec import RequestSpec, Workload
+from rich.console import Console
+from servers.fake import Behavior, FakeServerConfig, threaded
+
+# keys the runner adds after `summarize` (pool counters, worker outcomes), or derived from the
+# workers' self-check samples that requests.jsonl does not hold
+RUNNER_KEYS = {"cancelled_in_flight", "connections", "timestamp_source", "client"}
+CLIENT_SAMPLE_KEYS = {"client_bound", "client_bound_reason"}
+
+
+def _workload() -> Workload:
+    """12 lone requests and 4 sessions of 3 turns, interleaved."""
+    reqs, i = [], 0
+    for k in range(12):
+        reqs.append(RequestSpec(i, 8, 4 + k % 3))
+        i += 1
+        if k % 3 == 0:
+            for turn in (1, 2, 3):
+                reqs.append(RequestSpec(i, 6, 3, session_id=f"s{k}", turn=turn))
+                i += 1
+    return Workload("mix", 3, tuple(reqs))
+
+
+def test_two_workers_merged_summary_is_summarize_of_the_records(tmp_path):
+    wl = _workload()
+    cfg = BenchConfig(
+        base_url="",
+        workload=wl,
+        concurrency=4,
+        workers=2,
+        out_dir=tmp_path / "run",
+        live=False,
+        slo={"ttft": 0.5},
+    )
+    out = io.StringIO()
+    with threaded(FakeServerConfig(Behavior(itl_s=0.01))) as srv:  # > 0.1 s: lag sampled
+        cfg.base_url = srv.url
+        res = run_bench(cfg, console=Console(file=out, width=200))
+    run = load_run(res.run_dir)
+    recs = run.records
+    # every request sent once, none lost
+    assert sorted(r.index for r in recs) == list(range(len(wl)))
+    assert all(r.ok for r in recs) and {r.worker for r in recs} == {0, 1}
+    # a session's turns stay on one worker, in order
+    sessions: dict[str, list[RequestRecord]] = {}
+    for r in recs:
+        if r.session_id is not None:
+            sessions.setdefault(r.session_id, []).append(r)
+    assert len(sessions) == 4
+    for turns in sessions.values():
+        assert len({r.worker for r in turns}) == 1
+        turns.sort(key=lambda r: r.turn)
+        assert all(b.sent_s >= a.end_s for a, b in zip(turns, turns[1:], strict=False))
+    # the merged summary (run.json) is what one process computes from the same records
+    merged = run.meta["summary"]
+    again = summarize(recs, None, cfg.slo)
+    skip = RUNNER_KEYS | CLIENT_SAMPLE_KEYS
+    assert {k: v for k, v in merged.items() if k not in skip} == {
+        k: v for k, v in again.items() if k not in skip
+    }
+    # per worker: its own records, its send lag from them, a bound from its samples
+    rows = merged["client"]["workers"]
+    assert [x["worker"] for x in rows] == [0, 1]
+    for x in rows:
+        mine = [r for r in recs if r.worker == x["worker"]]
+        assert x["requests"] == len(mine)
+        assert x["send_lag_s"]["p99"] == pytest.approx(
+            float(np.percentile([r.send_lag_s for r in mine], 99))
+        )
+        assert x["send_window_s"]["count"] == len(mine)  # one write per request
+        assert x["timing_bound_s"] == pytest.approx(sum(x["timing_bound_terms_s"].values()))
+        assert x["loop_lag_s"]["count"] >= 1
+    assert merged["client"]["timing_bound_s"] == max(x["timing_bound_s"] for x in rows)
+    printed = out.getvalue()
+    assert "worker 0:" in printed and "worker 1:" in printed
+    assert "timing error bound (p99)" in printed
+
+
+def _rec(worker: int, index: int, itl: float) -> RequestRecord:
+    t = [0.01 + k * itl for k in range(4)]
+    return RequestRecord(
+        id=f"r{index}",
+        index=index,
+        prompt_len=4,
+        output_len=4,
+        worker=worker,
+        status="ok",
+        sent_s=0.0,
+        ready_s=0.0,
+        send_lag_s=0.0001,
+        first_token_s=t[0],
+        last_token_s=t[-1],
+        ttft_s=t[0],
+        itl_s=[itl] * 3,
+        token_times_s=t,
+    )
+
+
+def _samples(lag_s: float, stamps: str, window_s: float = 0.00002) -> dict:
+    return {
+        "loop_lag_s": [lag_s] * 20,
+        "cpu": [0.3],
+        "timestamp_source": stamps,
+        "send_window_s": {"p99": window_s, "count": 4},
+    }
+
+
+@pytest.mark.parametrize(
+    ("stamps", "lag_s", "itl_s", "receive_s"),
+    [
+        ("user", 0.004, 0.020, 0.004),  # a user stamp waits for the loop: lag is error
+        ("kernel", 0.004, 0.020, 0.0),  # the kernel's time, and no token came meanwhile
+        ("kernel", 0.030, 0.020, 0.030),  # a read late by more than a gap merges segments
+    ],
+)
+def test_bound_follows_from_the_stamp_source(stamps, lag_s, itl_s, receive_s):
+    recs = [_rec(0, i, itl_s) for i in range(4)]
+    out = worker_timing(recs, {0: _samples(lag_s, stamps)})
+    (row,) = out["workers"]
+    assert row["timing_bound_terms_s"] == pytest.approx({"send": 0.00002, "receive": receive_s})
+    assert row["timing_bound_s"] == pytest.approx(0.00002 + receive_s)
+    assert out["timing_bound_exceeded"] == (0.00002 + receive_s > TIMING_BOUND_LIMIT_S)
+
+
+def test_report_flags_a_run_over_the_bound(tmp_path):
+    """The worst worker sets the run's bound; summary lines, markdown, html and the CLI's
+    warnings say so."""
+    recs = [_rec(w, i, 0.02) for i in range(6) for w in (0, 1)]
+    for i, r in enumerate(recs):
+        r.index, r.id = i, f"r{i}"
+    client = {
+        "workers": {0: _samples(0.0005, "user"), 1: _samples(0.003, "user")},
+        "timestamp_source": "user",
+    }
+    summary = summarize(recs, None, None, client)
+    assert summary["client"]["timing_bound_exceeded"]
+    assert summary["client"]["timing_bound_s"] == pytest.approx(0.003 + 0.00002)
+    lines = worker_timing_lines(summary)
+    assert len(lines) == 3 and lines[-1].startswith("TIMING BOUND EXCEEDED")
+
+    from cbbench.harness.results.run_folder import RunWriter
+
+    def write(name: str, s: dict):
+        w = RunWriter(tmp_path / name)
+        w.write_run({"name": name, "status": "complete", "summary": s})
+        for r in recs:
+            w.add_record(r)
+        w.close()
+        return tmp_path / name
+
+    ok = summarize(recs, None, None, {"workers": {0: _samples(0.0002, "user")}})
+    assert not ok["client"]["timing_bound_exceeded"]
+    report = build_report([write("late", summary), write("fine", ok)])
+    md = report.markdown()
+    flagged = [x for x in md.splitlines() if x.startswith("- **Timing:**")]
+    assert len(flagged) == 1 and "late" in flagged[0] and "3.02 ms" in flagged[0]
+    assert "Timing: late" in report.html()
+    assert any("timing error bound" in w for w in report.trust_warnings())
