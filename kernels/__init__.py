@@ -7,6 +7,11 @@ Backends: "torch" (vectorised torch, any device; the CPU path) and "triton" (Tri
 CUDA, or CPU tensors under `TRITON_INTERPRET=1` for testing). Triton is imported lazily, so
 CPU users without it never fail at import.
 
+KV-cache dtypes (`--kv-cache-dtype`, kv_quant.py): a backend lists the ones it has kernels
+for in `kv_cache_dtypes`; an int8/fp8 cache's rows are `head_dim` codes plus a 2-byte fp16
+scale, quantized in `reshape_and_cache` and dequantized inside attention. A backend given a
+cache it has no kernel for raises a one-line ValueError naming itself and the dtype.
+
 Layer: kernels (the bottom, beside workloads).
 Imports: nothing.
 """
@@ -24,6 +29,7 @@ BACKEND_NAMES = ("auto", "torch", "triton")
 
 class AttentionBackend(Protocol):
     name: str
+    kv_cache_dtypes: tuple[str, ...]  # the --kv-cache-dtype values it has kernels for
 
     def describe(self) -> dict[str, object]: ...
 

@@ -161,3 +161,50 @@ def engine_block_tables(
                 nxt += 1
     width = max(need) + 1
     return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32), nxt
+
+
+# --- quantized caches (kernels/kv_quant.py's layout), written out plainly -------------------
+def ref_quantize_row(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """One (token, head) row x [D] -> [D + 2] of `dtype`: codes round(x / s) (int8) or
+    x / s cast (fp8), then s = fp16(absmax / qmax) as 2 bytes; absmax 0 gives the tiny s."""
+    top = 127.0 if dtype == torch.int8 else float(torch.finfo(dtype).max)
+    amax = float(x.float().abs().max())
+    s = torch.tensor(min(max(amax / top, 2.0**-24), 65504.0), dtype=torch.float32)
+    s16 = s.to(torch.float16)
+    row = torch.empty(x.shape[0] + 2, dtype=dtype)
+    y = x.float() / s16.float()
+    if dtype == torch.int8:
+        row[: x.shape[0]] = torch.round(y).clamp(-127, 127).to(torch.int8)
+    else:
+        row[: x.shape[0]] = y.clamp(-top, top).to(dtype)
+    row[x.shape[0] :] = s16.reshape(1).view(torch.uint8).view(dtype)
+    return row
+
+
+def ref_dequantize_row(row: torch.Tensor) -> torch.Tensor:
+    """[D + 2] packed row -> fp32 [D]."""
+    d = row.shape[0] - 2
+    s16 = row[d:].contiguous().view(torch.uint8).view(torch.float16)
+    return row[:d].float() * float(s16[0])
+
+
+def ref_quantize_cache(cache: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A float cache [NB, BS, Hkv, D] -> packed [NB, BS, Hkv, D + 2], row by row."""
+    nb, bs, h, d = cache.shape
+    out = torch.empty((nb, bs, h, d + 2), dtype=dtype)
+    for i in range(nb):
+        for j in range(bs):
+            for k in range(h):
+                out[i, j, k] = ref_quantize_row(cache[i, j, k], dtype)
+    return out
+
+
+def ref_dequantize_cache(cache: torch.Tensor) -> torch.Tensor:
+    """A packed cache [NB, BS, Hkv, D + 2] -> fp32 [NB, BS, Hkv, D], row by row."""
+    nb, bs, h, w = cache.shape
+    out = torch.empty((nb, bs, h, w - 2), dtype=torch.float32)
+    for i in range(nb):
+        for j in range(bs):
+            for k in range(h):
+                out[i, j, k] = ref_dequantize_row(cache[i, j, k])
+    return out

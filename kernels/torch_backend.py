@@ -10,13 +10,19 @@ of a decode layer. GQA costs no copy: the G query
 heads that share a KV head become G query rows of that head (one query position, so they
 share one mask row). Sequences with several query tokens (prefill, chunked prefill) run one
 at a time: their work is compute, not per-call overhead.
+
+Quantized (int8 / fp8, kernels/kv_quant.py) and bf16 caches under an fp32 model: the write
+quantizes (or casts) each (token, head) row; attention gathers the packed blocks (a quarter
+of fp32's bytes) and dequantizes them into the query's dtype before the same SDPA call. The
+C++ kernel and the in-place split-KV views read raw cache rows, so such caches take the
+gather path.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from cbbench.kernels import cpu_attention, torch_split_kv
+from cbbench.kernels import cpu_attention, kv_quant, torch_split_kv
 from cbbench.kernels.kv_layout import GATHER_BYTES
 
 _CPU_GATHER_BYTES = GATHER_BYTES  # K+V gathered per attention call on CPU (kv_layout)
@@ -24,11 +30,13 @@ _CPU_GATHER_BYTES = GATHER_BYTES  # K+V gathered per attention call on CPU (kv_l
 
 def _check_paged(k_cache: torch.Tensor, v_cache: torch.Tensor, num_q_heads: int) -> None:
     assert k_cache.dim() == 4 and k_cache.shape == v_cache.shape, "cache is [NB, BS, Hkv, D]"
+    assert k_cache.dtype == v_cache.dtype, "K and V caches share one dtype"
     assert num_q_heads % k_cache.shape[2] == 0, "GQA needs Hq % Hkv == 0"
 
 
 class TorchAttentionBackend:
     name = "torch"
+    kv_cache_dtypes = kv_quant.KV_CACHE_DTYPES  # every one: quantized through torch ops
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -58,10 +66,13 @@ class TorchAttentionBackend:
         keep = slots >= 0
         if not bool(keep.all()):
             slots, key, value = slots[keep], key[keep], value[keep]
-        flat_k = k_cache.view(-1, *k_cache.shape[2:])
-        flat_v = v_cache.view(-1, *v_cache.shape[2:])
-        flat_k.index_copy_(0, slots, key.to(k_cache.dtype))
-        flat_v.index_copy_(0, slots, value.to(v_cache.dtype))
+        flat_k = _bytes(k_cache).view(-1, *k_cache.shape[2:])
+        flat_v = _bytes(v_cache).view(-1, *v_cache.shape[2:])
+        if kv_quant.is_quantized(k_cache):  # quantize on the write: codes + scale per row
+            key = kv_quant.quantize(key, k_cache.dtype)
+            value = kv_quant.quantize(value, k_cache.dtype)
+        flat_k.index_copy_(0, slots, _bytes(key.to(k_cache.dtype)))
+        flat_v.index_copy_(0, slots, _bytes(value.to(v_cache.dtype)))
 
     def paged_decode_attention(
         self,
@@ -79,12 +90,13 @@ class TorchAttentionBackend:
         _check_paged(k_cache, v_cache, num_q_heads)
         _, block_size, num_kv_heads, _ = k_cache.shape
         group = num_q_heads // num_kv_heads
-        if self.paged_kernel and cpu_attention.supports(q, k_cache):
+        convert = k_cache.dtype != q.dtype  # quantized or narrower: dequantize what is gathered
+        if self.paged_kernel and not convert and cpu_attention.supports(q, k_cache):
             return cpu_attention.paged_decode_attention(
                 q, k_cache, v_cache, block_tables, seq_lens, scale
             )
         query = q.view(num_seqs, num_kv_heads, group, head_dim)
-        if self.split_kv and q.device.type == "cpu":
+        if self.split_kv and not convert and q.device.type == "cpu":
             plan = self._split_plan(block_tables, seq_lens, k_cache)
             if plan is not None:
                 out = torch_split_kv.split_kv_decode(
@@ -97,7 +109,7 @@ class TorchAttentionBackend:
         padded = num_blocks * block_size
         # On CPU, gather a few sequences at a time so the copy is still in cache when
         # attention reads it (measured: about 2x faster at 1k context than the whole batch).
-        per_seq = 2 * padded * k_cache[0, 0].numel() * k_cache.element_size()
+        per_seq = 2 * padded * num_kv_heads * head_dim * q.element_size()
         step = num_seqs if q.device.type != "cpu" else max(1, _CPU_GATHER_BYTES // per_seq)
         positions = torch.arange(padded, device=q.device)
         mask = positions[None, :] < seq_lens.to(q.device).long()[:, None]  # [B, L]
@@ -106,6 +118,8 @@ class TorchAttentionBackend:
         for s in range(0, num_seqs, step):
             e = min(num_seqs, s + step)
             k, v = self._gather(k_cache, v_cache, tables[s:e].reshape(-1))
+            if convert:
+                k, v = kv_quant.to_compute(k, q.dtype), kv_quant.to_compute(v, q.dtype)
             shape = (e - s, padded, num_kv_heads, head_dim)  # -> [n, Hkv, L, D] views
             out[s:e] = F.scaled_dot_product_attention(
                 query[s:e],
@@ -147,6 +161,8 @@ class TorchAttentionBackend:
         self, k_cache: torch.Tensor, v_cache: torch.Tensor, ids: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Copy blocks `ids` of both caches into reused buffers: [len(ids), BS, Hkv, D] each."""
+        dtype = k_cache.dtype
+        k_cache, v_cache = _bytes(k_cache), _bytes(v_cache)
         shape = (ids.numel(), *k_cache.shape[1:])
         need = 2 * ids.numel() * k_cache[0].numel()
         buf = self._workspace
@@ -156,7 +172,7 @@ class TorchAttentionBackend:
         half = need // 2
         k = torch.index_select(k_cache, 0, ids, out=buf[:half].view(shape))
         v = torch.index_select(v_cache, 0, ids, out=buf[half:need].view(shape))
-        return k, v
+        return k.view(dtype), v.view(dtype)
 
     def paged_attention(
         self,
@@ -216,8 +232,10 @@ class TorchAttentionBackend:
         group = num_q_heads // num_kv_heads
         num_blocks = -(-seq_len // block_size)
         ids = block_table[:num_blocks].long()
-        k = k_cache.index_select(0, ids).view(-1, num_kv_heads, head_dim)[:seq_len]
-        v = v_cache.index_select(0, ids).view(-1, num_kv_heads, head_dim)[:seq_len]
+        k = _select(k_cache, ids).view(-1, *k_cache.shape[2:])[:seq_len]
+        v = _select(v_cache, ids).view(-1, *v_cache.shape[2:])[:seq_len]
+        if k.dtype != q.dtype:  # a quantized or bf16 cache: attend in the query's dtype
+            k, v = kv_quant.to_compute(k, q.dtype), kv_quant.to_compute(v, q.dtype)
         # [Hkv, G * qlen, D]: query heads of one KV group stacked as rows
         query = q.view(qlen, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
         query = query.reshape(num_kv_heads, group * qlen, head_dim)
@@ -230,3 +248,12 @@ class TorchAttentionBackend:
         )
         out = out.view(num_kv_heads, group, qlen, head_dim).permute(2, 0, 1, 3)
         return out.reshape(qlen, num_q_heads, head_dim)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """fp8 tensors as their bytes: index_copy_ / index_select have no fp8 kernels on CPU."""
+    return t.view(torch.uint8) if t.dtype == kv_quant.fp8_dtype() else t
+
+
+def _select(cache: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    return _bytes(cache).index_select(0, ids).view(cache.dtype)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 import torch
+from cbbench.kernels import kv_quant
 
 
 def _max_seq_len_bound(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> int:
@@ -20,8 +21,20 @@ def _max_seq_len_bound(block_tables: torch.Tensor, seq_lens: torch.Tensor, block
     return block_tables.shape[1] * block_size
 
 
+def _check_cache(k_cache: torch.Tensor, q_dtype: torch.dtype | None = None) -> None:
+    """One-line ValueError for a cache these kernels cannot read: quantized (int8 / fp8) or
+    of another dtype than the model's."""
+    if kv_quant.is_quantized(k_cache) or (q_dtype is not None and k_cache.dtype != q_dtype):
+        raise ValueError(
+            f"attention backend 'triton' has no kernel for a {k_cache.dtype} KV cache"
+            f"{'' if q_dtype is None else f' under a {q_dtype} model'}; use "
+            "--attention-backend torch or --kv-cache-dtype auto"
+        )
+
+
 class TritonAttentionBackend:
     name = "triton"
+    kv_cache_dtypes = ("auto",)  # quantized caches: the torch backend only
 
     def __init__(self, device: torch.device) -> None:
         from cbbench.kernels import triton_attention, triton_cache
@@ -48,6 +61,7 @@ class TritonAttentionBackend:
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
     ) -> None:
+        _check_cache(k_cache)
         self._cache.reshape_and_cache(key, value, k_cache, v_cache, slot_mapping)
 
     def paged_decode_attention(
@@ -60,6 +74,7 @@ class TritonAttentionBackend:
         scale: float,
         max_seq_len: int | None = None,
     ) -> torch.Tensor:
+        _check_cache(k_cache, q.dtype)
         if max_seq_len is None:
             max_seq_len = _max_seq_len_bound(block_tables, seq_lens, k_cache.shape[1])
         return self._attn.paged_decode_attention(
@@ -79,6 +94,7 @@ class TritonAttentionBackend:
         max_seq_len: int | None = None,
     ) -> torch.Tensor:
         """Decode-only batches (every qlen 1) take the split-KV decode kernel."""
+        _check_cache(k_cache, q.dtype)
         if max_query_len is None:
             if query_start_loc.device.type == "cpu":
                 max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())

@@ -1,0 +1,152 @@
+"""Quantized KV cache kernels (kernels/kv_quant.py) against the plain oracle (reference.py).
+
+Stated tolerances:
+- the write: the torch backend's packed rows equal the oracle's row-by-row quantization
+  bit for bit (int8 and fp8);
+- a dequantized int8 element is within half its row's step (scale / 2) of the input; fp8
+  e4m3 within 2**-4 of the row's absmax (3 mantissa bits);
+- attention over a quantized (or bf16) cache equals the oracle's attention over the
+  dequantized cache to 1e-5 (fp32 compute; only summation order differs);
+- against attention over the original fp32 values: int8 within 2e-2, fp8 within 1e-1 absolute
+  (unit-variance K, V and q, scale 0.25).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cbbench.kernels import get_attention_backend, kv_quant
+from cbbench.kernels.reference import (
+    make_paged_case,
+    ref_dequantize_cache,
+    ref_paged_attention,
+    ref_quantize_cache,
+    ref_quantize_row,
+)
+
+QUANT = [torch.int8, torch.float8_e4m3fn]
+VS_FP32 = {torch.int8: 2e-2, torch.float8_e4m3fn: 1e-1, torch.bfloat16: 2e-2}
+SCALE = 0.25
+
+
+def _backend():
+    return get_attention_backend("torch", "cpu")
+
+
+@pytest.mark.parametrize("dtype", QUANT)
+def test_write_quantizes_each_row_as_the_oracle(dtype):
+    gen = torch.Generator().manual_seed(1)
+    t, h, d, nb, bs = 7, 2, 16, 4, 4
+    key = torch.randn(t, h, d, generator=gen) * torch.linspace(0.01, 30, t)[:, None, None]
+    value = torch.randn(t, h, d, generator=gen)
+    key[3] = 0.0  # an all-zero row: the tiny scale, zero codes
+    slots = torch.tensor([0, 5, 6, 9, -1, 15, 2])
+    k_cache = torch.zeros(nb, bs, h, d + 2, dtype=dtype)
+    v_cache = torch.zeros_like(k_cache)
+    _backend().reshape_and_cache(key, value, k_cache, v_cache, slots)
+    for i, slot in enumerate(slots.tolist()):
+        if slot < 0:
+            continue
+        for head in range(h):
+            got = k_cache[slot // bs, slot % bs, head]
+            assert torch.equal(
+                got.view(torch.uint8), ref_quantize_row(key[i, head], dtype).view(torch.uint8)
+            )
+            got = v_cache[slot // bs, slot % bs, head]
+            assert torch.equal(
+                got.view(torch.uint8), ref_quantize_row(value[i, head], dtype).view(torch.uint8)
+            )
+    assert not bool(kv_quant.dequantize(k_cache[0, 3]).any()), "slot 3 was never written"
+    assert not bool(kv_quant.dequantize(k_cache[2, 1]).any()), "the zero row dequantizes to 0"
+
+
+@pytest.mark.parametrize("dtype", QUANT)
+def test_dequantized_error_is_within_the_rows_step(dtype):
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(64, 4, 32, generator=gen) * torch.logspace(-3, 3, 64)[:, None, None]
+    back = kv_quant.dequantize(kv_quant.quantize(x, dtype))
+    amax = x.abs().amax(-1, keepdim=True)
+    if dtype == torch.int8:
+        bound = (amax / 127).to(torch.float16).float() / 2 * (1 + 1e-3)
+    else:
+        bound = amax * 2.0**-4
+    assert bool(((back - x).abs() <= bound).all())
+    assert kv_quant.quantize(x, dtype).shape == (64, 4, 34)
+
+
+def _quantized_case(dtype, seq_lens, query_lens, group=2):
+    case = make_paged_case(seq_lens, query_lens, block_size=4, num_kv_heads=2, group=group)
+    full = {k: case[k] for k in ("k_cache", "v_cache")}
+    if dtype == torch.bfloat16:
+        case["k_cache"], case["v_cache"] = full["k_cache"].bfloat16(), full["v_cache"].bfloat16()
+        deq = {k: case[k].float() for k in full}
+    else:
+        case["k_cache"] = ref_quantize_cache(full["k_cache"], dtype)
+        case["v_cache"] = ref_quantize_cache(full["v_cache"], dtype)
+        deq = {k: ref_dequantize_cache(case[k]) for k in full}
+    return case, deq, full
+
+
+def _ref(case, caches):
+    return ref_paged_attention(
+        case["q"], caches["k_cache"], caches["v_cache"], case["block_tables"],
+        case["seq_lens"], case["query_start_loc"], SCALE,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [*QUANT, torch.bfloat16])
+def test_decode_matches_the_dequantized_reference(dtype):
+    seq_lens = [1, 5, 9, 16, 23]
+    case, deq, full = _quantized_case(dtype, seq_lens, [1] * len(seq_lens))
+    out = _backend().paged_decode_attention(
+        case["q"], case["k_cache"], case["v_cache"], case["block_tables"], case["seq_lens"], SCALE
+    )
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, _ref(case, deq), atol=1e-5, rtol=1e-5)
+    assert float((out - _ref(case, full)).abs().max()) < VS_FP32[dtype]
+
+
+@pytest.mark.parametrize("dtype", [*QUANT, torch.bfloat16])
+def test_varlen_prefill_and_decode_match_the_dequantized_reference(dtype):
+    seq_lens, query_lens = [6, 13, 3, 20], [6, 1, 2, 1]  # prefill, decode, chunk, decode
+    case, deq, full = _quantized_case(dtype, seq_lens, query_lens, group=1)
+    out = _backend().paged_attention(
+        case["q"], case["k_cache"], case["v_cache"], case["block_tables"], case["seq_lens"],
+        case["query_start_loc"], SCALE,
+    )  # fmt: skip
+    torch.testing.assert_close(out, _ref(case, deq), atol=1e-5, rtol=1e-5)
+    assert float((out - _ref(case, full)).abs().max()) < VS_FP32[dtype]
+
+
+def test_cache_geometry_and_dtype_names():
+    assert kv_quant.row_width(64, torch.int8) == 66
+    assert kv_quant.row_bytes(64, torch.float32) == 256
+    assert kv_quant.row_bytes(64, torch.int8) == 66
+    assert kv_quant.cache_torch_dtype("auto", torch.float32) is torch.float32
+    assert kv_quant.cache_torch_dtype("bf16", torch.float32) is torch.bfloat16
+    assert kv_quant.cache_torch_dtype("fp8", torch.float32) is torch.float8_e4m3fn
+    with pytest.raises(ValueError, match="unknown kv cache dtype 'int4'"):
+        kv_quant.cache_torch_dtype("int4", torch.float32)
+
+
+def test_fp8_without_the_torch_type_is_one_clear_error(monkeypatch):
+    monkeypatch.setattr(kv_quant, "fp8_dtype", lambda: None)
+    with pytest.raises(ValueError, match=r"fp8 needs torch.float8_e4m3fn.*use int8") as exc:
+        kv_quant.cache_torch_dtype("fp8", torch.float32)
+    assert "\n" not in str(exc.value)
+
+
+def test_triton_refuses_a_quantized_cache_in_one_line(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    backend = get_attention_backend("triton", "cpu")
+    assert "int8" not in backend.kv_cache_dtypes
+    case, _, _ = _quantized_case(torch.int8, [5, 9], [1, 1])
+    with pytest.raises(ValueError, match=r"'triton' has no kernel for a torch.int8 KV cache"):
+        backend.paged_decode_attention(
+            case["q"], case["k_cache"], case["v_cache"], case["block_tables"],
+            case["seq_lens"], SCALE,
+        )  # fmt: skip
+    key = torch.zeros(1, 2, 16)
+    with pytest.raises(ValueError, match="use --attention-backend torch") as exc:
+        backend.reshape_and_cache(key, key, case["k_cache"], case["v_cache"], torch.tensor([0]))
+    assert "\n" not in str(exc.value)
