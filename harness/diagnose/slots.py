@@ -9,7 +9,6 @@ not read those waits as a batching delay, and `hol-blocking` names them.
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,14 +50,17 @@ def queue_busy_share(v: RunView) -> tuple[float, int] | None:
         else:
             starts.append(a)
             ends.append(b)
-    cum = np.concatenate([[0.0], np.cumsum(np.subtract(ends, starts))])
+    lo, hi = np.asarray(starts), np.asarray(ends)
+    cum = np.concatenate([[0.0], np.cumsum(hi - lo)])
 
-    def covered(x: float) -> float:  # running time of the union up to x
-        i = bisect.bisect_right(starts, x) - 1
-        return 0.0 if i < 0 else float(cum[i] + min(x, ends[i]) - starts[i])
+    def covered(x: np.ndarray) -> np.ndarray:  # running time of the union up to each x
+        i = np.searchsorted(lo, x, side="right") - 1
+        j = np.maximum(i, 0)
+        return np.where(i < 0, 0.0, cum[j] + np.minimum(x, hi[j]) - lo[j])
 
-    busy = sum(covered(b) - covered(a) for a, b in queued)  # type: ignore[arg-type]
-    total = sum(b - a for a, b in queued)  # type: ignore[operator]
+    a, b = np.asarray(queued, dtype=np.float64).T
+    total = float((b - a).sum())
+    busy = float((covered(b) - covered(a)).sum())
     return (busy / total if total > 0 else 0.0), len(queued)
 
 
@@ -121,22 +123,14 @@ def _refill_times(v: RunView) -> np.ndarray:
     """For each request that ended while another had been sent and not yet admitted: the time
     from its end (client clock) to the next admission. Iteration-level batching refills a
     freed slot at the next step; a run-to-completion batch only when its longest member ends."""
-    adm = [(a, r.sent_s) for r in v.ok if (a := admitted_s(r)) is not None]
-    if not adm:
+    adm = sorted((r.sent_s, a) for r in v.ok if (a := admitted_s(r)) is not None)
+    ends = np.asarray([r.end_s for r in v.ok if r.end_s is not None], dtype=np.float64)
+    if not adm or not ends.size:
         return np.empty(0)
-    times = np.sort([a for a, _ in adm])
-    waits = sorted(adm, key=lambda x: x[1])  # by send: the queue at an end is a prefix
-    sent = [s for _, s in waits]
-    latest = np.maximum.accumulate([a for a, _ in waits])  # latest admission among the sent
-    out = []
-    for r in v.ok:
-        e = r.end_s
-        if e is None:
-            continue
-        k = bisect.bisect_left(sent, e)  # requests sent before it ended
-        if k == 0 or latest[k - 1] <= e:
-            continue  # nobody waiting at its end
-        i = int(np.searchsorted(times, e))
-        if i < times.size:
-            out.append(float(times[i] - e))
-    return np.asarray(out)
+    sent, when = np.asarray(adm, dtype=np.float64).T  # by send: the queue at an end is a prefix
+    latest = np.maximum.accumulate(when)  # the latest admission among the first k sent
+    times = np.sort(when)
+    k = np.searchsorted(sent, ends, side="left")  # requests sent before each end
+    waited = (k > 0) & (latest[np.maximum(k - 1, 0)] > ends)  # someone not yet admitted
+    i = np.searchsorted(times, ends[waited], side="left")
+    return times[i[i < times.size]] - ends[waited][i < times.size]

@@ -197,7 +197,7 @@ def check(v: RunView) -> Finding | None:
 
 RULE = Rule(
     "hol-blocking",
-    "requests wait behind the longest running one: slots of a run-to-completion batch held "
-    "while requests wait, or short requests' first token after a long one ends",
+    "a run-to-completion batch holds finished slots while requests wait, or short requests' "
+    "first token comes only after a long one ends",
     check,
 )
