@@ -37,7 +37,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--streams", type=_int_list, default=[1, 64, 256], help="e.g. 1,64,256")
     p.add_argument("--workers", type=_int_list, default=[1, 2], help="e.g. 1,2")
     p.add_argument("--tokens", type=int, default=64, help="output tokens per request")
-    p.add_argument("--requests", type=int, default=2000, help="at most this many per setting")
+    p.add_argument(
+        "--requests",
+        type=int,
+        default=2000,
+        help="at most this many per setting (at least one per stream)",
+    )
     p.add_argument("--seconds", type=float, default=5.0, help="at most this long per setting")
     p.add_argument("--http-client", choices=("raw", "httpx"), default="raw")
     p.add_argument(
@@ -152,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
         table.add_column(col, justify="right")
     config = FakeServerConfig(default=Behavior(itl_s=args.itl_ms / 1e3, queue_time_s=None))
     stamps = args.stamps if args.http_client == "raw" else ["user"]
+    measured: list[dict] = []
     with ServerProcess(config, args.server_procs) as server:
         for w in args.workers:
             for s in args.streams:
@@ -168,7 +174,11 @@ def run(args: argparse.Namespace) -> int:
                         prewarm=not args.no_prewarm,
                     )
                     table.add_row(*_row(m))
+                    measured.append(m)
     console.print(table)
+    console.print(_worker_table(measured))
+    for line in _verdicts(measured):
+        console.print(line, highlight=False)
     console.print(
         "TTFT err = client TTFT - (first chunk sent - request received, by the server); ITL err "
         "= client gap - server gap; chunk err = client arrival - server send. One clock "
@@ -177,6 +187,57 @@ def run(args: argparse.Namespace) -> int:
         "server stamps: who stamped the requests' arrival at the server."
     )
     return 0
+
+
+def _worker_table(measured: list[dict]) -> Table:
+    """The error per worker: its own requests graded against the server's log, beside the
+    bound it reports from its own samples (summary client.workers)."""
+    table = Table(title="per worker: errors vs the server's log and the reported bound, ms")
+    cols = ("streams", "workers", "stamps", "worker", "requests", "TTFT p50", "TTFT p99")
+    cols += ("ITL p50",)
+    cols += ("ITL p99", "loop lag p99", "send window p99", "bound p99", "within 1 ms")
+    for col in cols:
+        table.add_column(col, justify="right")
+    for m in measured:
+        for w in m["per_worker"]:
+            table.add_row(
+                str(m["streams"]),
+                str(m["workers"]),
+                m["timestamp_source"],
+                str(w["worker"]),
+                str(w["requests"]),
+                *[_fmt(w[k]) for k in ("ttft_error_ms_p50", "ttft_error_ms_p99")],
+                *[_fmt(w[k]) for k in ("itl_error_ms_p50", "itl_error_ms_p99")],
+                *[_fmt(w[k]) for k in ("loop_lag_ms_p99", "send_window_ms_p99", "bound_ms")],
+                _within(w),
+            )
+    return table
+
+
+def _within(w: dict) -> str:
+    if w["error_exceeds"]:
+        return "NO: error"
+    return "NO: bound" if w["bound_exceeds"] else "yes"
+
+
+def _verdicts(measured: list[dict]) -> list[str]:
+    """One line per setting where a worker's error or bound passed the limit: said, not hidden."""
+    out = []
+    for m in measured:
+        over = [w for w in m["per_worker"] if w["error_exceeds"] or w["bound_exceeds"]]
+        if over:
+            out.append(
+                f"EXCEEDED at {m['streams']} streams, {m['workers']} workers, "
+                f"{m['timestamp_source']} stamps: worker(s) "
+                f"{', '.join(str(w['worker']) for w in over)} over {over[0]['limit_ms']:g} ms "
+                "(measured p99 error or reported bound): this machine needs more workers, cores "
+                "or hosts for this load"
+            )
+    return out
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
 
 
 def _row(m: dict) -> list[str]:

@@ -70,6 +70,36 @@ def _pct(a: np.ndarray, p: float) -> float | None:
     return float(np.percentile(a, p)) * 1e3 if a.size else None
 
 
+def _ms(x: float | None) -> float | None:
+    return None if x is None else x * 1e3
+
+
+def per_worker(records, client: dict) -> list[dict]:
+    """Per load-generator worker: its requests, its TTFT/ITL errors against the server's log
+    (ms, p50/p99), its loop lag and its timing bound (the summary's `client.workers`), and
+    whether its measured p99 error or its bound exceeds the limit."""
+    limit_ms = (client.get("timing_bound_limit_s") or 0.001) * 1e3
+    rows = []
+    for w in client.get("workers") or []:
+        err = timing_errors([r for r in records if r.worker == w["worker"]])
+        row = {
+            "worker": w["worker"],
+            "requests": w["requests"],
+            "loop_lag_ms_p99": _ms(w["loop_lag_s"]["p99"]),
+            "send_window_ms_p99": _ms(w["send_window_s"]["p99"]),
+            "bound_ms": _ms(w["timing_bound_s"]),
+        }
+        for key in ("ttft", "itl"):
+            row[f"{key}_error_ms_p50"] = _pct(err[key], 50)
+            row[f"{key}_error_ms_p99"] = _pct(err[key], 99)
+        measured = [row["ttft_error_ms_p99"], row["itl_error_ms_p99"]]
+        row["error_exceeds"] = any(v is not None and abs(v) > limit_ms for v in measured)
+        row["bound_exceeds"] = row["bound_ms"] is not None and row["bound_ms"] > limit_ms
+        row["limit_ms"] = limit_ms
+        rows.append(row)
+    return rows
+
+
 def measure(
     url: str,
     streams: int,
@@ -82,7 +112,7 @@ def measure(
     prewarm: bool = True,
 ) -> dict:
     """One setting: throughput, client CPU and the timing errors (ms, p50/p99)."""
-    n = max(requests, 1)
+    n = max(requests, streams)  # a request for every stream at least
     wl = Workload("selftest", 0, tuple(RequestSpec(i, 16, tokens) for i in range(n)))
     with tempfile.TemporaryDirectory(prefix="cbbench-selftest-") as tmp:
         cfg = BenchConfig(
@@ -127,6 +157,9 @@ def measure(
     for key, arr in err.items():
         out[f"{key}_error_ms_p50"] = _pct(arr, 50)
         out[f"{key}_error_ms_p99"] = _pct(arr, 99)
+    out["per_worker"] = per_worker(res.records, s["client"])
+    out["timing_bound_ms"] = _ms(s["client"].get("timing_bound_s"))
+    out["timing_bound_exceeded"] = bool(s["client"].get("timing_bound_exceeded"))
     # the former names (chunk error), kept for scripts that read them
     out["timing_error_ms_p50"] = out["chunk_error_ms_p50"]
     out["timing_error_ms_p99"] = out["chunk_error_ms_p99"]
