@@ -34,6 +34,7 @@ __all__ = [
     "ATTENTION_BACKENDS",
     "EXECUTORS",
     "GIB",
+    "KV_CACHE_DTYPES",
     "POLICIES",
     "SCHEDULERS",
     "SCHEDULER_SETTINGS",
@@ -49,6 +50,8 @@ __all__ = [
 
 EXECUTORS = ("real", "sim")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
+# vLLM's --kv-cache-dtype names; the same tuple as kernels/kv_quant.py KV_CACHE_DTYPES (tested)
+KV_CACHE_DTYPES = ("auto", "bf16", "fp8", "int8")
 GIB = 2**30  # --kv-cache-memory-gb is GiB on every path
 
 
@@ -151,6 +154,16 @@ class EngineConfig:
         default="auto",
         metadata=flag("--attention-backend", "attention kernels", choices=ATTENTION_BACKENDS),
     )
+    # int8 / fp8: codes + an fp16 scale per (token, KV head), kernels/kv_quant.py
+    kv_cache_dtype: str = field(
+        default="auto",
+        metadata=flag(
+            "--kv-cache-dtype",
+            "KV-cache storage: auto (the model dtype), bf16, fp8 (e4m3) or int8 (both with a "
+            "scale per token and head: ~3.9x fp32's blocks per GiB at head_dim 64)",
+            choices=KV_CACHE_DTYPES,
+        ),
+    )
     seed: int = field(
         default=0,
         metadata=flag(
@@ -192,6 +205,11 @@ class EngineConfig:
         if self.executor not in EXECUTORS:
             raise EngineError(
                 f"executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}"
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise EngineError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got "
+                f"{self.kv_cache_dtype!r}"
             )
         if self.block_size < 1:
             raise EngineError(f"block_size must be >= 1, got {self.block_size}")

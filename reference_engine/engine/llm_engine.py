@@ -108,7 +108,8 @@ class LLMEngine(StepUpdate):
 
             moe = MoeSimSettings(config.sim_expert_skew, config.sim_expert_topics,
                                  config.expert_parallel, config.seed)  # fmt: skip
-            cost = CostModel(mc, get_hardware(config.hardware), dtype, config.block_size, moe)
+            cost = CostModel(mc, get_hardware(config.hardware), dtype, config.block_size, moe,
+                             kv_cache_dtype=config.kv_cache_dtype)  # fmt: skip
             num_blocks = sim_num_kv_blocks(config, cost)
             executor: Executor = SimExecutor(mc, cost, seed=config.seed, moe=moe)
         else:
@@ -128,6 +129,7 @@ class LLMEngine(StepUpdate):
                 enforce_eager=config.enforce_eager,
                 max_num_seqs=config.max_batch_slots,
                 max_model_len=max_model_len,
+                kv_cache_dtype=config.kv_cache_dtype,
             )
             mc = executor.model_config
         if num_blocks < 1:
@@ -136,8 +138,8 @@ class LLMEngine(StepUpdate):
 
     @staticmethod
     def _default_num_blocks(config, mc, dtype, max_model_len, bytes_per_block_fn) -> int:
-        per_block = bytes_per_block_fn(mc, config.block_size, dtype)
-        dtype_bytes = per_block // (mc.kv_bytes_per_token(1) * config.block_size)
+        per_block = bytes_per_block_fn(mc, config.block_size, dtype, config.kv_cache_dtype)
+        dtype_bytes = bytes_per_block_fn(mc, 1, dtype) // mc.kv_bytes_per_token(1)  # weights
         weights = mc.num_params() * dtype_bytes
         if config.speculative.method == "draft":  # its KV cache has as many blocks, same ids
             assert config.speculative.model is not None
@@ -185,6 +187,7 @@ class LLMEngine(StepUpdate):
             "executor": self.config.executor,
             "device": str(getattr(self.executor, "device", self.config.device)),
             "dtype": self.config.dtype,
+            "kv_cache_dtype": self.config.kv_cache_dtype,
             "attention_backend": getattr(self.executor, "attention_backend_name", None),
             "num_params": self.model_config.num_params(),
             "num_kv_blocks": self.block_manager.num_blocks,

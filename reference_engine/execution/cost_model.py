@@ -5,7 +5,7 @@ One step computes a set of chunks (query tokens [start, end) of some sequences).
   head runs on last positions only), and attention 4 x layers x q_heads x head_dim per
   (query token, context token) pair, causal.
 - Bytes: all weights read once per step; per sequence its KV context read once and the new
-  tokens' KV written.
+  tokens' KV written, in `kv_cache_dtype`'s bytes (execution/kv_cache.py; int8: ~1/4 fp32).
 - MoE models (moe_cost.py): each active routed expert by its own roofline over its tokens
   (expert parallel: the slowest device per layer); routing uniform or per `MoeSimSettings`.
 Roofline, per kernel class (they run one after the other): time = max(dense FLOPs / peak,
@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 from cbbench.kernels.kv_layout import gather_calls, split_layout
 from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.execution.kv_cache import kv_token_bytes
 from cbbench.reference_engine.execution.moe_cost import MoeCost, MoeSimSettings
 from cbbench.reference_engine.model.config import ModelConfig
 
@@ -192,7 +193,8 @@ STEP_FEATURES = {
 
 class CostModel:
     def __init__(self, model_config: ModelConfig, hardware: HardwareSpec, dtype: str,
-                 block_size: int = 16, moe: MoeSimSettings | None = None) -> None:  # fmt: skip
+                 block_size: int = 16, moe: MoeSimSettings | None = None,
+                 kv_cache_dtype: str = "auto") -> None:  # fmt: skip
         if dtype not in DTYPE_BYTES:
             raise EngineError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPE_BYTES)})")
         self.model_config = model_config
@@ -206,7 +208,8 @@ class CostModel:
         self.head_flops = 2.0 * vh
         assert mc.head_dim is not None
         self.attn_flops_per_pair = 4.0 * mc.num_hidden_layers * mc.num_attention_heads * mc.head_dim
-        self.kv_bytes_per_token = mc.kv_bytes_per_token(self.dtype_bytes)
+        self.kv_cache_dtype = kv_cache_dtype
+        self.kv_bytes_per_token = kv_token_bytes(mc, kv_cache_dtype, self.dtype_bytes)
         self.weight_bytes = float(self.params * self.dtype_bytes)
         ep = (moe or MoeSimSettings()).expert_parallel
         self.moe = MoeCost(mc, self.dtype_bytes, ep) if mc.is_moe else None
@@ -216,7 +219,7 @@ class CostModel:
         self.device_weight_bytes = self.step_weight_bytes + routed * self.dtype_bytes / ep
         self.block_size = block_size
         # one token / one block of K of one layer, as the CPU backend's layout counts them
-        self.k_token_bytes = mc.num_key_value_heads * mc.head_dim * self.dtype_bytes
+        self.k_token_bytes = self.kv_bytes_per_token // (2 * mc.num_hidden_layers)
         lin = hardware.linear or {}
         # whether step times depend on the block tables (then pass them to `work`)
         self.uses_layout = any(lin.get(t, 0.0) for t in LAYOUT_TERMS)

@@ -13,7 +13,7 @@ import warnings
 from dataclasses import dataclass
 
 import torch
-from cbbench.kernels import cpu_ops, get_attention_backend
+from cbbench.kernels import cpu_ops, get_attention_backend, kv_quant
 from cbbench.reference_engine.core.executor import PLACEHOLDER, ScheduledChunk
 from cbbench.reference_engine.core.outputs import TokenLogprob
 from cbbench.reference_engine.core.sequence import Sequence
@@ -21,6 +21,7 @@ from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution.cpu_linear import optimize_cpu_linears
 from cbbench.reference_engine.execution.cuda_graphs import DecodeGraphs, capture_sizes
 from cbbench.reference_engine.execution.expert_predictor import ExpertPredictor
+from cbbench.reference_engine.execution.kv_cache import kv_bytes_per_block, kv_storage_dtype
 from cbbench.reference_engine.execution.rejection_sampler import (
     RejectionSampler,
     sample_chunks,
@@ -88,13 +89,15 @@ class ModelRunner:
         max_num_seqs: int | None = None,
         max_model_len: int | None = None,
         padded_decode: bool = False,
+        kv_cache_dtype: str = "auto",
     ) -> None:
         """Decode graphs (cuda_graphs.py): on CUDA unless `enforce_eager` (True here, so
         direct users such as runner_bench and the draft proposer stay eager; the engine passes
         EngineConfig.enforce_eager, False by default), buckets up to
         `max_num_seqs`, block tables up to `max_model_len` (default: the model's context).
         `padded_decode` runs the same padded static-buffer path eagerly on any device (the
-        CPU tests of the graph path)."""
+        CPU tests of the graph path). `kv_cache_dtype` (auto | bf16 | fp8 | int8): the KV
+        cache's storage, kernels/kv_quant.py; the backend must have kernels for it."""
         if num_kv_blocks < 1 or block_size < 1:
             raise EngineError(
                 f"num_kv_blocks and block_size must be >= 1, got {num_kv_blocks}, {block_size}"
@@ -121,11 +124,15 @@ class ModelRunner:
                 self.linear_impl = optimize_cpu_linears(self.model)
             except ValueError as exc:  # $CBBENCH_CPU_LINEAR names one that cannot run here
                 raise EngineError(str(exc)) from None
-            if cpu_ops.available() and self.model.model.embed_tokens.weight.dtype == torch.float32:
+            fp32 = self.model.model.embed_tokens.weight.dtype == torch.float32
+            plain_kv = kv_cache_dtype == "auto"  # the fused write stores fp32 rows only
+            if cpu_ops.available() and fp32:
                 for m in self.model.modules():  # C++ norms, and rope fused with the cache write
-                    if isinstance(m, RMSNorm | LlamaAttention):
+                    if isinstance(m, RMSNorm) or (isinstance(m, LlamaAttention) and plain_kv):
                         m.cpu_kernel = True
         self.dtype = resolve_dtype(dtype, self.model_config)
+        self.kv_cache_dtype = kv_cache_dtype
+        self.kv_dtype = kv_storage_dtype(kv_cache_dtype, self.dtype, self.backend)
         self.block_size = block_size
         self.num_kv_blocks = num_kv_blocks
         cfg = self.model_config
@@ -139,8 +146,8 @@ class ModelRunner:
             num_kv_blocks + (1 if want_padded else 0),  # + the padded rows' scratch block
             block_size,
             cfg.num_key_value_heads,
-            cfg.head_dim,
-            dtype=self.dtype,
+            kv_quant.row_width(cfg.head_dim, self.kv_dtype),  # int8 / fp8: + the row's scale
+            dtype=self.kv_dtype,
             device=self.device,
         )
         self.sampler = Sampler(cfg.eos_token_ids, self.device, seed)
@@ -195,10 +202,7 @@ class ModelRunner:
         p = self.expert_predictor
         return p.histogram(seq.request_id, seq.prompt_token_ids) if p is not None else None
 
-    @staticmethod
-    def kv_bytes_per_block(model_config: ModelConfig, block_size: int, dtype: str) -> int:
-        dtype_bytes = torch.empty(0, dtype=resolve_dtype(dtype, model_config)).element_size()
-        return model_config.kv_bytes_per_token(dtype_bytes) * block_size
+    kv_bytes_per_block = staticmethod(kv_bytes_per_block)  # (model_config, block_size, dtype, kv)
 
     def now(self) -> float:
         return time.monotonic()

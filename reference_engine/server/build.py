@@ -74,6 +74,7 @@ def build_stack(
         vocab_size = model_config.vocab_size
         engine = AsyncEngine(llm_engine, metrics)
     info = {**info, "engine_process": engine_process}
+    metrics.set_cache_config(info)
     body_parser = BodyParser(max_model_len)
     try:
         tokenizer = load_tokenizer(config.model, model_config)

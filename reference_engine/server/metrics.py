@@ -199,6 +199,21 @@ class ServerMetrics:
         self._preempted_seen = 0
         self._experts = ExpertLoadMetrics(r, m)
 
+    def set_cache_config(self, engine_info: dict) -> None:
+        """`vllm:cache_config_info` (value 1; the settings as labels, vLLM's names) from the
+        engine's `describe()`: cache_dtype is --kv-cache-dtype, num_gpu_blocks the pool."""
+        labels = {
+            "block_size": engine_info.get("block_size"),
+            "cache_dtype": engine_info.get("kv_cache_dtype", "auto"),
+            "enable_prefix_caching": engine_info.get("enable_prefix_caching"),
+            "num_gpu_blocks": engine_info.get("num_kv_blocks"),
+        }
+        info = Gauge(
+            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig.",
+            list(labels), registry=self.registry,
+        )  # fmt: skip
+        info.labels(*(str(v) for v in labels.values())).set(1)
+
     def update_stats(self, stats: EngineStats) -> None:
         self.num_running.set(stats.num_running)
         self.num_waiting.set(stats.num_waiting)
