@@ -83,7 +83,7 @@ class HeldSlots:
 
 def held_slots(v: RunView) -> HeldSlots | None:
     """None when the run has no running/waiting gauges (nothing to tell held from free)."""
-    t, running = v.busy_series("running")
+    _, running = v.busy_series("running")
     _, waiting = v.busy_series("waiting")
     if running.size < 4 or running.size != waiting.size:
         return None
