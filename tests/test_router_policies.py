@@ -65,15 +65,15 @@ def test_kv_aware_lowest_usage_with_sent_since_read_estimate():
 
 def test_prefix_affinity_follows_the_longest_prefix_within_the_load_cap():
     p, rs = PrefixAffinity(balance_abs=2, balance_rel=1.5), loads(3)
-    a = token_block_hashes(list(range(64)), block_tokens=16)  # 4 blocks
-    b = token_block_hashes([7] * 64, block_tokens=16)
+    a = token_block_hashes(list(range(64)))  # levels 16, 32, 64
+    b = token_block_hashes([7] * 64)
     first = p.choose(RouteRequest(a), rs)
     assert first == 0  # never seen: least loaded, lowest index
     rs[0].set_counts(in_flight=1)
     assert p.choose(RouteRequest(b), rs) == 1  # another prefix: least loaded
     rs[1].set_counts(in_flight=1)
     # a later turn: a's blocks plus more -> the replica that holds a's prefix
-    a_longer = token_block_hashes(list(range(64)) + [99] * 32, block_tokens=16)
+    a_longer = token_block_hashes(list(range(64)) + [99] * 32)
     assert a_longer[:4] == a
     assert p.choose(RouteRequest(a_longer), rs) == 0
     assert p.matched == 1
@@ -89,17 +89,20 @@ def test_prefix_affinity_follows_the_longest_prefix_within_the_load_cap():
 def test_prefix_affinity_table_is_bounded():
     p, rs = PrefixAffinity(max_entries=100), loads(2)
     for k in range(200):
-        p.choose(RouteRequest(token_block_hashes([k] * 32, block_tokens=16)), rs)
+        p.choose(RouteRequest(token_block_hashes([k] * 32)), rs)
     assert len(p.owner) <= 100
 
 
-def test_block_hashes_share_exactly_the_common_whole_blocks():
-    x = token_block_hashes(list(range(40)), block_tokens=16)
-    y = token_block_hashes(list(range(32)) + [0] * 8, block_tokens=16)
-    z = token_block_hashes([1] + list(range(1, 40)), block_tokens=16)
-    assert len(x) == 2 and x == y  # the partial third block is not hashed
-    assert z[0] != x[0] and z[1] != x[1]  # a different first block changes the whole chain
-    assert len(token_block_hashes(list(range(10_000)), max_blocks=32)) == 32
+def test_prefix_hashes_at_doubling_lengths():
+    x = token_block_hashes(list(range(40)))  # levels 16, 32
+    y = token_block_hashes(list(range(32)) + [0] * 8)
+    z = token_block_hashes([1] + list(range(1, 40)))
+    assert len(x) == 2 and x == y  # tokens past the last whole level are not hashed
+    assert z[0] != x[0] and z[1] != x[1]  # a different first token changes the whole chain
+    w = token_block_hashes(list(range(63)) + [5])  # differs at token 63: levels 16, 32 shared
+    assert w[:2] == x and len(w) == 3 and w[2] != token_block_hashes(list(range(64)))[2]
+    assert len(token_block_hashes(list(range(16 * 2**11)))) == 12  # 16 ... 32,768 tokens
+    assert len(token_block_hashes(list(range(10**6)))) == 12  # at most LEVELS
     t = text_block_hashes("a" * 64 + "b" * 64)
     assert text_block_hashes("a" * 64 + "c" * 64)[0] == t[0] != t[1]
 

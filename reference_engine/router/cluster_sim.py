@@ -32,10 +32,6 @@ from cbbench.workloads.spec import RequestSpec
 from cbbench.workloads.stats import describe
 from cbbench.workloads.tokens import PromptTokenIds, id_pool
 
-# The simulator hashes prompts in blocks of this many tokens for prefix-affinity (the first
-# MAX_BLOCKS of them: 8,192 tokens, deep enough to tell long conversations apart).
-ROUTE_BLOCK_TOKENS = 256
-
 
 @dataclass(slots=True)
 class ClusterRequest:
@@ -155,7 +151,6 @@ def simulate_cluster(
     *,
     prefix_block_size: int = 512,
     seed: int = 0,
-    route_block_tokens: int = ROUTE_BLOCK_TOKENS,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> ClusterResult:
     """Replay `requests` over `num_replicas` simulated engines of `config`, routed by
@@ -192,7 +187,7 @@ def simulate_cluster(
         if t_arr is not None and (not busy or t_arr <= busy[0][0]):
             for spec, arrival, ids in arrivals.pop_due(t_arr):
                 t = time.perf_counter()
-                hashes = token_block_hashes(ids, route_block_tokens) if policy.needs_prefix else ()
+                hashes = token_block_hashes(ids) if policy.needs_prefix else ()
                 i = policy.choose(RouteRequest(hashes), loads)
                 routing.append(time.perf_counter() - t)
                 e = engines[i]

@@ -69,8 +69,8 @@ class ReplicaLoad:
 
 @dataclass(slots=True)
 class RouteRequest:
-    """What a policy may look at: the chained hashes of the prompt's first blocks
-    (prefix.block_hashes; empty when the policy does not need them)."""
+    """What a policy may look at: the chained hashes of the prompt's prefix at doubling
+    lengths (router/prefix.py; empty when the policy does not need them)."""
 
     prefix_hashes: tuple[int, ...] = ()
 

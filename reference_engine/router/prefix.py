@@ -1,9 +1,12 @@
-"""Prompt prefixes as chains of block hashes: hash k covers blocks 0..k, so two prompts
-share hash k exactly when (up to collisions) they share their first k + 1 blocks.
+"""Prompt prefixes as chains of hashes at doubling lengths: hash k covers the prompt's first
+FIRST x 2**k tokens (or characters), so two prompts share hash k exactly when (up to
+collisions) they share that many leading tokens, and only prompts at least that long have it.
 
-Token ids (the simulator, `prompt` as ids over HTTP) are cut in blocks of `block_tokens`;
-text (a completion prompt, a chat's messages) in blocks of `block_chars`. Only whole
-blocks count, at most `max_blocks` of them, so hashing costs O(max_blocks) per request.
+Doubling cut points keep the work O(prompt) and the table small, and still tell prompts
+apart at any depth: a conversation's next turn (its whole history, then a new message)
+shares every level its previous turn reached, a fresh chat that only shares a system prompt
+shares the short levels only. Token ids (the simulator, `prompt` as ids over HTTP) start at
+FIRST_TOKENS, text (a completion prompt, a chat's messages) at FIRST_CHARS; LEVELS levels.
 """
 
 from __future__ import annotations
@@ -11,32 +14,32 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-BLOCK_TOKENS = 16
-BLOCK_CHARS = 64  # about 16 tokens of English
-MAX_BLOCKS = 32
+FIRST_TOKENS = 16
+FIRST_CHARS = 64  # about 16 tokens of English
+LEVELS = 12  # the deepest covers 32,768 tokens / 131,072 characters
 
 
 def token_block_hashes(
-    ids: Sequence[int], block_tokens: int = BLOCK_TOKENS, max_blocks: int = MAX_BLOCKS
+    ids: Sequence[int], first: int = FIRST_TOKENS, levels: int = LEVELS
 ) -> tuple[int, ...]:
     out: list[int] = []
-    h = 0
-    n = min(len(ids) // block_tokens, max_blocks)
-    for k in range(n):
-        h = hash((h, tuple(ids[k * block_tokens : (k + 1) * block_tokens])))
+    h, start, end = 0, 0, first
+    n = len(ids)
+    while end <= n and len(out) < levels:
+        h = hash((h, tuple(ids[start:end])))
         out.append(h)
+        start, end = end, end * 2
     return tuple(out)
 
 
-def text_block_hashes(
-    text: str, block_chars: int = BLOCK_CHARS, max_blocks: int = MAX_BLOCKS
-) -> tuple[int, ...]:
+def text_block_hashes(text: str, first: int = FIRST_CHARS, levels: int = LEVELS) -> tuple[int, ...]:
     out: list[int] = []
-    h = 0
-    n = min(len(text) // block_chars, max_blocks)
-    for k in range(n):
-        h = hash((h, text[k * block_chars : (k + 1) * block_chars]))
+    h, start, end = 0, 0, first
+    n = len(text)
+    while end <= n and len(out) < levels:
+        h = hash((h, text[start:end]))
         out.append(h)
+        start, end = end, end * 2
     return tuple(out)
 
 
@@ -63,6 +66,6 @@ def body_block_hashes(body: Any) -> tuple[int, ...]:
         prompt = prompt[0]  # a batch of prompts: route by the first
     if isinstance(prompt, str):
         return text_block_hashes(prompt)
-    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt[: BLOCK_TOKENS * 2]):
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt[: FIRST_TOKENS * 2]):
         return token_block_hashes(prompt)
     return ()

@@ -2,7 +2,7 @@
 prefix (so its KV blocks are likely still in that replica's prefix cache), unless that
 replica is overloaded; otherwise, and for prompts never seen, the least-outstanding replica.
 
-The prefix is the chain of block hashes of `prefix.block_hashes`; the table maps each hash
+The prefix is the chain of hashes of `prefix` (doubling lengths); the table maps each hash
 to the replica that last received it (bounded: the first seen go first), the idea of
 SGLang's cache-aware router without its radix tree. Overloaded (SGLang's two thresholds):
 outstanding > `balance_rel` x (min + 1) and > min + `balance_abs`, min over the healthy
