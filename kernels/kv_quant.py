@@ -107,6 +107,8 @@ def dequantize(packed: torch.Tensor, dtype: torch.dtype = torch.float32) -> torc
     """packed [..., D + 2] -> [..., D] of `dtype` (code * scale, computed in fp32)."""
     d = packed.shape[-1] - SCALE_BYTES
     scale = packed[..., d:].view(_SCALE_DTYPE).float()
+    if dtype == torch.float32:  # one pass over the big tensor: cast, then scale in place
+        return packed[..., :d].float().mul_(scale)
     return (packed[..., :d].float() * scale).to(dtype)
 
 
