@@ -83,6 +83,8 @@ def test_two_workers_merged_summary_is_summarize_of_the_records(tmp_path):
         assert x["send_window_s"]["count"] == len(mine)  # one write per request
         assert x["timing_bound_s"] == pytest.approx(sum(x["timing_bound_terms_s"].values()))
         assert x["loop_lag_s"]["count"] >= 1
+        if x["timestamp_source"] == "kernel":  # every kernel-stamped read's wait
+            assert x["read_delay_s"]["count"] >= len(mine) and x["read_delay_s"]["p50"] >= 0
     assert merged["client"]["timing_bound_s"] == max(x["timing_bound_s"] for x in rows)
     printed = out.getvalue()
     assert "worker 0:" in printed and "worker 1:" in printed
@@ -109,26 +111,28 @@ def _rec(worker: int, index: int, itl: float) -> RequestRecord:
     )
 
 
-def _samples(lag_s: float, stamps: str, window_s: float = 0.00002) -> dict:
+def _samples(lag_s: float, stamps: str, window_s: float = 0.00002, delay_s=None) -> dict:
     return {
         "loop_lag_s": [lag_s] * 20,
         "cpu": [0.3],
         "timestamp_source": stamps,
         "send_window_s": {"p99": window_s, "count": 4},
+        "read_delay_s": {"p99": delay_s, "count": 0 if delay_s is None else 50},
     }
 
 
 @pytest.mark.parametrize(
-    ("stamps", "lag_s", "itl_s", "receive_s"),
+    ("stamps", "lag_s", "delay_s", "itl_s", "receive_s"),
     [
-        ("user", 0.004, 0.020, 0.004),  # a user stamp waits for the loop: lag is error
-        ("kernel", 0.004, 0.020, 0.0),  # the kernel's time, and no token came meanwhile
-        ("kernel", 0.030, 0.020, 0.030),  # a read late by more than a gap merges segments
+        ("user", 0.004, None, 0.020, 0.004),  # a user stamp waits for the loop: lag is error
+        ("kernel", 0.004, 0.001, 0.020, 0.0),  # the kernel's time, no token came meanwhile
+        ("kernel", 0.030, 0.001, 0.020, 0.030),  # a read late by more than a gap merges
+        ("kernel", 0.004, 0.045, 0.020, 0.045),  # reads waited longer than the timer saw
     ],
 )
-def test_bound_follows_from_the_stamp_source(stamps, lag_s, itl_s, receive_s):
+def test_bound_follows_from_the_stamp_source(stamps, lag_s, delay_s, itl_s, receive_s):
     recs = [_rec(0, i, itl_s) for i in range(4)]
-    out = worker_timing(recs, {0: _samples(lag_s, stamps)})
+    out = worker_timing(recs, {0: _samples(lag_s, stamps, delay_s=delay_s)})
     (row,) = out["workers"]
     assert row["timing_bound_terms_s"] == pytest.approx({"send": 0.00002, "receive": receive_s})
     assert row["timing_bound_s"] == pytest.approx(0.00002 + receive_s)

@@ -90,8 +90,8 @@ def test_ten_thousand_streams_over_two_workers_completes_and_reports_each_worker
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [ln.split("│") for ln in proc.stdout.splitlines() if ln.startswith("│")]
-    per_worker = [r for r in rows if len(r) == 15]  # the per-worker table's rows
+    per_worker = [r for r in rows if len(r) == 16]  # the per-worker table's rows
     assert sorted(r[4].strip() for r in per_worker) == ["0", "1"]
     assert sum(int(r[5]) for r in per_worker) == 10000
-    over = [r for r in per_worker if r[13].strip().startswith("NO")]
+    over = [r for r in per_worker if r[14].strip().startswith("NO")]
     assert bool(over) == ("EXCEEDED at 10000 streams" in proc.stdout)

@@ -195,7 +195,8 @@ def _worker_table(measured: list[dict]) -> Table:
     table = Table(title="per worker: errors vs the server's log and the reported bound, ms")
     cols = ("streams", "workers", "stamps", "worker", "requests", "TTFT p50", "TTFT p99")
     cols += ("ITL p50",)
-    cols += ("ITL p99", "loop lag p99", "send window p99", "bound p99", "within 1 ms")
+    cols += ("ITL p99", "loop lag p99", "read delay p99", "send window p99", "bound p99")
+    cols += ("within 1 ms",)
     for col in cols:
         table.add_column(col, justify="right")
     for m in measured:
@@ -208,7 +209,8 @@ def _worker_table(measured: list[dict]) -> Table:
                 str(w["requests"]),
                 *[_fmt(w[k]) for k in ("ttft_error_ms_p50", "ttft_error_ms_p99")],
                 *[_fmt(w[k]) for k in ("itl_error_ms_p50", "itl_error_ms_p99")],
-                *[_fmt(w[k]) for k in ("loop_lag_ms_p99", "send_window_ms_p99", "bound_ms")],
+                *[_fmt(w[k]) for k in ("loop_lag_ms_p99", "read_delay_ms_p99")],
+                *[_fmt(w[k]) for k in ("send_window_ms_p99", "bound_ms")],
                 _within(w),
             )
     return table

@@ -87,6 +87,7 @@ class WorkerStats:
     timestamp_source: str = "user"  # "kernel" | "user": who stamped the reads (http1.py)
     cpu_s: float = 0.0  # process CPU (user + system) spent in the measured phase
     send_window_s: dict = field(default_factory=dict)  # Stats: sent_s stamped -> write returned
+    read_delay_s: dict = field(default_factory=dict)  # Stats: kernel stamp -> the loop's read
 
     @property
     def in_flight(self) -> int:
@@ -102,6 +103,7 @@ class WorkerStats:
             "timestamp_source": self.timestamp_source,
             "cpu_s": self.cpu_s,
             "send_window_s": self.send_window_s,
+            "read_delay_s": self.read_delay_s,
         }
 
 
@@ -455,7 +457,8 @@ async def run_worker(
         while (ahead_ns := t0_ns - time.monotonic_ns()) > 0:  # t0 may be ahead; a loop's
             await asyncio.sleep(ahead_ns / 1e9)  # timer may wake up to a millisecond early
         if client.pool is not None:
-            del client.pool.send_window_ns[:]  # the measured phase's sends only
+            del client.pool.send_window_ns[:]  # the measured phase's sends and reads only
+            del client.pool.stats.read_delay_ns[:]
         for rec in warm:
             shift_record(rec, (worker._warmup_t0_ns - t0_ns) / 1e9)
             emit("record", rec)
@@ -479,4 +482,6 @@ async def run_worker(
             worker.stats.timestamp_source = client.pool.timestamp_source
             window = np.frombuffer(client.pool.send_window_ns, dtype=np.int64) / 1e9
             worker.stats.send_window_s = describe_array(window)
+            delay = np.frombuffer(client.pool.stats.read_delay_ns, dtype=np.int64) / 1e9
+            worker.stats.read_delay_s = describe_array(delay)
     return worker.stats

@@ -171,7 +171,7 @@ def _run_inprocess(plan: WorkerPlan, on_event, stop_flag: threading.Event) -> di
     return aio.run(main())
 
 
-WORKER_TIMING_KEYS = ("loop_lag_s", "cpu", "timestamp_source", "send_window_s")
+WORKER_TIMING_KEYS = ("loop_lag_s", "cpu", "timestamp_source", "send_window_s", "read_delay_s")
 
 
 def worker_timing_lines(summary: RunSummary) -> list[str]:
@@ -187,7 +187,8 @@ def worker_timing_lines(summary: RunSummary) -> list[str]:
     for x in rows:
         out.append(
             f"worker {x['worker']}: {x['requests']} requests, {x['timestamp_source']} stamps, "
-            f"loop lag p99 {ms(x['loop_lag_s']['p99'])} ms, send lag p99 "
+            f"loop lag p99 {ms(x['loop_lag_s']['p99'])} ms, read delay p99 "
+            f"{ms(x['read_delay_s']['p99'])} ms, send lag p99 "
             f"{ms(x['send_lag_s']['p99'])} ms, send window p99 {ms(x['send_window_s']['p99'])} "
             f"ms; timing error bound (p99) {ms(x['timing_bound_s'])} ms"
         )

@@ -282,11 +282,13 @@ def worker_timing(measured: Sequence[RequestRecord], workers: dict) -> dict:
     stamps, the sum of two terms (docs/timing.md "Per-worker timing bound"):
     - send: the send window p99, `sent_s` stamped -> the write returned (on loopback the
       request is in the server's kernel by then; a GIL switch or a preemption there is error);
-    - receive: user-space stamps: a read is stamped when the loop gets to it, so the loop lag
-      p99 is its error; kernel stamps: the read keeps the kernel's time however late the loop
-      is, except that TCP merges segments a late read finds together and keeps the last one's
-      time: error up to the loop lag, possible only when the lag exceeds the gap between
-      tokens (ITL p50 of the worker's records), else 0."""
+    - receive: how late the loop reads, the larger of its timer's lag p99 (`loop_lag_s`, 10
+      samples a second) and, with kernel stamps, the p99 of each read's own wait (`read_delay_s`:
+      the loop's read - the kernel's stamp). User-space stamps: a read is stamped when the
+      loop gets to it, so that lateness is its error. Kernel stamps: the read keeps the
+      kernel's time however late the loop is, except that TCP merges segments a late read
+      finds together and keeps the last one's time: error up to that lateness, possible only
+      when it exceeds the gap between tokens (ITL p50 of the worker's records), else 0."""
     by_worker: dict[int, list[RequestRecord]] = {}
     for r in measured:
         by_worker.setdefault(r.worker, []).append(r)
@@ -299,8 +301,11 @@ def worker_timing(measured: Sequence[RequestRecord], workers: dict) -> dict:
         gaps = np.fromiter(itertools.chain.from_iterable(r.itl_s for r in ok), np.float64)
         gap = float(np.median(gaps)) if gaps.size else float("inf")
         stamps = st.get("timestamp_source", "user")
+        delay = st.get("read_delay_s") or describe_array(np.empty(0))
         lag99 = lag["p99"]  # None: the run ended before the first sample (unknown)
-        receive = None if lag99 is None else lag99 if stamps != "kernel" or lag99 > gap else 0.0
+        # how late the loop reads: its timer's lag, or (kernel stamps) each read's own wait
+        late = None if lag99 is None else max(lag99, delay["p99"] or 0.0)
+        receive = None if late is None else late if stamps != "kernel" or late > gap else 0.0
         bound = None if receive is None else (window["p99"] or 0.0) + receive
         rows.append(
             {
@@ -310,6 +315,7 @@ def worker_timing(measured: Sequence[RequestRecord], workers: dict) -> dict:
                 "loop_lag_s": lag,
                 "send_lag_s": describe_array(np.asarray([r.send_lag_s for r in recs], float)),
                 "send_window_s": window,
+                "read_delay_s": delay,
                 "cpu": describe_array(np.asarray(st.get("cpu", []), float)),
                 "timing_bound_s": bound,
                 "timing_bound_terms_s": {"send": window["p99"] or 0.0, "receive": receive},

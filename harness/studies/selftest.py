@@ -86,6 +86,7 @@ def per_worker(records, client: dict) -> list[dict]:
             "worker": w["worker"],
             "requests": w["requests"],
             "loop_lag_ms_p99": _ms(w["loop_lag_s"]["p99"]),
+            "read_delay_ms_p99": _ms((w.get("read_delay_s") or {}).get("p99")),
             "send_window_ms_p99": _ms(w["send_window_s"]["p99"]),
             "bound_ms": _ms(w["timing_bound_s"]),
         }
