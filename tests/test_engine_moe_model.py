@@ -165,3 +165,19 @@ def test_bad_moe_configs_name_the_field(tmp_path):
     qwen = dict(base, architectures=["Qwen2MoeForCausalLM"], num_experts=4)
     with pytest.raises(EngineError, match="missing moe_intermediate_size"):
         ModelConfig.from_hf_dict(qwen)
+
+
+def test_broken_moe_checkpoints_name_the_tensor(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    path = save_random_model("tiny-moe", tmp_path / "m", seed=0)
+    weights = load_file(path / "model.safetensors")
+    name = "model.layers.1.block_sparse_moe.experts.7.w3.weight"
+    save_file({k: v for k, v in weights.items() if k != name}, path / "model.safetensors")
+    with pytest.raises(EngineError, match=r"experts\.7\.w3\.weight.* missing"):
+        load_model(path)
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(dict(cfg, num_local_experts=4)))
+    save_file(weights, path / "model.safetensors")
+    with pytest.raises(EngineError, match=r"unexpected tensor .*experts\.4\."):
+        load_model(path)

@@ -60,6 +60,7 @@ class ExpertRouting:
         self._rng = np.random.default_rng([settings.seed, 1 << 20])
         self.last_histograms: dict[str, np.ndarray] = {}  # request id -> pairs per expert
         self.topic_load = np.zeros((settings.topics, e))  # pairs per expert seen, per topic
+        self.total = np.zeros(e, dtype=np.int64)  # pairs per expert since the start
 
     def topic(self, request_id: str) -> int:
         return zlib.crc32(request_id.encode()) % self.settings.topics
@@ -84,6 +85,7 @@ class ExpertRouting:
         hist = hist.reshape(len(items), e)
         self.last_histograms = {rid: hist[i] for i, (rid, _) in enumerate(items)}
         np.add.at(self.topic_load, [self.topic(rid) for rid, _ in items], hist)
+        self.total += hist.sum(axis=0)
         tokens = hist.sum(axis=0).astype(np.float64)
         return tokens, (tokens > 0).astype(np.float64)
 

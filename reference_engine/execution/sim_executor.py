@@ -47,6 +47,15 @@ class SimExecutor:
         """Idle until virtual time t (never backwards)."""
         self.clock = max(self.clock, t)
 
+    def expert_load(self) -> list[list[int]] | None:
+        """MoE models: simulated tokens per expert since the start, per layer (one routing
+        draw per step serves every sparse layer); None for dense models."""
+        if self.routing is None:
+            return None
+        row = self.routing.total.tolist()
+        mc = self.model_config
+        return [list(row) if mc.is_sparse_layer(i) else [] for i in range(mc.num_hidden_layers)]
+
     def expert_histogram(self, seq) -> list[float] | None:
         """MoE models, the expert-balance scheduler: the request's predicted routing."""
         return self.routing.predicted(seq.request_id) if self.routing is not None else None
