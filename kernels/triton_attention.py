@@ -7,7 +7,12 @@ accumulation, probabilities rounded to the cache dtype for P @ V, as flash atten
 and in IEEE fp32 for fp32 caches. With DOT_F32 (fp32 caches, and bf16 on CPU, because the
 Triton interpreter's bf16 `tl.dot` is wrong) operands are upcast to fp32 first; fp16 runs the
 native path under the interpreter too, so both paths are tested on CPU.
+int8 caches (kernels/kv_quant.py: codes + an fp16 scale per token and head at the row's end)
+are dequantized as they are loaded (`_load_kv`) and attended in IEEE fp32.
 Importing this module imports triton; `triton_backend` does so lazily.
+
+Over 400 lines because the decode, merge and prefill kernels and their launchers share
+their helpers and are checked together; splitting them would split one contract.
 """
 
 from __future__ import annotations
@@ -15,10 +20,26 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from cbbench.kernels import kv_quant
 
 # Running-max start: finite, so fully masked tiles never make NaN. A jit function may read a
 # global only when it is a constexpr.
 NEG_INIT = tl.constexpr(-1.0e30)
+
+
+@triton.jit
+def _load_kv(cache_ptr, row, d, n_mask, kv_mask, head_dim, QUANT: tl.constexpr,
+             DOT_F32: tl.constexpr):  # fmt: skip
+    """Rows `row` [N] of a cache, [N, BLOCK_D]: int8 codes times their row's fp16 scale (the
+    2 bytes after the codes) in fp32, else as stored (fp32 upcast under DOT_F32)."""
+    x = tl.load(cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    if QUANT:
+        scale_ptr = (cache_ptr + row + head_dim).to(tl.pointer_type(tl.float16))
+        scale = tl.load(scale_ptr, mask=n_mask, other=0.0).to(tl.float32)
+        x = x.to(tl.float32) * scale[:, None]
+    elif DOT_F32:
+        x = x.to(tl.float32)
+    return x
 
 
 @triton.jit
@@ -48,6 +69,7 @@ def _decode_split_kernel(
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     """One program: one sequence, one KV head (all its GROUP query heads), one KV split."""
     b = tl.program_id(0).to(tl.int64)
@@ -67,7 +89,7 @@ def _decode_split_kernel(
         mask=g_mask[:, None] & d_mask[None, :],
         other=0.0,
     )
-    if DOT_F32:
+    if DOT_F32 or QUANT:
         q = q.to(tl.float32)
     else:
         q = q.to(k_cache_ptr.dtype.element_ty)
@@ -81,18 +103,16 @@ def _decode_split_kernel(
         block = tl.load(block_tables_ptr + b * stride_bt + pos // block_size, mask=n_mask, other=0)
         row = block.to(tl.int64) * stride_cb + (pos % block_size) * stride_cs + kv_head * stride_ch
         kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if DOT_F32:
-            k = k.to(tl.float32)
+        k = _load_kv(k_cache_ptr, row, d, n_mask, kv_mask, head_dim, QUANT, DOT_F32)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
         l_sum = l_sum * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if DOT_F32:
-            pv = tl.dot(p, v.to(tl.float32), input_precision=DOT_PRECISION)
+        v = _load_kv(v_cache_ptr, row, d, n_mask, kv_mask, head_dim, QUANT, DOT_F32)
+        if DOT_F32 or QUANT:
+            pv = tl.dot(p, v, input_precision=DOT_PRECISION)
         else:
             pv = tl.dot(p.to(v.dtype), v)
         acc = acc * alpha[:, None] + pv
@@ -172,6 +192,7 @@ def _prefill_kernel(
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     """One program: BLOCK_M queries of one sequence and one query head. Query i of a sequence
     with qlen queries sits at position seq_len - qlen + i and sees keys 0..that position."""
@@ -195,7 +216,7 @@ def _prefill_kernel(
             mask=i_mask[:, None] & d_mask[None, :],
             other=0.0,
         )
-        if DOT_F32:
+        if DOT_F32 or QUANT:
             q = q.to(tl.float32)
         else:
             q = q.to(k_cache_ptr.dtype.element_ty)
@@ -216,9 +237,7 @@ def _prefill_kernel(
                 + kv_head * stride_ch
             )
             kv_mask = n_mask[:, None] & d_mask[None, :]
-            k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            if DOT_F32:
-                k = k.to(tl.float32)
+            k = _load_kv(k_cache_ptr, row, d, n_mask, kv_mask, head_dim, QUANT, DOT_F32)
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
             visible = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
             s = tl.where(visible, s, float("-inf"))
@@ -226,9 +245,9 @@ def _prefill_kernel(
             alpha = tl.exp(m - m_new)
             p = tl.exp(s - m_new[:, None])
             l_sum = l_sum * alpha + tl.sum(p, 1)
-            v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            if DOT_F32:
-                pv = tl.dot(p, v.to(tl.float32), input_precision=DOT_PRECISION)
+            v = _load_kv(v_cache_ptr, row, d, n_mask, kv_mask, head_dim, QUANT, DOT_F32)
+            if DOT_F32 or QUANT:
+                pv = tl.dot(p, v, input_precision=DOT_PRECISION)
             else:
                 pv = tl.dot(p.to(v.dtype), v)
             acc = acc * alpha[:, None] + pv
@@ -243,7 +262,8 @@ def _prefill_kernel(
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
-    return "ieee" if dtype == torch.float32 else "tf32"  # tf32 only applies to fp32 operands
+    """tf32 only applies to fp32 operands; int8 caches attend dequantized in IEEE fp32."""
+    return "ieee" if dtype in (torch.float32, torch.int8) else "tf32"
 
 
 def _dot_f32(cache: torch.Tensor) -> bool:
@@ -255,7 +275,8 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> int
     """Validate shapes/strides; return the GQA group size Hq // Hkv."""
     assert k_cache.dim() == 4 and k_cache.shape == v_cache.shape, "cache is [NB, BS, Hkv, D]"
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
-    assert q.shape[-1] == k_cache.shape[-1] and q.stride(-1) == 1
+    assert k_cache.dtype in (q.dtype, torch.int8), "a cache of the query's dtype, or int8"
+    assert q.shape[-1] == kv_quant.cache_head_dim(k_cache) and q.stride(-1) == 1
     assert q.shape[1] % k_cache.shape[2] == 0, "GQA needs Hq % Hkv == 0"
     return q.shape[1] // k_cache.shape[2]
 
@@ -329,6 +350,7 @@ def paged_decode_attention(
         BLOCK_D=block_d,
         DOT_PRECISION=_dot_precision(k_cache.dtype),
         DOT_F32=_dot_f32(k_cache),
+        QUANT=k_cache.dtype == torch.int8,
         num_warps=num_warps,
     )
     _decode_merge_kernel[(num_seqs, num_q_heads)](
@@ -394,6 +416,7 @@ def paged_prefill_attention(
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         DOT_PRECISION=_dot_precision(k_cache.dtype),
         DOT_F32=_dot_f32(k_cache),
+        QUANT=k_cache.dtype == torch.int8,
         num_warps=num_warps,
     )
     return out

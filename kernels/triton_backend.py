@@ -22,8 +22,10 @@ def _max_seq_len_bound(block_tables: torch.Tensor, seq_lens: torch.Tensor, block
 
 
 def _check_cache(k_cache: torch.Tensor, q_dtype: torch.dtype | None = None) -> None:
-    """One-line ValueError for a cache these kernels cannot read: quantized (int8 / fp8) or
-    of another dtype than the model's."""
+    """One-line ValueError for a cache these kernels cannot read: fp8, or a float cache of
+    another dtype than the model's (int8 they dequantize as they load)."""
+    if k_cache.dtype == torch.int8:
+        return
     if kv_quant.is_quantized(k_cache) or (q_dtype is not None and k_cache.dtype != q_dtype):
         raise ValueError(
             f"attention backend 'triton' has no kernel for a {k_cache.dtype} KV cache"
@@ -34,7 +36,7 @@ def _check_cache(k_cache: torch.Tensor, q_dtype: torch.dtype | None = None) -> N
 
 class TritonAttentionBackend:
     name = "triton"
-    kv_cache_dtypes = ("auto",)  # quantized caches: the torch backend only
+    kv_cache_dtypes = ("auto", "int8")  # fp8 and bf16-under-fp32: the torch backend only
 
     def __init__(self, device: torch.device) -> None:
         from cbbench.kernels import triton_attention, triton_cache

@@ -1,5 +1,9 @@
 """reshape_and_cache in Triton: scatter new K/V rows into their paged-cache slots.
 
+int8 caches (kernels/kv_quant.py): each (token, head) row is quantized on the write, as
+kv_quant.quantize does it (scale = fp16(absmax / 127), codes = round-half-even(x / scale),
+IEEE division), so both backends write the same bytes.
+
 Importing this module imports triton; `triton_backend` does so lazily.
 """
 
@@ -8,6 +12,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from cbbench.kernels import kv_quant
 
 
 @triton.jit
@@ -29,20 +34,42 @@ def _reshape_and_cache_kernel(
     head_dim,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + token).to(tl.int64)
     if slot >= 0:  # slot < 0: padding, nothing to write
         block = slot // block_size
         offset = slot % block_size
-        h = tl.arange(0, BLOCK_H)[:, None]
+        heads = tl.arange(0, BLOCK_H)
+        h = heads[:, None]
         d = tl.arange(0, BLOCK_D)[None, :]
         mask = (h < num_kv_heads) & (d < head_dim)
-        k = tl.load(key_ptr + token * stride_kt + h * stride_kh + d, mask=mask)
-        v = tl.load(value_ptr + token * stride_vt + h * stride_vh + d, mask=mask)
+        k = tl.load(key_ptr + token * stride_kt + h * stride_kh + d, mask=mask, other=0.0)
+        v = tl.load(value_ptr + token * stride_vt + h * stride_vh + d, mask=mask, other=0.0)
         dst = block * stride_cb + offset * stride_cs + h * stride_ch + d
-        tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-        tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+        if QUANT:
+            row = block * stride_cb + offset * stride_cs + heads * stride_ch
+            _store_quantized(k_cache_ptr, dst, row, k, mask, heads < num_kv_heads, head_dim)
+            _store_quantized(v_cache_ptr, dst, row, v, mask, heads < num_kv_heads, head_dim)
+        else:
+            tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+            tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _store_quantized(cache_ptr, dst, row, x, mask, h_mask, head_dim):
+    """x [BLOCK_H, BLOCK_D] -> int8 codes at `dst`, each head's fp16 scale after its codes."""
+    x = x.to(tl.float32)
+    amax = tl.max(tl.abs(x), 1)
+    scale = tl.minimum(tl.maximum(tl.math.div_rn(amax, 127.0), 2.0**-24), 65504.0)
+    scale = scale.to(tl.float16)
+    y = tl.math.div_rn(x, scale.to(tl.float32)[:, None])
+    r = tl.floor(y + 0.5)  # round half to even, as torch.round
+    tie_odd = ((r - y) == 0.5) & ((r - 2.0 * tl.floor(r * 0.5)) != 0.0)
+    r = tl.minimum(tl.maximum(tl.where(tie_odd, r - 1.0, r), -127.0), 127.0)
+    tl.store(cache_ptr + dst, r.to(tl.int8), mask=mask)
+    tl.store((cache_ptr + row + head_dim).to(tl.pointer_type(tl.float16)), scale, mask=h_mask)
 
 
 def reshape_and_cache(
@@ -56,7 +83,8 @@ def reshape_and_cache(
     num_tokens, num_kv_heads, head_dim = key.shape
     assert value.shape == key.shape and slot_mapping.shape == (num_tokens,)
     assert k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride()
-    assert k_cache.shape[2:] == (num_kv_heads, head_dim)
+    assert k_cache.shape[2:] == (num_kv_heads, kv_quant.row_width(head_dim, k_cache.dtype))
+    assert k_cache.dtype != kv_quant.fp8_dtype(), "fp8 caches: the torch backend only"
     assert key.stride(-1) == 1 and value.stride(-1) == 1 and k_cache.stride(-1) == 1
     if num_tokens == 0:
         return
@@ -78,4 +106,5 @@ def reshape_and_cache(
         head_dim,
         BLOCK_H=triton.next_power_of_2(num_kv_heads),
         BLOCK_D=triton.next_power_of_2(head_dim),
+        QUANT=k_cache.dtype == torch.int8,
     )

@@ -99,9 +99,9 @@ def test_generation_over_a_quantized_cache(kv):
 def test_a_backend_without_the_kernel_is_a_one_line_error(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(
-        EngineError, match="backend 'triton' has no kernel for --kv-cache-dtype int8"
+        EngineError, match="backend 'triton' has no kernel for --kv-cache-dtype fp8"
     ) as exc:
-        _engine("tiny", "int8", attention_backend="triton")
+        _engine("tiny", "fp8", attention_backend="triton")
     assert "\n" not in str(exc.value)
     monkeypatch.setattr(kv_quant, "fp8_dtype", lambda: None)
     with pytest.raises(EngineError, match="fp8 needs torch.float8_e4m3fn"):

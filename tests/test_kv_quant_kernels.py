@@ -136,17 +136,57 @@ def test_fp8_without_the_torch_type_is_one_clear_error(monkeypatch):
     assert "\n" not in str(exc.value)
 
 
-def test_triton_refuses_a_quantized_cache_in_one_line(monkeypatch):
+@pytest.fixture
+def triton_backend(monkeypatch):
+    """The Triton backend under the interpreter (CPU tensors), tiny sizes."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    backend = get_attention_backend("triton", "cpu")
-    assert "int8" not in backend.kv_cache_dtypes
-    case, _, _ = _quantized_case(torch.int8, [5, 9], [1, 1])
-    with pytest.raises(ValueError, match=r"'triton' has no kernel for a torch.int8 KV cache"):
-        backend.paged_decode_attention(
+    return get_attention_backend("triton", "cpu")
+
+
+def test_triton_writes_the_same_int8_bytes_as_the_torch_backend(triton_backend):
+    gen = torch.Generator().manual_seed(3)
+    t, h, d = 6, 2, 16
+    key = torch.randn(t, h, d, generator=gen) * torch.linspace(0.01, 30, t)[:, None, None]
+    key[2] = 0.0
+    key[4, 0, :3] = torch.tensor([127.0, 0.5, -1.5])  # absmax 127: scale 1, .5 ties to even
+    value = torch.randn(t, h, d, generator=gen)
+    slots = torch.tensor([0, 5, 6, -1, 9, 15])
+    caches = []
+    for backend in (triton_backend, _backend()):
+        k_cache = torch.zeros(4, 4, h, d + 2, dtype=torch.int8)
+        v_cache = torch.zeros_like(k_cache)
+        backend.reshape_and_cache(key, value, k_cache, v_cache, slots)
+        caches.append((k_cache, v_cache))
+    assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
+
+
+def test_triton_int8_decode_and_prefill_match_the_dequantized_reference(triton_backend):
+    case, deq, full = _quantized_case(torch.int8, [5, 9, 17], [1, 1, 1])
+    out = triton_backend.paged_decode_attention(
+        case["q"], case["k_cache"], case["v_cache"], case["block_tables"],
+        case["seq_lens"], SCALE,
+    )  # fmt: skip
+    torch.testing.assert_close(out, _ref(case, deq), atol=1e-5, rtol=1e-5)
+    case, deq, full = _quantized_case(torch.int8, [6, 11], [6, 3], group=1)
+    out = triton_backend.paged_attention(
+        case["q"], case["k_cache"], case["v_cache"], case["block_tables"], case["seq_lens"],
+        case["query_start_loc"], SCALE,
+    )  # fmt: skip
+    torch.testing.assert_close(out, _ref(case, deq), atol=1e-5, rtol=1e-5)
+    assert float((out - _ref(case, full)).abs().max()) < VS_FP32[torch.int8]
+
+
+def test_triton_refuses_an_fp8_cache_in_one_line(triton_backend):
+    assert "fp8" not in triton_backend.kv_cache_dtypes
+    case, _, _ = _quantized_case(torch.float8_e4m3fn, [5, 9], [1, 1])
+    with pytest.raises(ValueError, match=r"'triton' has no kernel for a torch.float8_e4m3fn KV"):
+        triton_backend.paged_decode_attention(
             case["q"], case["k_cache"], case["v_cache"], case["block_tables"],
             case["seq_lens"], SCALE,
         )  # fmt: skip
     key = torch.zeros(1, 2, 16)
     with pytest.raises(ValueError, match="use --attention-backend torch") as exc:
-        backend.reshape_and_cache(key, key, case["k_cache"], case["v_cache"], torch.tensor([0]))
+        triton_backend.reshape_and_cache(
+            key, key, case["k_cache"], case["v_cache"], torch.tensor([0])
+        )
     assert "\n" not in str(exc.value)

@@ -30,7 +30,8 @@ HEADS = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "block_size": 16
 PREFILL_CASES = [(1, 2048, 0), (4, 2048, 0), (1, 8192, 0), (4, 1024, 3072)]  # seqs, new, cached
 KEYS = ("q", "k_cache", "v_cache", "block_tables", "seq_lens", "query_start_loc")
 TOL = {torch.float32: 2e-3, torch.float16: 5e-3, torch.bfloat16: 2e-2}
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "int8": torch.int8}  # int8: quantized KV caches (int8_checks)  # fmt: skip
 
 
 @dataclass
@@ -69,6 +70,9 @@ def correctness_grid(device: torch.device, dtypes: list[torch.dtype], quick: boo
         cases.append((([45, 20], [5, 20], 16, 1, 4), 16, 2**23 + 64))  # pool past 2**31 elements
     results = []
     for dtype in dtypes:
+        if dtype == torch.int8:
+            results += int8_checks(device, small if quick else small + large)
+            continue
         name = str(dtype).removeprefix("torch.")
         for case, head_dim, pool in cases:
             c = make_paged_case(
@@ -102,6 +106,46 @@ def correctness_grid(device: torch.device, dtypes: list[torch.dtype], quick: boo
         torch_be.reshape_and_cache(key, -key, rk, rv, slots)
         err = float(((kc - rk).abs().max() + (vc - rv).abs().max()).float())
         results.append(CheckResult("reshape_and_cache", name, err, 0.0, err == 0.0))
+    return results
+
+
+def int8_checks(device: torch.device, cases: list) -> list[CheckResult]:
+    """int8 KV caches (kernels/kv_quant.py): both Triton kernels against the torch backend
+    on the same quantized cache (it dequantizes, then attends in fp32) to 2e-3 x max |ref|,
+    and the quantizing write byte for byte."""
+    from cbbench.kernels import kv_quant, triton_attention
+
+    triton_be = get_attention_backend("triton", device)
+    torch_be = TorchAttentionBackend(device)
+    results = []
+    for case in cases:
+        c = make_paged_case(*case, head_dim=64, device=device)
+        c["k_cache"] = kv_quant.quantize(c["k_cache"], torch.int8)
+        c["v_cache"] = kv_quant.quantize(c["v_cache"], torch.int8)
+        args = [c[k] for k in KEYS]
+        scale = 64**-0.5
+        ref = torch_be.paged_attention(*args, scale).float()
+        tol = 2e-3 * max(1.0, float(ref.abs().max()))
+        label = f"seq_lens={case[0]} qlens={case[1]} bs={case[2]} g={case[4]}"
+        out = triton_attention.paged_prefill_attention(*args, scale, max_query_len=max(case[1]))
+        err = float((out.float() - ref).abs().max())
+        results.append(CheckResult("prefill " + label, "int8", err, tol, err <= tol))
+        last = (c["query_start_loc"][1:] - 1).long()
+        dec = triton_be.paged_decode_attention(c["q"][last], *args[1:5], scale)
+        err = float((dec.float() - ref[last]).abs().max())
+        results.append(CheckResult("decode " + label, "int8", err, tol, err <= tol))
+        del c, args, ref, out, dec
+    kc = torch.zeros(64, 16, 8, 130, dtype=torch.int8, device=device)
+    key = torch.randn(50, 8, 128, device=device) * 4
+    slots = torch.randperm(64 * 16, device=device)[:50]
+    slots[::7] = -1
+    caches = []
+    for be in (triton_be, torch_be):
+        k, v = torch.zeros_like(kc), torch.zeros_like(kc)
+        be.reshape_and_cache(key, -key, k, v, slots)
+        caches.append(torch.cat([k, v]))
+    same = bool(torch.equal(caches[0], caches[1]))
+    results.append(CheckResult("reshape_and_cache", "int8", 0.0 if same else 1.0, 0.0, same))
     return results
 
 
@@ -247,7 +291,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--out", type=Path, required=True, help="folder for bench_gpu.json + summary.txt"
     )
-    p.add_argument("--dtypes", default="bfloat16,float16,float32", help="correctness dtypes")
+    p.add_argument(
+        "--dtypes", default="bfloat16,float16,float32,int8", help="correctness dtypes (int8: KV)"
+    )
     p.add_argument("--batches", default="1,8,32,64,128,256")
     p.add_argument("--contexts", default="512,1024,4096,8192,16384,32768")
     p.add_argument("--quick", action="store_true", help="small correctness grid, goal point only")
