@@ -120,12 +120,13 @@ def claims(rows: dict) -> dict[str, str]:
 def method_line(rows: dict) -> str:
     r = next(iter(rows.values()))
     seeds = r["seeds"]
-    same = [x["seed"] for x in r["replicates"] if "same_requests_as_seed" in x]
+    reused = [w for w, row in rows.items()
+              if any("same_requests_as_seed" in x for x in row["replicates"])]  # fmt: skip
     return (
         f"± = {rs.METHOD}: {len(seeds)} replicates per workload (seeds {seeds[0]}-{seeds[-1]}), "
         f"each {r['setting']['num_requests']} requests, static and continuous on the same "
-        f"requests" + (", uniform's request sets are identical (constant lengths)" if same and
-                       rows.get("uniform") is r else "")
+        "requests" + "".join(f"; {w}: one request set whatever the seed (constant lengths), "
+                             "simulated once" for w in reused)
     )  # fmt: skip
 
 
