@@ -1,23 +1,29 @@
 """Routing decision time at 64 replicas, per policy, and the cluster simulator's cost.
 
-`decide` times one `choose()` (prefix-affinity: with hashing the prompt's first 32 blocks
-of 16 tokens, as the router does per request) over replicas whose loads change between
+`decide` times one `choose()` (and, for prefix-affinity, with hashing a 600-token prompt at
+doubling lengths, as the router does per request) over replicas whose loads change between
 decisions; it prints p50 / p99 per policy (goal: p99 <= 50 us). `cluster_sim` replays a
 workload over N simulated replicas (reference_engine/router/cluster_sim.py) and prints the
-wall time per request; `CBBENCH_ROUTER_SIM_BIG=1` adds 1,000 replicas x 100,000 requests.
+wall time per request and per engine step; `CBBENCH_ROUTER_SIM_BIG=1` adds 1,000 replicas x
+100,000 requests (`cbbench sim --replicas 1000 --workload chat --num-requests 100000` is the
+same run from the command line).
 Run:
     .venv/bin/python -m pytest tests/benchmarks/test_router_bench.py -o addopts="" --benchmark-only -s
 """
 
 from __future__ import annotations
 
+import os
 import random
 import time
 
 import pytest
+from cbbench.reference_engine.config.options import SIM_DEFAULTS, build_engine_config
+from cbbench.reference_engine.router.cluster_sim import simulate_cluster
 from cbbench.reference_engine.router.policy import ReplicaLoad, RouteRequest
 from cbbench.reference_engine.router.prefix import token_block_hashes
 from cbbench.reference_engine.router.registry import POLICY_NAMES, make_policy
+from cbbench.workloads import load_workload
 from cbbench.workloads.stats import describe
 
 REPLICAS = 64
@@ -65,4 +71,31 @@ def test_decide(benchmark, policy):
         f"\n{policy}: {REPLICAS} replicas, {d['count']} decisions: choose() p50 "
         f"{d['p50']:.1f} us, p99 {d['p99']:.1f} us; with prefix hashing p50 {h['p50']:.1f} us, "
         f"p99 {h['p99']:.1f} us"
+    )
+
+
+# (replicas, requests): how the simulation's wall time grows with both. The chat preset
+# (prompts median 64, outputs median 160), every request at t = 0, prefix caching on.
+SCALES = [(8, 800), (64, 6_400), (64, 25_600), (256, 25_600)]
+if os.environ.get("CBBENCH_ROUTER_SIM_BIG"):
+    SCALES.append((1_000, 100_000))
+
+
+@pytest.mark.parametrize("replicas,requests", SCALES)
+@pytest.mark.parametrize("policy", ["least-outstanding", "prefix-affinity"])
+def test_cluster_sim(benchmark, replicas, requests, policy):
+    wl = load_workload("chat", num_requests=requests)
+    cfg = build_engine_config({"enable_prefix_caching": True}, SIM_DEFAULTS, scheduler="continuous")
+
+    def run():
+        return simulate_cluster(wl.requests, cfg, replicas, make_policy(policy), seed=wl.seed)
+
+    res = benchmark.pedantic(run, rounds=1, iterations=1)
+    s = res.summary()
+    steps = sum(t.steps for t in res.replicas)
+    print(
+        f"\n{policy}: {replicas} replicas x {requests} requests: {res.wall_s:.1f} s wall, "
+        f"{res.wall_s / requests * 1e3:.2f} ms/request, {steps} steps "
+        f"({res.wall_s / steps * 1e6:.0f} us/step); simulated {s['duration_s']:.0f} s, "
+        f"requests/replica CV {s['requests_per_replica']['cv']:.3f}"
     )
