@@ -136,6 +136,8 @@ def test_reproduce_bad_flag(capsys):
     assert main(["reproduce", "--sim-only", "--batch-size", "0"]) == 2
     err = capsys.readouterr().err
     assert "--batch-size must be >= 1" in err and "Traceback" not in err
+    assert main(["reproduce", "--sim-only", "--workload-seed", "-1"]) == 2
+    assert "--workload-seed must be >= 0, got -1" in capsys.readouterr().err
 
 
 def test_reproduce_measured_part_on_tiny(tmp_path, capsys, monkeypatch):
@@ -145,7 +147,7 @@ def test_reproduce_measured_part_on_tiny(tmp_path, capsys, monkeypatch):
     argv = ["reproduce", "--num-requests", "16", "--batch-size", "4", "--cpu-model", "tiny"]
     argv += ["--sim-scale", "16"]
     argv += ["--cpu-requests", "6", "--cpu-batch-size", "2", "--cpu-scale", "64", "--clock", "cpu"]
-    argv += ["--cpu-replicates", "2", "--replicates", "2"]
+    argv += ["--cpu-replicates", "2", "--replicates", "2", "--workload-seed", "1"]
     assert main([*argv, "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "MEASURED, CPU" in text and "MEASURED: the real engine (tiny) on CPU, B=2" in text
@@ -154,11 +156,11 @@ def test_reproduce_measured_part_on_tiny(tmp_path, capsys, monkeypatch):
     assert set(rows) == {"uniform", "mixed", "heavy-mixed"}
     assert all(r["gain"] > 0 and r["conditions"]["executor"] == "real" for r in rows.values())
     # measured rows: intervals by the same method, over their own (fewer) replicates
-    assert all(len(r["replicate_gains"]) == 2 and r["seeds"] == [0, 1] for r in rows.values())
+    assert all(len(r["replicate_gains"]) == 2 and r["seeds"] == [1, 2] for r in rows.values())
     assert all("n = 2" in r["interval_method"] for r in rows.values())
     assert doc["verdicts"][1].startswith("measured on CPU (2 replicates")
     assert doc["claims"]["measured_cpu"] == rr.claims(doc["measured_cpu"])
-    run = load_run(out / "cpu" / "heavy-mixed_64" / "seed1" / "static")
+    run = load_run(out / "cpu" / "heavy-mixed_64" / "seed2" / "static")
     assert run.meta["simulated"] is False and len(run.records) == 6
 
 

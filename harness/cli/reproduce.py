@@ -63,8 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="divide the simulated prompt and output lengths by this (1)")  # fmt: skip
     p.add_argument("--replicates", type=int, default=5,
                    help="independent request sets per simulated workload (5)")  # fmt: skip
-    p.add_argument("--seed", type=int, default=0,
-                   help="first workload seed; replicate k uses seed + k (0)")  # fmt: skip
+    p.add_argument("--workload-seed", type=int, default=0,
+                   help="first workload seed; replicate k uses it + k (0)")  # fmt: skip
     g = p.add_argument_group("measured on CPU")
     g.add_argument("--cpu-model", default="small", help="default small (54M parameters)")
     g.add_argument("--cpu-batch-size", type=int, default=8, help="B on CPU (default 8)")
@@ -86,8 +86,8 @@ def _check(args: argparse.Namespace) -> None:
             raise CbbenchError(
                 f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}"
             )
-    if args.seed < 0:
-        raise CbbenchError(f"--seed must be >= 0, got {args.seed}")
+    if args.workload_seed < 0:
+        raise CbbenchError(f"--workload-seed must be >= 0, got {args.workload_seed}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         kv_cache_memory_gb=args.kv_cache_memory_gb,
         length_scale=args.sim_scale,
         replicates=args.replicates,
-        seed=args.seed,
+        seed=args.workload_seed,
     )
     console.rule(
         f"[bold]2a. SIMULATED: {args.model} on {args.hardware}, B={args.batch_size}, "
