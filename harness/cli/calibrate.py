@@ -6,7 +6,12 @@ fits cost_model.STEP_TERMS (reference_engine/sim/calibration.py) and saves a har
 (`--validate-workloads`, default chat: 24 requests, B=8; uniform: 8, B=4; max_model_len
 2048, all at once) simulated and real, static and continuous, and prints throughput and p99
 E2E side by side with the errors (targets: 5 % / 10 %); `--validate --fit PATH` checks an
-existing fit without refitting.
+existing fit without refitting. `--validate-random K` draws K random workloads (prompt and
+output shapes and scales, B, request counts, prefix caching, preemption, chunked admission;
+reference_engine/sim/random_draws.py), runs each real (stepped in turn with the fit runs) and
+simulated, and prints the error distribution per scheduler, with and without the fit's drift
+factors, and whether the fit's prediction interval covers the real figure; every draw is
+named SEED:I and reruns alone with `--random-seed SEED --draws I`.
 
 Grid method (the flags of the first calibrate, still supported): --batch-sizes,
 --context-lens, --prefill-lens, --repeats, --min-time or a --device other than cpu time
@@ -72,6 +77,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="chat",
         help="held-out presets, comma-separated (chat: 24 requests, B=8; uniform: 8, B=4)",
     )
+    r = p.add_argument_group("random-draw validation")
+    r.add_argument("--validate-random", type=int, default=None, metavar="K",
+                   help="validate on K workloads drawn at random (see above)")  # fmt: skip
+    r.add_argument("--random-seed", type=int, default=0, help="seed of the draws (default 0)")
+    r.add_argument("--draws", default=None, metavar="I,J",
+                   help="with --validate-random: only these draw indices (rerun a draw)")  # fmt: skip
+    r.add_argument("--save-trace", default=None, metavar="PATH",
+                   help="also pickle every run's raw steps (shapes, durations) for refits offline")  # fmt: skip
     g = p.add_argument_group("grid method (any of these selects it)")
     g.add_argument("--batch-sizes", default=None, help="decode batch sizes (grid: 1,4,16)")
     g.add_argument(
@@ -123,23 +136,36 @@ def run(args: argparse.Namespace) -> int:
     for dest in ("model", "dtype", "device"):
         setattr(args, dest, engine_value(args, dest))
     grid = grid_options(args)
-    if grid is not None and (args.validate or args.clock != "wall" or args.scale != 1.0):
+    randomly = args.validate_random is not None
+    if grid is not None and (args.validate or randomly or args.clock != "wall"
+                             or args.scale != 1.0):  # fmt: skip
         raise EngineError(
-            "--validate, --clock and --scale go with the engine-trace fit, not the grid method "
+            "--validate, --validate-random, --clock and --scale go with the engine-trace fit, "
+            "not the grid method "
             "(--batch-sizes/--context-lens/--prefill-lens/--repeats/--min-time/--device)"
         )
     if args.scale <= 0:
         raise EngineError(f"--scale must be > 0, got {args.scale}")
     if args.validate_requests is not None and args.validate_requests < 1:
         raise EngineError(f"--validate-requests must be >= 1, got {args.validate_requests}")
-    if args.fit and not args.validate:
+    if args.fit and not (args.validate or randomly):
         raise EngineError("--fit only goes with --validate (it checks an existing fit)")
+    if args.draws is not None and not randomly:
+        raise EngineError("--draws only goes with --validate-random")
     console = Console()
     log = lambda s: console.print(s, highlight=False)  # noqa: E731
     checks = []
     if args.validate:
         names = [w.strip() for w in args.validate_workloads.split(",") if w.strip()]
         checks = held_out(args.model, names, args.clock, args.dtype, args.validate_requests, log)
+    drawn = []
+    if randomly:
+        from cbbench.reference_engine.sim.calibration_grid import parse_ints
+        from cbbench.reference_engine.sim.random_draws import DrawCheck, draws
+
+        only = None if args.draws is None else list(parse_ints(args.draws, "--draws", zero=True))
+        drawn = [DrawCheck(d, args.model, args.clock, args.dtype, log)
+                 for d in draws(args.random_seed, args.validate_random, only)]  # fmt: skip
     with cal.torch_threads(args.threads):
         if args.fit:
             spec = get_hardware(args.fit)
@@ -167,8 +193,15 @@ def run(args: argparse.Namespace) -> int:
             )
             with request_progress(console, "fit runs", 1) as progress:
                 c = cal.calibrate(args.model, args.dtype, args.clock, args.scale, args.name, log,
-                                  validation=checks, on_progress=progress)  # fmt: skip
+                                  validation=checks + drawn, on_progress=progress)  # fmt: skip
             spec = c.spec
+            if args.save_trace:
+                import pickle
+
+                Path(args.save_trace).parent.mkdir(parents=True, exist_ok=True)
+                Path(args.save_trace).write_bytes(pickle.dumps(
+                    {"trace": c.trace, "draws": [d.draw for d in drawn], "spec": spec.to_dict()}
+                ))  # fmt: skip
             out = Path(args.out or f"calibration-{Path(args.model).name}-cpu.json")
             # Markdown when piped; also beside the JSON (OUT.md)
             emit_table(console, fit_table(c), out.parent, f"{out.stem}.md")
@@ -197,6 +230,22 @@ def run(args: argparse.Namespace) -> int:
                 "clock": args.clock,
                 "rows": [r.to_dict() for r in rows],
             }
+        if drawn:
+            from cbbench.reference_engine.sim.random_draws import compare_draws, report
+
+            no_drift = None if args.fit else c.no_drift
+            console.print(f"validating {spec.name} on {len(drawn)} random draws (seed "
+                          f"{args.random_seed}), static and continuous, {args.clock} clock")  # fmt: skip
+            results = compare_draws(drawn, spec, no_drift)
+            folder, name = (None, "") if out is None else (out.parent, f"{out.stem}-random.md")
+            emit_table(console, random_table(results, spec.name), folder, name)
+            summary = report(results)
+            emit_table(console, random_summary_table(summary), folder,
+                       name.replace("-random", "-random-summary"))  # fmt: skip
+            spec.fit["random_validation"] = {
+                "seed": args.random_seed, "clock": args.clock, "summary": summary,
+                "rows": [r.to_dict() for r in results],
+            }  # fmt: skip
     if out is not None:
         out.write_text(json.dumps(spec.to_dict(), indent=2) + "\n", encoding="utf-8")
         console.print(
@@ -237,12 +286,65 @@ def fit_table(c) -> object:
         "c_dec_gathered": "us per decode KV token slot gathered",
         "c_dec_calls": "ms per decode attention call",
         "c_pre_ctx": "us per prefill (query x context) pair",
+        "c_mixed": "ms per step mixing prefills and decodes",
     }
     parts = []
     for k, v in spec.linear.items():
         unit = units.get(k, k)
         parts.append(f"{v * (1e6 if unit.startswith('us') else 1e3):.4g} {unit}")
     t.caption = "fit: " + " + ".join(parts) + f"; R^2 {spec.fit['r2']:.4f}"
+    return t
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:+.1%}"
+
+
+def random_table(results, name: str) -> object:
+    from rich.table import Table
+
+    t = Table(title=f"random draws: SIMULATED ({name}) vs MEASURED (real engine), output tok/s "
+              "and p99 E2E; interval: the fit's 90 % prediction interval")  # fmt: skip
+    for col in ("draw", "workload", "scheduler", "steps", "preempt", "sim tok/s", "real tok/s",
+                "error", "no drift factor", "drift divided out", "tok/s interval", "in",
+                "p99 E2E error", "p99 interval s", "in"):  # fmt: skip
+        t.add_column(col, justify="right")
+    for r in results:
+        w = r.row
+        yes = {True: "yes", False: "NO", None: "-"}
+        iv = "-" if r.tok_s_interval is None else "{:.1f}-{:.1f}".format(*r.tok_s_interval)
+        pv = "-" if r.p99_interval is None else "{:.2f}-{:.2f}".format(*r.p99_interval)
+        t.add_row(
+            r.draw.label(), r.draw.describe() if w.scheduler == "static" else "", w.scheduler,
+            str(w.num_steps), str(w.num_preemptions), f"{w.sim_throughput:.1f}",
+            f"{w.real_throughput:.1f}", _pct(w.throughput_error),
+            _pct(r.no_drift.throughput_error if r.no_drift else None), _pct(w.drift_free_error),
+            iv, yes[r.covered], _pct(w.e2e_p99_error), pv, yes[r.p99_covered],
+        )  # fmt: skip
+    return t
+
+
+def random_summary_table(summary: dict) -> object:
+    from rich.table import Table
+
+    t = Table(title="random draws: |error| distribution per scheduler (median / p90 / max)")
+    for col in ("scheduler", "output tok/s", "without drift factor", "drift divided out",
+                "p99 E2E", "tok/s interval covers", "p99 interval covers"):  # fmt: skip
+        t.add_column(col, justify="right")
+
+    def dist(key: str, s: str) -> str:
+        d = summary.get(key, {}).get(s)
+        if d is None:
+            return "-"
+        return f"{d['median_abs']:.1%} / {d['p90_abs']:.1%} / {d['max_abs']:.1%}"
+
+    for s, d in summary["throughput"].items():
+        n = d["draws"]
+        cov = f"{d['covered']} of {n}" if "covered" in d else "-"
+        p99 = summary["e2e_p99"][s]
+        pcov = f"{p99['covered']} of {n}" if "covered" in p99 else "-"
+        t.add_row(s, dist("throughput", s), dist("no_drift", s), dist("drift_free", s),
+                  dist("e2e_p99", s), cov, pcov)  # fmt: skip
     return t
 
 

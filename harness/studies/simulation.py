@@ -348,6 +348,7 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
                 f"{name}: {len(results[name].steps)} steps simulated in {wall:.1f}s wall; "
                 f"{tput:.1f} output tok/{'step' if steps_mode else 's'}"
             )
+            print_interval(console, name, hw, results[name])
             save(name, results[name])
         title = (
             f"SIMULATED: {any_cfg.model} on {where}, workload {opts.workload} ({len(wl)} "
@@ -359,6 +360,23 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
             )
         )
     return SimStudy(opts, wl, dict(settings), results, run_dirs, title, steps_mode, timeline)
+
+
+def print_interval(console: Console, name: str, hw, res: SimResult) -> None:
+    """A calibrated fit's prediction interval for this run (reference_engine/sim/intervals.py)."""
+    from cbbench.reference_engine.sim.intervals import interval_for
+
+    iv = interval_for(hw.fit, len(res.steps)) if hw.linear is not None else None
+    s = res.summary()
+    if iv is None or not s["output_throughput"]:
+        return
+    lo, hi = iv.throughput(s["output_throughput"])
+    p_lo, p_hi = iv.latency(s["e2e_s"]["p99"])
+    console.print(
+        f"  {name}: {iv.level:.0%} prediction interval from the fit's residuals: "
+        f"{lo:.1f}-{hi:.1f} output tok/s, p99 E2E {p_lo:.2f}-{p_hi:.2f} s",
+        highlight=False, soft_wrap=True,
+    )
 
 
 def print_study(study: SimStudy, console: Console) -> None:

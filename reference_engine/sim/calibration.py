@@ -100,6 +100,8 @@ class TracedClock:
         self._paused_at = 0.0
         self.steps: list[tuple[StepWork, float]] = []
         self.host_s: list[float] = []  # per step: the part outside execute() (scheduler, update)
+        # per step: (start, num_tokens, samples, block table) per chunk, for refits offline
+        self.shapes: list[list[tuple]] = []
 
     def now(self) -> float:
         return self._read() + self._offset
@@ -124,8 +126,10 @@ class TracedClock:
         out = self.inner.execute(chunks)
         end = self.now()
         # the step's work, block tables included; its counting stops the clock
-        work = self.cost.work((c.start, c.num_tokens, c.samples, c.seq.block_table)
-                              for c in chunks)  # fmt: skip
+        shape = [(c.start, c.num_tokens, bool(c.samples), tuple(c.seq.block_table))
+                 for c in chunks]  # fmt: skip
+        work = self.cost.work(shape)
+        self.shapes.append(shape)
         self._offset -= self.now() - end
         self.steps.append((work, end - self._mark))
         self.host_s.append(start - self._mark)
@@ -189,19 +193,22 @@ def _traced(cost_of: Callable[[object], CostModel], clock: str, traces: list):
 
 
 def run_interleaved(
-    jobs: list[tuple[list[RequestSpec], EngineConfig]],
+    jobs: list[tuple[list[RequestSpec], EngineConfig] | tuple[list[RequestSpec], EngineConfig, dict]],
     clock: str,
     on_progress: Callable[[int, int], None] | None = None,
+    clocks: list | None = None,
 ) -> list[tuple[object, list[tuple[StepWork, float]]]]:
     """Replay every job on its own real engine, one engine step of each in turn, each on a
     TracedClock that runs only while its engine does: load that drifts over time on a
     shared machine then hits every job alike. Returns (SimResult, traced steps, host seconds
-    per step) per job. `on_progress(done, total)` counts finished requests over all jobs."""
+    per step) per job (`clocks`, when given, receives each job's TracedClock, raw step
+    shapes included); a job's optional third item: keyword arguments of its replay
+    (prefix_block_size). `on_progress(done, total)` counts finished requests over all jobs."""
     from cbbench.reference_engine.sim.simulate import _replay_steps
 
     traces: list[list[TracedClock]] = [[] for _ in jobs]
     finished = [0] * len(jobs)
-    total = sum(len(reqs) for reqs, _ in jobs)
+    total = sum(len(job[0]) for job in jobs)
 
     def counter(i: int) -> Callable[[int, int], None] | None:
         if on_progress is None:
@@ -215,9 +222,10 @@ def run_interleaved(
 
     gens = [
         _replay_steps(
-            reqs, cfg, wrap_executor=_traced(_cost_for, clock, traces[i]), on_progress=counter(i)
+            job[0], job[1], wrap_executor=_traced(_cost_for, clock, traces[i]),
+            on_progress=counter(i), **(job[2] if len(job) > 2 else {}),
         )  # fmt: skip
-        for i, (reqs, cfg) in enumerate(jobs)
+        for i, job in enumerate(jobs)
     ]
     results: list[object] = [None] * len(jobs)
     while any(r is None for r in results):
@@ -232,6 +240,8 @@ def run_interleaved(
                 results[i] = done.value
             if traces[i] and results[i] is None:
                 traces[i][0].pause()
+    if clocks is not None:
+        clocks.extend(t[0] for t in traces)
     return [(results[i], traces[i][0].steps, traces[i][0].host_s) for i in range(len(jobs))]
 
 
@@ -278,6 +288,7 @@ def fit_step_terms(
     }
     if speed:
         err["speed_drift"] = [min(speed), max(speed)]
+        err["speed_factors"] = [round(f, 4) for f in speed]  # per window of `window` rounds
     return coef, err
 
 
@@ -323,6 +334,9 @@ class Calibration:
     works: list[StepWork] = field(default_factory=list)
     measured_s: list[float] = field(default_factory=list)
     predicted_s: list[float] = field(default_factory=list)
+    no_drift: HardwareSpec | None = None  # the same steps fitted without drift factors
+    # per run (fit runs, then held-out): label, raw step shapes, durations, host seconds
+    trace: list[dict] = field(default_factory=list)
 
 
 def calibrate(
@@ -352,12 +366,15 @@ def calibrate(
     checks = validation if isinstance(validation, list) else [validation] if validation else []
     held = [(v, s, job) for v in checks for s, job in v.real_jobs()]
     t0 = time.perf_counter()
-    out = run_interleaved(jobs + [job for _, _, job in held], clock, on_progress)
+    clocks: list[TracedClock] = []
+    out = run_interleaved(jobs + [job for _, _, job in held], clock, on_progress, clocks)
     works: list[StepWork] = []
     times: list[float] = []
     host: list[float] = []
     rounds: list[int] = []
-    for (scheduler, reqs, b), (_, steps, host_s) in zip(fits, out, strict=False):
+    run_of: list[int] = []
+    for k, ((scheduler, reqs, b), (_, steps, host_s)) in enumerate(zip(fits, out, strict=False)):
+        run_of += [k] * len(steps)
         works += [w for w, _ in steps]
         times += [d for _, d in steps]
         host += host_s
@@ -373,16 +390,39 @@ def calibrate(
     log(f"  (all runs stepped in turn: {time.perf_counter() - t0:.0f} s wall)")
     if len(works) < len(STEP_TERMS):
         raise EngineError(f"calibration: only {len(works)} steps measured")
+    from cbbench.reference_engine.sim.intervals import run_errors
+
     coef, err = fit_step_terms(works, times, host, rounds)
+    coef_nd, err_nd = fit_step_terms(works, times, host)  # drift robustness: without factors
+    err["interval"] = {
+        "run_errors": [round(e, 5) for e in run_errors(works, times, host, rounds, run_of,
+                                                        DRIFT_WINDOW, fit_step_terms)],  # fmt: skip
+        "speed_factors": err.pop("speed_factors"),
+        "window": DRIFT_WINDOW,
+        "method": "leave-one-fit-run-out step-model errors (drift divided out) and the "
+        "spread of the drift factors over the run's windows (reference_engine/sim/intervals.py)",
+    }
+    name = name or f"measured-{model.rstrip('/').rsplit('/', 1)[-1]}-cpu"
     spec = measured_spec(
-        name or f"measured-{model.rstrip('/').rsplit('/', 1)[-1]}-cpu",
+        name,
         coef,
         {"model": model, "device": "cpu", "dtype": dtype, "clock": clock,
          "method": "engine step trace, NNLS on seconds, speed drift per window of "
          f"{DRIFT_WINDOW} rounds", "points": len(works), **err},
     )  # fmt: skip
+    no_drift = measured_spec(f"{name}-no-drift", coef_nd, {**spec.fit, **err_nd,
+                             "method": "engine step trace, NNLS on seconds, no drift factor"})  # fmt: skip
+    no_drift.fit.pop("interval", None)
+    no_drift.fit.pop("speed_drift", None)
+    labels = [f"fit {s} B={b}" for s, _, b in fits]
+    labels += [f"{check.workload} {s}" for check, s, _ in held]
+    trace = [
+        {"label": lab, "config": job[1], "shapes": c.shapes, "times": [d for _, d in c.steps],
+         "host": c.host_s}
+        for lab, job, c in zip(labels, jobs + [j for _, _, j in held], clocks, strict=True)
+    ]  # fmt: skip
     fitted = CostModel(_cost_model_config(model), spec, dtype)
-    return Calibration(spec, works, times, [fitted.time_of(w) for w in works])
+    return Calibration(spec, works, times, [fitted.time_of(w) for w in works], no_drift, trace)
 
 
 def measured_spec(name: str, coef, fit: dict) -> HardwareSpec:

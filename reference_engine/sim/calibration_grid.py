@@ -58,14 +58,15 @@ class Grid:
         return pts + [("prefill", 1, n) for n in self.prefill_lens]
 
 
-def parse_ints(text: str, flag: str) -> tuple[int, ...]:
-    """'1,4,16' -> (1, 4, 16); a clear error naming the flag otherwise."""
+def parse_ints(text: str, flag: str, zero: bool = False) -> tuple[int, ...]:
+    """'1,4,16' -> (1, 4, 16) (`zero`: 0 allowed); a clear error naming the flag otherwise."""
     try:
         vals = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise EngineError(f"{flag}: expected a comma list of integers, got {text!r}") from None
-    if not vals or min(vals) < 1:
-        raise EngineError(f"{flag}: expected positive integers, got {text!r}")
+    if not vals or min(vals) < (0 if zero else 1):
+        kind = "non-negative" if zero else "positive"
+        raise EngineError(f"{flag}: expected {kind} integers, got {text!r}")
     return vals
 
 

@@ -12,6 +12,7 @@ from cbbench.reference_engine.config.engine_config import EngineConfig
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution.cost_model import CostModel, HardwareSpec, StepWork
 from cbbench.reference_engine.sim.calibration import (
+    DRIFT_WINDOW,
     HELD_OUT,
     TARGETS,
     VALIDATION,
@@ -33,6 +34,10 @@ class ValidationRow:
     sim_e2e_p99: float
     real_e2e_p99: float
     step_model_error: float  # fitted step times summed over the real run's own steps
+    num_steps: int = 0  # the real run's engine steps
+    num_preemptions: int = 0  # the real run's
+    # the machine's speed over the real run's steps (fit's drift factors; > 1: slower)
+    drift: float = 1.0
 
     @property
     def throughput_error(self) -> float:
@@ -41,6 +46,11 @@ class ValidationRow:
     @property
     def e2e_p99_error(self) -> float:
         return self.sim_e2e_p99 / self.real_e2e_p99 - 1.0
+
+    @property
+    def drift_free_error(self) -> float:
+        """Throughput error with the real run's time divided by the machine's drift."""
+        return (1.0 + self.throughput_error) / self.drift - 1.0
 
     @property
     def ok(self) -> bool:
@@ -60,6 +70,9 @@ class ValidationRow:
             "real_e2e_p99_s": self.real_e2e_p99,
             "e2e_p99_error": self.e2e_p99_error,
             "step_model_error": self.step_model_error,
+            "num_steps": self.num_steps,
+            "num_preemptions": self.num_preemptions,
+            "drift": self.drift,
             "within_targets": self.ok,
         }
 
@@ -116,15 +129,19 @@ class Validation:
         self.requests = [replace(r, arrival_s=None) for r in wl.requests]
         self.schedulers = schedulers
         self.real: dict[str, tuple[dict, list[tuple[StepWork, float]]]] = {}
+        self.replay_kwargs: dict = {}  # e.g. prefix_block_size, for real and simulated runs
         self._warm = False
 
     def _config(self, scheduler: str, executor: str, hardware: str) -> EngineConfig:
         return engine_config(self.model, scheduler, self.batch_size, self.max_model_len,
                              executor, hardware, self.dtype, self.num_kv_blocks)  # fmt: skip
 
-    def real_jobs(self) -> list[tuple[str, tuple[list[RequestSpec], EngineConfig]]]:
-        """(scheduler, (requests, real engine config)) for run_interleaved."""
-        return [(s, (self.requests, self._config(s, "real", "h100"))) for s in self.schedulers]
+    def real_jobs(self) -> list[tuple[str, tuple[list[RequestSpec], EngineConfig, dict]]]:
+        """(scheduler, (requests, real engine config, replay kwargs)) for run_interleaved."""
+        return [
+            (s, (self.requests, self._config(s, "real", "h100"), self.replay_kwargs))
+            for s in self.schedulers
+        ]
 
     def _run_real(self, scheduler: str) -> None:
         from cbbench.reference_engine.sim.simulate import replay
@@ -139,6 +156,7 @@ class Validation:
             self.requests,
             self._config(scheduler, "real", "h100"),
             wrap_executor=_traced(_cost_for, self.clock, traces),
+            **self.replay_kwargs,
         )
         self.real[scheduler] = (res.summary(), traces[-1].steps)
         self.log(
@@ -147,7 +165,10 @@ class Validation:
             f"{time.perf_counter() - t0:.1f} s wall)"
         )
 
-    def compare(self, spec: HardwareSpec) -> list[ValidationRow]:
+    def compare(self, spec: HardwareSpec, speed: list[float] | None = None,
+                window: int = DRIFT_WINDOW) -> list[ValidationRow]:  # fmt: skip
+        """Simulate on `spec` and compare with the real runs; `speed` (the fit's drift factor
+        per `window` rounds) gives each row the machine's speed over its real run."""
         import json
         import tempfile
         from pathlib import Path
@@ -163,10 +184,16 @@ class Validation:
             hw = str(Path(tmp) / "hw.json")
             Path(hw).write_text(json.dumps(spec.to_dict()), encoding="utf-8")
             for s in self.schedulers:
-                sim = replay(self.requests, self._config(s, "sim", hw)).summary()
+                cfg = self._config(s, "sim", hw)
+                sim = replay(self.requests, cfg, **self.replay_kwargs).summary()
                 real, steps = self.real[s]
                 measured = sum(d for _, d in steps)
                 predicted = sum(fitted.time_of(w) for w, _ in steps)
+                drift = 1.0
+                if speed:
+                    last = len(speed) - 1
+                    free = sum(d / speed[min(i // window, last)] for i, (_, d) in enumerate(steps))
+                    drift = measured / free
                 rows.append(
                     ValidationRow(
                         self.workload,
@@ -176,6 +203,9 @@ class Validation:
                         sim["e2e_s"]["p99"],
                         real["e2e_s"]["p99"],
                         predicted / measured - 1.0,
+                        len(steps),
+                        real["num_preemptions"],
+                        drift,
                     )
                 )
         return rows
