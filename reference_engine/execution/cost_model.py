@@ -21,8 +21,7 @@ decode attention as the CPU torch backend lays it out from the block tables
 (kernels/kv_layout.py): KV tokens read in place, KV token slots gathered (copied, with
 their padding) and attention calls, and prefill attention (query tokens x context per
 prefill chunk). Older fits (c0, c_flops, c_bytes, c_seq; c_dec_ctx, the decode context
-padded to the batch's longest) still load. `CostModel.step_time(chunks)` is the one stable entry point: the time of one step given
-its batch.
+padded to the batch's longest) still load. `CostModel.step_time(chunks)` is the one stable entry point: the time of one step given its batch.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ LINEAR_TERMS = ("c0", "c_flops", "c_bytes", "c_seq")  # the first calibration's 
 # What `cbbench calibrate` fits now (see the module docstring); each is non-negative.
 STEP_TERMS = (
     "c0", "c_host", "c_tok", "c_sample", "c_seq", "c_prefill",
-    "c_dec_in_place", "c_dec_gathered", "c_dec_calls", "c_pre_ctx",
+    "c_dec_in_place", "c_dec_gathered", "c_dec_calls", "c_pre_ctx", "c_mixed",
 )  # fmt: skip
 # Terms counted from the decode batch's block tables (kv_layout): a step's work needs them.
 LAYOUT_TERMS = ("c_dec_in_place", "c_dec_gathered", "c_dec_calls")
@@ -188,6 +187,7 @@ STEP_FEATURES = {
     "c_dec_gathered": lambda w: w.dec_gathered,
     "c_dec_calls": lambda w: w.dec_calls,
     "c_pre_ctx": lambda w: w.prefill_ctx,
+    "c_mixed": lambda w: float(0 < w.num_prefill_seqs < w.num_seqs),  # prefills + decodes
 }
 
 
