@@ -43,7 +43,7 @@ def kernel_configs(dtype: str) -> list[tuple[str, object, dict]]:
     from cbbench.kernels import triton_cache as tc
 
     f32 = dtype == "fp32"
-    dot = {"DOT_PRECISION": "ieee" if f32 else "tf32", "DOT_F32": f32}
+    dot = {"DOT_PRECISION": "ieee" if f32 else "tf32", "DOT_F32": f32, "QUANT": False}
     return [
         ("decode", ta._decode_split_kernel,
          dict(GROUP=4, BLOCK_G=16, BLOCK_N=64, BLOCK_D=128, **dot)),
@@ -52,7 +52,7 @@ def kernel_configs(dtype: str) -> list[tuple[str, object, dict]]:
         ("merge", ta._decode_merge_kernel, dict(BLOCK_S=4, BLOCK_D=128)),
         ("prefill", ta._prefill_kernel,
          dict(GROUP=4, BLOCK_M=64, BLOCK_N=64, BLOCK_D=128, **dot)),
-        ("reshape_and_cache", tc._reshape_and_cache_kernel, dict(BLOCK_H=8, BLOCK_D=128)),
+        ("reshape_and_cache", tc._reshape_and_cache_kernel, dict(BLOCK_H=8, BLOCK_D=128, QUANT=False)),
     ]  # fmt: skip
 
 
