@@ -7,6 +7,8 @@ Deliberately shares no code with the backends it checks.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -164,34 +166,50 @@ def engine_block_tables(
 
 
 # --- quantized caches (kernels/kv_quant.py's layout), written out plainly -------------------
+_E_MIN, _E_MAX = 1, 254  # E8M0 bytes written: 2**-126 .. 2**127
+
+
+def ref_scale_byte(amax: float, top: float) -> int:
+    """The smallest e in [1, 254] with amax <= top * 2**(e - 127), by search in float64
+    (a first guess from log2, then stepped until exact): 254 for an inf row."""
+    if amax == math.inf:
+        return _E_MAX
+    e = _E_MIN if amax == 0.0 else math.ceil(math.log2(amax / top)) + 127
+    e = min(max(e, _E_MIN), _E_MAX)
+    while e < _E_MAX and amax > math.ldexp(top, e - 127):
+        e += 1
+    while e > _E_MIN and amax <= math.ldexp(top, e - 128):
+        e -= 1
+    return e
+
+
 def ref_quantize_row(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """One (token, head) row x [D] -> [D + 2] of `dtype`: codes round(x / s) (int8) or
-    x / s cast (fp8), then s = fp16(absmax / qmax) as 2 bytes; absmax 0 gives the tiny s."""
+    """One (token, head) row x [D] -> [D + 1] of `dtype`: codes round_half_even(x / s)
+    (int8) or x / s cast (fp8), then the byte e of s = 2**(e - 127), the smallest power of
+    two with absmax / s <= 127 (448 for e4m3); absmax 0 gives e = 1 and zero codes."""
     top = 127.0 if dtype == torch.int8 else float(torch.finfo(dtype).max)
-    amax = float(x.float().abs().max())
-    s = torch.tensor(min(max(amax / top, 2.0**-24), 65504.0), dtype=torch.float32)
-    s16 = s.to(torch.float16)
-    row = torch.empty(x.shape[0] + 2, dtype=dtype)
-    y = x.float() / s16.float()
+    e = ref_scale_byte(float(x.float().abs().max()), top)
+    row = torch.empty(x.shape[0] + 1, dtype=dtype)
+    y = x.double() / math.ldexp(1.0, e - 127)
     if dtype == torch.int8:
         row[: x.shape[0]] = torch.round(y).clamp(-127, 127).to(torch.int8)
     else:
-        row[: x.shape[0]] = y.clamp(-top, top).to(dtype)
-    row[x.shape[0] :] = s16.reshape(1).view(torch.uint8).view(dtype)
+        row[: x.shape[0]] = y.clamp(-top, top).float().to(dtype)
+    row[x.shape[0] :] = torch.tensor([e], dtype=torch.uint8).view(dtype)
     return row
 
 
 def ref_dequantize_row(row: torch.Tensor) -> torch.Tensor:
-    """[D + 2] packed row -> fp32 [D]."""
-    d = row.shape[0] - 2
-    s16 = row[d:].contiguous().view(torch.uint8).view(torch.float16)
-    return row[:d].float() * float(s16[0])
+    """[D + 1] packed row -> fp32 [D]: codes times 2**(e - 127)."""
+    d = row.shape[0] - 1
+    e = int(row[d:].contiguous().view(torch.uint8)[0])
+    return (row[:d].double() * math.ldexp(1.0, e - 127)).float()
 
 
 def ref_quantize_cache(cache: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A float cache [NB, BS, Hkv, D] -> packed [NB, BS, Hkv, D + 2], row by row."""
+    """A float cache [NB, BS, Hkv, D] -> packed [NB, BS, Hkv, D + 1], row by row."""
     nb, bs, h, d = cache.shape
-    out = torch.empty((nb, bs, h, d + 2), dtype=dtype)
+    out = torch.empty((nb, bs, h, d + 1), dtype=dtype)
     for i in range(nb):
         for j in range(bs):
             for k in range(h):
@@ -200,9 +218,9 @@ def ref_quantize_cache(cache: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def ref_dequantize_cache(cache: torch.Tensor) -> torch.Tensor:
-    """A packed cache [NB, BS, Hkv, D + 2] -> fp32 [NB, BS, Hkv, D], row by row."""
+    """A packed cache [NB, BS, Hkv, D + 1] -> fp32 [NB, BS, Hkv, D], row by row."""
     nb, bs, h, w = cache.shape
-    out = torch.empty((nb, bs, h, w - 2), dtype=torch.float32)
+    out = torch.empty((nb, bs, h, w - 1), dtype=torch.float32)
     for i in range(nb):
         for j in range(bs):
             for k in range(h):

@@ -13,16 +13,18 @@ at a time: their work is compute, not per-call overhead.
 
 Quantized (int8 / fp8, kernels/kv_quant.py) and bf16 caches under an fp32 model: the write
 quantizes (or casts) each (token, head) row; attention gathers the packed blocks (a quarter
-of fp32's bytes) and dequantizes them into the query's dtype before the same SDPA call. The
-C++ kernel and the in-place split-KV views read raw cache rows, so such caches take the
-gather path.
+of fp32's bytes) and dequantizes them into the query's dtype before the same SDPA call.
+Decode over an int8 cache on CPU runs the C++ int8 kernel instead (cpu_kv_attention: rows
+read in place, dequantized as read; any x86-64, built on the first such call) where it
+builds; the fp32 C++ kernel and the in-place split-KV views read raw rows, so fp8 and bf16
+caches (and int8 without that kernel) take the gather path.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from cbbench.kernels import cpu_attention, kv_quant, torch_split_kv
+from cbbench.kernels import cpu_attention, cpu_kv_attention, kv_quant, torch_split_kv
 from cbbench.kernels.kv_layout import GATHER_BYTES
 
 _CPU_GATHER_BYTES = GATHER_BYTES  # K+V gathered per attention call on CPU (kv_layout)
@@ -43,6 +45,8 @@ class TorchAttentionBackend:
         self._workspace: torch.Tensor | None = None  # gather buffer, grown on demand
         # fp32 decode on CPU: the C++ kernel (cpu_attention), read in place; else split-KV
         self.paged_kernel = device.type == "cpu" and cpu_attention.available()
+        # int8 decode on CPU: the C++ int8 kernel (cpu_kv_attention), built on first use
+        self.quant_kernel = device.type == "cpu"
         self.split_kv = device.type == "cpu" and torch_split_kv.available()
         self.split_kv_min_run_bytes = torch_split_kv.MIN_RUN_BYTES  # tests lower it
         # split plan of the last decode call, reused while the step's layers run
@@ -50,7 +54,15 @@ class TorchAttentionBackend:
         self._plan: torch_split_kv.SplitPlan | None = None
 
     def describe(self) -> dict[str, object]:
-        return {"name": self.name, "device": str(self.device)}
+        return {"name": self.name, "device": str(self.device), **self.decode_kernels()}
+
+    def decode_kernels(self) -> dict[str, str]:
+        """Which decode kernel runs per cache kind: "cpp" (in place), "split-kv" or "gather"
+        (torch); the int8 C++ kernel is built here if it was not yet."""
+        cpu = self.device.type == "cpu"
+        fp32 = "cpp" if self.paged_kernel else ("split-kv" if self.split_kv and cpu else "gather")
+        int8 = "cpp" if self.quant_kernel and cpu_kv_attention.available() else "gather"
+        return {"decode_kernel_fp32": fp32, "decode_kernel_int8": int8}
 
     def reshape_and_cache(
         self,
@@ -93,6 +105,10 @@ class TorchAttentionBackend:
         convert = k_cache.dtype != q.dtype  # quantized or narrower: dequantize what is gathered
         if self.paged_kernel and not convert and cpu_attention.supports(q, k_cache):
             return cpu_attention.paged_decode_attention(
+                q, k_cache, v_cache, block_tables, seq_lens, scale
+            )
+        if self.quant_kernel and cpu_kv_attention.supports(q, k_cache):  # int8, in place
+            return cpu_kv_attention.paged_decode_attention(
                 q, k_cache, v_cache, block_tables, seq_lens, scale
             )
         query = q.view(num_seqs, num_kv_heads, group, head_dim)

@@ -7,8 +7,9 @@ accumulation, probabilities rounded to the cache dtype for P @ V, as flash atten
 and in IEEE fp32 for fp32 caches. With DOT_F32 (fp32 caches, and bf16 on CPU, because the
 Triton interpreter's bf16 `tl.dot` is wrong) operands are upcast to fp32 first; fp16 runs the
 native path under the interpreter too, so both paths are tested on CPU.
-int8 caches (kernels/kv_quant.py: codes + an fp16 scale per token and head at the row's end)
-are dequantized as they are loaded (`_load_kv`) and attended in IEEE fp32.
+int8 caches (kernels/kv_quant.py: codes + a one-byte E8M0 exponent e per token and head at
+the row's end, scale 2**(e - 127)) are dequantized as they are loaded (`_load_kv`: the scale
+is e shifted into fp32's exponent field, exactly exp2(e - 127)) and attended in IEEE fp32.
 Importing this module imports triton; `triton_backend` does so lazily.
 
 Over 400 lines because the decode, merge and prefill kernels and their launchers share
@@ -30,12 +31,13 @@ NEG_INIT = tl.constexpr(-1.0e30)
 @triton.jit
 def _load_kv(cache_ptr, row, d, n_mask, kv_mask, head_dim, QUANT: tl.constexpr,
              DOT_F32: tl.constexpr):  # fmt: skip
-    """Rows `row` [N] of a cache, [N, BLOCK_D]: int8 codes times their row's fp16 scale (the
-    2 bytes after the codes) in fp32, else as stored (fp32 upcast under DOT_F32)."""
+    """Rows `row` [N] of a cache, [N, BLOCK_D]: int8 codes times 2**(e - 127), e their row's
+    E8M0 byte (after the codes), in fp32, else as stored (fp32 upcast under DOT_F32)."""
     x = tl.load(cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
     if QUANT:
-        scale_ptr = (cache_ptr + row + head_dim).to(tl.pointer_type(tl.float16))
-        scale = tl.load(scale_ptr, mask=n_mask, other=0.0).to(tl.float32)
+        e_ptr = (cache_ptr + row + head_dim).to(tl.pointer_type(tl.uint8))
+        e = tl.load(e_ptr, mask=n_mask, other=127).to(tl.int32)
+        scale = (e << 23).to(tl.float32, bitcast=True)  # exp2(e - 127), exactly
         x = x.to(tl.float32) * scale[:, None]
     elif DOT_F32:
         x = x.to(tl.float32)

@@ -1,8 +1,9 @@
 """reshape_and_cache in Triton: scatter new K/V rows into their paged-cache slots.
 
 int8 caches (kernels/kv_quant.py): each (token, head) row is quantized on the write, as
-kv_quant.quantize does it (scale = fp16(absmax / 127), codes = round-half-even(x / scale),
-IEEE division), so both backends write the same bytes.
+kv_quant.quantize does it (its E8M0 byte e from absmax's fp32 exponent and mantissa bits,
+scale = 2**(e - 127), codes = round-half-even(x / scale), exact division by a power of two),
+so both backends write the same bytes.
 
 Importing this module imports triton; `triton_backend` does so lazily.
 """
@@ -59,17 +60,23 @@ def _reshape_and_cache_kernel(
 
 @triton.jit
 def _store_quantized(cache_ptr, dst, row, x, mask, h_mask, head_dim):
-    """x [BLOCK_H, BLOCK_D] -> int8 codes at `dst`, each head's fp16 scale after its codes."""
+    """x [BLOCK_H, BLOCK_D] -> int8 codes at `dst`, each head's E8M0 byte after its codes:
+    the smallest e in [1, 254] with absmax <= 127 * 2**(e - 127) (kv_quant.scale_exponent)."""
     x = x.to(tl.float32)
     amax = tl.max(tl.abs(x), 1)
-    scale = tl.minimum(tl.maximum(tl.math.div_rn(amax, 127.0), 2.0**-24), 65504.0)
-    scale = scale.to(tl.float16)
-    y = tl.math.div_rn(x, scale.to(tl.float32)[:, None])
+    bits = amax.to(tl.int32, bitcast=True)
+    biased = bits >> 23  # amax >= 0: no sign bit
+    e = biased - 6 + ((bits & 0x7FFFFF) > 8257536).to(tl.int32)  # 127 = 1.984375 * 2**6
+    e = tl.where(biased == 255, 254, e)  # inf: the largest scale
+    e = tl.minimum(tl.maximum(e, 1), 254)
+    scale = (e << 23).to(tl.float32, bitcast=True)  # 2**(e - 127), exactly
+    y = tl.math.div_rn(x, scale[:, None])  # exact: a power of two
     r = tl.floor(y + 0.5)  # round half to even, as torch.round
     tie_odd = ((r - y) == 0.5) & ((r - 2.0 * tl.floor(r * 0.5)) != 0.0)
     r = tl.minimum(tl.maximum(tl.where(tie_odd, r - 1.0, r), -127.0), 127.0)
     tl.store(cache_ptr + dst, r.to(tl.int8), mask=mask)
-    tl.store((cache_ptr + row + head_dim).to(tl.pointer_type(tl.float16)), scale, mask=h_mask)
+    tl.store((cache_ptr + row + head_dim).to(tl.pointer_type(tl.uint8)), e.to(tl.uint8),
+             mask=h_mask)  # fmt: skip
 
 
 def reshape_and_cache(
@@ -85,6 +92,7 @@ def reshape_and_cache(
     assert k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride()
     assert k_cache.shape[2:] == (num_kv_heads, kv_quant.row_width(head_dim, k_cache.dtype))
     assert k_cache.dtype != kv_quant.fp8_dtype(), "fp8 caches: the torch backend only"
+    assert kv_quant.SCALE_BYTES == 1 and kv_quant.scale_rule_bits(torch.int8) == (7, 8257536)
     assert key.stride(-1) == 1 and value.stride(-1) == 1 and k_cache.stride(-1) == 1
     if num_tokens == 0:
         return

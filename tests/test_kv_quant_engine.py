@@ -41,24 +41,27 @@ def test_the_dtype_names_are_one_list():
     assert kv_cache.KV_SCALE_BYTES == kv_quant.SCALE_BYTES
 
 
-def test_int8_holds_3_5x_fp32_and_1_8x_bf16_blocks_for_the_same_memory(d64_dir):
+@pytest.mark.parametrize("model", ["tiny", "d64"])
+def test_int8_holds_3_5x_fp32_and_1_8x_bf16_blocks_for_the_same_memory(model, d64_dir):
+    """The real ModelRunner's pool for one --kv-cache-memory-gb: tiny (head_dim 16, where a
+    2-byte scale gave only 1.78x bf16) and a head_dim-64 checkpoint through the loader."""
+    path, head_dim = ("tiny", 16) if model == "tiny" else (d64_dir, 64)
     blocks = {}
     for kv in ("auto", "bf16", "int8", "fp8"):
-        real = _engine(d64_dir, kv)
+        real = _engine(path, kv)
         cache = real.executor.kv_cache
         assert cache.nbytes <= MEM_GB * 2**30, "the pool fits the memory asked for"
         assert cache.shape[2] == real.block_manager.num_blocks
-        sim = _engine(d64_dir, kv, executor="sim")
+        quantized = kv in ("int8", "fp8")
+        assert cache.shape[-1] == head_dim + (1 if quantized else 0), "codes + one E8M0 byte"
+        sim = _engine(path, kv, executor="sim")
         assert sim.block_manager.num_blocks == real.block_manager.num_blocks, kv
         blocks[kv] = real.block_manager.num_blocks
-    assert blocks["int8"] >= 3.5 * blocks["auto"]
-    assert blocks["int8"] >= 1.8 * blocks["bf16"]
+    assert blocks["int8"] >= 3.5 * blocks["auto"], blocks
+    assert blocks["int8"] >= 1.8 * blocks["bf16"], blocks
     assert blocks["fp8"] == blocks["int8"]
-    # tiny (head_dim 16): the 2-byte scale weighs more, still >= 3.5x fp32
-    assert (
-        _engine("tiny", "int8").block_manager.num_blocks
-        >= 3.5 * _engine("tiny", "auto").block_manager.num_blocks
-    )
+    # and no more than the row rule allows: 4D / (D + 1) of fp32's, up to one block's rounding
+    assert blocks["int8"] <= 4 * head_dim / (head_dim + 1) * (blocks["auto"] + 1)
 
 
 @pytest.mark.parametrize("kv", KV_CACHE_DTYPES)

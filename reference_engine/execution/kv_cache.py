@@ -1,10 +1,10 @@
 """The KV cache's storage: the bytes a block takes under `--kv-cache-dtype` and the torch
-dtype it is stored in (int8 / fp8 rows carry an fp16 scale per token and head,
+dtype it is stored in (int8 / fp8 rows carry a one-byte E8M0 scale per token and head,
 kernels/kv_quant.py).
 
 One rule for the real pool (ModelRunner, LLMEngine's default sizing) and the simulator's
 cost model: one token is `2 * layers * kv_heads * row` bytes, `row` = head_dim x the
-element's bytes, + 2 for a quantized row's scale. Torch-free at import (the cost model uses
+element's bytes, + 1 for a quantized row's scale. Torch-free at import (the cost model uses
 it); `kv_storage_dtype` imports torch when called.
 """
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import torch
     from cbbench.kernels import AttentionBackend
 
-KV_SCALE_BYTES = 2  # == kernels/kv_quant.py SCALE_BYTES (tested)
+KV_SCALE_BYTES = 1  # == kernels/kv_quant.py SCALE_BYTES (tested)
 KV_ELEMENT_BYTES = {"bf16": 2, "fp8": 1, "int8": 1}  # "auto": the model dtype's
 QUANTIZED = ("fp8", "int8")
 _MODEL_DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}

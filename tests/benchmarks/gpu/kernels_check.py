@@ -135,7 +135,8 @@ def int8_checks(device: torch.device, cases: list) -> list[CheckResult]:
         err = float((dec.float() - ref[last]).abs().max())
         results.append(CheckResult("decode " + label, "int8", err, tol, err <= tol))
         del c, args, ref, out, dec
-    kc = torch.zeros(64, 16, 8, 130, dtype=torch.int8, device=device)
+    row = kv_quant.row_width(128, torch.int8)  # codes + the E8M0 byte
+    kc = torch.zeros(64, 16, 8, row, dtype=torch.int8, device=device)
     key = torch.randn(50, 8, 128, device=device) * 4
     slots = torch.randperm(64 * 16, device=device)[:50]
     slots[::7] = -1
