@@ -42,11 +42,12 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
-def _precheck() -> str | None:
-    """Why the kernel cannot be built here, or None."""
+def _precheck(need_avx512: bool = True) -> str | None:
+    """Why the kernel cannot be built here, or None (`need_avx512=False`: the portable
+    sources, e.g. cpu_kv_attention's)."""
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return f"needs x86-64 Linux, not {platform.system()} {platform.machine()}"
-    if "avx512f" not in _cpu_flags():
+    if need_avx512 and "avx512f" not in _cpu_flags():
         return "the CPU lacks AVX-512F"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -57,14 +58,18 @@ def _precheck() -> str | None:
     return None
 
 
-def _build(extra_cflags: list[str] | None = None, name: str = "cbbench_cpu_kernels") -> ModuleType:
+def _build(
+    extra_cflags: list[str] | None = None,
+    name: str = "cbbench_cpu_kernels",
+    sources: list[Path] | None = None,
+) -> ModuleType:
     with warnings.catch_warnings():  # setuptools' pkg_resources warns about editable installs
         warnings.simplefilter("ignore")
         from torch.utils import cpp_extension
 
     return cpp_extension.load(
         name=name,
-        sources=[str(p) for p in SOURCES],
+        sources=[str(p) for p in (sources or SOURCES)],
         extra_cflags=CFLAGS + list(extra_cflags or []),
         extra_ldflags=["-fopenmp"],
         verbose=False,

@@ -10,12 +10,23 @@ every call and runs a small-M kernel at a fraction of the machine's FLOPs. Three
 - "onednn": weights pre-packed once into oneDNN's blocked layout (`_reorder_linear_weight`,
   the op torch's own CPU compiler uses), then `_linear_pointwise`: about 2x faster at 8 rows.
   The default for bf16, and for fp32 where "panels" is unavailable.
+- "bf16-avx2" (bf16, CPUs without oneDNN's bf16 path, e.g. AVX2-only): the bf16 weight packed
+  once into 8-output panels and multiplied in fp32 by cbbench.kernels.cpu_linear_bf16 (AVX2,
+  compiled on first use); activations go in as fp32, the output is cast back to bf16. torch's
+  own bf16 matmul on such CPUs is far slower than fp32. The bf16 default there when it builds
+  and passes a self-check against F.linear in fp32 on the same bf16 weight.
 - "column-major": weights stored [in, out] and viewed as [out, in], so the matmul reads them
-  contiguously without packing: 10-40% faster. The fallback when oneDNN is missing, fails the
-  self-check, or the dtype is float16.
+  contiguously without packing: 10-40% faster. The fallback when the others are missing, fail
+  their self-check, or the dtype is float16.
 
-Each result equals `F.linear` up to fp32 summation order. $CBBENCH_CPU_LINEAR (or the
-`choice` argument) forces one for A/B runs: auto | panels | onednn | column-major.
+Each result equals `F.linear` up to fp32 summation order ("bf16-avx2": up to the bf16 rounding
+of its output, as F.linear in bf16 rounds too). $CBBENCH_CPU_LINEAR (or the `choice` argument)
+forces one for A/B runs: auto | panels | onednn | column-major | bf16-avx2.
+
+`--quantization int8` (`quantize_cpu_linears`) is not a layout but a change of the weights:
+every linear (the LM head too) becomes int8 codes with one fp32 scale per output row, run by
+the same C++ kernel ("int8-avx2", or "int8-scalar" on a build without AVX2), activations in
+fp32; it equals F.linear over the dequantized weight up to summation order.
 """
 
 from __future__ import annotations
@@ -24,10 +35,10 @@ import os
 
 import torch
 import torch.nn.functional as F
-from cbbench.kernels import cpu_gemm
+from cbbench.kernels import cpu_gemm, cpu_linear_bf16
 from torch import nn
 
-CHOICES = ("auto", "panels", "onednn", "column-major")
+CHOICES = ("auto", "panels", "onednn", "column-major", "bf16-avx2")
 BATCH_HINT = 8  # rows the oneDNN layout is tuned for: a typical decode batch on the CPU
 
 
@@ -55,6 +66,60 @@ class PanelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return cpu_gemm.linear(x, self.panels, self.bias, self.out_features)
+
+
+class Bf16Linear(nn.Module):
+    """An nn.Linear whose bf16 weight lives only in cpu_linear_bf16's panels (inference only):
+    fp32 compute, the output in the input's dtype."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.panels = cpu_linear_bf16.pack(linear.weight)
+        b = linear.bias
+        self.bias = None if b is None else b.detach().float().contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = cpu_linear_bf16.linear(x, self.panels, self.bias, self.out_features)
+        return y.to(x.dtype)
+
+
+class Int8Linear(nn.Module):
+    """An nn.Linear quantized to int8 codes + an fp32 scale per output row, in
+    cpu_linear_bf16's panels (inference only): fp32 compute, the output in the input's dtype."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.panels, self.scales = cpu_linear_bf16.pack_int8(linear.weight)
+        b = linear.bias
+        self.bias = None if b is None else b.detach().float().contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return cpu_linear_bf16.linear_int8(x, self.panels, self.scales, self.bias).to(x.dtype)
+
+
+def _bf16_unavailable(linear: nn.Linear) -> str | None:
+    """Why "bf16-avx2" cannot run `linear` here, or None: build (once) and check the kernel
+    against F.linear in fp32 on the same bf16 weight, 1..20 rows (output kept in fp32)."""
+    if linear.weight.dtype != torch.bfloat16:
+        return f"dtype {linear.weight.dtype} is not bfloat16"
+    if cpu_linear_bf16.load() is None:
+        return cpu_linear_bf16.unavailable_reason()
+    if cpu_linear_bf16.isa() != "avx2":
+        return "the kernel was compiled without AVX2/FMA"
+    gen = torch.Generator().manual_seed(0)
+    w = linear.weight.detach().float()
+    b = None if linear.bias is None else linear.bias.detach().float()
+    with torch.inference_mode():
+        panels = cpu_linear_bf16.pack(linear.weight)
+        for rows in (1, 3, 9, 20):
+            x = torch.randn(rows, linear.in_features, generator=gen)
+            want = F.linear(x, w, b)
+            got = cpu_linear_bf16.linear(x, panels, b, linear.out_features)
+            if not torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max())):
+                return "it fails the self-check against F.linear"
+    return None
 
 
 def _panels_ok(linear: nn.Linear) -> bool:
@@ -102,26 +167,69 @@ def _choose(first: nn.Linear, choice: str) -> str:
     if choice == "panels":
         why = cpu_gemm.unavailable_reason() or f"fails the self-check or dtype {dtype} is not fp32"
         raise ValueError(f"CPU linear 'panels' is unavailable here: {why}")
+    if choice == "bf16-avx2":
+        why = _bf16_unavailable(first)
+        if why is not None:
+            raise ValueError(f"CPU linear 'bf16-avx2' is unavailable here: {why}")
+        return "bf16-avx2"
     onednn = dtype in (torch.float32, torch.bfloat16) and _onednn_ok(first)
     if choice in ("auto", "onednn") and onednn:
         return "onednn"
     if choice == "onednn":
         raise ValueError(f"CPU linear 'onednn' is unavailable here (dtype {dtype})")
+    if choice == "auto" and dtype == torch.bfloat16 and _bf16_unavailable(first) is None:
+        return "bf16-avx2"
     return "column-major"
 
 
-def optimize_cpu_linears(model: nn.Module, choice: str | None = None) -> str:
+def _linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
+    return [(parent, name, child) for parent in model.modules()
+            for name, child in parent.named_children() if isinstance(child, nn.Linear)]  # fmt: skip
+
+
+def quantize_cpu_linears(model: nn.Module) -> str:
+    """Swap every nn.Linear of `model` (on the CPU) for an Int8Linear (`--quantization int8`);
+    returns "int8-avx2" or "int8-scalar". ValueError, one line, where the kernel cannot run."""
+    if cpu_linear_bf16.load() is None:
+        why = cpu_linear_bf16.unavailable_reason()
+        raise ValueError(f"--quantization int8 needs the C++ int8 linear kernel: {why}")
+    linears = _linears(model)
+    assert linears and all(lin.weight.device.type == "cpu" for _, _, lin in linears)
+    first = linears[0][2]
+    gen = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        fast = Int8Linear(first)
+        want_w = cpu_linear_bf16.unpack_int8(fast.panels, fast.scales)
+        for rows in (1, 3, 9, 20):
+            x = torch.randn(rows, first.in_features, generator=gen)
+            want = F.linear(x, want_w, fast.bias)
+            got = cpu_linear_bf16.linear_int8(x, fast.panels, fast.scales, fast.bias)
+            if not torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max())):
+                raise ValueError("--quantization int8: the int8 kernel fails its self-check")
+    with torch.no_grad():
+        for parent, name, lin in linears:
+            setattr(parent, name, Int8Linear(lin))
+    return f"int8-{cpu_linear_bf16.isa()}"
+
+
+def optimize_cpu_linears(
+    model: nn.Module, choice: str | None = None, quantization: str | None = None
+) -> str:
     """Swap every nn.Linear of `model` (on the CPU) for the fastest layout that works here, or
     `choice` / $CBBENCH_CPU_LINEAR when set (ValueError if it cannot run); returns which one.
-    A tied LM head gets its own copy, so the embedding keeps its row-major table."""
+    `quantization` "int8": `quantize_cpu_linears` instead. A tied LM head gets its own copy,
+    so the embedding keeps its row-major table."""
+    if quantization is not None:
+        assert quantization == "int8", quantization  # EngineConfig checks the name
+        return quantize_cpu_linears(model)
     choice = choice or os.environ.get("CBBENCH_CPU_LINEAR", "").strip().lower() or "auto"
     if choice not in CHOICES:
         raise ValueError(f"CPU linear {choice!r}: choose one of {', '.join(CHOICES)}")
-    linears = [(parent, name, child) for parent in model.modules()
-               for name, child in parent.named_children() if isinstance(child, nn.Linear)]  # fmt: skip
+    linears = _linears(model)
     assert linears and all(lin.weight.device.type == "cpu" for _, _, lin in linears)
     impl = _choose(linears[0][2], choice)
-    make = {"panels": PanelLinear, "onednn": PackedLinear, "column-major": _column_major}[impl]
+    make = {"panels": PanelLinear, "onednn": PackedLinear, "column-major": _column_major,
+            "bf16-avx2": Bf16Linear}[impl]  # fmt: skip
     with torch.no_grad():
         for parent, name, lin in linears:
             setattr(parent, name, make(lin))

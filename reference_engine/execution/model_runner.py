@@ -13,7 +13,7 @@ import warnings
 from dataclasses import dataclass
 
 import torch
-from cbbench.kernels import cpu_ops, get_attention_backend, kv_quant
+from cbbench.kernels import cpu_kv_attention, cpu_ops, get_attention_backend, kv_quant
 from cbbench.reference_engine.core.executor import PLACEHOLDER, ScheduledChunk
 from cbbench.reference_engine.core.outputs import TokenLogprob
 from cbbench.reference_engine.core.sequence import Sequence
@@ -22,10 +22,7 @@ from cbbench.reference_engine.execution.cpu_linear import optimize_cpu_linears
 from cbbench.reference_engine.execution.cuda_graphs import DecodeGraphs, capture_sizes
 from cbbench.reference_engine.execution.expert_predictor import ExpertPredictor
 from cbbench.reference_engine.execution.kv_cache import kv_bytes_per_block, kv_storage_dtype
-from cbbench.reference_engine.execution.rejection_sampler import (
-    RejectionSampler,
-    sample_chunks,
-)
+from cbbench.reference_engine.execution.rejection_sampler import RejectionSampler, sample_chunks
 from cbbench.reference_engine.execution.sampler import Sampler, SampleRequest, token_logprobs
 from cbbench.reference_engine.model.config import PRESETS, ModelConfig
 from cbbench.reference_engine.model.llama import AttentionMetadata, LlamaAttention, RMSNorm
@@ -90,6 +87,7 @@ class ModelRunner:
         max_model_len: int | None = None,
         padded_decode: bool = False,
         kv_cache_dtype: str = "auto",
+        quantization: str | None = None,
     ) -> None:
         """Decode graphs (cuda_graphs.py): on CUDA unless `enforce_eager` (True here, so
         direct users such as runner_bench and the draft proposer stay eager; the engine passes
@@ -103,6 +101,8 @@ class ModelRunner:
                 f"num_kv_blocks and block_size must be >= 1, got {num_kv_blocks}, {block_size}"
             )
         self.device = torch.device(device)
+        if quantization is not None and self.device.type != "cpu":  # int8 weights: a CPU kernel
+            raise EngineError(f"--quantization {quantization}: CPU only, not device {device!r}")
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise EngineError(f"device {device!r}: CUDA is not available to torch")
         try:
@@ -112,17 +112,15 @@ class ModelRunner:
         config = resolve_config(model)  # a preset, or the folder's config.json
         if self.device.type == "cpu":
             torch.set_num_threads(num_threads or default_num_threads(config))
-        if model in PRESETS:
-            self.model = random_model(config, dtype, self.device, seed)
-        else:
-            self.model = load_model(model, dtype, self.device)
+        self.model = (random_model(config, dtype, self.device, seed) if model in PRESETS
+                      else load_model(model, dtype, self.device))  # fmt: skip
         self.model_config: ModelConfig = self.model.config
-        # "panels" | "onednn" | "column-major" on the CPU (see cpu_linear.py), "torch" elsewhere
+        # the CPU's layout or int8 kernel (cpu_linear.py), else "torch"; first builds happen here
         self.linear_impl = "torch"
         if self.device.type == "cpu":
             try:
-                self.linear_impl = optimize_cpu_linears(self.model)
-            except ValueError as exc:  # $CBBENCH_CPU_LINEAR names one that cannot run here
+                self.linear_impl = optimize_cpu_linears(self.model, quantization=quantization)
+            except ValueError as exc:  # $CBBENCH_CPU_LINEAR / --quantization cannot run here
                 raise EngineError(str(exc)) from None
             fp32 = self.model.model.embed_tokens.weight.dtype == torch.float32
             plain_kv = kv_cache_dtype == "auto"  # the fused write stores fp32 rows only
@@ -133,6 +131,8 @@ class ModelRunner:
         self.dtype = resolve_dtype(dtype, self.model_config)
         self.kv_cache_dtype = kv_cache_dtype
         self.kv_dtype = kv_storage_dtype(kv_cache_dtype, self.dtype, self.backend)
+        if self.kv_dtype == torch.int8 and getattr(self.backend, "quant_kernel", False):
+            cpu_kv_attention.load()  # its first build (~1 min) at start-up, not in a decode
         self.block_size = block_size
         self.num_kv_blocks = num_kv_blocks
         cfg = self.model_config
