@@ -52,6 +52,7 @@ EXECUTORS = ("real", "sim")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 # vLLM's --kv-cache-dtype names; the same tuple as kernels/kv_quant.py KV_CACHE_DTYPES (tested)
 KV_CACHE_DTYPES = ("auto", "bf16", "fp8", "int8")
+QUANTIZATIONS = ("int8",)  # weight-only, on load (vLLM's --quantization flag name)
 GIB = 2**30  # --kv-cache-memory-gb is GiB on every path
 
 
@@ -164,6 +165,15 @@ class EngineConfig:
             choices=KV_CACHE_DTYPES,
         ),
     )
+    # int8 codes + an fp32 scale per output row for every linear, kernels/cpu_linear_bf16.py
+    quantization: str | None = field(
+        default=None,
+        metadata=flag(
+            "--quantization",
+            "weight-only quantization on load: int8 (CPU, every linear; default: none)",
+            choices=QUANTIZATIONS,
+        ),
+    )
     seed: int = field(
         default=0,
         metadata=flag(
@@ -210,6 +220,16 @@ class EngineConfig:
             raise EngineError(
                 f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got "
                 f"{self.kv_cache_dtype!r}"
+            )
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise EngineError(
+                f"quantization must be one of {', '.join(QUANTIZATIONS)} or None, got "
+                f"{self.quantization!r}"
+            )
+        if self.quantization is not None and self.executor == "sim":
+            raise EngineError(
+                f"--quantization {self.quantization}: the simulated executor has no cost model "
+                "for quantized weights (use --executor real)"
             )
         if self.block_size < 1:
             raise EngineError(f"block_size must be >= 1, got {self.block_size}")

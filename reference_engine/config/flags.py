@@ -15,11 +15,14 @@ def flag(
     choices: tuple[str, ...] | None = None,
     aliases: tuple[str, ...] = (),
     metavar: str | None = None,
+    auto: str | None = None,
 ) -> dict[str, Any]:
     """Field metadata naming the field's command-line flag (see options.py).
 
     `unit` is said in --help ("GiB", "s"); `aliases` are older spellings that keep working
-    (deprecated); a bool field becomes `--name/--no-name`."""
+    (deprecated); a bool field becomes `--name/--no-name`; `auto` names a bool field of the
+    same dataclass that the word `auto` (or `auto:N`) turns on for this int flag, the int
+    then being the ceiling (N, else what the flag would be without the word)."""
     return {
         "flag": {
             "name": name,
@@ -28,5 +31,6 @@ def flag(
             "choices": choices,
             "aliases": aliases,
             "metavar": metavar,
+            "auto": auto,
         }
     }

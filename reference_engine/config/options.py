@@ -64,6 +64,7 @@ class EngineFlag:
     aliases: tuple[str, ...]
     metavar: str | None
     group: str  # --help section
+    auto: str | None = None  # the bool field `auto` / `auto:N` turns on (flags.flag)
 
     def help_text(self, default: Any = dataclasses.MISSING) -> str:
         d = self.default if default is dataclasses.MISSING else default
@@ -123,6 +124,7 @@ def _walk(cls: type, section: str | None, group: str) -> Iterable[EngineFlag]:
             aliases=tuple(meta["aliases"]),
             metavar=meta["metavar"],
             group=group,
+            auto=meta.get("auto"),
         )
 
 
@@ -147,6 +149,29 @@ def _csv_ints(text: str) -> tuple[int, ...]:
 
 
 _TYPES = {"int": int, "float": float, "str": str, "ints": _csv_ints}
+
+
+def auto_ceiling(value: str, name: str) -> int | None:
+    """`auto` -> None (the ceiling the flag would have without it), `auto:N` -> N."""
+    head, _, tail = value.partition(":")
+    if head == "auto" and (not _ or tail.strip().isdigit()):
+        return int(tail) if _ else None
+    raise EngineError(f"{name}: expected an integer, auto or auto:N, got {value!r}")
+
+
+def _int_or_auto(text: str) -> int | str:
+    """An int flag that also takes `auto` / `auto:N` (kept as text until the config)."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        auto_ceiling(text, "value")
+    except EngineError:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer, auto or auto:N, got {text!r}"
+        ) from None
+    return text
 
 
 def add_engine_args(
@@ -191,7 +216,7 @@ def add_engine_args(
             f.name,
             *f.aliases,
             dest=f.dest,
-            type=_TYPES[f.kind],
+            type=_int_or_auto if f.auto else _TYPES[f.kind],
             choices=f.choices,
             default=None,
             metavar=f.metavar,
@@ -232,7 +257,8 @@ def build_engine_config(
     """The EngineConfig of `settings` over `defaults` over EngineConfig's own defaults.
 
     Keys are flag dests. B (`batch_size`) is also the default of `max_batch_size` and
-    `max_num_seqs`; `max_num_batched_tokens` is raised to `max_num_seqs` when not given."""
+    `max_num_seqs`; `max_num_batched_tokens` is raised to `max_num_seqs` when not given.
+    `max_num_seqs="auto"` (or "auto:N") turns on the adaptive limit with ceiling B (or N)."""
     unknown = (set(settings) | set(defaults or {})) - set(FLAGS)
     if unknown:
         raise EngineError(f"unknown engine settings: {', '.join(sorted(unknown))}")
@@ -243,6 +269,13 @@ def build_engine_config(
         for dest in B_FOLLOWERS:
             if settings.get(dest) is None:
                 merged[dest] = merged["batch_size"]
+    auto_on: list[EngineFlag] = []  # `--max-num-seqs auto`: the int becomes the ceiling
+    for dest, value in list(merged.items()):
+        f = FLAGS[dest]
+        if f.auto is not None and isinstance(value, str):
+            ceiling = auto_ceiling(value, f.name)
+            merged[dest] = ceiling if ceiling is not None else merged.get("batch_size", f.default)
+            auto_on.append(f)
     if settings.get("max_num_batched_tokens") is None and "max_num_seqs" in merged:
         budget = merged.get("max_num_batched_tokens", FLAGS["max_num_batched_tokens"].default)
         merged["max_num_batched_tokens"] = max(budget, merged["max_num_seqs"])
@@ -254,6 +287,8 @@ def build_engine_config(
             top[f.field] = value
         else:
             subs.setdefault(f.section, {})[f.field] = value
+    for f in auto_on:
+        (top if f.section is None else subs.setdefault(f.section, {}))[f.auto] = True
     hints = typing.get_type_hints(EngineConfig)
     for section, values in subs.items():
         top[section] = hints[section](**values)

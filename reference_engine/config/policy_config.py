@@ -101,8 +101,17 @@ class ContinuousConfig:
     """Iteration-level batching over paged KV (vLLM v1 style)."""
 
     max_num_seqs: int = field(
-        default=64, metadata=flag("--max-num-seqs", "most sequences running in one step")
+        default=64,
+        metadata=flag(
+            "--max-num-seqs",
+            "most sequences running in one step; `auto` or `auto:N`: a limit that follows KV "
+            "usage and preemptions (scheduler/adaptive_limit.py) up to N (else B, else 64)",
+            metavar="N|auto[:N]",
+            auto="adaptive_num_seqs",
+        ),
     )
+    # set by `--max-num-seqs auto`: max_num_seqs is then the ceiling of the adaptive limit
+    adaptive_num_seqs: bool = False
     # token budget of one step
     max_num_batched_tokens: int = field(
         default=2048,

@@ -76,6 +76,11 @@ class EngineStats:
     # ([layer][expert], [] for a dense layer; read from the executor when stats are read);
     # None for dense models
     expert_load: list[list[int]] | None = None
+    # the running limit admission obeyed in the last step (fixed: the policy's batch slots;
+    # --max-num-seqs auto: the adaptive one) and the adaptive limit's decisions so far
+    num_seqs_limit: int = 0
+    num_seqs_limit_ups: int = 0
+    num_seqs_limit_downs: int = 0
 
     @property
     def kv_usage(self) -> float:

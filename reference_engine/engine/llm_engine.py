@@ -119,18 +119,12 @@ class LLMEngine(StepUpdate):
                 config, mc, dtype, max_model_len, ModelRunner.kv_bytes_per_block
             )
             executor = ModelRunner(
-                config.model,
-                num_kv_blocks=num_blocks,
-                block_size=config.block_size,
-                device=config.device,
-                dtype=config.dtype,
-                attention_backend=config.attention_backend,
-                seed=config.seed,
-                enforce_eager=config.enforce_eager,
-                max_num_seqs=config.max_batch_slots,
-                max_model_len=max_model_len,
-                kv_cache_dtype=config.kv_cache_dtype,
-            )
+                config.model, num_kv_blocks=num_blocks, block_size=config.block_size,
+                device=config.device, dtype=config.dtype, seed=config.seed,
+                attention_backend=config.attention_backend, enforce_eager=config.enforce_eager,
+                max_num_seqs=config.max_batch_slots, max_model_len=max_model_len,
+                kv_cache_dtype=config.kv_cache_dtype, quantization=config.quantization,
+            )  # fmt: skip
             mc = executor.model_config
         if num_blocks < 1:
             raise EngineError("the KV cache holds no block: raise kv_cache_memory_gb")
@@ -188,12 +182,15 @@ class LLMEngine(StepUpdate):
             "device": str(getattr(self.executor, "device", self.config.device)),
             "dtype": self.config.dtype,
             "kv_cache_dtype": self.config.kv_cache_dtype,
+            "quantization": self.config.quantization,
+            "linear_impl": getattr(self.executor, "linear_impl", None),
             "attention_backend": getattr(self.executor, "attention_backend_name", None),
             "num_params": self.model_config.num_params(),
             "num_kv_blocks": self.block_manager.num_blocks,
             "block_size": self.config.block_size,
             "max_model_len": self.max_model_len,
             "enable_prefix_caching": self.config.enable_prefix_caching,
+            "num_seqs_limit": self.scheduler.limit_stats()["num_seqs_limit"],
         }
 
     @property
@@ -358,6 +355,7 @@ class LLMEngine(StepUpdate):
             scheduler_time_s=scheduler_time,
             step_gap_s=step_gap,
             num_steps=self.num_steps,
+            **self.scheduler.limit_stats(),
         )
 
     def get_stats(self) -> EngineStats:

@@ -80,6 +80,11 @@ class Scheduler(ABC):
     def num_running(self) -> int:
         return len(self.running())
 
+    def limit_stats(self) -> dict[str, int]:
+        """EngineStats' running limit: fixed at the policy's batch slots (continuous with
+        --max-num-seqs auto: the adaptive limit and its decisions, by direction)."""
+        return {"num_seqs_limit": self.config.max_batch_slots}
+
     def reserved_unused_tokens(self) -> int:
         """KV token slots held but not filled by a live sequence's computed tokens."""
         bm = self.block_manager

@@ -15,6 +15,11 @@ Each step, with a token budget of `max_num_batched_tokens`:
    and the most important sequence always progresses: no preemption ping-pong.
 A sequence that finishes frees its slot and blocks at once, so the next step refills it.
 
+Adaptive limit (`--max-num-seqs auto`, scheduler/adaptive_limit.py): before each step the
+controller reads KV usage, the preemptions of the last step and the queue, and moves the
+limit that step 2 admits within (max_num_seqs stays the ceiling). A lowered limit preempts
+nobody: admission just waits until running falls under it.
+
 Expert balance (MoE models, `expert_balance`, scheduler/expert_balance.py): when more
 requests wait than there are free slots, admission takes, among the next few waiting, the one
 whose predicted routing lowers the running batch's expert imbalance most.
@@ -30,6 +35,7 @@ from collections.abc import Callable
 
 from cbbench.reference_engine.core.executor import ScheduledChunk
 from cbbench.reference_engine.core.sequence import Sequence, SequenceStatus
+from cbbench.reference_engine.scheduler.adaptive_limit import AdaptiveLimit
 from cbbench.reference_engine.scheduler.base import Scheduler, SchedulerOutput
 from cbbench.reference_engine.scheduler.expert_balance import ExpertBalancer
 from cbbench.reference_engine.scheduler.queues import RequestQueue, SortKey, priority_key
@@ -57,6 +63,10 @@ class ContinuousScheduler(Scheduler):
         # sequence will get, so the budget and the lookahead blocks are charged exactly
         self.draft_limit: Callable[[Sequence, int], int] | None = None
         self.balancer: ExpertBalancer | None = None  # set by the engine (expert_balance)
+        # --max-num-seqs auto: the running limit follows KV usage (max_num_seqs the ceiling)
+        self.adaptive = AdaptiveLimit(cfg.max_num_seqs) if cfg.adaptive_num_seqs else None
+        self.num_seqs_limit = cfg.max_num_seqs
+        self._preemptions_seen = 0
 
     def _lookahead(self, seq: Sequence, budget: int) -> int:
         """Draft slots for a decoding seq: within the budget left after its own token, and
@@ -82,6 +92,15 @@ class ContinuousScheduler(Scheduler):
         budget = max_tokens
         chunks: list[ScheduledChunk] = []  # one per sequence: a victim's is taken out
         preempted: list[Sequence] = []
+        if self.adaptive is not None:  # reads the last step's outcome, before this one
+            self.num_seqs_limit = self.adaptive.update(
+                bm.num_used_blocks / bm.num_blocks,
+                self.num_preemptions - self._preemptions_seen,
+                len(self.waiting),
+                len(self._running),
+            )
+            self._preemptions_seen = self.num_preemptions
+        limit = self.num_seqs_limit
 
         def preempt_worst(spare_forced: bool = False) -> Sequence | None:
             candidates = [s for s in self._running if not (spare_forced and s in self._forced)]
@@ -132,7 +151,7 @@ class ContinuousScheduler(Scheduler):
         # 2. waiting sequences
         num_prefills = 0
         balancer, load = self.balancer, None
-        if balancer is not None and len(self.waiting) > cfg.max_num_seqs - len(self._running):
+        if balancer is not None and len(self.waiting) > limit - len(self._running):
             load = balancer.load(self._running)  # more wait than fit: the order matters
         while self.waiting and budget > 0:
             overdue = self._overdue(now)
@@ -148,8 +167,11 @@ class ContinuousScheduler(Scheduler):
                 or (cfg.max_prefills_per_step and num_prefills >= cfg.max_prefills_per_step)
             ):
                 break
-            if len(self._running) >= cfg.max_num_seqs and not (
-                forced and preempt_worst(spare_forced=True)
+            # an overdue request passes a lowered adaptive limit without preempting anyone,
+            # and preempts for a slot only at the ceiling (max_num_seqs), as with a fixed one
+            if len(self._running) >= limit and not (
+                forced
+                and (len(self._running) < cfg.max_num_seqs or preempt_worst(spare_forced=True))
             ):
                 break
             computed_blocks = bm.get_computed_blocks(seq)
@@ -228,6 +250,16 @@ class ContinuousScheduler(Scheduler):
 
     def running(self) -> list[Sequence]:
         return list(self._running)
+
+    def limit_stats(self) -> dict[str, int]:
+        a = self.adaptive
+        if a is None:
+            return super().limit_stats()
+        return {
+            "num_seqs_limit": self.num_seqs_limit,
+            "num_seqs_limit_ups": a.num_up,
+            "num_seqs_limit_downs": a.num_down,
+        }
 
     @property
     def num_running(self) -> int:

@@ -137,6 +137,19 @@ class ServerMetrics:
             "KV slots reserved but not (yet) filled: static/dynamic waste.",
         ).labels(m)
         self.preemptions = counter("vllm:num_preemptions", "Cumulative preemptions.").labels(m)
+        # --max-num-seqs auto (scheduler/adaptive_limit.py): the limit and its decisions
+        self.num_seqs_limit = gauge(
+            "cbbench:max_num_seqs_limit",
+            "Running limit admission obeyed in the last step (adaptive with --max-num-seqs auto).",
+        ).labels(m)
+        changes = Counter(
+            "cbbench:max_num_seqs_changes",
+            "Decisions of the adaptive running limit (--max-num-seqs auto), by direction.",
+            ["model_name", "direction"],
+            registry=r,
+        )
+        self.limit_changes = {d: changes.labels(m, d) for d in ("up", "down")}
+        self._limit_changes_seen = {"up": 0, "down": 0}
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prefill tokens processed.").labels(m)
         self.generation_tokens = counter("vllm:generation_tokens", "Generated tokens.").labels(m)
         self.prefix_cache_queries = counter(
@@ -201,7 +214,8 @@ class ServerMetrics:
 
     def set_cache_config(self, engine_info: dict) -> None:
         """`vllm:cache_config_info` (value 1; the settings as labels, vLLM's names) from the
-        engine's `describe()`: cache_dtype is --kv-cache-dtype, num_gpu_blocks the pool."""
+        engine's `describe()`: cache_dtype is --kv-cache-dtype, num_gpu_blocks the pool; also
+        `cbbench:max_num_seqs_limit` from its starting value until the first step sets it."""
         labels = {
             "block_size": engine_info.get("block_size"),
             "cache_dtype": engine_info.get("kv_cache_dtype", "auto"),
@@ -213,6 +227,8 @@ class ServerMetrics:
             list(labels), registry=self.registry,
         )  # fmt: skip
         info.labels(*(str(v) for v in labels.values())).set(1)
+        if engine_info.get("num_seqs_limit"):  # the limit before the first step
+            self.num_seqs_limit.set(engine_info["num_seqs_limit"])
 
     def update_stats(self, stats: EngineStats) -> None:
         self.num_running.set(stats.num_running)
@@ -220,6 +236,12 @@ class ServerMetrics:
         self.kv_usage.set(stats.kv_usage)
         self.batch_occupancy.set(stats.batch_occupancy)
         self.kv_reserved_unused.set(stats.kv_reserved_unused_tokens)
+        if stats.num_seqs_limit:  # 0: no step yet
+            self.num_seqs_limit.set(stats.num_seqs_limit)
+        for d, total in (("up", stats.num_seqs_limit_ups), ("down", stats.num_seqs_limit_downs)):
+            if total > self._limit_changes_seen[d]:
+                self.limit_changes[d].inc(total - self._limit_changes_seen[d])
+                self._limit_changes_seen[d] = total
         if stats.num_preempted_total > self._preempted_seen:
             self.preemptions.inc(stats.num_preempted_total - self._preempted_seen)
             self._preempted_seen = stats.num_preempted_total
