@@ -103,3 +103,12 @@ def test_nice_ticks() -> None:
     assert nice_ticks(0, 1) == [0, 0.2, 0.4, 0.6, 0.8, 1.0]
     assert nice_ticks(3, 97) == [20, 40, 60, 80]
     assert nice_ticks(5, 5) == [5]
+
+
+def test_markdown_text_keeps_quotes_and_escapes_html() -> None:
+    from cbbench.harness.report.markdown import md_text
+
+    # a warning such as "a worker's timing bound" must read as written on GitHub
+    assert md_text("a worker's \"bound\"\n<b>x</b> | `y`") == (
+        "a worker's \"bound\" &lt;b&gt;x&lt;/b&gt; \\| 'y'"
+    )

@@ -82,3 +82,56 @@ def test_the_command_lists_the_studys_engines():
     from cbbench.harness.studies import compare_engines as study
 
     assert cmd.ENGINES == study.ENGINES
+
+
+def _find(obj, key):
+    """The first value under `key` anywhere in a nested dict."""
+    if isinstance(obj, dict):
+        if key in obj:
+            return obj[key]
+        for v in obj.values():
+            if (found := _find(v, key)) is not None:
+                return found
+    return None
+
+
+def test_compare_engines_dtype_reaches_the_reference_server(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "220")
+    out = tmp_path / "cmp"
+    argv = ["compare-engines", "--model", "tiny", "--num-requests", "2", "--max-batch", "2",
+            "--engines", "reference", "--dtype", "bfloat16", "--kv-cache-dtype", "int8",
+            "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    assert "dtype bfloat16, reference KV int8" in capsys.readouterr().out  # the table's title
+    doc = json.loads((out / "compare.json").read_text())
+    assert (doc["dtype"], doc["kv_cache_dtype"]) == ("bfloat16", "int8")
+    engine = load_run(out / "reference").meta["target"]["engine"]  # what the server said
+    assert _find(engine, "dtype") == "bfloat16"
+    assert _find(engine, "kv_cache_dtype") == "int8"
+
+
+def test_vllm_gets_the_same_dtype(tmp_path):
+    from cbbench.harness.servers.peer_engines import vllm_command
+
+    cmd = vllm_command(tmp_path, 4, 128, 8000, dtype="bfloat16")
+    assert cmd[cmd.index("--dtype") + 1] == "bfloat16"
+    assert vllm_command(tmp_path, 4, 128, 8000)[cmd.index("--dtype") + 1] == "float32"
+
+
+def test_kv_cache_dtype_is_refused_for_vllm_and_bad_dtype_named(capsys):
+    argv = ["compare-engines", "--model", "tiny", "--engines", "reference,vllm"]
+    assert main([*argv, "--kv-cache-dtype", "int8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--kv-cache-dtype int8: applies to the reference engine only" in err[0]
+
+
+def test_transformers_engines_load_the_asked_dtype(tmp_path):
+    """hf-static / hf-continuous run at compare-engines' --dtype too, or the ratio mixes dtypes."""
+    import torch
+    from cbbench.reference_engine.model.loader import save_random_model
+
+    folder = save_random_model("tiny", tmp_path / "m", seed=1)
+    assert next(load_hf_model(folder, "bfloat16").parameters()).dtype == torch.bfloat16
+    assert next(load_hf_model(folder).parameters()).dtype == torch.float32
+    model = load_hf_model(folder, "bfloat16")
+    assert hf_static(model, [Job("a", [5, 6, 7], 3)], 1)[0] == 3

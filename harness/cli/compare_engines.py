@@ -51,7 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--out", default=None, help="folder (default results/runs/<time>-compare-engines)"
     )
-    add_engine_args(p, only=("model", "seed"), defaults={"model": "small"})
+    add_engine_args(p, only=("model", "seed", "dtype", "kv_cache_dtype"),
+                    defaults={"model": "small"})  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -67,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
         seed=engine_value(args, "seed"),
         vllm_python=args.vllm_python,
         threads=args.threads,
+        dtype=engine_value(args, "dtype"),
+        kv_cache_dtype=engine_value(args, "kv_cache_dtype"),
         out=Path(args.out) if args.out else None,
         command=list(sys.argv),
     )

@@ -9,6 +9,10 @@ runs the same comparison in the simulator instead (in-process, virtual time, SIM
 Speculative decoding: give `--speculative-method` (and its flags) and a "continuous+spec"
 server runs right after plain "continuous" on the same workload, side by side, e.g.
 `cbbench run --schedulers continuous --speculative-method draft --speculative-model tiny`.
+
+KV-cache dtypes side by side: `--kv-cache-dtype auto,bf16,int8` runs every scheduler once per
+dtype with the same --kv-cache-memory-gb ("continuous", "continuous+bf16", "continuous+int8");
+the table shows each run's KV blocks, capacity, running sequences and preemptions.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from cbbench.harness.errors import CbbenchError
+from cbbench.reference_engine.config.engine_config import KV_CACHE_DTYPES
 from cbbench.reference_engine.config.options import (
     add_engine_args,
     engine_settings,
@@ -70,7 +76,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-report", action="store_true", help="skip the HTML report")
     p.add_argument("--no-live", action="store_true", help="no live view during each run")
     add_engine_args(p, help_defaults={"device": "cuda if present, else cpu"})
+    # run only: the engine flag takes a comma list (run_options splits it)
+    kv = next(a for a in p._actions if a.dest == "kv_cache_dtype")
+    kv.choices, kv.metavar = None, "DTYPE[,DTYPE...]"
+    kv.help = f"{kv.help}; a comma list runs every scheduler once per dtype, side by side"
     p.set_defaults(func=run)
+
+
+def kv_cache_dtypes(text: str) -> list[str]:
+    """`--kv-cache-dtype auto,int8` -> ["auto", "int8"] (CbbenchError naming a bad entry)."""
+    names = [s.strip() for s in text.split(",")]
+    bad = [s for s in names if s not in KV_CACHE_DTYPES]
+    if bad:
+        raise CbbenchError(
+            f"--kv-cache-dtype {text}: unknown {', '.join(repr(b) for b in bad)} "
+            f"(choose from {', '.join(KV_CACHE_DTYPES)})"
+        )
+    return list(dict.fromkeys(names))
 
 
 def run_options(args: argparse.Namespace):
@@ -80,12 +102,18 @@ def run_options(args: argparse.Namespace):
     engine = engine_settings(args)
     names = scheduler_names(engine.pop("scheduler", None))
     seed = engine.pop("seed", 0)
+    dtypes = kv_cache_dtypes(engine["kv_cache_dtype"]) if "kv_cache_dtype" in engine else []
+    if len(dtypes) == 1:  # one value: the engine setting, as on every other command
+        engine["kv_cache_dtype"], dtypes = dtypes[0], []
+    elif dtypes:
+        engine.pop("kv_cache_dtype")
     sim = args.sim
     if engine.get("executor") == "sim" and not sim:
         sim = engine.get("hardware") or "h100"
     return RunOptions(
         schedulers=names,
         engine=engine,
+        kv_cache_dtypes=dtypes,
         workload=args.workload,
         num_requests=args.num_requests,
         seed=seed,
@@ -133,9 +161,10 @@ def _title(opts, device: str) -> str:
     wl = opts.workload or RUN_WORKLOAD["name"]
     model = opts.engine.get("model", "tiny")
     b = opts.engine.get("batch_size", 8)
-    return (
-        f"MEASURED over HTTP: {model} on {device}, workload {wl}, "
-        f"B={b} (same KV pool for every scheduler)"
+    return f"MEASURED over HTTP: {model} on {device}, workload {wl}, B={b} " + (
+        "(same KV memory for every run: its blocks per KV dtype)"
+        if opts.kv_cache_dtypes
+        else "(same KV pool for every scheduler)"
     )
 
 

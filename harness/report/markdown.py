@@ -28,7 +28,7 @@ DELTA_KEYS = ("output_throughput", "ttft.p50", "ttft.p99", "tpot.p99", "e2e.p99"
 
 def md_text(text: str) -> str:
     """Text safe in a GitHub table cell: no HTML, no pipes, no line breaks."""
-    return escape(" ".join(str(text).split())).replace("|", "\\|").replace("`", "'")
+    return escape(" ".join(str(text).split()), quote=False).replace("|", "\\|").replace("`", "'")
 
 
 def _columns() -> list[Column]:

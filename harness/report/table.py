@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 from cbbench.harness.report.runs import LoadedRun
 from cbbench.harness.report.samples import LATENCY_METRICS, RunSamples, extract
+from cbbench.harness.results.compare import kv_dtype_label, kv_pool, preemptions
 from cbbench.harness.results.summary import SLO_KEYS, summarize
 
 LATENCY_TITLES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "E2E", "queue": "queue"}
@@ -37,6 +38,13 @@ SUMMARY_COLUMNS: tuple[Column, ...] = (
     Column("kv_usage.mean", "KV usage mean", None, "%"),
     Column("kv_usage.max", "KV usage max", None, "%"),
     Column("util_gpu.mean", "GPU util mean", None, "%"),
+    # the KV pool as the engine reported it (run.json), capacity = compare.seqs_held
+    Column("kv_cache_dtype", "KV dtype", None, optional=True),
+    Column("num_kv_blocks", "KV blocks", "high", optional=True),
+    Column("kv_capacity", "capacity (seqs of mean len)", "high", optional=True),
+    Column("running.max", "running peak", None, optional=True),
+    Column("running.mean", "running mean", None, optional=True),
+    Column("preemptions", "preemptions", "low", optional=True),
     # speculative decoding, when the server (or the simulator) exposes it
     Column("spec_acceptance_rate", "spec acceptance", "high", "%", optional=True),
     Column("spec_mean_accepted_length", "spec tokens/step", "high", optional=True),
@@ -113,7 +121,25 @@ def summary_row(lr: LoadedRun, s: RunSamples | None = None) -> dict[str, Any]:
     for k, v in _series_stats(lr.run.timeseries, "util_gpu", 0.01).items():
         row[f"util_gpu.{k}"] = v
     row.update(spec_fields(lr.meta))
+    row.update(kv_fields(lr))
     return row
+
+
+def kv_fields(lr: LoadedRun) -> dict[str, Any]:
+    """KV dtype, pool blocks, capacity at the run's mean request length (prompt + output),
+    running sequences (from the timeseries) and preemptions of a run, where known."""
+    recs = lr.run.records
+    mean_len = sum(r.prompt_len + r.output_len for r in recs) / len(recs) if recs else None
+    pool = kv_pool(lr.meta, mean_len) or {}
+    running = _series_stats(lr.run.timeseries, "running", 1.0)
+    return {
+        "kv_cache_dtype": kv_dtype_label(pool),
+        "num_kv_blocks": pool.get("num_kv_blocks"),
+        "kv_capacity": pool.get("capacity"),
+        "running.max": running["max"],
+        "running.mean": running["mean"],
+        "preemptions": preemptions(lr.meta.get("summary") or {}),
+    }
 
 
 def best_index(values: list[Any], better: str | None) -> set[int]:

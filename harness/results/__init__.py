@@ -2,7 +2,8 @@
 folder (`run_folder`: written as requests finish, read back by `load_run`), the summary
 (`summary`, `session_summary`: records -> numbers, a pure function), whether a run can be
 trusted (`outcome`), the comparison table (`compare`), where a run happened
-(`environment`) and secret redaction before anything is written (`redact`).
+(`environment`), secret redaction before anything is written (`redact`), and shard run
+folders merged into one (`merge`).
 
 Layer: results (below everything that reads or writes a run).
 Imports: workloads (the statistics helpers).

@@ -1,6 +1,8 @@
 """One comparison table for runs side by side (`cbbench run`, `cbbench sim`), from the one
 summary type (`summary.summarize`): one column per run, throughput, latency percentiles,
-queue time, batch occupancy and KV usage; ratios against the `static` column.
+queue time, batch occupancy and KV usage; ratios against the `static` column. Runs with a
+`kv_pool` (`cbbench run`: `kv_pool(run.json)`) add the KV dtype, the pool's blocks, the
+capacity in sequences (`seqs_held`), running sequences and preemptions.
 
 Engine-side figures come from the summary's `sim` block (a replay's step statistics) or, for
 runs against a server, from its scraped telemetry (`telemetry.server`).
@@ -11,6 +13,7 @@ or redirected output keeps every name whole), and writes the Markdown into a fol
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -54,6 +57,83 @@ def _timing(s: dict, field: str, p: str) -> float | None:
         return (s["sim"].get(f"{field}_s") or {}).get(p)
     server = (s.get("telemetry") or {}).get("server") or {}
     return (server.get(field) or {}).get(p)
+
+
+def seqs_held(num_blocks: int, block_size: int, seq_len: float | None) -> int | None:
+    """Capacity: how many sequences of `seq_len` tokens a pool of `num_blocks` blocks of
+    `block_size` tokens holds at once (each sequence takes ceil(seq_len / block_size) whole
+    blocks, the block manager's rule; no prefix sharing)."""
+    if not seq_len or seq_len <= 0:
+        return None
+    return num_blocks // -(-math.ceil(seq_len) // block_size)
+
+
+def kv_pool(meta: dict, mean_len: float | None = None) -> dict | None:
+    """A run's KV pool from its run.json, as the engine reported it: a served run's
+    `target.engine.cbbench` (the engine's `describe()` from /v1/models), a replay's
+    `num_kv_blocks` and `engine_config`. With the capacity (`seqs_held`) at the workload's mean
+    request length (prompt + output, `mean_len`) and at max_model_len. None: no pool known."""
+    info = ((meta.get("target") or {}).get("engine") or {}).get("cbbench") or {}
+    cfg = meta.get("engine_config") or {}
+    blocks = info.get("num_kv_blocks", meta.get("num_kv_blocks"))
+    block_size = info.get("block_size", cfg.get("block_size"))
+    if not blocks or not block_size:
+        return None
+    max_len = info.get("max_model_len", meta.get("max_model_len"))
+    return {
+        "kv_cache_dtype": info.get("kv_cache_dtype", cfg.get("kv_cache_dtype", "auto")),
+        "dtype": info.get("dtype", cfg.get("dtype")),  # the model's: what "auto" stores
+        "num_kv_blocks": blocks,
+        "block_size": block_size,
+        "mean_len": mean_len,
+        "max_model_len": max_len,
+        "capacity": seqs_held(blocks, block_size, mean_len),
+        "capacity_max_len": seqs_held(blocks, block_size, max_len),
+    }
+
+
+def kv_dtype_label(pool: dict | None) -> str | None:
+    """`auto (bfloat16)`: the KV dtype with the model dtype that `auto` stands for, where the
+    run names one (`--dtype auto` leaves the checkpoint's, so plain `auto` then)."""
+    if not pool or pool.get("kv_cache_dtype") is None:
+        return None
+    kv, model = pool["kv_cache_dtype"], pool.get("dtype")
+    return f"{kv} ({model})" if kv == "auto" and model not in (None, "auto") else str(kv)
+
+
+def preemptions(s: dict) -> int | None:
+    """Preemptions in the run: the replay's count, else the server's counter over the window."""
+    if s.get("sim") is not None:
+        return s["sim"].get("num_preemptions")
+    v = ((s.get("telemetry") or {}).get("server") or {}).get("preemptions")
+    return None if v is None else int(v)
+
+
+def _kv_rows(summaries: dict[str, dict], row: Callable[[str, Callable[[dict], str]], None]):
+    """KV dtype, pool, capacity, running sequences: for runs with a `kv_pool` (cbbench run)."""
+    pools = [s.get("kv_pool") or {} for s in summaries.values()]
+    lens = {p.get("mean_len") for p in pools if p}
+    mean_len = f"{math.ceil(lens.pop())}" if len(lens) == 1 and None not in lens else "mean"
+    row("KV cache dtype", lambda s: kv_dtype_label(s.get("kv_pool")) or "-")
+    row(
+        "KV blocks in the pool (x tokens)",
+        lambda s: f"{p['num_kv_blocks']} x {p['block_size']}" if (p := s.get("kv_pool")) else "-",
+    )
+    row(
+        f"capacity, seqs (of {mean_len} tok / of max_model_len)",
+        lambda s: (
+            f"{_f(p.get('capacity'), '{}')} / {_f(p.get('capacity_max_len'), '{}')}"
+            if (p := s.get("kv_pool"))
+            else "-"
+        ),
+    )
+    row(
+        "running peak / mean",
+        lambda s: (
+            f"{_f(_engine(s, 'num_running_max', 'running', 'max'), '{:.0f}')} / "
+            f"{_f(_engine(s, 'num_running_mean', 'running'), '{:.1f}')}"
+        ),
+    )
 
 
 def comparison_table(
@@ -119,12 +199,23 @@ def comparison_table(
             f"{_f(_engine(s, 'kv_usage_max', 'kv_usage', 'max'), '{:.0%}')}"
         ),
     )
+    any_pool = any(s.get("kv_pool") for s in summaries.values())
+    if any_pool:
+        _kv_rows(summaries, row)
+    if any_sim or any_pool:
+        row("preemptions", lambda s: _f(preemptions(s), "{}"))
     if any_sim:
         row(
             "KV reserved, unused (tokens, mean)",
             lambda s: _f((s.get("sim") or {}).get("kv_reserved_unused_tokens_mean"), "{:.0f}"),
         )
-        row("preemptions", lambda s: str((s.get("sim") or {}).get("num_preemptions", "-")))
+        row(
+            "running mean / limit mean",
+            lambda s: (
+                f"{_f((s.get('sim') or {}).get('num_running_mean'), '{:.1f}')} / "
+                f"{_f((s.get('sim') or {}).get('num_seqs_limit_mean'), '{:.1f}')}"
+            ),
+        )
         row(
             "prompt tokens from prefix cache",
             lambda s: _f((s.get("sim") or {}).get("prefix_cache_hit_rate"), "{:.0%}"),
@@ -144,6 +235,13 @@ def comparison_table(
     slo = next(iter(summaries.values()), {}).get("goodput") or {}
     if slo.get("slo_s"):
         t.caption = "goodput SLOs: " + ", ".join(f"{k} <= {v:g}s" for k, v in slo["slo_s"].items())
+    if any_pool:
+        note = (
+            "capacity = the most sequences of the workload's mean length (prompt + output) "
+            "/ of max_model_len the KV pool holds at once: blocks // ceil(length / block size), "
+            "from the pool the engine reports"
+        )
+        t.caption = f"{t.caption}; {note}" if t.caption else note
     return t
 
 

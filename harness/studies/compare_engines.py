@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 ENGINES = ("reference", "hf-static", "hf-continuous", "vllm")
+DTYPES = ("float32", "float16", "bfloat16", "auto")  # EngineConfig.dtype and vLLM's --dtype
 COMPARE_WORKLOAD: dict = {
     "name": "compare-engines",
     "description": "prompts lognormal (median 64, 16-256), outputs uniform 16-128",
@@ -38,14 +39,15 @@ HOW = {
     "reference": "cbbench serve, continuous, over HTTP",
     "hf-static": "transformers generate, static batches, in-process",
     "hf-continuous": "transformers ContinuousBatchingManager, in-process",
-    "vllm": "vLLM OpenAI server (CPU, fp32, eager), over HTTP",
+    "vllm": "vLLM OpenAI server (CPU, --dtype as the reference's, eager), over HTTP",
 }
 
 
 def _vllm(folder: Path, wl, args: CompareOptions, out: Path, max_len: int) -> Result:
     from cbbench.harness.servers import peer_engines as peers
     with peers.vllm_server(
-        folder, args.max_batch, max_len, python=args.vllm_python, threads=args.threads
+        folder, args.max_batch, max_len, python=args.vllm_python, threads=args.threads,
+        dtype=args.dtype,
     ) as (url, pid):
         cpu0 = process_cpu_s(pid)
         tokens, wall = _bench(url, wl, args, out / "vllm", "vllm")
@@ -80,8 +82,9 @@ def _reference(folder: Path, wl, args, out: Path, max_len: int) -> Result:
     from cbbench.harness.servers.launcher import launch_reference_server
 
     flags = engine_argv(
-        {"max_num_seqs": args.max_batch, "max_model_len": max_len, "seed": args.seed}
-    )
+        {"max_num_seqs": args.max_batch, "max_model_len": max_len, "seed": args.seed,
+         "dtype": args.dtype, "kv_cache_dtype": args.kv_cache_dtype}
+    )  # fmt: skip
     with launch_reference_server(str(folder), "continuous", "cpu", flags) as server:
         cpu0 = process_cpu_s(server.process.pid)
         tokens, wall = _bench(server.base_url, wl, args, out / "reference", "reference")
@@ -148,6 +151,8 @@ class CompareOptions:
     seed: int = 0  # model weights and workload seed
     vllm_python: str | None = None
     threads: int = 1  # torch threads of every engine (0: each engine's own default)
+    dtype: str = "float32"  # weights and activations, the same for the reference and vLLM
+    kv_cache_dtype: str = "auto"  # the reference's KV storage (vLLM: auto only, see _run)
     out: Path | None = None  # None: results/runs/<time>-compare-engines
     command: list[str] = field(default_factory=list)
 
@@ -192,6 +197,13 @@ def _run(args: CompareOptions, names: list[str], console: Console) -> dict:
 
     if args.max_batch < 1:
         raise CbbenchError(f"--max-batch must be >= 1, got {args.max_batch}")
+    if args.dtype not in DTYPES:
+        raise CbbenchError(f"--dtype: unknown {args.dtype!r} (one of {', '.join(DTYPES)})")
+    if args.kv_cache_dtype != "auto" and "vllm" in names:
+        raise CbbenchError(
+            f"--kv-cache-dtype {args.kv_cache_dtype}: applies to the reference engine only "
+            "(not passed to vLLM's CPU backend); add --engines reference,hf-static,hf-continuous"
+        )
     if args.num_requests is not None and args.num_requests < 1:
         raise CbbenchError(f"--num-requests must be >= 1, got {args.num_requests}")
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -222,7 +234,7 @@ def _run(args: CompareOptions, names: list[str], console: Console) -> dict:
     ]
     console.print(
         f"compare-engines: {len(jobs)} requests ({sum(j.output_len for j in jobs)} output tokens), "
-        f"max batch {args.max_batch}, model {folder} on CPU, "
+        f"max batch {args.max_batch}, model {folder} on CPU, dtype {args.dtype}, "
         f"{args.threads or 'default'} torch thread(s) per engine"
     )
     results: dict[str, Result] = {}
@@ -243,7 +255,7 @@ def _run(args: CompareOptions, names: list[str], console: Console) -> dict:
                     console.print(f"vllm: failed, left out of the table ({exc})")
                     continue
             else:
-                hf_model = hf_model or peers.load_hf_model(folder)
+                hf_model = hf_model or peers.load_hf_model(folder, args.dtype)
                 fn = peers.hf_static if name == "hf-static" else peers.hf_continuous
                 c0 = time.process_time()
                 tokens, wall = fn(hf_model, jobs, args.max_batch)
@@ -260,6 +272,8 @@ def _run(args: CompareOptions, names: list[str], console: Console) -> dict:
     doc = {
         "model": str(folder),
         "max_batch": args.max_batch,
+        "dtype": args.dtype,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "num_requests": len(jobs),
         "results": {
             k: {"output_tokens": t, "seconds": w, "tok_s": t / w, "cpu_s": c}
@@ -275,6 +289,8 @@ def _run(args: CompareOptions, names: list[str], console: Console) -> dict:
 def results_table(results: dict[str, Result], args, n: int) -> Table:
     t = Table(
         title=f"MEASURED on CPU: {n} requests, max batch {args.max_batch}, same model and prompts"
+        f", dtype {args.dtype}" + (f", reference KV {args.kv_cache_dtype}"
+                                   if args.kv_cache_dtype != "auto" else "")  # fmt: skip
     )
     for col in ("engine", "how", "output tokens", "seconds", "tok/s", "engine CPU-s", "tok/CPU-s"):
         t.add_column(col, justify="left" if col in ("engine", "how") else "right")

@@ -3,7 +3,10 @@
 replay of `harness.studies.simulation` on a modelled device).
 
 Same model, same KV pool, same B (static batch size = dynamic max batch size = continuous
-max_num_seqs), same requests: only the batching policy changes.
+max_num_seqs), same requests: only the batching policy changes. With more than one KV-cache
+dtype (`kv_cache_dtypes`), every scheduler runs once per dtype with the same
+`--kv-cache-memory-gb`: "continuous" (auto) beside "continuous+int8", and the table shows each
+run's pool, capacity, running sequences and preemptions.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from cbbench.harness.errors import CbbenchError
+from cbbench.harness.results.compare import kv_pool
 from cbbench.harness.results.summary import RunSummary, parse_slo
-from cbbench.reference_engine.config.engine_config import SCHEDULERS
+from cbbench.reference_engine.config.engine_config import KV_CACHE_DTYPES, SCHEDULERS
 from cbbench.reference_engine.config.options import FLAGS, SIM_DEFAULTS, engine_argv
 from cbbench.workloads.presets import preset_settings
 from rich.console import Console
@@ -40,6 +44,8 @@ class RunOptions:
 
     schedulers: list[str] = field(default_factory=lambda: list(SCHEDULERS))
     engine: dict[str, Any] = field(default_factory=dict)  # engine settings given (flag dests)
+    # two or more: each scheduler once per KV dtype; else engine["kv_cache_dtype"] (if given)
+    kv_cache_dtypes: list[str] = field(default_factory=list)
     workload: str | None = None  # None: RUN_WORKLOAD, written into the parent folder
     num_requests: int | None = None
     seed: int = 0  # workload and engine seed
@@ -71,6 +77,12 @@ class RunOptions:
             raise CbbenchError(
                 "speculative decoding runs with the continuous scheduler only: add it to "
                 "--schedulers"
+            )
+        bad = [d for d in self.kv_cache_dtypes if d not in KV_CACHE_DTYPES]
+        if bad:
+            raise CbbenchError(
+                f"--kv-cache-dtype: unknown {', '.join(bad)} (choose from "
+                f"{', '.join(KV_CACHE_DTYPES)})"
             )
         parse_slo(self.slo)
 
@@ -119,26 +131,50 @@ SPEC_NAME = "continuous+spec"
 SPEC_DESTS = tuple(d for d, f in FLAGS.items() if f.section == "speculative")
 
 
-def variants(opts: RunOptions) -> list[tuple[str, str]]:
-    """(run name, scheduler) per server to start: one per scheduler; with a speculative
-    method given, "continuous+spec" runs right after plain "continuous" (speculation applies
-    to the continuous scheduler only): with and without it on the same workload."""
+@dataclass(frozen=True)
+class Variant:
+    """One server (or replay) of a run: its name, scheduler, speculation, KV dtype."""
+
+    name: str
+    scheduler: str
+    spec: bool = False
+    kv_cache_dtype: str | None = None  # None: the engine setting given (or its default)
+
+
+def dtype_label(name: str, kv_cache_dtype: str | None) -> str:
+    """The run's name: the plain name for auto (the model dtype) or for a single dtype per
+    run, `name+dtype` (e.g. continuous+int8) otherwise."""
+    return name if kv_cache_dtype in (None, "auto") else f"{name}+{kv_cache_dtype}"
+
+
+def variants(opts: RunOptions) -> list[Variant]:
+    """One per scheduler, and per KV dtype when several are given (same scheduler side by
+    side); with a speculative method given, "continuous+spec" runs right after plain
+    "continuous" (speculation applies to the continuous scheduler only): with and without it
+    on the same workload."""
     spec = opts.engine.get("speculative_method") is not None
+    dtypes: list[str | None] = (
+        list(opts.kv_cache_dtypes) if len(opts.kv_cache_dtypes) > 1 else [None]
+    )
     out = []
     for name in opts.schedulers:
-        out.append((name, name))
-        if spec and name == "continuous":
-            out.append((SPEC_NAME, name))
+        runs = [(name, False)] + ([(SPEC_NAME, True)] if spec and name == "continuous" else [])
+        for base, is_spec in runs:
+            for d in dtypes:
+                out.append(Variant(dtype_label(base, d), name, is_spec, d))
+    assert len({v.name for v in out}) == len(out), "run names are unique"
     return out
 
 
-def serve_settings(opts: RunOptions, scheduler: str, run_name: str | None = None) -> dict[str, Any]:
+def serve_settings(opts: RunOptions, scheduler: str, run: Variant | None = None) -> dict[str, Any]:
     """The engine settings one server gets: every setting given, plus the seed; the
-    speculative ones only for the speculative variant."""
+    speculative ones only for a speculative variant; the variant's KV dtype."""
     skip = {"model", "device", "scheduler"}
-    if run_name != SPEC_NAME:
+    if run is None or not run.spec:
         skip |= set(SPEC_DESTS)
     out = {k: v for k, v in opts.engine.items() if k not in skip}
+    if run is not None and run.kv_cache_dtype is not None:
+        out["kv_cache_dtype"] = run.kv_cache_dtype
     # B, also the dynamic/continuous size unless given: the preset's own (seed-demo: 4), else 8
     out.setdefault("batch_size", preset_settings(opts.workload or "").get("batch_size", 8))
     if scheduler != "static":
@@ -187,14 +223,16 @@ def run_measured(opts: RunOptions, spec: str, parent: Path, console: Console) ->
     telemetry = TelemetryOptions(gpu_metrics=device.startswith("cuda"))
     result = RunDemoResult(parent, [], {}, False, device)
     runs = variants(opts)
-    names = [n for n, _ in runs]
+    names = [v.name for v in runs]
+    mean_len = mean_seq_len(wl)
     console.print(
         f"cbbench run: {len(wl)} requests of {wl.name} against the reference engine ({model} "
         f"on {device}), once per scheduler: {', '.join(names)}; results in {parent}"
     )
     try:
-        for i, (name, scheduler) in enumerate(runs):
-            flags = engine_argv(serve_settings(opts, scheduler, name))
+        for i, v in enumerate(runs):
+            name, scheduler = v.name, v.scheduler
+            flags = engine_argv(serve_settings(opts, scheduler, v))
             console.print(f"[bold][{i + 1}/{len(names)}] {name}[/bold]: starting cbbench serve ...")
             with launch_reference_server(model, scheduler, device, flags) as server:
                 cfg = BenchConfig(
@@ -217,6 +255,7 @@ def run_measured(opts: RunOptions, spec: str, parent: Path, console: Console) ->
                 )
             result.run_dirs.append(res.run_dir)
             result.summaries[name] = s = res.summary
+            s["kv_pool"] = kv_pool(_run_json(res.run_dir), mean_len)  # type: ignore[typeddict-item]
             console.print(
                 f"  {name}: {s['counts']['completed']}/{s['counts']['total']} requests in "
                 f"{s['duration_s']:.1f}s, {s['output_throughput'] or 0:.1f} output tok/s "
@@ -232,29 +271,82 @@ def run_measured(opts: RunOptions, spec: str, parent: Path, console: Console) ->
     return result
 
 
-def run_simulated(opts: RunOptions, spec: str, parent: Path, console: Console) -> RunDemoResult:
-    """The simulation study with the run's settings: its SIMULATED table, one run folder per
-    scheduler."""
-    from cbbench.harness.studies.simulation import SimOptions, print_study, simulate
+def mean_seq_len(wl) -> float | None:
+    """The workload's mean request length in tokens (prompt + output): capacity's unit."""
+    reqs = wl.requests
+    return sum(r.prompt_len + r.output_len for r in reqs) / len(reqs) if reqs else None
 
-    engine = {k: v for k, v in opts.engine.items() if k != "scheduler"}
-    engine.update(executor="sim", hardware=opts.sim)
-    sim = SimOptions(
-        workload=spec,
-        schedulers=opts.schedulers,
-        engine=engine,
-        engine_defaults={**SIM_DEFAULTS, "batch_size": 8},  # a preset's own B beats it
-        seed=opts.seed,
-        num_requests=opts.num_requests,
-        rate=opts.rate,
-        out=parent,
-        command=list(opts.command),
+
+def _run_json(run_dir: Path) -> dict:
+    return json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))
+
+
+def run_simulated(opts: RunOptions, spec: str, parent: Path, console: Console) -> RunDemoResult:
+    """The simulation study with the run's settings (once per KV dtype when several are
+    given): its SIMULATED table with the KV pool rows, one run folder per run."""
+    from cbbench.harness.results.compare import comparison_table, emit_table
+    from cbbench.harness.studies.simulation import (
+        SimOptions,
+        print_timeline,
+        run_summary,
+        simulate,
+        write_run,
     )
-    model = engine.get("model", SIM_DEFAULTS["model"])
+
+    base = {k: v for k, v in opts.engine.items() if k != "scheduler"}
+    base.update(executor="sim", hardware=opts.sim)
+    model = base.get("model", SIM_DEFAULTS["model"])
     console.print(
         f"cbbench run --sim {opts.sim}: SIMULATED on {opts.sim} ({model}), no server "
         f"started; results in {parent}"
     )
-    study = simulate(sim, console)
-    print_study(study, console)
-    return RunDemoResult(parent, study.run_dirs, {}, False)
+    dtypes: list[str | None] = (
+        list(opts.kv_cache_dtypes) if len(opts.kv_cache_dtypes) > 1 else [None]
+    )
+    studies = []
+    for d in dtypes:
+        engine = dict(base) if d is None else {**base, "kv_cache_dtype": d}
+        sim = SimOptions(
+            workload=spec,
+            schedulers=opts.schedulers,
+            engine=engine,
+            engine_defaults={**SIM_DEFAULTS, "batch_size": 8},  # a preset's own B beats it
+            seed=opts.seed,
+            num_requests=opts.num_requests,
+            rate=opts.rate,
+            command=list(opts.command),
+        )
+        if d is not None:
+            console.print(f"[bold]--kv-cache-dtype {d}[/bold]")
+        studies.append((d, simulate(sim, console)))
+    # the same scheduler's runs side by side: continuous, continuous+int8, ...
+    runs = [
+        (dtype_label(name, d), name, res, study)
+        for name in studies[0][1].results
+        for d, study in studies
+        for n, res in study.results.items()
+        if n == name
+    ]
+    result = RunDemoResult(parent, [], {}, False)
+    summaries: dict[str, RunSummary] = {}
+    for label, _name, res, study in runs:
+        run_dir = write_run(
+            parent, label, res, study.workload, workload_name=spec, rate=opts.rate,
+            command=opts.command,
+        )  # fmt: skip
+        console.print(f"  run folder: {run_dir}")
+        result.run_dirs.append(run_dir)
+        summ = run_summary(res, label)
+        summ["sim"]["num_running_max"] = max((s.num_running for s in res.steps), default=0)
+        summ["kv_pool"] = kv_pool(_run_json(run_dir), mean_seq_len(study.workload))  # type: ignore[typeddict-item]
+        summaries[label] = summ
+    first = studies[0][1]
+    assert all(r.simulated for _, _, r, _ in runs), "--sim forces the simulated executor"
+    label = "metric (SIMULATED)"
+    table = comparison_table(summaries, first.title, steps=first.steps_mode, label=label)
+    console.print(f"table: {emit_table(console, table, parent)}")
+    if first.timeline:
+        console.print("[bold yellow]SIMULATED timeline[/bold yellow] (one column per engine step)")
+        for label, _name, res, _study in runs:
+            print_timeline(console, label, res)
+    return result

@@ -73,7 +73,7 @@ def fit_static_batch(cfg: EngineConfig, console: Console) -> EngineConfig:
     (what a static server must do) and say so, rather than fail."""
     mc = resolve_model_config(cfg.model)
     dtype = mc.torch_dtype if cfg.dtype == "auto" else cfg.dtype
-    cost = CostModel(mc, get_hardware(cfg.hardware), dtype)
+    cost = CostModel(mc, get_hardware(cfg.hardware), dtype, kv_cache_dtype=cfg.kv_cache_dtype)
     blocks = sim_num_kv_blocks(cfg, cost)
     max_len = cfg.max_model_len or mc.max_position_embeddings
     fits = blocks // cdiv(max_len, cfg.block_size)
@@ -151,6 +151,7 @@ def write_run(
                     "source": "sim" if res.simulated else "engine",
                     "t_s": s.end_s,
                     "running": s.num_running,
+                    "num_seqs_limit": s.num_seqs_limit,
                     "waiting": s.num_waiting,
                     "kv_usage": s.kv_blocks_used / res.num_kv_blocks,
                     "batch_occupancy": s.batch_occupancy,
