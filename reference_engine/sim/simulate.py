@@ -81,6 +81,7 @@ class StepRecord:
     scheduler_time_s: float = 0.0  # host wall time to build it (measured, even in the sim)
     slots: list[str | None] | None = None  # request id computed in each slot (timeline only)
     held: list[str | None] | None = None  # request id holding each slot (idle if not computed)
+    num_seqs_limit: int = 0  # the running limit admission obeyed (--max-num-seqs auto: moves)
 
 
 @dataclass
@@ -127,6 +128,8 @@ class SimResult:
             "batch_occupancy_mean": wmean([s.batch_occupancy for s in self.steps]),
             "kv_usage_mean": wmean(kv),
             "kv_usage_max": max(kv) if kv else None,
+            "num_running_mean": wmean([s.num_running for s in self.steps]),
+            "num_seqs_limit_mean": wmean([s.num_seqs_limit for s in self.steps]),
             "kv_reserved_unused_tokens_mean": wmean(
                 [s.kv_reserved_unused_tokens for s in self.steps]
             ),
@@ -333,6 +336,7 @@ def _replay_steps(
             stats.num_waiting, stats.kv_blocks_used, stats.kv_reserved_unused_tokens,
             stats.batch_occupancy, stats.step_gap_s, stats.scheduler_time_s,
         )  # fmt: skip
+        rec.num_seqs_limit = stats.num_seqs_limit
         if timeline:
             for rid in computed:
                 if rid not in slot_of:
