@@ -53,7 +53,7 @@ def test_calibrate_then_validate_writes_a_fit_the_simulator_uses(tmp_path, capsy
 def test_fit_durations_sum_to_the_traced_run():
     """Every step is traced, and the fitted model reproduces the fit runs' summed time."""
     cal = calibrate("tiny", clock="cpu", scale=0.05, log=lambda s: None)
-    steps = sum(len(r) for r in (reqs for _, reqs, _ in fit_workloads(0.05)))
+    steps = sum(len(f.requests) for f in fit_workloads(0.05))
     assert len(cal.works) >= steps  # at least one step per request (its prefill)
     assert sum(cal.predicted_s) == pytest.approx(sum(cal.measured_s), rel=0.02)
 

@@ -27,7 +27,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -137,26 +137,57 @@ class TracedClock:
         return out
 
 
-def fit_workloads(scale: float = 1.0, seed: int = 1) -> list[tuple[str, list[RequestSpec], int]]:
-    """(scheduler, requests, B) runs whose steps span the shapes a serving run meets: 1..12
-    sequences, contexts up to ~1.4k tokens, whole-prompt prefills alone and mixed with
-    decodes; the last two: short prompts in wide batches, with many small admissions.
-    Uniform random lengths (not the validation's lognormal chat mix)."""
+@dataclass(frozen=True)
+class FitRun:
+    """One fit run: its scheduler, requests and B; continuous runs may have a step token
+    budget below their prompts (chunked prefill) and a shared system prompt (prefix caching
+    on, `prefix_tokens` in ids of PREFIX_BLOCK tokens)."""
+
+    scheduler: str
+    requests: list[RequestSpec]
+    b: int
+    token_budget: int = 8192
+    prefix_tokens: int = 0
+
+    def label(self) -> str:
+        extra = f" chunk {self.token_budget}" if self.token_budget < 8192 else ""
+        extra += f" prefix {self.prefix_tokens}" if self.prefix_tokens else ""
+        return f"fit {self.scheduler} B={self.b}{extra}"
+
+
+PREFIX_BLOCK = 64  # tokens per shared-prefix id, as random_draws' system prompts
+
+
+def fit_workloads(scale: float = 1.0, seed: int = 1) -> list[FitRun]:
+    """Runs whose steps span the shapes a serving run meets: 1..12 sequences, contexts up to
+    ~1.4k tokens, whole-prompt prefills alone and mixed with decodes, short prompts in wide
+    batches with many small admissions, and (the last two) prompts chunked at admission under
+    a 128 / 256-token step budget beside decodes, one of them after a cached system prompt:
+    without these the fit sees only whole prompts, and prices a chunk by what a whole
+    prompt's attention call costs. Uniform random lengths (not the validation's lognormal
+    chat mix)."""
     rng = random.Random(seed)
 
-    def reqs(n: int, prompt: tuple[int, int], output: tuple[int, int]) -> list[RequestSpec]:
+    def reqs(n: int, prompt: tuple[int, int], output: tuple[int, int], prefix: int = 0):
+        pre = tuple(range(prefix // PREFIX_BLOCK))
         return [
-            RequestSpec(i, rng.randint(*prompt), max(2, int(rng.randint(*output) * scale)))
+            RequestSpec(i, max(prefix + 4, rng.randint(*prompt)),
+                        max(2, int(rng.randint(*output) * scale)), prefix_ids=pre)
             for i in range(n)
-        ]
+        ]  # fmt: skip
+
+    def n(k: int) -> int:
+        return max(4, int(k * scale))
 
     return [
-        ("continuous", reqs(max(4, int(20 * scale)), (8, 768), (8, 640)), 12),
-        ("static", reqs(max(4, int(16 * scale)), (8, 768), (8, 512)), 6),
-        ("continuous", reqs(max(4, int(10 * scale)), (8, 256), (8, 320)), 3),
-        ("static", reqs(max(4, int(8 * scale)), (8, 384), (4, 256)), 2),
-        ("continuous", reqs(max(4, int(24 * scale)), (8, 160), (16, 400)), 8),
-        ("static", reqs(max(4, int(16 * scale)), (8, 160), (16, 320)), 8),
+        FitRun("continuous", reqs(n(20), (8, 768), (8, 640)), 12),
+        FitRun("static", reqs(n(16), (8, 768), (8, 512)), 6),
+        FitRun("continuous", reqs(n(10), (8, 256), (8, 320)), 3),
+        FitRun("static", reqs(n(8), (8, 384), (4, 256)), 2),
+        FitRun("continuous", reqs(n(24), (8, 160), (16, 400)), 8),
+        FitRun("static", reqs(n(16), (8, 160), (16, 320)), 8),
+        FitRun("continuous", reqs(n(16), (64, 1024), (4, 96), prefix=192), 6, 128, 192),
+        FitRun("continuous", reqs(n(16), (32, 640), (8, 160)), 8, 256),
     ]
 
 
@@ -360,9 +391,12 @@ def calibrate(
     replay(warm, engine_config(model, "continuous", 2, 64, "real", "h100", dtype))
     fits = fit_workloads(scale)
     jobs = []
-    for scheduler, reqs, b in fits:
-        max_len = max(r.prompt_len + r.output_len for r in reqs)
-        jobs.append((reqs, engine_config(model, scheduler, b, max_len, "real", "h100", dtype)))
+    for f in fits:
+        max_len = max(r.prompt_len + r.output_len for r in f.requests)
+        cfg = engine_config(model, f.scheduler, f.b, max_len, "real", "h100", dtype)
+        cont = replace(cfg.continuous, max_num_batched_tokens=max(f.token_budget, f.b))
+        cfg = replace(cfg, continuous=cont, enable_prefix_caching=f.prefix_tokens > 0)
+        jobs.append((f.requests, cfg, {"prefix_block_size": PREFIX_BLOCK}))
     checks = validation if isinstance(validation, list) else [validation] if validation else []
     held = [(v, s, job) for v in checks for s, job in v.real_jobs()]
     t0 = time.perf_counter()
@@ -373,14 +407,14 @@ def calibrate(
     host: list[float] = []
     rounds: list[int] = []
     run_of: list[int] = []
-    for k, ((scheduler, reqs, b), (_, steps, host_s)) in enumerate(zip(fits, out, strict=False)):
+    for k, (f, (_, steps, host_s)) in enumerate(zip(fits, out, strict=False)):
         run_of += [k] * len(steps)
         works += [w for w, _ in steps]
         times += [d for _, d in steps]
         host += host_s
         rounds += range(len(steps))  # run_interleaved: step i of every run is in round i
         log(
-            f"  fit run: {scheduler:<10} B={b:<3} {len(reqs):>3} requests "
+            f"  fit run: {f.scheduler:<10} B={f.b:<3} {len(f.requests):>3} requests "
             f"{len(steps):>5} steps  {sum(d for _, d in steps):7.2f} s ({clock} clock)"
         )
     for (check, scheduler, _), (res, steps, _h) in zip(held, out[len(jobs) :], strict=True):
@@ -414,7 +448,7 @@ def calibrate(
                              "method": "engine step trace, NNLS on seconds, no drift factor"})  # fmt: skip
     no_drift.fit.pop("interval", None)
     no_drift.fit.pop("speed_drift", None)
-    labels = [f"fit {s} B={b}" for s, _, b in fits]
+    labels = [f.label() for f in fits]
     labels += [f"{check.workload} {s}" for check, s, _ in held]
     trace = [
         {"label": lab, "config": job[1], "shapes": c.shapes, "times": [d for _, d in c.steps],

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 from cbbench.reference_engine.config.engine_config import EngineConfig
 from cbbench.reference_engine.errors import EngineError
-from cbbench.reference_engine.sim.calibration import engine_config
+from cbbench.reference_engine.sim.calibration import PREFIX_BLOCK, engine_config
 from cbbench.reference_engine.sim.validation import Validation, ValidationRow
 from cbbench.workloads.spec import RequestSpec
 
@@ -32,7 +32,6 @@ PROMPT_SCALE = (12, 480)  # median prompt tokens, drawn log-uniformly
 OUTPUT_SCALE = (6, 200)  # median output tokens
 NUM_REQUESTS = (3, 48)
 MAX_PROMPT, MAX_OUTPUT = 1536, 512
-PREFIX_BLOCK = 64  # tokens per shared-prefix id (the system prompt: 1-3 of them)
 # budget per draw (keeps K = 12 in minutes): output tokens and prompt tokens
 OUTPUT_BUDGET = (240, 110)  # 240 + 110 x B output tokens
 PROMPT_BUDGET = 6000
