@@ -35,12 +35,14 @@ def counters(urls: list[str]) -> tuple[float, float]:
 
 
 def run_policy(policy: str, urls: list[str], seed: int, tmp_path) -> tuple[dict, float]:
-    """Fresh chats (their own seed: nothing cached by an earlier run) through a router."""
+    """Fresh chats (their own seed: nothing cached by an earlier run) through a router, one
+    chat at a time: round-robin then sends each turn 2 to the other replica (a miss) whatever
+    the timing; with 3 chats at once the interleaving decided it (0.56 here, 0.78 on CI)."""
     wl = build_from_spec(SPEC, "sessions", "spec", seed=seed, num_requests=24)
     h0, q0 = counters(urls)
     with RouterThread(RouterOptions(urls, policy=policy, port=0)) as url:
         cfg = BenchConfig(
-            base_url=url, workload=wl, out_dir=tmp_path / policy, live=False, concurrency=3
+            base_url=url, workload=wl, out_dir=tmp_path / policy, live=False, concurrency=1
         )
         res = run_bench(cfg, console=Console(file=io.StringIO()))
     h1, q1 = counters(urls)
@@ -54,5 +56,5 @@ def test_prefix_affinity_beats_round_robin_on_hits(tmp_path):
         pa, pa_server = run_policy("prefix-affinity", [u1, u2], 1, tmp_path)
     got = (rr["prefix_cache_hit_rate_later_turns"], pa["prefix_cache_hit_rate_later_turns"])
     assert got[1] > 0.8, got
-    assert got[1] > got[0] + 0.15, got
+    assert got[1] > got[0] + 0.3, got  # measured 0.90 vs 0.42
     assert pa_server > rr_server  # the replicas' own counters agree
