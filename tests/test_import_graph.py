@@ -361,3 +361,18 @@ def test_long_modules_say_why():
                 continue
             doc = ast.get_docstring(ast.parse(text)) or ""
             assert "Over 400 lines because" in doc, f"{path}: {text.count(chr(10))} lines"
+
+
+def test_no_distribution_takes_the_name_kernels():
+    """Hugging Face's `kernels` (required by transformers >= 5.25) imports as `kernels`, which
+    from the repository root is this repo's kernels/ folder: transformers would import ours."""
+    import importlib.metadata
+
+    try:
+        dist = importlib.metadata.distribution("kernels")
+    except importlib.metadata.PackageNotFoundError:
+        return
+    pytest.fail(
+        f"the distribution 'kernels' {dist.version} is installed (pulled in by "
+        "transformers >= 5.25?): its import name collides with ./kernels; keep transformers < 5.25"
+    )

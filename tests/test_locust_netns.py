@@ -12,105 +12,29 @@ iproute2); `.ci/run` installs iproute2.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
-import signal
 import subprocess
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 from cbbench.harness.results.run_folder import load_run
+from netns_support import gone, in_ns, links, namespaces, start, stop
 
 SUBNET = "10.213.77"
 MASTER_IP = f"{SUBNET}.1"
 SERVER_PORT, MASTER_PORT, WEB_PORT = 18000, 15557, 18089  # free: the namespace is new
 PROC_TIMEOUT_S = 150
 N = 40
-
-
-def _ip(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
-
-
-def _must(*args: str) -> None:
-    r = _ip(*args)
-    assert r.returncode == 0, f"ip {' '.join(args)}: {r.stderr.strip()}"
-
-
-@contextlib.contextmanager
-def namespaces() -> Iterator[dict[str, str]]:
-    """{'master': ns, 'w0': ns, 'w1': ns}; always deleted (which removes their veths)."""
-    if shutil.which("ip") is None:
-        pytest.skip("iproute2 is not installed (apt-get install -y iproute2)")
-    tag = f"cbb{os.getpid()}"
-    names = {role: f"{tag}-{role}" for role in ("master", "w0", "w1")}
-    made: list[str] = []
-    try:
-        for ns in names.values():
-            r = _ip("netns", "add", ns)
-            if r.returncode != 0:
-                pytest.skip(f"cannot create a network namespace: {r.stderr.strip()}")
-            made.append(ns)
-            _must("-n", ns, "link", "set", "lo", "up")
-        m = names["master"]
-        _must("-n", m, "link", "add", "br0", "type", "bridge")
-        _must("-n", m, "addr", "add", f"{MASTER_IP}/24", "dev", "br0")
-        _must("-n", m, "link", "set", "br0", "up")
-        for i, role in enumerate(("w0", "w1")):
-            # Both ends are created inside the master's namespace, then one end moves:
-            # no interface ever appears in the host's namespace.
-            _must("-n", m, "link", "add", f"v{i}m", "type", "veth", "peer", "name", f"v{i}w")
-            _must("-n", m, "link", "set", f"v{i}w", "netns", names[role])
-            _must("-n", m, "link", "set", f"v{i}m", "master", "br0")
-            _must("-n", m, "link", "set", f"v{i}m", "up")
-            _must("-n", names[role], "addr", "add", f"{SUBNET}.{10 + i}/24", "dev", f"v{i}w")
-            _must("-n", names[role], "link", "set", f"v{i}w", "up")
-        yield names
-    finally:
-        for ns in made:
-            _ip("netns", "del", ns)
-
-
-def _start(ns: str, argv: list[str], **kw) -> subprocess.Popen:
-    return subprocess.Popen(
-        ["ip", "netns", "exec", ns, sys.executable, "-m", "cbbench.harness.cli", *argv],
-        start_new_session=True,  # the Locust child too is killed by killpg
-        **kw,
-    )
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-
-
-def _in_ns(ns: str, code: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["ip", "netns", "exec", ns, sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+TAG = f"cbb{os.getpid()}"
 
 
 def test_distributed_locust_across_network_namespaces(tmp_path):
     out = tmp_path / "run"
     base_url = f"http://{MASTER_IP}:{SERVER_PORT}"
-    with namespaces() as ns:
+    with namespaces(TAG, SUBNET, "master", ["w0", "w1"]) as ns:
         # The namespaces are isolated from the host: a worker has exactly lo and its veth.
-        links = _ip("-n", ns["w0"], "-o", "link", "show").stdout
-        assert {line.split(":")[1].strip().split("@")[0] for line in links.splitlines()} == {
-            "lo",
-            "v0w",
-        }
+        assert links(ns["w0"]) == {"lo", "v0w"}
         procs: list[subprocess.Popen] = []
         try:
-            server = _start(
+            server = start(
                 ns["master"],
                 ["serve", "--model", "tiny", "--host", MASTER_IP, "--port", str(SERVER_PORT),
                  "--no-engine-process"],
@@ -120,7 +44,7 @@ def test_distributed_locust_across_network_namespaces(tmp_path):
             ready = server.stdout.readline()
             assert "ready at" in ready, "server did not start"
             # A worker namespace reaches the server over the veth, through the bridge.
-            probe = _in_ns(
+            probe = in_ns(
                 ns["w1"], f"import httpx; print(httpx.get('{base_url}/health').status_code)"
             )
             assert probe.stdout.strip() == "200", probe.stderr[-2000:]
@@ -128,7 +52,7 @@ def test_distributed_locust_across_network_namespaces(tmp_path):
                 "locust", "--base-url", base_url, "--workload", "seed-demo",
                 "--num-requests", str(N), "--no-gpu-metrics", "--metrics-interval", "0.1",
             ]  # fmt: skip
-            master = _start(
+            master = start(
                 ns["master"],
                 [*common, "--out", str(out), "--master", "--expect-workers", "2", "--headless",
                  "-u", "4", "-r", "50", "-t", "60s", "--master-bind-host", MASTER_IP,
@@ -137,7 +61,7 @@ def test_distributed_locust_across_network_namespaces(tmp_path):
             )  # fmt: skip
             procs.append(master)
             workers = [
-                _start(
+                start(
                     ns[role],
                     [
                         *common,
@@ -159,7 +83,7 @@ def test_distributed_locust_across_network_namespaces(tmp_path):
             codes = [w.wait(timeout=60) for w in workers]
         finally:
             for p in reversed(procs):
-                _stop(p)
+                stop(p)
         assert master.returncode == 0, err.decode()[-3000:]
         assert codes == [0, 0]
     for role in ("w0", "w1"):
@@ -177,8 +101,4 @@ def test_distributed_locust_across_network_namespaces(tmp_path):
 
 def test_namespaces_are_gone_afterwards():
     # The previous test's namespaces were deleted, whatever happened in it.
-    tag = f"cbb{os.getpid()}-"
-    listed = _ip("netns", "list").stdout if shutil.which("ip") else ""
-    assert tag not in listed
-    if Path("/run/netns").exists():
-        assert not any(Path("/run/netns").glob(f"{tag}*"))
+    assert gone(TAG)

@@ -59,6 +59,18 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--api-key", help="sent as a Bearer token")
     p.add_argument("--workers", type=int, default=1, help="load-generator processes")
+    p.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="send only part I (0-based) of the workload split N ways, as worker I of "
+        "--workers N would: one part per host, then `cbbench merge` (docs/benchmarking.md)",
+    )
+    p.add_argument(
+        "--start-at",
+        metavar="T",
+        help="start (t0) at this wall-clock time, unix seconds or ISO with zone "
+        "(2026-12-03T14:00:00Z), at most 1 h ahead: every host's arrival times line up",
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="per-request limit in seconds")
     p.add_argument("--no-stream", action="store_true", help="non-streaming requests (no TTFT/ITL)")
     p.add_argument(

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 
 import httpx
-from cbbench.harness.client import http1
+from cbbench.harness.client import fast_events, http1
 from cbbench.harness.client.reply import Reply
 from cbbench.harness.client.sse import SSEParser
 from cbbench.harness.results.records import RequestRecord
@@ -88,10 +88,14 @@ dump_json: Callable[[object], bytes] = _dump_json_fast if orjson else _dump_json
 
 def use_stdlib_json(flag: bool = True) -> None:
     """Encode and decode with the stdlib (tests of the pure path, comparisons)."""
-    global parse_json, dump_json
+    global parse_json, dump_json, count_common
     pure = flag or orjson is None
     parse_json = _parse_json_std if pure else _parse_json_fast
     dump_json = _dump_json_std if pure else _dump_json_fast
+    count_common = None if flag else fast_events.COUNT_COMMON
+
+
+count_common = fast_events.COUNT_COMMON  # the common chunk's typed decode (msgspec), or None
 
 
 class RequestFailed(Exception):
@@ -159,7 +163,10 @@ class Response:
         k_read = one_ids = 0
         fast = _loads if parse_json is _parse_json_fast else None  # one frame less an event
         state, reply, sends = self.state, self.reply, self.sends
-        for data in self.parser.feed(raw):
+        events = self.parser.feed(raw)
+        if count_common is not None and reply is None:  # a read's leading common chunks
+            one_ids = count_common(events, sends, t)
+        for data in events[one_ids:] if one_ids else events:
             if data == b"[DONE]":
                 state["done"] = True
                 continue

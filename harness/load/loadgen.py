@@ -454,8 +454,10 @@ async def run_worker(
             worker.lookahead(client).fill()  # before t0: out of the measured phase
         heap.start()  # what is built so far stays out of the collector's scans (heap.py)
         t0_ns = await wait_t0()
-        while (ahead_ns := t0_ns - time.monotonic_ns()) > 0:  # t0 may be ahead; a loop's
-            await asyncio.sleep(ahead_ns / 1e9)  # timer may wake up to a millisecond early
+        while (ahead_ns := t0_ns - time.monotonic_ns()) > 0:  # t0 may be ahead (--start-at:
+            if stop_check is not None and stop_check():  # up to an hour; Ctrl-C ends it)
+                break
+            await asyncio.sleep(min(ahead_ns / 1e9, 0.05))  # a timer may wake a ms early
         if client.pool is not None:
             del client.pool.send_window_ns[:]  # the measured phase's sends and reads only
             del client.pool.stats.read_delay_ns[:]

@@ -16,6 +16,7 @@ from typing import Any
 
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.load.runner import BenchConfig
+from cbbench.harness.load.shards import parse_shard, parse_start_at
 from cbbench.harness.results.summary import parse_duration, parse_slo
 from cbbench.workloads.spec import Workload
 
@@ -31,6 +32,8 @@ class LoadOptions:
     concurrency: int | None = None  # closed loop: in flight; open loop: a cap
     duration: str | None = None  # stop sending new requests after this long ("60s")
     warmup: int = 0
+    shard: str | None = None  # "I/N" (0-based): this host's part of an N-host run
+    start_at: str | None = None  # t0 at this wall-clock time (unix seconds or ISO with zone)
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace, **overrides: Any) -> LoadOptions:
@@ -134,6 +137,8 @@ def bench_config(
         raise CbbenchError(f"--concurrency must be >= 1, got {load.concurrency}")
     if client.timeout_s <= 0:
         raise CbbenchError(f"--timeout must be > 0, got {client.timeout_s}")
+    shard = parse_shard(load.shard) if load.shard is not None else None
+    start_at = parse_start_at(load.start_at) if load.start_at is not None else None
     wl = load.build_workload()
     duration = parse_duration(load.duration, "--duration") if load.duration else None
     concurrency = load.concurrency
@@ -165,4 +170,6 @@ def bench_config(
         cap_unit=client.cap_unit,
         prewarm=client.prewarm,
         kernel_timestamps=client.kernel_timestamps,
+        shard=shard,
+        start_at=start_at,
     )

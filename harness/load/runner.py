@@ -21,7 +21,18 @@ from cbbench.harness.client.api import ClientConfig, probe_server
 from cbbench.harness.console.live import LiveStats, LiveView, summary_table
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.load.loadgen import Job, WorkerPlan, run_worker
-from cbbench.harness.load.sessions import CAP_UNITS, group_sessions
+from cbbench.harness.load.sessions import CAP_UNITS
+from cbbench.harness.load.shards import (
+    Shard,
+    clock_meta,
+    deal,
+    monotonic_ns_at,
+    shard_meta,
+    shard_share,
+    share,
+    split_jobs,
+    unix_s_at,
+)
 from cbbench.harness.load.workers import run_workers
 from cbbench.harness.results.environment import environment
 from cbbench.harness.results.outcome import stopped_answering
@@ -65,6 +76,8 @@ class BenchConfig:
     kernel_timestamps: bool = True  # raw client: kernel receive times where the OS gives them
     cap_unit: str = "sessions"  # sessions: what --concurrency counts (sessions | requests)
     keep_token_ids: bool = False  # sessions: prompt/reply token ids in each record's extra
+    shard: Shard | None = None  # --shard I/N: send only part I of the N-way split (shards.py)
+    start_at: float | None = None  # --start-at: t0 at this wall-clock time (unix seconds)
 
 
 @dataclass
@@ -108,18 +121,22 @@ def _jobs(wl: Workload, warmup: int) -> tuple[list[Job], list[Job]]:
 
 def _plans(cfg: BenchConfig, client: ClientConfig) -> list[WorkerPlan]:
     jobs, warm = _jobs(cfg.workload, cfg.warmup)
-    n = min(cfg.workers, cfg.concurrency or cfg.workers)  # every worker holds >= 1 slot
-    units = group_sessions(jobs)  # a session stays on one worker; lone jobs round-robin
+    concurrency = shard_share(cfg.concurrency, cfg.shard)
+    if cfg.shard is not None:  # this host's part of the N-way split, as worker I would get
+        jobs = split_jobs(jobs, cfg.shard.count)[cfg.shard.index]
+        warm = deal(warm, cfg.shard.count)[cfg.shard.index]
+    n = min(cfg.workers, concurrency or cfg.workers)  # every worker holds >= 1 slot
+    parts = split_jobs(jobs, n)  # a session stays on one worker; lone jobs round-robin
+    warm_parts = deal(warm, n)
     plans = []
     for w in range(n):
-        share = cfg.concurrency // n + (w < cfg.concurrency % n) if cfg.concurrency else None
         plans.append(
             WorkerPlan(
                 worker=w,
-                jobs=[j for unit in units[w::n] for j in unit],
-                warmup_jobs=warm[w::n],
+                jobs=parts[w],
+                warmup_jobs=warm_parts[w],
                 client=client,
-                concurrency=share,
+                concurrency=share(concurrency, n, w),
                 duration_s=cfg.duration_s,
                 seed=cfg.workload.seed,
                 prefix_block_size=cfg.workload.prefix_block_size,
@@ -147,7 +164,9 @@ def connection_summary(records: list[RequestRecord], stats: list[dict]) -> dict:
     return out
 
 
-def _run_inprocess(plan: WorkerPlan, on_event, stop_flag: threading.Event) -> dict[int, dict]:
+def _run_inprocess(
+    plan: WorkerPlan, on_event, stop_flag: threading.Event, start_at: float | None = None
+) -> dict[int, dict]:
     async def main() -> dict[int, dict]:
         loop = asyncio.get_running_loop()
         try:
@@ -157,7 +176,7 @@ def _run_inprocess(plan: WorkerPlan, on_event, stop_flag: threading.Event) -> di
             handled = False
 
         async def wait_t0() -> int:
-            t0 = time.monotonic_ns()
+            t0 = time.monotonic_ns() if start_at is None else monotonic_ns_at(start_at)
             on_event("t0", t0)
             return t0
 
@@ -223,7 +242,7 @@ def _run_meta(cfg: BenchConfig, name: str, engine: dict, model: str, workers: in
         },
         "load": {
             "mode": "open" if cfg.workload.open_loop else "closed",
-            "concurrency": cfg.concurrency,
+            "concurrency": shard_share(cfg.concurrency, cfg.shard),
             "duration_s": cfg.duration_s,
             "warmup": cfg.warmup,
             "workers": workers,
@@ -243,6 +262,7 @@ def _run_meta(cfg: BenchConfig, name: str, engine: dict, model: str, workers: in
         "started_at": _now_iso(),
         "ended_at": None,
         "interrupted": False,
+        "clock": clock_meta(cfg.start_at),  # t0 on the wall clock, set when t0 is
     }
 
 
@@ -258,6 +278,11 @@ def run_bench(
         raise CbbenchError(f"--warmup must be >= 0, got {cfg.warmup}")
     if cfg.cap_unit not in CAP_UNITS:
         raise CbbenchError(f"--cap-unit must be one of {', '.join(CAP_UNITS)}, got {cfg.cap_unit}")
+    if cfg.shard is not None and cfg.concurrency is not None and cfg.concurrency < cfg.shard.count:
+        raise CbbenchError(
+            f"--shard {cfg.shard}: --concurrency {cfg.concurrency} leaves a shard no slot "
+            f"(each of the {cfg.shard.count} shards needs >= 1)"
+        )
     engine = probe_server(cfg.base_url, cfg.api_key)
     model = cfg.model or (engine["models"][0] if engine["models"] else None)
     if not model:
@@ -275,17 +300,19 @@ def run_bench(
         timeout_s=cfg.timeout_s,
         extensions=cfg.extensions,
         extra_body=cfg.extra_body,
-        max_connections=cfg.concurrency or max(1, len(cfg.workload)),
+        max_connections=shard_share(cfg.concurrency, cfg.shard) or max(1, len(cfg.workload)),
         collect_server_times=cfg.collect_server_times,
         http_client=cfg.http_client,
         kernel_timestamps=cfg.kernel_timestamps,
     )
     plans = _plans(cfg, client)
     meta = _run_meta(cfg, name, engine, model, len(plans))
+    if cfg.shard is not None:  # who this is and what it sends: what `cbbench merge` checks
+        meta["shard"] = shard_meta(cfg.shard, cfg.workload.requests, cfg.concurrency, plans)
     writer = RunWriter(run_dir, secrets=(cfg.api_key,))
     writer.write_run(meta)
     records: list[RequestRecord] = []
-    live = LiveStats(len(cfg.workload), samplers)
+    live = LiveStats(sum(len(p.jobs) for p in plans), samplers)
     stop_flag = threading.Event()
     started: list = []
 
@@ -298,6 +325,9 @@ def run_bench(
             writer.add_sample(payload)
             live.on_sample(payload)
         elif kind == "t0":
+            clock = meta["clock"]
+            clock["t0_unix_s"] = cfg.start_at if cfg.start_at is not None else unix_s_at(payload)
+            clock["late_start_s"] = max(0, time.monotonic_ns() - payload) / 1e9
             for s in samplers:
                 s.start(payload, writer.add_sample)
                 started.append(s)
@@ -306,11 +336,11 @@ def run_bench(
     try:
         with LiveView(live, console, enabled=cfg.live):
             if len(plans) == 1:
-                worker_stats = _run_inprocess(plans[0], on_event, stop_flag)
+                worker_stats = _run_inprocess(plans[0], on_event, stop_flag, cfg.start_at)
             else:
                 previous = signal.signal(signal.SIGINT, lambda *_: stop_flag.set())
                 try:
-                    worker_stats = run_workers(plans, on_event, stop_flag)
+                    worker_stats = run_workers(plans, on_event, stop_flag, cfg.start_at)
                 finally:
                     signal.signal(signal.SIGINT, previous)
     finally:
@@ -329,6 +359,8 @@ def run_bench(
             if "crashed" not in st
         }
         summary = summarize(records, None, cfg.slo, client_samples)
+        if "shard" in meta:  # the raw samples: `cbbench merge` recomputes this summary
+            meta["shard"]["client_samples"] = client_samples
         summary["cancelled_in_flight"] = sum(st.get("cancelled", 0) for st in worker_stats.values())
         summary["client"]["cpu_s"] = sum(st.get("cpu_s", 0.0) for st in worker_stats.values())
         summary["connections"] = connection_summary(records, list(worker_stats.values()))

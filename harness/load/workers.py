@@ -1,7 +1,8 @@
 """`--workers N`: N spawned load-generator processes, each with its own event loop.
 
-Request i goes to worker i % N; all share one t0 on CLOCK_MONOTONIC (system-wide on Linux),
-fixed by the parent once every worker has warmed up. Workers send each finished record to the
+Sessions stay whole, lone requests and sessions are dealt round-robin (`shards.split_jobs`: the
+same split `--shard I/N` makes across hosts); all share one t0 on CLOCK_MONOTONIC (system-wide
+on Linux), fixed by the parent once every worker has warmed up, or at `--start-at`. Workers send each finished record to the
 parent within 20 ms of its end (the parent is the only writer, so a worker that dies loses only
 its in-flight requests and its last batch), in batches over a pipe of its own written from the
 event loop's thread: a multiprocessing queue's feeder thread would take the GIL from the loop in
@@ -24,6 +25,7 @@ from multiprocessing import connection as mp_connection
 
 from cbbench.harness.client import aio
 from cbbench.harness.load.loadgen import WorkerPlan, run_worker
+from cbbench.harness.load.shards import monotonic_ns_at
 from cbbench.harness.results.records import RequestRecord
 from cbbench.reference_engine.server.lifeline import die_with_parent
 
@@ -80,8 +82,10 @@ def run_workers(
     plans: list[WorkerPlan],
     on_event: Callable[[str, object], None],
     stop_flag: threading.Event,
+    start_at: float | None = None,
 ) -> dict[int, dict]:
     """Run the plans in spawned processes; returns per-worker final stats (or crash info).
+    t0: once every worker is ready (a little after), or at wall-clock `start_at` (unix s).
 
     on_event("t0", ns) once, then ("record", RequestRecord) and ("sample", dict) as they come.
     """
@@ -133,7 +137,8 @@ def run_workers(
             elif kind == "done":
                 done[msg[1]] = msg[2]
         if len(ready) == len(procs) and not go.is_set():
-            t0_value.value = time.monotonic_ns() + T0_MARGIN_NS
+            t0 = time.monotonic_ns() + T0_MARGIN_NS
+            t0_value.value = t0 if start_at is None else monotonic_ns_at(start_at)
             on_event("t0", int(t0_value.value))
             go.set()
     for proc in procs.values():

@@ -1,0 +1,53 @@
+"""`cbbench merge OUT DIR...`: the shard run folders of one N-host run (`cbbench bench --shard
+I/N`) into one run folder, its summary recomputed from the merged records."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "merge",
+        help="merge the run folders of `bench --shard I/N` hosts into one run folder",
+        description=__doc__,
+    )
+    p.add_argument("out", metavar="OUT", help="the merged run folder (must not hold a run)")
+    p.add_argument("dirs", metavar="DIR", nargs="+", help="one run folder per shard")
+    p.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help="merge even if some shards' folders are not given (the summary lists them)",
+    )
+    p.add_argument("--name", help="run name (default: the shards')")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from cbbench.harness.console.live import summary_table
+    from cbbench.harness.load.runner import worker_timing_lines
+    from cbbench.harness.results.merge import merge_runs
+    from rich.console import Console
+
+    res = merge_runs(
+        args.out, args.dirs, allow_missing=args.allow_missing, name=args.name, command=sys.argv
+    )
+    out = Console()
+    count = res.meta["merged"]["shards"]
+    if res.missing:
+        names = ", ".join(f"{i}/{count}" for i in res.missing)
+        print(f"cbbench merge: warning: merged without shard(s) {names}", file=sys.stderr)
+    out.print(summary_table(res.summary, f"cbbench merge: {res.meta['name']}"))
+    for line in worker_timing_lines(res.summary):
+        out.print(line, highlight=False)
+    for row in res.summary["shards"]:
+        late = row["late_start_s"] or 0.0
+        out.print(
+            f"shard {row['shard']}/{count}: {row['recorded']} of {row['requests']} requests "
+            f"recorded, workers {row['workers']}, started {late * 1e3:.1f} ms late",
+            highlight=False,
+        )
+    merged = res.meta["merged"]["merged"]
+    out.print(f"merged {len(merged)} shard(s), {len(res.records)} records: {res.run_dir}")
+    return 0
