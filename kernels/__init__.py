@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from typing import Protocol
 
 import torch
@@ -77,8 +78,25 @@ def triton_unavailable_reason(device: str | torch.device) -> str | None:
             return "CUDA is not available to torch"
         return None
     if dev.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
-        return None
+        return _interpreter_mismatch()
     return f"Triton kernels need a CUDA device (got {dev}; CPU only with TRITON_INTERPRET=1)"
+
+
+def _interpreter_mismatch() -> str | None:
+    """triton.jit reads TRITON_INTERPRET when it decorates: a triton imported before the
+    variable was set (torch._dynamo imports it) keeps a compiled standard library (tl.max,
+    tl.sum), which the interpreter then refuses inside every kernel."""
+    if "triton" not in sys.modules:
+        return None
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if isinstance(tl.max, InterpretedFunction):
+        return None
+    return (
+        "triton was imported before TRITON_INTERPRET=1 was set, so its kernels would not be "
+        "interpreted; set TRITON_INTERPRET=1 before the process starts"
+    )
 
 
 def available_backends(device: str | torch.device = "cpu") -> list[str]:

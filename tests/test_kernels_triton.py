@@ -236,6 +236,30 @@ def test_fresh_interpreter_dispatch():
     ]
 
 
+LATE_ENV = """
+import os, torch
+import torch._dynamo  # imports triton: its standard library is decorated compiled
+os.environ["TRITON_INTERPRET"] = "1"
+from cbbench.kernels import available_backends, get_attention_backend
+try:
+    get_attention_backend("triton", "cpu")
+except ValueError as e:
+    print(available_backends("cpu"), "|", e)
+"""
+
+
+def test_interpreter_set_after_triton_was_imported_is_one_clear_error():
+    """Without the check every kernel fails inside the interpreter with "Cannot call
+    @triton.jit'd outside of the scope of a kernel" (triton 3.9)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", LATE_ENV], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    backends, msg = proc.stdout.strip().split(" | ")
+    assert backends == "['torch']"
+    assert "triton was imported before TRITON_INTERPRET=1 was set" in msg and "\n" not in msg
+
 NO_TRITON = """
 import sys
 sys.modules["triton"] = None  # as if not installed

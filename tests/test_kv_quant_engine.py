@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton_interpret  # noqa: F401  (before anything imports triton uninterpreted)
 from cbbench.kernels import kv_quant
 from cbbench.reference_engine.config.engine_config import KV_CACHE_DTYPES, EngineConfig
 from cbbench.reference_engine.engine.llm_engine import LLMEngine

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton_interpret  # noqa: F401  (before anything imports triton uninterpreted)
 from cbbench.kernels import get_attention_backend, kv_quant
 from cbbench.kernels.reference import (
     make_paged_case,
