@@ -1,7 +1,8 @@
 """Paged attention in vectorised torch: the CPU backend of the reference engine.
 
-Decode on CPU in fp32 runs the C++ paged kernel (cpu_attention: K/V read in place through
-the block table, one call per layer) where the CPU kernels build. Otherwise decode gathers
+Decode on CPU over an fp32 or bf16 cache runs the C++ paged kernel (cpu_attention: K/V read
+in place through the block table, bf16 widened as read, one call per layer) where the CPU
+kernels build. Otherwise decode gathers
 every sequence's blocks through the block table in one `index_select`, then
 runs one masked `scaled_dot_product_attention` over the batch. On CPU, when long runs of a
 batch's blocks are consecutive in the pool (a prompt's blocks usually are), those runs are
@@ -16,8 +17,8 @@ quantizes (or casts) each (token, head) row; attention gathers the packed blocks
 of fp32's bytes) and dequantizes them into the query's dtype before the same SDPA call.
 Decode over an int8 cache on CPU runs the C++ int8 kernel instead (cpu_kv_attention: rows
 read in place, dequantized as read; any x86-64, built on the first such call) where it
-builds; the fp32 C++ kernel and the in-place split-KV views read raw rows, so fp8 and bf16
-caches (and int8 without that kernel) take the gather path.
+builds; the in-place split-KV views read raw rows, so fp8 caches (and int8 without that
+kernel, bf16 without cpu_attention) take the gather path.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class TorchAttentionBackend:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._workspace: torch.Tensor | None = None  # gather buffer, grown on demand
-        # fp32 decode on CPU: the C++ kernel (cpu_attention), read in place; else split-KV
+        # fp32 / bf16 decode on CPU: the C++ kernel (cpu_attention), read in place; else split-KV
         self.paged_kernel = device.type == "cpu" and cpu_attention.available()
         # int8 decode on CPU: the C++ int8 kernel (cpu_kv_attention), built on first use
         self.quant_kernel = device.type == "cpu"
@@ -62,7 +63,7 @@ class TorchAttentionBackend:
         cpu = self.device.type == "cpu"
         fp32 = "cpp" if self.paged_kernel else ("split-kv" if self.split_kv and cpu else "gather")
         int8 = "cpp" if self.quant_kernel and cpu_kv_attention.available() else "gather"
-        return {"decode_kernel_fp32": fp32, "decode_kernel_int8": int8}
+        return {"decode_kernel_fp32": fp32, "decode_kernel_bf16": fp32, "decode_kernel_int8": int8}
 
     def reshape_and_cache(
         self,
@@ -103,7 +104,7 @@ class TorchAttentionBackend:
         _, block_size, num_kv_heads, _ = k_cache.shape
         group = num_q_heads // num_kv_heads
         convert = k_cache.dtype != q.dtype  # quantized or narrower: dequantize what is gathered
-        if self.paged_kernel and not convert and cpu_attention.supports(q, k_cache):
+        if self.paged_kernel and cpu_attention.supports(q, k_cache):  # fp32 / bf16, in place
             return cpu_attention.paged_decode_attention(
                 q, k_cache, v_cache, block_tables, seq_lens, scale
             )

@@ -74,19 +74,40 @@ def test_bad_block_id_is_one_clear_error():
         cpu_attention.paged_decode_attention(q, kc, vc, bt, sl, scale=0.25)
 
 
-def test_backend_runs_it_for_fp32_decode_only(monkeypatch):
+@pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16], ids=["fp32-q", "bf16-q"])
+def test_bf16_cache_matches_the_oracle_on_the_same_bf16_values(threads, q_dtype):
+    """bf16 rows widened in registers are exactly the fp32 oracle's inputs, so only the
+    summation order differs (fp32 query), plus the output's rounding to bf16 (bf16 query:
+    8 significant bits, 2^-8 relative)."""
+    q, kc, vc, bt, sl = case([1, 17, 300, 65], 16, 2, 4, head_dim=72, seed=threads)  # tail lanes
+    q, kc, vc = q.to(q_dtype), kc.bfloat16(), vc.bfloat16()
+    out = cpu_attention.paged_decode_attention(q, kc, vc, bt, sl, scale=72**-0.5)
+    assert out.shape == q.shape and out.dtype == q_dtype
+    ref = ref_paged_decode_attention(q.float(), kc.float(), vc.float(), bt, sl, scale=72**-0.5)
+    tol = 2e-5 if q_dtype == torch.float32 else 8e-3
+    torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+
+
+def test_backend_runs_it_for_fp32_and_bf16_decode(monkeypatch):
     calls = []
     real = cpu_attention.paged_decode_attention
     monkeypatch.setattr(
-        cpu_attention, "paged_decode_attention", lambda *a: calls.append(a[0].dtype) or real(*a)
+        cpu_attention,
+        "paged_decode_attention",
+        lambda *a: calls.append((a[0].dtype, a[1].dtype)) or real(*a),
     )
     be = TorchAttentionBackend(torch.device("cpu"))
-    assert be.paged_kernel
-    for dtype in (torch.float32, torch.bfloat16):
+    assert be.paged_kernel and be.decode_kernels()["decode_kernel_bf16"] == "cpp"
+    cases = [(torch.float32,) * 2, (torch.bfloat16,) * 2, (torch.float32, torch.bfloat16)]
+    for q_dtype, cache_dtype in cases:  # the last: --kv-cache-dtype bf16 under an fp32 model
         q, kc, vc, bt, sl = case([20, 33], 16, 2, 2)
-        q, kc, vc = q.to(dtype), kc.to(dtype), vc.to(dtype)
+        q, kc, vc = q.to(q_dtype), kc.to(cache_dtype), vc.to(cache_dtype)
         out = be.paged_decode_attention(q, kc, vc, bt, sl, scale=0.25)
-        ref = ref_paged_decode_attention(q, kc, vc, bt, sl, scale=0.25)
-        tol = 2e-5 if dtype == torch.float32 else 2e-2
+        assert out.dtype == q_dtype
+        ref = ref_paged_decode_attention(q.float(), kc.float(), vc.float(), bt, sl, scale=0.25)
+        tol = 8e-3 if q_dtype == torch.bfloat16 else 2e-5
         torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
-    assert calls == [torch.float32]  # bf16 takes the torch path
+    assert calls == cases
+    q, kc, vc, bt, sl = case([20, 33], 16, 2, 2)
+    int8 = torch.zeros(*kc.shape[:3], kc.shape[3] + 1, dtype=torch.int8)
+    assert not cpu_attention.supports(q, int8)  # quantized caches: cpu_kv_attention's

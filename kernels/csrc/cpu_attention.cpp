@@ -1,5 +1,7 @@
-// fp32 paged decode attention for AVX-512 CPUs: one query token per sequence, K/V read in
-// place through the block table (no gather, no copy), one call per layer.
+// Paged decode attention for AVX-512 CPUs over an fp32 or a bf16 KV cache: one query token
+// per sequence, K/V read in place through the block table (no gather, no copy), one call per
+// layer. The query, the scores and the output are fp32; a bf16 row is widened to fp32 in
+// registers as it is read (bf16 is fp32's upper half), so a bf16 cache streams half the bytes.
 //
 // Work item = one sequence (its KV heads split in ranges only when there are fewer sequences
 // than threads): a token's K (or V) row of all heads is Hkv * D contiguous floats, read whole
@@ -12,6 +14,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -22,80 +25,55 @@
 
 namespace {
 
-inline float dot(const float* a, const float* b, int64_t d) {
+// 16 cache elements as fp32: a plain load, or bf16 widened (its bits are fp32's upper half)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const at::BFloat16* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+template <typename T>
+inline __m512 load_tail(const T* p, int64_t r) {  // r < 16 elements, the rest zero
+  alignas(64) float buf[16] = {};
+  for (int64_t i = 0; i < r; ++i) buf[i] = static_cast<float>(p[i]);
+  return _mm512_load_ps(buf);
+}
+
+template <typename T>
+inline float dot(const float* a, const T* b, int64_t d) {
   __m512 acc = _mm512_setzero_ps();
   int64_t i = 0;
-  for (; i + 16 <= d; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+  for (; i + 16 <= d; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load16(b + i), acc);
   if (i < d) {
     const __mmask16 m = static_cast<__mmask16>((1u << (d - i)) - 1);
-    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc);
+    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), load_tail(b + i, d - i), acc);
   }
   return _mm512_reduce_add_ps(acc);
 }
 
-inline void axpy(float p, const float* x, float* y, int64_t d) {  // y += p * x
+template <typename T>
+inline void axpy(float p, const T* x, float* y, int64_t d) {  // y += p * x
   const __m512 pv = _mm512_set1_ps(p);
   int64_t i = 0;
   for (; i + 16 <= d; i += 16)
-    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(pv, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(pv, load16(x + i), _mm512_loadu_ps(y + i)));
   if (i < d) {
     const __mmask16 m = static_cast<__mmask16>((1u << (d - i)) - 1);
     _mm512_mask_storeu_ps(y + i, m,
-                          _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(m, x + i),
+                          _mm512_fmadd_ps(pv, load_tail(x + i, d - i),
                                           _mm512_maskz_loadu_ps(m, y + i)));
   }
 }
 
-inline void prefetch_row(const float* p, int64_t d) {
-  for (int64_t i = 0; i < d; i += 16) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
+inline void prefetch_row(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(c + i, _MM_HINT_T0);
 }
 
-}  // namespace
-
-// q [B, Hq, D] fp32 contiguous; k_cache, v_cache [NB, BS, Hkv, D] fp32 contiguous;
-// block_tables [B, MB] int32; seq_lens [B] int32 (context length including this token).
-at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
-                                     const at::Tensor& v_cache,
-                                     const at::Tensor& block_tables,
-                                     const at::Tensor& seq_lens, double scale) {
-  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.is_contiguous(),
-              "paged_decode_attention: q must be contiguous [B, Hq, D] fp32");
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
-                  k_cache.scalar_type() == at::kFloat &&
-                  v_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
-                  v_cache.is_contiguous(),
-              "paged_decode_attention: caches must be contiguous [NB, BS, Hkv, D] fp32");
-  TORCH_CHECK(block_tables.dim() == 2 && block_tables.scalar_type() == at::kInt &&
-                  block_tables.is_contiguous(),
-              "paged_decode_attention: block_tables must be contiguous [B, MB] int32");
-  TORCH_CHECK(seq_lens.dim() == 1 && seq_lens.scalar_type() == at::kInt &&
-                  seq_lens.is_contiguous(),
-              "paged_decode_attention: seq_lens must be contiguous [B] int32");
-  const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
-  const int64_t NB = k_cache.size(0), BS = k_cache.size(1), Hkv = k_cache.size(2);
-  const int64_t MB = block_tables.size(1);
-  TORCH_CHECK(k_cache.size(3) == D, "paged_decode_attention: head_dim of q and cache differ");
-  TORCH_CHECK(Hq % Hkv == 0, "paged_decode_attention: Hq must be a multiple of Hkv");
-  TORCH_CHECK(block_tables.size(0) == B && seq_lens.size(0) == B,
-              "paged_decode_attention: one block-table row and one length per sequence");
+template <typename T>
+void decode_kernel(const float* qp, const T* kp, const T* vp, float* op, const int32_t* lens,
+                   const int32_t* tables, int64_t B, int64_t Hq, int64_t D, int64_t BS,
+                   int64_t Hkv, int64_t MB, float sc) {
   const int64_t G = Hq / Hkv;
-  const int32_t* lens = seq_lens.data_ptr<int32_t>();
-  const int32_t* tables = block_tables.data_ptr<int32_t>();
-  for (int64_t b = 0; b < B; ++b) {
-    TORCH_CHECK(lens[b] >= 1 && lens[b] <= MB * BS, "paged_decode_attention: sequence ", b,
-                " has length ", lens[b], " for ", MB, " blocks of ", BS);
-    for (int64_t j = 0; j < (lens[b] + BS - 1) / BS; ++j) {
-      const int32_t blk = tables[b * MB + j];
-      TORCH_CHECK(blk >= 0 && blk < NB, "paged_decode_attention: block ", blk,
-                  " outside the pool of ", NB);
-    }
-  }
-  auto out = at::empty_like(q);
-  const float* qp = q.data_ptr<float>();
-  const float* kp = k_cache.data_ptr<float>();
-  const float* vp = v_cache.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const float sc = static_cast<float>(scale);
   // Split a sequence's KV heads only when there are fewer sequences than threads.
   const int64_t threads = at::get_num_threads();
   const int64_t split = std::min<int64_t>(Hkv, std::max<int64_t>(1, (threads + B - 1) / B));
@@ -107,17 +85,18 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
       const int64_t h1 = std::min(Hkv, h0 + per), L = lens[b];
       if (h0 >= h1) continue;
       const int64_t nq = (h1 - h0) * G;  // query heads of this item, consecutive in q
+      const int64_t row_bytes = (h1 - h0) * D * static_cast<int64_t>(sizeof(T));
       const int32_t* table = tables + b * MB;
       const float* qb = qp + (b * Hq + h0 * G) * D;
       float* ob = op + (b * Hq + h0 * G) * D;
       scores.resize(static_cast<size_t>(nq * L));
       float* s = scores.data();
-      auto row_at = [&](const float* cache, int64_t t) {  // token t's heads h0.. of one cache
+      auto row_at = [&](const T* cache, int64_t t) {  // token t's heads h0.. of one cache
         return cache + ((static_cast<int64_t>(table[t / BS]) * BS + t % BS) * Hkv + h0) * D;
       };
       for (int64_t t = 0; t < L; ++t) {  // pass 1: scores, K read once
-        const float* k = row_at(kp, t);
-        if (t + 1 < L) prefetch_row(row_at(kp, t + 1), (h1 - h0) * D);
+        const T* k = row_at(kp, t);
+        if (t + 1 < L) prefetch_row(row_at(kp, t + 1), row_bytes);
         for (int64_t j = 0; j < nq; ++j) s[j * L + t] = sc * dot(qb + j * D, k + (j / G) * D, D);
       }
       for (int64_t j = 0; j < nq; ++j) {  // softmax per query head
@@ -134,11 +113,63 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
       }
       std::fill(ob, ob + nq * D, 0.f);
       for (int64_t t = 0; t < L; ++t) {  // pass 2: weighted V, V read once
-        const float* v = row_at(vp, t);
-        if (t + 1 < L) prefetch_row(row_at(vp, t + 1), (h1 - h0) * D);
+        const T* v = row_at(vp, t);
+        if (t + 1 < L) prefetch_row(row_at(vp, t + 1), row_bytes);
         for (int64_t j = 0; j < nq; ++j) axpy(s[j * L + t], v + (j / G) * D, ob + j * D, D);
       }
     }
   });
+}
+
+}  // namespace
+
+// q [B, Hq, D] fp32 contiguous; k_cache, v_cache [NB, BS, Hkv, D] fp32 or bf16 contiguous;
+// block_tables [B, MB] int32; seq_lens [B] int32 (context length including this token).
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                                     const at::Tensor& v_cache,
+                                     const at::Tensor& block_tables,
+                                     const at::Tensor& seq_lens, double scale) {
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.is_contiguous(),
+              "paged_decode_attention: q must be contiguous [B, Hq, D] fp32");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
+                  (k_cache.scalar_type() == at::kFloat ||
+                   k_cache.scalar_type() == at::kBFloat16) &&
+                  v_cache.scalar_type() == k_cache.scalar_type() && k_cache.is_contiguous() &&
+                  v_cache.is_contiguous(),
+              "paged_decode_attention: caches must be contiguous [NB, BS, Hkv, D] fp32 or bf16");
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.scalar_type() == at::kInt &&
+                  block_tables.is_contiguous(),
+              "paged_decode_attention: block_tables must be contiguous [B, MB] int32");
+  TORCH_CHECK(seq_lens.dim() == 1 && seq_lens.scalar_type() == at::kInt &&
+                  seq_lens.is_contiguous(),
+              "paged_decode_attention: seq_lens must be contiguous [B] int32");
+  const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
+  const int64_t NB = k_cache.size(0), BS = k_cache.size(1), Hkv = k_cache.size(2);
+  const int64_t MB = block_tables.size(1);
+  TORCH_CHECK(k_cache.size(3) == D, "paged_decode_attention: head_dim of q and cache differ");
+  TORCH_CHECK(Hq % Hkv == 0, "paged_decode_attention: Hq must be a multiple of Hkv");
+  TORCH_CHECK(block_tables.size(0) == B && seq_lens.size(0) == B,
+              "paged_decode_attention: one block-table row and one length per sequence");
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(lens[b] >= 1 && lens[b] <= MB * BS, "paged_decode_attention: sequence ", b,
+                " has length ", lens[b], " for ", MB, " blocks of ", BS);
+    for (int64_t j = 0; j < (lens[b] + BS - 1) / BS; ++j) {
+      const int32_t blk = tables[b * MB + j];
+      TORCH_CHECK(blk >= 0 && blk < NB, "paged_decode_attention: block ", blk,
+                  " outside the pool of ", NB);
+    }
+  }
+  auto out = at::empty_like(q);
+  if (k_cache.scalar_type() == at::kFloat) {
+    decode_kernel(q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
+                  out.data_ptr<float>(), lens, tables, B, Hq, D, BS, Hkv, MB,
+                  static_cast<float>(scale));
+  } else {
+    decode_kernel(q.data_ptr<float>(), k_cache.data_ptr<at::BFloat16>(),
+                  v_cache.data_ptr<at::BFloat16>(), out.data_ptr<float>(), lens, tables, B,
+                  Hq, D, BS, Hkv, MB, static_cast<float>(scale));
+  }
   return out;
 }
