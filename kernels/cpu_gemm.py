@@ -12,7 +12,9 @@ keep oneDNN. Nothing here is needed to install cbbench.
 from __future__ import annotations
 
 import logging
+import os
 import platform
+import shutil
 import threading
 import warnings
 from pathlib import Path
@@ -74,6 +76,36 @@ def _build(
         extra_ldflags=["-fopenmp"],
         verbose=False,
     )
+
+
+def load_portable(
+    state: dict[str, object],
+    lock: threading.Lock,
+    name: str,
+    sources: list[Path],
+    what: str,
+    fallback: str,
+) -> ModuleType | None:
+    """Build (once, into `state`) and return a portable extension of these sources (no
+    AVX-512 needed: cpu_linear_bf16's, cpu_kv_attention's), or None with one logged reason
+    kept in state["reason"]: not x86-64 Linux, no compiler or ninja, or the build failed."""
+    with lock:
+        if not state:
+            reason = _precheck(need_avx512=False)
+            cxx = os.environ.get("CXX", "c++")
+            if reason is None and shutil.which(cxx) is None:
+                reason = f"no C++ compiler ({cxx!r} is not on PATH)"
+            if reason is None:
+                log.info("loading the %s (built once, under a minute)", what)
+                try:
+                    state["module"] = _build(name=name, sources=sources)
+                except Exception as exc:  # compiler missing, build or import error
+                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                    reason = f"build failed: {first[:300]}"
+            if reason is not None:
+                state["reason"] = reason
+                log.warning("%s unavailable (%s): %s", what, reason, fallback)
+        return state.get("module")  # type: ignore[return-value]
 
 
 def load() -> ModuleType | None:

@@ -12,16 +12,11 @@ build failed); the torch backend then keeps its gather path for int8 caches.
 
 from __future__ import annotations
 
-import logging
-import os
-import shutil
 import threading
 from types import ModuleType
 
 import torch
 from cbbench.kernels import cpu_gemm, kv_quant
-
-log = logging.getLogger(__name__)
 
 NAME = "cbbench_cpu_kv_kernels"
 SOURCES = [cpu_gemm.CSRC / "cpu_attention_quant.cpp"]
@@ -30,33 +25,9 @@ _lock = threading.Lock()
 _state: dict[str, object] = {}  # "module" or "reason", set once
 
 
-def _precheck() -> str | None:
-    """Why the kernel cannot be built here, or None."""
-    reason = cpu_gemm._precheck(need_avx512=False)
-    if reason is not None:
-        return reason
-    cxx = os.environ.get("CXX", "c++")
-    if shutil.which(cxx) is None:
-        return f"no C++ compiler ({cxx!r} is not on PATH)"
-    return None
-
-
 def load() -> ModuleType | None:
     """The compiled module, or None (the reason is in `unavailable_reason()`)."""
-    with _lock:
-        if not _state:
-            reason = _precheck()
-            if reason is None:
-                log.info("loading the int8 KV decode kernel (built once, under a minute)")
-                try:
-                    _state["module"] = cpu_gemm._build(name=NAME, sources=SOURCES)
-                except Exception as exc:  # compiler missing, build or import error
-                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                    reason = f"build failed: {first[:300]}"
-            if reason is not None:
-                _state["reason"] = reason
-                log.warning("int8 KV decode kernel unavailable (%s): torch gather path", reason)
-        return _state.get("module")  # type: ignore[return-value]
+    return cpu_gemm.load_portable(_state, _lock, NAME, SOURCES, 'int8 KV decode kernel', 'torch gather path')
 
 
 def unavailable_reason() -> str | None:

@@ -20,16 +20,11 @@ calling that matmul (the unpacking alone ~0.9 ms there), so there is no large-M 
 
 from __future__ import annotations
 
-import logging
-import os
-import shutil
 import threading
 from types import ModuleType
 
 import torch
 from cbbench.kernels import cpu_gemm
-
-log = logging.getLogger(__name__)
 
 NAME = "cbbench_cpu_bf16_kernels"
 SOURCES = [cpu_gemm.CSRC / "cpu_linear_bf16.cpp"]
@@ -39,33 +34,9 @@ _lock = threading.Lock()
 _state: dict[str, object] = {}  # "module" or "reason", set once
 
 
-def _precheck() -> str | None:
-    """Why the kernel cannot be built here, or None."""
-    reason = cpu_gemm._precheck(need_avx512=False)
-    if reason is not None:
-        return reason
-    cxx = os.environ.get("CXX", "c++")
-    if shutil.which(cxx) is None:
-        return f"no C++ compiler ({cxx!r} is not on PATH)"
-    return None
-
-
 def load() -> ModuleType | None:
     """The compiled module, or None (the reason is in `unavailable_reason()`)."""
-    with _lock:
-        if not _state:
-            reason = _precheck()
-            if reason is None:
-                log.info("loading the bf16 linear kernel (built once, under a minute)")
-                try:
-                    _state["module"] = cpu_gemm._build(name=NAME, sources=SOURCES)
-                except Exception as exc:  # compiler missing, build or import error
-                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                    reason = f"build failed: {first[:300]}"
-            if reason is not None:
-                _state["reason"] = reason
-                log.warning("bf16 linear kernel unavailable (%s): torch's bf16 matmul", reason)
-        return _state.get("module")  # type: ignore[return-value]
+    return cpu_gemm.load_portable(_state, _lock, NAME, SOURCES, 'bf16 linear kernel', "torch's bf16 matmul")
 
 
 def unavailable_reason() -> str | None:

@@ -1,7 +1,8 @@
 """Triton kernels against the oracle, run by the Triton interpreter on CPU tensors.
 
 TRITON_INTERPRET=1 must be set before the kernel modules are imported (triton.jit reads it at
-decoration time), so this module sets it before importing them, restores the environment
+decoration time), so this module imports them through tests/triton_interpret.py, which sets
+it around the import and restores the environment
 (an autouse fixture sets it again around each test, since the interpreter reads it while
 running too), and asserts the kernels really are interpreted. A subprocess test proves the same wiring
 from a fresh interpreter.
@@ -19,27 +20,22 @@ import os
 import subprocess
 import sys
 
-_saved = os.environ.get("TRITON_INTERPRET")
-os.environ["TRITON_INTERPRET"] = "1"
-try:
-    from cbbench.kernels import triton_attention, triton_cache
-    from triton.runtime.interpreter import InterpretedFunction
-finally:
-    if _saved is None:
-        del os.environ["TRITON_INTERPRET"]
-    else:
-        os.environ["TRITON_INTERPRET"] = _saved
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from cbbench.kernels import get_attention_backend  # noqa: E402
-from cbbench.kernels.reference import (  # noqa: E402
+import pytest
+import torch
+import triton_interpret  # noqa: F401  (imports triton and the kernels under TRITON_INTERPRET=1)
+from cbbench.kernels import (
+    get_attention_backend,
+    triton_attention,
+    triton_cache,
+)
+from cbbench.kernels.reference import (
     make_paged_case,
     ref_paged_attention,
     ref_paged_decode_attention,
     ref_reshape_and_cache,
 )
-from cbbench.kernels.triton_backend import TritonAttentionBackend  # noqa: E402
+from cbbench.kernels.triton_backend import TritonAttentionBackend
+from triton.runtime.interpreter import InterpretedFunction
 
 
 @pytest.fixture(autouse=True)
