@@ -352,8 +352,6 @@ class _Stream:
             return None
         k = min(b.tokens_per_chunk, self.n_out - self.sent)
         first = self.chunk_no == 0
-        if first:
-            self.t_first = time.monotonic()
         if self.sent + k < self.n_out:  # the hot path: a cached body, only the send time filled in
             key = (self.chat, first, k, self.want_ids)
             templates = self.server._templates
@@ -361,13 +359,19 @@ class _Stream:
             if head is None:
                 obj = _chunk(self.kind, self.chat, first, k, self.want_ids, None)
                 head = templates[key] = json.dumps(obj)[:-1].encode() + b', "t_send_ns": '
-            payload = b"data: %s%d}\n\n" % (head, time.monotonic_ns())
+            now = time.monotonic_ns()
+            if first:  # the later chunks' gaps run from this very stamp, so none is early
+                self.t_first = now / 1e9
+            payload = b"data: %s%d}\n\n" % (head, now)
             conn.write(b"%x\r\n%s\r\n" % (len(payload), payload))
             self.sent += k
             self.chunk_no += 1
             return self._next()
         obj = _chunk(self.kind, self.chat, first, k, self.want_ids, self.finish)
-        obj.update(self.final_extra, t_send_ns=time.monotonic_ns())
+        now = time.monotonic_ns()
+        if first:
+            self.t_first = now / 1e9
+        obj.update(self.final_extra, t_send_ns=now)
         conn.write(_event(json.dumps(obj)) + b"".join(self.tail) + _DONE)
         self.sent += k
         self._end(True)
