@@ -7,8 +7,8 @@ symmetric int8 codes per output row with one fp32 scale, a quarter of fp32's byt
 engine's `--quantization int8`; torch's `_weight_int8pack_mm` measured 10-50x slower than
 fp32 here with fp32 inputs.
 
-Portable: AVX2/FMA intrinsics where the compiler targets them (`-march=native`), plain loops
-otherwise; no AVX-512 needed. Built on first use as its own module `cbbench_cpu_bf16_kernels`
+Portable: AVX-512 (two panels per zmm) or AVX2/FMA intrinsics where the compiler targets
+them (`-march=native`), plain loops otherwise; no AVX-512 needed. Built on first use as its own module `cbbench_cpu_bf16_kernels`
 with cpu_gemm's build helper into torch's extension cache (once per machine; torch's file lock
 keeps concurrent first builds apart). `load()` returns the module, or None with one logged
 reason (not x86-64 Linux, no compiler or ninja, the build failed).
@@ -49,7 +49,7 @@ def available() -> bool:
 
 
 def isa() -> str | None:
-    """The code path compiled here: "avx2" or "scalar" (None: not built)."""
+    """The code path compiled here: "avx512", "avx2" or "scalar" (None: not built)."""
     mod = load()
     return None if mod is None else str(mod.isa())
 

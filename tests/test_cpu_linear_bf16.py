@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cbbench.kernels import cpu_linear_bf16
+from cbbench.kernels import cpu_gemm, cpu_linear_bf16
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution import cpu_linear
 from cbbench.reference_engine.execution.cpu_linear import Bf16Linear, optimize_cpu_linears
@@ -144,8 +144,6 @@ def test_without_the_kernel_bf16_falls_back_to_column_major(monkeypatch):
 def test_the_scalar_fallback_builds_and_matches_the_oracle():
     """The same source compiled without AVX2/FMA (a CPU the intrinsics do not target): the
     plain loops give the same answers (builds a second module, about a minute)."""
-    from cbbench.kernels import cpu_gemm
-
     mod = cpu_gemm._build(extra_cflags=["-mno-avx2", "-mno-fma"],
                           name="cbbench_cpu_bf16_kernels_scalar",
                           sources=cpu_linear_bf16.SOURCES)  # fmt: skip
@@ -157,4 +155,28 @@ def test_the_scalar_fallback_builds_and_matches_the_oracle():
         x = torch.randn(rows, k_in, generator=gen)
         got = mod.linear_bf16(x, cpu_linear_bf16.pack(w), b, n_out)
         want = oracle(x, w, b)
+        assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif("avx2" not in cpu_gemm._cpu_flags(), reason="the CPU lacks AVX2")
+def test_the_avx2_build_matches_the_oracle_on_an_avx512_machine_too():
+    """The AVX2 path compiled on purpose (-mno-avx512f), so an AVX-512 machine checks the
+    code an AVX2-only one runs (and vice versa the default build): bf16 and int8 weights,
+    tails of N and rows (builds a second module, about a minute)."""
+    mod = cpu_gemm._build(extra_cflags=["-mno-avx512f"], name="cbbench_cpu_bf16_kernels_avx2",
+                          sources=cpu_linear_bf16.SOURCES)  # fmt: skip
+    assert mod.isa() == "avx2"
+    gen = torch.Generator().manual_seed(10)
+    for rows, k_in, n_out in ((1, 513, 31), (7, 72, 96), (33, 16, 1), (9, 64, 200)):
+        w = torch.randn(n_out, k_in, generator=gen)
+        b = torch.randn(n_out, generator=gen)
+        x = torch.randn(rows, k_in, generator=gen)
+        wb = w.to(torch.bfloat16)
+        got = mod.linear_bf16(x, cpu_linear_bf16.pack(wb), b, n_out)
+        want = oracle(x, wb, b)
+        assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())
+        panels, scales = cpu_linear_bf16.pack_int8(w)
+        got = mod.linear_int8(x, panels, scales, b, n_out)
+        want = oracle(x, cpu_linear_bf16.unpack_int8(panels, scales), b)
         assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())

@@ -105,7 +105,7 @@ def test_cpu_linear_layouts_keep_the_logits(dtype):
     # oneDNN's bf16 path needs the CPU's bf16 instructions (avx512_bf16 / AMX); without them
     # the packed layer fails its check against F.linear and the AVX2 bf16 kernel takes over
     # where it builds, else the model keeps column-major
-    avx2 = cpu_linear_bf16.load() is not None and cpu_linear_bf16.isa() == "avx2"
+    avx2 = cpu_linear_bf16.load() is not None and cpu_linear_bf16.isa() in ("avx2", "avx512")
     bf16 = ("onednn" if torch.ops.mkldnn._is_mkldnn_bf16_supported()
             else "bf16-avx2" if avx2 else "column-major")  # fmt: skip
     assert impl == {"float32": fp32, "bfloat16": bf16, "float16": "column-major"}[dtype]

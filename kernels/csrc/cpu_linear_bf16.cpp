@@ -1,5 +1,5 @@
-// A projection with compressed weights for x86-64 CPUs without a native bf16 matmul (AVX2/FMA
-// where the compiler targets it, plain loops otherwise): y[M, N] = x[M, K] @ w[N, K]^T (+ bias),
+// A projection with compressed weights for x86-64 CPUs without a native bf16 matmul (AVX-512
+// or AVX2/FMA where the compiler targets them, plain loops otherwise): y[M, N] = x[M, K] @ w[N, K]^T (+ bias),
 // x fp32, w bf16 or int8 (weight-only, one fp32 scale per output), y fp32, fp32 accumulation.
 // Built on its own as `cbbench_cpu_bf16_kernels` by kernels/cpu_linear_bf16.py (no AVX-512
 // needed).
@@ -12,8 +12,9 @@
 // weight, half (bf16) or a quarter (int8) of fp32's bytes.
 //
 // Work: panel groups of up to NP panels (NP * 8 outputs) split across threads
-// (at::parallel_for over N); MR x NP accumulators of 8 outputs in registers (MR = 4, NP = 3:
-// 12 of the 16 ymm registers). Each group's panels (NP * K * 16 bytes, L2-sized) are read once
+// (at::parallel_for over N); MR x NP accumulators of 8 outputs in registers (AVX2: MR = 4,
+// NP = 3, 12 of the 16 ymm registers; AVX-512: MR = 8, NP = 6, two panels' 8-byte or 16-byte
+// k rows joined into one zmm, 24 of the 32). Each group's panels (NP * K * 16 bytes, L2-sized) are read once
 // per MR rows of x, widened to fp32 as they are read: one pass over all weights for decode
 // (up to MR rows), cache-resident re-reads for more. (Widening a group once into an fp32
 // buffer for many rows measured slower than re-widening here, AVX2, 8 rows.)
@@ -28,7 +29,10 @@
 #include <cstring>
 #include <string>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define CBB_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define CBB_AVX2 1
 #endif
@@ -36,8 +40,13 @@
 namespace {
 
 constexpr int64_t kPanel = 8;  // outputs per panel, as in cpu_linear_bf16.py
-constexpr int kMR = 4;         // rows of x per micro-kernel call
-constexpr int kNP = 3;         // panels per micro-kernel call
+#ifdef CBB_AVX512
+constexpr int kMR = 8;  // rows of x per micro-kernel call: a decode batch of 8 widens once
+constexpr int kNP = 6;  // panels per micro-kernel call: 3 zmm of 2 panels each
+#else
+constexpr int kMR = 4;  // rows of x per micro-kernel call
+constexpr int kNP = 3;  // panels per micro-kernel call: 3 ymm of 1 panel each
+#endif
 
 inline float to_float(uint16_t b) {  // bf16 bits -> fp32
   const uint32_t bits = static_cast<uint32_t>(b) << 16;
@@ -47,6 +56,21 @@ inline float to_float(uint16_t b) {  // bf16 bits -> fp32
 }
 
 inline float to_float(int8_t c) { return static_cast<float>(c); }
+
+#ifdef CBB_AVX512
+inline __m512 load16(const uint16_t* a, const uint16_t* b) {  // 8 bf16 of 2 panels -> 16 fp32
+  const __m256i raw = _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+inline __m512 load16(const int8_t* a, const int8_t* b) {  // 8 codes of 2 panels -> 16 fp32
+  const __m128i raw = _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a)),
+                                         _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b)));
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw));
+}
+#endif
 
 #ifdef CBB_AVX2
 inline __m256 load8(const uint16_t* p) {  // 8 bf16 -> 8 fp32 (exact)
@@ -62,17 +86,46 @@ inline __m256 load8(const int8_t* p) {  // 8 int8 codes -> 8 fp32 (exact)
 
 // Rows 0..MR-1 of x and y, the outputs of panels p0..p0+np-1 (y_ld: y's row stride; n_valid:
 // outputs of this group inside N; scale: fp32 per output (int8) or null; bias: fp32 or null);
-// w: all the panels. The AVX2 path always runs NP panels (a group's missing tail panels re-read
-// panel p0, results dropped) with named accumulators: GCC keeps an array of 12 ymm
+// w: all the panels. The vector paths always run NP panels (a group's missing tail panels re-read
+// panel p0, results dropped) with named accumulators: GCC keeps an array of vector
 // accumulators in memory, not registers.
 template <int MR, typename W>
 void micro(const float* x, int64_t K, const W* w, int64_t p0, int np, const float* scale,
            const float* bias, float* y, int64_t y_ld, int64_t n0, int64_t n_valid) {
-  static_assert(MR >= 1 && MR <= kMR && kNP == 3, "the tile is at most 4 rows x 3 panels");
+  static_assert(MR >= 1 && MR <= kMR, "the tile is at most kMR rows");
   const W* wp[kNP];
   for (int j = 0; j < kNP; ++j) wp[j] = w + (p0 + (j < np ? j : 0)) * K * kPanel;
-  alignas(32) float acc[kMR][kNP][kPanel];
-#ifdef CBB_AVX2
+  alignas(64) float acc[kMR][kNP][kPanel];
+#if defined(CBB_AVX512)
+  // zmm j holds panels 2j and 2j+1: 16 outputs, so 8 rows x 3 zmm = 24 accumulators
+  static_assert(kNP == 6 && kMR == 8, "8 rows x 3 zmm of 2 panels");
+  const W *w0 = wp[0], *w1 = wp[1], *w2 = wp[2], *w3 = wp[3], *w4 = wp[4], *w5 = wp[5];
+#define CBB_ROW_DECL(i) __m512 c##i##0 = _mm512_setzero_ps(), c##i##1 = c##i##0, c##i##2 = c##i##0;
+  CBB_ROW_DECL(0) CBB_ROW_DECL(1) CBB_ROW_DECL(2) CBB_ROW_DECL(3)
+  CBB_ROW_DECL(4) CBB_ROW_DECL(5) CBB_ROW_DECL(6) CBB_ROW_DECL(7)
+#undef CBB_ROW_DECL
+#define CBB_ROW_FMA(i)                                   \
+  if constexpr (MR > i) {                                \
+    const __m512 xv = _mm512_set1_ps(x[i * K + k]);      \
+    c##i##0 = _mm512_fmadd_ps(xv, v0, c##i##0);          \
+    c##i##1 = _mm512_fmadd_ps(xv, v1, c##i##1);          \
+    c##i##2 = _mm512_fmadd_ps(xv, v2, c##i##2);          \
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    const int64_t o = k * kPanel;
+    const __m512 v0 = load16(w0 + o, w1 + o), v1 = load16(w2 + o, w3 + o),
+                 v2 = load16(w4 + o, w5 + o);
+    CBB_ROW_FMA(0) CBB_ROW_FMA(1) CBB_ROW_FMA(2) CBB_ROW_FMA(3)
+    CBB_ROW_FMA(4) CBB_ROW_FMA(5) CBB_ROW_FMA(6) CBB_ROW_FMA(7)
+  }
+#undef CBB_ROW_FMA
+  const __m512 tile[kMR][3] = {{c00, c01, c02}, {c10, c11, c12}, {c20, c21, c22},
+                               {c30, c31, c32}, {c40, c41, c42}, {c50, c51, c52},
+                               {c60, c61, c62}, {c70, c71, c72}};
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < 3; ++j) _mm512_store_ps(acc[i][2 * j], tile[i][j]);
+#elif defined(CBB_AVX2)
+  static_assert(kNP == 3, "3 ymm of 1 panel");
   const W *w0 = wp[0], *w1 = wp[1], *w2 = wp[2];
   const float *x0 = x, *x1 = x + K, *x2 = x + 2 * K, *x3 = x + 3 * K;
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
@@ -134,7 +187,15 @@ MicroFn<W> pick(int mr) {
     case 1: return &micro<1, W>;
     case 2: return &micro<2, W>;
     case 3: return &micro<3, W>;
+#ifdef CBB_AVX512
+    case 4: return &micro<4, W>;
+    case 5: return &micro<5, W>;
+    case 6: return &micro<6, W>;
+    case 7: return &micro<7, W>;
+    default: return &micro<8, W>;
+#else
     default: return &micro<4, W>;
+#endif
   }
 }
 
@@ -207,9 +268,12 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& panels, const at::
   return y;
 }
 
-// Which code path this build compiled: "avx2" or "scalar" (for describe() and the tests).
+// Which code path this build compiled: "avx512", "avx2" or "scalar" (for describe() and the
+// tests).
 std::string isa() {
-#ifdef CBB_AVX2
+#if defined(CBB_AVX512)
+  return "avx512";
+#elif defined(CBB_AVX2)
   return "avx2";
 #else
   return "scalar";

@@ -12,7 +12,7 @@ every call and runs a small-M kernel at a fraction of the machine's FLOPs. Three
   The default for bf16, and for fp32 where "panels" is unavailable.
 - "bf16-avx2" (bf16, CPUs without oneDNN's bf16 path, e.g. AVX2-only): the bf16 weight packed
   once into 8-output panels and multiplied in fp32 by cbbench.kernels.cpu_linear_bf16 (AVX2,
-  compiled on first use); activations go in as fp32, the output is cast back to bf16. torch's
+  or AVX-512 where the compiler targets it; compiled on first use); activations go in as fp32, the output is cast back to bf16. torch's
   own bf16 matmul on such CPUs is far slower than fp32. The bf16 default there when it builds
   and passes a self-check against F.linear in fp32 on the same bf16 weight.
 - "column-major": weights stored [in, out] and viewed as [out, in], so the matmul reads them
@@ -25,7 +25,8 @@ forces one for A/B runs: auto | panels | onednn | column-major | bf16-avx2.
 
 `--quantization int8` (`quantize_cpu_linears`) is not a layout but a change of the weights:
 every linear (the LM head too) becomes int8 codes with one fp32 scale per output row, run by
-the same C++ kernel ("int8-avx2", or "int8-scalar" on a build without AVX2), activations in
+the same C++ kernel ("int8-avx512" or "int8-avx2", "int8-scalar" on a build without AVX2),
+activations in
 fp32; it equals F.linear over the dequantized weight up to summation order.
 """
 
@@ -106,7 +107,7 @@ def _bf16_unavailable(linear: nn.Linear) -> str | None:
         return f"dtype {linear.weight.dtype} is not bfloat16"
     if cpu_linear_bf16.load() is None:
         return cpu_linear_bf16.unavailable_reason()
-    if cpu_linear_bf16.isa() != "avx2":
+    if cpu_linear_bf16.isa() not in ("avx2", "avx512"):
         return "the kernel was compiled without AVX2/FMA"
     gen = torch.Generator().manual_seed(0)
     w = linear.weight.detach().float()
@@ -189,7 +190,7 @@ def _linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
 
 def quantize_cpu_linears(model: nn.Module) -> str:
     """Swap every nn.Linear of `model` (on the CPU) for an Int8Linear (`--quantization int8`);
-    returns "int8-avx2" or "int8-scalar". ValueError, one line, where the kernel cannot run."""
+    returns "int8-avx512", "int8-avx2" or "int8-scalar". ValueError, one line, where the kernel cannot run."""
     if cpu_linear_bf16.load() is None:
         why = cpu_linear_bf16.unavailable_reason()
         raise ValueError(f"--quantization int8 needs the C++ int8 linear kernel: {why}")
