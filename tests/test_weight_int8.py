@@ -105,6 +105,8 @@ def test_bad_combinations_are_one_line_errors(capsys):
         EngineConfig(quantization="int4")
     with pytest.raises(EngineError, match="simulated executor has no cost model"):
         EngineConfig(quantization="int8", executor="sim")
+    with pytest.raises(EngineError, match="--quantization int8: CPU only .*not device 'cuda'"):
+        EngineConfig(quantization="int8", device="cuda")  # before any CUDA is touched
     with pytest.raises(EngineError, match="--quantization int8: CPU only, not device 'cuda'"):
         ModelRunner("tiny", num_kv_blocks=8, block_size=16, device="cuda", quantization="int8")
     assert main(["sim", "--model", "tiny", "--quantization", "int8", "--num-requests", "2"]) == 2

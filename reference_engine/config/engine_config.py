@@ -231,6 +231,11 @@ class EngineConfig:
                 f"--quantization {self.quantization}: the simulated executor has no cost model "
                 "for quantized weights (use --executor real)"
             )
+        if self.quantization is not None and self.device != "cpu":
+            raise EngineError(
+                f"--quantization {self.quantization}: CPU only (a C++ CPU kernel), not device "
+                f"{self.device!r}"
+            )
         if self.block_size < 1:
             raise EngineError(f"block_size must be >= 1, got {self.block_size}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
