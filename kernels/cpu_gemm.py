@@ -3,10 +3,11 @@
 kernels/cpu_ops.py), one extension built on first use.
 
 fp32 only, AVX-512 CPUs only. `load()` compiles the C++ source with
-`torch.utils.cpp_extension.load` into torch's extension cache (once per machine; torch's file
-lock keeps concurrent first builds apart) and returns the module, or None with one logged
-reason: not x86-64 Linux, no AVX-512F, no ninja/compiler, or the build failed. Callers then
-keep oneDNN. Nothing here is needed to install cbbench.
+`torch.utils.cpp_extension.load` through kernels/build.py (a folder per environment and flags,
+an OS lock that dies with its holder, progress on stderr) and returns the module, or None with
+one logged reason: not x86-64 Linux, no AVX-512F, no ninja/compiler, the build failed or
+another process's build took too long. Callers then keep oneDNN. Nothing here is needed to
+install cbbench.
 """
 
 from __future__ import annotations
@@ -64,17 +65,12 @@ def _build(
     extra_cflags: list[str] | None = None,
     name: str = "cbbench_cpu_kernels",
     sources: list[Path] | None = None,
+    what: str = "CPU kernels",
 ) -> ModuleType:
-    with warnings.catch_warnings():  # setuptools' pkg_resources warns about editable installs
-        warnings.simplefilter("ignore")
-        from torch.utils import cpp_extension
+    from cbbench.kernels.build import build_extension
 
-    return cpp_extension.load(
-        name=name,
-        sources=[str(p) for p in (sources or SOURCES)],
-        extra_cflags=CFLAGS + list(extra_cflags or []),
-        extra_ldflags=["-fopenmp"],
-        verbose=False,
+    return build_extension(
+        name, sources or SOURCES, what, CFLAGS + list(extra_cflags or []), ["-fopenmp"]
     )
 
 
@@ -98,7 +94,7 @@ def load_portable(
             if reason is None:
                 log.info("loading the %s (built once, under a minute)", what)
                 try:
-                    state["module"] = _build(name=name, sources=sources)
+                    state["module"] = _build(name=name, sources=sources, what=what)
                 except Exception as exc:  # compiler missing, build or import error
                     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                     reason = f"build failed: {first[:300]}"

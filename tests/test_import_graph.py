@@ -92,7 +92,10 @@ ALLOWED: dict[str, set[str] | str] = {
     "harness.diagnose": {"harness.results"},
     "harness.report": {"harness.diagnose", "harness.results"},
     "harness.gate": {"harness.report", "harness.results"},
-    "harness.servers": {"harness.client"},
+    "harness.servers": {
+        "harness.client",
+        "reference_engine.server.lifeline",  # stdlib-only: launched children die with it
+    },
     "harness.load": {
         "harness.client",
         "harness.console",

@@ -16,6 +16,8 @@ import argparse
 import importlib
 import sys
 
+from cbbench.reference_engine.server.lifeline import die_with_launcher
+
 # Subcommand modules, in the order `cbbench --help` lists them.
 COMMAND_MODULES: list[str] = [
     "cbbench.harness.cli.version",
@@ -109,6 +111,7 @@ def build_parser(only: str | None = "") -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_launcher()  # started by the harness's launcher: go when it goes
     argv = list(sys.argv[1:] if argv is None else argv)
     names = {command_name(m) for m in COMMAND_MODULES}
     command = next((a for a in argv if not a.startswith("-")), None)

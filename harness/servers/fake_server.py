@@ -46,6 +46,7 @@ from cbbench.harness.client import aio
 from cbbench.harness.client.h1conn import SO_TIMESTAMPNS, kernel_timestamps_supported
 from cbbench.harness.servers.fake_conn import HIGH_WATER, Pacer, ServerConn
 from cbbench.harness.servers.launcher import parse_ready_line, ready_line
+from cbbench.reference_engine.server.lifeline import die_with_launcher
 
 MODEL_ID = "fake-model"
 SCHEDULER = "fake"
@@ -441,6 +442,7 @@ class ThreadedServer:
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_launcher()  # started by the launcher: go when it goes
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--config", default="", help="FakeServerConfig as JSON")

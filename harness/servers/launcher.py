@@ -11,6 +11,13 @@ launcher waits for it (or for the child to die, or the timeout), then keeps drai
 child's output in a thread so a chatty server can never block on a full pipe. Leaving the
 block sends SIGTERM and, if the child lingers, SIGKILL. (vLLM, a foreign program, is waited
 for by polling its /health instead: harness/servers/peer_engines.py.)
+
+Nothing it starts outlives it: the child runs in its own process group, and stopping it (a
+failed start included) ends with SIGKILL to whatever of that group is left (the engine
+process, a compiler); the child is told the launcher's pid (LIFELINE_ENV) and exits if the
+launcher dies first (reference_engine/server/lifeline.py). The readiness limit grows by
+KERNEL_BUILD_ALLOWANCE_S once the child says it builds or waits for the C++ kernels (lines
+starting with KERNEL_LINE_PREFIX, kernels/build.py): a build is progress, not a hang.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from cbbench.harness.errors import CbbenchError
+from cbbench.reference_engine.server.lifeline import LIFELINE_ENV
 
 READY_MARK = ": ready at "
 READY_PREFIX = "cbbench serve" + READY_MARK
@@ -46,6 +54,8 @@ def parse_ready_line(line: str) -> str | None:
 
 
 STOP_TIMEOUT_S = 15.0
+KERNEL_LINE_PREFIX = "cbbench kernels: "  # kernels/build.py's lines (the harness can't import it)
+KERNEL_BUILD_ALLOWANCE_S = 960.0  # kernels/build.py's BUILD_WAIT_S and a build after it
 
 
 @dataclass
@@ -67,8 +77,15 @@ class ServerHandle:
                 self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 self.process.kill()
-                self.process.wait()
+                self.process.wait(timeout_s)
+        kill_group(self.process.pid)
         return self.process.returncode
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL what is left of a process group the launcher started (none: no error)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def serve_command(
@@ -99,7 +116,7 @@ def start_server(
     """Start the child and wait for its ready line; the caller must `stop()` it."""
     cmd = list(cmd)
     name = name or " ".join(cmd[2:4]) or cmd[0]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", LIFELINE_ENV: str(os.getpid())}
     process = subprocess.Popen(
         cmd,
         stdin=subprocess.DEVNULL,
@@ -108,30 +125,39 @@ def start_server(
         text=True,
         bufsize=1,
         env=env,
+        start_new_session=True,  # its own process group: stop() kills what it started too
     )
     handle = ServerHandle("", process)
     ready = threading.Event()
+    building = threading.Event()
 
     def drain() -> None:
         assert process.stdout is not None
         for line in process.stdout:
             handle._log.append(line)
+            if line.startswith(KERNEL_LINE_PREFIX):
+                building.set()
             if not ready.is_set() and (url := parse_ready_line(line)):
                 handle.base_url = url
                 ready.set()
         ready.set()  # EOF: the child exited
 
     threading.Thread(target=drain, name="cbbench-server-output", daemon=True).start()
-    deadline = time.monotonic() + ready_timeout_s
-    while not ready.wait(0.1):
-        if time.monotonic() > deadline:
-            handle.stop()
-            raise CbbenchError(
-                f"{name} did not become ready within {ready_timeout_s:g}s "
-                f"(command: {' '.join(cmd[2:])}); last output: {_last_line(handle)}"
-            )
+    t0 = time.monotonic()
+    try:
+        while not ready.wait(0.1):
+            limit = ready_timeout_s + (KERNEL_BUILD_ALLOWANCE_S if building.is_set() else 0.0)
+            if time.monotonic() - t0 > limit:
+                handle.stop()
+                raise CbbenchError(
+                    f"{name} did not become ready within {limit:g}s "
+                    f"(command: {' '.join(cmd[2:])}); last output: {_last_line(handle)}"
+                )
+    except BaseException:  # Ctrl-C while waiting: the child goes too
+        handle.stop()
+        raise
     if not handle.base_url:
-        code = process.wait()
+        code = handle.stop()
         raise CbbenchError(
             f"{name} exited with code {code} before it was ready: {_last_line(handle)}"
         )

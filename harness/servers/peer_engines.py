@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 from cbbench.harness.errors import CbbenchError
+from cbbench.harness.servers.launcher import kill_group
 
 
 @dataclass
@@ -184,7 +185,10 @@ def vllm_server(
     if threads > 0:  # vLLM's CPU backend binds its OpenMP threads to these cores
         env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}" if threads > 1 else "0"
         env["OMP_NUM_THREADS"] = str(threads)
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    # its own process group: vLLM's engine processes are stopped with it (launcher.kill_group)
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + ready_s
@@ -208,7 +212,8 @@ def vllm_server(
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait()
+            proc.wait(30)
+        kill_group(proc.pid)
         log.close()
 
 

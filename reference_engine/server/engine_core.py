@@ -28,6 +28,7 @@ from typing import Any
 from cbbench.reference_engine.config.engine_config import EngineConfig
 from cbbench.reference_engine.errors import EngineError, QueueFullError
 from cbbench.reference_engine.server.ipc import decode, encode
+from cbbench.reference_engine.server.lifeline import die_with_parent
 
 logger = logging.getLogger("cbbench.engine_core")
 
@@ -41,6 +42,9 @@ def run_engine_core(
     CPU priority, so the API process wins a contended core (docs/performance.md)."""
     import zmq
 
+    # First: a server killed while this process builds kernels or loads weights must not
+    # leave it running (poll only: the server may start it from any thread).
+    die_with_parent(parent_pid, pdeathsig=False)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if nice:
         os.nice(nice)

@@ -12,6 +12,12 @@ Two guards, both started first thing in the child:
 
 The resource tracker needs no guard: it exits when the last process holding its pipe (the
 parent and the workers) is gone.
+
+Commands started by the harness's launcher (harness/servers/launcher.py) get the launcher's
+pid in LIFELINE_ENV and call `die_with_launcher()` first thing: the poll only (the prctl
+signal fires when the *thread* that started the child exits, and the launcher may start
+children from short-lived threads). Such a child leads its own process group, so on the
+launcher's death it takes the whole group (its engine process, a compiler) with it.
 """
 
 from __future__ import annotations
@@ -37,16 +43,38 @@ def _prctl_pdeathsig(sig: int) -> bool:
         return False
 
 
-def die_with_parent(parent_pid: int, poll_s: float = POLL_S) -> None:
-    """Call first thing in a child process; `parent_pid` is os.getpid() in the parent."""
-    _prctl_pdeathsig(signal.SIGKILL)
+LIFELINE_ENV = "CBBENCH_LIFELINE_PID"
+
+
+def die_with_parent(
+    parent_pid: int, poll_s: float = POLL_S, pdeathsig: bool = True, group: bool = False
+) -> None:
+    """Call first thing in a child process; `parent_pid` is os.getpid() in the parent.
+    pdeathsig=False: only poll (the parent may have started us from a short-lived thread);
+    group: on the parent's death kill this process's whole group (when it leads it)."""
+    if pdeathsig:
+        _prctl_pdeathsig(signal.SIGKILL)
+
+    def die() -> None:
+        if group and os.getpgid(0) == os.getpid():
+            os.killpg(0, signal.SIGKILL)
+        os._exit(1)
+
     if os.getppid() != parent_pid:
-        os._exit(1)  # the parent died before we were watching
+        die()  # the parent died before we were watching
 
     def watch() -> None:
         while True:
             time.sleep(poll_s)
             if os.getppid() != parent_pid:
-                os._exit(1)
+                die()
 
     threading.Thread(target=watch, name="cbbench-lifeline", daemon=True).start()
+
+
+def die_with_launcher() -> None:
+    """Die (with this process group) when the launcher named in LIFELINE_ENV dies; no-op when
+    the variable is unset or names another process than our parent. Removes it, so this process's own children are not misled."""
+    value = os.environ.pop(LIFELINE_ENV, "")
+    if value.isdigit() and int(value) == os.getppid():  # not through a wrapper (netns, sh)
+        die_with_parent(int(value), pdeathsig=False, group=True)
