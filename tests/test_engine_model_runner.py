@@ -156,6 +156,7 @@ print(out["triton"] == out["torch"], len({tuple(t) for t in out["torch"]}))
 """
 
 
+@pytest.mark.timeout(360)  # the subprocess's own bound is 300 s
 def test_model_over_the_triton_backend_matches_torch():
     """The model drives D's Triton kernels (CPU interpreter) the same as the torch path."""
     pytest.importorskip("triton")

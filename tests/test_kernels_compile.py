@@ -28,6 +28,7 @@ def _compile(tmp_path, *flags: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.timeout(960)  # the compile's own bound is 900 s
 def test_bf16_kernels_compile_for_sm90(tmp_path):
     proc = _compile(tmp_path, "--arch", "90", "--dtypes", "bf16")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -39,6 +40,7 @@ def test_bf16_kernels_compile_for_sm90(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(960)
 def test_all_kernels_compile_for_sm80_and_sm90(tmp_path):
     proc = _compile(tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
