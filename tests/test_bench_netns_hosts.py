@@ -19,6 +19,7 @@ import time
 
 from cbbench.harness.results.run_folder import load_run
 from netns_support import gone, in_ns, links, namespaces, start, start_python, stop
+from process_support import readline_within
 
 SUBNET = "10.213.78"  # test_locust_netns uses 10.213.77
 SERVER_IP = f"{SUBNET}.1"
@@ -69,15 +70,17 @@ def test_three_hosts_one_server_records_merged(tmp_path):
             assert links(ns[host]) == {"lo", f"v{i}w"}
         procs: list[subprocess.Popen] = []
         try:
+            server_log = tmp_path / "server.log"
             server = start_python(
                 ns["srv"],
                 ["-c", SERVER],
                 stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
+                stderr=server_log.open("w"),
                 text=True,
             )
             procs.append(server)
-            assert "ready at" in server.stdout.readline(), "server did not start"
+            ready = readline_within(server, 120, "the server", server_log)
+            assert "ready at" in ready, "server did not start"
             # the server is on the bridge only: not on a host's own loopback
             probe = in_ns(
                 ns["h0"],

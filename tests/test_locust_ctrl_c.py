@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from process_support import readline_within
+
 SCRIPT = r"""
 import sys, threading, time
 import gevent
@@ -46,14 +48,14 @@ def _run(mode: str) -> str:
         cwd=root,
     )
     try:
-        assert proc.stdout.readline().strip() == "ready"
+        assert readline_within(proc, 60, "the gevent script").strip() == "ready"
         time.sleep(0.3)
         os.kill(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=40)
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+            proc.wait(10)
     return out + err
 
 

@@ -17,6 +17,7 @@ import subprocess
 
 from cbbench.harness.results.run_folder import load_run
 from netns_support import gone, in_ns, links, namespaces, start, stop
+from process_support import readline_within
 
 SUBNET = "10.213.77"
 MASTER_IP = f"{SUBNET}.1"
@@ -34,14 +35,15 @@ def test_distributed_locust_across_network_namespaces(tmp_path):
         assert links(ns["w0"]) == {"lo", "v0w"}
         procs: list[subprocess.Popen] = []
         try:
+            server_log = tmp_path / "server.log"
             server = start(
                 ns["master"],
                 ["serve", "--model", "tiny", "--host", MASTER_IP, "--port", str(SERVER_PORT),
                  "--no-engine-process"],
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                stdout=subprocess.PIPE, stderr=server_log.open("w"), text=True,
             )  # fmt: skip
             procs.append(server)
-            ready = server.stdout.readline()
+            ready = readline_within(server, PROC_TIMEOUT_S, "cbbench serve", server_log)
             assert "ready at" in ready, "server did not start"
             # A worker namespace reaches the server over the veth, through the bridge.
             probe = in_ns(

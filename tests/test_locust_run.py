@@ -25,6 +25,7 @@ from cbbench.harness.results.summary import summarize
 from cbbench.harness.servers.launcher import launch_reference_server
 from cbbench.workloads import load_workload, with_arrivals
 from PIL import Image
+from process_support import readline_within
 
 LOCUST_RUN_LIMIT = "45s"  # Locust's own cap; each workload here ends in a few seconds
 PROC_TIMEOUT_S = 120
@@ -151,7 +152,7 @@ def test_distributed_master_and_two_workers_merge_one_run_folder(server, tmp_pat
         for p in (master, *workers):
             if p.poll() is None:
                 p.kill()
-                p.wait()
+                p.wait(10)
     assert master.returncode == 0, err.decode()[-3000:]
     assert codes == [0, 0]
     assert not (tmp_path / "unused").exists(), "workers never write a run folder"
@@ -209,7 +210,7 @@ def test_web_ui_cbbench_page_renders_in_chromium(server, tmp_path):
         start_new_session=True,  # SIGINT to the group, as a terminal's Ctrl-C
     )
     try:
-        first = proc.stdout.readline()
+        first = readline_within(proc, PROC_TIMEOUT_S, "cbbench locust", tmp_path / "locust.log")
         assert first.strip() == f"cbbench locust: web UI at {ui} (cbbench page: {ui}/cbbench)"
         _wait_for(lambda: httpx.get(ui + "/cbbench", timeout=5).status_code == 200)
         swarm = httpx.post(ui + "/swarm", data={"user_count": 3, "spawn_rate": 10}, timeout=10)
@@ -256,7 +257,7 @@ def _stop_like_ctrl_c(proc: subprocess.Popen, log: Path) -> None:
         proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        proc.wait(10)
         tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
         pytest.fail(f"locust did not end within 60 s of Ctrl-C; its last output:\n{tail}")
 
@@ -295,7 +296,7 @@ def test_worker_with_another_workload_is_turned_away(server, tmp_path):
         finally:
             if master.poll() is None:
                 os.killpg(master.pid, signal.SIGKILL)
-                master.wait()
+                master.wait(10)
     meta = json.loads((out / "run.json").read_text())
     assert meta["load"]["refused_workers"] == 1 and meta["summary"]["counts"]["total"] == 0
 

@@ -63,7 +63,7 @@ def test_engine_cpu_counts_worker_processes():
         assert parent.poll() is None, "the busy child ended before its CPU was seen"
         assert process_cpu_s(parent.pid) >= 0.3  # bash itself used almost none
     finally:
-        parent.wait()
+        parent.wait(30)
 
 
 def test_missing_vllm_is_reported_and_the_others_still_compared(tmp_path, capsys, monkeypatch):
