@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -203,3 +204,71 @@ def test_kill_reaps_a_process_group(tmp_path):
     kill(proc)
     assert proc.poll() is not None and _gone_within(helper, 5)
     assert os.getpgid(os.getpid()) != proc.pid  # we never killed our own group
+
+
+SLOW_CXX = """#!/bin/sh
+[ -e "$CBB_SLOW_MARK" ] && sleep 300
+exec c++ "$@"
+"""
+
+
+def _tagged(tag: str) -> list[int]:
+    """Live processes whose environment carries `tag` (this test's children and theirs)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if tag.encode() in (entry / "environ").read_bytes() and _alive(int(entry.name)):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and the C++ build")
+def test_serve_stopped_mid_kernel_build_leaves_no_process(tmp_path):
+    """The issue's fourth finding, as it was reproduced: a `cbbench serve` stopped with
+    SIGTERM while its engine process builds the kernels left that process (and the build)
+    running, orphaned. Here the build is slowed by a compiler wrapper; after the SIGTERM
+    nothing this start began is alive: not the engine process, not the compiler."""
+    from cbbench.kernels import cpu_gemm
+
+    if cpu_gemm._precheck() is not None:
+        pytest.skip(f"the CPU kernels are not built here: {cpu_gemm._precheck()}")
+    cxx = tmp_path / "slow-cxx"
+    cxx.write_text(SLOW_CXX)
+    cxx.chmod(0o755)
+    (tmp_path / "slow").touch()
+    tag = f"cbb-test-{os.getpid()}-{time.monotonic_ns()}"
+    env = {**os.environ, "CBBENCH_KERNEL_DIR": str(tmp_path / "kd"), "CXX": str(cxx),
+           "CBB_SLOW_MARK": str(tmp_path / "slow"), "CBB_TEST_TAG": tag}  # fmt: skip
+    env.pop("CBBENCH_LIFELINE_PID", None)
+    cmd = [sys.executable, "-m", "cbbench.harness.cli", "serve", "--model", "tiny",
+           "--host", "127.0.0.1", "--port", "0"]  # fmt: skip
+    serve = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)  # fmt: skip
+    try:
+        out = Lines(serve, "cbbench serve")
+        out.until("cbbench kernels: building the CPU kernels (first use", 180)
+        deadline = time.monotonic() + 60
+        while not any(_comm(p) == "sleep" for p in _tagged(tag)):  # the compile has begun
+            assert time.monotonic() < deadline, "the slowed compiler never started"
+            time.sleep(0.1)
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(30)
+        deadline = time.monotonic() + 10
+        while left := _tagged(tag):
+            assert time.monotonic() < deadline, f"still alive: {[(p, _comm(p)) for p in left]}"
+            time.sleep(0.1)
+    finally:
+        kill(serve)
+        for pid in _tagged(tag):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"

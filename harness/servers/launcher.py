@@ -146,6 +146,9 @@ def start_server(
     t0 = time.monotonic()
     try:
         while not ready.wait(0.1):
+            if process.poll() is not None:  # exited (a helper may still hold the pipe)
+                ready.wait(0.5)  # a last line in flight
+                break
             limit = ready_timeout_s + (KERNEL_BUILD_ALLOWANCE_S if building.is_set() else 0.0)
             if time.monotonic() - t0 > limit:
                 handle.stop()

@@ -8,7 +8,8 @@ Two guards, both started first thing in the child:
   parent thread that started it exits. Then the child checks its parent is still the one it
   was started by (the parent may have died before the prctl call).
 - Everywhere: a daemon thread that polls `os.getppid()` and exits the process when the
-  parent changes (reparented to init or a subreaper).
+  parent changes (reparented to init or a subreaper), killing its own descendants first (a
+  compiler the engine process runs for a kernel build, say).
 
 The resource tracker needs no guard: it exits when the last process holding its pipe (the
 parent and the workers) is gone.
@@ -22,6 +23,7 @@ launcher's death it takes the whole group (its engine process, a compiler) with 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -46,6 +48,37 @@ def _prctl_pdeathsig(sig: int) -> bool:
 LIFELINE_ENV = "CBBENCH_LIFELINE_PID"
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of `pid` (Linux /proc; elsewhere none)."""
+    parent: dict[int, int] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        parent[int(name)] = int(fields[1])
+    found: list[int] = []
+    frontier = {pid}
+    while frontier:
+        kids = {c for c, pp in parent.items() if pp in frontier}
+        found += sorted(kids)
+        frontier = kids
+    return found
+
+
+def kill_descendants() -> None:
+    for pid in descendants(os.getpid()):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def die_with_parent(
     parent_pid: int, poll_s: float = POLL_S, pdeathsig: bool = True, group: bool = False
 ) -> None:
@@ -58,6 +91,7 @@ def die_with_parent(
     def die() -> None:
         if group and os.getpgid(0) == os.getpid():
             os.killpg(0, signal.SIGKILL)
+        kill_descendants()  # a compiler building kernels for us, say
         os._exit(1)
 
     if os.getppid() != parent_pid:
