@@ -66,11 +66,12 @@ def _build(
     name: str = "cbbench_cpu_kernels",
     sources: list[Path] | None = None,
     what: str = "CPU kernels",
+    usual: str = "about a minute",
 ) -> ModuleType:
     from cbbench.kernels.build import build_extension
 
     return build_extension(
-        name, sources or SOURCES, what, CFLAGS + list(extra_cflags or []), ["-fopenmp"]
+        name, sources or SOURCES, what, CFLAGS + list(extra_cflags or []), ["-fopenmp"], usual
     )
 
 
@@ -94,7 +95,7 @@ def load_portable(
             if reason is None:
                 log.info("loading the %s (built once, under a minute)", what)
                 try:
-                    state["module"] = _build(name=name, sources=sources, what=what)
+                    state["module"] = _build(name=name, sources=sources, what=what, usual="about 30 s")
                 except Exception as exc:  # compiler missing, build or import error
                     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                     reason = f"build failed: {first[:300]}"

@@ -92,7 +92,7 @@ def test_a_launched_server_dies_with_its_launcher():
         kill(parent)
 
 
-def test_a_kernel_build_stretches_the_readiness_limit(monkeypatch):
+def test_a_kernel_build_stretches_the_readiness_limit(monkeypatch, capsys):
     building = textwrap.dedent("""
         import sys, time
         print("cbbench kernels: building the CPU kernels (usually about a minute)",
@@ -107,6 +107,8 @@ def test_a_kernel_build_stretches_the_readiness_limit(monkeypatch):
         assert handle.base_url == "http://127.0.0.1:9"
     finally:
         handle.stop()
+    echoed = capsys.readouterr().err  # the user of `cbbench run` sees the build too
+    assert "builder: cbbench kernels: building the CPU kernels (usually about a minute)" in echoed
     silent = building.replace("print(\"cbbench kernels:", "print(\"something else:")
     with pytest.raises(CbbenchError, match="within 1.5s"):
         start_server([sys.executable, "-c", silent], ready_timeout_s=1.5, name="silent")

@@ -17,7 +17,8 @@ failed start included) ends with SIGKILL to whatever of that group is left (the 
 process, a compiler); the child is told the launcher's pid (LIFELINE_ENV) and exits if the
 launcher dies first (reference_engine/server/lifeline.py). The readiness limit grows by
 KERNEL_BUILD_ALLOWANCE_S once the child says it builds or waits for the C++ kernels (lines
-starting with KERNEL_LINE_PREFIX, kernels/build.py): a build is progress, not a hang.
+starting with KERNEL_LINE_PREFIX, kernels/build.py, echoed on our stderr): a build is
+progress, not a hang.
 """
 
 from __future__ import annotations
@@ -135,8 +136,9 @@ def start_server(
         assert process.stdout is not None
         for line in process.stdout:
             handle._log.append(line)
-            if line.startswith(KERNEL_LINE_PREFIX):
+            if line.startswith(KERNEL_LINE_PREFIX):  # shown: a first start is not silent
                 building.set()
+                sys.stderr.write(f"{name}: {line}")
             if not ready.is_set() and (url := parse_ready_line(line)):
                 handle.base_url = url
                 ready.set()
