@@ -6,6 +6,7 @@ a hung test fails by name while the run goes on.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import signal
@@ -164,6 +165,7 @@ HUNG = textwrap.dedent("""
 def test_a_hung_test_fails_by_name_and_the_run_goes_on(tmp_path):
     """The suite's own settings (pyproject's [tool.pytest.ini_options], the per-test timeout
     shortened to 3 s) on a test that blocks forever on a child's stdout."""
+    assert importlib.util.find_spec("pytest_timeout"), "install the test extra: pip install -e '.[test]'"
     (tmp_path / "test_hung.py").write_text(HUNG)
     cmd = [
         sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir",
@@ -274,3 +276,41 @@ def _comm(pid: int) -> str:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return "?"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and the C++ build")
+def test_a_failed_run_start_mid_kernel_build_leaves_no_process(tmp_path, monkeypatch):
+    """`cbbench run`'s own start (launcher.start_reference_server) of a real serve that is
+    still building the kernels when its (stretched) readiness limit runs out: the start
+    fails in time, saying so, and nothing it began survives (serve, its engine process, the
+    compiler)."""
+    from cbbench.harness.servers.launcher import start_reference_server
+    from cbbench.kernels import cpu_gemm
+
+    if cpu_gemm._precheck() is not None:
+        pytest.skip(f"the CPU kernels are not built here: {cpu_gemm._precheck()}")
+    cxx = tmp_path / "slow-cxx"
+    cxx.write_text(SLOW_CXX)
+    cxx.chmod(0o755)
+    (tmp_path / "slow").touch()
+    tag = f"cbb-test-{os.getpid()}-{time.monotonic_ns()}"
+    for key, value in {"CBBENCH_KERNEL_DIR": str(tmp_path / "kd"), "CXX": str(cxx),
+                       "CBB_SLOW_MARK": str(tmp_path / "slow"), "CBB_TEST_TAG": tag}.items():
+        monkeypatch.setenv(key, value)  # fmt: skip
+    monkeypatch.setattr(launcher, "KERNEL_BUILD_ALLOWANCE_S", 5.0)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(CbbenchError, match=r"did not become ready within 35s") as failed:
+            start_reference_server("tiny", ready_timeout_s=30)
+        assert "cbbench kernels: still building the CPU kernels" in str(failed.value) or (
+            "cbbench kernels: building the CPU kernels" in str(failed.value)
+        )
+        assert time.monotonic() - t0 < 35 + launcher.STOP_TIMEOUT_S + 10
+        deadline = time.monotonic() + 10
+        while left := _tagged(tag):
+            assert time.monotonic() < deadline, f"still alive: {[(p, _comm(p)) for p in left]}"
+            time.sleep(0.1)
+    finally:
+        for pid in _tagged(tag):
+            os.kill(pid, signal.SIGKILL)
