@@ -95,7 +95,8 @@ def load_portable(
             if reason is None:
                 log.info("loading the %s (built once, under a minute)", what)
                 try:
-                    state["module"] = _build(name=name, sources=sources, what=what, usual="about 30 s")
+                    usual = "about 30 s"
+                    state["module"] = _build(name=name, sources=sources, what=what, usual=usual)
                 except Exception as exc:  # compiler missing, build or import error
                     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                     reason = f"build failed: {first[:300]}"

@@ -165,7 +165,7 @@ HUNG = textwrap.dedent("""
 def test_a_hung_test_fails_by_name_and_the_run_goes_on(tmp_path):
     """The suite's own settings (pyproject's [tool.pytest.ini_options], the per-test timeout
     shortened to 3 s) on a test that blocks forever on a child's stdout."""
-    assert importlib.util.find_spec("pytest_timeout"), "install the test extra: pip install -e '.[test]'"
+    assert importlib.util.find_spec("pytest_timeout"), "pip install -e '.[test]' (pytest-timeout)"
     (tmp_path / "test_hung.py").write_text(HUNG)
     cmd = [
         sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir",

@@ -89,9 +89,9 @@ def die_with_parent(
         _prctl_pdeathsig(signal.SIGKILL)
 
     def die() -> None:
-        if group and os.getpgid(0) == os.getpid():
-            os.killpg(0, signal.SIGKILL)
         kill_descendants()  # a compiler building kernels for us, say
+        if group and os.getpgid(0) == os.getpid():
+            os.killpg(0, signal.SIGKILL)  # and whatever else of our group is left, us too
         os._exit(1)
 
     if os.getppid() != parent_pid:
@@ -108,7 +108,8 @@ def die_with_parent(
 
 def die_with_launcher() -> None:
     """Die (with this process group) when the launcher named in LIFELINE_ENV dies; no-op when
-    the variable is unset or names another process than our parent. Removes it, so this process's own children are not misled."""
+    the variable is unset or names another process than our parent. Removes it, so this
+    process's own children are not misled."""
     value = os.environ.pop(LIFELINE_ENV, "")
     if value.isdigit() and int(value) == os.getppid():  # not through a wrapper (netns, sh)
         die_with_parent(int(value), pdeathsig=False, group=True)
