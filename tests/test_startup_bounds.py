@@ -75,8 +75,9 @@ def test_a_launched_server_dies_with_its_launcher():
     code = textwrap.dedent(f"""
         import time
         from cbbench.harness.servers.launcher import start_server
-        handle = start_server({fake_server_command()!r}, ready_timeout_s=60, name="fake")
-        print("server", handle.process.pid, flush=True)
+        from cbbench.reference_engine.server.lifeline import descendants
+        handle = start_server({fake_server_command(procs=2)!r}, ready_timeout_s=60, name="fake")
+        print("server", handle.process.pid, *descendants(handle.process.pid), flush=True)
         time.sleep(300)
     """)
     parent = subprocess.Popen(
@@ -84,11 +85,12 @@ def test_a_launched_server_dies_with_its_launcher():
     )
     try:
         line = readline_within(parent, 60, "the launching process")
-        server = int(line.split()[1])
-        assert _alive(server)
+        server, *helpers = (int(pid) for pid in line.split()[1:])
+        assert _alive(server) and helpers, line  # --procs 2: a second server process
         parent.kill()
         parent.wait(10)
-        assert _gone_within(server, 10), f"the fake server {server} outlived its launcher"
+        for pid in (server, *helpers):
+            assert _gone_within(pid, 10), f"fake server process {pid} outlived its launcher"
     finally:
         kill(parent)
 

@@ -36,7 +36,6 @@ import json
 import logging
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -45,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from cbbench.harness.client import aio
 from cbbench.harness.client.h1conn import SO_TIMESTAMPNS, kernel_timestamps_supported
 from cbbench.harness.servers.fake_conn import HIGH_WATER, Pacer, ServerConn
-from cbbench.harness.servers.launcher import parse_ready_line, ready_line
+from cbbench.harness.servers.launcher import ServerHandle, ready_line, start_server
 from cbbench.reference_engine.server.lifeline import die_with_launcher
 
 MODEL_ID = "fake-model"
@@ -455,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         help="stamp request arrivals in user space (default: the kernel's receive time)",
     )
     args = p.parse_args(argv)
-    children: list[subprocess.Popen] = []
+    children: list[ServerHandle] = []
 
     async def serve() -> None:
         stop = asyncio.Event()
@@ -467,11 +466,8 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.procs - 1):
             cmd = [sys.executable, "-m", "cbbench.harness.servers.fake_server", "--port", str(port)]
             cmd += ["--user-timestamps"] if args.user_timestamps else []
-            child = subprocess.Popen(
-                [*cmd, "--config", args.config], stdout=subprocess.PIPE, text=True
-            )
-            children.append(child)
-            assert child.stdout is not None and parse_ready_line(child.stdout.readline())
+            # the one launcher: a bounded wait, and the child dies with this process
+            children.append(start_server([*cmd, "--config", args.config], 60.0, "fake child"))
         print(ready_line("cbbench fake-server", f"http://127.0.0.1:{port}"), flush=True)
         await stop.wait()
 
@@ -479,8 +475,7 @@ def main(argv: list[str] | None = None) -> int:
         aio.run(serve())
     finally:
         for child in children:
-            child.terminate()
-            child.wait(10)
+            child.stop(10)
     return 0
 
 
