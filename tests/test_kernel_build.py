@@ -33,20 +33,20 @@ static struct PyModuleDef def = {PyModuleDef_HEAD_INIT, "cbb_test_ext", nullptr,
 PyMODINIT_FUNC PyInit_cbb_test_ext(void) { return PyModule_Create(&def); }
 """
 
-# Builds the tiny extension; argv[2:] are include paths added to torch's, as a second
-# environment's torch (installed elsewhere) would give.
+# Builds the tiny extension; argv[2], when given, is a folder to import torch from: a second
+# environment, its torch installed at another path (a symlink to ours, so no download).
 DRIVER = """
 import sys
 from pathlib import Path
-from torch.utils import cpp_extension as ce
-extra = sys.argv[2:]
-if extra:
-    orig = ce.include_paths
-    ce.include_paths = lambda *a, **k: orig(*a, **k) + extra
+if len(sys.argv) > 2:
+    sys.path.insert(0, sys.argv[2])
+import torch
+assert len(sys.argv) == 2 or torch.__file__.startswith(sys.argv[2]), torch.__file__
 from cbbench.kernels.build import build_extension
 m = build_extension("cbb_test_ext", [Path(sys.argv[1])], "test kernel", usual="a second")
 print("answer", m.answer(), flush=True)
 """
+
 
 SLOW_CXX = """#!/bin/sh
 [ -e "$CBB_SLOW_MARK" ] && sleep 120
@@ -65,16 +65,22 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return {**os.environ, "CBBENCH_KERNEL_DIR": str(tmp_path / "kd"), **extra}
 
 
-def _build(src: Path, env: dict[str, str], *include: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-c", DRIVER, str(src), *include]
+def _build(src: Path, env: dict[str, str], *other_env: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-c", DRIVER, str(src), *other_env]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0 and "answer 42" in proc.stdout, proc.stderr[-3000:]
     return proc
 
 
 def test_two_environments_build_apart_and_neither_rebuilds(tmp_path, src):
-    """The issue's first finding: switching environment rebuilt the shared folder."""
-    env, other_torch = _env(tmp_path), str(tmp_path / "other-torch-include")
+    """The issue's first finding: two environments (torch installed at two paths) shared
+    torch's one extension folder, and each switch rebuilt the kernels there."""
+    import torch
+
+    other = tmp_path / "other-env"
+    other.mkdir()
+    (other / "torch").symlink_to(Path(torch.__file__).parent)
+    env = _env(tmp_path)
     first = _build(src, env)
     assert "cbbench kernels: building the test kernel (first use" in first.stderr
     assert "usually a second" in first.stderr and "built the test kernel in" in first.stderr
@@ -82,13 +88,18 @@ def test_two_environments_build_apart_and_neither_rebuilds(tmp_path, src):
     so = mine / "cbb_test_ext.so"
     stamp = so.stat().st_mtime_ns
 
-    second = _build(src, env, other_torch)  # another environment: its own folder
+    second = _build(src, env, str(other))  # the other environment: its own folder
     assert "building the test kernel" in second.stderr
     folders = sorted((tmp_path / "kd" / "cbbench").iterdir())
     assert len(folders) == 2 and mine in folders
+    (theirs,) = (f for f in folders if f != mine)
+    # Their build commands differ (torch's include and library paths): in one shared
+    # folder, ninja would rebuild on every switch.
+    assert str(other) in (theirs / "build.ninja").read_text()
+    assert str(other) not in (mine / "build.ninja").read_text()
 
-    for include in ((), (other_torch,)):  # back and forth: nothing is built again
-        again = _build(src, env, *include)
+    for other_env in ((), (str(other),)):  # back and forth: nothing is built again
+        again = _build(src, env, *other_env)
         assert "building" not in again.stderr, again.stderr
     assert so.stat().st_mtime_ns == stamp
     assert len(list((tmp_path / "kd" / "cbbench").iterdir())) == 2
