@@ -64,8 +64,10 @@ def test_no_child_of_a_failed_start_survives_it():
 def test_a_child_that_exits_before_ready_takes_its_helpers_along():
     """Its helper still holds the output pipe open: the exit, not EOF, ends the wait."""
     code = NEVER_READY.rsplit("time.sleep(300)", 1)[0] + "sys.exit(3)\n"
+    t0 = time.monotonic()
     with pytest.raises(CbbenchError, match="exited with code 3 before it was ready") as failed:
         start_server([sys.executable, "-c", code], ready_timeout_s=60, name="quitter")
+    assert time.monotonic() - t0 < 30  # not the 60 s readiness limit
     helper = int(re.search(r"helper (\d+)", str(failed.value)).group(1))
     assert _gone_within(helper, 5), f"the quitter's helper {helper} survived it"
 
