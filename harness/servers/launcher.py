@@ -85,6 +85,8 @@ class ServerHandle:
 
 def kill_group(pgid: int) -> None:
     """SIGKILL what is left of a process group the launcher started (none: no error)."""
+    if not hasattr(os, "killpg"):  # not POSIX: no process groups
+        return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
 

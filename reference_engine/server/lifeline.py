@@ -90,7 +90,7 @@ def die_with_parent(
 
     def die() -> None:
         kill_descendants()  # a compiler building kernels for us, say
-        if group and os.getpgid(0) == os.getpid():
+        if group and hasattr(os, "killpg") and os.getpgid(0) == os.getpid():
             os.killpg(0, signal.SIGKILL)  # and whatever else of our group is left, us too
         os._exit(1)
 
