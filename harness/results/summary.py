@@ -78,6 +78,7 @@ class RunSummary(TypedDict, total=False):
     connections: dict
     timestamp_source: str
     server_stopped_answering: str
+    stopped_early: str  # the first requests all failed with one client error (outcome.py)
     worker_crashes: list
 
 
@@ -93,14 +94,19 @@ CPU_LIMIT = 0.90
 # the report flags a run where a worker's bound on its p99 timing error exceeds this
 TIMING_BOUND_LIMIT_S = 0.001
 
-_UNITS = {"ms": 1e-3, "us": 1e-6, "s": 1.0, "m": 60.0, "": 1.0}
+_UNITS = {"ms": 1e-3, "us": 1e-6, "s": 1.0, "m": 60.0}
 
 
 def parse_duration(text: str, what: str) -> float:
+    """'200ms' -> 0.2. A duration always carries a unit: a bare number is refused, naming the
+    two readings it could have (`--slo ttft=200` was once read as 200 seconds)."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(ms|us|s|m)?\s*", text)
     if not m:
         raise CbbenchError(f"{what}: {text!r} is not a duration (e.g. 200ms, 1.5s)")
-    return float(m.group(1)) * _UNITS[m.group(2) or ""]
+    if not m.group(2):
+        n = m.group(1)
+        raise CbbenchError(f"{what}: {text.strip()!r} has no unit: write {n}ms or {n}s")
+    return float(m.group(1)) * _UNITS[m.group(2)]
 
 
 def parse_slo(text: str | None) -> dict[str, float]:
@@ -111,6 +117,12 @@ def parse_slo(text: str | None) -> dict[str, float]:
     for part in text.split(","):
         key, sep, value = part.partition("=")
         key = key.strip().lower()
+        if not sep and ":" in part:  # vLLM's spelling belongs to --goodput (milliseconds)
+            k, _, v = part.partition(":")
+            raise CbbenchError(
+                f"--slo: {part!r}: write {k.strip()}={v.strip()}ms, or --goodput {part.strip()} "
+                "(vLLM's spelling, milliseconds)"
+            )
         if not sep or key not in SLO_KEYS:
             raise CbbenchError(f"--slo: {part!r}: expected one of {', '.join(SLO_KEYS)}=DURATION")
         out[key] = parse_duration(value, f"--slo {key}")
@@ -218,7 +230,7 @@ def summarize(
         },
         "error_rate": len(failed) / len(measured) if measured else 0.0,
         "errors_by_kind": dict(Counter(r.error_kind or "unknown" for r in failed)),
-        "errors_by_reason": dict(Counter(_reason(r.error) for r in failed).most_common(10)),
+        "errors_by_reason": errors_by_reason(failed),
         "ttft_s": describe_array(ttft),
         "tpot_s": describe_array(tpot),
         "itl_s": describe_array(itl),
@@ -258,8 +270,21 @@ def _rate(x: float, dur: float) -> float | None:
     return None if np.isnan(dur) else x / dur
 
 
-def _reason(msg: str | None) -> str:
+def reason_key(msg: str | None) -> str:
+    """The grouping key of an error message: numbers (ports, ids, lengths) made N."""
     return re.sub(r"\d+(\.\d+)?", "N", msg or "unknown")[:120]
+
+
+def errors_by_reason(failed: Sequence[RequestRecord], top: int = 10) -> dict[str, int]:
+    """The `top` reasons, most frequent first: messages grouped by `reason_key`, each group
+    shown by its first real message, verbatim (up to 300 characters), and its count."""
+    counts: Counter = Counter()
+    example: dict[str, str] = {}
+    for r in failed:
+        key = reason_key(r.error)
+        counts[key] += 1
+        example.setdefault(key, (r.error or "unknown")[:300])
+    return {example[k]: n for k, n in counts.most_common(top)}
 
 
 def _goodput(slo, ttft, tpot, e2e, n_measured: int, dur: float) -> dict:
