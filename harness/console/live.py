@@ -130,6 +130,10 @@ def _ms(d: dict, key: str) -> str:
 
 def summary_table(summary: dict, title: str = "cbbench bench") -> Table:
     c = summary["counts"]
+    # the client's timing error bound (p99), beside the figures it affects
+    bound = (summary.get("client") or {}).get("timing_bound_s")
+    if bound is not None:
+        title = f"{title}\n(TTFT, ITL, E2E ± {bound * 1e3:.2f} ms: client timing error, p99)"
     t = Table(title=title)
     t.add_column("metric")
     for col in ("mean", "p50", "p90", "p99", "max", "count"):
