@@ -304,6 +304,7 @@ def run_bench(
             writer.add_sample(payload)
             live.on_sample(payload)
         elif kind == "t0":
+            live.on_t0()
             clock = meta["clock"]
             clock["t0_unix_s"] = cfg.start_at if cfg.start_at is not None else unix_s_at(payload)
             clock["late_start_s"] = max(0, time.monotonic_ns() - payload) / 1e9
