@@ -167,3 +167,17 @@ def test_bench_help_gives_defaults_and_help_for_the_common_flags():
     for flag in ("--goodput", "--random-input-len", "--random-output-len", "--ignore-eos"):
         assert flag in actions
     json.dumps([a.help for a in actions.values()])  # every help is plain text
+
+
+# finding 11 --------------------------------------------------------------------------------
+
+
+def test_run_with_too_few_requests_gets_a_caution():
+    from cbbench.harness.studies.run_demo import too_few_requests
+
+    # `cbbench run --num-requests 48` showed static beating continuous, with no caution
+    caution = too_few_requests(48, 8, ["static", "dynamic", "continuous"])
+    assert caution and "48 requests are 6 batches of B=8" in caution
+    assert "--num-requests 128 or more" in caution
+    assert too_few_requests(256, 8, ["static", "dynamic", "continuous"]) is None  # the default
+    assert too_few_requests(48, 8, ["continuous"]) is None  # nothing to compare
