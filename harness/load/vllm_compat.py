@@ -2,12 +2,11 @@
 `--goodput ttft:200 tpot:50 e2el:1000` (milliseconds), `--random-input-len` /
 `--random-output-len` (fixed lengths, the same as `--workload prompt=N,output=M`),
 `--ignore-eos` (see `ClientOptions`), and `--burstiness`, which shapes `--request-rate`'s gaps
-and is refused without one."""
+and is refused without one. Light to import (`bench --help` reads its defaults)."""
 
 from __future__ import annotations
 
 from cbbench.harness.errors import CbbenchError
-from cbbench.harness.results.summary import parse_duration
 
 # vLLM's goodput keys -> ours (vLLM names end-to-end latency e2el)
 GOODPUT_KEYS = {"ttft": "ttft", "tpot": "tpot", "e2el": "e2e", "e2e": "e2e"}
@@ -19,6 +18,8 @@ RANDOM_OUTPUT_LEN = 128
 def parse_goodput(items: list[str] | None) -> dict[str, float]:
     """['ttft:200', 'tpot:50'] -> {'ttft': 0.2, 'tpot': 0.05} (seconds). A bare number is in
     milliseconds, as in vLLM; a value with a unit (200ms, 2s) is read as written."""
+    from cbbench.harness.results.summary import parse_duration  # numpy: not for --help
+
     out: dict[str, float] = {}
     for item in items or []:
         for part in item.split(","):  # vLLM takes spaces; a comma list is accepted too
