@@ -132,6 +132,7 @@ def test_fixed_lengths_vllm_style(tmp_path, monkeypatch, capsys, flags):
         (["--random-input-len", "8", "--workload", "chat"], "replace --workload chat"),
         (["--workload", "prompt=8"], "give output=TOKENS too"),
         (["--goodput", "ttft=200"], "--goodput: 'ttft=200': expected KEY:MILLISECONDS"),
+        (["--goodput", "ttft:fast"], "--goodput ttft: 'fast' is not a number of milliseconds"),
         (["--duration", "5"], "--duration: '5' has no unit: write 5ms or 5s"),
     ],
 )

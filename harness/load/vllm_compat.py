@@ -34,6 +34,11 @@ def parse_goodput(items: list[str] | None) -> dict[str, float]:
             try:
                 ms = float(value)
             except ValueError:
+                if not value[-1:].isalpha() or not value[:1].isdigit():
+                    raise CbbenchError(
+                        f"--goodput {key}: {value!r} is not a number of milliseconds "
+                        f"(e.g. {key}:200)"
+                    ) from None
                 out[GOODPUT_KEYS[key]] = parse_duration(value, f"--goodput {key}")
                 continue
             if ms <= 0:
