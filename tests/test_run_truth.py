@@ -179,6 +179,7 @@ def test_run_with_too_few_requests_gets_a_caution():
     # `cbbench run --num-requests 48` showed static beating continuous, with no caution
     caution = too_few_requests(48, 8, ["static", "dynamic", "continuous"])
     assert caution and "48 requests are 6 batches of B=8" in caution
-    assert "--num-requests 128 or more" in caution
+    assert "--num-requests 256 or more (32 batches)" in caution
+    assert too_few_requests(128, 8, ["static", "continuous"])  # still put static ahead
     assert too_few_requests(256, 8, ["static", "dynamic", "continuous"]) is None  # the default
     assert too_few_requests(48, 8, ["continuous"]) is None  # nothing to compare
