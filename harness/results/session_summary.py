@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from cbbench.harness.results.records import RequestRecord
 from cbbench.workloads.stats import describe, describe_array
+from cbbench.harness.results.records import RequestRecord
 
 
 def _cached(r: RequestRecord) -> int | None:
