@@ -105,7 +105,7 @@ def test_sigint_writes_interrupted_run_and_keeps_finished_records(tmp_path, work
                     break
                 time.sleep(0.05)
             proc.send_signal(signal.SIGINT)
-            _, err = proc.communicate(timeout=30)
+            stdout, err = proc.communicate(timeout=30)
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -118,3 +118,7 @@ def test_sigint_writes_interrupted_run_and_keeps_finished_records(tmp_path, work
     assert all(r.ok for r in run.records)  # cancelled in-flight requests are not failures
     assert run.meta["summary"]["cancelled_in_flight"] >= 1
     assert run.meta["load"]["workers"] == workers
+    # the printed summary says so too (issue 42: it looked like a complete run)
+    cancelled = run.meta["summary"]["cancelled_in_flight"]
+    assert f"INTERRUPTED (Ctrl-C): the figures above cover the {n} of 6 requests" in stdout
+    assert f"{cancelled} cancelled in flight, {6 - n - cancelled} never sent" in stdout

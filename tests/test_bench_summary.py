@@ -50,7 +50,7 @@ def test_summary_matches_hand_computation():
     }
     assert s["error_rate"] == pytest.approx(1 / 3)
     assert s["errors_by_kind"] == {"http_5xx": 1}
-    assert s["errors_by_reason"] == {"HTTP N: boom N": 1}
+    assert s["errors_by_reason"] == {"HTTP 500: boom 17": 1}  # grouped, shown verbatim
     assert s["ttft_s"]["mean"] == pytest.approx(0.2) and s["ttft_s"]["count"] == 2
     assert s["ttft_s"]["max"] == pytest.approx(0.3)  # the warmup's 9.0 is left out
     assert s["e2e_s"]["p50"] == pytest.approx(0.75)
@@ -101,6 +101,6 @@ def test_parse_slo():
     assert parse_slo("ttft=200ms,tpot=50ms,e2e=10s") == pytest.approx(
         {"ttft": 0.2, "tpot": 0.05, "e2e": 10.0}
     )
-    for bad in ("ttft", "foo=1s", "ttft=fast"):
+    for bad in ("ttft", "foo=1s", "ttft=fast", "ttft=200", "ttft:200"):
         with pytest.raises(CbbenchError, match="--slo"):
             parse_slo(bad)

@@ -53,6 +53,9 @@ def test_run_two_schedulers_end_to_end(tmp_path, capsys, monkeypatch):
     assert (out / "comparison.md").read_text().count("| E2E p99 (ms) |") == 1
     assert f"report: {out / 'report.html'}" in text
     assert not (out / "dynamic").exists()
+    # issue 42: a run this small cannot show the schedulers apart, and says so
+    caution = "caution: 4 requests are 2 batches of B=2: too few to show the schedulers apart"
+    assert text.count(caution) == 2  # before the runs and beside the table
 
 
 def test_run_sim_is_labelled_and_writes_runs(tmp_path, capsys, monkeypatch):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from cbbench.workloads.arrivals import with_arrivals
 from cbbench.workloads.errors import WorkloadError
+from cbbench.workloads.inline import is_inline, parse_inline
 from cbbench.workloads.native import is_native_object, read_native
 from cbbench.workloads.presets import PRESETS
 from cbbench.workloads.sessions import chain_sessions
@@ -290,6 +291,8 @@ def load_workload(
             wl.name, wl.seed, wl.requests, wl.prefix_block_size, {"preset": key} | wl.source
         )
     path = Path(key)
+    if not path.is_file() and is_inline(key):  # prompt=128,output=128: fixed lengths
+        return build_from_spec(parse_inline(key), key, f"--workload {key}", seed, num_requests)
     if not path.is_file():
         names = ", ".join(PRESETS)
         raise WorkloadError(f"unknown workload '{key}': not a preset ({names}) and no such file")

@@ -5,13 +5,38 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cbbench.harness.load.vllm_compat import RANDOM_INPUT_LEN, RANDOM_OUTPUT_LEN
 from cbbench.harness.telemetry import TelemetryOptions
 
 
 def add_load_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", required=True, help="server root, e.g. http://127.0.0.1:8000")
-    p.add_argument("--workload", default="mixed", help="preset name, trace file or spec file")
-    p.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
+    p.add_argument(
+        "--workload",
+        default=None,
+        help="preset name, trace file, spec file, or fixed lengths prompt=N,output=M "
+        "(default: mixed)",
+    )
+    p.add_argument(
+        "--random-input-len",
+        type=int,
+        metavar="N",
+        help=f"vLLM's spelling: every prompt N tokens (default {RANDOM_INPUT_LEN} when only "
+        "--random-output-len is given); same as --workload prompt=N,output=M",
+    )
+    p.add_argument(
+        "--random-output-len",
+        type=int,
+        metavar="M",
+        help=f"vLLM's spelling: every output M tokens (default {RANDOM_OUTPUT_LEN} when only "
+        "--random-input-len is given)",
+    )
+    p.add_argument(
+        "--endpoint",
+        choices=("completions", "chat"),
+        default="completions",
+        help="API to call: /v1/completions or /v1/chat/completions (default: completions)",
+    )
     p.add_argument("--model", help="model name (default: the first one /v1/models lists)")
     rate = p.add_mutually_exclusive_group()
     rate.add_argument(
@@ -25,8 +50,9 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--burstiness",
         type=float,
-        default=1.0,
-        help="gamma shape of the arrival gaps as in vLLM: 1 = Poisson, < 1 burstier (with --rate)",
+        default=None,
+        help="gamma shape of the arrival gaps as in vLLM: 1 = Poisson, < 1 burstier; needs "
+        "--rate (default: 1)",
     )
     p.add_argument("--arrival", choices=("poisson", "constant"), help="arrival kind for --rate")
     p.add_argument(
@@ -44,21 +70,49 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
         "turn to the last reply, default) or requests in flight",
     )
     count = p.add_mutually_exclusive_group()
-    count.add_argument("--num-requests", "--num-prompts", dest="num_requests", type=int)
+    count.add_argument(
+        "--num-requests",
+        "--num-prompts",
+        dest="num_requests",
+        type=int,
+        metavar="N",
+        help="send the workload's first N requests (default: the workload's own count, "
+        "200 for the synthetic presets, every row of a trace)",
+    )
     count.add_argument("--duration", help="stop sending new requests after this long (e.g. 60s)")
     p.add_argument(
-        "--warmup", type=int, default=0, help="requests sent first and left out of the summary"
+        "--warmup",
+        type=int,
+        metavar="N",
+        default=0,
+        help="send the workload's first N requests once before the run, left out of the "
+        "summary (default: 0)",
     )
     p.add_argument(
         "--seed", type=int, default=None, help="workload seed (default: the spec file's, else 0)"
     )
-    p.add_argument("--slo", help="goodput SLOs, e.g. ttft=200ms,tpot=50ms,e2e=10s")
+    slo = p.add_mutually_exclusive_group()
+    slo.add_argument(
+        "--slo", help="goodput SLOs with units, e.g. ttft=200ms,tpot=50ms,e2e=10s (default: none)"
+    )
+    slo.add_argument(
+        "--goodput",
+        nargs="+",
+        metavar="KEY:MS",
+        help="vLLM's spelling of --slo, in milliseconds: --goodput ttft:200 tpot:50 e2el:10000",
+    )
     p.add_argument("--tokenizer", help="tokenizer.json (or its folder): exact-length text prompts")
     p.add_argument(
         "--text-prompts", action="store_true", help="send text, not token ids, on completions"
     )
     p.add_argument("--api-key", help="sent as a Bearer token")
-    p.add_argument("--workers", type=int, default=1, help="load-generator processes")
+    p.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        default=1,
+        help="load-generator processes; add some when the run says CLIENT-BOUND (default: 1)",
+    )
     p.add_argument(
         "--shard",
         metavar="I/N",
@@ -71,12 +125,24 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
         help="start (t0) at this wall-clock time, unix seconds or ISO with zone "
         "(2026-12-03T14:00:00Z), at most 1 h ahead: every host's arrival times line up",
     )
-    p.add_argument("--timeout", type=float, default=600.0, help="per-request limit in seconds")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        default=600.0,
+        help="seconds a request may take before it is failed as a timeout (default: 600)",
+    )
     p.add_argument("--no-stream", action="store_true", help="non-streaming requests (no TTFT/ITL)")
     p.add_argument(
         "--no-extensions",
         action="store_true",
         help="plain OpenAI body: no ignore_eos, min_tokens, return_token_ids, priority",
+    )
+    p.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="vLLM's flag: generate every asked token; sent by default, and alone with "
+        "--no-extensions",
     )
     p.add_argument(
         "--http-client",
@@ -128,14 +194,12 @@ def config_from_args(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from cbbench.harness.load.runner import run_bench
+    from cbbench.harness.results.outcome import exit_code
     from cbbench.harness.telemetry import build_samplers
 
     cfg = config_from_args(args)
     samplers = list(build_samplers(TelemetryOptions.from_args(args), cfg.base_url))
     result = run_bench(cfg, samplers)
-    if result.interrupted:
-        return 130
-    if result.failure:
+    if result.failure and not result.interrupted:
         print(f"cbbench bench: error: {result.failure}", file=sys.stderr)
-        return 1
-    return 0
+    return exit_code(result.summary, result.interrupted, result.failure)

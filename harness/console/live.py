@@ -14,6 +14,22 @@ from rich.table import Table
 
 WINDOW = 256  # rolling percentiles over the last WINDOW finished requests
 RATE_WINDOW_S = 5.0
+# The live view's names for the samplers' fields, and how each is shown: what a user reads,
+# not a metric name (the run folder keeps the raw ones).
+FRIENDLY = {
+    "running": ("running", "{:.0f}"),
+    "waiting": ("waiting", "{:.0f}"),
+    "kv_usage": ("KV cache used", "{:.0%}"),
+    "batch_occupancy": ("batch slots used", "{:.0%}"),
+    "kv_reserved_unused_tokens": ("KV reserved, unused", "{:.0f} tokens"),
+    "prefix_cache_hit_rate": ("prefix-cache hits", "{:.0%}"),
+    "preemptions_total": ("preemptions", "{:.0f}"),
+    "util_gpu": ("GPU busy", "{:.0f}%"),
+    "util_mem": ("GPU memory busy", "{:.0f}%"),
+    "mem_used_bytes": ("GPU memory", "{:.1f} GiB", 2.0**-30),
+    "power_w": ("power", "{:.0f} W"),
+    "devices": ("GPUs", "{:.0f}"),
+}
 
 
 class LiveStats:
@@ -29,7 +45,12 @@ class LiveStats:
         self.tpot: deque[float] = deque(maxlen=WINDOW)
         self.lag: deque[float] = deque(maxlen=WINDOW)
         self.tokens: deque[tuple[float, int]] = deque()
+        self.tokens_total = 0
+        self.started = time.monotonic()  # reset at t0 (`on_t0`)
         self._lock = threading.Lock()
+
+    def on_t0(self) -> None:
+        self.started = time.monotonic()
 
     def on_record(self, rec: RequestRecord) -> None:
         if rec.warmup:
@@ -47,6 +68,7 @@ class LiveStats:
                 self.lag.append(rec.send_lag_s)
             n = rec.output_tokens_server or rec.output_tokens_client or 0
             self.tokens.append((time.monotonic(), n))
+            self.tokens_total += n
 
     def on_sample(self, sample: dict) -> None:
         if sample.get("source") == "client":
@@ -60,11 +82,19 @@ class LiveStats:
         return max(0, sum(self.sent.values()) - self.done)
 
     def tokens_per_s(self) -> float:
+        """Over the last RATE_WINDOW_S (or since t0, if sooner)."""
         now = time.monotonic()
         with self._lock:
             while self.tokens and self.tokens[0][0] < now - RATE_WINDOW_S:
                 self.tokens.popleft()
-            return sum(n for _, n in self.tokens) / RATE_WINDOW_S
+            window = min(RATE_WINDOW_S, max(now - self.started, 1e-9))
+            return sum(n for _, n in self.tokens) / window
+
+    def tokens_per_s_so_far(self) -> float:
+        """Output tokens of the finished requests over the time since t0: the summary's
+        definition (its duration then runs to the last response)."""
+        with self._lock:
+            return self.tokens_total / max(time.monotonic() - self.started, 1e-9)
 
     def render(self) -> Table:
         t = Table(title="cbbench bench (live)", show_header=False, box=None)
@@ -73,10 +103,16 @@ class LiveStats:
             done, failed, in_flight = self.done, self.failed, self.in_flight
         total = f"/{self.total}" if self.total else ""
         t.add_row("done", f"{done}{total}  failed {failed}  in flight {in_flight}")
-        t.add_row("TTFT p50/p99", _ms_pair(ttft))
-        t.add_row("TPOT p50/p99", _ms_pair(tpot))
-        t.add_row("send lag p50/p99", _ms_pair(lag))
-        t.add_row("output tokens/s", f"{self.tokens_per_s():.1f}")
+        # the summary's percentile method (workloads/stats.py) over the last WINDOW requests
+        last = f" (last {WINDOW})" if done > WINDOW else ""
+        t.add_row(f"TTFT p50/p99{last}", _ms_pair(ttft))
+        t.add_row(f"TPOT p50/p99{last}", _ms_pair(tpot))
+        t.add_row(f"send lag p50/p99{last}", _ms_pair(lag))
+        t.add_row(
+            "output tokens/s",
+            f"{self.tokens_per_s_so_far():,.1f} so far  "
+            f"({self.tokens_per_s():,.1f} over the last {RATE_WINDOW_S:g} s)",
+        )
         for s in self.samplers:
             latest = s.latest() if hasattr(s, "latest") else {}
             if latest:
@@ -92,12 +128,12 @@ def _ms_pair(values: list[float]) -> str:
 
 
 def _fmt_latest(d: dict) -> str:
+    """A sampler's latest values by their friendly names (FRIENDLY); others are left out."""
     parts = []
     for k, v in d.items():
-        if isinstance(v, float):
-            parts.append(f"{k} {v:.3g}")
-        elif isinstance(v, int | str):
-            parts.append(f"{k} {v}")
+        if k in FRIENDLY and isinstance(v, int | float) and not isinstance(v, bool):
+            name, fmt, *scale = FRIENDLY[k]
+            parts.append(f"{name} {fmt.format(v * (scale[0] if scale else 1))}")
     return "  ".join(parts[:6])
 
 
@@ -130,6 +166,10 @@ def _ms(d: dict, key: str) -> str:
 
 def summary_table(summary: dict, title: str = "cbbench bench") -> Table:
     c = summary["counts"]
+    # the client's timing error bound (p99), beside the figures it affects
+    bound = (summary.get("client") or {}).get("timing_bound_s")
+    if bound is not None:
+        title = f"{title}\n(TTFT, ITL, E2E ± {bound * 1e3:.2f} ms: client timing error, p99)"
     t = Table(title=title)
     t.add_column("metric")
     for col in ("mean", "p50", "p90", "p99", "max", "count"):
@@ -203,9 +243,12 @@ def _caption(summary: dict, c: dict) -> str:
             f"note: in {c['output_token_mismatch'] - exact} responses the streamed chunks do not "
             "match usage.completion_tokens (no token_ids): ITL is per chunk there, TPOT uses usage"
         )
+    # the histogram's estimate only where the server gave no per-request queue time: the
+    # table's exact figures and a bucket estimate of the same thing would disagree
+    exact_queue = bool((summary.get("server_queue_s") or {}).get("count"))
     for name, tel in (summary.get("telemetry") or {}).items():
         q = tel.get("queue_time") if isinstance(tel, dict) else None
-        if isinstance(q, dict) and q.get("p99") is not None:
+        if isinstance(q, dict) and q.get("p99") is not None and not exact_queue:
             lo, hi = (q.get("bucket_s") or {}).get("p99", (None, None))
             width = "" if lo is None else f", in its bucket [{lo * 1e3:.1f}, {hi * 1e3:.1f}] ms"
             capped = (

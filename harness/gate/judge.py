@@ -4,7 +4,8 @@ The bootstrap resamples *requests* (seeded, vectorised: one row of drawn request
 resample, in chunks); ITL gaps are weighted by how often their request was drawn, so the
 gaps of a request move together.
 - Latency stats: the ratio candidate/baseline of the weighted statistic (mean, or the
-  inverted-CDF percentile), each run resampled independently.
+  percentile by numpy's default linear interpolation, the one method `bench`, `report` and
+  the live view use: workloads/stats.py), each run resampled independently.
 - Throughput: per-request contributions through Little's law. A run's throughput is
   Σtokens / W = L · Σtokens / Σe2e with L = Σe2e / W its mean number of requests in flight;
   a resample keeps L and re-draws the requests, so the interval carries the spread of
@@ -75,21 +76,31 @@ class _Sample:
     def point(self, q: float | None) -> float:
         if self.owner is not None:
             return float(self._weighted(q, np.ones((1, self.n)))[0])
-        return float(self.values.mean() if q is None else self.values[self._rank(q)])
+        return float(self.values.mean() if q is None else np.percentile(self.values, q * 100))
 
-    def _rank(self, q: float) -> int:
-        """Position of the inverted-CDF q-quantile in the sorted values."""
-        return max(0, math.ceil(q * self.values.size - 1e-9) - 1)
+    def _rank(self, q: float) -> tuple[int, float]:
+        """The linear q-quantile of m sorted values (numpy's default): between positions
+        lo and lo + 1 at fraction frac."""
+        h = (self.values.size - 1) * q
+        lo = min(int(math.floor(h + 1e-12)), self.values.size - 1)
+        return lo, max(0.0, h - lo)
 
     def draws(self, q: float | None, rng: np.random.Generator, resamples: int) -> np.ndarray:
         """The statistic on `resamples` bootstrap resamples of the requests."""
         m = self.values.size
         if self.owner is None and q is not None:
-            # The k-th smallest of m uniform draws from the m sorted values is the value at
-            # floor(m * U_(k)), U_(k) ~ Beta(k+1, m-k): exact, and O(resamples), not O(m) each.
-            k = self._rank(q)
-            pos = np.floor(rng.beta(k + 1, m - k, size=resamples) * m).astype(np.int64)
-            return self.values[np.minimum(pos, m - 1)]
+            # The k-th smallest (0-based) of m uniform draws from the m sorted values is the
+            # value at floor(m * U_(k)), U_(k) ~ Beta(k+1, m-k); the next one, given U_(k) = u,
+            # is the least of the other m-k-1 draws on (u, 1): u + (1-u) Beta(1, m-k-1).
+            # Exact, and O(resamples), not O(m) each.
+            k, frac = self._rank(q)
+            u = rng.beta(k + 1, m - k, size=resamples)
+            low = self.values[np.minimum(np.floor(u * m).astype(np.int64), m - 1)]
+            if frac == 0.0 or k + 1 >= m:
+                return low
+            u_next = u + (1.0 - u) * rng.beta(1, m - k - 1, size=resamples)
+            high = self.values[np.minimum(np.floor(u_next * m).astype(np.int64), m - 1)]
+            return low + frac * (high - low)
         if self.owner is None:
             return _boot(rng, m, resamples, m, lambda p: self.values[p].mean(axis=1))
 
@@ -108,9 +119,17 @@ class _Sample:
         with np.errstate(invalid="ignore", divide="ignore"):
             if q is None:
                 return (w @ self.values) / total
+            # the linear q-quantile of the values repeated by their weights: positions lo and
+            # lo + 1 of that expanded sorted list are values #{cw <= lo} and #{cw <= lo + 1}
             cw = np.cumsum(w, axis=1)
-            idx = (cw < (q * total)[:, None] - 1e-9).sum(axis=1)
-        out = self.values[np.minimum(idx, self.values.size - 1)]
+            h = np.maximum(total - 1, 0) * q
+            lo = np.floor(h + 1e-9)
+            frac = np.maximum(h - lo, 0.0)
+            top = self.values.size - 1
+            i_lo = np.minimum((cw <= lo[:, None] + 1e-9).sum(axis=1), top)
+            i_hi = np.minimum((cw <= lo[:, None] + 1 + 1e-9).sum(axis=1), top)
+        low, high = self.values[i_lo], self.values[i_hi]
+        out = np.where(frac > 0, low + frac * (high - low), low)
         return np.where(total > 0, out, np.nan)
 
 

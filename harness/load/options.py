@@ -17,6 +17,11 @@ from typing import Any
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.load.runner import BenchConfig
 from cbbench.harness.load.shards import parse_shard, parse_start_at
+from cbbench.harness.load.vllm_compat import (
+    check_burstiness,
+    fixed_lengths_workload,
+    parse_goodput,
+)
 from cbbench.harness.results.summary import parse_duration, parse_slo
 from cbbench.workloads.spec import Workload
 
@@ -37,7 +42,16 @@ class LoadOptions:
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace, **overrides: Any) -> LoadOptions:
+        """The flags as parsed; vLLM's spellings (vllm_compat) resolved, a flag left unset
+        (None) keeps the default here."""
         values = {f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)}
+        check_burstiness(values.get("burstiness"), values.get("rate"))
+        values["workload"] = fixed_lengths_workload(
+            values.get("workload"),
+            getattr(ns, "random_input_len", None),
+            getattr(ns, "random_output_len", None),
+        )
+        values = {k: v for k, v in values.items() if v is not None}
         return cls(**{**values, **overrides})
 
     def build_workload(self) -> Workload:
@@ -88,6 +102,7 @@ class ClientOptions:
     endpoint: str = "completions"
     model: str | None = None
     slo: str | None = None
+    goodput: list[str] | None = None  # vLLM's --goodput ttft:200 (ms), instead of --slo
     tokenizer: str | None = None
     text_prompts: bool = False
     api_key: str | None = None
@@ -101,12 +116,22 @@ class ClientOptions:
     prewarm: bool = True  # open the connections (up to the concurrency) before t0
     kernel_timestamps: bool = True  # raw client: the kernel's receive times where available
 
+    def slo_s(self) -> dict[str, float]:
+        """The SLOs in seconds, from --slo (units required) or vLLM's --goodput (ms)."""
+        if self.slo and self.goodput:
+            raise CbbenchError("--slo and --goodput both set SLOs: give one of them")
+        return parse_goodput(self.goodput) if self.goodput else parse_slo(self.slo)
+
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> ClientOptions:
+        extra_body = parse_extra_body(getattr(ns, "extra_body", None))
+        if getattr(ns, "ignore_eos", False) and getattr(ns, "no_extensions", False):
+            extra_body.setdefault("ignore_eos", True)  # with extensions on it is sent anyway
         return cls(
             endpoint=getattr(ns, "endpoint", "completions"),
             model=getattr(ns, "model", None),
             slo=getattr(ns, "slo", None),
+            goodput=getattr(ns, "goodput", None),
             tokenizer=getattr(ns, "tokenizer", None),
             text_prompts=getattr(ns, "text_prompts", False),
             api_key=getattr(ns, "api_key", None),
@@ -114,7 +139,7 @@ class ClientOptions:
             timeout_s=getattr(ns, "timeout", 600.0),
             stream=not getattr(ns, "no_stream", False),
             extensions=not getattr(ns, "no_extensions", False),
-            extra_body=parse_extra_body(getattr(ns, "extra_body", None)),
+            extra_body=extra_body,
             http_client=getattr(ns, "http_client", "raw"),
             cap_unit=getattr(ns, "cap_unit", "sessions"),
             prewarm=not getattr(ns, "no_prewarm", False),
@@ -152,7 +177,7 @@ def bench_config(
         concurrency=concurrency,
         duration_s=duration,
         warmup=load.warmup,
-        slo=parse_slo(client.slo),
+        slo=client.slo_s(),
         tokenizer=client.tokenizer,
         api_key=client.api_key,
         workers=client.workers,

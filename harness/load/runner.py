@@ -19,6 +19,7 @@ import numpy as np
 from cbbench.harness.client import aio
 from cbbench.harness.client.api import ClientConfig, probe_server
 from cbbench.harness.console.live import LiveStats, LiveView, summary_table
+from cbbench.harness.console.outcome import outcome_lines, worker_timing_lines
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.load.loadgen import Job, WorkerPlan, run_worker
 from cbbench.harness.load.sessions import CAP_UNITS
@@ -35,7 +36,7 @@ from cbbench.harness.load.shards import (
 )
 from cbbench.harness.load.workers import run_workers
 from cbbench.harness.results.environment import environment
-from cbbench.harness.results.outcome import stopped_answering
+from cbbench.harness.results.outcome import FirstFailures, all_failed, stopped_answering
 from cbbench.harness.results.records import RECORD_SCHEMA_VERSION, RequestRecord
 from cbbench.harness.results.run_folder import RunWriter
 from cbbench.harness.results.session_summary import add_server_hit_rate
@@ -87,7 +88,8 @@ class BenchResult:
     interrupted: bool
     records: list[RequestRecord]
     meta: dict
-    failure: str | None = None  # the server stopped answering: the CLI exits 1
+    # the server stopped answering, the run stopped early or every request failed: exit 1
+    failure: str | None = None
 
 
 def _now_iso() -> str:
@@ -193,33 +195,6 @@ def _run_inprocess(
 WORKER_TIMING_KEYS = ("loop_lag_s", "cpu", "timestamp_source", "send_window_s", "read_delay_s")
 
 
-def worker_timing_lines(summary: RunSummary) -> list[str]:
-    """One line per worker (loop lag, send lag, send window, timing bound), then a warning
-    when a bound exceeds the limit: the user needs more workers, cores or hosts."""
-    client = summary.get("client") or {}
-    rows = client.get("workers") or []
-
-    def ms(x: float | None) -> str:
-        return "-" if x is None else f"{x * 1e3:.3f}"
-
-    out = []
-    for x in rows:
-        out.append(
-            f"worker {x['worker']}: {x['requests']} requests, {x['timestamp_source']} stamps, "
-            f"loop lag p99 {ms(x['loop_lag_s']['p99'])} ms, read delay p99 "
-            f"{ms(x['read_delay_s']['p99'])} ms, send lag p99 "
-            f"{ms(x['send_lag_s']['p99'])} ms, send window p99 {ms(x['send_window_s']['p99'])} "
-            f"ms; timing error bound (p99) {ms(x['timing_bound_s'])} ms"
-        )
-    if client.get("timing_bound_exceeded"):
-        out.append(
-            f"TIMING BOUND EXCEEDED: a worker's bound {ms(client['timing_bound_s'])} ms > "
-            f"{ms(client['timing_bound_limit_s'])} ms: its times may be off by that much "
-            "(more --workers, cores or hosts; kernel stamps where possible)"
-        )
-    return out
-
-
 def _run_meta(cfg: BenchConfig, name: str, engine: dict, model: str, workers: int) -> dict:
     """run.json as written at the start; the end adds status, ended_at and summary."""
     return {
@@ -312,19 +287,24 @@ def run_bench(
     writer = RunWriter(run_dir, secrets=(cfg.api_key,))
     writer.write_run(meta)
     records: list[RequestRecord] = []
-    live = LiveStats(sum(len(p.jobs) for p in plans), samplers)
+    planned = sum(len(p.jobs) for p in plans)
+    live = LiveStats(planned, samplers)
     stop_flag = threading.Event()
     started: list = []
+    first = FirstFailures(planned + sum(len(p.warmup_jobs) for p in plans))
 
     def on_event(kind: str, payload) -> None:
         if kind == "record":
             writer.add_record(payload)
             records.append(payload)
             live.on_record(payload)
+            if first.add(payload):  # the same client error every time: stop sending
+                stop_flag.set()
         elif kind == "sample":
             writer.add_sample(payload)
             live.on_sample(payload)
         elif kind == "t0":
+            live.on_t0()
             clock = meta["clock"]
             clock["t0_unix_s"] = cfg.start_at if cfg.start_at is not None else unix_s_at(payload)
             clock["late_start_s"] = max(0, time.monotonic_ns() - payload) / 1e9
@@ -346,7 +326,7 @@ def run_bench(
     finally:
         for s in started:
             s.stop()
-        interrupted = stop_flag.is_set()
+        interrupted = stop_flag.is_set() and first.verdict is None
         client_samples: dict = {"loop_lag_s": [], "cpu": []}
         for st in worker_stats.values():
             client_samples["loop_lag_s"] += st.get("loop_lag_s", [])
@@ -369,6 +349,10 @@ def run_bench(
         failure = None if interrupted else stopped_answering(records)
         if failure:
             summary["server_stopped_answering"] = failure
+        if first.verdict is not None:
+            summary["stopped_early"] = first.verdict
+        if not interrupted:
+            failure = failure or first.verdict or all_failed(summary)
         crashed = [st["crashed"] for st in worker_stats.values() if "crashed" in st]
         if crashed:
             summary["worker_crashes"] = crashed
@@ -395,5 +379,7 @@ def run_bench(
     out.print(summary_table(summary, f"cbbench bench: {name}"))
     for line in worker_timing_lines(summary):
         out.print(line, highlight=False)
+    for line in outcome_lines(summary, interrupted=interrupted, planned=planned):
+        out.print(line, highlight=False, markup=False)
     out.print(f"run folder: {run_dir}")
     return BenchResult(run_dir, summary, interrupted, records, meta, failure)

@@ -124,8 +124,8 @@ def trust_warnings(runs: list[LoadedRun]) -> list[str]:
 
 def timing_warnings(runs: list[LoadedRun]) -> list[str]:
     """Runs where a load-generator worker's bound on its p99 timing error exceeds the limit
-    (summary client.timing_bound_s, harness/results/summary.py): their latencies may be off by
-    that much."""
+    (summary client.timing_bound_s, harness/results/client_timing.py: a material share of the
+    run's TTFT p50): their latencies may be off by that much."""
     out = []
     for lr in runs:
         client = (lr.meta.get("summary") or {}).get("client") or {}
@@ -133,7 +133,9 @@ def timing_warnings(runs: list[LoadedRun]) -> list[str]:
             out.append(
                 f"{lr.label}: a load-generator worker's timing error bound "
                 f"{client['timing_bound_s'] * 1e3:.2f} ms exceeds "
-                f"{client['timing_bound_limit_s'] * 1e3:.2f} ms (more workers, cores or hosts)"
+                f"{client['timing_bound_limit_s'] * 1e3:.2f} ms, a material share of "
+                f"{client.get('timing_bound_judged_against') or 'its latencies'} (more workers, "
+                "cores or hosts)"
             )
     return out
 

@@ -6,6 +6,11 @@
   `--allow-incomplete`.
 - A run where most measured requests failed on connection errors (refused, reset, cut
   mid-stream) measured a dead server, not a slow one: `cbbench bench` says so and exits 1.
+- A run whose first requests all fail with the same client error (HTTP 4xx: a wrong model
+  name, a bad key, a refused parameter) would fail every request the same way: it stops
+  early (`FirstFailures`) and prints the server's own message.
+
+`exit_code` is what `cbbench bench` returns (docs/benchmarking.md "Exit codes").
 """
 
 from __future__ import annotations
@@ -14,6 +19,15 @@ from collections.abc import Iterable
 from typing import Any
 
 from cbbench.harness.results.records import RequestRecord
+from cbbench.harness.results.summary import RunSummary, reason_key
+
+EXIT_OK = 0  # every measured request completed
+EXIT_FAILED = 1  # none completed, stopped early on a client error, or the server went away
+EXIT_BAD_INPUT = 2  # a flag, workload or server address the run could not start with
+EXIT_SOME_FAILED = 3  # the run finished; some requests failed (their reasons are printed)
+EXIT_INTERRUPTED = 130  # Ctrl-C; the requests that finished are kept
+EARLY_STOP_AFTER = 5  # this many first answers, all the same client error: stop
+CLIENT_ERROR_KINDS = ("http_4xx",)
 
 # Error kinds that mean the server stopped answering (not a 4xx/5xx it chose to send).
 CONNECTION_KINDS = ("connection", "stream")
@@ -52,3 +66,50 @@ def stopped_answering(records: Iterable[RequestRecord]) -> str | None:
         f"the server stopped answering: {len(lost)} of {len(measured)} requests failed on "
         f"connection errors{when} ({first.error or first.error_kind})"
     )
+
+
+class FirstFailures:
+    """Watches the first EARLY_STOP_AFTER finished requests (warmup included); `add` returns
+    a one-line reason to stop when every one of them failed with the same client error."""
+
+    def __init__(self, total: int) -> None:
+        self.needed = min(EARLY_STOP_AFTER, total)
+        self.seen: list[RequestRecord] = []
+        self.verdict: str | None = None
+
+    def add(self, rec: RequestRecord) -> str | None:
+        if self.verdict is not None or len(self.seen) >= self.needed:
+            return None
+        self.seen.append(rec)
+        if len(self.seen) < self.needed or self.needed < 2:
+            return None
+        keys = {reason_key(r.error) for r in self.seen if r.error_kind in CLIENT_ERROR_KINDS}
+        if all(r.status != "ok" for r in self.seen) and len(keys) == 1 and all(
+            r.error_kind in CLIENT_ERROR_KINDS for r in self.seen
+        ):
+            self.verdict = (
+                f"stopped early: the first {len(self.seen)} requests all failed with the same "
+                f"client error, so every request would: {self.seen[0].error}"
+            )
+        return self.verdict
+
+
+def exit_code(summary: RunSummary, interrupted: bool, failure: str | None) -> int:
+    """What a finished `bench` run exits with (see the EXIT_* constants)."""
+    if interrupted:
+        return EXIT_INTERRUPTED
+    counts = summary.get("counts") or {}
+    if failure or (counts.get("total") and not counts.get("completed")):
+        return EXIT_FAILED
+    return EXIT_SOME_FAILED if counts.get("failed") else EXIT_OK
+
+
+def all_failed(summary: RunSummary) -> str | None:
+    """A one-line verdict when no measured request completed, with the top reason."""
+    counts = summary.get("counts") or {}
+    if not counts.get("total") or counts.get("completed"):
+        return None
+    reasons = summary.get("errors_by_reason") or {}
+    top = next(iter(reasons), None)
+    why = f": {top}" if top else ""
+    return f"all {counts['total']} requests failed{why}"

@@ -15,6 +15,7 @@ from typing import TypedDict
 
 import numpy as np
 from cbbench.harness.errors import CbbenchError
+from cbbench.harness.results.client_timing import client_bound_reasons, worker_timing
 from cbbench.harness.results.records import RequestRecord
 from cbbench.harness.results.session_summary import session_summary
 from cbbench.workloads.stats import describe_array
@@ -78,29 +79,24 @@ class RunSummary(TypedDict, total=False):
     connections: dict
     timestamp_source: str
     server_stopped_answering: str
+    stopped_early: str  # the first requests all failed with one client error (outcome.py)
     worker_crashes: list
 
 
 SLO_KEYS = ("ttft", "tpot", "e2e")
-# The client set the pace when any of these is exceeded (seconds, or a fraction of one core).
-SEND_LAG_P50_LIMIT_S = 0.002
-SEND_LAG_P99_LIMIT_S = 0.010
-LOOP_LAG_P99_LIMIT_S = 0.020  # kernel arrival stamps: loop lag delays reads, not their times
-# user-space stamps: a read's time is when the loop got to it, so loop lag is timing error;
-# flag it before that error passes 5 ms
-LOOP_LAG_P99_LIMIT_USER_S = 0.005
-CPU_LIMIT = 0.90
-# the report flags a run where a worker's bound on its p99 timing error exceeds this
-TIMING_BOUND_LIMIT_S = 0.001
-
-_UNITS = {"ms": 1e-3, "us": 1e-6, "s": 1.0, "m": 60.0, "": 1.0}
+_UNITS = {"ms": 1e-3, "us": 1e-6, "s": 1.0, "m": 60.0}
 
 
 def parse_duration(text: str, what: str) -> float:
+    """'200ms' -> 0.2. A duration always carries a unit: a bare number is refused, naming the
+    two readings it could have (`--slo ttft=200` was once read as 200 seconds)."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(ms|us|s|m)?\s*", text)
     if not m:
         raise CbbenchError(f"{what}: {text!r} is not a duration (e.g. 200ms, 1.5s)")
-    return float(m.group(1)) * _UNITS[m.group(2) or ""]
+    if not m.group(2):
+        n = m.group(1)
+        raise CbbenchError(f"{what}: {text.strip()!r} has no unit: write {n}ms or {n}s")
+    return float(m.group(1)) * _UNITS[m.group(2)]
 
 
 def parse_slo(text: str | None) -> dict[str, float]:
@@ -111,6 +107,12 @@ def parse_slo(text: str | None) -> dict[str, float]:
     for part in text.split(","):
         key, sep, value = part.partition("=")
         key = key.strip().lower()
+        if not sep and ":" in part:  # vLLM's spelling belongs to --goodput (milliseconds)
+            k, _, v = part.partition(":")
+            raise CbbenchError(
+                f"--slo: {part!r}: write {k.strip()}={v.strip()}ms, or --goodput {part.strip()} "
+                "(vLLM's spelling, milliseconds)"
+            )
         if not sep or key not in SLO_KEYS:
             raise CbbenchError(f"--slo: {part!r}: expected one of {', '.join(SLO_KEYS)}=DURATION")
         out[key] = parse_duration(value, f"--slo {key}")
@@ -218,7 +220,7 @@ def summarize(
         },
         "error_rate": len(failed) / len(measured) if measured else 0.0,
         "errors_by_kind": dict(Counter(r.error_kind or "unknown" for r in failed)),
-        "errors_by_reason": dict(Counter(_reason(r.error) for r in failed).most_common(10)),
+        "errors_by_reason": errors_by_reason(failed),
         "ttft_s": describe_array(ttft),
         "tpot_s": describe_array(tpot),
         "itl_s": describe_array(itl),
@@ -245,7 +247,8 @@ def summarize(
     summary["client"] = client_stats
     open_loop_lag = m["send_lag_s"][~np.isnan(m["scheduled_s"])]  # scheduled sends only
     stamps = (client or {}).get("timestamp_source", "user")
-    reasons = _client_bound_reasons(describe_array(open_loop_lag), client_stats, stamps)
+    loop_lag = np.asarray((client or {}).get("loop_lag_s", []), float)
+    reasons = client_bound_reasons(open_loop_lag, loop_lag, client_stats, stamps)
     summary["client_bound"] = bool(reasons)
     summary["client_bound_reason"] = "; ".join(reasons) or None
     sessions = session_summary(records)
@@ -258,8 +261,21 @@ def _rate(x: float, dur: float) -> float | None:
     return None if np.isnan(dur) else x / dur
 
 
-def _reason(msg: str | None) -> str:
+def reason_key(msg: str | None) -> str:
+    """The grouping key of an error message: numbers (ports, ids, lengths) made N."""
     return re.sub(r"\d+(\.\d+)?", "N", msg or "unknown")[:120]
+
+
+def errors_by_reason(failed: Sequence[RequestRecord], top: int = 10) -> dict[str, int]:
+    """The `top` reasons, most frequent first: messages grouped by `reason_key`, each group
+    shown by its first real message, verbatim (up to 300 characters), and its count."""
+    counts: Counter = Counter()
+    example: dict[str, str] = {}
+    for r in failed:
+        key = reason_key(r.error)
+        counts[key] += 1
+        example.setdefault(key, (r.error or "unknown")[:300])
+    return {example[k]: n for k, n in counts.most_common(top)}
 
 
 def _goodput(slo, ttft, tpot, e2e, n_measured: int, dur: float) -> dict:
@@ -274,74 +290,3 @@ def _goodput(slo, ttft, tpot, e2e, n_measured: int, dur: float) -> dict:
         "requests_per_s": _rate(n, dur),
         "fraction": n / n_measured if n_measured else None,
     }
-
-
-def worker_timing(measured: Sequence[RequestRecord], workers: dict) -> dict:
-    """Per worker (`workers`: id -> {"loop_lag_s": [...], "timestamp_source", "send_window_s":
-    Stats, "cpu": [...]}): loop lag, send lag, send window and a bound on the p99 error of its
-    stamps, the sum of two terms (docs/timing.md "Per-worker timing bound"):
-    - send: the send window p99, `sent_s` stamped -> the write returned (on loopback the
-      request is in the server's kernel by then; a GIL switch or a preemption there is error);
-    - receive: how late the loop reads, the larger of its timer's lag p99 (`loop_lag_s`, 10
-      samples a second) and, with kernel stamps, the p99 of each read's own wait (`read_delay_s`:
-      the loop's read - the kernel's stamp). User-space stamps: a read is stamped when the
-      loop gets to it, so that lateness is its error. Kernel stamps: the read keeps the
-      kernel's time however late the loop is, except that TCP merges segments a late read
-      finds together and keeps the last one's time: error up to that lateness, possible only
-      when it exceeds the gap between tokens (ITL p50 of the worker's records), else 0."""
-    by_worker: dict[int, list[RequestRecord]] = {}
-    for r in measured:
-        by_worker.setdefault(r.worker, []).append(r)
-    rows = []
-    for w in sorted(workers, key=int):
-        st, recs = workers[w], by_worker.get(int(w), [])
-        lag = describe_array(np.asarray(st.get("loop_lag_s", []), float))
-        window = st.get("send_window_s") or describe_array(np.empty(0))
-        ok = [r for r in recs if r.status == "ok"]
-        gaps = np.fromiter(itertools.chain.from_iterable(r.itl_s for r in ok), np.float64)
-        gap = float(np.median(gaps)) if gaps.size else float("inf")
-        stamps = st.get("timestamp_source", "user")
-        delay = st.get("read_delay_s") or describe_array(np.empty(0))
-        lag99 = lag["p99"]  # None: the run ended before the first sample (unknown)
-        # how late the loop reads: its timer's lag, or (kernel stamps) each read's own wait
-        late = None if lag99 is None else max(lag99, delay["p99"] or 0.0)
-        receive = None if late is None else late if stamps != "kernel" or late > gap else 0.0
-        bound = None if receive is None else (window["p99"] or 0.0) + receive
-        rows.append(
-            {
-                "worker": int(w),
-                "requests": len(recs),
-                "timestamp_source": stamps,
-                "loop_lag_s": lag,
-                "send_lag_s": describe_array(np.asarray([r.send_lag_s for r in recs], float)),
-                "send_window_s": window,
-                "read_delay_s": delay,
-                "cpu": describe_array(np.asarray(st.get("cpu", []), float)),
-                "timing_bound_s": bound,
-                "timing_bound_terms_s": {"send": window["p99"] or 0.0, "receive": receive},
-            }
-        )
-    known = [x["timing_bound_s"] for x in rows if x["timing_bound_s"] is not None]
-    worst = max(known, default=None)
-    return {
-        "workers": rows,
-        "timing_bound_s": worst,
-        "timing_bound_limit_s": TIMING_BOUND_LIMIT_S,
-        "timing_bound_exceeded": worst is not None and worst > TIMING_BOUND_LIMIT_S,
-    }
-
-
-def _client_bound_reasons(send_lag: dict, client: dict, stamps: str = "user") -> list[str]:
-    out = []
-    p50, p99 = send_lag["p50"], send_lag["p99"]
-    if p50 is not None and (p50 > SEND_LAG_P50_LIMIT_S or p99 > SEND_LAG_P99_LIMIT_S):
-        out.append(f"send lag p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms behind schedule")
-    lag99 = client["loop_lag_s"]["p99"]
-    limit = LOOP_LAG_P99_LIMIT_S if stamps == "kernel" else LOOP_LAG_P99_LIMIT_USER_S
-    if lag99 is not None and lag99 > limit:
-        how = "kernel arrival stamps" if stamps == "kernel" else "user-space arrival stamps"
-        out.append(f"event-loop lag p99 {lag99 * 1e3:.1f} ms ({how})")
-    cpu = client["cpu"]["mean"]
-    if cpu is not None and cpu > CPU_LIMIT:
-        out.append(f"client CPU {cpu * 100:.0f}% of a core per worker")
-    return out

@@ -1,0 +1,67 @@
+"""The lines printed under a run's summary table that say how the run ended: interrupted
+(how many requests finished, were cancelled in flight, were never sent), stopped early, and
+the top failure reasons, verbatim (one real message per group: `summary.errors_by_reason`);
+and the per-worker timing lines with the timing-bound warning."""
+
+from __future__ import annotations
+
+TOP_REASONS = 3
+
+
+def outcome_lines(
+    summary: dict,
+    *,
+    interrupted: bool = False,
+    planned: int | None = None,
+) -> list[str]:
+    """`planned`: measured requests the run meant to send (None: unknown)."""
+    c = summary.get("counts") or {}
+    out: list[str] = []
+    finished = c.get("total", 0)
+    cancelled = summary.get("cancelled_in_flight") or 0
+    if interrupted:
+        of = f" of {planned}" if planned else ""
+        unsent = f", {planned - finished - cancelled} never sent" if planned else ""
+        out.append(
+            f"INTERRUPTED (Ctrl-C): the figures above cover the {finished}{of} requests that "
+            f"finished; {cancelled} cancelled in flight{unsent}"
+        )
+    failed = c.get("failed") or 0
+    reasons = summary.get("errors_by_reason") or {}
+    if failed and reasons:
+        shown = list(reasons.items())[:TOP_REASONS]
+        out.append(f"failed {failed} of {finished}; top reasons:")
+        out.extend(f"  {n} x {why}" for why, n in shown)
+        rest = failed - sum(n for _, n in shown)
+        if rest > 0:
+            out.append(f"  {rest} more (requests.jsonl: each record's error)")
+    return out
+
+
+def worker_timing_lines(summary: dict) -> list[str]:
+    """One line per worker (loop lag, send lag, send window, timing bound), then a warning
+    when a bound exceeds the limit: the user needs more workers, cores or hosts."""
+    client = summary.get("client") or {}
+    rows = client.get("workers") or []
+
+    def ms(x: float | None) -> str:
+        return "-" if x is None else f"{x * 1e3:.3f}"
+
+    out = []
+    for x in rows:
+        out.append(
+            f"worker {x['worker']}: {x['requests']} requests, {x['timestamp_source']} stamps, "
+            f"loop lag p99 {ms(x['loop_lag_s']['p99'])} ms, read delay p99 "
+            f"{ms(x['read_delay_s']['p99'])} ms, send lag p99 "
+            f"{ms(x['send_lag_s']['p99'])} ms, send window p99 {ms(x['send_window_s']['p99'])} "
+            f"ms; timing error bound (p99) {ms(x['timing_bound_s'])} ms"
+        )
+    if client.get("timing_bound_exceeded"):
+        against = client.get("timing_bound_judged_against") or "the latencies"
+        out.append(
+            f"TIMING BOUND MATERIAL: a worker's bound {ms(client['timing_bound_s'])} ms is over "
+            f"{ms(client['timing_bound_limit_s'])} ms (a material share of {against}): its "
+            "times may be off by that much (more --workers, cores or hosts; kernel stamps "
+            "where possible)"
+        )
+    return out
