@@ -174,6 +174,7 @@ async def _forward(router: Router, request: Request, path: str) -> Response:
         out = await _exchange(router, replica, upstream, request, stream)
         if not isinstance(out, _Failed):
             return _mark(out, retried_from)
+        out.response.headers["x-cbbench-replica"] = replica.name
         failed = out
         if not out.refused:
             if budget == 0:

@@ -66,8 +66,10 @@ class CircuitBreaker:
             return self._open(reason)
         if s.failures and self.streak >= s.failures:
             return self._open(f"{self.streak} failures in a row (last: {reason})")
-        if s.error_rate and 2 * len(self._outcomes) >= s.window and bad >= s.error_rate * len(
-            self._outcomes
+        if (
+            s.error_rate
+            and 2 * len(self._outcomes) >= s.window
+            and bad >= s.error_rate * len(self._outcomes)
         ):
             return self._open(f"{bad} of the last {len(self._outcomes)} failed (last: {reason})")
         return False
