@@ -7,6 +7,7 @@ import time
 from collections import deque
 
 import numpy as np
+from cbbench.harness.results.efficiency import efficiency_line
 from cbbench.harness.results.records import RequestRecord
 from rich.console import Console
 from rich.live import Live
@@ -217,6 +218,8 @@ def _caption(summary: dict, c: dict) -> str:
                 f"{name}: server queue p50 {q['p50'] * 1e3:.1f} ms, p99 {q['p99'] * 1e3:.1f} ms"
                 f"{width}{capped}, estimated from the server's histogram"
             )
+    if line := efficiency_line(summary):
+        lines.append(line)
     conn = summary.get("connections") or {}
     if conn.get("opened") is not None:
         lines.append(
