@@ -13,6 +13,7 @@ from html import escape
 from typing import Any
 
 from cbbench.harness.report import plots
+from cbbench.harness.report.replicas import replica_section
 from cbbench.harness.report.runs import (
     LoadedRun,
     comparability_warnings,
@@ -199,6 +200,9 @@ def render(
                 " the history without one).</p>",
             )
         )
+    replicas = replica_section(runs)
+    if replicas:
+        sections.append(("Replicas", replicas))
     sections += [
         (
             "Timelines",

@@ -31,7 +31,11 @@ def md_text(text: str) -> str:
     return escape(" ".join(str(text).split()), quote=False).replace("|", "\\|").replace("`", "'")
 
 
-OPTIONAL_MD_KEYS = ("output_tokens_per_j", "usd_per_1m_output_tokens")  # when a run has them
+OPTIONAL_MD_KEYS = (
+    "output_tokens_per_j",
+    "usd_per_1m_output_tokens",
+    "replica_load_max_over_mean",
+)  # when a run has them
 
 
 def _columns(rows: list[dict]) -> list[Column]:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from cbbench.harness.report.replicas import imbalance_fields
 from cbbench.harness.report.runs import LoadedRun
 from cbbench.harness.report.samples import LATENCY_METRICS, RunSamples, extract
 from cbbench.harness.results.compare import kv_dtype_label, kv_pool, preemptions
@@ -53,6 +54,9 @@ SUMMARY_COLUMNS: tuple[Column, ...] = (
     Column("output_tokens_per_j", "output tok/J", "high", optional=True),
     Column("usd_per_1m_output_tokens", "$/1M output tok", "low", optional=True),
     Column("usd_per_request", "$/request", "low", optional=True),
+    # behind a router: imbalance of time-averaged load across replicas
+    Column("replica_load_max_over_mean", "replica load max/mean", "low", optional=True),
+    Column("replica_load_cv", "replica load CV", "low", optional=True),
 )
 
 
@@ -128,6 +132,7 @@ def summary_row(lr: LoadedRun, s: RunSamples | None = None) -> dict[str, Any]:
     row.update(spec_fields(lr.meta))
     row.update(kv_fields(lr))
     row.update(efficiency_fields(lr.meta))
+    row.update(imbalance_fields(lr.meta))
     return row
 
 

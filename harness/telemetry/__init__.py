@@ -65,6 +65,15 @@ def add_telemetry_args(parser: argparse.ArgumentParser) -> None:
         "--no-server-metrics", action="store_true", help="do not scrape the server's /metrics"
     )
     g.add_argument(
+        "--server-metrics-url",
+        type=_url,
+        action="append",
+        default=None,
+        metavar="URL",
+        help="one replica's /metrics behind a router, repeated per replica: per-replica "
+        "timelines and imbalance (cbbench's router needs none: its /metrics has them)",
+    )
+    g.add_argument(
         "--metrics-interval",
         type=_interval,
         default=DEFAULT_INTERVAL_S,
@@ -117,6 +126,7 @@ class TelemetryOptions:
     gpus: list[int] | None = None  # NVML indices; None: every GPU NVML sees
     gpu_metrics: bool = True
     cost_per_hour: list[float] | None = None  # $ per hour, one figure or one per replica
+    replica_metrics_urls: list[str] | None = None  # one /metrics per replica (--server-metrics-url)
 
     add_args = staticmethod(add_telemetry_args)
 
@@ -129,6 +139,7 @@ class TelemetryOptions:
             gpus=getattr(ns, "gpus", None),
             gpu_metrics=not getattr(ns, "no_gpu_metrics", False),
             cost_per_hour=getattr(ns, "cost_per_hour", None),
+            replica_metrics_urls=getattr(ns, "server_metrics_url", None),
         )
 
     def to_dict(self) -> dict:
@@ -144,6 +155,7 @@ def build_samplers(options: TelemetryOptions, base_url: str | None) -> list:
     from cbbench.harness.telemetry.gpu import GpuSampler
     from cbbench.harness.telemetry.powercap import PowercapSampler
     from cbbench.harness.telemetry.price import PriceSampler
+    from cbbench.harness.telemetry.replicas import ReplicaSampler
     from cbbench.harness.telemetry.server_sampler import ServerMetricsSampler
 
     if not isinstance(options, TelemetryOptions):  # a namespace of the telemetry flags
@@ -155,6 +167,11 @@ def build_samplers(options: TelemetryOptions, base_url: str | None) -> list:
             url = metrics_url_for(base_url)
         if url:
             samplers.append(ServerMetricsSampler(url, interval_s=options.interval_s))
+        if options.replica_metrics_urls:
+            urls = options.replica_metrics_urls
+            samplers.append(ReplicaSampler(None, urls, interval_s=options.interval_s))
+        elif url:  # a router's labelled series, if the target is one
+            samplers.append(ReplicaSampler(url, interval_s=options.interval_s))
     if options.gpu_metrics:
         gpu = GpuSampler(interval_s=options.interval_s, gpus=options.gpus)
         gpu.validate()  # a wrong --gpus index fails now, before the run starts
