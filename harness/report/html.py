@@ -13,6 +13,7 @@ from html import escape
 from typing import Any
 
 from cbbench.harness.report import plots
+from cbbench.harness.report.experts import expert_section
 from cbbench.harness.report.replicas import replica_section
 from cbbench.harness.report.runs import (
     LoadedRun,
@@ -203,6 +204,9 @@ def render(
     replicas = replica_section(runs)
     if replicas:
         sections.append(("Replicas", replicas))
+    experts = expert_section(runs)
+    if experts:
+        sections.append(("Expert load", experts))
     sections += [
         (
             "Timelines",

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from cbbench.harness.report.experts import expert_fields
 from cbbench.harness.report.replicas import imbalance_fields
 from cbbench.harness.report.runs import LoadedRun
 from cbbench.harness.report.samples import LATENCY_METRICS, RunSamples, extract
@@ -57,6 +58,8 @@ SUMMARY_COLUMNS: tuple[Column, ...] = (
     # behind a router: imbalance of time-averaged load across replicas
     Column("replica_load_max_over_mean", "replica load max/mean", "low", optional=True),
     Column("replica_load_cv", "replica load CV", "low", optional=True),
+    # MoE servers that export per-expert load: the worst layer's max / mean tokens per expert
+    Column("expert_load_max_over_mean", "expert load max/mean", "low", optional=True),
 )
 
 
@@ -133,6 +136,7 @@ def summary_row(lr: LoadedRun, s: RunSamples | None = None) -> dict[str, Any]:
     row.update(kv_fields(lr))
     row.update(efficiency_fields(lr.meta))
     row.update(imbalance_fields(lr.meta))
+    row.update(expert_fields(lr.meta))
     return row
 
 

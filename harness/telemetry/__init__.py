@@ -152,6 +152,7 @@ class TelemetryOptions:
 
 def build_samplers(options: TelemetryOptions, base_url: str | None) -> list:
     """Samplers for the run."""
+    from cbbench.harness.telemetry.experts import ExpertLoadSampler
     from cbbench.harness.telemetry.gpu import GpuSampler
     from cbbench.harness.telemetry.powercap import PowercapSampler
     from cbbench.harness.telemetry.price import PriceSampler
@@ -172,6 +173,8 @@ def build_samplers(options: TelemetryOptions, base_url: str | None) -> list:
             samplers.append(ReplicaSampler(None, urls, interval_s=options.interval_s))
         elif url:  # a router's labelled series, if the target is one
             samplers.append(ReplicaSampler(url, interval_s=options.interval_s))
+        if url:  # per-expert load, if the target is an MoE server that exports it
+            samplers.append(ExpertLoadSampler(url, interval_s=options.interval_s))
     if options.gpu_metrics:
         gpu = GpuSampler(interval_s=options.interval_s, gpus=options.gpus)
         gpu.validate()  # a wrong --gpus index fails now, before the run starts

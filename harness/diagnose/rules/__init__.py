@@ -9,6 +9,7 @@ from cbbench.harness.diagnose.base import Rule
 from cbbench.harness.diagnose.rules import (
     client_bound,
     errors,
+    expert_imbalance,
     hol_blocking,
     kv_pressure,
     length_skew,
@@ -33,4 +34,5 @@ RULES: tuple[Rule, ...] = (
     length_skew.RULE,
     session_cache.RULE,
     replica_imbalance.RULE,
+    expert_imbalance.RULE,
 )
