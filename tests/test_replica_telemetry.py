@@ -123,3 +123,4 @@ def test_serve_replicas_run_shows_per_replica_timelines(tmp_path):
     html = build_report([str(tmp_path / "run")]).html()
     for title in ("replica running requests", "replica KV cache usage", "requests routed"):
         assert title in html
+    assert "replica load max/mean" in html and "imbalance of load: max / mean" in html
