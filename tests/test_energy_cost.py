@@ -191,3 +191,25 @@ def test_cost_flag_and_gate_without_a_price_are_one_clear_error(tmp_path):
         Exception, match="the baseline run has no price .run it with --cost-per-hour"
     ):
         run_gate(run, run, policy)
+
+
+def test_bench_cli_carries_the_price_into_the_run(tmp_path):
+    from cbbench.harness.cli import main as cli_main
+
+    server = ThreadedServer(FakeServerConfig(default=Behavior(ttft_s=0.01)))
+    try:
+        argv = ["bench", "--base-url", server.url, "--workload", "seed-demo", "--no-live"]
+        argv += ["--out", str(tmp_path / "run"), "--cost-per-hour", "1.25,0.75"]
+        assert cli_main(argv) == 0
+    finally:
+        server.stop()
+    s = json.loads((tmp_path / "run" / "run.json").read_text())["summary"]
+    assert s["telemetry"]["price"] == {"cost_per_hour": 2.0, "per_replica": [1.25, 0.75]}
+    cost = s["efficiency"]["cost"]
+    expected = 2.0 * s["duration_s"] / 3600 / s["total_output_tokens"] * 1e6
+    assert cost["usd_per_1m_output_tokens"] == pytest.approx(expected, rel=1e-12)
+    energy = s["efficiency"]["energy"]
+    if energy["available"]:  # a host with an NVIDIA driver or a readable powercap
+        assert energy["source"] in ("nvml", "powercap") and energy["output_tokens_per_j"] > 0
+    else:
+        assert energy["note"].startswith("no power reading (NVML: ")
