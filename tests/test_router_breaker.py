@@ -306,3 +306,28 @@ def test_breaker_flags_are_checked(flag, value, message):
         timeout=120,
     )
     assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_least_outstanding_does_not_pour_requests_into_a_fast_junk_replica():
+    """A replica that answers junk at once looks the least loaded: without the breaker,
+    least-outstanding would send it the most requests."""
+    from cbbench.reference_engine.router.serve import RouterOptions, RouterThread
+
+    healthy = FakeServerConfig(default=Behavior(ttft_s=0.02, itl_s=0.005))
+    a, b = ThreadedServer(healthy), ThreadedServer(healthy)
+    try:
+        with bad_replica() as bad:
+            bad.mode = "junk"
+            bad_url = f"http://127.0.0.1:{bad.server_address[1]}"
+            opts = RouterOptions([bad_url, a.url, b.url], policy="least-outstanding", port=0)
+            with RouterThread(opts) as url:
+                client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+                with ThreadPoolExecutor(6) as pool:
+                    errors = [e for e in pool.map(lambda k: one_request(client, k), range(60)) if e]
+                health = replica_health(url, "r0")
+    finally:
+        a.stop()
+        b.stop()
+    assert errors == []
+    assert bad.seen["junk"] <= 8, bad.seen
+    assert health["healthy"] is False and health["breaker"] == "open"
