@@ -96,6 +96,8 @@ def test_router_run_shows_replicas_and_diagnose_names_the_slow_one(tmp_path):
     assert rep["imbalance"]["load"]["max_over_mean"] > 1.4
     assert rep["imbalance"]["routed"]["max_over_mean"] == 1.0
     assert re.search(r"replicas: mean load r0 \S+ \(20 routed\), r1", console)
+    recs = load_run(tmp_path / "run").records  # each request says where it ran
+    assert sorted(r.extra.get("replica") for r in recs) == ["r0"] * 20 + ["r1"] * 20
     found = {f.rule: f for f in diagnose_run(load_run(tmp_path / "run")).findings}
     f = found["replica-imbalance"]
     assert f.values["busiest"] == "r1" and "least-outstanding" in f.fixes["cbbench"]

@@ -266,7 +266,21 @@ def test_route_survives_a_replica_that_answers_badly():
     assert len(re.findall(r"router: r2 \(\S+\) back in rotation", log)) >= 4, log
 
 
-def test_retry_header_and_the_failure_when_no_replica_is_left():
+def bench_records(url: str, out) -> list:
+    import io
+
+    from cbbench.harness.load.runner import BenchConfig, run_bench
+    from cbbench.harness.results.run_folder import load_run
+    from cbbench.workloads.spec import RequestSpec, Workload
+    from rich.console import Console
+
+    wl = Workload(name="retry", seed=0, requests=tuple(RequestSpec(i, 4, 2) for i in range(6)))
+    cfg = BenchConfig(base_url=url, workload=wl, concurrency=1, out_dir=str(out), live=False)
+    run_bench(cfg, [], console=Console(file=io.StringIO()))
+    return sorted(load_run(out).records, key=lambda r: r.index)
+
+
+def test_retry_header_and_the_failure_when_no_replica_is_left(tmp_path):
     ok = ThreadedServer(FakeServerConfig(default=Behavior()))
     try:
         with bad_replica() as bad:
@@ -279,6 +293,9 @@ def test_retry_header_and_the_failure_when_no_replica_is_left():
                 assert r.status_code == 200, r.text
                 assert r.headers["x-cbbench-replica"] == "r1"
                 assert r.headers["x-cbbench-retried-from"] == "r0"
+                recs = bench_records(h.base_url, tmp_path / "run")  # the harness records both
+                assert [r.extra.get("replica") for r in recs] == ["r1"] * 6
+                assert [r.extra.get("retried_from") for r in recs].count("r0") == 2  # then open
             alone = [*CLI, "route", "--replica", bad_url, "--port", "0"]
             with launch_server(alone, ready_timeout_s=60, name="cbbench route") as h:
                 r = httpx.post(h.base_url + "/v1/completions", json={"prompt": "x"})
