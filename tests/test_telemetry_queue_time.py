@@ -87,12 +87,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def test_flags_build_the_samplers() -> None:
-    server, gpu = build_samplers(parse([]), "http://127.0.0.1:8000/v1")
+    server, replicas, experts, gpu, powercap = build_samplers(parse([]), "http://127.0.0.1:8000/v1")
+    assert experts.url == server.url
+    assert replicas.router_url == server.url and replicas.replica_urls == []
     assert isinstance(server, ServerMetricsSampler) and isinstance(gpu, GpuSampler)
+    assert powercap.name == "powercap"  # CPU energy where NVML is absent
     assert server.url == "http://127.0.0.1:8000/metrics" and server.interval_s == 0.25
     assert gpu.interval_s == 0.25 and gpu.gpus is None
     args = parse(["--metrics-url", "http://h:9/m", "--metrics-interval", "1", "--gpus", "1,0"])
-    server, gpu = build_samplers(args, "http://127.0.0.1:8000")
+    server, _, _, gpu, _ = build_samplers(args, "http://127.0.0.1:8000")
     assert server.url == "http://h:9/m" and server.interval_s == 1.0 and gpu.gpus == [0, 1]
     assert build_samplers(parse(["--no-server-metrics", "--no-gpu-metrics"]), "http://x") == []
     assert metrics_url_for("http://h:1/") == "http://h:1/metrics"

@@ -154,6 +154,11 @@ class Response:
         scheduler = header("x-cbbench-scheduler")
         if scheduler:
             self.rec.extra["scheduler"] = scheduler
+        replica = header("x-cbbench-replica")  # behind cbbench's router: where it ran
+        if replica:
+            self.rec.extra["replica"] = replica
+            if retried := header("x-cbbench-retried-from"):  # failed there first, resent
+                self.rec.extra["retried_from"] = retried
 
     def data(self, raw: bytes, t: int) -> None:
         """Body bytes that arrived at `t` (ns, monotonic clock)."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from cbbench.harness.errors import CbbenchError
-from cbbench.harness.gate.policy import LATENCY, Policy, Rule
+from cbbench.harness.gate.policy import COST, LATENCY, Policy, Rule
 from cbbench.harness.report.runs import workload_identity
 from cbbench.harness.report.samples import RunSamples
 from cbbench.harness.results.outcome import incomplete_reason
@@ -167,6 +167,19 @@ def _throughput_boot(s: RunSamples, metric: str, rng, resamples: int) -> tuple[f
     )
 
 
+def _cost_boot(s: RunSamples, which: str, rng, resamples: int) -> tuple[float, np.ndarray]:
+    """$ per 1M output tokens = price per hour / 3600 / output tokens per s x 1e6, drawn from
+    the output throughput's bootstrap."""
+    if s.cost_per_hour is None:
+        raise CbbenchError(
+            f"cost_per_1m_tokens: the {which} run has no price (run it with --cost-per-hour)"
+        )
+    point, draws = _throughput_boot(s, "output_throughput", rng, resamples)
+    scale = s.cost_per_hour / 3600.0 * 1e6
+    with np.errstate(divide="ignore"):
+        return (scale / point if point else math.inf), scale / draws
+
+
 def _interval(draws: np.ndarray, confidence: float) -> tuple[float, float]:
     draws = draws[np.isfinite(draws)]
     if draws.size == 0:
@@ -226,6 +239,9 @@ def judge(rule: Rule, base: RunSamples, cand: RunSamples, policy: Policy) -> Rul
         q = rule.quantile
         b_point, c_point = bs.point(q), cs.point(q)
         b_draws, c_draws = bs.draws(q, rng, n), cs.draws(q, rng, n)
+    elif rule.metric == COST:
+        b_point, b_draws = _cost_boot(base, "baseline", rng, n)
+        c_point, c_draws = _cost_boot(cand, "candidate", rng, n)
     else:
         b_point, b_draws = _throughput_boot(base, rule.metric, rng, n)
         c_point, c_draws = _throughput_boot(cand, rule.metric, rng, n)

@@ -8,6 +8,7 @@ min_requests = 20      # fewer successful requests in either run: unusable input
 
 [[rules]]
 metric = "ttft"        # ttft tpot itl e2e queue | output_throughput request_throughput | error_rate
+                       # | cost_per_1m_tokens ($ per 1M output tokens: runs made with --cost-per-hour)
 stat = "p99"           # latency metrics: mean or pNN (p50, p90, p99, p99.9, ...)
 max_increase = 0.10    # candidate/baseline - 1 must not exceed +10%
 # one limit per rule: max_increase | max_decrease (fractions) | max | min (absolute, in
@@ -32,7 +33,8 @@ else:  # pragma: no cover - Python 3.10
 
 LATENCY = ("ttft", "tpot", "itl", "e2e", "queue")
 THROUGHPUT = ("output_throughput", "request_throughput")
-METRICS = (*LATENCY, *THROUGHPUT, "error_rate")
+COST = "cost_per_1m_tokens"  # price per hour / output throughput, from each run's own price
+METRICS = (*LATENCY, *THROUGHPUT, "error_rate", COST)
 LIMITS = ("max_increase", "max_decrease", "max", "min")
 METRIC_TITLES = {
     "ttft": "TTFT",
@@ -43,6 +45,7 @@ METRIC_TITLES = {
     "output_throughput": "output tokens/s",
     "request_throughput": "requests/s",
     "error_rate": "error rate",
+    COST: "$ per 1M output tokens",
 }
 _STAT = re.compile(r"^(mean|p(\d{1,2}(\.\d+)?))$")
 

@@ -35,11 +35,11 @@ from cbbench.harness.load.shards import (
     unix_s_at,
 )
 from cbbench.harness.load.workers import run_workers
+from cbbench.harness.results.efficiency import add_telemetry_figures
 from cbbench.harness.results.environment import environment
 from cbbench.harness.results.outcome import FirstFailures, all_failed, stopped_answering
 from cbbench.harness.results.records import RECORD_SCHEMA_VERSION, RequestRecord
 from cbbench.harness.results.run_folder import RunWriter
-from cbbench.harness.results.session_summary import add_server_hit_rate
 from cbbench.harness.results.summary import RunSummary, summarize
 from cbbench.harness.telemetry.adapters import QUEUE_TIME
 from cbbench.harness.telemetry.queue_time import bound_by_records
@@ -364,7 +364,7 @@ def run_bench(
             for t in summary["telemetry"].values():
                 if isinstance(t, dict) and isinstance(t.get(QUEUE_TIME), dict):
                     t[QUEUE_TIME] = bound_by_records(t[QUEUE_TIME], ttft)
-            add_server_hit_rate(summary)
+            add_telemetry_figures(summary)
         scheduler = next((r.extra["scheduler"] for r in records if "scheduler" in r.extra), None)
         if scheduler:
             meta["target"]["scheduler"] = scheduler

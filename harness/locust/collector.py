@@ -16,10 +16,10 @@ from pathlib import Path
 
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.load.runner import default_out_dir
+from cbbench.harness.results.efficiency import add_telemetry_figures
 from cbbench.harness.results.environment import environment
 from cbbench.harness.results.records import RECORD_SCHEMA_VERSION, RequestRecord
 from cbbench.harness.results.run_folder import RunWriter
-from cbbench.harness.results.session_summary import add_server_hit_rate
 from cbbench.harness.results.summary import summarize
 from cbbench.workloads.spec import Workload
 
@@ -137,7 +137,7 @@ class RunCollector:
             summary["telemetry"] = {
                 getattr(s, "name", type(s).__name__): s.summary() for s in self.samplers
             }
-            add_server_hit_rate(summary)
+            add_telemetry_figures(summary)
         return summary
 
     def write(self, status: str, **load: object) -> dict:

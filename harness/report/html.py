@@ -13,6 +13,8 @@ from html import escape
 from typing import Any
 
 from cbbench.harness.report import plots
+from cbbench.harness.report.experts import expert_section
+from cbbench.harness.report.replicas import replica_section
 from cbbench.harness.report.runs import (
     LoadedRun,
     comparability_warnings,
@@ -199,6 +201,12 @@ def render(
                 " the history without one).</p>",
             )
         )
+    replicas = replica_section(runs)
+    if replicas:
+        sections.append(("Replicas", replicas))
+    experts = expert_section(runs)
+    if experts:
+        sections.append(("Expert load", experts))
     sections += [
         (
             "Timelines",

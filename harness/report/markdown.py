@@ -31,9 +31,17 @@ def md_text(text: str) -> str:
     return escape(" ".join(str(text).split()), quote=False).replace("|", "\\|").replace("`", "'")
 
 
-def _columns() -> list[Column]:
+OPTIONAL_MD_KEYS = (
+    "output_tokens_per_j",
+    "usd_per_1m_output_tokens",
+    "replica_load_max_over_mean",
+)  # when a run has them
+
+
+def _columns(rows: list[dict]) -> list[Column]:
     by_key = {c.key: c for c in SUMMARY_COLUMNS}
-    return [by_key[k] for k in MD_KEYS]
+    extra = [k for k in OPTIONAL_MD_KEYS if any(r.get(k) is not None for r in rows)]
+    return [by_key[k] for k in (*MD_KEYS, *extra)]
 
 
 def _delta(base: float | None, value: float | None, better: str | None, unit: str) -> str:
@@ -51,7 +59,7 @@ def _delta(base: float | None, value: float | None, better: str | None, unit: st
 
 
 def render_markdown(runs: list[LoadedRun], rows: list[dict]) -> str:
-    cols = _columns()
+    cols = _columns(rows)
     lines = ["### cbbench report", ""]
     for w in comparability_warnings(runs):
         lines.append(f"- **Not comparable:** {md_text(w)}")

@@ -35,6 +35,7 @@ class RunSamples:
     n_total: int  # measured requests, ok or not
     n_errors: int
     window_s: float  # the run's measured duration (see run_duration)
+    cost_per_hour: float | None = None  # the run's --cost-per-hour (summed over replicas)
 
     @property
     def n_ok(self) -> int:
@@ -89,4 +90,11 @@ def extract(run: Run) -> RunSamples:
         n_total=len(measured),
         n_errors=len(measured) - len(ok),
         window_s=window,
+        cost_per_hour=_price(run.meta),
     )
+
+
+def _price(meta: dict) -> float | None:
+    tel = (meta.get("summary") or {}).get("telemetry") or {}
+    price = (tel.get("price") or {}).get("cost_per_hour") if isinstance(tel, dict) else None
+    return float(price) if isinstance(price, (int, float)) else None

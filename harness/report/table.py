@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from cbbench.harness.report.experts import expert_fields
+from cbbench.harness.report.replicas import imbalance_fields
 from cbbench.harness.report.runs import LoadedRun
 from cbbench.harness.report.samples import LATENCY_METRICS, RunSamples, extract
 from cbbench.harness.results.compare import kv_dtype_label, kv_pool, preemptions
@@ -48,6 +50,16 @@ SUMMARY_COLUMNS: tuple[Column, ...] = (
     # speculative decoding, when the server (or the simulator) exposes it
     Column("spec_acceptance_rate", "spec acceptance", "high", "%", optional=True),
     Column("spec_mean_accepted_length", "spec tokens/step", "high", optional=True),
+    # energy (NVML, else powercap) and cost (--cost-per-hour), when the run has them
+    Column("j_per_request", "J/request", "low", optional=True),
+    Column("output_tokens_per_j", "output tok/J", "high", optional=True),
+    Column("usd_per_1m_output_tokens", "$/1M output tok", "low", optional=True),
+    Column("usd_per_request", "$/request", "low", optional=True),
+    # behind a router: imbalance of time-averaged load across replicas
+    Column("replica_load_max_over_mean", "replica load max/mean", "low", optional=True),
+    Column("replica_load_cv", "replica load CV", "low", optional=True),
+    # MoE servers that export per-expert load: the worst layer's max / mean tokens per expert
+    Column("expert_load_max_over_mean", "expert load max/mean", "low", optional=True),
 )
 
 
@@ -122,7 +134,22 @@ def summary_row(lr: LoadedRun, s: RunSamples | None = None) -> dict[str, Any]:
         row[f"util_gpu.{k}"] = v
     row.update(spec_fields(lr.meta))
     row.update(kv_fields(lr))
+    row.update(efficiency_fields(lr.meta))
+    row.update(imbalance_fields(lr.meta))
+    row.update(expert_fields(lr.meta))
     return row
+
+
+def efficiency_fields(meta: dict[str, Any]) -> dict[str, float | None]:
+    """Energy and cost per request and per token, as the run's summary has them."""
+    eff = (meta.get("summary") or {}).get("efficiency") or {}
+    energy, cost = eff.get("energy") or {}, eff.get("cost") or {}
+    return {
+        "j_per_request": energy.get("j_per_request"),
+        "output_tokens_per_j": energy.get("output_tokens_per_j"),
+        "usd_per_1m_output_tokens": cost.get("usd_per_1m_output_tokens"),
+        "usd_per_request": cost.get("usd_per_request"),
+    }
 
 
 def kv_fields(lr: LoadedRun) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from cbbench.harness.errors import CbbenchError
 from cbbench.harness.results.outcome import stopped_answering
 from cbbench.harness.results.records import RequestRecord
 from cbbench.harness.results.run_folder import REQUESTS_FILE, Run, RunWriter, load_run
-from cbbench.harness.results.session_summary import add_server_hit_rate
+from cbbench.harness.results.efficiency import add_telemetry_figures
 from cbbench.harness.results.summary import RunSummary, summarize
 from cbbench.workloads.stats import describe_array
 
@@ -234,7 +234,7 @@ def merge_runs(
         summary["worker_crashes"] = crashes
     if telemetry_run is not None:
         summary["telemetry"] = copy.deepcopy(telemetry_run.meta["summary"]["telemetry"])
-        add_server_hit_rate(summary)
+        add_telemetry_figures(summary)
     for x in summary["client"].get("workers", []):
         x["shard"] = shard_of_worker.get(x["worker"])
     for row in rows:

@@ -75,6 +75,7 @@ class RunSummary(TypedDict, total=False):
     sim: dict  # a replay's step statistics (SimResult.summary())
     # written by the runner (harness/load/runner.py) for runs over HTTP
     telemetry: dict  # the samplers' summaries
+    efficiency: dict  # energy and cost per request and per token (results/efficiency.py)
     cancelled_in_flight: int
     connections: dict
     timestamp_source: str

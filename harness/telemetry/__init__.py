@@ -1,4 +1,5 @@
-"""Telemetry during a run: the server's Prometheus `/metrics` and NVML GPU samplers.
+"""Telemetry during a run: the server's Prometheus `/metrics`, NVML GPU and powercap (RAPL)
+samplers, and the price per hour of what serves the run (`--cost-per-hour`).
 
 `TelemetryOptions.add_args(parser)` adds the flags and `TelemetryOptions.from_args(ns)` reads
 them; `build_samplers(options, base_url)` turns them into samplers that follow the runner's
@@ -64,6 +65,15 @@ def add_telemetry_args(parser: argparse.ArgumentParser) -> None:
         "--no-server-metrics", action="store_true", help="do not scrape the server's /metrics"
     )
     g.add_argument(
+        "--server-metrics-url",
+        type=_url,
+        action="append",
+        default=None,
+        metavar="URL",
+        help="one replica's /metrics behind a router, repeated per replica: per-replica "
+        "timelines and imbalance (cbbench's router needs none: its /metrics has them)",
+    )
+    g.add_argument(
         "--metrics-interval",
         type=_interval,
         default=DEFAULT_INTERVAL_S,
@@ -77,7 +87,25 @@ def add_telemetry_args(parser: argparse.ArgumentParser) -> None:
         metavar="0,1",
         help="NVML indices of the GPUs to sample (default: every GPU NVML sees)",
     )
-    g.add_argument("--no-gpu-metrics", action="store_true", help="do not sample GPUs (NVML)")
+    g.add_argument(
+        "--no-gpu-metrics",
+        action="store_true",
+        help="do not sample GPUs (NVML) nor CPU energy (powercap)",
+    )
+    g.add_argument(
+        "--cost-per-hour",
+        type=_cost_per_hour,
+        default=None,
+        metavar="USD",
+        help="price per hour of what serves the run, or one per replica (2.5,2.5): the "
+        "summary, report and gate get $ per 1M output tokens and per request",
+    )
+
+
+def _cost_per_hour(text: str) -> list[float]:
+    from cbbench.harness.telemetry.price import parse_cost_per_hour
+
+    return parse_cost_per_hour(text)
 
 
 def metrics_url_for(base_url: str) -> str:
@@ -97,6 +125,8 @@ class TelemetryOptions:
     interval_s: float = DEFAULT_INTERVAL_S
     gpus: list[int] | None = None  # NVML indices; None: every GPU NVML sees
     gpu_metrics: bool = True
+    cost_per_hour: list[float] | None = None  # $ per hour, one figure or one per replica
+    replica_metrics_urls: list[str] | None = None  # one /metrics per replica (--server-metrics-url)
 
     add_args = staticmethod(add_telemetry_args)
 
@@ -108,6 +138,8 @@ class TelemetryOptions:
             interval_s=getattr(ns, "metrics_interval", DEFAULT_INTERVAL_S),
             gpus=getattr(ns, "gpus", None),
             gpu_metrics=not getattr(ns, "no_gpu_metrics", False),
+            cost_per_hour=getattr(ns, "cost_per_hour", None),
+            replica_metrics_urls=getattr(ns, "server_metrics_url", None),
         )
 
     def to_dict(self) -> dict:
@@ -120,7 +152,11 @@ class TelemetryOptions:
 
 def build_samplers(options: TelemetryOptions, base_url: str | None) -> list:
     """Samplers for the run."""
+    from cbbench.harness.telemetry.experts import ExpertLoadSampler
     from cbbench.harness.telemetry.gpu import GpuSampler
+    from cbbench.harness.telemetry.powercap import PowercapSampler
+    from cbbench.harness.telemetry.price import PriceSampler
+    from cbbench.harness.telemetry.replicas import ReplicaSampler
     from cbbench.harness.telemetry.server_sampler import ServerMetricsSampler
 
     if not isinstance(options, TelemetryOptions):  # a namespace of the telemetry flags
@@ -132,10 +168,20 @@ def build_samplers(options: TelemetryOptions, base_url: str | None) -> list:
             url = metrics_url_for(base_url)
         if url:
             samplers.append(ServerMetricsSampler(url, interval_s=options.interval_s))
+        if options.replica_metrics_urls:
+            urls = options.replica_metrics_urls
+            samplers.append(ReplicaSampler(None, urls, interval_s=options.interval_s))
+        elif url:  # a router's labelled series, if the target is one
+            samplers.append(ReplicaSampler(url, interval_s=options.interval_s))
+        if url:  # per-expert load, if the target is an MoE server that exports it
+            samplers.append(ExpertLoadSampler(url, interval_s=options.interval_s))
     if options.gpu_metrics:
         gpu = GpuSampler(interval_s=options.interval_s, gpus=options.gpus)
         gpu.validate()  # a wrong --gpus index fails now, before the run starts
         samplers.append(gpu)
+        samplers.append(PowercapSampler(options.interval_s))  # energy where NVML is absent
+    if options.cost_per_hour:
+        samplers.append(PriceSampler(options.cost_per_hour))
     return samplers
 
 

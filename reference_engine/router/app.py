@@ -5,10 +5,15 @@ replica, the request goes there unchanged (streaming or not) and the replica's a
 back as it is, with `x-cbbench-replica` naming the replica. The router reads the body only
 for `stream` and, for prefix-affinity, the prompt's first blocks.
 
-Failures keep the OpenAI shape: no healthy replica is a 503; a replica that refuses the
-connection is taken out of rotation and the request goes to another one (nothing was sent);
-a replica lost mid-request is taken out and the request ends with a 502 (or, once a stream
-has started, an SSE error event and `[DONE]`) naming it. A client that disconnects closes
+Failures keep the OpenAI shape, and each answer's outcome feeds the replica's circuit
+breaker (router/breaker.py). No healthy replica is a 503. A replica that refuses the
+connection is taken out of rotation and the request goes to another one (nothing was sent).
+A failure before any byte reached the client (lost, timed out, a 5xx, a 200 that is not
+JSON, a stream whose first chunk is not SSE) is resent once (`--retries`) to a replica not
+tried yet, and the answer says so in `x-cbbench-retried-from` (the failed replicas); with
+none left, the failure is the answer: a 502/504 (a replica's 5xx keeps its status) naming
+the replica. A replica lost mid-stream (the client has seen tokens) is not retried: the
+stream ends with an SSE error event and `[DONE]`. A client that disconnects closes
 the upstream connection, which aborts the request at the replica.
 """
 
@@ -18,14 +23,15 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from cbbench.reference_engine.router.metrics import CONTENT_TYPE, RouterMetrics
-from cbbench.reference_engine.router.options import UPSTREAM_TIMEOUT_S
+from cbbench.reference_engine.router.options import RETRIES, UPSTREAM_TIMEOUT_S
 from cbbench.reference_engine.router.policy import NoReplicaAvailable, RouteRequest, RoutingPolicy
 from cbbench.reference_engine.router.prefix import body_block_hashes
-from cbbench.reference_engine.router.upstream import Replica, ReplicaPool
+from cbbench.reference_engine.router.upstream import Replica, ReplicaPool, junk_reason
 from cbbench.reference_engine.server.errors import error_body, truncate
 from cbbench.reference_engine.server.guard import GuardMiddleware
 from fastapi import FastAPI, Request
@@ -45,17 +51,26 @@ class Router:
         pool: ReplicaPool,
         policy: RoutingPolicy,
         upstream_timeout_s: float = UPSTREAM_TIMEOUT_S,
+        retries: int = RETRIES,
     ) -> None:
-        self.pool, self.policy = pool, policy
+        self.pool, self.policy, self.retries = pool, policy, retries
         self.metrics = RouterMetrics(pool, policy.name)
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
         timeout = httpx.Timeout(upstream_timeout_s, connect=5.0)
         self.client = httpx.AsyncClient(timeout=timeout, limits=limits)
 
-    def pick(self, body: Any) -> Replica:
+    def pick(self, body: Any, exclude: set[int] | frozenset = frozenset()) -> Replica:
+        """The policy's pick among the healthy replicas not in `exclude` (tried already)."""
         t = time.perf_counter()
         hashes = body_block_hashes(body) if self.policy.needs_prefix else ()
-        i = self.policy.choose(RouteRequest(hashes), self.pool.loads)
+        hidden = [r for r in self.pool.loads if r.index in exclude and r.healthy]
+        for r in hidden:  # no await until restored: no other request sees this
+            r.healthy = False
+        try:
+            i = self.policy.choose(RouteRequest(hashes), self.pool.loads)
+        finally:
+            for r in hidden:
+                r.healthy = True
         self.metrics.routing_time.observe(time.perf_counter() - t)
         return self.pool.replicas[i]
 
@@ -114,6 +129,15 @@ def _error(status: int, message: str, code: str, type_: str = "server_error") ->
     return JSONResponse(error_body(message, type_, None, code), status)
 
 
+@dataclass
+class _Failed:
+    """A failure before any byte reached the client: resent to another replica (within the
+    retry budget), else `response` is the client's answer."""
+
+    response: Response
+    refused: bool = False  # nothing reached the replica: free of the retry budget
+
+
 async def _forward(router: Router, request: Request, path: str) -> Response:
     raw = await request.body()
     try:
@@ -126,31 +150,50 @@ async def _forward(router: Router, request: Request, path: str) -> Response:
     stream = isinstance(body, dict) and body.get("stream") is True
     headers = {"content-type": "application/json", **router.pool.headers}
     tried: set[int] = set()
+    retried_from: list[str] = []  # replicas whose failure was resent elsewhere
+    failed: _Failed | None = None
+    tried_last: Replica | None = None
+    budget = router.retries  # resends after an answer failed (a refusal is free)
     while True:
         try:
-            replica = router.pick(body)
+            replica = router.pick(body, tried)
         except NoReplicaAvailable as exc:
+            if failed is not None:  # no other replica to resend to: the failure stands
+                return _mark(failed.response, retried_from)
             return _error(503, str(exc), "no_replica")
-        if replica.load.index in tried:  # every healthy one refused just now
-            return _error(503, "no replica accepted the connection", "no_replica")
+        if failed is not None:  # resent: say where it failed
+            assert tried_last is not None
+            retried_from.append(tried_last.name)
+            tried_last.retried += 1
         tried.add(replica.load.index)
+        tried_last = replica
         upstream = router.client.build_request(
             "POST", replica.url + path, content=raw, headers=headers
         )
         replica.load.sent()
-        try:
-            return await _exchange(router, replica, upstream, request, stream)
-        except httpx.ConnectError as exc:  # nothing reached the replica: try another
-            replica.load.ended()
-            replica.failed += 1
-            router.pool.mark_down(replica, f"connection refused: {exc}"[:200])
+        out = await _exchange(router, replica, upstream, request, stream)
+        if not isinstance(out, _Failed):
+            return _mark(out, retried_from)
+        out.response.headers["x-cbbench-replica"] = replica.name
+        failed = out
+        if not out.refused:
+            if budget == 0:
+                return _mark(out.response, retried_from)
+            budget -= 1
+
+
+def _mark(resp: Response, retried_from: list[str]) -> Response:
+    if retried_from:
+        resp.headers["x-cbbench-retried-from"] = ",".join(retried_from)
+    return resp
 
 
 async def _exchange(
     router: Router, replica: Replica, upstream: httpx.Request, request: Request, stream: bool
-) -> Response:
+) -> Response | _Failed:
     """Send, racing the client's disconnect; the replica's `load.ended()` is called once,
-    when the answer is complete or abandoned (ConnectError: by the caller)."""
+    when the answer is complete, abandoned or failed, and its outcome goes to the breaker."""
+    pool = router.pool
     work = asyncio.ensure_future(_send(router, upstream, stream))
     watch = asyncio.ensure_future(_until_disconnected(request))
     try:
@@ -163,60 +206,88 @@ async def _exchange(
         replica.load.ended()
         return Response(status_code=499)
     exc = work.exception()
-    if isinstance(exc, httpx.ConnectError):
-        raise exc
     if exc is not None:
         replica.load.ended()
-        return _replica_failed(router, replica, exc)
-    resp, content = work.result()
+        if isinstance(exc, httpx.ConnectError):  # nothing reached the replica
+            replica.failed += 1
+            pool.mark_down(replica, f"connection refused: {exc}"[:200])
+            return _Failed(_error(502, _failed_message(replica, exc), "replica_failed"), True)
+        if isinstance(exc, httpx.TimeoutException):
+            pool.answered(replica, f"timed out: {type(exc).__name__}")
+            return _Failed(_error(504, _failed_message(replica, exc), "replica_timeout"))
+        if not isinstance(exc, httpx.HTTPError):
+            raise exc
+        pool.answered(replica, _lost(exc), hard=True)
+        return _Failed(_error(502, _failed_message(replica, exc), "replica_failed"))
+    resp, head, chunks = work.result()
     out_headers = {k: v for k in PASS_HEADERS if (v := resp.headers.get(k)) is not None}
     out_headers["x-cbbench-replica"] = replica.name
-    if content is not None:  # the whole answer was read
+    junk = junk_reason(resp.status_code, resp.headers.get("content-type", ""), head, stream)
+    if junk is not None:
         replica.load.ended()
-        if resp.status_code >= 400 and not _is_error_body(content):
+        if chunks is not None:
+            await resp.aclose()
+        pool.answered(replica, junk)
+        message = f"replica {replica.name} ({replica.url}) {truncate(junk)}"
+        status = resp.status_code if resp.status_code >= 500 else 502
+        return _Failed(_error(status, message, "replica_failed"))
+    if chunks is None:  # the whole answer was read
+        replica.load.ended()
+        pool.answered(replica, None)
+        if resp.status_code >= 400 and not _is_error_body(head):
             message = f"replica {replica.name} answered {resp.status_code}: "
-            message += truncate(content.decode("utf-8", "replace").strip() or "(empty body)")
-            type_ = "server_error" if resp.status_code >= 500 else "invalid_request_error"
+            message += truncate(head.decode("utf-8", "replace").strip() or "(empty body)")
             return JSONResponse(
-                error_body(message, type_, None, resp.status_code), resp.status_code
+                error_body(message, "invalid_request_error", None, resp.status_code),
+                resp.status_code,
             )
-        return Response(content, resp.status_code, headers=out_headers)
-    return StreamingResponse(_relay(router, replica, resp), resp.status_code, headers=out_headers)
+        return Response(head, resp.status_code, headers=out_headers)
+    relay = _relay(router, replica, resp, head, chunks)
+    return StreamingResponse(relay, resp.status_code, headers=out_headers)
 
 
 async def _send(
     router: Router, upstream: httpx.Request, stream: bool
-) -> tuple[httpx.Response, bytes | None]:
+) -> tuple[httpx.Response, bytes, AsyncIterator[bytes] | None]:
+    """The answer's head: the whole body, or an SSE stream's first chunk and the rest."""
     resp = await router.client.send(upstream, stream=True)
     is_sse = resp.headers.get("content-type", "").startswith("text/event-stream")
     if stream and is_sse and resp.status_code < 400:
-        return resp, None  # relayed chunk by chunk
+        try:
+            chunks = resp.aiter_raw()
+            async for first in chunks:
+                if first:
+                    return resp, first, chunks  # the rest relayed chunk by chunk
+            raise httpx.RemoteProtocolError("the stream ended before its first event")
+        except BaseException:
+            await resp.aclose()
+            raise
     try:
-        return resp, await resp.aread()
+        return resp, await resp.aread(), None
     finally:
         await resp.aclose()
 
 
-async def _relay(router: Router, replica: Replica, resp: httpx.Response) -> AsyncIterator[bytes]:
+async def _relay(
+    router: Router,
+    replica: Replica,
+    resp: httpx.Response,
+    first: bytes,
+    chunks: AsyncIterator[bytes],
+) -> AsyncIterator[bytes]:
     try:
-        async for chunk in resp.aiter_raw():
+        yield first
+        async for chunk in chunks:
             yield chunk
-    except httpx.HTTPError as exc:
-        router.pool.mark_down(replica, _lost(exc))
-        replica.failed += 1
+    except httpx.HTTPError as exc:  # mid-stream: the client saw tokens, no retry
+        router.pool.answered(replica, _lost(exc), hard=True)
         body = error_body(_failed_message(replica, exc), "server_error", None, "replica_failed")
         yield f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
+    else:
+        router.pool.answered(replica, None)
     finally:
         await resp.aclose()  # also when the client went away: the replica aborts
         replica.load.ended()
-
-
-def _replica_failed(router: Router, replica: Replica, exc: BaseException) -> JSONResponse:
-    replica.failed += 1
-    if isinstance(exc, httpx.TimeoutException):
-        return _error(504, _failed_message(replica, exc), "replica_timeout")
-    router.pool.mark_down(replica, _lost(exc))
-    return _error(502, _failed_message(replica, exc), "replica_failed")
 
 
 def _lost(exc: BaseException) -> str:

@@ -6,7 +6,10 @@ Per replica, as last read from its /metrics: `vllm:num_requests_running`,
 `_queries_total` (vLLM's names, so a scraper that sums over labels, cbbench's telemetry
 included, reads the cluster's totals) and `cbbench:router_prefix_cache_hit_rate`; the
 router's own: `cbbench:router_requests_routed_total`, `cbbench:router_requests_in_flight`,
-`cbbench:router_request_failures_total`, `cbbench:router_replica_up` (with the `url`), and
+`cbbench:router_request_failures_total`, `cbbench:router_requests_retried_total` (requests
+that failed there before their first byte and were resent to another replica),
+`cbbench:router_breaker_state` (0 closed, 1 open, 2 half-open),
+`cbbench:router_breaker_opened_total`, `cbbench:router_replica_up` (with the `url`), and
 `cbbench:router_routing_time_seconds` (one policy decision, prefix hashing included). A
 field a replica does not export has no sample for it, never a zero.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from cbbench.reference_engine.router.breaker import STATE_VALUE
 from cbbench.reference_engine.router.upstream import ReplicaPool
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -75,7 +79,22 @@ class _PoolCollector(Collector):
         )
         failed = CounterMetricFamily(
             "cbbench:router_request_failures",
-            "Requests that failed at the replica (connection lost, refused).",
+            "Requests that failed at the replica (refused, lost, timed out, 5xx, junk).",
+            labels=label,
+        )
+        retried = CounterMetricFamily(
+            "cbbench:router_requests_retried",
+            "Requests that failed at the replica before their first byte and were resent.",
+            labels=label,
+        )
+        state = GaugeMetricFamily(
+            "cbbench:router_breaker_state",
+            "The replica's circuit breaker: 0 closed, 1 open, 2 half-open.",
+            labels=label,
+        )
+        opened = CounterMetricFamily(
+            "cbbench:router_breaker_opened",
+            "Times the replica's circuit breaker opened.",
             labels=label,
         )
         in_flight = GaugeMetricFamily(
@@ -87,9 +106,12 @@ class _PoolCollector(Collector):
         for r in rs:
             routed.add_metric([r.name], r.load.routed)
             failed.add_metric([r.name], r.failed)
+            retried.add_metric([r.name], r.retried)
+            state.add_metric([r.name], STATE_VALUE[r.breaker.state])
+            opened.add_metric([r.name], r.breaker.opened)
             in_flight.add_metric([r.name], r.load.in_flight)
             up.add_metric([r.name, r.url], 1.0 if r.load.healthy else 0.0)
-        yield from (routed, failed, in_flight, up)
+        yield from (routed, failed, retried, state, opened, in_flight, up)
 
 
 class RouterMetrics:

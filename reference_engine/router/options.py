@@ -11,10 +11,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.router.breaker import BreakerSettings
 from cbbench.reference_engine.router.registry import POLICY_NAMES
 
 POLL_INTERVAL_S = 0.5
 UPSTREAM_TIMEOUT_S = 600.0
+# the circuit breaker's and the retry's defaults (router/breaker.py; docs/router.md)
+BREAKER_FAILURES = 3
+BREAKER_ERROR_RATE = 0.5
+BREAKER_WINDOW = 20
+BREAKER_COOLDOWN_S = 5.0
+RETRIES = 1
 
 
 @dataclass
@@ -28,6 +35,19 @@ class RouterOptions:
     poll_interval_s: float = POLL_INTERVAL_S
     upstream_timeout_s: float = UPSTREAM_TIMEOUT_S
     log_level: str = "warning"
+    breaker_failures: int = BREAKER_FAILURES
+    breaker_error_rate: float = BREAKER_ERROR_RATE
+    breaker_window: int = BREAKER_WINDOW
+    breaker_cooldown_s: float = BREAKER_COOLDOWN_S
+    retries: int = RETRIES  # before the first byte reached the client, on another replica
+
+    def breaker(self) -> BreakerSettings:
+        return BreakerSettings(
+            self.breaker_failures,
+            self.breaker_error_rate,
+            self.breaker_window,
+            self.breaker_cooldown_s,
+        )
 
     def validate(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -36,6 +56,18 @@ class RouterOptions:
             raise EngineError(f"--poll-interval must be > 0 s, got {self.poll_interval_s}")
         if not self.upstream_timeout_s > 0:
             raise EngineError(f"--upstream-timeout must be > 0 s, got {self.upstream_timeout_s}")
+        if self.breaker_failures < 0:
+            raise EngineError(f"--breaker-failures must be >= 0, got {self.breaker_failures}")
+        if not 0 <= self.breaker_error_rate <= 1:
+            raise EngineError(
+                f"--breaker-error-rate must be in [0, 1], got {self.breaker_error_rate}"
+            )
+        if self.breaker_window < 1:
+            raise EngineError(f"--breaker-window must be >= 1, got {self.breaker_window}")
+        if not self.breaker_cooldown_s > 0:
+            raise EngineError(f"--breaker-cooldown must be > 0 s, got {self.breaker_cooldown_s}")
+        if not 0 <= self.retries <= 1:
+            raise EngineError(f"--retries must be 0 or 1, got {self.retries}")
 
 
 def add_router_args(p: argparse.ArgumentParser, policy_flag: str = "--policy") -> None:
@@ -62,6 +94,46 @@ def add_router_args(p: argparse.ArgumentParser, policy_flag: str = "--policy") -
         metavar="S",
         help=f"give up on a replica that sends nothing for S seconds: 504 (default {UPSTREAM_TIMEOUT_S:g})",
     )
+    b = p.add_argument_group("circuit breaker and retry (docs/router.md)")
+    b.add_argument(
+        "--breaker-failures",
+        type=int,
+        default=BREAKER_FAILURES,
+        metavar="N",
+        help="take a replica out after N failed answers in a row: refused, lost, timed out, "
+        f"5xx, junk (0 = off; default {BREAKER_FAILURES})",
+    )
+    b.add_argument(
+        "--breaker-error-rate",
+        type=float,
+        default=BREAKER_ERROR_RATE,
+        metavar="F",
+        help="... or when a fraction F of its last --breaker-window answers failed "
+        f"(0 = off; default {BREAKER_ERROR_RATE})",
+    )
+    b.add_argument(
+        "--breaker-window",
+        type=int,
+        default=BREAKER_WINDOW,
+        metavar="N",
+        help=f"answers the error rate is taken over (default {BREAKER_WINDOW})",
+    )
+    b.add_argument(
+        "--breaker-cooldown",
+        type=float,
+        default=BREAKER_COOLDOWN_S,
+        metavar="S",
+        help="probe a replica taken out after S seconds; back in rotation on a good answer "
+        f"(doubled after each failed probe, up to 8x; default {BREAKER_COOLDOWN_S:g})",
+    )
+    b.add_argument(
+        "--retries",
+        type=int,
+        default=RETRIES,
+        choices=(0, 1),
+        help="resend a request that failed before its first byte reached the client "
+        f"(refused, 5xx, junk, timed out) to another replica (default {RETRIES})",
+    )
 
 
 def router_options_from_args(args: argparse.Namespace, replicas: Sequence[str]) -> RouterOptions:
@@ -76,6 +148,11 @@ def router_options_from_args(args: argparse.Namespace, replicas: Sequence[str]) 
         poll_interval_s=args.poll_interval,
         upstream_timeout_s=args.upstream_timeout,
         log_level=args.log_level,
+        breaker_failures=args.breaker_failures,
+        breaker_error_rate=args.breaker_error_rate,
+        breaker_window=args.breaker_window,
+        breaker_cooldown_s=args.breaker_cooldown,
+        retries=args.retries,
     )
     opts.validate()
     return opts

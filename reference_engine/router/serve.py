@@ -30,8 +30,10 @@ from cbbench.reference_engine.server.runner import (
 def build_router(opts: RouterOptions) -> tuple[Router, object]:
     opts.validate()
     key = opts.replica_api_key if opts.replica_api_key is not None else opts.api_key
-    pool = ReplicaPool(opts.replicas, key, opts.poll_interval_s)
-    router = Router(pool, make_policy(opts.policy), opts.upstream_timeout_s)
+    pool = ReplicaPool(
+        opts.replicas, key, opts.poll_interval_s, opts.breaker(), opts.upstream_timeout_s
+    )
+    router = Router(pool, make_policy(opts.policy), opts.upstream_timeout_s, opts.retries)
     return router, create_router_app(router, api_key=opts.api_key)
 
 

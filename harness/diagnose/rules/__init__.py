@@ -9,12 +9,14 @@ from cbbench.harness.diagnose.base import Rule
 from cbbench.harness.diagnose.rules import (
     client_bound,
     errors,
+    expert_imbalance,
     hol_blocking,
     kv_pressure,
     length_skew,
     low_utilization,
     prefill_stall,
     queue_delay,
+    replica_imbalance,
     scheduling_delay,
     session_cache,
 )
@@ -31,4 +33,6 @@ RULES: tuple[Rule, ...] = (
     scheduling_delay.RULE,
     length_skew.RULE,
     session_cache.RULE,
+    replica_imbalance.RULE,
+    expert_imbalance.RULE,
 )
