@@ -138,7 +138,7 @@ def _plans(cfg: BenchConfig, client: ClientConfig) -> list[WorkerPlan]:
                 client=client,
                 concurrency=share(concurrency, n, w),
                 duration_s=cfg.duration_s,
-                seed=cfg.workload.seed,
+                seed=cfg.workload.prompt_seed,
                 prefix_block_size=cfg.workload.prefix_block_size,
                 tokenizer=cfg.tokenizer,
                 text_prompts=cfg.text_prompts or cfg.endpoint == "chat",

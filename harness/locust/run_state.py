@@ -76,7 +76,7 @@ class LocustRun:
             extra_body=settings.extra_body,
         )
         self.prompts = PromptBuilder(
-            self.workload.seed, self.workload.prefix_block_size, settings.tokenizer
+            self.workload.prompt_seed, self.workload.prefix_block_size, settings.tokenizer
         )
         self.text_prompts = settings.text_prompts or settings.endpoint == "chat"
         has_text = any(r.text is not None for r in self.workload.requests)
