@@ -126,6 +126,8 @@ def test_headless_open_loop_records_match_locust_csv(server, tmp_path):
         assert float(row["Average Response Time"]) == pytest.approx(
             statistics.fmean(values) * 1000, abs=0.01
         ), name
+    # the Aggregated row (and Locust's header RPS) counts requests, not token gaps (issue 42)
+    assert int(rows[("", "Aggregated")]["Request Count"]) == len(records)
     e2e = rows[("LLM", "E2E")]
     tokens = statistics.fmean(r.output_tokens_server for r in records)
     assert float(e2e["Average Content Size"]) == pytest.approx(tokens, abs=0.01)
