@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from cbbench.harness.client import aio
 from cbbench.harness.client.api import ClientConfig, probe_server
-from cbbench.harness.console.live import LiveStats, LiveView, summary_table
+from cbbench.harness.console.live import LiveStats, LiveView, summary_lines, summary_table
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.load.loadgen import Job, WorkerPlan, run_worker
 from cbbench.harness.load.sessions import CAP_UNITS
@@ -392,7 +392,9 @@ def run_bench(
         )
         writer.write_run(meta)
         writer.close()
-    out.print(summary_table(summary, f"cbbench bench: {name}"))
+    out.print(summary_table(summary, f"cbbench bench: {name}", caption=False))
+    for line in summary_lines(summary):  # whole lines, left-aligned (a caption wraps mid-phrase)
+        out.print(line, highlight=False, markup=False, soft_wrap=True)
     for line in worker_timing_lines(summary):
         out.print(line, highlight=False)
     out.print(f"run folder: {run_dir}")
