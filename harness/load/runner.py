@@ -266,6 +266,32 @@ def _run_meta(cfg: BenchConfig, name: str, engine: dict, model: str, workers: in
     }
 
 
+def _fit_text_prompts(cfg: BenchConfig, model: str, plans: list, console: Console) -> dict | None:
+    """Text prompts (chat, --text-prompts) without a local tokenizer: fit them to the server's
+    tokenizer through its /tokenize (exact lengths), or say the lengths are approximate and
+    that the run measures the mismatch. None for token-id prompts."""
+    if not (cfg.text_prompts or cfg.endpoint == "chat") or cfg.tokenizer:
+        return None
+    from cbbench.harness.load.prompts import WORDS
+    from cbbench.harness.load.text_fit import fetch_text_fit
+
+    fit, why = fetch_text_fit(cfg.base_url, model, WORDS, cfg.api_key)
+    for p in plans:
+        p.text_fit = fit
+    if fit is not None:
+        console.print(
+            "text prompts: exact lengths, fitted to the server's tokenizer through /tokenize",
+            highlight=False, markup=False, soft_wrap=True,
+        )  # fmt: skip
+        return {"lengths": "exact", "how": f"server /tokenize: {why}", "fit": fit.to_dict()}
+    console.print(
+        f"text prompts: approximate lengths (about one token per word): {why} and no "
+        "--tokenizer was given; the summary reports the mismatch with the server's counts",
+        highlight=False, markup=False, soft_wrap=True,
+    )  # fmt: skip
+    return {"lengths": "approximate", "how": why}
+
+
 def run_bench(
     cfg: BenchConfig, samplers: list | None = None, console: Console | None = None
 ) -> BenchResult:
@@ -306,7 +332,10 @@ def run_bench(
         kernel_timestamps=cfg.kernel_timestamps,
     )
     plans = _plans(cfg, client)
+    text_note = _fit_text_prompts(cfg, model, plans, console)
     meta = _run_meta(cfg, name, engine, model, len(plans))
+    if text_note is not None:
+        meta["text_prompts"] = text_note
     if cfg.shard is not None:  # who this is and what it sends: what `cbbench merge` checks
         meta["shard"] = shard_meta(cfg.shard, cfg.workload.requests, cfg.concurrency, plans)
     writer = RunWriter(run_dir, secrets=(cfg.api_key,))
