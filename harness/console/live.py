@@ -197,6 +197,14 @@ def summary_table(summary: dict, title: str = "cbbench bench", caption: bool = T
     return t
 
 
+def print_summary(out: Console, summary: dict, title: str) -> None:
+    """The summary table, then its notes as whole left-aligned lines (a caption is centred
+    and wrapped at the table's width, mid-phrase)."""
+    out.print(summary_table(summary, title, caption=False))
+    for line in summary_lines(summary):
+        out.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
 def summary_lines(summary: dict) -> list[str]:
     """The notes under the summary table, one whole line each (print them with soft_wrap)."""
     return _caption(summary, summary["counts"]).split("\n")

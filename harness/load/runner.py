@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from cbbench.harness.client import aio
 from cbbench.harness.client.api import ClientConfig, probe_server
-from cbbench.harness.console.live import LiveStats, LiveView, summary_lines, summary_table
+from cbbench.harness.console.live import LiveStats, LiveView, print_summary
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.load.loadgen import Job, WorkerPlan, run_worker
 from cbbench.harness.load.sessions import CAP_UNITS
@@ -33,6 +33,7 @@ from cbbench.harness.load.shards import (
     split_jobs,
     unix_s_at,
 )
+from cbbench.harness.load.text_fit import fit_text_prompts
 from cbbench.harness.load.workers import run_workers
 from cbbench.harness.results.environment import environment
 from cbbench.harness.results.outcome import stopped_answering
@@ -266,32 +267,6 @@ def _run_meta(cfg: BenchConfig, name: str, engine: dict, model: str, workers: in
     }
 
 
-def _fit_text_prompts(cfg: BenchConfig, model: str, plans: list, console: Console) -> dict | None:
-    """Text prompts (chat, --text-prompts) without a local tokenizer: fit them to the server's
-    tokenizer through its /tokenize (exact lengths), or say the lengths are approximate and
-    that the run measures the mismatch. None for token-id prompts."""
-    if not (cfg.text_prompts or cfg.endpoint == "chat") or cfg.tokenizer:
-        return None
-    from cbbench.harness.load.prompts import WORDS
-    from cbbench.harness.load.text_fit import fetch_text_fit
-
-    fit, why = fetch_text_fit(cfg.base_url, model, WORDS, cfg.api_key)
-    for p in plans:
-        p.text_fit = fit
-    if fit is not None:
-        console.print(
-            "text prompts: exact lengths, fitted to the server's tokenizer through /tokenize",
-            highlight=False, markup=False, soft_wrap=True,
-        )  # fmt: skip
-        return {"lengths": "exact", "how": f"server /tokenize: {why}", "fit": fit.to_dict()}
-    console.print(
-        f"text prompts: approximate lengths (about one token per word): {why} and no "
-        "--tokenizer was given; the summary reports the mismatch with the server's counts",
-        highlight=False, markup=False, soft_wrap=True,
-    )  # fmt: skip
-    return {"lengths": "approximate", "how": why}
-
-
 def run_bench(
     cfg: BenchConfig, samplers: list | None = None, console: Console | None = None
 ) -> BenchResult:
@@ -332,10 +307,7 @@ def run_bench(
         kernel_timestamps=cfg.kernel_timestamps,
     )
     plans = _plans(cfg, client)
-    text_note = _fit_text_prompts(cfg, model, plans, console)
-    meta = _run_meta(cfg, name, engine, model, len(plans))
-    if text_note is not None:
-        meta["text_prompts"] = text_note
+    meta = {**_run_meta(cfg, name, engine, model, len(plans)), **fit_text_prompts(cfg, plans)}
     if cfg.shard is not None:  # who this is and what it sends: what `cbbench merge` checks
         meta["shard"] = shard_meta(cfg.shard, cfg.workload.requests, cfg.concurrency, plans)
     writer = RunWriter(run_dir, secrets=(cfg.api_key,))
@@ -421,9 +393,7 @@ def run_bench(
         )
         writer.write_run(meta)
         writer.close()
-    out.print(summary_table(summary, f"cbbench bench: {name}", caption=False))
-    for line in summary_lines(summary):  # whole lines, left-aligned (a caption wraps mid-phrase)
-        out.print(line, highlight=False, markup=False, soft_wrap=True)
+    print_summary(out, summary, f"cbbench bench: {name}")
     for line in worker_timing_lines(summary):
         out.print(line, highlight=False)
     out.print(f"run folder: {run_dir}")

@@ -15,6 +15,7 @@ instead (run summary: prompt_token_mismatch).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -142,3 +143,27 @@ def _fit(tk: _Tokenize, words: Sequence[str]) -> tuple[TextFit | None, str]:
             overhead = chat - 100
     return TextFit(fit.units, fit.fillers, fit.edge, overhead), f"fitted ({tk.calls} calls)"
 
+
+
+def fit_text_prompts(cfg, plans: list) -> dict:
+    """For a run (`cfg`: a BenchConfig) with text prompts (chat, --text-prompts) and no local
+    tokenizer: the server's fit given to every worker plan, a line saying whether lengths are
+    exact, and run.json's `text_prompts` entry ({} for token-id prompts)."""
+    if not (cfg.text_prompts or cfg.endpoint == "chat") or cfg.tokenizer:
+        return {}
+    from cbbench.harness.load.words import WORDS
+
+    fit, why = fetch_text_fit(cfg.base_url, plans[0].client.model, WORDS, cfg.api_key)
+    for p in plans:
+        p.text_fit = fit
+    if fit is not None:
+        print("text prompts: exact lengths, fitted to the server's tokenizer through /tokenize",
+              file=sys.stderr)  # fmt: skip
+        return {"text_prompts": {"lengths": "exact", "how": f"server /tokenize: {why}",
+                                 "fit": fit.to_dict()}}  # fmt: skip
+    print(
+        f"text prompts: approximate lengths (about one token per word): {why} and no "
+        "--tokenizer was given; the summary reports the mismatch with the server's counts",
+        file=sys.stderr,
+    )
+    return {"text_prompts": {"lengths": "approximate", "how": why}}

@@ -191,17 +191,7 @@ class LLMEngine(StepUpdate):
             "max_model_len": self.max_model_len,
             "enable_prefix_caching": self.config.enable_prefix_caching,
             "num_seqs_limit": self.scheduler.limit_stats()["num_seqs_limit"],
-            **self._step_budget(),
-        }
-
-    def _step_budget(self) -> dict:
-        """The prefill step budget, for clients that test chunking (`cbbench probe`)."""
-        if self.config.scheduler != "continuous":
-            return {}
-        c = self.config.continuous
-        return {
-            "max_num_batched_tokens": c.max_num_batched_tokens,
-            "enable_chunked_prefill": c.enable_chunked_prefill,
+            **self.config.step_budget(),
         }
 
     @property
