@@ -46,8 +46,13 @@ def test_chat_prompts_on_the_bundled_engine_are_exact(tmp_path, capsys) -> None:
 
 def test_a_server_without_tokenize_gets_the_measured_mismatch(tmp_path, capsys, monkeypatch):
     # a server that counts two tokens per word and has no /tokenize (404)
-    monkeypatch.setattr(fake_server, "_prompt_len", lambda body: 2 * len(
-        " ".join(str(m.get("content", "")) for m in body.get("messages", [])).split()))
+    monkeypatch.setattr(
+        fake_server,
+        "_prompt_len",
+        lambda body: (
+            2 * len(" ".join(str(m.get("content", "")) for m in body.get("messages", [])).split())
+        ),
+    )
     with threaded(FakeServerConfig()) as srv:
         argv = ["bench", "--base-url", srv.url, "--endpoint", "chat", "--workload", "uniform",
                 "--num-requests", "10", "--out", str(tmp_path / "r"), *FLAGS]  # fmt: skip

@@ -45,7 +45,9 @@ def report(tmp_path_factory) -> tuple[Path, dict]:
                     "--no-server-metrics", "--no-gpu-metrics"]  # fmt: skip
             assert main(argv) == 0
     html = root / "r.html"
-    assert main(["report", str(root / "baseline-run"), str(root / "tuned-run"), "-o", str(html)]) == 0
+    assert (
+        main(["report", str(root / "baseline-run"), str(root / "tuned-run"), "-o", str(html)]) == 0
+    )
     probe = root / "probe.html"
     probe.write_text(html.read_text().replace("<head>", "<head>" + CHECK, 1))
     with tempfile.TemporaryDirectory() as profile:

@@ -69,3 +69,23 @@ def test_a_server_that_keeps_up_is_sustained_and_few_requests_are_too_short():
     assert v.sustained is True and abs(v.achieved_rps - v.sent_rps) < 0.5
     v = judge_level(recs[:10], 32.0)
     assert v.sustained is None and "10 completed requests" in v.too_short
+
+
+def test_a_long_request_finishing_last_is_not_a_backlog():
+    # mixed lengths at 8/s on a server that keeps up: 50 ms to the first token, 10 ms a token;
+    # the last request sent asks for 1,000 tokens and ends 10 s after the last send
+    recs = []
+    for i in range(40):
+        out = 1000 if i == 39 else 20 + 37 * i % 300
+        sent, ttft = i / 8, 0.05
+        end = sent + ttft + (out - 1) * 0.01
+        r = _rec(i, sent, end)
+        r.ttft_s, r.tpot_s, r.output_tokens_server = ttft, 0.01, out
+        recs.append(r)
+    v = judge_level(recs, 8.0)
+    assert v.sustained is True, v
+    # the same level where the server fell behind: each request waits 0.1 s more than the last
+    for i, r in enumerate(recs):
+        r.end_s += 0.1 * i
+        r.ttft_s += 0.1 * i
+    assert judge_level(recs, 8.0).sustained is False

@@ -42,11 +42,9 @@ FIXES: dict[str, dict[str, str]] = {
         "why (the process exited, was killed, or ran out of memory); restart it and rerun",
     },
     "errors-shed": {
-        "vllm": "HTTP 429/503 from a gateway in front of vLLM: raise its limits or offer less "
-        "load",
+        "vllm": "HTTP 429/503 from a gateway in front of vLLM: raise its limits or offer less load",
         "sglang": "load shedding: raise --max-queued-requests or offer less load",
-        "tgi": "HTTP 429 'Model is overloaded': raise --max-concurrent-requests or offer less "
-        "load",
+        "tgi": "HTTP 429 'Model is overloaded': raise --max-concurrent-requests or offer less load",
         "triton": "queue full: raise dynamic_batching { default_queue_policy { max_queue_size } }"
         " or offer less load",
         "cbbench": "HTTP 429: raise cbbench serve --max-waiting / --max-queue-size or offer less "

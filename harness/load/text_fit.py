@@ -144,7 +144,6 @@ def _fit(tk: _Tokenize, words: Sequence[str]) -> tuple[TextFit | None, str]:
     return TextFit(fit.units, fit.fillers, fit.edge, overhead), f"fitted ({tk.calls} calls)"
 
 
-
 def fit_text_prompts(cfg, plans: list) -> dict:
     """For a run (`cfg`: a BenchConfig) with text prompts (chat, --text-prompts) and no local
     tokenizer: the server's fit given to every worker plan, a line saying whether lengths are

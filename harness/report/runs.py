@@ -72,7 +72,9 @@ def load_runs(paths: list[str | Path]) -> list[LoadedRun]:
     ]
     # a run is named after its folder (what the user typed and can find again), not its
     # workload: two runs of one workload are otherwise "mixed" and "mixed #2"
-    bases = [lr.run.dir.name if lr.sweep is None else f"{lr.sweep}/{lr.run.dir.name}" for lr in runs]
+    bases = [
+        lr.run.dir.name if lr.sweep is None else f"{lr.sweep}/{lr.run.dir.name}" for lr in runs
+    ]
     twice = {b for b in bases if bases.count(b) > 1}
     seen: dict[str, int] = {}
     for lr, base in zip(runs, bases, strict=True):

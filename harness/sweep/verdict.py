@@ -7,10 +7,12 @@ that drain as part of the window (completed / (arrival span + drain)) makes a sh
 high rate look like a server that could not keep up, even when the server was idle. So:
 
 - sent rate: (n - 1) / (last send - first send), what the client actually offered;
-- achieved rate: (n - 1) / (last end - first send - unloaded latency), the unloaded latency
-  being the median E2E latency of the first quarter of the requests (sent before any backlog
-  could build): a server that keeps up finishes its last request about one unloaded latency
-  after the last send, so the achieved rate equals the sent rate; a backlog makes it lower;
+- achieved rate: (n - 1) / (arrival span + backlog), the backlog being how much later the
+  level's last request ended than any request would have with no queue: its send time plus
+  its unloaded latency (the TTFT of the first quarter of the requests, sent before a backlog
+  could build, then the level's TPOT per output token, so that a long request finishing last
+  is not taken for a backlog). A server that keeps up has no backlog, so the achieved rate
+  equals the sent rate; one that falls behind finishes later and later;
 - sustained: achieved >= SUSTAINED x sent rate (and the level was not stopped early);
 - too short to judge: fewer than MIN_LEVEL_REQUESTS completed, or a planned arrival span
   ((n - 1) / r, so that the advice holds whatever the draw) shorter than SPAN_LATENCIES
@@ -46,6 +48,11 @@ class LevelVerdict:
         return asdict(self)
 
 
+def _median(values) -> float | None:
+    v = [x for x in values if x is not None]
+    return statistics.median(v) if v else None
+
+
 def needed_requests(rate: float, unloaded_e2e_s: float) -> int:
     """Requests whose arrival span at `rate` covers SPAN_LATENCIES unloaded latencies."""
     return max(MIN_LEVEL_REQUESTS, math.ceil(SPAN_LATENCIES * rate * unloaded_e2e_s) + 1)
@@ -63,11 +70,23 @@ def judge_level(records: Sequence[RequestRecord], rate: float) -> LevelVerdict:
         return LevelVerdict(n, None, None, None, MIN_LEVEL_REQUESTS, None, why)
     first_sent, last_sent = ok[0].sent_s, ok[-1].sent_s
     span = last_sent - first_sent
-    early = [r.e2e_s for r in ok[: max(1, n // 4)] if r.e2e_s is not None]
-    unloaded = statistics.median(early) if early else 0.0
-    window = max(r.end_s for r in ok) - first_sent - unloaded
+    early = ok[: max(1, n // 4)]
+    unloaded = _median([r.e2e_s for r in early]) or 0.0
+    ttft_ref = _median([r.ttft_s for r in early])
+    tpot = _median([r.tpot_s for r in ok])  # the level's own: batching legitimately raises it
+
+    def expected(r: RequestRecord) -> float:
+        """A request's latency with no backlog: the early TTFT, then the level's TPOT per
+        token (so a long request finishing last is not taken for a backlog)."""
+        if ttft_ref is None or tpot is None:
+            return unloaded
+        tokens = r.output_tokens_server or r.output_tokens_client or 1
+        return ttft_ref + (tokens - 1) * tpot
+
+    # the time the server needed beyond every request's own unloaded latency: the backlog
+    backlog = max(0.0, max(r.end_s for r in ok) - max(r.sent_s + expected(r) for r in ok))
     sent = (n - 1) / span if span > 0 else None
-    achieved = (n - 1) / window if window > 0 else None
+    achieved = (n - 1) / (span + backlog) if span + backlog > 0 else None
     need = needed_requests(rate, unloaded)
     too_short = None
     planned_span = (n - 1) / rate  # not the drawn span: the advice must hold for any draw

@@ -33,6 +33,7 @@ class TokenizeRequest(P._Strict):
 def add_tokenize_route(app, state, parse) -> None:
     """Register /tokenize on `app`; `parse(state, request, model)` reads a body as the other
     routes do (one error shape for bad bodies)."""
+
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
         body: TokenizeRequest = await parse(state, request, TokenizeRequest)
