@@ -239,7 +239,7 @@ def _run_phases(
         n = design.chunk_prompt(pace, budget)
         if budget and n <= budget and declared is not False:
             verdicts.append(V.prompt_fits_one_step(n, budget, pr.max_model_len))
-        elif want("chunked-prefill", 6, 2.5 + 3 * (fresh_ttft or ttft) * n / pace.long_prompt):
+        elif want("chunked-prefill", 6, 4.5 + 3 * (fresh_ttft or ttft) * n / pace.long_prompt):
             pr.say(f"chunked-prefill: {n}-token prompts arriving while streams decode")
             wl = design.chunked_prefill(pace, prompt_len=n)
             recs = pr.phase("chunked-prefill", wl)
