@@ -224,6 +224,11 @@ def test_web_ui_cbbench_page_renders_in_chromium(server, tmp_path):
 
         snap = _wait_for(finished)
         assert snap["summary"]["ttft_s"]["count"] == n and snap["series"]
+        # the web UI's Aggregated row and header RPS count requests, not token gaps (issue 42)
+        rows = httpx.get(ui + "/stats/requests", timeout=5).json()["stats"]
+        assert next(r for r in rows if r["name"] == "Aggregated")["num_requests"] == n
+        itl = next(r for r in rows if r["name"] == "ITL")
+        assert itl["num_requests"] > n  # ITL keeps its row: one sample per token gap
         # a restarted test finds the workload done: it stops at once, sending nothing again
         assert httpx.post(ui + "/swarm", data={"user_count": 2, "spawn_rate": 10}).json()["success"]
         again = _wait_for(lambda: (s := finished()) and s["tests_started"] == 2 and s)
