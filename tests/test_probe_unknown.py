@@ -77,6 +77,10 @@ def test_max_batch_from_one_noisy_level_is_unknown() -> None:
     v = max_batch(levels, 0.01)
     assert v.value == "unknown", v
     assert "5,966 at concurrency 32 to 2,619 at 64" in v.evidence[-1]
+    # noisy on the way, but the top level delivers the most (a probe of the default engine,
+    # max-num-seqs 64, on a loaded machine): the batch is at least the top
+    ladder = ((1, 388), (2, 872), (4, 824), (8, 3875), (16, 7522), (32, 4717), (64, 8524))
+    assert max_batch([_level(c, tp) for c, tp in ladder], 0.01).value == ">=64"
     # a steady curve still gives its limit
     steady = [_level(c, tp) for c, tp in ((8, 1400), (16, 2700), (32, 5000), (64, 5100))]
     assert max_batch(steady, 0.01).value == "32"

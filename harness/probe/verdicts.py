@@ -184,7 +184,9 @@ def max_batch(levels: list[tuple[int, list[RequestRecord]]], tpot_s: float) -> V
     # without a queueing jump the knee rests on throughput alone: a level that delivers far
     # less than a lower one is noise (a shared machine, a slow moment), and the knee with it
     drops = [(a, b) for i, a in enumerate(rows) for b in rows[i + 1 :] if b[1] < ERRATIC * a[1]]
-    if jump is None and drops:
+    if jump is None and drops and rows[-1][1] >= 0.95 * best:
+        knee = rows[-1]  # noisy on the way, but the top level delivered the most: >= the top
+    elif jump is None and drops:
         a, b = drops[0]
         ev.append(
             f"output tok/s fell from {a[1]:,.0f} at concurrency {a[0]} to {b[1]:,.0f} at "
