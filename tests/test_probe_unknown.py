@@ -81,6 +81,11 @@ def test_max_batch_from_one_noisy_level_is_unknown() -> None:
     # max-num-seqs 64, on a loaded machine): the batch is at least the top
     ladder = ((1, 388), (2, 872), (4, 824), (8, 3875), (16, 7522), (32, 4717), (64, 8524))
     assert max_batch([_level(c, tp) for c, tp in ladder], 0.01).value == ">=64"
+    # TTFT grows 2.3x from 16 to 32 while throughput grows 1.8x: more prompts per prefill
+    # step, not queueing (another probe of the same engine): not a limit at 16
+    tts = ((1, 373, 0.0095), (2, 1053, 0.0055), (4, 1588, 0.0058), (8, 3789, 0.0065),
+           (16, 3330, 0.0165), (32, 5858, 0.0379), (64, 7336, 0.0435))  # fmt: skip
+    assert max_batch([_level(c, tp, ttft) for c, tp, ttft in tts], 0.001).value == ">=64"
     # a steady curve still gives its limit
     steady = [_level(c, tp) for c, tp in ((8, 1400), (16, 2700), (32, 5000), (64, 5100))]
     assert max_batch(steady, 0.01).value == "32"

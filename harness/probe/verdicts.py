@@ -168,7 +168,9 @@ def max_batch(levels: list[tuple[int, list[RequestRecord]]], tpot_s: float) -> V
     for i, (a, b) in enumerate(zip(rows, rows[1:], strict=False)):
         queued = b[3] >= JUMP * a[3] and b[3] - a[3] >= 3 * a[2]  # waits of 3+ tokens
         lasting = all(c[3] >= JUMP * a[3] for c in rows[i + 2 :])  # not one noisy level
-        if a[0] < knee[0] and queued and lasting and b[2] <= 1.2 * a[2]:
+        more = b[1] > 1.15 * a[1]  # throughput still grew: they joined the batch (a slower
+        # prefill of more prompts raises TTFT too), they did not queue
+        if a[0] < knee[0] and queued and lasting and b[2] <= 1.2 * a[2] and not more:
             knee, jump = a, b
             break
     ev = [
