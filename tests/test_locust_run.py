@@ -127,6 +127,8 @@ def test_headless_open_loop_records_match_locust_csv(server, tmp_path):
         assert float(row["Average Response Time"]) == pytest.approx(
             statistics.fmean(values) * 1000, abs=0.01
         ), name
+    # the Aggregated row (and Locust's header RPS) counts requests, not token gaps (issue 42)
+    assert int(rows[("", "Aggregated")]["Request Count"]) == len(records)
     e2e = rows[("LLM", "E2E")]
     tokens = statistics.fmean(r.output_tokens_server for r in records)
     assert float(e2e["Average Content Size"]) == pytest.approx(tokens, abs=0.01)
@@ -223,6 +225,11 @@ def test_web_ui_cbbench_page_renders_in_chromium(server, tmp_path):
 
         snap = _wait_for(finished)
         assert snap["summary"]["ttft_s"]["count"] == n and snap["series"]
+        # the web UI's Aggregated row and header RPS count requests, not token gaps (issue 42)
+        rows = httpx.get(ui + "/stats/requests", timeout=5).json()["stats"]
+        assert next(r for r in rows if r["name"] == "Aggregated")["num_requests"] == n
+        itl = next(r for r in rows if r["name"] == "ITL")
+        assert itl["num_requests"] > n  # ITL keeps its row: one sample per token gap
         # a restarted test finds the workload done: it stops at once, sending nothing again
         assert httpx.post(ui + "/swarm", data={"user_count": 2, "spawn_rate": 10}).json()["success"]
         again = _wait_for(lambda: (s := finished()) and s["tests_started"] == 2 and s)

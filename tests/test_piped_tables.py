@@ -27,8 +27,8 @@ def _index() -> dict:
 
 def test_sweep_table_is_markdown_when_piped_and_written_to_the_folder(tmp_path, capsys):
     path = print_sweep(_index(), tmp_path)
-    err = capsys.readouterr().err
-    row = "| rate 12.5/s (a long level name) | 12.25 | 1530.0 | 42.1 | 250.0 | saturated: queue grew |"
+    err = capsys.readouterr().out  # the table is the command's output: stdout (issue 42)
+    row = "| rate 12.5/s (a long level name) | 12.25 | 1530.0 | 42.1 | 250.0 |  | saturated: queue grew |"
     assert row in err  # names whole, one line per level
     assert "| rate 25/s |" in err
     assert path == tmp_path / SWEEP_TABLE

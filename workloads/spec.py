@@ -9,7 +9,9 @@ informational (the trace's own time).
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
+from pathlib import PurePath
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,15 @@ class Workload:
 
     def __len__(self) -> int:
         return len(self.requests)
+
+    @property
+    def prompt_seed(self) -> int:
+        """The seed prompt ids are drawn from (workloads/tokens.py): the seed mixed with the
+        workload's name (a file's base name, not its folder), so that two workloads at one
+        seed send different prompts and a server's prefix cache, warm from one run, gives
+        the next workload no hits it would not get alone."""
+        name = PurePath(self.name).name if PurePath(self.name).suffix else self.name
+        return (self.seed << 32) | zlib.crc32(name.encode("utf-8"))
 
     @property
     def open_loop(self) -> bool:

@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cbbench.harness.console.live import summary_table
+    from cbbench.harness.console.live import print_summary
     from cbbench.harness.load.runner import worker_timing_lines
     from cbbench.harness.results.merge import merge_runs
     from rich.console import Console
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     if res.missing:
         names = ", ".join(f"{i}/{count}" for i in res.missing)
         print(f"cbbench merge: warning: merged without shard(s) {names}", file=sys.stderr)
-    out.print(summary_table(res.summary, f"cbbench merge: {res.meta['name']}"))
+    print_summary(out, res.summary, f"cbbench merge: {res.meta['name']}")
     for line in worker_timing_lines(res.summary):
         out.print(line, highlight=False)
     for row in res.summary["shards"]:

@@ -1,4 +1,6 @@
-"""What the user sees: a rich live view while a run goes, a summary table at the end."""
+"""What the user sees: a rich live view while a run goes (plain progress lines when the output
+is not a terminal: CI logs), a summary table at the end with its notes as whole lines below
+it (left-aligned, never wrapped mid-phrase)."""
 
 from __future__ import annotations
 
@@ -98,6 +100,18 @@ class LiveStats:
         with self._lock:
             return self.tokens_total / max(time.monotonic() - self.started, 1e-9)
 
+    def plain_line(self, elapsed_s: float) -> str:
+        """One progress line for a log (the live view's figures, no redraw)."""
+        with self._lock:
+            ttft, done, failed = list(self.ttft), self.done, self.failed
+            in_flight = self.in_flight
+        total = f"/{self.total}" if self.total else ""
+        ttft_p50 = f"{np.percentile(ttft, 50) * 1e3:.1f} ms" if ttft else "-"
+        return (
+            f"progress {elapsed_s:.0f} s: done {done}{total}, failed {failed}, in flight "
+            f"{in_flight}; TTFT p50 {ttft_p50}; output {self.tokens_per_s():,.1f} tok/s"
+        )
+
     def render(self) -> Table:
         t = Table(title="cbbench bench (live)", show_header=False, box=None)
         with self._lock:
@@ -139,14 +153,28 @@ def _fmt_latest(d: dict) -> str:
     return "  ".join(parts[:6])
 
 
-class LiveView:
-    """Context manager: refreshes twice a second on a terminal, stays silent otherwise."""
+PLAIN_EVERY_S = 5.0  # a plain progress line this often when the output is not a terminal
 
-    def __init__(self, stats: LiveStats, console: Console | None = None, enabled: bool = True):
+
+class LiveView:
+    """Context manager: refreshes twice a second on a terminal; elsewhere (piped, CI) prints a
+    plain progress line every `plain_every_s` seconds, so a long run is never silent."""
+
+    def __init__(
+        self,
+        stats: LiveStats,
+        console: Console | None = None,
+        enabled: bool = True,
+        plain_every_s: float | None = None,
+    ):
         self.console = console or Console(stderr=True)
         self.stats = stats
         self.enabled = enabled and self.console.is_terminal
+        self.plain = enabled and not self.console.is_terminal
+        self.plain_every_s = PLAIN_EVERY_S if plain_every_s is None else plain_every_s
         self._live: Live | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def __enter__(self) -> LiveView:
         if self.enabled:
@@ -154,11 +182,23 @@ class LiveView:
                 get_renderable=self.stats.render, console=self.console, refresh_per_second=2
             )
             self._live.__enter__()
+        elif self.plain:
+            self._thread = threading.Thread(target=self._lines, daemon=True, name="progress")
+            self._thread.start()
         return self
+
+    def _lines(self) -> None:
+        t0 = time.monotonic()
+        while not self._stop.wait(self.plain_every_s):
+            line = self.stats.plain_line(time.monotonic() - t0)
+            self.console.print(line, highlight=False, markup=False, soft_wrap=True)
 
     def __exit__(self, *exc) -> None:
         if self._live is not None:
             self._live.__exit__(*exc)
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(5)
 
 
 def _ms(d: dict, key: str) -> str:
@@ -166,7 +206,9 @@ def _ms(d: dict, key: str) -> str:
     return "-" if v is None else f"{v * 1e3:.2f}"
 
 
-def summary_table(summary: dict, title: str = "cbbench bench") -> Table:
+def summary_table(summary: dict, title: str = "cbbench bench", caption: bool = True) -> Table:
+    """The latency table; with `caption`, its notes as the table's caption (centred, wrapped
+    at the table's width). Commands pass caption=False and print `summary_lines` below it."""
     c = summary["counts"]
     # the client's timing error bound (p99), beside the figures it affects
     bound = (summary.get("client") or {}).get("timing_bound_s")
@@ -192,8 +234,22 @@ def summary_table(summary: dict, title: str = "cbbench bench") -> Table:
         if d["count"]:
             cells = [_ms(d, k) for k in ("mean", "p50", "p90", "p99", "max")]
             t.add_row(label, *cells, str(d["count"]))
-    t.caption = _caption(summary, c)
+    if caption:
+        t.caption = _caption(summary, c)
     return t
+
+
+def print_summary(out: Console, summary: dict, title: str) -> None:
+    """The summary table, then its notes as whole left-aligned lines (a caption is centred
+    and wrapped at the table's width, mid-phrase)."""
+    out.print(summary_table(summary, title, caption=False))
+    for line in summary_lines(summary):
+        out.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+def summary_lines(summary: dict) -> list[str]:
+    """The notes under the summary table, one whole line each (print them with soft_wrap)."""
+    return _caption(summary, summary["counts"]).split("\n")
 
 
 def _caption(summary: dict, c: dict) -> str:

@@ -1,9 +1,12 @@
 """A rich progress bar for a long in-process loop (a replay): requests finished of total,
-elapsed time; transient on a terminal, silent when output is piped."""
+elapsed time; transient on a terminal; when output is piped (CI logs), a plain line every
+PLAIN_EVERY_S seconds instead, so a long loop is never silent."""
 
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 from collections.abc import Callable, Iterator
 
 from rich.console import Console
@@ -16,12 +19,44 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+PLAIN_EVERY_S = 5.0
+
+
+@contextlib.contextmanager
+def _plain(console: Console, description: str, total: int | None, unit: str):
+    """Piped: yields a dict to keep `done` / `description` in; prints them every PLAIN_EVERY_S
+    seconds (nothing for a loop shorter than that)."""
+    state: dict = {"done": 0, "total": total, "description": description}
+    stop = threading.Event()
+    t0 = time.monotonic()
+
+    def lines() -> None:
+        while not stop.wait(PLAIN_EVERY_S):
+            of = f"/{state['total']}" if state["total"] else ""
+            console.print(
+                f"{state['description']}: {state['done']}{of} {unit}, "
+                f"{time.monotonic() - t0:.0f} s",
+                highlight=False, markup=False, soft_wrap=True,
+            )  # fmt: skip
+
+    thread = threading.Thread(target=lines, daemon=True, name="progress")
+    thread.start()
+    try:
+        yield state
+    finally:
+        stop.set()
+        thread.join(5)
+
 
 @contextlib.contextmanager
 def request_progress(
     console: Console, description: str, total: int
 ) -> Iterator[Callable[[int, int], None]]:
     """Yields `update(done, total)` (the replay's `on_progress`)."""
+    if not console.is_terminal:
+        with _plain(console, description, total, "requests") as state:
+            yield lambda done, n: state.update(done=done, total=n)
+        return
     with Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -31,7 +66,6 @@ def request_progress(
         TimeElapsedColumn(),
         console=console,
         transient=True,
-        disable=not console.is_terminal,  # piped: not even a blank line
     ) as progress:
         task = progress.add_task(description, total=total)
         yield lambda done, n: progress.update(task, completed=done, total=n)
@@ -43,7 +77,17 @@ def step_progress(
 ) -> Iterator[Callable[..., None]]:
     """A bar over a few long steps (engines, grid points, runs): yields
     `update(done, description=None)`; `total` None shows a spinner and the elapsed time.
-    Transient on a terminal, silent when output is piped, like request_progress."""
+    Transient on a terminal, plain lines when output is piped, like request_progress."""
+    if not console.is_terminal:
+        with _plain(console, description, total, unit) as state:
+
+            def plain_update(done: int, description: str | None = None) -> None:
+                state["done"] = done
+                if description is not None:
+                    state["description"] = description
+
+            yield plain_update
+        return
     with Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -53,7 +97,6 @@ def step_progress(
         TimeElapsedColumn(),
         console=console,
         transient=True,
-        disable=not console.is_terminal,  # piped: not even a blank line
     ) as progress:
         task = progress.add_task(description, total=total)
 

@@ -28,6 +28,43 @@ FIXES: dict[str, dict[str, str]] = {
         "cbbench": "HTTP 429: raise cbbench serve --max-waiting / --max-queue-size or offer less "
         "load; 400: over --max-model-len; timeouts: cbbench bench --timeout",
     },
+    # the errors rule picks these by the failures' kind (harness/diagnose/rules/errors.py)
+    "errors-connection": {
+        "vllm": "connections refused or cut: the server stopped or crashed; its log says why "
+        "(CUDA OOM: lower --gpu-memory-utilization or --max-num-seqs); restart it and rerun",
+        "sglang": "connections refused or cut: the server stopped or crashed; check its log "
+        "(OOM: lower --mem-fraction-static or --max-running-requests)",
+        "tgi": "connections refused or cut: the server stopped or crashed; check its log "
+        "(OOM: lower --max-batch-total-tokens)",
+        "triton": "connections refused or cut: the server stopped or crashed; check its log "
+        "and the model's instance count",
+        "cbbench": "connections refused or cut: the server stopped or crashed; its log says "
+        "why (the process exited, was killed, or ran out of memory); restart it and rerun",
+    },
+    "errors-shed": {
+        "vllm": "HTTP 429/503 from a gateway in front of vLLM: raise its limits or offer less load",
+        "sglang": "load shedding: raise --max-queued-requests or offer less load",
+        "tgi": "HTTP 429 'Model is overloaded': raise --max-concurrent-requests or offer less load",
+        "triton": "queue full: raise dynamic_batching { default_queue_policy { max_queue_size } }"
+        " or offer less load",
+        "cbbench": "HTTP 429: raise cbbench serve --max-waiting / --max-queue-size or offer less "
+        "load",
+    },
+    "errors-context": {
+        "vllm": "HTTP 400: prompt + max_tokens over --max-model-len (raise it or cap requests)",
+        "sglang": "HTTP 400: over --context-length (raise it or cap requests)",
+        "tgi": "HTTP 422: over --max-input-tokens / --max-total-tokens",
+        "triton": "inputs over the engine's max_input_len / max_seq_len: rebuild the engine or "
+        "cap requests",
+        "cbbench": "HTTP 400: over cbbench serve --max-model-len (raise it or cap requests)",
+    },
+    "errors-timeout": {
+        "vllm": "timeouts: offer less load or raise the client timeout (cbbench bench --timeout)",
+        "sglang": "timeouts: offer less load or raise the client timeout",
+        "tgi": "timeouts: offer less load or raise the client timeout",
+        "triton": "timeouts: default_timeout_microseconds, or offer less load",
+        "cbbench": "timeouts: cbbench bench --timeout, or offer less load",
+    },
     "kv-pressure": {
         "vllm": "lower --max-num-seqs or --max-model-len; raise --gpu-memory-utilization "
         "(e.g. 0.9); more/larger GPUs (--tensor-parallel-size); --kv-cache-dtype fp8",
@@ -78,13 +115,14 @@ FIXES: dict[str, dict[str, str]] = {
         "--preferred-batch-sizes it waits for; or --scheduler continuous",
     },
     "prefill-stall": {
-        "vllm": "--enable-chunked-prefill with a smaller --max-num-batched-tokens (e.g. 512-2048) "
-        "so long prompts are split across steps",
+        "vllm": "lower --max-num-batched-tokens (e.g. 512-2048) so long prompts are split into "
+        "smaller chunks (chunked prefill is on by default in the V1 engine; on V0 add "
+        "--enable-chunked-prefill)",
         "sglang": "--chunked-prefill-size 2048 (or smaller); --schedule-conservativeness",
         "tgi": "lower --max-batch-prefill-tokens; --waiting-served-ratio to admit fewer prefills",
         "triton": "TensorRT-LLM backend: enable_chunked_context: true; lower max_num_tokens",
-        "cbbench": "cbbench serve --enable-chunked-prefill --max-num-batched-tokens 256; "
-        "--max-prefills-per-step 1",
+        "cbbench": "cbbench serve --max-num-batched-tokens 256 (chunked prefill is on by "
+        "default: a smaller step budget splits prompts finer); --max-prefills-per-step 1",
     },
     "length-skew": {
         "vllm": "cap --max-model-len; reject or truncate over-long prompts at the gateway; "

@@ -66,16 +66,20 @@ def markdown(diags: list[Diagnosis]) -> str:
 
 
 def _finding_html(f: Finding, engine: str | None) -> str:
+    """The finding, its fix for the run's engine in a line, and the other engines' fixes in a
+    collapsed table (five engines' fixes per finding pushed the charts screens down)."""
     ev = "".join(f"<li>{escape(e)}</li>" for e in f.evidence)
+    first, *others = engine_order(engine)
     fixes = "".join(
         f"<tr><td class=name><b>{escape(e)}</b></td><td class=name>{escape(f.fixes[e])}</td></tr>"
-        for e in engine_order(engine)
+        for e in others
     )
     return (
         f'<div class="finding"><p><b>{escape(f.title)}</b> <code>{escape(f.rule)}</code> '
         f"<span class=muted>{escape(f.severity)}</span><br>{escape(f.cause)}</p>"
-        f"<ul>{ev}</ul><table><tr><th class=name>engine</th><th class=name>fix</th></tr>"
-        f"{fixes}</table></div>"
+        f"<ul>{ev}</ul><p>fix ({escape(first)}): {escape(f.fixes[first])}</p>"
+        f"<details><summary>fixes for {len(others)} other engines</summary><table>"
+        f"<tr><th class=name>engine</th><th class=name>fix</th></tr>{fixes}</table></details></div>"
     )
 
 

@@ -31,6 +31,7 @@ from cbbench.harness.load.sessions import (
     group_sessions,
     history_mode,
 )
+from cbbench.harness.load.text_fit import TextFit
 from cbbench.harness.results.records import RequestRecord
 from cbbench.workloads.stats import describe_array
 
@@ -72,6 +73,7 @@ class WorkerPlan:
     cap_unit: str = "sessions"  # with sessions: a concurrency slot holds a session or a request
     keep_token_ids: bool = False  # sessions: keep prompt/reply token ids in record.extra
     prewarm: bool = True  # open `concurrency` connections before t0 (raw client)
+    text_fit: TextFit | None = None  # exact text prompts on the server's tokenizer (/tokenize)
 
 
 @dataclass
@@ -151,7 +153,9 @@ class Worker:
         self.plan = plan
         self.emit = emit
         self.stats = WorkerStats()
-        self.prompts = PromptBuilder(plan.seed, plan.prefix_block_size, plan.tokenizer)
+        self.prompts = PromptBuilder(
+            plan.seed, plan.prefix_block_size, plan.tokenizer, text_fit=plan.text_fit
+        )
         self.stop = asyncio.Event()
         self.t0_ns = 0
         self._warmup_t0_ns = 0

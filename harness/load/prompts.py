@@ -8,7 +8,9 @@ Text prompts (chat, or servers that only take text): with a `tokenizers` tokeniz
 are drawn from single-token words that survive a decode/encode round trip and the text is
 checked to encode to exactly the asked length. Without one, the text is common one-token
 English words separated by spaces: about one token per word on BPE tokenizers (GPT, Llama,
-Qwen), an approximation that the client reconciles with the server's usage numbers.
+Qwen), an approximation that the client reconciles with the server's usage numbers; unless
+the server exposes its tokenizer (`/tokenize`): then text of the exact length is written with
+what each word costs there (harness/load/text_fit.py).
 """
 
 from __future__ import annotations
@@ -19,72 +21,9 @@ from pathlib import Path
 import numpy as np
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.load.chat_template import load_chat_renderer
+from cbbench.harness.load.text_fit import TextFit
+from cbbench.harness.load.words import WORDS
 from cbbench.workloads.tokens import DEFAULT_ID_RANGE, PromptTokenIds
-
-# Short, very common words: one token each (with their leading space) on common BPE vocabularies.
-WORDS = [
-    "the",
-    "of",
-    "and",
-    "to",
-    "in",
-    "is",
-    "was",
-    "for",
-    "on",
-    "that",
-    "with",
-    "as",
-    "by",
-    "at",
-    "from",
-    "his",
-    "he",
-    "it",
-    "an",
-    "be",
-    "are",
-    "this",
-    "had",
-    "not",
-    "or",
-    "but",
-    "which",
-    "have",
-    "one",
-    "they",
-    "you",
-    "were",
-    "her",
-    "all",
-    "she",
-    "there",
-    "would",
-    "their",
-    "we",
-    "him",
-    "been",
-    "has",
-    "when",
-    "who",
-    "will",
-    "more",
-    "no",
-    "if",
-    "out",
-    "so",
-    "said",
-    "what",
-    "up",
-    "its",
-    "about",
-    "into",
-    "than",
-    "them",
-    "can",
-    "only",
-    "other",
-]
 
 
 class PromptBuilder:
@@ -94,12 +33,14 @@ class PromptBuilder:
         prefix_block_size: int = 512,
         tokenizer_path: str | None = None,
         id_range: tuple[int, int] = DEFAULT_ID_RANGE,
+        text_fit: TextFit | None = None,
     ) -> None:
         assert prefix_block_size > 0 and id_range[1] > id_range[0]
         self.seed = seed
         self.prefix_block_size = prefix_block_size
         self.tokenizer = None
         self.chat_render = None  # the model's chat template, from the tokenizer's folder
+        self.text_fit = None if tokenizer_path else text_fit  # the server's, via /tokenize
         vocab = np.arange(*id_range, dtype=np.int64)
         if tokenizer_path:
             self.tokenizer = _load_tokenizer(tokenizer_path)
@@ -122,6 +63,8 @@ class PromptBuilder:
 
     def text(self, index: int, prompt_len: int, prefix_ids: tuple[int, ...] = ()) -> str:
         ids = self.token_ids(index, prompt_len, prefix_ids)
+        if self.text_fit is not None:  # exact on the server's tokenizer
+            return self.text_fit.text(ids, prompt_len)
         if self.tokenizer is None:
             return " ".join(WORDS[i % len(WORDS)] for i in ids)
         text = self.tokenizer.decode(ids)
@@ -155,7 +98,10 @@ class PromptBuilder:
         if endpoint == "chat":  # with the model's template, as the server
             msgs = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
             n = self.count_chat(msgs)
-            if n is None and not session:
+            fit = self.text_fit
+            if n is None and not session and fit is not None and fit.chat_overhead is not None:
+                n = prompt_len + fit.chat_overhead  # the server's template, measured
+            elif n is None and not session:
                 n = prompt_len  # the message alone; the server's template adds to it
             return n
         if isinstance(prompt, str):  # text of the asked length, or a session's history

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from cbbench.harness.client import aio
 from cbbench.harness.client.api import ClientConfig, probe_server
-from cbbench.harness.console.live import LiveStats, LiveView, summary_table
+from cbbench.harness.console.live import LiveStats, LiveView, print_summary
 from cbbench.harness.console.outcome import outcome_lines, worker_timing_lines
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.load.loadgen import Job, WorkerPlan, run_worker
@@ -34,6 +34,7 @@ from cbbench.harness.load.shards import (
     split_jobs,
     unix_s_at,
 )
+from cbbench.harness.load.text_fit import fit_text_prompts
 from cbbench.harness.load.workers import run_workers
 from cbbench.harness.results.efficiency import add_telemetry_figures
 from cbbench.harness.results.environment import environment
@@ -140,7 +141,7 @@ def _plans(cfg: BenchConfig, client: ClientConfig) -> list[WorkerPlan]:
                 client=client,
                 concurrency=share(concurrency, n, w),
                 duration_s=cfg.duration_s,
-                seed=cfg.workload.seed,
+                seed=cfg.workload.prompt_seed,
                 prefix_block_size=cfg.workload.prefix_block_size,
                 tokenizer=cfg.tokenizer,
                 text_prompts=cfg.text_prompts or cfg.endpoint == "chat",
@@ -281,7 +282,7 @@ def run_bench(
         kernel_timestamps=cfg.kernel_timestamps,
     )
     plans = _plans(cfg, client)
-    meta = _run_meta(cfg, name, engine, model, len(plans))
+    meta = {**_run_meta(cfg, name, engine, model, len(plans)), **fit_text_prompts(cfg, plans)}
     if cfg.shard is not None:  # who this is and what it sends: what `cbbench merge` checks
         meta["shard"] = shard_meta(cfg.shard, cfg.workload.requests, cfg.concurrency, plans)
     writer = RunWriter(run_dir, secrets=(cfg.api_key,))
@@ -376,7 +377,7 @@ def run_bench(
         )
         writer.write_run(meta)
         writer.close()
-    out.print(summary_table(summary, f"cbbench bench: {name}"))
+    print_summary(out, summary, f"cbbench bench: {name}")
     for line in worker_timing_lines(summary):
         out.print(line, highlight=False)
     for line in outcome_lines(summary, interrupted=interrupted, planned=planned):

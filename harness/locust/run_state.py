@@ -24,6 +24,8 @@ import gevent
 from cbbench.harness.client.api import ClientConfig, probe_server
 from cbbench.harness.load.prompts import PromptBuilder
 from cbbench.harness.load.sessions import Conversation, Prompt, history_mode
+from cbbench.harness.load.text_fit import fetch_text_fit
+from cbbench.harness.load.words import WORDS
 from cbbench.harness.locust.collector import RunCollector
 from cbbench.harness.locust.dispenser import Dispenser, Plan, Ticket
 from cbbench.harness.locust.settings import LocustSettings, load_workload_for, workload_digest
@@ -75,10 +77,14 @@ class LocustRun:
             extensions=settings.extensions,
             extra_body=settings.extra_body,
         )
-        self.prompts = PromptBuilder(
-            self.workload.seed, self.workload.prefix_block_size, settings.tokenizer
-        )
         self.text_prompts = settings.text_prompts or settings.endpoint == "chat"
+        fit = None  # exact text lengths on a server with /tokenize, as `bench` (text_fit.py)
+        if self.text_prompts and not settings.tokenizer:
+            fit = fetch_text_fit(settings.base_url, settings.model, WORDS, settings.api_key)[0]
+        wl = self.workload
+        self.prompts = PromptBuilder(
+            wl.prompt_seed, wl.prefix_block_size, settings.tokenizer, text_fit=fit
+        )
         has_text = any(r.text is not None for r in self.workload.requests)
         self.history_mode = history_mode(settings.endpoint, self.text_prompts, has_text)
         self.t0_ns: int | None = None

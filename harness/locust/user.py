@@ -11,9 +11,10 @@ unit in arrival order (a session by its first turn) and sends it when it is due;
 user is busy it waits for one (recorded as `client_queue_s`, as `cbbench bench` does with a
 concurrency cap). Pacing: `wait_time` is Locust's `constant_pacing` (set by `--pacing`).
 
-Per finished request, Locust samples of request_type "LLM": "TTFT", "TPOT", "E2E" (response
-time in ms; E2E's response length is the output tokens) and one "ITL" sample per token gap.
-A failed request is one failed "E2E" sample carrying the error.
+Per finished request, one Locust request of request_type "LLM" named "E2E" (response time in
+ms, response length the output tokens): Locust's RPS and Aggregated row count requests. Rows
+"TTFT", "TPOT" and "ITL" (one sample per token gap) sit beside it in Locust's table, outside
+the Aggregated row. A failed request is one failed "E2E" request carrying the error.
 """
 
 from __future__ import annotations
@@ -35,32 +36,41 @@ class LLMRequestError(Exception):
     """A failed request, as Locust's failures table shows it."""
 
 
-def report_to_locust(events, rec: RequestRecord, itl_events: bool = True) -> None:
-    fire = events.request.fire
-
-    def sample(name: str, seconds: float, length: int = 0, exc: Exception | None = None) -> None:
-        fire(
-            request_type=REQUEST_TYPE,
-            name=name,
-            response_time=seconds * 1000.0,
-            response_length=length,
-            exception=exc,
-            context={"request_id": rec.id},
-        )
-
+def report_to_locust(environment, rec: RequestRecord, itl_events: bool = True) -> None:
+    """One Locust request per LLM request (its E2E): Locust's header RPS, its Aggregated row
+    and its request listeners count requests. TTFT, TPOT and ITL get rows of their own in
+    Locust's table (logged into their stats entries, which the distributed master merges
+    like any row) but are not requests: they stay out of the Aggregated row and the RPS."""
     if not rec.ok:
         elapsed = (rec.end_s or 0.0) - (rec.sent_s or rec.end_s or 0.0)
-        sample("E2E", elapsed, 0, LLMRequestError(f"{rec.error_kind}: {rec.error}"))
+        exc = LLMRequestError(f"{rec.error_kind}: {rec.error}")
+        _fire(environment, rec, "E2E", elapsed, 0, exc)
         return
+    stats = environment.stats
+
+    def part(name: str, seconds: float, length: int = 0) -> None:
+        stats.get(name, REQUEST_TYPE).log(seconds * 1000.0, length)
+
     if rec.ttft_s is not None:
-        sample("TTFT", rec.ttft_s)
+        part("TTFT", rec.ttft_s)
     if rec.tpot_s is not None:
-        sample("TPOT", rec.tpot_s)
+        part("TPOT", rec.tpot_s)
     if itl_events:
         for gap in rec.itl_s:
-            sample("ITL", gap, 1)
+            part("ITL", gap, 1)
     tokens = rec.output_tokens_server or rec.output_tokens_client or 0
-    sample("E2E", rec.e2e_s or 0.0, tokens)
+    _fire(environment, rec, "E2E", rec.e2e_s or 0.0, tokens)
+
+
+def _fire(environment, rec: RequestRecord, name: str, seconds: float, length: int, exc=None):
+    environment.events.request.fire(
+        request_type=REQUEST_TYPE,
+        name=name,
+        response_time=seconds * 1000.0,
+        response_length=length,
+        exception=exc,
+        context={"request_id": rec.id},
+    )
 
 
 class CbbenchUser(User):
@@ -108,7 +118,7 @@ class CbbenchUser(User):
                 )
                 pending = False
                 if run.keep(rec):
-                    report_to_locust(self.environment.events, rec, run.settings.itl_events)
+                    report_to_locust(self.environment, rec, run.settings.itl_events)
                 if conv is not None and not conv.reply(rec, prompt, reply):
                     return  # a failed turn ends its session: there is no reply to build on
         finally:

@@ -232,10 +232,18 @@ def _run_phases(
                 batching.confidence,
             )
         )
-    elif want("chunked-prefill", 6, 2.5 + 3 * (fresh_ttft or ttft) + 2.0):
-        pr.say("chunked-prefill: long prompts arriving while streams decode")
-        wl = design.chunked_prefill(pace)
-        verdicts.append(V.chunked_prefill(pr.phase("chunked-prefill", wl), 3, tpot))
+    else:
+        engine = pr.info.get("cbbench") or {}  # the reference engine says its step budget
+        budget = engine.get("max_num_batched_tokens")
+        declared = engine.get("enable_chunked_prefill")
+        n = design.chunk_prompt(pace, budget)
+        if budget and n <= budget and declared is not False:
+            verdicts.append(V.prompt_fits_one_step(n, budget, pr.max_model_len))
+        elif want("chunked-prefill", 6, 4.5 + 3 * (fresh_ttft or ttft) * n / pace.long_prompt):
+            pr.say(f"chunked-prefill: {n}-token prompts arriving while streams decode")
+            wl = design.chunked_prefill(pace, prompt_len=n)
+            recs = pr.phase("chunked-prefill", wl)
+            verdicts.append(V.chunked_prefill(recs, 3, tpot, budget, declared))
 
 
 __all__ = ["PHASES", "PROBE_FILE", "ProbeConfig", "ProbeResult", "Verdict", "run_probe"]

@@ -89,13 +89,30 @@ def prefix_cache(p: Pace) -> Workload:
     return _wl("prefix-cache", reqs, block=n)
 
 
-def chunked_prefill(p: Pace, streams: int = 3, prompts: int = 3) -> Workload:
+# a prompt longer than any common default step budget (vLLM: 2,048 to 16,384 tokens), used
+# when the server does not say its own
+CHUNK_PROMPT_MAX = 16384 + 1024
+
+
+def chunk_prompt(p: Pace, budget: int | None) -> int:
+    """The chunked-prefill test prompt: longer than the step budget where the server says it
+    (twice it, within the context), else as long as the context allows up to CHUNK_PROMPT_MAX:
+    a prompt that fits one step shows no chunking whether chunking is on or off."""
+    room = (p.max_model_len - 64) // 16 * 16
+    want = 2 * budget if budget else CHUNK_PROMPT_MAX
+    return max(64, min(room, want))
+
+
+def chunked_prefill(
+    p: Pace, streams: int = 3, prompts: int = 3, prompt_len: int | None = None
+) -> Workload:
     """`streams` requests decoding for a while; `prompts` fresh long prompts arrive while
     they run. How a prefill splits across the streams' token gaps shows chunking."""
+    prompt_len = prompt_len or p.long_prompt
     n_out = p.long_output(2.5)
     t_run = n_out * p.tpot_s
     reqs = [RequestSpec(i, SHORT_PROMPT, n_out, 0.0) for i in range(streams)]
     for k in range(prompts):
         at = p.ttft_s + (0.2 + 0.2 * k) * t_run
-        reqs.append(RequestSpec(streams + k, p.long_prompt, 2, at))
+        reqs.append(RequestSpec(streams + k, prompt_len, 2, at))
     return _wl("chunked-prefill", reqs)

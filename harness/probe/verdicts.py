@@ -10,6 +10,7 @@ from cbbench.harness.results.records import RequestRecord
 
 ITERATION, REQUEST = "iteration-level", "request-level"
 JUMP = 1.7  # TTFT p50 growth from one concurrency level to the next that means queueing
+ERRATIC = 0.7  # a higher concurrency delivering under this share of a lower one's tok/s: noise
 STATIC_WAIT_S = 0.25  # a lone request held this long (and 10 steps) waits for a full batch
 
 
@@ -167,10 +168,11 @@ def max_batch(levels: list[tuple[int, list[RequestRecord]]], tpot_s: float) -> V
     for i, (a, b) in enumerate(zip(rows, rows[1:], strict=False)):
         queued = b[3] >= JUMP * a[3] and b[3] - a[3] >= 3 * a[2]  # waits of 3+ tokens
         lasting = all(c[3] >= JUMP * a[3] for c in rows[i + 2 :])  # not one noisy level
-        if a[0] < knee[0] and queued and lasting and b[2] <= 1.2 * a[2]:
+        more = b[1] > 1.15 * a[1]  # throughput still grew: they joined the batch (a slower
+        # prefill of more prompts raises TTFT too), they did not queue
+        if a[0] < knee[0] and queued and lasting and b[2] <= 1.2 * a[2] and not more:
             knee, jump = a, b
             break
-    after = [r for r in rows if r[0] > knee[0]]
     ev = [
         "concurrency → output tok/s, TPOT p50, TTFT p50: "
         + "; ".join(f"{c}: {tp:.0f}, {_ms(tpot)}, {_ms(ttft)}" for c, tp, tpot, ttft in rows)
@@ -181,6 +183,28 @@ def max_batch(levels: list[tuple[int, list[RequestRecord]]], tpot_s: float) -> V
             for c, tp, a, b in rows
         ]
     }
+    # without a queueing jump the knee rests on throughput alone: a level that delivers far
+    # less than a lower one is noise (a shared machine, a slow moment), and the knee with it
+    drops = [(a, b) for i, a in enumerate(rows) for b in rows[i + 1 :] if b[1] < ERRATIC * a[1]]
+    if jump is None and drops and rows[-1][1] >= 0.95 * best:
+        knee = rows[-1]  # noisy on the way, but the top level delivered the most: >= the top
+    elif jump is None and drops:
+        a, b = drops[0]
+        ev.append(
+            f"output tok/s fell from {a[1]:,.0f} at concurrency {a[0]} to {b[1]:,.0f} at "
+            f"{b[0]}, with no lasting TTFT jump (queueing): the throughput curve is too noisy "
+            "to place the limit"
+        )
+        return Verdict(
+            "max_batch",
+            "unknown",
+            "cannot tell: throughput did not grow steadily with concurrency and no level "
+            "queued; rerun on a quieter machine or with more requests per level",
+            0.0,
+            ev,
+            nums,
+        )
+    after = [r for r in rows if r[0] > knee[0]]
     if not after:
         return Verdict(
             "max_batch",
@@ -260,9 +284,35 @@ def prefix_caching(records: list[RequestRecord], pattern: str, short_ttft_s: flo
     return Verdict("prefix_caching", "unknown", "partly faster repeats: unclear", 0.3, ev, nums)
 
 
-def chunked_prefill(records: list[RequestRecord], streams: int, tpot_s: float) -> Verdict:
+COMMON_BUDGET_MAX = 16384  # the largest default step budget of common servers (vLLM)
+
+
+def prompt_fits_one_step(prompt_len: int, budget: int, max_model_len: int) -> Verdict:
+    """The server's step budget holds the longest prompt its context allows: a prompt that
+    fits one step is never split, so chunking cannot show."""
+    return Verdict(
+        "chunked_prefill",
+        "unknown",
+        f"cannot tell: the longest test prompt the context allows ({prompt_len} of "
+        f"{max_model_len} tokens) fits one step of the server's {budget}-token budget, so it "
+        "is never split, chunked prefill on or off",
+        0.0,
+        [f"step budget (max_num_batched_tokens) {budget}; test prompt {prompt_len} tokens"],
+        {"prompt_len": prompt_len, "budget": budget},
+    )
+
+
+def chunked_prefill(
+    records: list[RequestRecord],
+    streams: int,
+    tpot_s: float,
+    budget: int | None = None,
+    declared: bool | None = None,
+) -> Verdict:
     """While a long prompt is prefilled, do running streams see one long stall (no chunking)
-    or several shorter ones (the prompt split across steps)?"""
+    or several shorter ones (the prompt split across steps)? One whole stall means "off" only
+    when the prompt was longer than the step budget (the server's, or any common default when
+    it does not say), or the server says chunking is off; else "unknown"."""
     ok = _ok(records)
     runs = [r for r in ok if r.index < streams]
     joins = [r for r in ok if r.index >= streams]
@@ -308,6 +358,20 @@ def chunked_prefill(records: list[RequestRecord], streams: int, tpot_s: float) -
             "unknown",
             "a long prefill is too cheap here to tell",
             0.3,
+            ev,
+            nums,
+        )
+    n = joins[0].prompt_len
+    over = budget if budget else COMMON_BUDGET_MAX
+    if share >= 0.6 and declared is not False and n <= over:
+        where = f"the server's {budget}" if budget else f"a default (up to {over:,})"
+        return Verdict(
+            "chunked_prefill",
+            "unknown",
+            f"cannot tell: a {n}-token prompt stalled streams for its whole prefill, but it "
+            f"may fit one step of {where}-token step budget: chunked prefill is off, or its "
+            f"budget is at least {n} tokens",
+            0.2,
             ev,
             nums,
         )

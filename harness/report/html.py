@@ -30,6 +30,7 @@ from cbbench.harness.report.table import (
     STAT_KEYS,
     best_index,
     fmt,
+    fmt_column,
     shown_columns,
 )
 
@@ -50,6 +51,9 @@ svg .axes rect{fill:none;stroke:#999}svg .axes line{stroke:#eee}
 .muted{color:#777}code{background:#f4f5f7;padding:0 3px}
 .finding{border-left:3px solid #e0a800;padding:2px 10px;margin:8px 0}
 .finding td{white-space:normal;max-width:900px}
+.finding details{margin:4px 0}.finding summary{cursor:pointer;color:#555}
+#summary th{white-space:normal;vertical-align:bottom;min-width:3.5em}
+#summary th,#summary td{padding:3px 5px}
 """
 
 
@@ -77,9 +81,10 @@ def _summary_table(runs: list[LoadedRun], rows: list[dict]) -> str:
     )
     body = []
     best = {c.key: best_index([r.get(c.key) for r in rows], c.better) for c in columns}
-    for i, (lr, row) in enumerate(zip(runs, rows, strict=True)):
+    text = {c.key: fmt_column([r.get(c.key) for r in rows], c.unit) for c in columns}
+    for i, lr in enumerate(runs):
         cells = "".join(
-            f"<td{' class=best' if i in best[c.key] else ''}>{escape(fmt(row.get(c.key), c.unit))}</td>"
+            f"<td{' class=best' if i in best[c.key] else ''}>{escape(text[c.key][i])}</td>"
             for c in columns
         )
         body.append(f"<tr>{_name_cell(lr)}{cells}</tr>")
@@ -218,7 +223,7 @@ def render(
     ]
     data = {
         "runs": [
-            {"label": lr.label, "simulated": lr.simulated, "summary": row}
+            {"label": lr.label, "name": lr.run.name, "simulated": lr.simulated, "summary": row}
             for lr, row in zip(runs, rows, strict=True)
         ],
         "warnings": warnings,

@@ -10,7 +10,7 @@ from cbbench.harness.report.runs import (
     timing_warnings,
     trust_warnings,
 )
-from cbbench.harness.report.table import SUMMARY_COLUMNS, Column, best_index, fmt
+from cbbench.harness.report.table import SUMMARY_COLUMNS, Column, best_index, fmt_column
 
 MD_KEYS = (
     "request_throughput",
@@ -75,14 +75,10 @@ def render_markdown(runs: list[LoadedRun], rows: list[dict]) -> str:
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" + "---:|" * len(cols))
     best = {c.key: best_index([r.get(c.key) for r in rows], c.better) for c in cols}
-    for i, (lr, row) in enumerate(zip(runs, rows, strict=True)):
+    text = {c.key: fmt_column([r.get(c.key) for r in rows], c.unit) for c in cols}
+    for i, lr in enumerate(runs):
         name = md_text(lr.label) + (" **SIMULATED**" if lr.simulated else "")
-        cells = [
-            f"**{fmt(row.get(c.key), c.unit)}**"
-            if i in best[c.key]
-            else fmt(row.get(c.key), c.unit)
-            for c in cols
-        ]
+        cells = [f"**{text[c.key][i]}**" if i in best[c.key] else text[c.key][i] for c in cols]
         lines.append("| " + " | ".join([name, *cells]) + " |")
     if len(runs) > 1:
         by_key = {c.key: c for c in SUMMARY_COLUMNS}

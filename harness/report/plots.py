@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from cbbench.harness.report.runs import LoadedRun, load_level
 from cbbench.harness.report.samples import RunSamples
-from cbbench.harness.report.svg import Series, chart, color, downsample_minmax
+from cbbench.harness.report.svg import PALETTE, Series, chart, color, downsample_minmax
 
 CDF_POINTS = 200  # quantiles per CDF curve
 TIMELINE_POINTS = 600  # per run and metric
@@ -62,7 +62,9 @@ def curve_charts(runs: list[LoadedRun], samples: list[RunSamples], rows: list[di
                     f"{stat} {py[j]:.1f} ms at {px[j]:.1f} tok/s"
                     for j, k in enumerate(keep)
                 ]
-                c = color(min(idx))  # the colour of the group's first run in every chart
+                # p50: the colour of the group's first run in every chart; p99 a hue of its
+                # own (half the palette away), so the two never read as one line
+                c = color(min(idx) + (len(PALETTE) // 2 if stat == "p99" else 0))
                 if len(idx) > 1:
                     series.append(Series(f"{name} {stat}", px, py, c, dash=dash))
                 series.append(
@@ -145,10 +147,9 @@ def session_charts(runs: list[LoadedRun]) -> list[str]:
                 f"{lr.label}: turn {x:.0f}, TTFT p{q} {y:.1f} ms"
                 for x, y in zip(xs, ys, strict=True)
             ]
-            ttft.append(Series(f"{lr.label} p{q}", xs, ys, color(i), dash=dash))
-            ttft.append(
-                Series(f"{lr.label} p{q}", xs, ys, color(i), "markers", dash, tips, legend=False)
-            )
+            c = color(i + (len(PALETTE) // 2 if q == 90 else 0))  # p90: a hue of its own
+            ttft.append(Series(f"{lr.label} p{q}", xs, ys, c, dash=dash))
+            ttft.append(Series(f"{lr.label} p{q}", xs, ys, c, "markers", dash, tips, legend=False))
         xs, ys = [], []
         for t in turns:
             pairs = [

@@ -70,9 +70,16 @@ def load_runs(paths: list[str | Path]) -> list[LoadedRun]:
         LoadedRun(load_run(d), "", s, s is not None and (d.parent / SWEEP_FILE).exists())
         for d, s in found
     ]
+    # a run is named after its folder (what the user typed and can find again), not its
+    # workload: two runs of one workload are otherwise "mixed" and "mixed #2"
+    bases = [
+        lr.run.dir.name if lr.sweep is None else f"{lr.sweep}/{lr.run.dir.name}" for lr in runs
+    ]
+    twice = {b for b in bases if bases.count(b) > 1}
     seen: dict[str, int] = {}
-    for lr in runs:
-        base = lr.run.name if lr.sweep is None else f"{lr.sweep}/{lr.run.dir.name}"
+    for lr, base in zip(runs, bases, strict=True):
+        if base in twice and lr.sweep is None:  # results/a/run and results/b/run
+            base = f"{lr.run.dir.parent.name}/{base}"
         n = seen.get(base, 0)
         seen[base] = n + 1
         lr.label = base if n == 0 else f"{base} #{n + 1}"

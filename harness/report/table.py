@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -191,3 +192,21 @@ def fmt(value: Any, unit: str = "") -> str:
     if isinstance(value, int):
         return f"{value:,}"
     return f"{value:,.2f}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+def fmt_column(values: list[Any], unit: str = "") -> list[str]:
+    """One column's cells with one number format: the decimals follow the column's largest
+    magnitude (1 from 100 up, 2 from 1, else 3), so no column reads "2,047" beside "370.45"."""
+    if unit in ("ms", "%") or not any(
+        isinstance(v, float) and not isinstance(v, bool) for v in values
+    ):
+        return [fmt(v, unit) for v in values]
+    finite = [abs(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    top = max(finite, default=0.0)
+    digits = 1 if top >= 100 else 2 if top >= 1 else 3
+    return [
+        f"{v:,.{digits}f}"
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        else fmt(v, unit)
+        for v in values
+    ]

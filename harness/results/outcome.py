@@ -60,8 +60,9 @@ def stopped_answering(records: Iterable[RequestRecord]) -> str | None:
     lost = [r for r in measured if r.status == "error" and r.error_kind in CONNECTION_KINDS]
     if not measured or 2 * len(lost) <= len(measured):
         return None
-    first = min(lost, key=lambda r: (r.sent_s is None, r.sent_s or 0.0))
-    when = f" from +{first.sent_s:.1f} s" if first.sent_s is not None else ""
+    first = first_failure(lost)
+    at = failed_at(first)
+    when = f" from +{at:.1f} s" if at is not None else ""
     return (
         f"the server stopped answering: {len(lost)} of {len(measured)} requests failed on "
         f"connection errors{when} ({first.error or first.error_kind})"
@@ -113,3 +114,15 @@ def all_failed(summary: RunSummary) -> str | None:
     top = next(iter(reasons), None)
     why = f": {top}" if top else ""
     return f"all {counts['total']} requests failed{why}"
+
+
+def failed_at(r: RequestRecord) -> float | None:
+    """When a request's failure was seen (its end; its send where it never ended): the one
+    placement of a failure in time that `bench` and `diagnose` both print."""
+    return r.end_s if r.end_s is not None else r.sent_s
+
+
+def first_failure(failed: Iterable[RequestRecord]) -> RequestRecord:
+    """The failed request whose failure was seen first (not the first one sent: a request
+    in flight when the server died was sent long before it failed)."""
+    return min(failed, key=lambda r: (failed_at(r) is None, failed_at(r) or 0.0))

@@ -69,7 +69,7 @@ def simulate_cluster_study(opts: ClusterOptions, console: Console) -> ClusterStu
             try:
                 results[name] = simulate_cluster(
                     wl.requests, cfg, opts.num_replicas, make_policy(name),
-                    prefix_block_size=wl.prefix_block_size, seed=wl.seed, on_progress=upd,
+                    prefix_block_size=wl.prefix_block_size, seed=wl.prompt_seed, on_progress=upd,
                 )  # fmt: skip
             except EngineError as exc:
                 if "workload request" in str(exc):

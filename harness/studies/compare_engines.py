@@ -225,7 +225,7 @@ def _run(args: CompareOptions, names: list[str], console: Console) -> dict:
         names.remove("vllm")
     folder = model_folder(args.model, out, args.seed)
     max_len = max(r.prompt_len + r.output_len for r in wl.requests) + 1
-    prompts = PromptBuilder(seed=wl.seed, prefix_block_size=wl.prefix_block_size)
+    prompts = PromptBuilder(seed=wl.prompt_seed, prefix_block_size=wl.prefix_block_size)
     jobs = [
         peers.Job(
             f"r{r.index}", prompts.token_ids(r.index, r.prompt_len, r.prefix_ids), r.output_len

@@ -253,7 +253,7 @@ def _replay(
 ) -> SimResult:
     try:
         return replay(
-            wl.requests, cfg, prefix_block_size=wl.prefix_block_size, seed=wl.seed,
+            wl.requests, cfg, prefix_block_size=wl.prefix_block_size, seed=wl.prompt_seed,
             timeline=timeline, temperature=temperature, on_progress=on_progress,
         )  # fmt: skip
     except EngineError as exc:
@@ -321,7 +321,7 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
         with request_progress(console, "all engines", len(wl) * len(cfgs)) as upd:
             res = replay_interleaved(
                 wl.requests, list(cfgs.values()), prefix_block_size=wl.prefix_block_size,
-                seed=wl.seed, timeline=timeline, temperature=opts.temperature, on_progress=upd,
+                seed=wl.prompt_seed, timeline=timeline, temperature=opts.temperature, on_progress=upd,
             )  # fmt: skip
         console.print(
             f"{len(cfgs)} engines run interleaved in {time.perf_counter() - t0:.1f}s wall"

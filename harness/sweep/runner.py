@@ -23,11 +23,11 @@ from pathlib import Path
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.load.options import ClientOptions, LoadOptions, bench_config
 from cbbench.harness.sweep.levels import Level, SaturationWatch, auto_rates
+from cbbench.harness.sweep.verdict import SUSTAINED, judge_level
 from cbbench.harness.telemetry import TelemetryOptions, build_samplers
 
 SWEEP_FILE = "sweep.json"
 SWEEP_TABLE = "sweep.md"  # print_sweep's table, as Markdown
-SUSTAINED = 0.9  # achieved/offered request rate above which a rate level is sustained
 
 
 @dataclass
@@ -89,6 +89,8 @@ def run_level(opts: SweepOptions, level: Level, seed_offset: int = 0) -> dict:
             f"{cfg.out_dir}: level stopped while finishing ({watch.reason})"
         ) from None
     s = result.summary
+    open_loop = level.rate is not None and not math.isinf(level.rate)
+    verdict = judge_level(result.records, level.rate) if open_loop else None
     return {
         "name": level.name,
         "load": level.describe(),
@@ -103,6 +105,7 @@ def run_level(opts: SweepOptions, level: Level, seed_offset: int = 0) -> dict:
         "requests": (s.get("counts") or {}).get("total"),
         "goodput_fraction": (s.get("goodput") or {}).get("fraction"),
         "stopped_early": watch.reason,
+        "verdict": None if verdict is None else verdict.to_dict(),
         "interrupted": result.interrupted and watch.reason is None,  # the user's Ctrl-C
         "wall_s": round(time.monotonic() - t, 3),
     }
@@ -114,17 +117,28 @@ def _write_index(out: Path, index: dict) -> None:
     os.replace(tmp, out / SWEEP_FILE)
 
 
+def _sustained(lv: dict) -> bool | None:
+    """A rate level's verdict (harness/sweep/verdict.py): True, False, or None when it was
+    too short to judge. Rows written before verdicts fall back to completed / window."""
+    if lv.get("stopped_early"):
+        return False
+    if lv.get("verdict") is not None:
+        return lv["verdict"]["sustained"]
+    return (lv.get("request_throughput") or 0) >= SUSTAINED * lv["rate"]
+
+
 def saturation(levels: list[dict]) -> dict:
-    """The highest offered rate the server sustained, and the most it ever delivered."""
-    sustained = [
-        lv["rate"]
-        for lv in levels
-        if lv["rate"]
-        and not lv["stopped_early"]
-        and (lv["request_throughput"] or 0) >= SUSTAINED * lv["rate"]
-    ]
+    """The highest offered rate the server sustained (levels too short to judge count for
+    nothing), the most it ever delivered, and the levels that were too short to judge."""
+    rated = [lv for lv in levels if lv.get("rate")]
+    sustained = [lv["rate"] for lv in rated if _sustained(lv)]
+    unjudged = [lv["name"] for lv in rated if _sustained(lv) is None]
     peak = max((lv["request_throughput"] or 0 for lv in levels), default=0.0)
-    return {"max_sustained_rate": max(sustained, default=None), "max_request_throughput": peak}
+    return {
+        "max_sustained_rate": max(sustained, default=None),
+        "max_request_throughput": peak,
+        "too_short": unjudged,
+    }
 
 
 def _check(opts: SweepOptions) -> None:
@@ -190,16 +204,31 @@ def run_sweep(opts: SweepOptions) -> dict:
     return index
 
 
+def _verdict_cell(lv: dict) -> str:
+    if lv.get("rate") is None:
+        return ""
+    v = lv.get("verdict")
+    ok = _sustained(lv)
+    if ok is None:
+        need = (v or {}).get("needed_requests")
+        return "too short to judge" + (f" (needs {need} requests)" if need else "")
+    if ok or not v or v.get("achieved_rps") is None:
+        return "sustained" if ok else "not sustained"
+    return f"not sustained ({v['achieved_rps']:.3g} of {v['sent_rps']:.3g} req/s)"
+
+
 def print_sweep(index: dict, folder: Path | None = None) -> Path | None:
-    """The levels' table on stderr (Markdown when stderr is not a terminal: names whole),
-    also written as Markdown into `folder` (SWEEP_TABLE) when given; returns that file."""
+    """The levels' table and verdict on stdout (Markdown when stdout is not a terminal: names
+    whole), also written as Markdown into `folder` (SWEEP_TABLE) when given; returns that
+    file."""
     from cbbench.harness.results.compare import emit_table
     from rich.console import Console
     from rich.table import Table
 
     t = Table(title=f"cbbench sweep ({index['mode']}, {index['status']})")
-    for col in ("level", "req/s", "output tok/s", "TTFT p50 (ms)", "TTFT p99 (ms)", "note"):
-        t.add_column(col, justify="left" if col in ("level", "note") else "right")
+    cols = ("level", "req/s", "output tok/s", "TTFT p50 (ms)", "TTFT p99 (ms)", "verdict", "note")
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("level", "verdict", "note") else "right")
 
     def ms(v):
         return "–" if v is None else f"{v * 1e3:.1f}"
@@ -211,17 +240,32 @@ def print_sweep(index: dict, folder: Path | None = None) -> Path | None:
             "–" if lv["output_throughput"] is None else f"{lv['output_throughput']:.1f}",
             ms(lv["ttft_p50_s"]),
             ms(lv["ttft_p99_s"]),
+            _verdict_cell(lv),
             lv["stopped_early"] or "",
         )
-    path = emit_table(Console(stderr=True), t, folder, SWEEP_TABLE)
+    path = emit_table(Console(), t, folder, SWEEP_TABLE)
     sat = index["saturation"]
+    for lv in index["levels"]:
+        why = (lv.get("verdict") or {}).get("too_short")
+        if why and not lv.get("stopped_early"):
+            print(f"{lv['load']}: {why}")
     if sat["max_sustained_rate"] is not None:
         print(
             f"highest sustained rate {sat['max_sustained_rate']:g} req/s; "
-            f"peak {sat['max_request_throughput']:.2f} req/s",
-            file=sys.stderr,
+            f"peak {sat['max_request_throughput']:.2f} req/s"
+            + (" (higher levels too short to judge)" if _judged_below(index) else "")
         )
+    elif any(lv.get("rate") for lv in index["levels"]):
+        print("no rate level was judged sustained")
     return path
+
+
+def _judged_below(index: dict) -> bool:
+    """Whether a level above the highest sustained rate was too short to judge."""
+    top = index["saturation"]["max_sustained_rate"]
+    return any(
+        lv.get("rate") and lv["rate"] > top and _sustained(lv) is None for lv in index["levels"]
+    )
 
 
 def find_max_rate(opts: SweepOptions) -> dict:

@@ -278,6 +278,17 @@ class EngineConfig:
             return self.dynamic.max_batch_size
         return self.continuous.max_num_seqs
 
+    def step_budget(self) -> dict:
+        """The prefill step budget, for clients that test chunking (`cbbench probe`, via
+        /v1/models); empty for the run-to-completion schedulers (no step budget there)."""
+        if self.scheduler != "continuous":
+            return {}
+        c = self.continuous
+        return {
+            "max_num_batched_tokens": c.max_num_batched_tokens,
+            "enable_chunked_prefill": c.enable_chunked_prefill,
+        }
+
 
 def kv_blocks_for_memory(memory_gib: float, bytes_per_block: int) -> int:
     """KV blocks that fit in `memory_gib` GiB (2**30 bytes): the one rule for both executors."""

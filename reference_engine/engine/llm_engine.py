@@ -191,6 +191,7 @@ class LLMEngine(StepUpdate):
             "max_model_len": self.max_model_len,
             "enable_prefix_caching": self.config.enable_prefix_caching,
             "num_seqs_limit": self.scheduler.limit_stats()["num_seqs_limit"],
+            **self.config.step_budget(),
         }
 
     @property

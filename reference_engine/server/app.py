@@ -33,6 +33,7 @@ from cbbench.reference_engine.server.errors import (
 from cbbench.reference_engine.server.guard import GuardMiddleware
 from cbbench.reference_engine.server.metrics import CONTENT_TYPE, ServerMetrics
 from cbbench.reference_engine.server.serving import Generation, ResponseShaper
+from cbbench.reference_engine.server.tokenize import add_tokenize_route
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -127,6 +128,8 @@ def create_app(
         if not engine.accepting:
             return JSONResponse(error_body("engine not running", "server_error"), 503)
         return Response(status_code=200)
+
+    add_tokenize_route(app, state, _parse)  # vLLM's /tokenize (exact text prompt lengths)
 
     @app.get("/metrics")
     async def prometheus() -> Response:

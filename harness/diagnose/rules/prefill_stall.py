@@ -74,7 +74,7 @@ def check(v: RunView) -> Finding | None:
             f"{len(spikes)} gaps over {SPIKE:g}x the usual gap",
             "worst stalls at " + ", ".join(f"{a:.2f}–{b:.2f} s" for a, b in worst),
         ],
-        fixes=fixes_for("prefill-stall"),
+        fixes=_fixes(v.engine_info),
         time_ranges=sorted(worst),
         values={
             "gap_with_prefill_p50_s": m_with,
@@ -83,6 +83,25 @@ def check(v: RunView) -> Finding | None:
             "stalls": len(spikes),
         },
     )
+
+
+def _fixes(engine: dict) -> dict[str, str]:
+    """The fixes, the reference engine's fitted to what it ran with: chunked prefill is its
+    default, so telling the user to enable it is only right when it was turned off."""
+    fixes = fixes_for("prefill-stall")
+    budget = engine.get("max_num_batched_tokens")
+    if engine.get("enable_chunked_prefill") is False:
+        fixes["cbbench"] = (
+            "serve without --no-enable-chunked-prefill (chunked prefill, the default, splits "
+            "long prompts across steps); --max-prefills-per-step 1"
+        )
+    elif isinstance(budget, int):
+        fixes["cbbench"] = (
+            f"cbbench serve --max-num-batched-tokens {max(64, budget // 4)} (chunked prefill "
+            f"was on with a {budget}-token step budget: a smaller one splits prompts finer); "
+            "--max-prefills-per-step 1"
+        )
+    return fixes
 
 
 RULE = Rule("prefill-stall", "token gaps of running streams spike when a prefill joins", check)
