@@ -13,11 +13,13 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from cbbench.workloads.agent import build_agent
 from cbbench.workloads.arrivals import with_arrivals
 from cbbench.workloads.errors import WorkloadError
 from cbbench.workloads.native import is_native_object, read_native
 from cbbench.workloads.presets import PRESETS
 from cbbench.workloads.sessions import chain_sessions
+from cbbench.workloads.shared_prefix import build_shared_prefix
 from cbbench.workloads.spec import Workload
 from cbbench.workloads.stream import (
     STREAM_ABOVE,
@@ -49,8 +51,9 @@ else:  # pragma: no cover - Python 3.10
 
 SPEC_KEYS = (
     "name", "description", "seed", "num_requests", "trace", "arrival",
-    "prompt", "output", "priority", "prefix", "mixture", "session",
+    "prompt", "output", "priority", "prefix", "mixture", "session", "agent", "shared_prefix",
 )  # fmt: skip
+GENERATOR_KEYS = ("agent", "shared_prefix")  # a whole workload from one generator table
 TRACE_KEYS = ("path", "format", "tokenizer", "sessions", *BURSTGPT_OPTIONS)
 SESSION_FORMATS = ("mooncake", "sharegpt")  # traces whose sessions can be recovered
 TRACE_FORMATS = ("azure", "burstgpt", "mooncake", "sharegpt", "native")
@@ -234,6 +237,8 @@ def build_from_spec(
         if extra:
             raise WorkloadError(f"{where}: '{extra[0]}' cannot be combined with 'trace'")
         wl = _trace_from_spec(spec["trace"], where, base, seed, num_requests, name)
+    elif any(k in spec for k in GENERATOR_KEYS):
+        wl = _generated(spec, name, seed, num_requests, where)
     else:
         n = DEFAULT_NUM_REQUESTS if num_requests is None else num_requests
         wl = build_synthetic(_resolve_traces(spec, base), name, seed, n, where)
@@ -252,6 +257,22 @@ def build_from_spec(
             raise WorkloadError(f"{where}: {exc}") from None
     source = {"spec": copy.deepcopy(spec)} | wl.source
     return Workload(wl.name, wl.seed, wl.requests, wl.prefix_block_size, source)
+
+
+def _generated(spec: dict, name: str, seed: int, n: int | None, where: str) -> Workload:
+    """An `agent` or `shared_prefix` table: the workload its generator makes."""
+    keys = [k for k in spec if k in GENERATOR_KEYS or k in ("prompt", "output", "prefix")]
+    keys += [k for k in ("priority", "mixture", "session") if k in spec]
+    gen = next(k for k in GENERATOR_KEYS if k in spec)
+    other = [k for k in keys if k != gen]
+    if other:
+        raise WorkloadError(f"{where}: '{other[0]}' cannot be combined with '{gen}'")
+    if gen == "agent":
+        return build_agent(spec[gen], name, seed, DEFAULT_NUM_REQUESTS if n is None else n, where)
+    wl = build_shared_prefix(spec[gen], name, seed, where)
+    if n is not None and n < len(wl.requests):
+        wl = Workload(wl.name, wl.seed, wl.requests[:n], wl.prefix_block_size, wl.source)
+    return wl
 
 
 def read_spec_file(path: Path) -> dict:
