@@ -1,0 +1,204 @@
+"""Agent sessions end to end. Against a recording OpenAI-compatible server (a real HTTP server
+on 127.0.0.1 that logs every request it receives, and when): every later step resends the
+history with the assistant's `tool_calls` and the `tool` result naming the call, the `tools`
+list goes with every request, the session id header with every request of the session, and
+the gaps between a reply and the next step follow the tool latencies. Against the reference
+engine: the context grows step by step, prefix caching serves it, bad tool messages are a
+400, and a session that outgrows the context fails by name."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from cbbench.harness.errors import CbbenchError
+from cbbench.harness.load.runner import BenchConfig, run_bench
+from cbbench.reference_engine.config.engine_config import EngineConfig
+from cbbench.reference_engine.server.runner import ThreadedServer
+from cbbench.workloads.loader import build_from_spec
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
+from rich.console import Console
+
+from tests.server_support import serve
+
+SPEC = {
+    "agent": {
+        "steps": {"dist": "uniform", "min": 3, "max": 6},
+        "system": 64,
+        "tools": 3,
+        "tool_tokens": 30,
+        "task": 20,
+        "call": 4,
+        "answer": 6,
+        "result": {"dist": "uniform", "min": 10, "max": 40},
+        "tool_ms": {"dist": "uniform", "min": 40, "max": 300},
+    }
+}
+
+
+def recording_app(log: list[dict]) -> FastAPI:
+    app = FastAPI()
+    lock = threading.Lock()
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": "rec", "object": "model"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> StreamingResponse:
+        body = json.loads(await request.body())
+        entry = {"t_in": time.monotonic(), "headers": dict(request.headers), "body": body}
+        with lock:
+            log.append(entry)
+        n = body["max_tokens"]
+
+        async def stream():
+            for i in range(n):
+                chunk = {"choices": [{"index": 0, "delta": {"content": f"w{i} "}}]}
+                yield f"data: {json.dumps(chunk)}\n\n"
+            end = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
+            yield f"data: {json.dumps(end)}\n\n"
+            usage = {"prompt_tokens": 100, "completion_tokens": n, "total_tokens": 100 + n}
+            yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
+            yield "data: [DONE]\n\n"
+            entry["t_out"] = time.monotonic()
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    return app
+
+
+def _bench(url: str, wl, tmp_path, name: str, **kw) -> object:
+    cfg = BenchConfig(
+        base_url=url, workload=wl, endpoint="chat", out_dir=tmp_path / name, live=False, **kw
+    )
+    return run_bench(cfg, console=Console(file=io.StringIO(), width=200))
+
+
+def test_agent_workload_is_deterministic_and_chained():
+    a = build_from_spec(SPEC, "agent", "spec", seed=3, num_requests=40).requests
+    b = build_from_spec(SPEC, "agent", "spec", seed=3, num_requests=40).requests
+    assert a == b
+    sessions: dict[str, list] = {}
+    for r in a:
+        sessions.setdefault(r.session_id, []).append(r)
+    for steps in sessions.values():
+        assert [s.turn for s in steps] == list(range(1, len(steps) + 1))
+        assert steps[-1].agent.call is None  # a final answer ends every session
+        assert all(s.agent.call is not None for s in steps[:-1])
+        for prev, nxt in zip(steps, steps[1:], strict=False):
+            assert nxt.agent.answers == prev.agent.call.id
+            assert 0.04 <= nxt.think_s <= 0.3
+        assert steps[0].prefix_ids and not steps[1].prefix_ids
+
+
+def test_agent_bench_sends_the_chat_api_tool_loop(tmp_path):
+    wl = build_from_spec(SPEC, "agent", "spec", seed=1, num_requests=18)
+    log: list[dict] = []
+    with ThreadedServer(recording_app(log)) as url:
+        res = _bench(url, wl, tmp_path, "rec", concurrency=2)
+    assert res.summary["counts"]["completed"] == 18
+    by_session: dict[str, list[dict]] = {}
+    for e in log:
+        by_session.setdefault(e["headers"]["x-session-id"], []).append(e)
+    specs = {
+        r.session_id: [q for q in wl.requests if q.session_id == r.session_id] for r in wl.requests
+    }
+    assert set(by_session) == set(specs)
+    for sid, entries in by_session.items():
+        steps = specs[sid]
+        assert len(entries) == len(steps)
+        tools = entries[0]["body"]["tools"]
+        assert [t["function"]["name"] for t in tools] == ["tool_0", "tool_1", "tool_2"]
+        first = entries[0]["body"]["messages"]
+        assert [m["role"] for m in first] == ["system", "user"]
+        for k in range(1, len(entries)):
+            prev, cur = entries[k - 1]["body"]["messages"], entries[k]["body"]
+            assert cur["tools"] == tools  # the tools list on every request
+            msgs = cur["messages"]
+            assert msgs[: len(prev)] == prev  # the whole history, unchanged
+            assistant, tool = msgs[len(prev)], msgs[len(prev) + 1]
+            assert len(msgs) == len(prev) + 2
+            call = steps[k - 1].agent.call
+            assert assistant["role"] == "assistant"
+            assert assistant["tool_calls"] == [
+                {"id": call.id, "type": "function",
+                 "function": {"name": call.name, "arguments": call.arguments}}
+            ]  # fmt: skip
+            assert assistant["content"].startswith("w0 ")  # the server's own reply text
+            assert tool == {"role": "tool", "tool_call_id": call.id, "content": tool["content"]}
+            # the tool wait, from the server's clock: its reply ended -> the next step came
+            gap = entries[k]["t_in"] - entries[k - 1]["t_out"]
+            assert gap >= steps[k].think_s - 0.005, (gap, steps[k].think_s)
+            assert gap < steps[k].think_s + 0.5, (gap, steps[k].think_s)  # loaded 2-core box
+    recs = {(r.session_id, r.turn): r for r in res.records}
+    waits = [(recs[(q.session_id, q.turn)].extra["tool_wait_s"], q.think_s)
+             for q in wl.requests if q.turn > 1]  # fmt: skip
+    assert all(w >= t - 0.005 for w, t in waits)
+    ag = res.summary["agent"]
+    assert ag["sessions"] == len(by_session) and ag["steps"] == 18
+    assert ag["tool_wait_s"]["count"] == len(waits)
+    assert ag["makespan_s"]["count"] == ag["sessions_finished"] >= 1
+    for q in wl.requests:  # the tool wait ends before the step is ready: never in its latency
+        if q.turn > 1:
+            prev, cur = recs[(q.session_id, q.turn - 1)], recs[(q.session_id, q.turn)]
+            assert cur.ready_s >= prev.end_s + q.think_s - 0.005
+            assert cur.sent_s >= cur.ready_s and cur.ttft_s < cur.first_token_s - prev.end_s
+
+
+def test_agent_needs_the_chat_endpoint(tmp_path):
+    wl = build_from_spec(SPEC, "agent", "spec", seed=0, num_requests=4)
+    cfg = BenchConfig(
+        base_url="http://127.0.0.1:9", workload=wl, out_dir=tmp_path / "x", live=False
+    )
+    with pytest.raises(CbbenchError, match="agent sessions need --endpoint chat"):
+        run_bench(cfg, console=Console(file=io.StringIO()))
+
+
+def test_agent_on_the_reference_engine(tmp_path):
+    wl = build_from_spec(SPEC, "agent", "spec", seed=2, num_requests=12)
+    with serve(EngineConfig(model="tiny", enable_prefix_caching=True, block_size=16)) as (url, _):
+        res = _bench(url, wl, tmp_path, "ref", concurrency=2)
+        bad = httpx.post(
+            url + "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"},
+                               {"role": "tool", "content": "result"}], "max_tokens": 2},
+            timeout=30,
+        )  # fmt: skip
+        unknown = httpx.post(
+            url + "/v1/chat/completions",
+            json={"messages": [{"role": "tool", "tool_call_id": "c9", "content": "r"}]},
+            timeout=30,
+        )
+    assert res.summary["counts"]["completed"] == 12
+    steps: dict[str, list] = {}
+    for r in sorted(res.records, key=lambda r: r.turn):
+        steps.setdefault(r.session_id, []).append(r)
+    for recs in steps.values():
+        ctx = [r.prompt_tokens_server for r in recs]
+        assert ctx == sorted(ctx) and len(set(ctx)) == len(ctx)  # the context only grows
+    later = [r for r in res.records if r.turn > 1]
+    assert sum(r.extra["num_cached_tokens"] for r in later) > 0.5 * sum(
+        r.prompt_tokens_server for r in later
+    )
+    assert res.summary["agent"]["prefix_cache_hit_rate"] > 0.5
+    assert bad.status_code == 400
+    err = bad.json()["error"]
+    assert err["param"] == "messages.1.tool_call_id" and "needs the tool_call_id" in err["message"]
+    assert unknown.status_code == 400 and "answers no earlier" in unknown.json()["error"]["message"]
+
+
+def test_agent_session_longer_than_the_context_fails_by_name(tmp_path):
+    spec = {"agent": dict(SPEC["agent"], steps=8, result=400, tool_ms=1)}
+    wl = build_from_spec(spec, "agent", "spec", seed=0, num_requests=8)
+    with serve(EngineConfig(model="tiny", max_model_len=1024)) as (url, _):
+        res = _bench(url, wl, tmp_path, "long", concurrency=1)
+    failed = [r for r in res.records if not r.ok]
+    assert len(failed) == 1  # the step that outgrew the context; the session ends there
+    assert "context" in failed[0].error, failed[0].error
+    assert res.summary["agent"]["sessions_unfinished"] == 1
