@@ -9,9 +9,6 @@ engine: the context grows step by step, prefix caching serves it, bad tool messa
 from __future__ import annotations
 
 import io
-import json
-import threading
-import time
 
 import httpx
 import pytest
@@ -20,10 +17,9 @@ from cbbench.harness.load.runner import BenchConfig, run_bench
 from cbbench.reference_engine.config.engine_config import EngineConfig
 from cbbench.reference_engine.server.runner import ThreadedServer
 from cbbench.workloads.loader import build_from_spec
-from fastapi import FastAPI, Request
-from fastapi.responses import StreamingResponse
 from rich.console import Console
 
+from tests.recording_server import recording_app
 from tests.server_support import serve
 
 SPEC = {
@@ -39,38 +35,6 @@ SPEC = {
         "tool_ms": {"dist": "uniform", "min": 40, "max": 300},
     }
 }
-
-
-def recording_app(log: list[dict]) -> FastAPI:
-    app = FastAPI()
-    lock = threading.Lock()
-
-    @app.get("/v1/models")
-    async def models() -> dict:
-        return {"object": "list", "data": [{"id": "rec", "object": "model"}]}
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> StreamingResponse:
-        body = json.loads(await request.body())
-        entry = {"t_in": time.monotonic(), "headers": dict(request.headers), "body": body}
-        with lock:
-            log.append(entry)
-        n = body["max_tokens"]
-
-        async def stream():
-            for i in range(n):
-                chunk = {"choices": [{"index": 0, "delta": {"content": f"w{i} "}}]}
-                yield f"data: {json.dumps(chunk)}\n\n"
-            end = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
-            yield f"data: {json.dumps(end)}\n\n"
-            usage = {"prompt_tokens": 100, "completion_tokens": n, "total_tokens": 100 + n}
-            yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
-            yield "data: [DONE]\n\n"
-            entry["t_out"] = time.monotonic()
-
-        return StreamingResponse(stream(), media_type="text/event-stream")
-
-    return app
 
 
 def _bench(url: str, wl, tmp_path, name: str, **kw) -> object:

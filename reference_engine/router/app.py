@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 from cbbench.reference_engine.router.metrics import CONTENT_TYPE, RouterMetrics
-from cbbench.reference_engine.router.options import UPSTREAM_TIMEOUT_S
+from cbbench.reference_engine.router.options import SESSION_HEADER, UPSTREAM_TIMEOUT_S
 from cbbench.reference_engine.router.policy import NoReplicaAvailable, RouteRequest, RoutingPolicy
 from cbbench.reference_engine.router.prefix import body_block_hashes
 from cbbench.reference_engine.router.upstream import Replica, ReplicaPool
@@ -45,17 +45,19 @@ class Router:
         pool: ReplicaPool,
         policy: RoutingPolicy,
         upstream_timeout_s: float = UPSTREAM_TIMEOUT_S,
+        session_header: str = SESSION_HEADER,
     ) -> None:
         self.pool, self.policy = pool, policy
+        self.session_header = session_header  # session-affinity pins a session by it
         self.metrics = RouterMetrics(pool, policy.name)
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
         timeout = httpx.Timeout(upstream_timeout_s, connect=5.0)
         self.client = httpx.AsyncClient(timeout=timeout, limits=limits)
 
-    def pick(self, body: Any) -> Replica:
+    def pick(self, body: Any, session_id: str | None = None) -> Replica:
         t = time.perf_counter()
         hashes = body_block_hashes(body) if self.policy.needs_prefix else ()
-        i = self.policy.choose(RouteRequest(hashes), self.pool.loads)
+        i = self.policy.choose(RouteRequest(hashes, session_id), self.pool.loads)
         self.metrics.routing_time.observe(time.perf_counter() - t)
         return self.pool.replicas[i]
 
@@ -128,7 +130,7 @@ async def _forward(router: Router, request: Request, path: str) -> Response:
     tried: set[int] = set()
     while True:
         try:
-            replica = router.pick(body)
+            replica = router.pick(body, request.headers.get(router.session_header))
         except NoReplicaAvailable as exc:
             return _error(503, str(exc), "no_replica")
         if replica.load.index in tried:  # every healthy one refused just now

@@ -15,6 +15,7 @@ from cbbench.reference_engine.router.registry import POLICY_NAMES
 
 POLL_INTERVAL_S = 0.5
 UPSTREAM_TIMEOUT_S = 600.0
+SESSION_HEADER = "x-session-id"
 
 
 @dataclass
@@ -28,6 +29,7 @@ class RouterOptions:
     poll_interval_s: float = POLL_INTERVAL_S
     upstream_timeout_s: float = UPSTREAM_TIMEOUT_S
     log_level: str = "warning"
+    session_header: str = SESSION_HEADER  # session-affinity: the header naming the session
 
     def validate(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -47,6 +49,12 @@ def add_router_args(p: argparse.ArgumentParser, policy_flag: str = "--policy") -
         default="least-outstanding",
         choices=POLICY_NAMES,
         help="how a request picks its replica (default least-outstanding; docs/router.md)",
+    )
+    g.add_argument(
+        "--session-header",
+        default=SESSION_HEADER,
+        metavar="NAME",
+        help=f"session-affinity: the request header naming a session (default {SESSION_HEADER})",
     )
     g.add_argument(
         "--poll-interval",
@@ -76,6 +84,7 @@ def router_options_from_args(args: argparse.Namespace, replicas: Sequence[str]) 
         poll_interval_s=args.poll_interval,
         upstream_timeout_s=args.upstream_timeout,
         log_level=args.log_level,
+        session_header=getattr(args, "session_header", SESSION_HEADER),
     )
     opts.validate()
     return opts

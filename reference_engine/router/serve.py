@@ -31,7 +31,7 @@ def build_router(opts: RouterOptions) -> tuple[Router, object]:
     opts.validate()
     key = opts.replica_api_key if opts.replica_api_key is not None else opts.api_key
     pool = ReplicaPool(opts.replicas, key, opts.poll_interval_s)
-    router = Router(pool, make_policy(opts.policy), opts.upstream_timeout_s)
+    router = Router(pool, make_policy(opts.policy), opts.upstream_timeout_s, opts.session_header)
     return router, create_router_app(router, api_key=opts.api_key)
 
 
