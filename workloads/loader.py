@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 from cbbench.workloads.agent import build_agent
+from cbbench.workloads.agent_trace import as_agent_sessions, is_agent_trace_object, read_agent_trace
 from cbbench.workloads.arrivals import with_arrivals
 from cbbench.workloads.errors import WorkloadError
 from cbbench.workloads.native import is_native_object, read_native
@@ -54,9 +55,9 @@ SPEC_KEYS = (
     "prompt", "output", "priority", "prefix", "mixture", "session", "agent", "shared_prefix",
 )  # fmt: skip
 GENERATOR_KEYS = ("agent", "shared_prefix")  # a whole workload from one generator table
-TRACE_KEYS = ("path", "format", "tokenizer", "sessions", *BURSTGPT_OPTIONS)
+TRACE_KEYS = ("path", "format", "tokenizer", "sessions", "agent", *BURSTGPT_OPTIONS)
 SESSION_FORMATS = ("mooncake", "sharegpt")  # traces whose sessions can be recovered
-TRACE_FORMATS = ("azure", "burstgpt", "mooncake", "sharegpt", "native")
+TRACE_FORMATS = ("azure", "burstgpt", "mooncake", "sharegpt", "native", "agent")
 HEAD_CHARS = 1 << 20  # format detection reads no further
 ARRIVAL_KEYS = ("kind", "rate", "cv", "time_scale", "target_rate", "ramp_up_s")
 
@@ -93,13 +94,16 @@ def detect_format(path: str | Path) -> str:
             raise WorkloadError(f"{name}:{line}: not valid JSON: {exc.msg}") from None
         if is_native_object(obj):
             return "native"
+        if is_agent_trace_object(obj):
+            return "agent"
         if isinstance(obj, dict) and "input_length" in obj:
             return "mooncake"
         if isinstance(obj, dict) and "conversations" in obj:
             return "sharegpt"
         raise WorkloadError(
             f"{name}:{line}: cannot tell the JSONL format: expected native cbbench "
-            "(prompt_len), Mooncake (input_length) or ShareGPT (conversations) keys"
+            "(prompt_len), agent trace (step, input_tokens), Mooncake (input_length) or "
+            "ShareGPT (conversations) keys"
         )
     if suffix == ".json" and first.startswith("["):
         return "sharegpt"
@@ -116,6 +120,7 @@ def load_trace(
     tokenizer: str | Path | None = None,
     name: str | None = None,
     sessions: bool = False,
+    agent: bool = False,
     **options,
 ) -> Workload:
     """One trace file as a workload; `options` are the BurstGPT filters. `sessions`: Mooncake
@@ -138,8 +143,15 @@ def load_trace(
             f"{name}: sessions are recovered from {' and '.join(SESSION_FORMATS)} traces, "
             f"not {fmt} (native JSONL keeps its own session_id/turn)"
         )
+    if agent and not (sessions and fmt == "mooncake"):
+        raise WorkloadError(
+            f"{name}: 'agent' turns chained Mooncake sessions into agent steps "
+            "(format mooncake, sessions true)"
+        )
     if fmt == "native":
         return read_native(path, name, num_requests)
+    if fmt == "agent":
+        return read_agent_trace(path, name, seed, num_requests)
     skipped: Counter = Counter()
     readers = {
         "azure": lambda: read_azure(path, skipped),
@@ -152,7 +164,10 @@ def load_trace(
         source["options"] = dict(options)
     block = MOONCAKE_BLOCK_SIZE if fmt == "mooncake" else 512
     wl = build_trace_workload(readers[fmt](), name, seed, num_requests, source, skipped, block)
-    return chain_sessions(wl) if sessions and fmt == "mooncake" else wl
+    if sessions and fmt == "mooncake":
+        wl = chain_sessions(wl)
+        return as_agent_sessions(wl) if agent else wl
+    return wl
 
 
 def _check_int(value: object, key: str, where: str, minimum: int) -> int:
@@ -178,6 +193,7 @@ def _trace_from_spec(
     fmt = opts.pop("format", None)
     tokenizer = opts.pop("tokenizer", None)
     sessions = opts.pop("sessions", False)
+    agent = opts.pop("agent", False)
     if path in PRESETS and "trace" in PRESETS[path].spec:
         preset_trace = PRESETS[path].spec["trace"]
         path, fmt = preset_trace["path"], fmt or preset_trace["format"]
@@ -185,7 +201,7 @@ def _trace_from_spec(
         path = str(base / path)
     if base is not None and tokenizer is not None and not Path(tokenizer).is_absolute():
         tokenizer = str(base / tokenizer)
-    return load_trace(path, fmt, seed, n, tokenizer, name, sessions, **opts)
+    return load_trace(path, fmt, seed, n, tokenizer, name, sessions, agent, **opts)
 
 
 def _resolve_traces(node: object, base: Path | None) -> object:

@@ -57,11 +57,13 @@ class AgentConversation:
         i = req.index if index is None else index
         rec.history_len = self.tokens
         if self.tools is None:
-            self.tools = json.loads(step.tools)
-        if not self.messages:
-            system = self.prompts.text(i, step.system_len, tuple(req.prefix_ids))
-            self.messages = [{"role": "system", "content": system}]
-            new = {"role": "user", "content": self.prompts.text(i, req.prompt_len)}
+            self.tools = json.loads(step.tools) if step.tools else []
+        if (req.turn or 1) <= 1:
+            prefix = tuple(req.prefix_ids)  # the shared part: the system prompt, else the task's
+            if step.system_len:
+                system = self.prompts.text(i, step.system_len, prefix)
+                self.messages, prefix = [{"role": "system", "content": system}], ()
+            new = {"role": "user", "content": self.prompts.text(i, req.prompt_len, prefix)}
         else:
             assert step.answers is not None, f"agent step {i} answers no tool call"
             new = {
@@ -71,7 +73,10 @@ class AgentConversation:
             }
         self._call = step.call
         rec.extra["agent_step"] = "call" if step.call is not None else "answer"
-        return {"messages": [*self.messages, new], "tools": self.tools}
+        out: AgentPrompt = {"messages": [*self.messages, new]}
+        if self.tools:
+            out["tools"] = self.tools
+        return out
 
     def reply(self, rec: RequestRecord, prompt: AgentPrompt, reply: Reply) -> bool:
         if not rec.ok:
