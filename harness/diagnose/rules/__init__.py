@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from cbbench.harness.diagnose.base import Rule
 from cbbench.harness.diagnose.rules import (
+    agent_cache,
     client_bound,
     errors,
     hol_blocking,
@@ -31,4 +32,5 @@ RULES: tuple[Rule, ...] = (
     scheduling_delay.RULE,
     length_skew.RULE,
     session_cache.RULE,
+    agent_cache.RULE,
 )
