@@ -37,9 +37,9 @@ SPEC = {
 }
 
 
-def _bench(url: str, wl, tmp_path, name: str, **kw) -> object:
+def _bench(url: str, wl, tmp_path, folder: str, **kw) -> object:
     cfg = BenchConfig(
-        base_url=url, workload=wl, endpoint="chat", out_dir=tmp_path / name, live=False, **kw
+        base_url=url, workload=wl, endpoint="chat", out_dir=tmp_path / folder, live=False, **kw
     )
     return run_bench(cfg, console=Console(file=io.StringIO(), width=200))
 
@@ -166,3 +166,26 @@ def test_agent_session_longer_than_the_context_fails_by_name(tmp_path):
     assert len(failed) == 1  # the step that outgrew the context; the session ends there
     assert "context" in failed[0].error, failed[0].error
     assert res.summary["agent"]["sessions_unfinished"] == 1
+
+
+def test_agent_makespan_in_report_and_gate(tmp_path):
+    from cbbench.harness.gate.judge import run_gate
+    from cbbench.harness.gate.policy import Policy, Rule
+    from cbbench.harness.report import build_report
+    from cbbench.harness.results.run_folder import load_run
+
+    fast = {"agent": dict(SPEC["agent"], steps=3, tool_ms=20)}
+    slow = {"agent": dict(SPEC["agent"], steps=3, tool_ms=200)}
+    dirs = []
+    with ThreadedServer(recording_app([])) as url:
+        for name, spec in (("fast", fast), ("slow", slow)):
+            wl = build_from_spec(spec, "agent", "spec", seed=1, num_requests=36)
+            dirs.append(_bench(url, wl, tmp_path, name, concurrency=12, name=name).run_dir)
+    md = build_report(dirs).markdown()
+    assert "Agent sessions (tool waits are never inside a latency):" in md
+    assert md.count("| fast") + md.count("| slow") >= 4  # the summary and the agent rows
+    policy = Policy(rules=(Rule("makespan", "max_increase", 0.5, "p50"),), min_requests=5)
+    base, cand = load_run(dirs[0]), load_run(dirs[1])
+    assert run_gate(base, base, policy).passed
+    result = run_gate(base, cand, policy)  # tool waits 10x longer: the makespan grows
+    assert result.results[0].verdict == "fail" and result.results[0].estimate > 3, result

@@ -13,6 +13,7 @@ from html import escape
 from typing import Any
 
 from cbbench.harness.report import plots
+from cbbench.harness.report.agent_table import agent_html
 from cbbench.harness.report.runs import (
     LoadedRun,
     comparability_warnings,
@@ -199,6 +200,8 @@ def render(
                 " the history without one).</p>",
             )
         )
+    if agent_html(runs):
+        sections.append(("Agent sessions", agent_html(runs)))
     sections += [
         (
             "Timelines",

@@ -63,6 +63,23 @@ def _context_rows(steps: Sequence[RequestRecord]) -> list[dict]:
     return rows
 
 
+def session_makespans(records: Sequence[RequestRecord]) -> list[float]:
+    """Each finished agent session's makespan: its first step ready (task start) -> its final
+    answer's last byte. Sessions with a failed step, or cut by the run's end, have none."""
+    by_session: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        if not r.warmup and "agent_step" in r.extra:
+            by_session.setdefault(r.session_id or r.id, []).append(r)
+    out = []
+    for recs in by_session.values():
+        recs.sort(key=lambda r: r.turn or 0)
+        first, last = recs[0], recs[-1]
+        done = last.extra.get("agent_step") == "answer" and all(r.ok for r in recs)
+        if done and first.ready_s is not None and last.end_s is not None:
+            out.append(last.end_s - first.ready_s)
+    return out
+
+
 def agent_summary(records: Sequence[RequestRecord]) -> dict | None:
     """None when no record is an agent step."""
     steps = [r for r in records if not r.warmup and "agent_step" in r.extra]
@@ -72,15 +89,8 @@ def agent_summary(records: Sequence[RequestRecord]) -> dict | None:
     by_session: dict[str, list[RequestRecord]] = {}
     for r in steps:
         by_session.setdefault(r.session_id or r.id, []).append(r)
-    makespans, incomplete = [], 0
-    for recs in by_session.values():
-        recs.sort(key=lambda r: r.turn or 0)
-        last, first = recs[-1], recs[0]
-        done = last.extra.get("agent_step") == "answer" and all(r.ok for r in recs)
-        if not done or first.ready_s is None or last.end_s is None:
-            incomplete += 1
-            continue
-        makespans.append(last.end_s - first.ready_s)
+    makespans = session_makespans(steps)
+    incomplete = len(by_session) - len(makespans)
     by_step = {}
     for turn in sorted({r.turn or 1 for r in ok}):
         rs = [r for r in ok if (r.turn or 1) == turn]
