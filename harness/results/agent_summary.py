@@ -18,7 +18,10 @@ from cbbench.harness.results.records import RequestRecord
 from cbbench.workloads.spec import Workload
 from cbbench.workloads.stats import describe
 
-CONTEXT_BINS = (0, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 1 << 40)
+CONTEXT_BINS = (  # context tokens: steps of 1.5x-2x
+    0, 256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768,
+    49152, 65536, 98304, 131072, 1 << 40,
+)  # fmt: skip
 
 
 def _hit_rate(recs: Sequence[RequestRecord]) -> tuple[float | None, int]:
