@@ -71,3 +71,14 @@ def test_flush_endpoints_and_a_server_without_them(tmp_path):
         assert flush_prefix_cache(url, None) == "/reset_prefix_cache"
     with pytest.raises(CbbenchError, match="--flush-cache: .* empties no prefix cache"):
         flush_prefix_cache(url, None, timeout_s=2)  # the server is gone
+
+
+def test_shared_prefix_workload_states_its_intended_rate():
+    from cbbench.workloads import summarize_workload
+
+    wl = build_from_spec(SPEC, "shared-prefix", "spec", seed=0)
+    assert len(wl) == 16
+    assert sorted(r.prefix_ids[0] for r in wl.requests) == [g for g in range(4) for _ in range(4)]
+    assert [r.index for r in wl.requests] == list(range(16))
+    assert [r.prefix_ids for r in wl.requests] != sorted(r.prefix_ids for r in wl.requests)
+    assert summarize_workload(wl)["intended_hit_rate"] == {"primed": 0.75, "cold": 0.5625}
