@@ -1,6 +1,6 @@
 """The agent-cache rule on real runs of the reference engine: agent sessions with prefix
 caching off miss the cache on every step and the rule says so (with each engine's fix); with
-caching on the same workload is silent."""
+caching on, a run is silent (tests/test_agent_sessions.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,11 @@ from rich.console import Console
 from tests.server_support import serve
 from tests.test_agent_sessions import SPEC
 
+SMALL = {"agent": dict(SPEC["agent"], system=32, tools=1, tool_tokens=20, result=15)}
+
 
 def _findings(caching: bool, tmp_path) -> list:
-    wl = build_from_spec(SPEC, "agent", "spec", seed=2, num_requests=14)
+    wl = build_from_spec(SMALL, "agent", "spec", seed=2, num_requests=14)
     engine = EngineConfig(model="tiny", enable_prefix_caching=caching, block_size=16)
     with serve(engine) as (url, _):
         cfg = BenchConfig(
@@ -30,11 +32,10 @@ def _findings(caching: bool, tmp_path) -> list:
     return diagnose_run(load_run(res.run_dir)).findings
 
 
-def test_agent_cache_rule_fires_without_prefix_caching_only(tmp_path):
+def test_agent_cache_rule_fires_without_prefix_caching(tmp_path):
     off = [f for f in _findings(False, tmp_path) if f.rule in ("agent-cache", "session-cache")]
     assert [f.rule for f in off] == ["agent-cache"]  # one finding, not the chat rule too
     f = off[0]
     assert f.values["step_hit_rate"] < 0.05 and f.values["history_share"] > 0.5
     assert "session-affinity" in f.fixes["cbbench"] and "--routing-logic session" in f.fixes["vllm"]
-    on = [f.rule for f in _findings(True, tmp_path)]
-    assert "agent-cache" not in on and "session-cache" not in on
+    # caching on: tests/test_agent_sessions.py diagnoses its reference-engine run (silent)

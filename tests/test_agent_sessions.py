@@ -12,8 +12,10 @@ import io
 
 import httpx
 import pytest
+from cbbench.harness.diagnose import diagnose_run
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.load.runner import BenchConfig, run_bench
+from cbbench.harness.results.run_folder import load_run
 from cbbench.reference_engine.config.engine_config import EngineConfig
 from cbbench.reference_engine.server.runner import ThreadedServer
 from cbbench.workloads.loader import build_from_spec
@@ -151,6 +153,8 @@ def test_agent_on_the_reference_engine(tmp_path):
         r.prompt_tokens_server for r in later
     )
     assert res.summary["agent"]["prefix_cache_hit_rate"] > 0.5
+    rules = [f.rule for f in diagnose_run(load_run(res.run_dir)).findings]
+    assert "agent-cache" not in rules and "session-cache" not in rules  # the cache served it
     assert bad.status_code == 400
     err = bad.json()["error"]
     assert err["param"] == "messages.1.tool_call_id" and "needs the tool_call_id" in err["message"]
