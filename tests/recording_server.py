@@ -24,6 +24,12 @@ def recording_app(log: list[dict]) -> FastAPI:
     async def metrics() -> Response:
         return Response("", media_type="text/plain")
 
+    @app.post("/reset_prefix_cache")
+    async def reset() -> dict:
+        with lock:
+            log.append({"t_in": time.monotonic(), "reset": True, "headers": {}, "body": {}})
+        return {"status": "ok"}
+
     @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [{"id": "rec", "object": "model"}]}

@@ -68,3 +68,16 @@ def test_session_affinity_moves_only_the_sessions_of_a_replica_gone():
     assert all(after[s] != 2 for s in ids)
     rs[0].set_counts(in_flight=5)
     assert p.choose(RouteRequest(), rs) == 1  # no session id: the least loaded
+
+
+def test_flush_cache_through_the_router_reaches_every_replica():
+    from cbbench.harness.load.cache import flush_prefix_cache
+
+    logs: list[list[dict]] = [[], []]
+    with (
+        ThreadedServer(recording_app(logs[0])) as u1,
+        ThreadedServer(recording_app(logs[1])) as u2,
+        RouterThread(RouterOptions([u1, u2], policy="session-affinity", port=0)) as url,
+    ):
+        assert flush_prefix_cache(url, None) == "/reset_prefix_cache"
+    assert [[e.get("reset") for e in log] for log in logs] == [[True], [True]]

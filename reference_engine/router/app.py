@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+from cbbench.reference_engine.router.cache_reset import reset_replicas
 from cbbench.reference_engine.router.metrics import CONTENT_TYPE, RouterMetrics
 from cbbench.reference_engine.router.options import SESSION_HEADER, UPSTREAM_TIMEOUT_S
 from cbbench.reference_engine.router.policy import NoReplicaAvailable, RouteRequest, RoutingPolicy
@@ -85,6 +86,11 @@ def create_router_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await _forward(router, request, "/v1/chat/completions")
+
+    @app.post("/reset_prefix_cache")  # vLLM's name; SGLang's below: every replica's cache
+    @app.post("/flush_cache")
+    async def reset_prefix_cache(request: Request) -> JSONResponse:
+        return await reset_replicas(router, request.url.path)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
