@@ -82,3 +82,20 @@ def test_shared_prefix_workload_states_its_intended_rate():
     assert [r.index for r in wl.requests] == list(range(16))
     assert [r.prefix_ids for r in wl.requests] != sorted(r.prefix_ids for r in wl.requests)
     assert summarize_workload(wl)["intended_hit_rate"] == {"primed": 0.75, "cold": 0.5625}
+
+
+def test_prime_sends_each_group_prefix_as_the_run_builds_it():
+    from cbbench.harness.load.cache import _prime_prompts
+    from cbbench.harness.load.prompts import PromptBuilder
+
+    wl = build_from_spec(SPEC, "shared-prefix", "spec", seed=3)
+    pb = PromptBuilder(wl.seed, wl.prefix_block_size)
+    for text in (False, True):
+        todo = _prime_prompts(wl, text)
+        assert len(todo) == 4  # one per group
+        for what, prompt in todo:
+            r = wl.requests[int(what.rsplit(" ", 1)[1])]
+            whole = (pb.text if text else pb.token_ids)(r.index, r.prompt_len, r.prefix_ids)
+            assert len(prompt) > 0 and whole[: len(prompt)] == prompt
+            if not text:
+                assert len(prompt) == 96

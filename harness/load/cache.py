@@ -52,9 +52,11 @@ def flush_prefix_cache(base_url: str, api_key: str | None, timeout_s: float = 30
     )
 
 
-def _prime_prompts(wl: Workload, endpoint: str) -> list[tuple[str, object]]:
+def _prime_prompts(
+    wl: Workload, text: bool, tokenizer: str | None = None
+) -> list[tuple[str, object]]:
     """(what, prompt) of each distinct leading prefix of `wl`, in first-seen order."""
-    prompts = PromptBuilder(wl.seed, wl.prefix_block_size)
+    prompts = PromptBuilder(wl.seed, wl.prefix_block_size, tokenizer)  # as the workers build
     seen: set = set()
     out: list[tuple[str, object]] = []
     for r in wl.requests:
@@ -76,15 +78,17 @@ def _prime_prompts(wl: Workload, endpoint: str) -> list[tuple[str, object]]:
             )
             continue
         n = min(r.prompt_len, len(r.prefix_ids) * wl.prefix_block_size)
-        build = prompts.text if endpoint == "chat" else prompts.token_ids
+        build = prompts.text if text else prompts.token_ids
         out.append((f"prefix of request {r.index}", build(r.index, n, tuple(r.prefix_ids))))
     return out
 
 
-def prime_prefixes(client: ClientConfig, wl: Workload) -> int:
+def prime_prefixes(
+    client: ClientConfig, wl: Workload, text: bool = False, tokenizer: str | None = None
+) -> int:
     """Send each distinct prefix once (max_tokens 1), one after another; how many were sent.
     A failed one is a CbbenchError naming it (the run would measure a cold cache)."""
-    todo = _prime_prompts(wl, client.endpoint)
+    todo = _prime_prompts(wl, text or client.endpoint == "chat", tokenizer)
     if not todo:
         return 0
 
@@ -108,11 +112,17 @@ def check_agent_endpoint(endpoint: str, wl: Workload) -> None:
     agent_endpoint(endpoint, any(r.agent is not None for r in wl.requests))
 
 
-def prepare_cache(opts: CacheOptions, client: ClientConfig, wl: Workload) -> dict:
+def prepare_cache(
+    opts: CacheOptions,
+    client: ClientConfig,
+    wl: Workload,
+    text: bool = False,
+    tokenizer: str | None = None,
+) -> dict:
     """Flush, then prime, as `opts` ask (before t0: nothing of it is measured); for run.json."""
     meta: dict = {"session_header": client.session_header}
     if opts.flush_cache:
         meta["flushed"] = flush_prefix_cache(client.base_url, client.api_key)
     if opts.prime:
-        meta["primed_prefixes"] = prime_prefixes(client, wl)
+        meta["primed_prefixes"] = prime_prefixes(client, wl, text, tokenizer)
     return meta

@@ -315,7 +315,9 @@ def run_bench(
         kernel_timestamps=cfg.kernel_timestamps,
         session_header=cfg.cache.session_header or None,
     )
-    cache_meta = prepare_cache(cfg.cache, client, cfg.workload)  # flush, prime: before t0
+    cache_meta = prepare_cache(  # flush, prime: before t0
+        cfg.cache, client, cfg.workload, cfg.text_prompts, cfg.tokenizer
+    )
     plans = _plans(cfg, client)
     meta = _run_meta(cfg, name, engine, model, len(plans))
     meta["cache"] = cache_meta
