@@ -9,6 +9,7 @@ engine: the context grows step by step, prefix caching serves it, bad tool messa
 from __future__ import annotations
 
 import io
+import json
 
 import httpx
 import pytest
@@ -193,3 +194,36 @@ def test_agent_makespan_in_report_and_gate(tmp_path):
     assert run_gate(base, base, policy).passed
     result = run_gate(base, cand, policy)  # tool waits 10x longer: the makespan grows
     assert result.results[0].verdict == "fail" and result.results[0].estimate > 3, result
+
+
+def test_agent_sessions_through_locust(tmp_path):
+    """`cbbench locust` users run agent sessions with the same messages as bench: every later
+    step carries the call and its tool result, the tools list and the session header."""
+    import subprocess
+    import sys
+
+    spec = tmp_path / "agent.json"
+    spec.write_text(json.dumps({**SPEC, "num_requests": 8}), encoding="utf-8")
+    wl = build_from_spec(SPEC, "agent", "spec", seed=0, num_requests=8)
+    log: list[dict] = []
+    with ThreadedServer(recording_app(log)) as url:
+        cmd = [sys.executable, "-m", "cbbench.harness.cli", "locust", "--base-url", url]
+        cmd += ["--workload", str(spec), "--out", str(tmp_path / "locust"), "--no-gpu-metrics"]
+        cmd += ["--headless", "-r", "100", "-u", "2", "-t", "40s", "--endpoint", "chat"]
+        cmd += ["--web-port", "0", "--no-server-metrics"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(log) == 8
+    steps = {(q.session_id, q.turn): q for q in wl.requests}
+    for e in log:
+        sid, msgs = e["headers"]["x-session-id"], e["body"]["messages"]
+        turn = sum(m["role"] == "tool" for m in msgs) + 1
+        assert e["body"]["tools"] and msgs[0]["role"] == "system"
+        if turn > 1:
+            call = steps[(sid, turn - 1)].agent.call
+            assert msgs[-2]["tool_calls"][0]["id"] == call.id
+            assert msgs[-1] == {
+                "role": "tool",
+                "tool_call_id": call.id,
+                "content": msgs[-1]["content"],
+            }
