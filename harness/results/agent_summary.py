@@ -140,7 +140,7 @@ def cache_lines(summary: dict) -> list[str]:
     """What the run printed about the prefix cache and agent sessions (nothing if unknown)."""
     out = []
     pc = summary.get("prefix_cache") or {}
-    if pc.get("hit_rate") is not None or pc.get("intended_hit_rate") is not None:
+    if pc.get("intended_hit_rate") is not None or pc.get("primed") or (pc.get("hit_rate") or 0) > 0:
         line = f"prefix cache: achieved hit rate {_pct(pc.get('hit_rate'))}"
         if pc.get("intended_hit_rate") is not None:
             how = "primed" if pc.get("primed") else "cold"
