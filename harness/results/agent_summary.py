@@ -35,7 +35,9 @@ def _hit_rate(recs: Sequence[RequestRecord]) -> tuple[float | None, int]:
     return (cached / prompt if prompt else None), n
 
 
-def prefix_cache_summary(records: Sequence[RequestRecord], wl: Workload, primed: bool) -> dict:
+def prefix_cache_summary(
+    records: Sequence[RequestRecord], wl: Workload, primed: bool, flushed: bool = False
+) -> dict:
     ok = [r for r in records if r.ok and not r.warmup]
     rate, n = _hit_rate(ok)
     intended = (wl.source.get("shared_prefix") or {}).get("intended_hit_rate") or {}
@@ -44,6 +46,7 @@ def prefix_cache_summary(records: Sequence[RequestRecord], wl: Workload, primed:
         "requests_reported": n,
         "intended_hit_rate": intended.get("primed" if primed else "cold"),
         "primed": primed,
+        "flushed": flushed,  # neither: the cache held whatever earlier traffic left
     }
 
 
@@ -120,9 +123,13 @@ def agent_summary(records: Sequence[RequestRecord]) -> dict | None:
 
 
 def add_cache_summaries(
-    summary: dict, records: Sequence[RequestRecord], wl: Workload, primed: bool
+    summary: dict,
+    records: Sequence[RequestRecord],
+    wl: Workload,
+    primed: bool,
+    flushed: bool = False,
 ) -> None:
-    summary["prefix_cache"] = prefix_cache_summary(records, wl, primed)
+    summary["prefix_cache"] = prefix_cache_summary(records, wl, primed, flushed)
     agents = agent_summary(records)
     if agents is not None:
         summary["agent"] = agents
@@ -144,6 +151,8 @@ def cache_lines(summary: dict) -> list[str]:
         line = f"prefix cache: achieved hit rate {_pct(pc.get('hit_rate'))}"
         if pc.get("intended_hit_rate") is not None:
             how = "primed" if pc.get("primed") else "cold"
+            if not pc.get("primed") and not pc.get("flushed"):
+                how += "; the cache was not flushed (--flush-cache): earlier runs' hits count"
             line += f" (intended {_pct(pc['intended_hit_rate'])}, {how})"
         out.append(line)
     ag = summary.get("agent")
