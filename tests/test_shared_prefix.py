@@ -41,7 +41,7 @@ def _run(url: str, tmp_path, name: str, cache: CacheOptions) -> tuple[dict, str]
 
 
 def test_shared_prefix_flush_prime_hits_intended_rate(tmp_path):
-    with serve(ENGINE) as (url, _):
+    with serve(ENGINE, engine_process=True) as (url, _):  # the reset crosses to the engine process
         fresh = CacheOptions(flush_cache=True, prime=True)
         first, printed = _run(url, tmp_path, "a", fresh)
         second, _ = _run(url, tmp_path, "b", fresh)
@@ -55,7 +55,7 @@ def test_shared_prefix_flush_prime_hits_intended_rate(tmp_path):
 
 
 def test_cold_run_after_flush_misses_each_group_once(tmp_path):
-    with serve(ENGINE) as (url, _):
+    with serve(ENGINE) as (url, _):  # the engine thread's reset
         _run(url, tmp_path, "warm", CacheOptions())
         cold, _ = _run(url, tmp_path, "cold", CacheOptions(flush_cache=True))
     assert cold["intended_hit_rate"] == pytest.approx(0.75 * 3 / 4)
