@@ -186,7 +186,9 @@ def test_agent_makespan_in_report_and_gate(tmp_path):
         for name, spec in (("fast", fast), ("slow", slow)):
             wl = build_from_spec(spec, "agent", "spec", seed=1, num_requests=36)
             dirs.append(_bench(url, wl, tmp_path, name, concurrency=12, name=name).run_dir)
-    md = build_report(dirs).markdown()
+    report = build_report(dirs)
+    md = report.markdown()
+    assert "<h2" in (html := report.html()) and "Agent sessions" in html and "makespan p50" in html
     assert "Agent sessions (tool waits are never inside a latency):" in md
     assert md.count("| fast") + md.count("| slow") >= 4  # the summary and the agent rows
     policy = Policy(rules=(Rule("makespan", "max_increase", 0.5, "p50"),), min_requests=5)
