@@ -216,6 +216,11 @@ def test_agent_sessions_through_locust(tmp_path):
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(log) == 8
+    recs = load_run(tmp_path / "locust").records
+    waits = {(r.session_id, r.turn): r.extra.get("tool_wait_s") for r in recs}
+    for q in wl.requests:
+        if q.turn > 1:
+            assert waits[(q.session_id, q.turn)] >= q.think_s - 0.005
     steps = {(q.session_id, q.turn): q for q in wl.requests}
     for e in log:
         sid, msgs = e["headers"]["x-session-id"], e["body"]["messages"]
