@@ -216,7 +216,10 @@ def test_agent_sessions_through_locust(tmp_path):
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(log) == 8
-    recs = load_run(tmp_path / "locust").records
+    run = load_run(tmp_path / "locust")
+    recs = run.records
+    agent = run.meta["summary"]["agent"]
+    assert agent["steps"] == 8 and agent["tool_wait_s"]["count"] == 8 - agent["sessions"]
     waits = {(r.session_id, r.turn): r.extra.get("tool_wait_s") for r in recs}
     for q in wl.requests:
         if q.turn > 1:
