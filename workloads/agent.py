@@ -79,7 +79,8 @@ def _tools(rng: np.random.Generator, count: int, size: Dist) -> list[dict]:
     return out
 
 
-def _parse(spec: object, where: str) -> dict[str, Dist | int]:
+def _parse(spec: object, where: str) -> tuple[dict[str, Dist], int]:
+    """The table's distributions (defaults filled in) and its number of tool sets."""
     if not isinstance(spec, dict):
         raise WorkloadError(f"{where}: 'agent' must be a table")
     for key in spec:
@@ -87,41 +88,46 @@ def _parse(spec: object, where: str) -> dict[str, Dist | int]:
             raise WorkloadError(
                 f"{where}: agent: unknown key '{key}' (keys: {', '.join(AGENT_KEYS)})"
             )
-    out: dict[str, Dist | int] = {}
-    for key in AGENT_KEYS:
-        value = spec.get(key, DEFAULTS[key])
-        if key == "tool_sets":
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise WorkloadError(f"{where}: agent: 'tool_sets' must be an integer >= 1")
-            out[key] = value
-            continue
-        low = 0 if key == "tool_ms" else 1
-        out[key] = parse_dist(value, f"{where}: agent: {key}", default_min=low)
-    return out
+    sets = spec.get("tool_sets", DEFAULTS["tool_sets"])
+    if isinstance(sets, bool) or not isinstance(sets, int) or sets < 1:
+        raise WorkloadError(f"{where}: agent: 'tool_sets' must be an integer >= 1, got {sets!r}")
+    dists = {
+        key: parse_dist(
+            spec.get(key, DEFAULTS[key]),
+            f"{where}: agent: {key}",
+            default_min=0 if key == "tool_ms" else 1,
+        )
+        for key in AGENT_KEYS
+        if key != "tool_sets"
+    }
+    return dists, sets
 
 
 def build_agent(spec: object, name: str, seed: int, n: int, where: str) -> Workload:
     """n requests of agent sessions (the last session is cut short at n, ending in its answer)."""
-    p = _parse(spec, where)
+    p, sets = _parse(spec, where)
 
     def rng(key: str, *more: int) -> np.random.Generator:
         return np.random.default_rng([seed, STREAMS[key], *more])
 
-    sets = int(p["tool_sets"])  # type: ignore[arg-type]
-    system = p["system"].sample(rng("system"), sets)  # type: ignore[union-attr]
-    counts = p["tools"].sample(rng("tools"), sets)  # type: ignore[union-attr]
+    system = p["system"].sample(rng("system"), sets)
+    counts = p["tools"].sample(rng("tools"), sets)
     tool_sets = []
-    for t in range(sets):
-        tools = _tools(rng("tool_tokens", t), int(max(1, counts[t])), p["tool_tokens"])  # type: ignore[arg-type]
+    for t in range(sets):  # tool set t's system prompt: prefix ids t * 4096 + block
+        tools = _tools(rng("tool_tokens", t), int(max(1, counts[t])), p["tool_tokens"])
         blocks = -(-int(system[t]) // SYSTEM_BLOCK)
-        tool_sets.append(
-            (json.dumps(tools), int(system[t]), tuple(t * 4096 + b for b in range(blocks)))
-        )
-    draws = {k: p[k].sample(rng(k), n) for k in ("task", "call", "answer", "result", "tool_ms")}  # type: ignore[union-attr]
-    steps = p["steps"].sample(rng("steps"), n)  # type: ignore[union-attr]
+        if blocks >= 4096:
+            raise WorkloadError(
+                f"{where}: agent: system prompt of {int(system[t])} tokens is over "
+                f"{4096 * SYSTEM_BLOCK - 1}"
+            )
+        ids = tuple(t * 4096 + b for b in range(blocks))
+        tool_sets.append((json.dumps(tools), int(system[t]), ids))
+    draws = {k: p[k].sample(rng(k), n) for k in ("task", "call", "answer", "result", "tool_ms")}
+    steps = p["steps"].sample(rng("steps"), n)  # one per session (there are at most n)
     pick_set = rng("tool_sets").integers(0, sets, size=n)
     arg_rng = rng("arguments", 1)
-    arg_len = p["arguments"].sample(rng("arguments"), n)  # type: ignore[union-attr]
+    arg_len = p["arguments"].sample(rng("arguments"), n)
     requests: list[RequestSpec] = []
     session = 0
     while len(requests) < n:
