@@ -94,3 +94,19 @@ def test_mooncake_format_chained_into_agent_steps(tmp_path):
     assert chain[1].agent.answers == chain[0].agent.call.id
     with pytest.raises(WorkloadError, match="'agent' turns chained Mooncake sessions"):
         build_from_spec({"trace": {"path": path, "agent": True}}, "x", "spec")
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ({"agent": {"step": 3}}, r"spec: agent: unknown key 'step'"),
+        ({"agent": {"tool_sets": 0}}, r"'tool_sets' must be an integer >= 1"),
+        ({"agent": {"steps": {"dist": "nope"}}}, r"agent: steps: unknown dist 'nope'"),
+        ({"agent": {"system": 300000}}, r"system prompt of 300000 tokens is over"),
+        ({"agent": {}, "prompt": 5}, r"'prompt' cannot be combined with 'agent'"),
+        ({"shared_prefix": {"groups": 2}}, r"shared_prefix: 'prompts_per_group' must be an integer"),
+    ],
+)  # fmt: skip
+def test_generator_tables_refuse_bad_keys(spec, match):
+    with pytest.raises(WorkloadError, match=match):
+        build_from_spec(spec, "x", "spec", num_requests=4)
