@@ -150,3 +150,23 @@ def test_plain_blocks_are_reused_before_cached_ones():
     assert d.block_table == [partial]  # then the uncached one: both cached blocks survive
     assert bm.num_cached_blocks == 2 and bm.num_evictions == 0
     bm.check_invariants([b, d])
+
+
+def test_reset_prefix_cache_forgets_every_block_and_keeps_running_kv():
+    bm = BlockManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
+    shared = list(range(100, 112))
+    a, done = seq("a", shared + [1]), seq("done", list(range(200, 208)) + [3])
+    for s in (a, done):
+        assert bm.allocate_slots(s, s.num_tokens)
+        s.num_computed_tokens = s.num_tokens
+        bm.cache_blocks(s)
+    bm.free(done)  # its blocks stay cached in the free queue
+    assert bm.num_cached_blocks == 5
+    assert bm.reset_prefix_cache() == 5
+    assert bm.num_cached_blocks == 0
+    assert bm.get_computed_blocks(seq("b", shared + [2])) == []  # no hit after the reset
+    assert len(a.block_table) == 4  # the running sequence keeps its KV
+    bm.check_invariants([a])
+    bm.free(a)
+    assert bm.num_free_blocks == 16
+    bm.check_invariants([])

@@ -19,7 +19,9 @@ def loads(n: int) -> list[ReplicaLoad]:
 
 
 def test_registry_names_and_unknown_policy():
-    assert POLICY_NAMES == ("round-robin", "least-outstanding", "kv-aware", "prefix-affinity")
+    assert POLICY_NAMES == (
+        "round-robin", "least-outstanding", "kv-aware", "prefix-affinity", "session-affinity"
+    )  # fmt: skip
     for name in POLICY_NAMES:
         assert make_policy(name).name == name
     with pytest.raises(EngineError, match="unknown routing policy 'random'.*round-robin"):

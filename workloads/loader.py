@@ -13,12 +13,15 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from cbbench.workloads.agent import build_agent
+from cbbench.workloads.agent_trace import as_agent_sessions, is_agent_trace_object, read_agent_trace
 from cbbench.workloads.arrivals import with_arrivals
 from cbbench.workloads.errors import WorkloadError
 from cbbench.workloads.inline import is_inline, parse_inline
 from cbbench.workloads.native import is_native_object, read_native
 from cbbench.workloads.presets import PRESETS
 from cbbench.workloads.sessions import chain_sessions
+from cbbench.workloads.shared_prefix import build_shared_prefix
 from cbbench.workloads.spec import Workload
 from cbbench.workloads.stream import (
     STREAM_ABOVE,
@@ -50,11 +53,12 @@ else:  # pragma: no cover - Python 3.10
 
 SPEC_KEYS = (
     "name", "description", "seed", "num_requests", "trace", "arrival",
-    "prompt", "output", "priority", "prefix", "mixture", "session",
+    "prompt", "output", "priority", "prefix", "mixture", "session", "agent", "shared_prefix",
 )  # fmt: skip
-TRACE_KEYS = ("path", "format", "tokenizer", "sessions", *BURSTGPT_OPTIONS)
+GENERATOR_KEYS = ("agent", "shared_prefix")  # a whole workload from one generator table
+TRACE_KEYS = ("path", "format", "tokenizer", "sessions", "agent", *BURSTGPT_OPTIONS)
 SESSION_FORMATS = ("mooncake", "sharegpt")  # traces whose sessions can be recovered
-TRACE_FORMATS = ("azure", "burstgpt", "mooncake", "sharegpt", "native")
+TRACE_FORMATS = ("azure", "burstgpt", "mooncake", "sharegpt", "native", "agent")
 HEAD_CHARS = 1 << 20  # format detection reads no further
 ARRIVAL_KEYS = ("kind", "rate", "cv", "time_scale", "target_rate", "ramp_up_s")
 
@@ -91,13 +95,16 @@ def detect_format(path: str | Path) -> str:
             raise WorkloadError(f"{name}:{line}: not valid JSON: {exc.msg}") from None
         if is_native_object(obj):
             return "native"
+        if is_agent_trace_object(obj):
+            return "agent"
         if isinstance(obj, dict) and "input_length" in obj:
             return "mooncake"
         if isinstance(obj, dict) and "conversations" in obj:
             return "sharegpt"
         raise WorkloadError(
             f"{name}:{line}: cannot tell the JSONL format: expected native cbbench "
-            "(prompt_len), Mooncake (input_length) or ShareGPT (conversations) keys"
+            "(prompt_len), agent trace (step, input_tokens), Mooncake (input_length) or "
+            "ShareGPT (conversations) keys"
         )
     if suffix == ".json" and first.startswith("["):
         return "sharegpt"
@@ -114,6 +121,7 @@ def load_trace(
     tokenizer: str | Path | None = None,
     name: str | None = None,
     sessions: bool = False,
+    agent: bool = False,
     **options,
 ) -> Workload:
     """One trace file as a workload; `options` are the BurstGPT filters. `sessions`: Mooncake
@@ -136,8 +144,15 @@ def load_trace(
             f"{name}: sessions are recovered from {' and '.join(SESSION_FORMATS)} traces, "
             f"not {fmt} (native JSONL keeps its own session_id/turn)"
         )
+    if agent and not (sessions and fmt == "mooncake"):
+        raise WorkloadError(
+            f"{name}: 'agent' turns chained Mooncake sessions into agent steps "
+            "(format mooncake, sessions true)"
+        )
     if fmt == "native":
         return read_native(path, name, num_requests)
+    if fmt == "agent":
+        return read_agent_trace(path, name, seed, num_requests)
     skipped: Counter = Counter()
     readers = {
         "azure": lambda: read_azure(path, skipped),
@@ -150,7 +165,10 @@ def load_trace(
         source["options"] = dict(options)
     block = MOONCAKE_BLOCK_SIZE if fmt == "mooncake" else 512
     wl = build_trace_workload(readers[fmt](), name, seed, num_requests, source, skipped, block)
-    return chain_sessions(wl) if sessions and fmt == "mooncake" else wl
+    if sessions and fmt == "mooncake":
+        wl = chain_sessions(wl)
+        return as_agent_sessions(wl) if agent else wl
+    return wl
 
 
 def _check_int(value: object, key: str, where: str, minimum: int) -> int:
@@ -176,6 +194,7 @@ def _trace_from_spec(
     fmt = opts.pop("format", None)
     tokenizer = opts.pop("tokenizer", None)
     sessions = opts.pop("sessions", False)
+    agent = opts.pop("agent", False)
     if path in PRESETS and "trace" in PRESETS[path].spec:
         preset_trace = PRESETS[path].spec["trace"]
         path, fmt = preset_trace["path"], fmt or preset_trace["format"]
@@ -183,7 +202,7 @@ def _trace_from_spec(
         path = str(base / path)
     if base is not None and tokenizer is not None and not Path(tokenizer).is_absolute():
         tokenizer = str(base / tokenizer)
-    return load_trace(path, fmt, seed, n, tokenizer, name, sessions, **opts)
+    return load_trace(path, fmt, seed, n, tokenizer, name, sessions, agent, **opts)
 
 
 def _resolve_traces(node: object, base: Path | None) -> object:
@@ -235,6 +254,8 @@ def build_from_spec(
         if extra:
             raise WorkloadError(f"{where}: '{extra[0]}' cannot be combined with 'trace'")
         wl = _trace_from_spec(spec["trace"], where, base, seed, num_requests, name)
+    elif any(k in spec for k in GENERATOR_KEYS):
+        wl = _generated(spec, name, seed, num_requests, where)
     else:
         n = DEFAULT_NUM_REQUESTS if num_requests is None else num_requests
         wl = build_synthetic(_resolve_traces(spec, base), name, seed, n, where)
@@ -253,6 +274,22 @@ def build_from_spec(
             raise WorkloadError(f"{where}: {exc}") from None
     source = {"spec": copy.deepcopy(spec)} | wl.source
     return Workload(wl.name, wl.seed, wl.requests, wl.prefix_block_size, source)
+
+
+def _generated(spec: dict, name: str, seed: int, n: int | None, where: str) -> Workload:
+    """An `agent` or `shared_prefix` table: the workload its generator makes."""
+    keys = [k for k in spec if k in GENERATOR_KEYS or k in ("prompt", "output", "prefix")]
+    keys += [k for k in ("priority", "mixture", "session") if k in spec]
+    gen = next(k for k in GENERATOR_KEYS if k in spec)
+    other = [k for k in keys if k != gen]
+    if other:
+        raise WorkloadError(f"{where}: '{other[0]}' cannot be combined with '{gen}'")
+    if gen == "agent":
+        return build_agent(spec[gen], name, seed, DEFAULT_NUM_REQUESTS if n is None else n, where)
+    wl = build_shared_prefix(spec[gen], name, seed, where)
+    if n is not None and n < len(wl.requests):
+        wl = Workload(wl.name, wl.seed, wl.requests[:n], wl.prefix_block_size, wl.source)
+    return wl
 
 
 def read_spec_file(path: Path) -> dict:

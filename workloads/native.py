@@ -17,6 +17,7 @@ import math
 import os
 from pathlib import Path
 
+from cbbench.workloads.agent_trace import parse_agent_step
 from cbbench.workloads.errors import WorkloadError
 from cbbench.workloads.spec import RequestSpec, Workload
 from cbbench.workloads.trace_mooncake import json_lines, parse_ids
@@ -78,6 +79,7 @@ def _request(obj: dict, position: int, where: str) -> RequestSpec:
         turn=obj.get("turn"),
         think_s=None if think is None else float(think),
         text=text,
+        agent=parse_agent_step(obj.get("agent"), obj.get("turn"), where),
     )
 
 

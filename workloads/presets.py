@@ -86,6 +86,28 @@ PRESETS: dict[str, Preset] = {
             has_arrivals=False,
         ),
         Preset(
+            "agent",
+            "agent sessions: system prompt + tools, a task, 2-60 tool-calling steps (median "
+            "12) with tool waits (median 1 s), a final answer; 400 requests (chat endpoint)",
+            {"num_requests": 400, "agent": {}},
+            has_arrivals=False,
+        ),
+        Preset(
+            "shared-prefix",
+            "SGLang's generated shared prefix: 8 groups x 16 prompts, system prompt 768 + "
+            "question 256 tokens (intended hit rate 75 % primed), outputs 64",
+            {
+                "shared_prefix": {
+                    "groups": 8,
+                    "prompts_per_group": 16,
+                    "system_len": 768,
+                    "question_len": 256,
+                    "output_len": 64,
+                }
+            },
+            has_arrivals=False,
+        ),
+        Preset(
             "azure-conv",
             "Azure LLM inference trace 2023, conversation: 19,366 requests over one hour, replayed",
             {"trace": {"path": PACKAGED_PREFIX + "azure_llm_2023_conv.csv.gz", "format": "azure"}},

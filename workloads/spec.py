@@ -5,6 +5,10 @@ Sessions: requests sharing a `session_id` are the turns of one conversation. For
 messages and the server's actual replies), and sends turn k+1 `think_s` after turn k's reply
 ended. A session starts at its first turn's `arrival_s`; later turns' `arrival_s` is
 informational (the trace's own time).
+
+Agent sessions (workloads/agent.py) are sessions whose turns carry an `AgentStep`: turn 1's new
+message is the task (after a system prompt and the `tools` list), every later turn's is the
+`tool` result answering the previous step's call, and `think_s` is the tool's latency.
 """
 
 from __future__ import annotations
@@ -12,6 +16,25 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass, field
 from pathlib import PurePath
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call an agent step's reply makes (OpenAI chat `tool_calls` item)."""
+
+    id: str  # the call id the `tool` message answering it names
+    name: str
+    arguments: str  # JSON text
+
+
+@dataclass(frozen=True)
+class AgentStep:
+    """What makes a session turn an agent step (the load generator builds the messages)."""
+
+    tools: str  # the session's `tools` list as JSON text, sent on every request
+    system_len: int  # system prompt tokens (its text comes from `prefix_ids`, shared)
+    call: ToolCall | None  # the call this step's reply makes; None: the final answer
+    answers: str | None = None  # the call id this step's new message (a tool result) answers
 
 
 @dataclass(frozen=True)
@@ -26,6 +49,7 @@ class RequestSpec:
     turn: int | None = None  # 1, 2, ... within the session; turn k+1 waits for turn k's reply
     think_s: float | None = None  # pause after the previous turn's reply before this turn
     text: str | None = None  # the message's real text (ShareGPT); None = generated of prompt_len
+    agent: AgentStep | None = None  # agent sessions: tools, the step's call, the call answered
 
 
 @dataclass(frozen=True)

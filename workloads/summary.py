@@ -56,6 +56,9 @@ def summarize_workload(wl: Workload) -> dict:
     sessions = _sessions(wl)
     if sessions:
         summary["sessions"] = sessions
+    intended = (wl.source.get("shared_prefix") or {}).get("intended_hit_rate")
+    if intended:  # shared-prefix: what a prefix cache should serve (primed, cold)
+        summary["intended_hit_rate"] = dict(intended)
     return summary
 
 

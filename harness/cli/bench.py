@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cbbench.harness.load.cache_options import add_cache_args
 from cbbench.harness.load.vllm_compat import RANDOM_INPUT_LEN, RANDOM_OUTPUT_LEN
 from cbbench.harness.telemetry import TelemetryOptions
 
@@ -162,6 +163,7 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
         help="stamp arrivals in user space, not with the kernel's receive time (raw client)",
     )
     p.add_argument("--extra-body", help="JSON object merged into every request body")
+    add_cache_args(p)  # --flush-cache, --prime, --session-header
     p.add_argument("--out", help="run folder (default results/runs/<timestamp>-<name>)")
     p.add_argument("--name", help="run name (default: the workload's)")
     p.add_argument("--no-live", action="store_true", help="no live view, only the final table")
@@ -179,9 +181,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def config_from_args(args: argparse.Namespace):
+    from cbbench.harness.load.cache_options import CacheOptions
     from cbbench.harness.load.options import ClientOptions, LoadOptions, bench_config
 
-    return bench_config(
+    cfg = bench_config(
         args.base_url,
         LoadOptions.from_args(args),
         ClientOptions.from_args(args),
@@ -190,6 +193,8 @@ def config_from_args(args: argparse.Namespace):
         live=not args.no_live,
         command=list(sys.argv),
     )
+    cfg.cache = CacheOptions.from_args(args)
+    return cfg
 
 
 def run(args: argparse.Namespace) -> int:

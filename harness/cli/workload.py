@@ -143,6 +143,12 @@ def run_show(args: argparse.Namespace) -> int:
     )
     if "with_prefix_ids" in summary:
         console.print(f"requests with prefix ids: {summary['with_prefix_ids']:,}")
+    if "intended_hit_rate" in summary:
+        rate = summary["intended_hit_rate"]
+        console.print(
+            f"intended prefix-cache hit rate: {100 * rate['primed']:.1f} % primed (--prime), "
+            f"{100 * rate['cold']:.1f} % cold"
+        )
     if "sessions" in summary:
         ss = summary["sessions"]
         think = "" if ss["think_s_p50"] is None else f", think time p50 {ss['think_s_p50']:g} s"

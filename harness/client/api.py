@@ -12,6 +12,7 @@ raise: they end in `status="error"` with a reason and kind.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from dataclasses import dataclass, field
 
@@ -57,11 +58,20 @@ class ClientConfig:
     collect_server_times: bool = False  # selftest: keep per-chunk (recv - server t_send_ns)
     http_client: str = "raw"  # "raw" (http1.py, the fast path) | "httpx"
     kernel_timestamps: bool = True  # raw client: the kernel's receive times where available
+    session_header: str | None = "x-session-id"  # sent with a session's id on its requests
 
     @property
     def url(self) -> str:
         path = "/v1/chat/completions" if self.endpoint == "chat" else "/v1/completions"
         return self.base_url.rstrip("/") + path
+
+
+def header_value(text: str) -> str:
+    """`text` as a header value: itself when plain printable ASCII, else a stable digest (a
+    trace's conversation id may hold anything; a header must not)."""
+    if text.isascii() and text.isprintable() and text.strip() == text and len(text) <= 200:
+        return text
+    return "h" + hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def build_payload(
@@ -71,7 +81,10 @@ def build_payload(
     body: dict = {"model": cfg.model, "max_tokens": rec.output_len, "stream": cfg.stream}
     if cfg.endpoint == "chat":
         is_messages = isinstance(prompt, list) and prompt and isinstance(prompt[0], dict)
-        body["messages"] = prompt if is_messages else [{"role": "user", "content": prompt}]
+        if isinstance(prompt, dict):  # an agent step: {"messages": [...], "tools": [...]}
+            body.update(prompt)
+        else:
+            body["messages"] = prompt if is_messages else [{"role": "user", "content": prompt}]
     else:
         body["prompt"] = prompt
     if cfg.stream:
@@ -131,6 +144,11 @@ class OpenAIClient:
         if self._head_start is None:  # the head is the same for every request up to here
             self._head_start = self.pool.head_start("POST", self.path, self.headers)
         rid = rec.id.encode("latin-1")
+        if self.cfg.session_header and rec.session_id is not None:  # routers pin a session
+            rid += b"\r\n%s: %s" % (
+                self.cfg.session_header.encode("latin-1"),
+                header_value(rec.session_id).encode("ascii"),
+            )
         return b"%sx-request-id: %s\r\ncontent-length: %d\r\n\r\n%s" % (
             self._head_start,
             rid,
@@ -177,6 +195,8 @@ class OpenAIClient:
     async def _exchange(self, rec: RequestRecord, body: bytes, resp: Response) -> None:
         assert self.http is not None
         headers = {"content-type": "application/json", "x-request-id": rec.id}
+        if self.cfg.session_header and rec.session_id is not None:
+            headers[self.cfg.session_header] = header_value(rec.session_id)
         req = self.http.build_request("POST", self.cfg.url, content=body, headers=headers)
         resp.sent(time.monotonic_ns())  # httpx connects inside send: set-up not apart
         r = await self.http.send(req, stream=True)

@@ -15,6 +15,20 @@ FIXES: dict[str, dict[str, str]] = {
         "cbbench": "cbbench serve --enable-prefix-caching (continuous scheduler); more "
         "--num-kv-blocks keeps histories cached between turns",
     },
+    "agent-cache": {
+        "vllm": "keep automatic prefix caching on (drop --no-enable-prefix-caching); behind "
+        "vLLM production-stack route by session (--routing-logic session --session-key "
+        "x-session-id) or prefix; more --gpu-memory-utilization keeps histories through tool "
+        "waits",
+        "sglang": "keep RadixAttention on (drop --disable-radix-cache); sglang-router "
+        "--policy cache_aware (or consistent_hashing on the session header); raise "
+        "--mem-fraction-static",
+        "tgi": "keep prefix caching on (PREFIX_CACHING=1); one replica per session behind a "
+        "sticky load balancer",
+        "triton": "TensorRT-LLM backend: enable_kv_cache_reuse: true; sticky routing per session",
+        "cbbench": "cbbench serve --enable-prefix-caching; with replicas --router "
+        "session-affinity or prefix-affinity; more --num-kv-blocks for long tool waits",
+    },
     "errors": {
         "vllm": "HTTP 400: prompt + max_tokens over --max-model-len (raise it or cap requests); "
         "timeouts: offer less load or raise the client timeout; connection errors: check "

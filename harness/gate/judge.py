@@ -147,6 +147,8 @@ def _boot(rng: np.random.Generator, n: int, resamples: int, width: int, fn) -> n
 def _latency_sample(s: RunSamples, metric: str) -> _Sample:
     if metric == "itl":
         return _Sample(s.itl, s.itl_owner, s.n_ok)
+    if metric == "makespan":  # one value per finished agent session
+        return _Sample(s.makespan, None, s.makespan.size)
     return _Sample(s.latency(metric), None, s.n_ok)
 
 

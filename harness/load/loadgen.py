@@ -18,9 +18,11 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from cbbench.harness.client.api import ClientConfig, OpenAIClient
+from cbbench.harness.load.agent import AgentConversation
 from cbbench.harness.load.heap import FrozenHeap
 from cbbench.harness.load.lookahead import Lookahead, Prepared
 from cbbench.harness.load.prompts import PromptBuilder
@@ -56,6 +58,7 @@ class Job:
     turn: int | None = None
     think_s: float | None = None
     text: str | None = None  # the message's own text (ShareGPT); None = generated
+    agent: Any = None  # workloads.spec.AgentStep: an agent session's step (load/agent.py)
 
 
 @dataclass
@@ -322,17 +325,25 @@ class Worker:
         self, client: OpenAIClient, unit: list[Job], session_slots, request_slots
     ) -> None:
         """Turn after turn: each waits for the previous reply, then its think time."""
-        conv = Conversation(self._history_mode(), self.prompts)
+        agent = unit[0].agent is not None
+        conv = (
+            AgentConversation(self.prompts)
+            if agent
+            else Conversation(self._history_mode(), self.prompts)
+        )
         deadline = self.plan.duration_s
         ready = _now_s(self.t0_ns)
         async with session_slots if session_slots is not None else contextlib.nullcontext():
             for k, job in enumerate(unit):
                 if k:
+                    waited = _now_s(self.t0_ns)
                     await _think(job.think_s or 0.0, self.t0_ns, self.stop)
                     ready = _now_s(self.t0_ns)
                 if self.stop.is_set() or (deadline is not None and ready >= deadline):
                     return
                 rec = self._record(job)
+                if k and agent:  # the tool ran: shown apart, never inside a latency
+                    rec.extra["tool_wait_s"] = ready - waited
                 if k == 0 and job.arrival_s is not None:
                     rec.scheduled_s = job.arrival_s
                 rec.ready_s = ready if k else (rec.scheduled_s or ready)

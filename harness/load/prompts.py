@@ -96,6 +96,8 @@ class PromptBuilder:
         """A request's prompt tokens as the client reckons them (None: unknown). `prompt_len`
         is what a lone request asked for; a session's prompt holds its history too."""
         if endpoint == "chat":  # with the model's template, as the server
+            if isinstance(prompt, dict):  # an agent step (load/agent.py)
+                prompt = prompt["messages"]
             msgs = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
             n = self.count_chat(msgs)
             fit = self.text_fit

@@ -3,6 +3,9 @@ in worker processes), telemetry samplers, live view, summary, run.json; survives
 
 run.json is written at the start (status "running") and rewritten at the end, so even a killed
 run leaves a valid one next to every request that finished.
+
+Over 400 lines because the run's phases (probe, cache preparation, workers, telemetry,
+summary, run.json) share the one try/finally that keeps every finished request on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from cbbench.harness.client.api import ClientConfig, probe_server
 from cbbench.harness.console.live import LiveStats, LiveView, print_summary
 from cbbench.harness.console.outcome import outcome_lines, worker_timing_lines
 from cbbench.harness.errors import CbbenchError
+from cbbench.harness.load.cache import check_agent_endpoint, prepare_cache
+from cbbench.harness.load.cache_options import CacheOptions
 from cbbench.harness.load.loadgen import Job, WorkerPlan, run_worker
 from cbbench.harness.load.sessions import CAP_UNITS
 from cbbench.harness.load.shards import (
@@ -36,6 +41,7 @@ from cbbench.harness.load.shards import (
 )
 from cbbench.harness.load.text_fit import fit_text_prompts
 from cbbench.harness.load.workers import run_workers
+from cbbench.harness.results.agent_summary import add_cache_summaries, cache_lines
 from cbbench.harness.results.efficiency import add_telemetry_figures
 from cbbench.harness.results.environment import environment
 from cbbench.harness.results.outcome import FirstFailures, all_failed, stopped_answering
@@ -80,6 +86,7 @@ class BenchConfig:
     keep_token_ids: bool = False  # sessions: prompt/reply token ids in each record's extra
     shard: Shard | None = None  # --shard I/N: send only part I of the N-way split (shards.py)
     start_at: float | None = None  # --start-at: t0 at this wall-clock time (unix seconds)
+    cache: CacheOptions = field(default_factory=CacheOptions)  # --flush-cache, --prime, header
 
 
 @dataclass
@@ -115,6 +122,7 @@ def _jobs(wl: Workload, warmup: int) -> tuple[list[Job], list[Job]]:
             is_warmup,
             think_s=r.think_s,
             text=r.text,
+            agent=None if is_warmup else r.agent,
             **session,
         )
 
@@ -259,6 +267,7 @@ def run_bench(
             f"--shard {cfg.shard}: --concurrency {cfg.concurrency} leaves a shard no slot "
             f"(each of the {cfg.shard.count} shards needs >= 1)"
         )
+    check_agent_endpoint(cfg.endpoint, cfg.workload)
     engine = probe_server(cfg.base_url, cfg.api_key)
     model = cfg.model or (engine["models"][0] if engine["models"] else None)
     if not model:
@@ -280,9 +289,14 @@ def run_bench(
         collect_server_times=cfg.collect_server_times,
         http_client=cfg.http_client,
         kernel_timestamps=cfg.kernel_timestamps,
+        session_header=cfg.cache.session_header or None,
+    )
+    cache_meta = prepare_cache(  # flush, prime: before t0
+        cfg.cache, client, cfg.workload, cfg.text_prompts, cfg.tokenizer
     )
     plans = _plans(cfg, client)
     meta = {**_run_meta(cfg, name, engine, model, len(plans)), **fit_text_prompts(cfg, plans)}
+    meta["cache"] = cache_meta
     if cfg.shard is not None:  # who this is and what it sends: what `cbbench merge` checks
         meta["shard"] = shard_meta(cfg.shard, cfg.workload.requests, cfg.concurrency, plans)
     writer = RunWriter(run_dir, secrets=(cfg.api_key,))
@@ -340,6 +354,7 @@ def run_bench(
             if "crashed" not in st
         }
         summary = summarize(records, None, cfg.slo, client_samples)
+        add_cache_summaries(summary, records, cfg.workload, cfg.cache.prime, cfg.cache.flush_cache)
         if "shard" in meta:  # the raw samples: `cbbench merge` recomputes this summary
             meta["shard"]["client_samples"] = client_samples
         summary["cancelled_in_flight"] = sum(st.get("cancelled", 0) for st in worker_stats.values())
@@ -378,7 +393,7 @@ def run_bench(
         writer.write_run(meta)
         writer.close()
     print_summary(out, summary, f"cbbench bench: {name}")
-    for line in worker_timing_lines(summary):
+    for line in [*worker_timing_lines(summary), *cache_lines(summary)]:
         out.print(line, highlight=False)
     for line in outcome_lines(summary, interrupted=interrupted, planned=planned):
         out.print(line, highlight=False, markup=False)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.load.runner import default_out_dir
+from cbbench.harness.results.agent_summary import agent_summary
 from cbbench.harness.results.efficiency import add_telemetry_figures
 from cbbench.harness.results.environment import environment
 from cbbench.harness.results.records import RECORD_SCHEMA_VERSION, RequestRecord
@@ -131,6 +132,9 @@ class RunCollector:
     # -- summary ------------------------------------------------------------------------
     def summary(self) -> dict:
         summary = summarize(self.records, None, self.settings.slo)
+        agent = agent_summary(self.records)  # agent sessions: makespan, tool waits, per step
+        if agent is not None:
+            summary["agent"] = agent
         summary["cancelled_in_flight"] = self.cancelled
         summary["duplicate_records"] = self.duplicates
         if self.samplers:

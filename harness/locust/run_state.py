@@ -22,6 +22,7 @@ import time
 
 import gevent
 from cbbench.harness.client.api import ClientConfig, probe_server
+from cbbench.harness.load.agent import AgentConversation
 from cbbench.harness.load.prompts import PromptBuilder
 from cbbench.harness.load.sessions import Conversation, Prompt, history_mode
 from cbbench.harness.load.text_fit import fetch_text_fit
@@ -345,6 +346,8 @@ class LocustRun:
         """A session's history (None for a lone request)."""
         if ticket.turns[0].session_id is None:
             return None
+        if ticket.turns[0].agent is not None:  # tools, tool_calls, tool results (load/agent.py)
+            return AgentConversation(self.prompts)  # type: ignore[return-value]
         return Conversation(self.history_mode, self.prompts)
 
     def prompt(

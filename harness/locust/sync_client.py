@@ -20,7 +20,7 @@ import time
 from urllib.parse import urlsplit
 
 from cbbench.harness.client import response
-from cbbench.harness.client.api import ClientConfig, build_payload
+from cbbench.harness.client.api import ClientConfig, build_payload, header_value
 from cbbench.harness.client.reply import Reply
 from cbbench.harness.client.response import RequestFailed, Response, fail_record, failure, finish
 from cbbench.harness.results.records import RequestRecord
@@ -96,6 +96,8 @@ class SyncOpenAIClient:
 
     def _exchange_sync(self, rec: RequestRecord, body: bytes, resp: Response) -> None:
         headers = {**self.headers, "x-request-id": rec.id}
+        if self.cfg.session_header and rec.session_id is not None:  # routers pin a session
+            headers[self.cfg.session_header] = header_value(rec.session_id)
         deadline = time.monotonic() + self.cfg.timeout_s
         for attempt in (0, 1):  # a kept-alive connection the server closed: reconnect once
             try:

@@ -100,11 +100,14 @@ class CbbenchUser(User):
             for k, spec in enumerate(ticket.turns):
                 if k:
                     pending = False
+                    waited = run.now_s()
                     if not self._think(spec.think_s or 0.0):
                         return  # the test is stopping: no new turn
                     pending = True
                     ready = run.now_s()  # after the previous reply and the think time
                 rec = run.new_record(ticket, spec)
+                if k and spec.agent is not None:  # the tool ran: apart from every latency
+                    rec.extra["tool_wait_s"] = ready - waited
                 prompt = run.prompt(ticket, spec, rec, conv)
                 if k:
                     rec.ready_s = ready

@@ -13,6 +13,7 @@ from html import escape
 from typing import Any
 
 from cbbench.harness.report import plots
+from cbbench.harness.report.agent_table import agent_html
 from cbbench.harness.report.experts import expert_section
 from cbbench.harness.report.replicas import replica_section
 from cbbench.harness.report.runs import (
@@ -212,6 +213,8 @@ def render(
     experts = expert_section(runs)
     if experts:
         sections.append(("Expert load", experts))
+    if agent_html(runs):
+        sections.append(("Agent sessions", agent_html(runs)))
     sections += [
         (
             "Timelines",

@@ -8,9 +8,10 @@ bootstrap can resample whole requests.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+from cbbench.harness.results.agent_summary import session_makespans
 from cbbench.harness.results.run_folder import Run
 from cbbench.harness.results.summary import measured_window_s, output_tokens
 
@@ -36,6 +37,8 @@ class RunSamples:
     n_errors: int
     window_s: float  # the run's measured duration (see run_duration)
     cost_per_hour: float | None = None  # the run's --cost-per-hour (summed over replicas)
+    # agent sessions: one per finished session (results/agent_summary.py); empty otherwise
+    makespan: np.ndarray = field(default_factory=lambda: np.empty(0))
 
     @property
     def n_ok(self) -> int:
@@ -91,6 +94,7 @@ def extract(run: Run) -> RunSamples:
         n_errors=len(measured) - len(ok),
         window_s=window,
         cost_per_hour=_price(run.meta),
+        makespan=np.asarray(session_makespans(measured), dtype=np.float64),
     )
 
 

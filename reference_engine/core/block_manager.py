@@ -130,6 +130,15 @@ class BlockManager:
             self._cached[hashes[i]] = b.block_id
         self._num_registered[seq.request_id] = num_full
 
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block (vLLM's reset_prefix_cache): later sequences find no
+        hit. Blocks in use keep their KV, only no newcomer shares them. Returns how many."""
+        n = len(self._cached)
+        for bid in self._cached.values():
+            self.blocks[bid].reset()
+        self._cached.clear()
+        return n
+
     # --- allocate / free --------------------------------------------------------------
     def can_allocate(
         self,

@@ -268,6 +268,10 @@ class LLMEngine(StepUpdate):
         self.scheduler.abort(seq)
         seq.metrics.finished_time = self.now()
 
+    def reset_prefix_cache(self) -> int:
+        """Drop the prefix cache (POST /reset_prefix_cache); how many blocks it held."""
+        return self.block_manager.reset_prefix_cache()
+
     def close_input(self) -> None:
         """No request will be added any more: a policy waiting for a batch to fill runs what
         waits instead (static batching's drain timeout cannot be ended by an arrival)."""

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from cbbench.reference_engine.router.cache_reset import reset_replicas
 from cbbench.reference_engine.router.metrics import CONTENT_TYPE, RouterMetrics
-from cbbench.reference_engine.router.options import RETRIES, UPSTREAM_TIMEOUT_S
+from cbbench.reference_engine.router.options import RETRIES, SESSION_HEADER, UPSTREAM_TIMEOUT_S
 from cbbench.reference_engine.router.policy import NoReplicaAvailable, RouteRequest, RoutingPolicy
 from cbbench.reference_engine.router.prefix import body_block_hashes
 from cbbench.reference_engine.router.upstream import Replica, ReplicaPool, junk_reason
@@ -52,14 +53,21 @@ class Router:
         policy: RoutingPolicy,
         upstream_timeout_s: float = UPSTREAM_TIMEOUT_S,
         retries: int = RETRIES,
+        session_header: str = SESSION_HEADER,
     ) -> None:
         self.pool, self.policy, self.retries = pool, policy, retries
+        self.session_header = session_header  # session-affinity pins a session by it
         self.metrics = RouterMetrics(pool, policy.name)
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
         timeout = httpx.Timeout(upstream_timeout_s, connect=5.0)
         self.client = httpx.AsyncClient(timeout=timeout, limits=limits)
 
-    def pick(self, body: Any, exclude: set[int] | frozenset = frozenset()) -> Replica:
+    def pick(
+        self,
+        body: Any,
+        exclude: set[int] | frozenset = frozenset(),
+        session_id: str | None = None,
+    ) -> Replica:
         """The policy's pick among the healthy replicas not in `exclude` (tried already)."""
         t = time.perf_counter()
         hashes = body_block_hashes(body) if self.policy.needs_prefix else ()
@@ -67,7 +75,7 @@ class Router:
         for r in hidden:  # no await until restored: no other request sees this
             r.healthy = False
         try:
-            i = self.policy.choose(RouteRequest(hashes), self.pool.loads)
+            i = self.policy.choose(RouteRequest(hashes, session_id), self.pool.loads)
         finally:
             for r in hidden:
                 r.healthy = True
@@ -98,6 +106,11 @@ def create_router_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await _forward(router, request, "/v1/chat/completions")
+
+    @app.post("/reset_prefix_cache")  # vLLM's name; SGLang's below: every replica's cache
+    @app.post("/flush_cache")
+    async def reset_prefix_cache(request: Request) -> JSONResponse:
+        return await reset_replicas(router, request.url.path)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -156,7 +169,7 @@ async def _forward(router: Router, request: Request, path: str) -> Response:
     budget = router.retries  # resends after an answer failed (a refusal is free)
     while True:
         try:
-            replica = router.pick(body, tried)
+            replica = router.pick(body, tried, request.headers.get(router.session_header))
         except NoReplicaAvailable as exc:
             if failed is not None:  # no other replica to resend to: the failure stands
                 return _mark(failed.response, retried_from)

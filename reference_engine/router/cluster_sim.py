@@ -188,7 +188,8 @@ def simulate_cluster(
             for spec, arrival, ids in arrivals.pop_due(t_arr):
                 t = time.perf_counter()
                 hashes = token_block_hashes(ids) if policy.needs_prefix else ()
-                i = policy.choose(RouteRequest(hashes), loads)
+                sid = spec.session_id if policy.needs_session else None
+                i = policy.choose(RouteRequest(hashes, sid), loads)
                 routing.append(time.perf_counter() - t)
                 e = engines[i]
                 if not in_busy[i]:

@@ -22,6 +22,7 @@ BREAKER_ERROR_RATE = 0.5
 BREAKER_WINDOW = 20
 BREAKER_COOLDOWN_S = 5.0
 RETRIES = 1
+SESSION_HEADER = "x-session-id"
 
 
 @dataclass
@@ -48,6 +49,7 @@ class RouterOptions:
             self.breaker_window,
             self.breaker_cooldown_s,
         )
+    session_header: str = SESSION_HEADER  # session-affinity: the header naming the session
 
     def validate(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -79,6 +81,12 @@ def add_router_args(p: argparse.ArgumentParser, policy_flag: str = "--policy") -
         default="least-outstanding",
         choices=POLICY_NAMES,
         help="how a request picks its replica (default least-outstanding; docs/router.md)",
+    )
+    g.add_argument(
+        "--session-header",
+        default=SESSION_HEADER,
+        metavar="NAME",
+        help=f"session-affinity: the request header naming a session (default {SESSION_HEADER})",
     )
     g.add_argument(
         "--poll-interval",
@@ -153,6 +161,7 @@ def router_options_from_args(args: argparse.Namespace, replicas: Sequence[str]) 
         breaker_window=args.breaker_window,
         breaker_cooldown_s=args.breaker_cooldown,
         retries=args.retries,
+        session_header=getattr(args, "session_header", SESSION_HEADER),
     )
     opts.validate()
     return opts

@@ -70,9 +70,11 @@ class ReplicaLoad:
 @dataclass(slots=True)
 class RouteRequest:
     """What a policy may look at: the chained hashes of the prompt's prefix at doubling
-    lengths (router/prefix.py; empty when the policy does not need them)."""
+    lengths (router/prefix.py; empty when the policy does not need them), and the session id
+    header's value (None when absent or not needed)."""
 
     prefix_hashes: tuple[int, ...] = ()
+    session_id: str | None = None
 
 
 class RoutingPolicy:
@@ -81,6 +83,7 @@ class RoutingPolicy:
 
     name: ClassVar[str] = ""
     needs_prefix: ClassVar[bool] = False  # the caller computes RouteRequest.prefix_hashes
+    needs_session: ClassVar[bool] = False  # the caller reads RouteRequest.session_id
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaLoad]) -> int:
         raise NotImplementedError

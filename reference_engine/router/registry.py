@@ -8,9 +8,10 @@ from cbbench.reference_engine.router.least_outstanding import LeastOutstanding
 from cbbench.reference_engine.router.policy import RoutingPolicy
 from cbbench.reference_engine.router.prefix_affinity import PrefixAffinity
 from cbbench.reference_engine.router.round_robin import RoundRobin
+from cbbench.reference_engine.router.session_affinity import SessionAffinity
 
 POLICY_CLASSES: dict[str, type[RoutingPolicy]] = {
-    c.name: c for c in (RoundRobin, LeastOutstanding, KVAware, PrefixAffinity)
+    c.name: c for c in (RoundRobin, LeastOutstanding, KVAware, PrefixAffinity, SessionAffinity)
 }
 POLICY_NAMES = tuple(POLICY_CLASSES)
 

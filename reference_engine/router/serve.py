@@ -33,7 +33,10 @@ def build_router(opts: RouterOptions) -> tuple[Router, object]:
     pool = ReplicaPool(
         opts.replicas, key, opts.poll_interval_s, opts.breaker(), opts.upstream_timeout_s
     )
-    router = Router(pool, make_policy(opts.policy), opts.upstream_timeout_s, opts.retries)
+    router = Router(
+        pool, make_policy(opts.policy), opts.upstream_timeout_s, opts.retries,
+        session_header=opts.session_header,
+    )
     return router, create_router_app(router, api_key=opts.api_key)
 
 

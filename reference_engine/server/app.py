@@ -34,6 +34,7 @@ from cbbench.reference_engine.server.guard import GuardMiddleware
 from cbbench.reference_engine.server.metrics import CONTENT_TYPE, ServerMetrics
 from cbbench.reference_engine.server.serving import Generation, ResponseShaper
 from cbbench.reference_engine.server.tokenize import add_tokenize_route
+from cbbench.reference_engine.server.tools import check_tool_messages, render_messages
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -103,12 +104,20 @@ def create_app(
     @app.post("/v1/chat/completions", **_body_doc(P.ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         body = await _parse(state, request, P.ChatCompletionRequest)
-        messages = [(m.role, m.text()) for m in body.messages]
+        check_tool_messages(body.messages)
+        messages = render_messages(body)
         try:  # the model's own chat template when it has one, else the built-in one
             prompt_ids = await _encode_chat(tokenizer, messages)
         except EngineError as exc:  # the model's template refused the messages
             raise bad_request(str(exc), "messages") from None
         return await _generate(state, request, body, prompt_ids, chat=True)
+
+    @app.post("/reset_prefix_cache")  # vLLM's name
+    @app.post("/flush_cache")  # SGLang's
+    async def reset_prefix_cache() -> dict[str, Any]:
+        """Drop every cached prefix block; requests sent after it find none."""
+        engine.reset_prefix_cache()
+        return {"status": "ok"}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -63,6 +63,11 @@ class _Abort:
 
 
 @dataclass
+class _ResetPrefixCache:
+    pass
+
+
+@dataclass
 class RequestStream:
     """The outputs of one request, as the engine produces them. Closing it (or leaving the
     `async for` early) aborts the request in the engine."""
@@ -96,7 +101,7 @@ class AsyncEngine:
     engine: Any  # LLMEngine (typed loosely: the server only uses its public methods)
     metrics: ServerMetrics | None = None
     _cv: threading.Condition = field(default_factory=threading.Condition)
-    _inbox: list[_Add | _Abort] = field(default_factory=list)
+    _inbox: list[_Add | _Abort | _ResetPrefixCache] = field(default_factory=list)
     _closing: str | None = None  # set by shutdown(): the reason streams are failed with
     _thread: threading.Thread | None = None
     _streams: dict[str, _Stream] = field(default_factory=dict)  # engine thread only
@@ -151,6 +156,13 @@ class AsyncEngine:
         with self._cv:
             if self._closing is None:
                 self._inbox.append(_Abort(request_id))
+                self._cv.notify()
+
+    def reset_prefix_cache(self) -> None:
+        """Drop the prefix cache before any request added after this call is scheduled."""
+        with self._cv:
+            if self._closing is None:
+                self._inbox.append(_ResetPrefixCache())
                 self._cv.notify()
 
     # --- engine thread -----------------------------------------------------------------
@@ -215,7 +227,10 @@ class AsyncEngine:
             return MAX_IDLE_WAIT_S
         return min(MAX_IDLE_WAIT_S, max(0.0, wakeup - self.engine.now()))
 
-    def _apply(self, cmd: _Add | _Abort) -> None:
+    def _apply(self, cmd: _Add | _Abort | _ResetPrefixCache) -> None:
+        if isinstance(cmd, _ResetPrefixCache):
+            self.engine.reset_prefix_cache()
+            return
         if isinstance(cmd, _Abort):
             if self._streams.pop(cmd.request_id, None) is not None:
                 self._last_token_time.pop(cmd.request_id, None)

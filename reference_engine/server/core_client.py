@@ -187,6 +187,12 @@ class EngineCoreClient:
         if known and self.accepting:
             self._send(["abort", request_id])
 
+    def reset_prefix_cache(self) -> None:
+        """Drop the prefix cache before any request added after this call (one ordered
+        channel: the engine applies commands in the order sent)."""
+        if self.accepting:
+            self._send(["reset_prefix_cache"])
+
     def _send(self, command: list[Any]) -> None:
         data = encode([command])
         with self._send_lock:

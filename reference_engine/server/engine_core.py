@@ -1,7 +1,7 @@
 """The engine process: schedules and executes, nothing else (vLLM v1's EngineCore).
 
 It owns the LLMEngine. Commands arrive from the API process on a ZMQ PULL socket (batches
-of `("add", ...)`, `("abort", id)`, `("shutdown",)`); after each step it sends ONE message on
+of `("add", ...)`, `("abort", id)`, `("reset_prefix_cache",)`, `("shutdown",)`); after each step it sends ONE message on
 a PUSH socket with everything the API needs: the step's RequestOutputs, the engine stats,
 the engine clock, and which adds were accepted or rejected. See ipc.py for the encoding.
 
@@ -121,6 +121,8 @@ class EngineCore:
                     accepted.append(request_id)
             elif kind == "abort":
                 self.engine.abort_request(cmd[1])
+            elif kind == "reset_prefix_cache":
+                self.engine.reset_prefix_cache()
             elif kind == "shutdown":
                 return accepted, rejected, True
             else:

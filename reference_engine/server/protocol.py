@@ -84,9 +84,22 @@ class TextPart(_Strict):
     text: Text
 
 
+class ToolCallFunction(_Strict):
+    name: Text = Field(..., max_length=256)
+    arguments: Text
+
+
+class ToolCallItem(_Strict):
+    id: Text = Field(..., min_length=1, max_length=256)
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(_Strict):
     role: Text = Field(..., min_length=1, max_length=64)
     content: Text | list[TextPart] | None = None
+    tool_calls: list[ToolCallItem] | None = None  # an assistant message's calls
+    tool_call_id: Text | None = Field(None, max_length=256)  # a tool message: the call answered
 
     def text(self) -> str:
         if self.content is None:
@@ -98,6 +111,7 @@ class ChatMessage(_Strict):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(..., min_length=1)
+    tools: list[dict[str, Any]] | None = None  # rendered into the prompt (server/tools.py)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)

@@ -144,8 +144,11 @@ class ResponseShaper:
             kind = "text_completion"
         return P.envelope(self.gen.request_id, kind, self.model, self.created)
 
-    def _usage(self) -> dict[str, int]:
-        return P.usage(len(self.gen.prompt_token_ids), len(self.gen.token_ids))
+    def _usage(self) -> dict[str, Any]:
+        usage: dict[str, Any] = P.usage(len(self.gen.prompt_token_ids), len(self.gen.token_ids))
+        m = self.gen.metrics  # vLLM's field for prefix-cache hits
+        usage["prompt_tokens_details"] = {"cached_tokens": m.num_cached_tokens if m else 0}
+        return usage
 
     def chunk(self, delta: Delta) -> dict[str, Any]:
         ids = delta.token_ids if self.return_token_ids else None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from cbbench.harness.diagnose.base import Rule
 from cbbench.harness.diagnose.rules import (
+    agent_cache,
     client_bound,
     errors,
     expert_imbalance,
@@ -35,4 +36,5 @@ RULES: tuple[Rule, ...] = (
     session_cache.RULE,
     replica_imbalance.RULE,
     expert_imbalance.RULE,
+    agent_cache.RULE,
 )

@@ -16,7 +16,11 @@ MAX_HIT_RATE = 0.1  # ... and at most this share of their prompt tokens came fro
 
 
 def check(v: RunView) -> Finding | None:
-    later = [r for r in v.ok if r.session_id is not None and (r.turn or 1) > 1]
+    later = [  # agent steps: agent_cache.py judges them
+        r
+        for r in v.ok
+        if r.session_id is not None and (r.turn or 1) > 1 and "agent_step" not in r.extra
+    ]
     reported = [
         r
         for r in later
