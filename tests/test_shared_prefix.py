@@ -89,7 +89,7 @@ def test_prime_sends_each_group_prefix_as_the_run_builds_it():
     from cbbench.harness.load.prompts import PromptBuilder
 
     wl = build_from_spec(SPEC, "shared-prefix", "spec", seed=3)
-    pb = PromptBuilder(wl.seed, wl.prefix_block_size)
+    pb = PromptBuilder(wl.prompt_seed, wl.prefix_block_size)  # as the workers build them
     for text in (False, True):
         todo = _prime_prompts(wl, text)
         assert len(todo) == 4  # one per group

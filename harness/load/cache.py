@@ -20,6 +20,7 @@ from cbbench.harness.errors import CbbenchError
 from cbbench.harness.load.agent import check_agent_endpoint as agent_endpoint
 from cbbench.harness.load.cache_options import CacheOptions, add_cache_args
 from cbbench.harness.load.prompts import PromptBuilder
+from cbbench.harness.load.text_fit import TextFit
 from cbbench.harness.results.records import RequestRecord
 from cbbench.workloads.spec import Workload
 
@@ -53,10 +54,11 @@ def flush_prefix_cache(base_url: str, api_key: str | None, timeout_s: float = 30
 
 
 def _prime_prompts(
-    wl: Workload, text: bool, tokenizer: str | None = None
+    wl: Workload, text: bool, tokenizer: str | None = None, text_fit: TextFit | None = None
 ) -> list[tuple[str, object]]:
     """(what, prompt) of each distinct leading prefix of `wl`, in first-seen order."""
-    prompts = PromptBuilder(wl.seed, wl.prefix_block_size, tokenizer)  # as the workers build
+    # as the workers build them: the workload's prompt seed, the server's text fit
+    prompts = PromptBuilder(wl.prompt_seed, wl.prefix_block_size, tokenizer, text_fit=text_fit)
     seen: set = set()
     out: list[tuple[str, object]] = []
     for r in wl.requests:
@@ -84,11 +86,15 @@ def _prime_prompts(
 
 
 def prime_prefixes(
-    client: ClientConfig, wl: Workload, text: bool = False, tokenizer: str | None = None
+    client: ClientConfig,
+    wl: Workload,
+    text: bool = False,
+    tokenizer: str | None = None,
+    text_fit: TextFit | None = None,
 ) -> int:
     """Send each distinct prefix once (max_tokens 1), one after another; how many were sent.
     A failed one is a CbbenchError naming it (the run would measure a cold cache)."""
-    todo = _prime_prompts(wl, text or client.endpoint == "chat", tokenizer)
+    todo = _prime_prompts(wl, text or client.endpoint == "chat", tokenizer, text_fit)
     if not todo:
         return 0
 
@@ -118,11 +124,12 @@ def prepare_cache(
     wl: Workload,
     text: bool = False,
     tokenizer: str | None = None,
+    text_fit: TextFit | None = None,
 ) -> dict:
     """Flush, then prime, as `opts` ask (before t0: nothing of it is measured); for run.json."""
     meta: dict = {"session_header": client.session_header}
     if opts.flush_cache:
         meta["flushed"] = flush_prefix_cache(client.base_url, client.api_key)
     if opts.prime:
-        meta["primed_prefixes"] = prime_prefixes(client, wl, text, tokenizer)
+        meta["primed_prefixes"] = prime_prefixes(client, wl, text, tokenizer, text_fit)
     return meta

@@ -291,12 +291,11 @@ def run_bench(
         kernel_timestamps=cfg.kernel_timestamps,
         session_header=cfg.cache.session_header or None,
     )
-    cache_meta = prepare_cache(  # flush, prime: before t0
-        cfg.cache, client, cfg.workload, cfg.text_prompts, cfg.tokenizer
-    )
     plans = _plans(cfg, client)
     meta = {**_run_meta(cfg, name, engine, model, len(plans)), **fit_text_prompts(cfg, plans)}
-    meta["cache"] = cache_meta
+    meta["cache"] = prepare_cache(  # flush, prime (prompts built as the workers build them)
+        cfg.cache, client, cfg.workload, cfg.text_prompts, cfg.tokenizer, plans[0].text_fit
+    )
     if cfg.shard is not None:  # who this is and what it sends: what `cbbench merge` checks
         meta["shard"] = shard_meta(cfg.shard, cfg.workload.requests, cfg.concurrency, plans)
     writer = RunWriter(run_dir, secrets=(cfg.api_key,))

@@ -13,6 +13,9 @@
 
 Times in records are seconds from the master's t0: a worker maps the master's wall-clock t0
 onto its own monotonic clock (exact on one machine; across machines, as good as NTP).
+
+Over 400 lines because the three roles share one request hand-out and drain protocol, and
+agent sessions and exact text prompts ride on it in every role.
 """
 
 from __future__ import annotations

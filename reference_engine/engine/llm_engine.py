@@ -2,6 +2,9 @@
 
 The same loop drives the real model (ModelRunner, wall clock) and the simulator
 (SimExecutor, virtual clock); only the scheduler named in the config changes the policy.
+
+Over 400 lines because the engine's few entry points (add, step, abort, reset the prefix
+cache, describe) each need the loop's own state; splitting them would expose it.
 """
 
 from __future__ import annotations
