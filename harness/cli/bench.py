@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cbbench.harness.client.stream_kinds import REASONING_PARSERS
 from cbbench.harness.telemetry import TelemetryOptions
 
 
@@ -96,6 +97,14 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
         help="stamp arrivals in user space, not with the kernel's receive time (raw client)",
     )
     p.add_argument("--extra-body", help="JSON object merged into every request body")
+    p.add_argument(
+        "--reasoning-parser",
+        choices=REASONING_PARSERS,
+        default="auto",
+        help="where a stream's reasoning is: auto (the reasoning / reasoning_content fields, "
+        "or content opening with <think>), think-tags (output starts thinking until </think>), "
+        "none (every token is answer: TTFO = TTFT)",
+    )
     p.add_argument("--out", help="run folder (default results/runs/<timestamp>-<name>)")
     p.add_argument("--name", help="run name (default: the workload's)")
     p.add_argument("--no-live", action="store_true", help="no live view, only the final table")

@@ -57,6 +57,7 @@ class ClientConfig:
     collect_server_times: bool = False  # selftest: keep per-chunk (recv - server t_send_ns)
     http_client: str = "raw"  # "raw" (http1.py, the fast path) | "httpx"
     kernel_timestamps: bool = True  # raw client: the kernel's receive times where available
+    reasoning_parser: str = "auto"  # where reasoning is in a stream (stream_kinds.py)
 
     @property
     def url(self) -> str:
@@ -149,7 +150,8 @@ class OpenAIClient:
         also keep the response's text and token ids there (a session's next turn needs them).
         `encoded`: the request as `encode` built it ahead (then `prompt` is not used, and
         the caller sets `rec.prompt_tokens_client`)."""
-        resp = Response(rec, self.cfg.stream, self.cfg.collect_server_times, reply)
+        cfg = self.cfg
+        resp = Response(rec, cfg.stream, cfg.collect_server_times, reply, cfg.reasoning_parser)
         if encoded is None:
             encoded = self.encode(rec, prompt)
             if isinstance(prompt, list) and (not prompt or isinstance(prompt[0], int)):

@@ -100,6 +100,7 @@ class ClientOptions:
     cap_unit: str = "sessions"
     prewarm: bool = True  # open the connections (up to the concurrency) before t0
     kernel_timestamps: bool = True  # raw client: the kernel's receive times where available
+    reasoning_parser: str = "auto"  # where a stream's reasoning is (client/stream_kinds.py)
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> ClientOptions:
@@ -119,6 +120,7 @@ class ClientOptions:
             cap_unit=getattr(ns, "cap_unit", "sessions"),
             prewarm=not getattr(ns, "no_prewarm", False),
             kernel_timestamps=not getattr(ns, "user_timestamps", False),
+            reasoning_parser=getattr(ns, "reasoning_parser", "auto"),
         )
 
 
@@ -170,6 +172,7 @@ def bench_config(
         cap_unit=client.cap_unit,
         prewarm=client.prewarm,
         kernel_timestamps=client.kernel_timestamps,
+        reasoning_parser=client.reasoning_parser,
         shard=shard,
         start_at=start_at,
     )

@@ -78,6 +78,7 @@ class BenchConfig:
     keep_token_ids: bool = False  # sessions: prompt/reply token ids in each record's extra
     shard: Shard | None = None  # --shard I/N: send only part I of the N-way split (shards.py)
     start_at: float | None = None  # --start-at: t0 at this wall-clock time (unix seconds)
+    reasoning_parser: str = "auto"  # --reasoning-parser: where reasoning is in a stream
 
 
 @dataclass
@@ -250,6 +251,7 @@ def _run_meta(cfg: BenchConfig, name: str, engine: dict, model: str, workers: in
             "timeout_s": cfg.timeout_s,
             "extensions": cfg.extensions,
             "http_client": cfg.http_client,
+            "reasoning_parser": cfg.reasoning_parser,
             "prewarm": cfg.prewarm,
             "event_loop": aio.loop_name(),
             "text_prompts": cfg.text_prompts or cfg.endpoint == "chat",
@@ -304,6 +306,7 @@ def run_bench(
         collect_server_times=cfg.collect_server_times,
         http_client=cfg.http_client,
         kernel_timestamps=cfg.kernel_timestamps,
+        reasoning_parser=cfg.reasoning_parser,
     )
     plans = _plans(cfg, client)
     meta = _run_meta(cfg, name, engine, model, len(plans))
