@@ -7,7 +7,7 @@ seed = 0               # the bootstrap is seeded: same inputs, same verdict
 min_requests = 20      # fewer successful requests in either run: unusable input (exit 2)
 
 [[rules]]
-metric = "ttft"        # ttft tpot itl e2e queue | output_throughput request_throughput | error_rate
+metric = "ttft"        # ttft ttfo tpot itl e2e queue | output_throughput request_throughput | error_rate
 stat = "p99"           # latency metrics: mean or pNN (p50, p90, p99, p99.9, ...)
 max_increase = 0.10    # candidate/baseline - 1 must not exceed +10%
 # one limit per rule: max_increase | max_decrease (fractions) | max | min (absolute, in
@@ -30,12 +30,13 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-LATENCY = ("ttft", "tpot", "itl", "e2e", "queue")
+LATENCY = ("ttft", "ttfo", "tpot", "itl", "e2e", "queue")
 THROUGHPUT = ("output_throughput", "request_throughput")
 METRICS = (*LATENCY, *THROUGHPUT, "error_rate")
 LIMITS = ("max_increase", "max_decrease", "max", "min")
 METRIC_TITLES = {
     "ttft": "TTFT",
+    "ttfo": "TTFO (first answer token)",
     "tpot": "TPOT",
     "itl": "ITL",
     "e2e": "E2E latency",

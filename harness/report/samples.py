@@ -8,13 +8,13 @@ bootstrap can resample whole requests.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from cbbench.harness.results.run_folder import Run
 from cbbench.harness.results.summary import measured_window_s, output_tokens
 
-LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e", "queue")
+LATENCY_METRICS = ("ttft", "ttfo", "tpot", "itl", "e2e", "queue")
 
 
 def _arr(values: list[float | None]) -> np.ndarray:
@@ -35,6 +35,9 @@ class RunSamples:
     n_total: int  # measured requests, ok or not
     n_errors: int
     window_s: float  # the run's measured duration (see run_duration)
+    # first answer token (reasoning excluded); a record from before TTFO was recorded: its TTFT
+    ttfo: np.ndarray = field(default_factory=lambda: np.empty(0))
+    reasoning_tokens: int = 0  # of all ok requests: 0 = the run did not reason (TTFO = TTFT)
 
     @property
     def n_ok(self) -> int:
@@ -89,4 +92,11 @@ def extract(run: Run) -> RunSamples:
         n_total=len(measured),
         n_errors=len(measured) - len(ok),
         window_s=window,
+        ttfo=_arr([_ttfo(r) for r in ok]),
+        reasoning_tokens=sum(r.reasoning_tokens or 0 for r in ok),
     )
+
+
+def _ttfo(r) -> float | None:
+    """A record's TTFO; one written before TTFO was (no reasoning count either): its TTFT."""
+    return r.ttfo_s if r.ttfo_s is not None or r.reasoning_tokens is not None else r.ttft_s

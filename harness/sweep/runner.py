@@ -99,6 +99,9 @@ def run_level(opts: SweepOptions, level: Level, seed_offset: int = 0) -> dict:
         "output_throughput": s.get("output_throughput"),
         "ttft_p50_s": (s.get("ttft_s") or {}).get("p50"),
         "ttft_p99_s": (s.get("ttft_s") or {}).get("p99"),
+        "ttfo_p50_s": (s.get("ttfo_s") or {}).get("p50"),  # first answer token
+        "ttfo_p99_s": (s.get("ttfo_s") or {}).get("p99"),
+        "reasoning_tokens": s.get("total_reasoning_tokens"),
         "completed": (s.get("counts") or {}).get("completed"),
         "requests": (s.get("counts") or {}).get("total"),
         "goodput_fraction": (s.get("goodput") or {}).get("fraction"),
@@ -198,8 +201,11 @@ def print_sweep(index: dict, folder: Path | None = None) -> Path | None:
     from rich.table import Table
 
     t = Table(title=f"cbbench sweep ({index['mode']}, {index['status']})")
-    for col in ("level", "req/s", "output tok/s", "TTFT p50 (ms)", "TTFT p99 (ms)", "note"):
-        t.add_column(col, justify="left" if col in ("level", "note") else "right")
+    reasoned = any(lv.get("reasoning_tokens") for lv in index["levels"])
+    ttfo_cols = ("TTFO p50 (ms)", "TTFO p99 (ms)") if reasoned else ()
+    for col in ("level", "req/s", "output tok/s", "TTFT p50 (ms)", "TTFT p99 (ms)", *ttfo_cols):
+        t.add_column(col, justify="left" if col == "level" else "right")
+    t.add_column("note")
 
     def ms(v):
         return "–" if v is None else f"{v * 1e3:.1f}"
@@ -211,6 +217,7 @@ def print_sweep(index: dict, folder: Path | None = None) -> Path | None:
             "–" if lv["output_throughput"] is None else f"{lv['output_throughput']:.1f}",
             ms(lv["ttft_p50_s"]),
             ms(lv["ttft_p99_s"]),
+            *((ms(lv.get("ttfo_p50_s")), ms(lv.get("ttfo_p99_s"))) if reasoned else ()),
             lv["stopped_early"] or "",
         )
     path = emit_table(Console(stderr=True), t, folder, SWEEP_TABLE)
