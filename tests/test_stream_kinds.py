@@ -106,6 +106,22 @@ def test_a_chunk_ending_reasoning_and_starting_the_answer_splits_its_tokens():
     assert (k.reasoning, k.answer_at) == (2, 2)
 
 
+def test_a_token_of_no_text_keeps_its_fields_kind():
+    """A token that decodes to "" (part of a UTF-8 sequence) still counts, as its field's."""
+    k = StreamKinds()
+    k.add({"delta": {"role": "assistant", "reasoning": ""}}, 1)
+    k.add({"delta": {"reasoning": "x", "content": None}}, 1)
+    k.add({"delta": {"content": ""}}, 1)  # blank before any answer text: not the answer yet
+    k.add({"delta": {"content": "y", "reasoning": ""}}, 1)
+    assert (k.reasoning, k.answer_at, k.flags) == (2, 3, [])
+    k = StreamKinds("think-tags")
+    k.add({"delta": {"content": "a"}}, 1)
+    k.add({"delta": {"content": ""}}, 1)  # inside <think>: reasoning
+    k.add({"delta": {"content": "</think>"}}, 1)
+    k.add({"delta": {"content": "b"}}, 1)
+    assert (k.reasoning, k.answer_at) == (3, 3)
+
+
 def test_tool_call_arguments_are_output_not_reasoning():
     k = StreamKinds()
     k.add({"delta": {"reasoning": "plan"}}, 1)

@@ -246,9 +246,9 @@ def _bare(delta) -> bool:
     """A chat delta (or a completion's absent one) with no reasoning and no tool calls."""
     return delta is None or (
         type(delta) is dict
-        and not (
-            delta.get("reasoning") or delta.get("reasoning_content") or delta.get("tool_calls")
-        )
+        and delta.get("reasoning") is None
+        and delta.get("reasoning_content") is None
+        and not delta.get("tool_calls")
     )
 
 

@@ -95,7 +95,9 @@ class StreamKinds:
         else:
             text, tools = msg.get("content"), msg.get("tool_calls")
             reasoning = self._field(msg.get("reasoning"), msg.get("reasoning_content"))
-        has_r = bool(reasoning)
+        has_t = bool(tools)
+        # a token whose text is empty (a partial UTF-8 sequence) keeps the kind of its field
+        has_r = bool(reasoning) or (reasoning is not None and not text and not has_t)
         has_a = False
         if text and isinstance(text, str):
             if self.mode == "none":
@@ -103,7 +105,8 @@ class StreamKinds:
             else:
                 r_text, has_a = self._inline(text)
                 has_r = has_r or r_text
-        has_t = bool(tools)
+        elif text == "" and self.in_think and reasoning is None and not has_t:
+            has_r = True
         if has_r:
             self.saw_reasoning_text = True
         if self.mode == "none":
@@ -143,13 +146,13 @@ class StreamKinds:
             which = "reasoning"
         elif r2:
             which = "reasoning_content"
-        else:
-            return None
+        else:  # "" (a token of no text) keeps the field's kind; absent or null: no reasoning
+            return None if r1 is None and r2 is None else ""
         if self.field is None:
             self.field = which
         elif self.field != which and not (r1 and r2):
             self.flag(MIXED_FIELDS)
-        return r1 or r2
+        return r1 or r2 or ""
 
     def _inline(self, text: str) -> tuple[bool, bool]:
         """(reasoning text in it, answer text in it) for one piece of content."""

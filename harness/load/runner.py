@@ -3,6 +3,9 @@ in worker processes), telemetry samplers, live view, summary, run.json; survives
 
 run.json is written at the start (status "running") and rewritten at the end, so even a killed
 run leaves a valid one next to every request that finished.
+
+Over 400 lines because the run's life (start, workers, Ctrl-C, the final rewrite) is one
+sequence whose steps share the run folder and the config; they read best together.
 """
 
 from __future__ import annotations
