@@ -86,6 +86,19 @@ PRESETS: dict[str, Preset] = {
             has_arrivals=False,
         ),
         Preset(
+            "reasoning",
+            "200 requests, short prompts (lognormal median 128, 16-2048), reasoning-length "
+            "outputs (lognormal median 1024, sigma 1.0, 32-16384: p90 ~3.7k, a tail to 16k)",
+            {
+                "num_requests": 200,
+                "prompt": {"dist": "lognormal", "median": 128, "sigma": 0.8, "min": 16, "max": 2048},
+                "output": {
+                    "dist": "lognormal", "median": 1024, "sigma": 1.0, "min": 32, "max": 16384,
+                },
+            },  # fmt: skip
+            has_arrivals=False,
+        ),
+        Preset(
             "azure-conv",
             "Azure LLM inference trace 2023, conversation: 19,366 requests over one hour, replayed",
             {"trace": {"path": PACKAGED_PREFIX + "azure_llm_2023_conv.csv.gz", "format": "azure"}},

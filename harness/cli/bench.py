@@ -97,6 +97,14 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
         help="stamp arrivals in user space, not with the kernel's receive time (raw client)",
     )
     p.add_argument("--extra-body", help="JSON object merged into every request body")
+    add_reasoning_args(p)
+    p.add_argument("--out", help="run folder (default results/runs/<timestamp>-<name>)")
+    p.add_argument("--name", help="run name (default: the workload's)")
+    p.add_argument("--no-live", action="store_true", help="no live view, only the final table")
+
+
+def add_reasoning_args(p: argparse.ArgumentParser) -> None:
+    """Reasoning models (docs/benchmarking.md): bench and sweep."""
     p.add_argument(
         "--reasoning-parser",
         choices=REASONING_PARSERS,
@@ -105,9 +113,16 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
         "or content opening with <think>), think-tags (output starts thinking until </think>), "
         "none (every token is answer: TTFO = TTFT)",
     )
-    p.add_argument("--out", help="run folder (default results/runs/<timestamp>-<name>)")
-    p.add_argument("--name", help="run name (default: the workload's)")
-    p.add_argument("--no-live", action="store_true", help="no live view, only the final table")
+    p.add_argument(
+        "--reasoning-effort",
+        choices=("minimal", "low", "medium", "high"),
+        help="chat: sent as reasoning_effort (OpenAI, vLLM's gpt-oss)",
+    )
+    p.add_argument(
+        "--chat-template-kwargs",
+        metavar="JSON",
+        help='chat: sent as chat_template_kwargs, e.g. \'{"enable_thinking": false}\' (Qwen3)',
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -73,6 +73,9 @@ def build_payload(
     if cfg.endpoint == "chat":
         is_messages = isinstance(prompt, list) and prompt and isinstance(prompt[0], dict)
         body["messages"] = prompt if is_messages else [{"role": "user", "content": prompt}]
+        # OpenAI's spelling (its reasoning models take no other); max_tokens stays for the
+        # servers that read only that one (vLLM and SGLang read either)
+        body["max_completion_tokens"] = rec.output_len
     else:
         body["prompt"] = prompt
     if cfg.stream:
