@@ -72,3 +72,15 @@ def test_bad_reasoning_flags_are_one_line(tmp_path, flags, message):
     last = proc.stderr.strip().splitlines()[-1]  # argparse prints its usage above
     assert proc.returncode == 2 and message in last, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_reasoning_preset_is_long_and_heavy_tailed():
+    import numpy as np
+    from cbbench.workloads import load_workload
+
+    wl = load_workload("reasoning", seed=0)
+    out = np.array([r.output_len for r in wl.requests])
+    total = np.array([r.prompt_len + r.output_len for r in wl.requests])
+    assert len(wl) == 200 and not wl.open_loop
+    assert 700 < np.median(out) < 1400 and np.percentile(out, 90) > 3 * np.median(out)
+    assert out.max() <= 7168 and total.max() <= 8192  # fits an 8k context
