@@ -15,7 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cbbench.harness.diagnose import diagnose_run
 from cbbench.harness.load.runner import BenchConfig, run_bench
+from cbbench.harness.results.run_folder import load_run
 from cbbench.workloads.spec import RequestSpec, Workload
 from rich.console import Console
 from servers.fake import Behavior, FakeServerConfig, process
@@ -83,6 +85,19 @@ def test_fake_server_reasoning_timed_against_its_log(tmp_path, field):
     s = res.summary
     assert s["total_reasoning_tokens"] == 32 * N and s["reasoning_share"] == pytest.approx(0.5)
     assert s["ttfo_s"]["count"] == N and s["ttfo_s"]["p50"] > s["ttft_s"]["p50"] + 0.3
+    # cbbench diagnose: the answer's wait is the reasoning's, with each engine's lever
+    found = {f.rule: f for f in diagnose_run(load_run(res.run_dir)).findings}
+    assert "reasoning-wait" in found and "enable_thinking" in found["reasoning-wait"].fixes["vllm"]
+    assert found["reasoning-wait"].values["reasoning_share_of_output"] == pytest.approx(0.5)
+
+
+def test_no_reasoning_no_ttfo_gap_no_finding(tmp_path):
+    with process(FakeServerConfig(Behavior(ttft_s=0.05, itl_s=0.01))) as srv:
+        res = _bench(srv.url, tmp_path)
+    assert all(r.ok and r.ttfo_s == r.ttft_s and r.reasoning_tokens == 0 for r in res.records)
+    assert all(r.answer_tpot_s == r.tpot_s for r in res.records)
+    assert res.summary["total_reasoning_tokens"] == 0
+    assert "reasoning-wait" not in {f.rule for f in diagnose_run(load_run(res.run_dir)).findings}
 
 
 def _mini_server(field: str):

@@ -15,6 +15,7 @@ from cbbench.harness.diagnose.rules import (
     low_utilization,
     prefill_stall,
     queue_delay,
+    reasoning_wait,
     scheduling_delay,
     session_cache,
 )
@@ -31,4 +32,5 @@ RULES: tuple[Rule, ...] = (
     scheduling_delay.RULE,
     length_skew.RULE,
     session_cache.RULE,
+    reasoning_wait.RULE,
 )
