@@ -184,3 +184,32 @@ def test_non_streaming_message_reasoning_and_usage():
     response.finish(rec, r, 0, 10)
     assert rec.ok and rec.reasoning_tokens == 30 and rec.output_tokens_server == 40
     assert rec.ttfo_s is None and rec.ttft_s is None  # no stream: no first-token times
+
+
+def test_the_typed_fast_path_takes_over_once_the_answer_began():
+    """Reasoning chunks go to the classifier; from the first answer token on, the rest of the
+    same read is counted by msgspec's typed decode (fast_events.py), as plain streams are."""
+    counted: list[int] = []
+
+    def spy(events, sends, t):
+        n = fast_events.count_common(events, sends, t)
+        counted.append(n)
+        return n
+
+    ev = [_delta(0, reasoning="r"), _delta(1, reasoning="r"), _delta(2, content="a")]
+    ev += [_delta(3 + i, content=" b") for i in range(13)]
+    response.count_common = spy
+    try:
+        rec = RequestRecord(id="c", index=0, prompt_len=3, output_len=16)
+        r = response.Response(rec, True, False)
+        r.status = 200
+        r.sent(0)
+        r.data(b"".join(b"data: " + e + b"\n\n" for e in ev), 10)  # one read
+        r.data(b"data: " + _delta(16, content=" c") + b"\n\ndata: [DONE]\n\n", 20)
+        r.end(20)
+        response.finish(rec, r, 0, 20)
+    finally:
+        response.count_common = fast_events.COUNT_COMMON
+    assert counted == [13, 1]  # the read's tail after the answer began, then the next read
+    assert rec.reasoning_tokens == 2 and rec.output_tokens_client == 17
+    assert r.kinds.n == 17 and r.kinds.answer_at == 2 and r.chunks == [(10, 16), (20, 1)]

@@ -164,14 +164,18 @@ class Response:
         if not (self.stream and self.status < 400):
             self.body.append(raw)
             return
-        k_read = one_ids = 0
+        k_read = one_ids = synced = i = 0
         fast = _loads if parse_json is _parse_json_fast else None  # one frame less an event
         state, reply, sends, kinds = self.state, self.reply, self.sends, self.kinds
         events = self.parser.feed(raw)
+        typed = count_common if reply is None else None
         plain = kinds.plain  # a bare chunk can only be an answer token (stream_kinds.py)
-        if count_common is not None and reply is None and plain:  # a read's leading common
-            one_ids = count_common(events, sends, t)  # chunks
-        for data in events[one_ids:] if one_ids else events:
+        if typed is not None and plain:  # a read's leading common chunks
+            i = one_ids = typed(events, sends, t)
+        n_events = len(events)
+        while i < n_events:
+            data = events[i]
+            i += 1
             if data == b"[DONE]":
                 state["done"] = True
                 continue
@@ -210,14 +214,20 @@ class Response:
                         if sends is not None and "t_send_ns" in obj:
                             sends.append((t, obj["t_send_ns"]))
                         continue
+            kinds.n += one_ids - synced  # the classifier counts every token before this one
+            synced = one_ids
             k = _apply(obj, state, True, kinds, reply)
             k_read += k
-            plain = kinds.plain
             if k and sends is not None and "t_send_ns" in obj:
                 sends.append((t, obj["t_send_ns"]))
+            if kinds.plain and not plain and typed is not None and i < n_events:
+                m = typed(events[i:], sends, t)  # the answer began: the rest of the read too
+                one_ids += m
+                i += m
+            plain = kinds.plain
         if one_ids:
             state["ids_total"] = state.get("ids_total", 0) + one_ids
-            kinds.n += one_ids
+            kinds.n += one_ids - synced
             k_read += one_ids
         if k_read:
             self.chunks.append((t, k_read))

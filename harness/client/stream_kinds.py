@@ -62,7 +62,8 @@ class StreamKinds:
         self.n = 0  # tokens so far, every kind
         self.reasoning = 0  # of which reasoning
         self.tool = 0  # of which tool-call arguments
-        self.answer_at: int | None = None  # index of the first token that is not reasoning
+        # index of the first token that is not reasoning (none: the first token)
+        self.answer_at: int | None = 0 if mode == "none" else None
         self.in_think = mode == "think-tags"  # inside inline <think> ... </think>
         self.settled = mode != "auto"  # auto: the first non-blank content decided on <think>
         self.field: str | None = None  # the reasoning field this stream uses
