@@ -84,3 +84,16 @@ def test_reasoning_preset_is_long_and_heavy_tailed():
     assert len(wl) == 200 and not wl.open_loop
     assert 700 < np.median(out) < 1400 and np.percentile(out, 90) > 3 * np.median(out)
     assert out.max() <= 7168 and total.max() <= 8192  # fits an 8k context
+
+
+def test_locust_takes_the_same_flags():
+    from cbbench.harness.cli import locust
+
+    args = _parse(locust.register, [
+        "locust", "--base-url", "http://127.0.0.1:9", "--workload", "seed-demo",
+        "--endpoint", "chat", "--reasoning-parser", "think-tags",
+        "--chat-template-kwargs", '{"enable_thinking": true}',
+    ])  # fmt: skip
+    settings = locust.settings_from_args(args)
+    assert settings.reasoning_parser == "think-tags"
+    assert settings.extra_body == {"chat_template_kwargs": {"enable_thinking": True}}

@@ -74,6 +74,7 @@ class LocustRun:
             timeout_s=settings.timeout_s,
             extensions=settings.extensions,
             extra_body=settings.extra_body,
+            reasoning_parser=settings.reasoning_parser,
         )
         self.prompts = PromptBuilder(
             self.workload.seed, self.workload.prefix_block_size, settings.tokenizer
