@@ -92,3 +92,24 @@ def test_sweep_table_has_ttfo_columns_when_a_level_reasoned(tmp_path, capsys):
     path = print_sweep(index, tmp_path)
     text = Path(path).read_text()
     assert "TTFO p50 (ms)" in text and "400.0" in text
+
+
+def test_summary_counts_flags_and_ttfo_goodput():
+    from cbbench.harness.console.live import _caption
+    from cbbench.harness.results.summary import parse_slo, summarize
+
+    def rec(i, ttfo, flags=(), reasoning=8):
+        return RequestRecord(
+            f"r{i}", i, 4, 16, sent_s=0.0, first_token_s=0.05, last_token_s=0.5, end_s=0.5,
+            ttft_s=0.05, ttfo_s=ttfo, e2e_s=0.5, tpot_s=0.03, output_tokens_server=16,
+            reasoning_tokens=reasoning, stream_flags=list(flags),
+        )  # fmt: skip
+
+    recs = [rec(0, 0.2), rec(1, 0.9), rec(2, None, ["unclosed_think"], 16)]
+    s = summarize(recs, 1.0, parse_slo("ttft=100ms,ttfo=500ms"))
+    assert s["goodput"]["requests"] == 1  # TTFO 0.9 s misses; a stream that never answered too
+    assert s["stream_flags"] == {"unclosed_think": 1} and s["total_reasoning_tokens"] == 32
+    assert s["reasoning_share"] == 32 / 48 and s["ttfo_s"]["count"] == 2
+    caption = _caption(s, s["counts"])
+    assert "warning: streams flagged by the reasoning classifier: unclosed_think 1" in caption
+    assert "reasoning: 32 tokens, 66.7% of output" in caption
