@@ -15,6 +15,11 @@ were streamed, that count is exact: it times the request even if `usage.completi
 disagrees; the record says so in `token_mismatch` and the summary counts such records. Without
 ids, `usage` gives TPOT's token count (a chunk may carry several tokens).
 
+Token kinds. Every choice's tokens go to the one stream classifier (`stream_kinds.py`):
+reasoning, answer or tool-call arguments; `finish` times TTFO from its first answer token and
+reconciles `reasoning_tokens` with usage as above. The common-chunk fast paths count a chunk
+only once the classifier says a bare chunk can only be an answer token.
+
 A read that carries k tokens spreads the gap since the previous token evenly over its k tokens,
 so the ITL list has one entry per token after the first and its mean equals TPOT (tokens of the
 first read after the first one get gap 0: they arrived with it).
