@@ -111,9 +111,13 @@ def test_a_token_of_no_text_keeps_its_fields_kind():
     k = StreamKinds()
     k.add({"delta": {"role": "assistant", "reasoning": ""}}, 1)
     k.add({"delta": {"reasoning": "x", "content": None}}, 1)
-    k.add({"delta": {"content": ""}}, 1)  # blank before any answer text: not the answer yet
+    k.add({"delta": {"content": ""}}, 1)  # after reasoning: the answer's first token
     k.add({"delta": {"content": "y", "reasoning": ""}}, 1)
-    assert (k.reasoning, k.answer_at, k.flags) == (2, 3, [])
+    assert (k.reasoning, k.answer_at, k.flags) == (2, 2, [])
+    k = StreamKinds()
+    k.add({"delta": {"role": "assistant", "content": ""}}, 1)  # before anything: no kind yet
+    k.add({"delta": {"content": "<think>"}}, 1)
+    assert (k.reasoning, k.answer_at) == (1, None)
     k = StreamKinds("think-tags")
     k.add({"delta": {"content": "a"}}, 1)
     k.add({"delta": {"content": ""}}, 1)  # inside <think>: reasoning

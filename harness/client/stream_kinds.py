@@ -106,8 +106,13 @@ class StreamKinds:
             else:
                 r_text, has_a = self._inline(text)
                 has_r = has_r or r_text
-        elif text == "" and self.in_think and reasoning is None and not has_t:
-            has_r = True
+        elif text == "" and reasoning is None and not has_t and self.mode != "none":
+            # a token of no text in the content: inside <think> reasoning; after reasoning
+            # (or once content has begun) the answer's; before anything, neither yet
+            if self.in_think:
+                has_r = True
+            elif self.settled or self.field is not None or self.reasoning:
+                has_a = True
         if has_r:
             self.saw_reasoning_text = True
         if self.mode == "none":
