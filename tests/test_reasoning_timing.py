@@ -1,7 +1,8 @@
 """Reasoning streams timed right, against two servers that say when they sent each token:
 cbbench's own fake server (in its own process) and an independent one written for this test
 (`reasoning_server.py`: no token ids, its own pacing and JSON). 32 reasoning then 32 answer
-tokens, 10 ms apart, the first at 50 ms: TTFT p50 and TTFO p50 within 1 ms of the server's log,
+tokens, 10 ms apart, the first at 50 ms: TTFT p50 and TTFO p50 within 1 ms of the server's log
+(2 ms for the independent server's user-space arrival stamps),
 TPOT within 5 % of the server's, 32 reasoning and 64 output tokens on every record. Then the
 same through `cbbench bench`, which reports TTFO."""
 
@@ -22,7 +23,12 @@ from cbbench.workloads.spec import RequestSpec, Workload
 from rich.console import Console
 from servers.fake import Behavior, FakeServerConfig, process
 
-N = 8
+N = 12
+# The fake server stamps a request's arrival with the kernel's receive time, the independent
+# one when its event loop has read it: on a loaded host that user-space stamp may be late by a
+# millisecond or more, so the independent server's check allows 2 ms (a misread stream is off
+# by tens or hundreds: the bug this guards against put TTFT 321 ms late)
+FAKE_MS, INDEPENDENT_MS = 1.0, 2.0
 SERVER = Path(__file__).with_name("reasoning_server.py")
 CLI = [sys.executable, "-m", "cbbench.harness.cli"]
 
@@ -44,7 +50,9 @@ def _bench(url: str, tmp_path: Path, **kw):
     return run_bench(cfg, console=Console(file=io.StringIO()))
 
 
-def _check(records, truth: dict[str, tuple[float, float, float]]) -> dict[str, float]:
+def _check(
+    records, truth: dict[str, tuple[float, float, float]], limit_ms: float
+) -> dict[str, float]:
     """Client vs server log: {metric: |p50 difference|}, after the per-record counts."""
     assert len(records) == N and all(r.ok for r in records), [r.error for r in records]
     for r in records:
@@ -62,7 +70,7 @@ def _check(records, truth: dict[str, tuple[float, float, float]]) -> dict[str, f
     print(f"p50 client {p50_ours}, server log {p50_theirs}, |diff| {diff}")
     assert p50_theirs[0] == pytest.approx(0.05, abs=0.01)  # the server kept its schedule
     assert p50_theirs[1] == pytest.approx(0.37, abs=0.02)
-    assert diff["ttft_ms"] < 1.0 and diff["ttfo_ms"] < 1.0, diff
+    assert diff["ttft_ms"] < limit_ms and diff["ttfo_ms"] < limit_ms, diff
     assert diff["tpot_rel"] < 0.05 and abs(p50_ours[2] / 0.01 - 1) < 0.05, (diff, p50_ours)
     return diff
 
@@ -81,7 +89,7 @@ def test_fake_server_reasoning_timed_against_its_log(tmp_path, field):
             (sends[32] - recv) / 1e9,
             (sends[-1] - sends[0]) / 63e9,
         )
-    _check(res.records, truth)
+    _check(res.records, truth, FAKE_MS)
     s = res.summary
     assert s["total_reasoning_tokens"] == 32 * N and s["reasoning_share"] == pytest.approx(0.5)
     assert s["ttfo_s"]["count"] == N and s["ttfo_s"]["p50"] > s["ttft_s"]["p50"] + 0.3
@@ -131,7 +139,7 @@ def test_independent_server_reasoning_timed_against_its_log(tmp_path, field, par
     finally:
         truth = _mini_log(proc)
     assert len(truth) == N
-    _check(res.records, truth)
+    _check(res.records, truth, INDEPENDENT_MS)
 
 
 def test_cbbench_bench_reports_ttfo(tmp_path):
