@@ -217,3 +217,17 @@ def test_the_typed_fast_path_takes_over_once_the_answer_began():
     assert counted == [13, 1]  # the read's tail after the answer began, then the next read
     assert rec.reasoning_tokens == 2 and rec.output_tokens_client == 17
     assert r.kinds.n == 17 and r.kinds.answer_at == 2 and r.chunks == [(10, 16), (20, 1)]
+
+
+def test_other_apis_feed_kinds_directly():
+    """A Responses- or Messages-style parser says the kind itself; the counting is shared."""
+    k = StreamKinds()
+    k.tokens(3, reasoning=True, answer=False)  # e.g. response.reasoning_text.delta
+    r, a = k.content("Hello")  # e.g. response.output_text.delta
+    k.tokens(2, r, a)
+    k.tokens(1, False, False, tool=True)  # function-call arguments
+    assert (k.reasoning, k.answer_at, k.tool, k.n) == (3, 3, 1, 6)
+    k = StreamKinds()
+    r, a = k.content("<think>plan</think>Yes")
+    k.tokens(4, r, a)
+    assert (k.reasoning, k.answer_at) == (3, 3)

@@ -22,6 +22,9 @@ stream mixing `reasoning` and `reasoning_content`, reasoning after the answer be
 `<think>` never closed. A delta carrying both fields with the same text (a server that fills
 both for compatibility) is one field, not a mix.
 
+Other APIs' parsers (Responses, Messages) feed `tokens(k, reasoning, answer, tool)` with the
+kinds their events name, and `content(text)` for answer text that may hold `<think>` tags.
+
 `plain` is True once a bare content chunk can only be an answer token: the fast paths
 (`fast_events`, the one-id chunk in `response.Response.data`) count such chunks without
 calling `add`, and send anything with a reasoning field or tool calls here.
@@ -113,6 +116,19 @@ class StreamKinds:
                 has_r = True
             elif self.settled or self.field is not None or self.reasoning:
                 has_a = True
+        self.tokens(k, has_r, has_a, has_t)
+
+    def content(self, text: str) -> tuple[bool, bool]:
+        """(reasoning in it, answer in it) for a piece of answer-field text, `<think>` tags
+        and `--reasoning-parser` applied: for APIs whose text is not a chat choice."""
+        if self.mode == "none":
+            return False, bool(text)
+        return self._inline(text) if text else (False, False)
+
+    def tokens(self, k: int, reasoning: bool, answer: bool, tool: bool = False) -> None:
+        """`k` tokens that arrived together, of the kinds given (an API's parser says which:
+        e.g. a reasoning event, a text delta, a function-call arguments delta)."""
+        has_r, has_a, has_t = reasoning, answer, tool
         if has_r:
             self.saw_reasoning_text = True
         if self.mode == "none":
