@@ -67,9 +67,14 @@ def test_report_table_and_cdf_show_ttfo_only_for_reasoning_runs(tmp_path):
     assert main(["report", str(_reasoning_run(tmp_path / "a", 0.3)), "-o", str(html)]) == 0
     page = html.read_text()
     assert "CDF of TTFO" in page and "TTFO p50" in page and "reasoning share" in page
+    md = tmp_path / "r.md"
+    assert main(["report", str(tmp_path / "a"), "--markdown", str(md), "--no-html"]) == 0
+    assert "TTFO p50" in md.read_text()
     assert main(["report", str(write_run(tmp_path / "b", n=60)), "-o", str(html)]) == 0
     page = html.read_text()
     assert "TTFO" not in page and "reasoning share" not in page
+    assert main(["report", str(tmp_path / "b"), "--markdown", str(md), "--no-html"]) == 0
+    assert "TTFO" not in md.read_text()
 
 
 def test_live_view_shows_ttfo_once_a_request_reasoned():

@@ -18,6 +18,7 @@ MD_KEYS = (
     "goodput",
     "ttft.p50",
     "ttft.p99",
+    "ttfo.p50",  # when a run reasoned (else TTFO is TTFT: the column is left out)
     "tpot.p50",
     "tpot.p99",
     "e2e.p99",
@@ -31,9 +32,14 @@ def md_text(text: str) -> str:
     return escape(" ".join(str(text).split()), quote=False).replace("|", "\\|").replace("`", "'")
 
 
-def _columns() -> list[Column]:
+def _columns(rows: list[dict] | None = None) -> list[Column]:
     by_key = {c.key: c for c in SUMMARY_COLUMNS}
-    return [by_key[k] for k in MD_KEYS]
+    keys = [
+        k
+        for k in MD_KEYS
+        if not by_key[k].optional or any(r.get(k) is not None for r in rows or ())
+    ]
+    return [by_key[k] for k in keys]
 
 
 def _delta(base: float | None, value: float | None, better: str | None, unit: str) -> str:
@@ -51,7 +57,7 @@ def _delta(base: float | None, value: float | None, better: str | None, unit: st
 
 
 def render_markdown(runs: list[LoadedRun], rows: list[dict]) -> str:
-    cols = _columns()
+    cols = _columns(rows)
     lines = ["### cbbench report", ""]
     for w in comparability_warnings(runs):
         lines.append(f"- **Not comparable:** {md_text(w)}")
