@@ -27,7 +27,9 @@ kinds their events name, and `content(text)` for answer text that may hold `<thi
 
 `plain` is True once a bare content chunk can only be an answer token: the fast paths
 (`fast_events`, the one-id chunk in `response.Response.data`) count such chunks without
-calling `add`, and send anything with a reasoning field or tool calls here.
+calling `add`, and send anything with a reasoning field or tool calls here. So a `<think>`
+inline in the content after the answer began is not looked for on those paths (a reasoning
+field after the answer is: it leaves the fast path).
 """
 
 from __future__ import annotations
