@@ -435,7 +435,8 @@ def _reasoning(rec: RequestRecord, resp: Response, exact: bool) -> None:
     usage details unless token ids were streamed (then the streamed count is exact and a
     disagreement is noted in `token_mismatch`); usage above the total is flagged, not used."""
     kinds, state = resp.kinds, resp.state
-    kinds.finish()
+    if rec.ok:  # a stream cut short is an error already, not an unclosed <think>
+        kinds.finish()
     counted = kinds.reasoning if resp.stream else None
     if not resp.stream and not kinds.saw_reasoning_text:
         counted = 0
