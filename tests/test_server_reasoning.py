@@ -132,3 +132,20 @@ def test_bad_reasoning_flags_are_one_line():
     ):
         p = subprocess.run([*cli, *flags], capture_output=True, text=True, timeout=120)
         assert p.returncode == 2 and what in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.slow
+def test_cbbench_serve_process_with_reasoning_content():
+    """`cbbench serve` as a user starts it (its own process, engine process on): the flags
+    reach the app; the openai client reads `reasoning_content` and the usage details."""
+    from cbbench.harness.servers.launcher import launch_reference_server
+
+    flags = ["--reasoning-parser", "qwen3", "--reasoning-field", "reasoning_content"]
+    with launch_reference_server("tiny", "continuous", "cpu", flags) as srv:
+        chunks = list(_ask(srv.base_url, True))
+        full = _ask(srv.base_url, False, chat_template_kwargs={"enable_thinking": False})
+    assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == 8
+    kinds = ["r" if (c.choices[0].delta.model_extra or {}).get("reasoning_content") is not None
+             else "a" for c in chunks[:-1]]  # fmt: skip
+    assert kinds == ["r"] * 8 + ["a"] * 8
+    assert full.usage.completion_tokens_details.reasoning_tokens == 0
