@@ -134,7 +134,6 @@ def test_bad_reasoning_flags_are_one_line():
         assert p.returncode == 2 and what in p.stderr and "Traceback" not in p.stderr
 
 
-@pytest.mark.slow
 def test_cbbench_serve_process_with_reasoning_content():
     """`cbbench serve` as a user starts it (its own process, engine process on): the flags
     reach the app; the openai client reads `reasoning_content` and the usage details."""
