@@ -126,6 +126,19 @@ def test_a_token_of_no_text_keeps_its_fields_kind():
     assert (k.reasoning, k.answer_at) == (3, 3)
 
 
+def test_blank_content_after_field_reasoning_is_the_answer_starting():
+    """vLLM's deepseek_r1 parser often starts the content with "\n\n" after </think>."""
+    k = StreamKinds()
+    k.add({"delta": {"reasoning": "hmm"}}, 1)
+    k.add({"delta": {"content": "\n\n"}}, 1)
+    k.add({"delta": {"content": "Yes"}}, 1)
+    assert (k.reasoning, k.answer_at) == (1, 1)
+    k = StreamKinds()  # no reasoning yet: blank content decides nothing
+    k.add({"delta": {"content": "\n"}}, 1)
+    k.add({"delta": {"content": "<think>x"}}, 1)
+    assert (k.reasoning, k.answer_at, k.in_think) == (1, None, True)
+
+
 def test_tool_call_arguments_are_output_not_reasoning():
     k = StreamKinds()
     k.add({"delta": {"reasoning": "plan"}}, 1)

@@ -182,9 +182,9 @@ class StreamKinds:
         """(reasoning text in it, answer text in it) for one piece of content."""
         if not self.settled:
             head = text.lstrip()
-            if not head:
+            if not head and self.field is None and not self.reasoning:
                 return False, False  # blank text before anything: neither kind yet
-            self.settled = True
+            self.settled = True  # (blank content after field reasoning: the answer began)
             if not head.startswith(OPEN):
                 return False, True
             self.in_think = True
