@@ -108,6 +108,21 @@ PRESETS: dict[str, Preset] = {
             has_arrivals=False,
         ),
         Preset(
+            "reasoning",
+            "200 requests, short prompts (lognormal median 128, 16-1024), reasoning-length "
+            "outputs (lognormal median 1024, sigma 1.0, 32-7168: p90 ~3.7k, tail to 7k)",
+            # thinking makes outputs long and heavy-tailed (docs/workloads.md); clipped so
+            # prompt + output fit an 8k context (llama-3-8b, the simulator's default model)
+            {
+                "num_requests": 200,
+                "prompt": {"dist": "lognormal", "median": 128, "sigma": 0.8, "min": 16, "max": 1024},
+                "output": {
+                    "dist": "lognormal", "median": 1024, "sigma": 1.0, "min": 32, "max": 7168,
+                },
+            },  # fmt: skip
+            has_arrivals=False,
+        ),
+        Preset(
             "azure-conv",
             "Azure LLM inference trace 2023, conversation: 19,366 requests over one hour, replayed",
             {"trace": {"path": PACKAGED_PREFIX + "azure_llm_2023_conv.csv.gz", "format": "azure"}},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cbbench.harness.client.stream_kinds import REASONING_PARSERS
 from cbbench.harness.load.cache_options import add_cache_args
 from cbbench.harness.load.vllm_compat import RANDOM_INPUT_LEN, RANDOM_OUTPUT_LEN
 from cbbench.harness.telemetry import TelemetryOptions
@@ -164,9 +165,32 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--extra-body", help="JSON object merged into every request body")
     add_cache_args(p)  # --flush-cache, --prime, --session-header
+    add_reasoning_args(p)
     p.add_argument("--out", help="run folder (default results/runs/<timestamp>-<name>)")
     p.add_argument("--name", help="run name (default: the workload's)")
     p.add_argument("--no-live", action="store_true", help="no live view, only the final table")
+
+
+def add_reasoning_args(p: argparse.ArgumentParser) -> None:
+    """Reasoning models (docs/benchmarking.md): bench and sweep."""
+    p.add_argument(
+        "--reasoning-parser",
+        choices=REASONING_PARSERS,
+        default="auto",
+        help="where a stream's reasoning is: auto (the reasoning / reasoning_content fields, "
+        "or content opening with <think>), think-tags (output starts thinking until </think>), "
+        "none (every token is answer: TTFO = TTFT)",
+    )
+    p.add_argument(
+        "--reasoning-effort",
+        choices=("minimal", "low", "medium", "high"),
+        help="chat: sent as reasoning_effort (OpenAI, vLLM's gpt-oss)",
+    )
+    p.add_argument(
+        "--chat-template-kwargs",
+        metavar="JSON",
+        help='chat: sent as chat_template_kwargs, e.g. \'{"enable_thinking": false}\' (Qwen3)',
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -1,6 +1,6 @@
 """`cbbench export RUN --csv PATH | --parquet PATH`: a run's records as a table (pandas).
 
-One row per request; list fields (token_times_s, itl_s) and `extra` are kept as JSON text in
+One row per request; list fields (token_times_s, itl_s, stream_flags) and `extra` are kept as JSON text in
 CSV, as lists/structs in Parquet.
 """
 
@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     if out.parent and not out.parent.exists():
         raise CbbenchError(f"{out}: folder {out.parent} does not exist")
     if args.csv:
-        for col in ("token_times_s", "itl_s", "extra"):
+        for col in ("token_times_s", "itl_s", "stream_flags", "extra"):
             if col in df:
                 df[col] = df[col].map(lambda v: json.dumps(v, separators=(",", ":")))
         df.to_csv(out, index=False)

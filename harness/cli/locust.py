@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 
+from cbbench.harness.cli.bench import add_reasoning_args
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.results.summary import parse_duration, parse_slo
 from cbbench.harness.telemetry import TelemetryOptions
@@ -82,6 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     lo.add_argument("--csv", help="Locust CSV stats prefix (PREFIX_stats.csv, ...)")
     lo.add_argument("--html", help="Locust HTML report file")
     p.add_argument("locust_args", nargs="*", help="after --: passed to Locust unchanged")
+    add_reasoning_args(p)
     TelemetryOptions.add_args(p)
     p.set_defaults(func=run)
 
@@ -101,6 +103,10 @@ def settings_from_args(args: argparse.Namespace):
             raise CbbenchError(f"--extra-body: not JSON ({exc})") from None
         if not isinstance(extra, dict):
             raise CbbenchError("--extra-body: expected a JSON object")
+    from cbbench.harness.load.options import reasoning_body
+
+    reasoning = reasoning_body(args.endpoint, args.reasoning_effort, args.chat_template_kwargs)
+    extra = {**reasoning, **extra}
     pacing = parse_duration(args.pacing, "--pacing") if args.pacing else None
     settings = LocustSettings(
         base_url=args.base_url.rstrip("/"),
@@ -125,6 +131,7 @@ def settings_from_args(args: argparse.Namespace):
         stream=not args.no_stream,
         extensions=not args.no_extensions,
         extra_body=extra,
+        reasoning_parser=args.reasoning_parser,
         itl_events=not args.no_itl_events,
         telemetry=TelemetryOptions.from_args(args).to_dict(),
         command=list(sys.argv),

@@ -14,6 +14,7 @@ from cbbench.harness.servers.launcher import READY_PREFIX
 from cbbench.reference_engine.config.options import add_engine_args, engine_config_from_args
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.router.options import add_router_args, router_options_from_args
+from cbbench.reference_engine.server.reasoning import ReasoningOptions
 
 __all__ = ["READY_PREFIX", "add_engine_args", "engine_config_from_args", "register", "run"]
 
@@ -71,6 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="start N engine servers (each its own process on an ephemeral 127.0.0.1 port) "
         "and a router in front of them on --host/--port",
     )
+    ReasoningOptions.add_args(p)
     add_router_args(p, policy_flag="--router")
     p.set_defaults(func=run)
 
@@ -104,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
     if warning:
         print(f"cbbench serve: {warning}", file=sys.stderr, flush=True)
     config = engine_config_from_args(args)
+    reasoning = ReasoningOptions.from_args(args)
     try:
         sock = bind_socket(args.host, args.port)
     except OSError as exc:
@@ -116,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
             max_body_bytes=max_body,
             engine_process=args.engine_process,
             engine_nice=args.engine_nice,
+            reasoning=reasoning,
         )
     except BaseException:
         sock.close()
@@ -169,6 +173,7 @@ def _replica_argv(args: argparse.Namespace) -> list[str]:
     ):
         if value is not None:
             argv += [flag, str(value)]
+    argv += ReasoningOptions.from_args(args).argv()
     argv += ["--log-level", args.log_level]
     return argv + ([] if args.engine_process else ["--no-engine-process"])
 

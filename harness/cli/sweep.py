@@ -8,6 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from cbbench.harness.cli.bench import add_reasoning_args
 from cbbench.harness.sweep.levels import parse_list
 from cbbench.harness.telemetry import TelemetryOptions
 
@@ -62,14 +63,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--repeats", type=int, default=2, help="runs of a missing level (default 2)")
     c.add_argument("--max-requests", type=int, default=2000, help="request budget (2000)")
     c.add_argument("--max-time", type=float, default=1800.0, help="time budget, s (1800)")
+    add_reasoning_args(p)
     TelemetryOptions.add_args(p)
     p.set_defaults(func=run)
 
 
 def sweep_options(args: argparse.Namespace):
     """The typed options of the parsed flags."""
-    from cbbench.harness.load.options import ClientOptions, LoadOptions
+    from cbbench.harness.load.options import ClientOptions, LoadOptions, reasoning_body
     from cbbench.harness.sweep.runner import SweepOptions
+
+    extra = reasoning_body(args.endpoint, args.reasoning_effort, args.chat_template_kwargs)
 
     return SweepOptions(
         base_url=args.base_url,
@@ -80,7 +84,7 @@ def sweep_options(args: argparse.Namespace):
         ),
         client=ClientOptions(
             endpoint=args.endpoint, model=args.model, slo=args.slo, api_key=args.api_key,
-            timeout_s=args.timeout,
+            timeout_s=args.timeout, reasoning_parser=args.reasoning_parser, extra_body=extra,
         ),
         telemetry=TelemetryOptions.from_args(args),
         rates=parse_list(args.rates, "--rates") if args.rates else None,

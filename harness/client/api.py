@@ -59,6 +59,7 @@ class ClientConfig:
     http_client: str = "raw"  # "raw" (http1.py, the fast path) | "httpx"
     kernel_timestamps: bool = True  # raw client: the kernel's receive times where available
     session_header: str | None = "x-session-id"  # sent with a session's id on its requests
+    reasoning_parser: str = "auto"  # where reasoning is in a stream (stream_kinds.py)
 
     @property
     def url(self) -> str:
@@ -85,6 +86,9 @@ def build_payload(
             body.update(prompt)
         else:
             body["messages"] = prompt if is_messages else [{"role": "user", "content": prompt}]
+        # OpenAI's spelling (its reasoning models take no other); max_tokens stays for the
+        # servers that read only that one (vLLM and SGLang read either)
+        body["max_completion_tokens"] = rec.output_len
     else:
         body["prompt"] = prompt
     if cfg.stream:
@@ -167,7 +171,8 @@ class OpenAIClient:
         also keep the response's text and token ids there (a session's next turn needs them).
         `encoded`: the request as `encode` built it ahead (then `prompt` is not used, and
         the caller sets `rec.prompt_tokens_client`)."""
-        resp = Response(rec, self.cfg.stream, self.cfg.collect_server_times, reply)
+        cfg = self.cfg
+        resp = Response(rec, cfg.stream, cfg.collect_server_times, reply, cfg.reasoning_parser)
         if encoded is None:
             encoded = self.encode(rec, prompt)
             if isinstance(prompt, list) and (not prompt or isinstance(prompt[0], int)):

@@ -18,6 +18,9 @@ chunk with the same token and the same `t_send_ns`:
 - the schema needs `choices` a non-empty array of objects whose `token_ids` is `[n]`, n an
   integer in [0, 2**63) (not a bool, not a float: orjson reads larger ones as floats),
   `finish_reason` and `prompt_token_ids` null or absent, and `usage` null or absent; `t_send_ns` an integer or absent;
+- a chat `delta` may carry no `reasoning`, `reasoning_content` or `tool_calls` other than
+  null: such a chunk goes to the stream classifier (`stream_kinds.py`), and the response
+  handler calls `count_common` only while a bare chunk can only be an answer token;
 - msgspec unescapes keys (`"us\\u0061ge"` is `usage`), and with a repeated key the last one
   wins, as in orjson and the stdlib, while every occurrence must validate;
 - msgspec skips unknown values without checking their UTF-8, so bytes that are not ASCII are
@@ -49,10 +52,16 @@ if msgspec is not None:
     _Id = Annotated[int, Meta(ge=0, le=2**63 - 1)]
     _Ns = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 
+    class _Delta(msgspec.Struct):  # an answer token's delta: no reasoning, no tool calls
+        reasoning: None = None
+        reasoning_content: None = None
+        tool_calls: None = None
+
     class _Choice(msgspec.Struct):
         token_ids: tuple[_Id]  # exactly one id
         finish_reason: None = None
         prompt_token_ids: None = None
+        delta: _Delta | None = None
 
     class _Chunk(msgspec.Struct):
         choices: Annotated[tuple[_Choice, ...], Meta(min_length=1)]

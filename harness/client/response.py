@@ -15,6 +15,11 @@ were streamed, that count is exact: it times the request even if `usage.completi
 disagrees; the record says so in `token_mismatch` and the summary counts such records. Without
 ids, `usage` gives TPOT's token count (a chunk may carry several tokens).
 
+Token kinds. Every choice's tokens go to the one stream classifier (`stream_kinds.py`):
+reasoning, answer or tool-call arguments; `finish` times TTFO from its first answer token and
+reconciles `reasoning_tokens` with usage as above. The common-chunk fast paths count a chunk
+only once the classifier says a bare chunk can only be an answer token.
+
 A read that carries k tokens spreads the gap since the previous token evenly over its k tokens,
 so the ITL list has one entry per token after the first and its mean equals TPOT (tokens of the
 first read after the first one get gap 0: they arrived with it).
@@ -35,6 +40,7 @@ import httpx
 from cbbench.harness.client import fast_events, http1
 from cbbench.harness.client.reply import Reply
 from cbbench.harness.client.sse import SSEParser
+from cbbench.harness.client.stream_kinds import USAGE_REASONING_ABOVE_TOTAL, StreamKinds
 from cbbench.harness.results.records import RequestRecord
 
 ERROR_TEXT_LIMIT = 300
@@ -121,6 +127,7 @@ class Response:
         "reused",
         "reply",
         "attempt_ns",
+        "kinds",
     )
 
     def __init__(
@@ -129,8 +136,10 @@ class Response:
         stream: bool,
         collect_server_times: bool,
         reply: Reply | None = None,
+        reasoning_parser: str = "auto",
     ) -> None:
         self.rec = rec
+        self.kinds = StreamKinds(reasoning_parser)  # reasoning / answer / tool-call tokens
         self.reply = reply  # a session turn: keep the text and ids for the next turn
         self.stream = stream
         self.status = 0
@@ -165,13 +174,18 @@ class Response:
         if not (self.stream and self.status < 400):
             self.body.append(raw)
             return
-        k_read = one_ids = 0
+        k_read = one_ids = synced = i = 0
         fast = _loads if parse_json is _parse_json_fast else None  # one frame less an event
-        state, reply, sends = self.state, self.reply, self.sends
+        state, reply, sends, kinds = self.state, self.reply, self.sends, self.kinds
         events = self.parser.feed(raw)
-        if count_common is not None and reply is None:  # a read's leading common chunks
-            one_ids = count_common(events, sends, t)
-        for data in events[one_ids:] if one_ids else events:
+        typed = count_common if reply is None else None
+        plain = kinds.plain  # a bare chunk can only be an answer token (stream_kinds.py)
+        if typed is not None and plain:  # a read's leading common chunks
+            i = one_ids = typed(events, sends, t)
+        n_events = len(events)
+        while i < n_events:
+            data = events[i]
+            i += 1
             if data == b"[DONE]":
                 state["done"] = True
                 continue
@@ -184,12 +198,19 @@ class Response:
                 obj = parse_json(data)
             if type(obj) is not dict:
                 raise RequestFailed("protocol", f"SSE data is not a JSON object: {data[:80]!r}")
-            # the common chunk, one token id and nothing else to fold in, counted here;
-            # anything else (text, usage, finish, errors, several ids, a session) -> _apply
+            # the common chunk, one answer token id and nothing else to fold in, counted here;
+            # anything else (reasoning, tool calls, usage, finish, errors, several ids, a
+            # session) -> _apply
             choices = obj.get("choices")
-            if reply is None and type(choices) is list and choices and not obj.get("usage"):
+            if (
+                plain
+                and reply is None
+                and type(choices) is list
+                and choices
+                and not obj.get("usage")
+            ):
                 c = choices[0]
-                if type(c) is dict and "cbbench" not in obj:
+                if type(c) is dict and "cbbench" not in obj and _bare(c.get("delta")):
                     ids = c.get("token_ids")
                     if (
                         type(ids) is list
@@ -203,12 +224,20 @@ class Response:
                         if sends is not None and "t_send_ns" in obj:
                             sends.append((t, obj["t_send_ns"]))
                         continue
-            k = _apply(obj, state, True, reply)
+            kinds.n += one_ids - synced  # the classifier counts every token before this one
+            synced = one_ids
+            k = _apply(obj, state, True, kinds, reply)
             k_read += k
             if k and sends is not None and "t_send_ns" in obj:
                 sends.append((t, obj["t_send_ns"]))
+            if kinds.plain and not plain and typed is not None and i < n_events:
+                m = typed(events[i:], sends, t)  # the answer began: the rest of the read too
+                one_ids += m
+                i += m
+            plain = kinds.plain
         if one_ids:
             state["ids_total"] = state.get("ids_total", 0) + one_ids
+            kinds.n += one_ids - synced
             k_read += one_ids
         if k_read:
             self.chunks.append((t, k_read))
@@ -228,13 +257,25 @@ class Response:
         obj = json.loads(b"".join(self.body))
         if not isinstance(obj, dict):
             raise RequestFailed("protocol", "response body is not a JSON object")
-        k = _apply(obj, self.state, False, self.reply)
+        k = _apply(obj, self.state, False, self.kinds, self.reply)
         state = self.state
         self.chunks.append((t, state.get("ids_total") or state.get("usage_out") or k))
 
 
-def _apply(obj: dict, state: dict, stream: bool, reply: Reply | None = None) -> int:
-    """Fold one response object into `state`; return the tokens it carries."""
+def _bare(delta) -> bool:
+    """A chat delta (or a completion's absent one) with no reasoning and no tool calls."""
+    return delta is None or (
+        type(delta) is dict
+        and delta.get("reasoning") is None
+        and delta.get("reasoning_content") is None
+        and not delta.get("tool_calls")
+    )
+
+
+def _apply(
+    obj: dict, state: dict, stream: bool, kinds: StreamKinds, reply: Reply | None = None
+) -> int:
+    """Fold one response object into `state` and `kinds`; return the tokens it carries."""
     get = obj.get
     choices = get("choices")
     if not choices and "error" in obj:
@@ -267,14 +308,12 @@ def _apply(obj: dict, state: dict, stream: bool, reply: Reply | None = None) -> 
             )
         n = len(ids)
         state["ids_total"] = state.get("ids_total", 0) + n
-        return n
-    if k_usage is not None and stream:
-        return k_usage
-    text = cget("text")
-    if text is None:
-        msg = cget("delta") or cget("message") or {}
-        text = msg.get("content") or msg.get("reasoning_content")
-    return 1 if text else 0
+    elif k_usage is not None and stream:
+        n = k_usage
+    else:
+        n = 1 if kinds.carries(c) else 0
+    kinds.add(c, n)
+    return n
 
 
 def _usage(usage: dict, state: dict) -> int | None:
@@ -284,6 +323,9 @@ def _usage(usage: dict, state: dict) -> int | None:
     details = usage.get("prompt_tokens_details")
     if isinstance(details, dict) and details.get("cached_tokens") is not None:
         state["cached_tokens"] = details["cached_tokens"]  # vLLM's prefix-cache hits
+    details = usage.get("completion_tokens_details")
+    if isinstance(details, dict) and isinstance(details.get("reasoning_tokens"), int):
+        state["usage_reasoning"] = details["reasoning_tokens"]
     out = usage.get("completion_tokens")
     if out is None:
         return None
@@ -361,6 +403,7 @@ def finish(rec: RequestRecord, resp: Response, t0_ns: int, end_ns: int) -> None:
             f"usage.completion_tokens {rec.output_tokens_server} != {n_streamed} streamed "
             "token_ids (timing uses the streamed count)"
         )
+    _reasoning(rec, resp, exact)
     if chunks:
         times = spread(chunks)
         rec.token_times_s = [(t - t0_ns) / 1e9 for t in times]
@@ -378,8 +421,45 @@ def finish(rec: RequestRecord, resp: Response, t0_ns: int, end_ns: int) -> None:
         n = n_streamed if exact else (rec.output_tokens_server or n_streamed)
         if n > 1:
             rec.tpot_s = (rec.e2e_s - rec.ttft_s) / (n - 1)
+        answer_at = resp.kinds.answer_at
+        if answer_at is not None and answer_at < len(tt):
+            rec.ttfo_s = tt[answer_at] - rec.sent_s
+        elif not rec.reasoning_tokens:  # nothing was reasoning: the first token answered
+            rec.ttfo_s = rec.ttft_s
+        if rec.ttfo_s is not None:
+            rec.reasoning_s = rec.ttfo_s - rec.ttft_s
+            n_answer = n - (rec.reasoning_tokens or 0 if resp.kinds.mode != "none" else 0)
+            if n_answer > 1:
+                rec.answer_tpot_s = (rec.e2e_s - rec.ttfo_s) / (n_answer - 1)
     else:
         rec.token_times_s = []
+
+
+def _reasoning(rec: RequestRecord, resp: Response, exact: bool) -> None:
+    """`reasoning_tokens` and `stream_flags`, reconciled as the output count is: the server's
+    usage details unless token ids were streamed (then the streamed count is exact and a
+    disagreement is noted in `token_mismatch`); usage above the total is flagged, not used."""
+    kinds, state = resp.kinds, resp.state
+    if rec.ok:  # a stream cut short is an error already, not an unclosed <think>
+        kinds.finish()
+    counted = kinds.reasoning if resp.stream else None
+    if not resp.stream and not kinds.saw_reasoning_text:
+        counted = 0
+    usage = state.get("usage_reasoning")
+    total = rec.output_tokens_server
+    if usage is not None and (usage < 0 or (total is not None and usage > total)):
+        kinds.flag(USAGE_REASONING_ABOVE_TOTAL)
+        usage = None
+    if kinds.mode == "none":  # no classification: the server's word only
+        counted = None
+    elif usage is not None and exact and resp.stream and usage != counted:
+        note = f"usage reasoning_tokens {usage} != {counted} streamed (timing uses the streamed)"
+        rec.token_mismatch = f"{rec.token_mismatch}; {note}" if rec.token_mismatch else note
+        usage = None
+    rec.reasoning_tokens = counted if usage is None else usage
+    if kinds.tool:
+        rec.extra["tool_call_tokens"] = kinds.tool
+    rec.stream_flags = list(kinds.flags)
 
 
 def spread(chunks: list[tuple[int, int]]) -> list[int]:

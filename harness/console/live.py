@@ -46,6 +46,8 @@ class LiveStats:
         self.failed = 0
         self.sent: dict[int, int] = {}  # worker -> requests sent so far
         self.ttft: deque[float] = deque(maxlen=WINDOW)
+        self.ttfo: deque[float] = deque(maxlen=WINDOW)
+        self.reasoned = False  # a record had reasoning tokens: the view shows TTFO
         self.tpot: deque[float] = deque(maxlen=WINDOW)
         self.lag: deque[float] = deque(maxlen=WINDOW)
         self.tokens: deque[tuple[float, int]] = deque()
@@ -66,6 +68,9 @@ class LiveStats:
                 return
             if rec.ttft_s is not None:
                 self.ttft.append(rec.ttft_s)
+            if rec.ttfo_s is not None:
+                self.ttfo.append(rec.ttfo_s)
+            self.reasoned = self.reasoned or bool(rec.reasoning_tokens)
             if rec.tpot_s is not None:
                 self.tpot.append(rec.tpot_s)
             if rec.send_lag_s is not None:
@@ -116,12 +121,15 @@ class LiveStats:
         t = Table(title="cbbench bench (live)", show_header=False, box=None)
         with self._lock:
             ttft, tpot, lag = list(self.ttft), list(self.tpot), list(self.lag)
+            ttfo = list(self.ttfo) if self.reasoned else None
             done, failed, in_flight = self.done, self.failed, self.in_flight
         total = f"/{self.total}" if self.total else ""
         t.add_row("done", f"{done}{total}  failed {failed}  in flight {in_flight}")
         # the summary's percentile method (workloads/stats.py) over the last WINDOW requests
         last = f" (last {WINDOW})" if done > WINDOW else ""
         t.add_row(f"TTFT p50/p99{last}", _ms_pair(ttft))
+        if ttfo is not None:
+            t.add_row(f"TTFO p50/p99{last}", _ms_pair(ttfo))
         t.add_row(f"TPOT p50/p99{last}", _ms_pair(tpot))
         t.add_row(f"send lag p50/p99{last}", _ms_pair(lag))
         t.add_row(
@@ -218,9 +226,12 @@ def summary_table(summary: dict, title: str = "cbbench bench", caption: bool = T
     t.add_column("metric")
     for col in ("mean", "p50", "p90", "p99", "max", "count"):
         t.add_column(col, justify="right")
+    reasoned = bool(summary.get("total_reasoning_tokens"))  # rows a reasoning model adds
     for label, key in (
         ("TTFT (ms)", "ttft_s"),
+        *((("TTFO (ms)", "ttfo_s"), ("reasoning (ms)", "reasoning_s")) if reasoned else ()),
         ("TPOT (ms)", "tpot_s"),
+        *((("answer TPOT (ms)", "answer_tpot_s"),) if reasoned else ()),
         ("ITL (ms)", "itl_s"),
         ("E2E (ms)", "e2e_s"),
         ("client queue (ms)", "client_queue_s"),
@@ -276,6 +287,14 @@ def _caption(summary: dict, c: dict) -> str:
             f"{ms(s['ttft_turn1_s'])}, later turns {ms(s['ttft_later_turns_s'])}; history p50 "
             f"{num(s['history_len']['p50'], '.0f')} tokens; prefix-cache hits {num(hit, '.1%')}"
         )
+    if summary.get("total_reasoning_tokens"):
+        lines.append(
+            f"reasoning: {summary['total_reasoning_tokens']} tokens, "
+            f"{num(summary.get('reasoning_share'), '.1%')} of output (TTFO: first answer token)"
+        )
+    if summary.get("stream_flags"):
+        flags = ", ".join(f"{k} {v}" for k, v in summary["stream_flags"].items())
+        lines.append(f"warning: streams flagged by the reasoning classifier: {flags}")
     if summary.get("goodput"):
         g = summary["goodput"]
         lines.append(

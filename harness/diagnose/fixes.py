@@ -117,6 +117,19 @@ FIXES: dict[str, dict[str, str]] = {
         "request's slot is refilled at the next step); or a smaller --max-model-len (static "
         "reserves it for every slot) / cap long requests' max_tokens",
     },
+    "reasoning-wait": {
+        "vllm": "per request: reasoning_effort \"low\" (gpt-oss), chat_template_kwargs "
+        "{\"enable_thinking\": false} (Qwen3, DeepSeek-V3.1 hybrid: \"thinking\"), or a smaller "
+        "max_tokens as a thinking budget (cbbench bench --reasoning-effort / "
+        "--chat-template-kwargs send them)",
+        "sglang": "per request: chat_template_kwargs {\"enable_thinking\": false} (Qwen3) or "
+        "reasoning_effort (gpt-oss); cap max_tokens as a thinking budget",
+        "tgi": "TGI streams the thinking inline: use the model's non-thinking template "
+        "(enable_thinking false) or cap max_tokens",
+        "triton": "TensorRT-LLM: a non-thinking chat template, or cap max_tokens",
+        "cbbench": "cbbench serve: a lower --reasoning-share; per request reasoning_effort "
+        "\"low\" or chat_template_kwargs {\"enable_thinking\": false}",
+    },
     "queue-delay": {
         "vllm": "vLLM has no batching delay: if queue time dominates, the server is full; see "
         "--max-num-seqs",

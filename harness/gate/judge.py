@@ -21,7 +21,7 @@ estimate does, it is reported as `noisy` and passes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from cbbench.harness.errors import CbbenchError
@@ -221,6 +221,10 @@ def judge(rule: Rule, base: RunSamples, cand: RunSamples, policy: Policy) -> Rul
         low, high = _interval(draws, policy.confidence)
         verdict, bound = _verdict(rule, est, low, high)
         return RuleResult(rule, base.error_rate, est, est, low, high, bound, verdict)
+    if rule.metric == "ttfo" and not (base.reasoning_tokens or cand.reasoning_tokens):
+        note = "neither run reasoned: TTFO is TTFT"
+        nan = math.nan
+        return RuleResult(rule, None, None, nan, nan, nan, nan, "n/a", note)
     if rule.metric in LATENCY:
         bs, cs = _latency_sample(base, rule.metric), _latency_sample(cand, rule.metric)
         if bs.values.size == 0 and cs.values.size == 0:
@@ -292,11 +296,20 @@ def check_inputs(
         raise CbbenchError(f"only the {which} is SIMULATED: compare simulated with simulated")
 
 
+def with_ttfo(rules: tuple[Rule, ...], bs: RunSamples, cs: RunSamples) -> tuple[Rule, ...]:
+    """TTFO gated like TTFT: when a run reasoned and the policy names no TTFO rule, each TTFT
+    rule gets its TTFO twin (the answer's wait, which reasoning can move while TTFT holds)."""
+    if not (bs.reasoning_tokens or cs.reasoning_tokens) or any(r.metric == "ttfo" for r in rules):
+        return rules
+    twins = tuple(replace(r, metric="ttfo") for r in rules if r.metric == "ttft")
+    return (*rules, *twins)
+
+
 def run_gate(base: Run, cand: Run, policy: Policy, allow_incomplete: bool = False) -> GateResult:
     """`allow_incomplete`: judge killed or interrupted runs too (on the requests they hold)."""
     from cbbench.harness.report.samples import extract
 
     bs, cs = extract(base), extract(cand)
     check_inputs(base, cand, bs, cs, policy, allow_incomplete)
-    results = [judge(rule, bs, cs, policy) for rule in policy.rules]
+    results = [judge(rule, bs, cs, policy) for rule in with_ttfo(policy.rules, bs, cs)]
     return GateResult(results, policy, str(base.dir), str(cand.dir))

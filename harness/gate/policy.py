@@ -7,9 +7,9 @@ seed = 0               # the bootstrap is seeded: same inputs, same verdict
 min_requests = 20      # fewer successful requests in either run: unusable input (exit 2)
 
 [[rules]]
-metric = "ttft"        # ttft tpot itl e2e queue makespan | output_throughput request_throughput
-                       # | error_rate | cost_per_1m_tokens ($ per 1M output tokens: runs made
-                       # with --cost-per-hour) (makespan: agent sessions)
+metric = "ttft"        # ttft ttfo tpot itl e2e queue makespan | output_throughput
+                       # request_throughput | error_rate | cost_per_1m_tokens ($ per 1M output
+                       # tokens: runs made with --cost-per-hour) (makespan: agent sessions)
 stat = "p99"           # latency metrics: mean or pNN (p50, p90, p99, p99.9, ...)
 max_increase = 0.10    # candidate/baseline - 1 must not exceed +10%
 # one limit per rule: max_increase | max_decrease (fractions) | max | min (absolute, in
@@ -32,13 +32,14 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-LATENCY = ("ttft", "tpot", "itl", "e2e", "queue", "makespan")  # makespan: agent sessions
+LATENCY = ("ttft", "ttfo", "tpot", "itl", "e2e", "queue", "makespan")  # makespan: agent sessions
 THROUGHPUT = ("output_throughput", "request_throughput")
 COST = "cost_per_1m_tokens"  # price per hour / output throughput, from each run's own price
 METRICS = (*LATENCY, *THROUGHPUT, "error_rate", COST)
 LIMITS = ("max_increase", "max_decrease", "max", "min")
 METRIC_TITLES = {
     "ttft": "TTFT",
+    "ttfo": "TTFO (first answer token)",
     "tpot": "TPOT",
     "itl": "ITL",
     "e2e": "E2E latency",

@@ -89,6 +89,25 @@ def parse_extra_body(text: str | None) -> dict:
     return extra
 
 
+def reasoning_body(endpoint: str, effort: str | None, template_kwargs: str | None) -> dict:
+    """--reasoning-effort and --chat-template-kwargs as request body fields (chat only)."""
+    body: dict = {}
+    if effort:
+        body["reasoning_effort"] = effort
+    if template_kwargs:
+        try:
+            kwargs = json.loads(template_kwargs)
+        except ValueError as exc:
+            raise CbbenchError(f"--chat-template-kwargs: not JSON ({exc})") from None
+        if not isinstance(kwargs, dict):
+            raise CbbenchError("--chat-template-kwargs: expected a JSON object")
+        body["chat_template_kwargs"] = kwargs
+    if body and endpoint != "chat":
+        flag = "--reasoning-effort" if effort else "--chat-template-kwargs"
+        raise CbbenchError(f"{flag} needs --endpoint chat")
+    return body
+
+
 def server_root(base_url: str) -> str:
     """The server root: no trailing slash, no /v1 (the OpenAI client's habit)."""
     url = base_url.rstrip("/")
@@ -115,6 +134,7 @@ class ClientOptions:
     cap_unit: str = "sessions"
     prewarm: bool = True  # open the connections (up to the concurrency) before t0
     kernel_timestamps: bool = True  # raw client: the kernel's receive times where available
+    reasoning_parser: str = "auto"  # where a stream's reasoning is (client/stream_kinds.py)
 
     def slo_s(self) -> dict[str, float]:
         """The SLOs in seconds, from --slo (units required) or vLLM's --goodput (ms)."""
@@ -139,11 +159,19 @@ class ClientOptions:
             timeout_s=getattr(ns, "timeout", 600.0),
             stream=not getattr(ns, "no_stream", False),
             extensions=not getattr(ns, "no_extensions", False),
-            extra_body=extra_body,
+            extra_body={
+                **reasoning_body(
+                    getattr(ns, "endpoint", "completions"),
+                    getattr(ns, "reasoning_effort", None),
+                    getattr(ns, "chat_template_kwargs", None),
+                ),
+                **extra_body,
+            },
             http_client=getattr(ns, "http_client", "raw"),
             cap_unit=getattr(ns, "cap_unit", "sessions"),
             prewarm=not getattr(ns, "no_prewarm", False),
             kernel_timestamps=not getattr(ns, "user_timestamps", False),
+            reasoning_parser=getattr(ns, "reasoning_parser", "auto"),
         )
 
 
@@ -195,6 +223,7 @@ def bench_config(
         cap_unit=client.cap_unit,
         prewarm=client.prewarm,
         kernel_timestamps=client.kernel_timestamps,
+        reasoning_parser=client.reasoning_parser,
         shard=shard,
         start_at=start_at,
     )

@@ -87,6 +87,7 @@ class BenchConfig:
     shard: Shard | None = None  # --shard I/N: send only part I of the N-way split (shards.py)
     start_at: float | None = None  # --start-at: t0 at this wall-clock time (unix seconds)
     cache: CacheOptions = field(default_factory=CacheOptions)  # --flush-cache, --prime, header
+    reasoning_parser: str = "auto"  # --reasoning-parser: where reasoning is in a stream
 
 
 @dataclass
@@ -234,6 +235,7 @@ def _run_meta(cfg: BenchConfig, name: str, engine: dict, model: str, workers: in
             "timeout_s": cfg.timeout_s,
             "extensions": cfg.extensions,
             "http_client": cfg.http_client,
+            "reasoning_parser": cfg.reasoning_parser,
             "prewarm": cfg.prewarm,
             "event_loop": aio.loop_name(),
             "text_prompts": cfg.text_prompts or cfg.endpoint == "chat",
@@ -290,6 +292,7 @@ def run_bench(
         http_client=cfg.http_client,
         kernel_timestamps=cfg.kernel_timestamps,
         session_header=cfg.cache.session_header or None,
+        reasoning_parser=cfg.reasoning_parser,
     )
     plans = _plans(cfg, client)
     meta = {**_run_meta(cfg, name, engine, model, len(plans)), **fit_text_prompts(cfg, plans)}

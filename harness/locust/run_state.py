@@ -80,6 +80,7 @@ class LocustRun:
             timeout_s=settings.timeout_s,
             extensions=settings.extensions,
             extra_body=settings.extra_body,
+            reasoning_parser=settings.reasoning_parser,
         )
         self.text_prompts = settings.text_prompts or settings.endpoint == "chat"
         fit = None  # exact text lengths on a server with /tokenize, as `bench` (text_fit.py)

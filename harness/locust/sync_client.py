@@ -77,7 +77,8 @@ class SyncOpenAIClient:
     ) -> RequestRecord:
         """Send one request and fill `rec` in place (timing, tokens, outcome); with `reply`,
         also keep the response's text and token ids there (a session's next turn needs them)."""
-        resp = Response(rec, self.cfg.stream, self.cfg.collect_server_times, reply)
+        cfg = self.cfg
+        resp = Response(rec, cfg.stream, cfg.collect_server_times, reply, cfg.reasoning_parser)
         body = response.dump_json(build_payload(self.cfg, prompt, rec))
         if isinstance(prompt, list) and (not prompt or isinstance(prompt[0], int)):
             rec.prompt_tokens_client = len(prompt)

@@ -98,6 +98,8 @@ def _summary_table(runs: list[LoadedRun], rows: list[dict]) -> str:
 def _percentile_tables(runs: list[LoadedRun], rows: list[dict]) -> str:
     out = []
     for m in LATENCY_METRICS:
+        if m == "ttfo" and all(r.get("ttfo.p50") is None for r in rows):
+            continue  # no run reasoned: TTFO is TTFT
         head = "".join(f"<th>{k}</th>" for k in STAT_KEYS) + "<th>count</th>"
         best = {k: best_index([r.get(f"{m}.{k}") for r in rows], "low") for k in STAT_KEYS}
         body = []

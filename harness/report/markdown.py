@@ -19,6 +19,7 @@ MD_KEYS = (
     "goodput",
     "ttft.p50",
     "ttft.p99",
+    "ttfo.p50",  # when a run reasoned (else TTFO is TTFT: the column is left out)
     "tpot.p50",
     "tpot.p99",
     "e2e.p99",
@@ -39,10 +40,12 @@ OPTIONAL_MD_KEYS = (
 )  # when a run has them
 
 
-def _columns(rows: list[dict]) -> list[Column]:
+def _columns(rows: list[dict] | None = None) -> list[Column]:
     by_key = {c.key: c for c in SUMMARY_COLUMNS}
+    rows = rows or []
+    keys = [k for k in MD_KEYS if not by_key[k].optional or any(r.get(k) is not None for r in rows)]
     extra = [k for k in OPTIONAL_MD_KEYS if any(r.get(k) is not None for r in rows)]
-    return [by_key[k] for k in (*MD_KEYS, *extra)]
+    return [by_key[k] for k in (*keys, *extra)]
 
 
 def _delta(base: float | None, value: float | None, better: str | None, unit: str) -> str:

@@ -13,6 +13,16 @@ SCATTER_POINTS = 2000  # over all runs
 
 CDF_METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E latency"))
 CURVE_METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E latency"))
+TTFO = ("ttfo", "TTFO (first answer token)")  # beside TTFT when a run reasoned
+
+
+def _metrics(base: tuple, samples: list[RunSamples]) -> tuple:
+    """`base`, with TTFO after TTFT when any run reasoned (else TTFO is TTFT)."""
+    if not any(s.reasoning_tokens for s in samples):
+        return base
+    return (base[0], TTFO, *base[1:])
+
+
 TIMELINES = (
     ("running", "running requests", "requests", 1.0),
     ("waiting", "waiting requests", "requests", 1.0),
@@ -24,7 +34,7 @@ TIMELINES = (
 def cdf_charts(runs: list[LoadedRun], samples: list[RunSamples]) -> list[str]:
     out = []
     q = np.linspace(0.0, 1.0, CDF_POINTS)
-    for metric, title in CDF_METRICS:
+    for metric, title in _metrics(CDF_METRICS, samples):
         series = []
         for i, (lr, s) in enumerate(zip(runs, samples, strict=True)):
             v = s.latency(metric)
@@ -43,7 +53,7 @@ def curve_charts(runs: list[LoadedRun], samples: list[RunSamples], rows: list[di
     for i, lr in enumerate(runs):
         groups.setdefault(lr.sweep if lr.in_sweep and lr.sweep else lr.label, []).append(i)
     out = []
-    for metric, title in CURVE_METRICS:
+    for metric, title in _metrics(CURVE_METRICS, samples):
         series = []
         for name, idx in groups.items():
             idx = sorted(idx, key=lambda i: rows[i]["output_throughput"] or 0.0)

@@ -15,7 +15,7 @@ from cbbench.harness.results.agent_summary import session_makespans
 from cbbench.harness.results.run_folder import Run
 from cbbench.harness.results.summary import measured_window_s, output_tokens
 
-LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e", "queue")
+LATENCY_METRICS = ("ttft", "ttfo", "tpot", "itl", "e2e", "queue")
 
 
 def _arr(values: list[float | None]) -> np.ndarray:
@@ -39,6 +39,9 @@ class RunSamples:
     cost_per_hour: float | None = None  # the run's --cost-per-hour (summed over replicas)
     # agent sessions: one per finished session (results/agent_summary.py); empty otherwise
     makespan: np.ndarray = field(default_factory=lambda: np.empty(0))
+    # first answer token (reasoning excluded); a record from before TTFO was recorded: its TTFT
+    ttfo: np.ndarray = field(default_factory=lambda: np.empty(0))
+    reasoning_tokens: int = 0  # of all ok requests: 0 = the run did not reason (TTFO = TTFT)
 
     @property
     def n_ok(self) -> int:
@@ -95,6 +98,8 @@ def extract(run: Run) -> RunSamples:
         window_s=window,
         cost_per_hour=_price(run.meta),
         makespan=np.asarray(session_makespans(measured), dtype=np.float64),
+        ttfo=_arr([_ttfo(r) for r in ok]),
+        reasoning_tokens=sum(r.reasoning_tokens or 0 for r in ok),
     )
 
 
@@ -102,3 +107,8 @@ def _price(meta: dict) -> float | None:
     tel = (meta.get("summary") or {}).get("telemetry") or {}
     price = (tel.get("price") or {}).get("cost_per_hour") if isinstance(tel, dict) else None
     return float(price) if isinstance(price, (int, float)) else None
+
+
+def _ttfo(r) -> float | None:
+    """A record's TTFO; one written before TTFO was (no reasoning count either): its TTFT."""
+    return r.ttfo_s if r.ttfo_s is not None or r.reasoning_tokens is not None else r.ttft_s

@@ -14,7 +14,14 @@ from cbbench.harness.report.samples import LATENCY_METRICS, RunSamples, extract
 from cbbench.harness.results.compare import kv_dtype_label, kv_pool, preemptions
 from cbbench.harness.results.summary import SLO_KEYS, summarize
 
-LATENCY_TITLES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "E2E", "queue": "queue"}
+LATENCY_TITLES = {
+    "ttft": "TTFT",
+    "ttfo": "TTFO",
+    "tpot": "TPOT",
+    "itl": "ITL",
+    "e2e": "E2E",
+    "queue": "queue",
+}
 STAT_KEYS = ("mean", "p50", "p90", "p95", "p99", "max")
 
 
@@ -33,10 +40,12 @@ SUMMARY_COLUMNS: tuple[Column, ...] = (
     Column("output_throughput", "output tok/s", "high"),
     Column("goodput", "goodput req/s", "high"),
     *(
-        Column(f"{m}.{s}", f"{LATENCY_TITLES[m]} {s}", "low", "ms")
+        # TTFO: shown when a run reasoned (else it is TTFT)
+        Column(f"{m}.{s}", f"{LATENCY_TITLES[m]} {s}", "low", "ms", optional=m == "ttfo")
         for m in LATENCY_METRICS
         for s in ("p50", "p99")
     ),
+    Column("reasoning_share", "reasoning share", None, "%", optional=True),
     Column("error_rate", "errors", "low", "%"),
     Column("kv_usage.mean", "KV usage mean", None, "%"),
     Column("kv_usage.max", "KV usage max", None, "%"),
@@ -124,10 +133,12 @@ def summary_row(lr: LoadedRun, s: RunSamples | None = None) -> dict[str, Any]:
         "error_rate": summ["error_rate"] if s.n_total else None,
         "errors": s.n_errors,
     }
+    reasoned = bool(summ.get("total_reasoning_tokens"))
     for m in LATENCY_METRICS:
         key = "server_queue_s" if m == "queue" else f"{m}_s"
         for k, v in summ[key].items():
-            row[f"{m}.{k}"] = v
+            row[f"{m}.{k}"] = v if m != "ttfo" or reasoned else None
+    row["reasoning_share"] = summ.get("reasoning_share") if reasoned else None
     for k, v in _series_stats(lr.run.timeseries, "kv_usage", 1.0).items():
         row[f"kv_usage.{k}"] = v
     # NVML reports utilization in percent; shown as a fraction like KV usage.

@@ -31,8 +31,11 @@ class RequestRecord:
     end_s: float | None = None  # when the request finished, failed or not (response over)
     token_times_s: list[float] = field(default_factory=list)  # one per output token (spread)
     # derived latencies (seconds); None when undefined
-    ttft_s: float | None = None
+    ttft_s: float | None = None  # first token of any kind (reasoning, answer, tool call)
     tpot_s: float | None = None  # (e2e - ttft) / (output_tokens - 1)
+    ttfo_s: float | None = None  # first answer token (reasoning excluded); = ttft without any
+    reasoning_s: float | None = None  # ttfo - ttft: the time spent thinking
+    answer_tpot_s: float | None = None  # (e2e - ttfo) / (answer tokens - 1)
     e2e_s: float | None = None
     itl_s: list[float] = field(default_factory=list)
     client_queue_s: float | None = None  # waiting for a concurrency slot (open loop with cap)
@@ -46,6 +49,8 @@ class RequestRecord:
     prompt_tokens_server: int | None = None  # usage.prompt_tokens
     output_tokens_server: int | None = None  # usage.completion_tokens
     token_mismatch: str | None = None  # usage disagrees with the streamed token_ids (why)
+    reasoning_tokens: int | None = None  # of the output tokens (usage details, else counted)
+    stream_flags: list[str] = field(default_factory=list)  # bad input the classifier saw
     finish_reason: str | None = None
     # outcome
     status: str = "ok"  # "ok" | "error"
@@ -67,6 +72,7 @@ class RequestRecord:
         d = dict(self.__dict__)
         d["token_times_s"] = list(self.token_times_s)
         d["itl_s"] = list(self.itl_s)
+        d["stream_flags"] = list(self.stream_flags)
         d["extra"] = {k: copy.copy(v) for k, v in self.extra.items()}
         return d
 

@@ -55,6 +55,9 @@ class RunSummary(TypedDict, total=False):
     errors_by_kind: dict[str, int]
     errors_by_reason: dict[str, int]
     ttft_s: Stats
+    ttfo_s: Stats  # first answer token (reasoning excluded)
+    reasoning_s: Stats  # ttfo - ttft
+    answer_tpot_s: Stats
     tpot_s: Stats
     itl_s: Stats
     e2e_s: Stats
@@ -66,6 +69,9 @@ class RunSummary(TypedDict, total=False):
     total_token_throughput: float | None
     total_output_tokens: int
     total_input_tokens: int
+    total_reasoning_tokens: int
+    reasoning_share: float | None  # reasoning tokens / output tokens (records that say both)
+    stream_flags: dict[str, int]  # flag -> records the stream classifier flagged
     prompt_token_mismatch_mean: float | None
     goodput: dict | None
     client: dict
@@ -84,7 +90,7 @@ class RunSummary(TypedDict, total=False):
     worker_crashes: list
 
 
-SLO_KEYS = ("ttft", "tpot", "e2e")
+SLO_KEYS = ("ttft", "ttfo", "tpot", "e2e")
 _UNITS = {"ms": 1e-3, "us": 1e-6, "s": 1.0, "m": 60.0}
 
 
@@ -101,7 +107,8 @@ def parse_duration(text: str, what: str) -> float:
 
 
 def parse_slo(text: str | None) -> dict[str, float]:
-    """'ttft=200ms,tpot=50ms,e2e=10s' -> {'ttft': 0.2, 'tpot': 0.05, 'e2e': 10.0} (seconds)."""
+    """'ttft=200ms,tpot=50ms,e2e=10s' -> {'ttft': 0.2, 'tpot': 0.05, 'e2e': 10.0} (seconds);
+    `ttfo` (first answer token) as `ttft`."""
     if not text:
         return {}
     out: dict[str, float] = {}
@@ -127,6 +134,10 @@ _COLUMNS = (
     "ttft_s",
     "tpot_s",
     "e2e_s",
+    "ttfo_s",
+    "reasoning_s",
+    "answer_tpot_s",
+    "reasoning_tokens",
     "output_tokens_server",
     "output_tokens_client",
     "prompt_tokens_server",
@@ -223,6 +234,9 @@ def summarize(
         "errors_by_kind": dict(Counter(r.error_kind or "unknown" for r in failed)),
         "errors_by_reason": errors_by_reason(failed),
         "ttft_s": describe_array(ttft),
+        "ttfo_s": describe_array(ok["ttfo_s"]),
+        "reasoning_s": describe_array(ok["reasoning_s"]),
+        "answer_tpot_s": describe_array(ok["answer_tpot_s"]),
         "tpot_s": describe_array(tpot),
         "itl_s": describe_array(itl),
         "e2e_s": describe_array(e2e),
@@ -234,11 +248,15 @@ def summarize(
         "total_token_throughput": _rate(float(out_tokens.sum() + in_tokens.sum()), dur),
         "total_output_tokens": int(out_tokens.sum()),
         "total_input_tokens": int(in_tokens.sum()),
+        "total_reasoning_tokens": int(np.nansum(ok["reasoning_tokens"])),
+        "reasoning_share": _share(ok["reasoning_tokens"], out_tokens),
+        "stream_flags": dict(Counter(f for r in measured for f in r.stream_flags)),
         "prompt_token_mismatch_mean": (
             float(np.mean(p_server[mismatch] - p_client[mismatch])) if mismatch.any() else None
         ),
     }
-    summary["goodput"] = _goodput(slo, ttft, tpot, e2e, len(measured), dur) if slo else None
+    ttfo = ok["ttfo_s"]
+    summary["goodput"] = _goodput(slo, ttft, tpot, e2e, len(measured), dur, ttfo) if slo else None
     client_stats = {
         "loop_lag_s": describe_array(np.asarray((client or {}).get("loop_lag_s", []), float)),
         "cpu": describe_array(np.asarray((client or {}).get("cpu", []), float)),
@@ -280,9 +298,21 @@ def errors_by_reason(failed: Sequence[RequestRecord], top: int = 10) -> dict[str
 
 
 def _goodput(slo, ttft, tpot, e2e, n_measured: int, dur: float) -> dict:
+
+
+def _share(reasoning: np.ndarray, out: np.ndarray) -> float | None:
+    """Reasoning tokens over output tokens, of the records that say how many they reasoned."""
+    known = ~np.isnan(reasoning)
+    total = float(out[known].sum())
+    return float(reasoning[known].sum()) / total if known.any() and total > 0 else None
+
+
+def _goodput(slo, ttft, tpot, e2e, n_measured: int, dur: float, ttfo=None) -> dict:
     good = np.ones(len(ttft), dtype=bool)
-    for key, arr in (("ttft", ttft), ("tpot", tpot), ("e2e", e2e)):
-        if key in slo:  # an undefined metric (e.g. TPOT of a 1-token output) does not fail it
+    for key, arr in (("ttft", ttft), ("ttfo", ttfo), ("tpot", tpot), ("e2e", e2e)):
+        if key in slo and key == "ttfo" and arr is not None:  # a stream that never answered
+            good &= np.isnan(ttft) | (arr <= slo[key])  # fails it (NaN <= x is False)
+        elif key in slo:  # an undefined metric (e.g. TPOT of a 1-token output) does not fail it
             good &= np.isnan(arr) | (arr <= slo[key])
     n = int(good.sum())
     return {

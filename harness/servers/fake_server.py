@@ -63,6 +63,12 @@ class Behavior:
     hang_s: float = 0.0  # wait this long before answering at all
     short_by: int = 0  # generate this many tokens fewer than max_tokens (finish_reason "stop")
     queue_time_s: float | None = 0.001  # reported in the final chunk's `cbbench` object
+    # a reasoning model: the first `reasoning_tokens` of each output are reasoning, streamed
+    # in `reasoning_field`: "reasoning" (vLLM >= 0.11), "reasoning_content", or "think-tags"
+    # (inline in the content, `<think>` opening the first, `</think>` closing the last);
+    # usage.completion_tokens_details.reasoning_tokens says how many
+    reasoning_tokens: int = 0
+    reasoning_field: str = "reasoning"
 
 
 @dataclass
@@ -255,22 +261,26 @@ class FakeServer:
                 "num_cached_tokens": 0,
             }
         }
-        usage = {
+        usage: dict = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": n_out,
             "total_tokens": prompt_tokens + n_out,
         }
+        if b.reasoning_tokens:
+            usage["completion_tokens_details"] = {
+                "reasoning_tokens": min(b.reasoning_tokens, n_out)
+            }
         finish = "length" if n_out == max_tokens else "stop"
         if not req.get("stream"):
             await _sleep_until(
                 t_recv + b.ttft_s + b.itl_s * max(0, -(-n_out // b.tokens_per_chunk) - 1)
             )
-            text = " tok" * n_out
             choice: dict = {"index": 0, "finish_reason": finish}
+            parts = _parts(b, chat, 0, n_out)
             if chat:
-                choice["message"] = {"role": "assistant", "content": text}
+                choice["message"] = {"role": "assistant", **parts}
             else:
-                choice["text"] = text
+                choice.update(parts)
             if want_ids:
                 choice["token_ids"] = [10 + i % 500 for i in range(n_out)]
             obj = {"id": "fake", "object": kind, "model": MODEL_ID, "choices": [choice]}
@@ -353,11 +363,12 @@ class _Stream:
         k = min(b.tokens_per_chunk, self.n_out - self.sent)
         first = self.chunk_no == 0
         if self.sent + k < self.n_out:  # the hot path: a cached body, only the send time filled in
-            key = (self.chat, first, k, self.want_ids)
+            parts = _parts(b, self.chat, self.sent, k)
+            key = (self.chat, first, k, self.want_ids, *parts.items())
             templates = self.server._templates
             head = templates.get(key)
             if head is None:
-                obj = _chunk(self.kind, self.chat, first, k, self.want_ids, None)
+                obj = _chunk(self.kind, self.chat, first, k, self.want_ids, None, parts)
                 head = templates[key] = json.dumps(obj)[:-1].encode() + b', "t_send_ns": '
             now = time.monotonic_ns()
             if first:  # the later chunks' gaps run from this very stamp, so none is early
@@ -367,7 +378,8 @@ class _Stream:
             self.sent += k
             self.chunk_no += 1
             return self._next()
-        obj = _chunk(self.kind, self.chat, first, k, self.want_ids, self.finish)
+        parts = _parts(b, self.chat, self.sent, k)
+        obj = _chunk(self.kind, self.chat, first, k, self.want_ids, self.finish, parts)
         now = time.monotonic_ns()
         if first:
             self.t_first = now / 1e9
@@ -381,13 +393,37 @@ class _Stream:
 _DONE = b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"  # the [DONE] event, then the last (empty) chunk
 
 
-def _chunk(kind: str, chat: bool, first: bool, k: int, want_ids: bool, finish) -> dict:
-    text = " tok" * k
+def _parts(b: Behavior, chat: bool, sent: int, k: int) -> dict[str, str]:
+    """The text fields of the `k` tokens after the first `sent`: reasoning, then answer."""
+    n_r = b.reasoning_tokens
+    r = max(0, min(k, n_r - sent))
+    answer = " tok" * (k - r)
+    key = "content" if chat else "text"
+    if not r:
+        return {key: answer}
+    if b.reasoning_field == "think-tags" or not chat:
+        opened = "<think>" if sent == 0 else ""
+        closed = "</think>" if sent + r == n_r else ""
+        return {key: opened + " tok" * r + closed + answer}
+    return {b.reasoning_field: " tok" * r, **({key: answer} if answer else {})}
+
+
+def _chunk(
+    kind: str,
+    chat: bool,
+    first: bool,
+    k: int,
+    want_ids: bool,
+    finish,
+    parts: dict[str, str] | None = None,
+) -> dict:
     choice: dict = {"index": 0, "finish_reason": finish}
+    if parts is None:
+        parts = {"content" if chat else "text": " tok" * k}
     if chat:
-        choice["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
+        choice["delta"] = {"role": "assistant", **parts} if first else dict(parts)
     else:
-        choice["text"] = text
+        choice.update(parts)
     if want_ids:
         choice["token_ids"] = [10 + i for i in range(k)]
     return {"id": "fake", "object": kind, "model": MODEL_ID, "choices": [choice]}

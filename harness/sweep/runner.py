@@ -101,6 +101,9 @@ def run_level(opts: SweepOptions, level: Level, seed_offset: int = 0) -> dict:
         "output_throughput": s.get("output_throughput"),
         "ttft_p50_s": (s.get("ttft_s") or {}).get("p50"),
         "ttft_p99_s": (s.get("ttft_s") or {}).get("p99"),
+        "ttfo_p50_s": (s.get("ttfo_s") or {}).get("p50"),  # first answer token
+        "ttfo_p99_s": (s.get("ttfo_s") or {}).get("p99"),
+        "reasoning_tokens": s.get("total_reasoning_tokens"),
         "completed": (s.get("counts") or {}).get("completed"),
         "requests": (s.get("counts") or {}).get("total"),
         "goodput_fraction": (s.get("goodput") or {}).get("fraction"),
@@ -226,8 +229,10 @@ def print_sweep(index: dict, folder: Path | None = None) -> Path | None:
     from rich.table import Table
 
     t = Table(title=f"cbbench sweep ({index['mode']}, {index['status']})")
-    cols = ("level", "req/s", "output tok/s", "TTFT p50 (ms)", "TTFT p99 (ms)", "verdict", "note")
-    for col in cols:
+    reasoned = any(lv.get("reasoning_tokens") for lv in index["levels"])
+    ttfo_cols = ("TTFO p50 (ms)", "TTFO p99 (ms)") if reasoned else ()
+    cols = ("level", "req/s", "output tok/s", "TTFT p50 (ms)", "TTFT p99 (ms)", *ttfo_cols)
+    for col in (*cols, "verdict", "note"):
         t.add_column(col, justify="left" if col in ("level", "verdict", "note") else "right")
 
     def ms(v):
@@ -240,6 +245,7 @@ def print_sweep(index: dict, folder: Path | None = None) -> Path | None:
             "–" if lv["output_throughput"] is None else f"{lv['output_throughput']:.1f}",
             ms(lv["ttft_p50_s"]),
             ms(lv["ttft_p99_s"]),
+            *((ms(lv.get("ttfo_p50_s")), ms(lv.get("ttfo_p99_s"))) if reasoned else ()),
             _verdict_cell(lv),
             lv["stopped_early"] or "",
         )

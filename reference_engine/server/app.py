@@ -32,6 +32,8 @@ from cbbench.reference_engine.server.errors import (
 )
 from cbbench.reference_engine.server.guard import GuardMiddleware
 from cbbench.reference_engine.server.metrics import CONTENT_TYPE, ServerMetrics
+from cbbench.reference_engine.server.reasoning import ReasoningOptions, ReasoningSplit
+from cbbench.reference_engine.server.reasoning import budget as reasoning_budget
 from cbbench.reference_engine.server.serving import Generation, ResponseShaper
 from cbbench.reference_engine.server.tokenize import add_tokenize_route
 from cbbench.reference_engine.server.tools import check_tool_messages, render_messages
@@ -56,6 +58,7 @@ class ServerState:
     metrics: ServerMetrics
     created: int
     body_parser: BodyParser
+    reasoning: ReasoningOptions = ReasoningOptions()
 
 
 def create_app(
@@ -71,6 +74,7 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     engine_info: dict | None = None,
     body_parser: BodyParser | None = None,
+    reasoning: ReasoningOptions | None = None,
 ) -> ASGIApp:
     """The app serves an already-started AsyncEngine; whoever started it shuts it down (and
     closes `body_parser`, whose worker process parses big bodies)."""
@@ -85,6 +89,7 @@ def create_app(
         metrics,
         int(time.time()),
         body_parser or BodyParser(max_model_len),
+        reasoning or ReasoningOptions(),
     )
     app.state.cbbench = state
     _install_error_handlers(app)
@@ -339,6 +344,7 @@ async def _generate(
         stop=body.stop_strings(),
         min_tokens=body.min_tokens,
         scheduler=state.scheduler,
+        reasoning=_reasoning(state, body, params.max_tokens) if chat else None,
     )
     echo = ""
     if isinstance(body, P.CompletionRequest) and body.echo:
@@ -353,6 +359,25 @@ async def _generate(
             headers={"cache-control": "no-cache"},
         )
     return await _collect(stream, gen, shaper, request)
+
+
+def _reasoning(
+    state: ServerState, body: P.SamplingFields, max_tokens: int
+) -> ReasoningSplit | None:
+    """--reasoning-parser: this chat request's split (None without the flag); a template
+    kwarg `enable_thinking` that is not a boolean is a 400 naming it."""
+    opts = state.reasoning
+    if opts.parser is None:
+        return None
+    assert isinstance(body, P.ChatCompletionRequest)
+    thinking = (body.chat_template_kwargs or {}).get("enable_thinking", True)
+    if not isinstance(thinking, bool):
+        raise bad_request(
+            "chat_template_kwargs.enable_thinking must be true or false",
+            "chat_template_kwargs",
+        )
+    n = reasoning_budget(opts, max_tokens, body.reasoning_effort, thinking)
+    return ReasoningSplit(n, opts.field)
 
 
 async def _run_to_end(stream: RequestStream, gen: Generation) -> None:
@@ -411,7 +436,8 @@ async def _sse(
             delta = gen.on_output(out)
             if gen.finished and not out.finished:
                 stream.close()
-            yield _event(shaper.chunk(delta))
+            for chunk in shaper.chunks(delta):  # two where a reasoning split falls inside
+                yield _event(chunk)
             if gen.finished:
                 break
         if shaper.include_usage:

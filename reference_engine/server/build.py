@@ -19,6 +19,7 @@ from cbbench.reference_engine.server.app import DEFAULT_MAX_BODY_BYTES, create_a
 from cbbench.reference_engine.server.async_engine import AsyncEngine
 from cbbench.reference_engine.server.body import BodyParser
 from cbbench.reference_engine.server.metrics import ServerMetrics
+from cbbench.reference_engine.server.reasoning import ReasoningOptions
 from starlette.types import ASGIApp
 
 
@@ -50,6 +51,7 @@ def build_stack(
     llm_engine: Any = None,
     engine_process: bool = False,
     engine_nice: int = 0,
+    reasoning: ReasoningOptions | None = None,
 ) -> ServingStack:
     """Builds (or takes) the engine and starts its driver; `shutdown()` stops it."""
     model_name = served_model_name or config.model
@@ -92,6 +94,7 @@ def build_stack(
             max_body_bytes=max_body_bytes,
             engine_info=info,
             body_parser=body_parser,
+            reasoning=reasoning,
         )
     except BaseException:
         if engine_process:

@@ -113,6 +113,10 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(..., min_length=1)
     tools: list[dict[str, Any]] | None = None  # rendered into the prompt (server/tools.py)
     max_completion_tokens: int | None = Field(None, ge=1)
+    # reasoning models (server/reasoning.py): effort scales the reasoning share; a template
+    # kwarg `enable_thinking: false` turns it off (Qwen3's); other kwargs are accepted
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 

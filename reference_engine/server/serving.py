@@ -23,6 +23,7 @@ from cbbench.reference_engine.server.logprobs import (
     completion_logprobs,
 )
 from cbbench.reference_engine.server.protocol import cbbench_info
+from cbbench.reference_engine.server.reasoning import ReasoningSplit
 
 
 @dataclass
@@ -31,6 +32,7 @@ class Delta:
     token_ids: list[int]
     finish_reason: str | None  # set on the last delta
     logprobs: list[TokenLogprob] | None = None  # one per token id, when asked for
+    parts: list[tuple[str, str, int]] | None = None  # reasoning split: (field, text, tokens)
 
 
 @dataclass
@@ -47,6 +49,7 @@ class Generation:
     finish_reason: str | None = None
     metrics: RequestMetrics | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)  # when the request asked
+    reasoning: ReasoningSplit | None = None  # --reasoning-parser: the output's split
     _scanned: int = 0  # stop strings were searched for in text[:_scanned]
 
     @property
@@ -75,6 +78,8 @@ class Generation:
             self.text[self.sent : end], list(out.new_token_ids), self.finish_reason, out.logprobs
         )
         self.sent = end
+        if self.reasoning is not None:
+            delta.parts = self.reasoning.parts(delta.text, len(delta.token_ids))
         return delta
 
     def _cut_at_stop(self) -> bool:
@@ -148,13 +153,33 @@ class ResponseShaper:
         usage: dict[str, Any] = P.usage(len(self.gen.prompt_token_ids), len(self.gen.token_ids))
         m = self.gen.metrics  # vLLM's field for prefix-cache hits
         usage["prompt_tokens_details"] = {"cached_tokens": m.num_cached_tokens if m else 0}
+        if self.gen.reasoning is not None:
+            r = self.gen.reasoning.reasoning_tokens
+            usage["completion_tokens_details"] = {"reasoning_tokens": r}
         return usage
 
-    def chunk(self, delta: Delta) -> dict[str, Any]:
+    def chunks(self, delta: Delta) -> list[dict[str, Any]]:
+        """The chunks of one delta: one, or (reasoning split) one per kind it holds."""
+        if delta.parts is None or not self.chat:
+            return [self.chunk(delta)]
+        out, at = [], 0
+        for i, (key, text, k) in enumerate(delta.parts):
+            last = i == len(delta.parts) - 1
+            part = Delta(
+                text,
+                delta.token_ids[at : at + k],
+                delta.finish_reason if last else None,
+                None if delta.logprobs is None else delta.logprobs[at : at + k],
+            )
+            out.append(self.chunk(part, key))
+            at += k
+        return out
+
+    def chunk(self, delta: Delta, key: str = "content") -> dict[str, Any]:
         ids = delta.token_ids if self.return_token_ids else None
         prompt_ids = self.gen.prompt_token_ids if self.return_token_ids and self.first else None
         if self.chat:
-            d: dict[str, Any] = {"content": delta.text}
+            d: dict[str, Any] = {key: delta.text}
             if self.first:
                 d = {"role": "assistant", **d}
             choice = P.chat_choice(d, None, delta.finish_reason, ids, prompt_ids)
@@ -184,7 +209,8 @@ class ResponseShaper:
         ids = gen.token_ids if self.return_token_ids else None
         prompt_ids = gen.prompt_token_ids if self.return_token_ids else None
         if self.chat:
-            message = {"role": "assistant", "content": gen.text}
+            text = {"content": gen.text} if gen.reasoning is None else gen.reasoning.message()
+            message = {"role": "assistant", **text}
             choice = P.chat_choice(None, message, gen.finish_reason, ids, prompt_ids)
         else:
             choice = P.completion_choice(self.echo + gen.text, gen.finish_reason, ids, prompt_ids)

@@ -17,6 +17,7 @@ from cbbench.harness.diagnose.rules import (
     low_utilization,
     prefill_stall,
     queue_delay,
+    reasoning_wait,
     replica_imbalance,
     scheduling_delay,
     session_cache,
@@ -37,4 +38,5 @@ RULES: tuple[Rule, ...] = (
     replica_imbalance.RULE,
     expert_imbalance.RULE,
     agent_cache.RULE,
+    reasoning_wait.RULE,
 )
