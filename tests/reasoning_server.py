@@ -55,6 +55,14 @@ async def _serve(args) -> None:
                     )
                     await writer.drain()
                     continue
+                if path != "/v1/chat/completions":  # e.g. /tokenize: not served here
+                    payload = b'{"error": {"message": "not found", "code": 404}}'
+                    writer.write(
+                        b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\n"
+                        b"content-length: %d\r\n\r\n%s" % (len(payload), payload)
+                    )
+                    await writer.drain()
+                    continue
                 req = json.loads(body)
                 n_r, n_a = args.reasoning, args.answer
                 writer.write(

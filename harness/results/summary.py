@@ -297,9 +297,6 @@ def errors_by_reason(failed: Sequence[RequestRecord], top: int = 10) -> dict[str
     return {example[k]: n for k, n in counts.most_common(top)}
 
 
-def _goodput(slo, ttft, tpot, e2e, n_measured: int, dur: float) -> dict:
-
-
 def _share(reasoning: np.ndarray, out: np.ndarray) -> float | None:
     """Reasoning tokens over output tokens, of the records that say how many they reasoned."""
     known = ~np.isnan(reasoning)
