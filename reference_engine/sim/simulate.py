@@ -6,6 +6,9 @@ SimExecutor's virtual clock and returns per-request timings, the per-step series
 request, the slot timeline; every number it produces is SIMULATED (a modelled step time).
 `replay(..., config with executor="real")` runs the same loop on the real model runner in
 wall-clock time (times measured, relative to the start of the replay).
+
+Over 400 lines because the replay loop, its records and the event-skipping window's
+records (`_record_window`, the same fields the loop writes step by step) belong together.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution.sim_executor import SimExecutor
 from cbbench.reference_engine.sampling_params import SamplingParams
 from cbbench.reference_engine.sim.arrivals import Arrivals
+from cbbench.reference_engine.sim.event_skip import SkipWindow, plan_skip, skip_blockers, take_steps
 from cbbench.workloads.spec import RequestSpec
 from cbbench.workloads.stats import describe
 from cbbench.workloads.tokens import PromptTokenIds, id_pool
@@ -253,6 +257,7 @@ def _replay_steps(
     measured_clock: bool = False,
     temperature: float = 1.0,
     wrap_executor: Callable | None = None,
+    event_skip: bool = False,
 ) -> Generator[None, None, SimResult]:
     """The replay loop, yielding after every engine step. `seed` (the workload's) and
     `prefix_block_size` give the prompt ids (workloads/tokens.py). `temperature` 0: greedy requests
@@ -260,7 +265,9 @@ def _replay_steps(
     `wrap_executor(executor, engine)` may replace the executor by a wrapper (now /
     advance_to / execute; a simulated one's wrapper also exposes cost_model), e.g.
     calibration.TracedClock, which gives a real executor its own clock (it times whole
-    engine steps, a proposer's work included); idling is then virtual too."""
+    engine steps, a proposer's work included); idling is then virtual too. `event_skip`:
+    decode steps between events are taken k at once (sim/event_skip.py; the same results,
+    the stepping path its oracle) where the engine allows it (not with `timeline`)."""
     engine = LLMEngine.from_config(cfg)
     simulated = isinstance(engine.executor, SimExecutor)
     if measured_clock and not simulated:
@@ -286,6 +293,7 @@ def _replay_steps(
     slot_of: dict[str, int] = {}
     free_slots = list(range(cfg.max_batch_slots))
     num_done = 0
+    skipping = event_skip and not timeline and not skip_blockers(engine)
     while arrivals.pending or engine.has_unfinished_requests():
         yield
         now = engine.now() - t0
@@ -313,6 +321,12 @@ def _replay_steps(
             assert t_next is not None, "sessions wait for replies, yet nothing runs"
             idle_until(t_next)
             continue
+        if skipping and (plan := plan_skip(engine, max_steps - len(steps))) is not None:
+            t_next = arrivals.next_time()
+            window = take_steps(engine, plan[0], plan[1], None if t_next is None else t0 + t_next)
+            if window is not None:
+                _record_window(engine, window, t0, steps, recs)
+                continue
         outputs = engine.step()
         # the computed step's own window (with async scheduling the next step already ran)
         start, end = (t - t0 for t in engine.last_step_window)
@@ -381,3 +395,26 @@ def _replay_steps(
         simulated=simulated,
         spec_decode=engine.spec_stats,
     )
+
+
+def _record_window(
+    engine: LLMEngine, w: SkipWindow, t0: float, steps: list[StepRecord], recs: dict
+) -> None:
+    """A skipped window's steps and tokens, as the stepping path records them one by one."""
+    stats = engine.get_stats()
+    n, k = len(w.seqs), w.k
+    for j in range(k):
+        rec = StepRecord(
+            len(steps), w.starts[j] - t0, w.ends[j] - t0, n, n, stats.num_running,
+            stats.num_waiting, stats.kv_blocks_used,
+            stats.kv_reserved_unused_tokens + n * (k - 1 - j), stats.batch_occupancy,
+            w.first_gap_s if j == 0 else w.step_gap_s, stats.scheduler_time_s,
+        )  # fmt: skip
+        rec.num_seqs_limit = stats.num_seqs_limit
+        steps.append(rec)
+    ends = [e - t0 for e in w.ends]
+    assert w.tokens is not None
+    for seq, toks in zip(w.seqs, w.tokens, strict=True):
+        r = recs[seq.request_id]
+        r.token_times_s.extend(ends)
+        r.output_token_ids.extend(toks)
