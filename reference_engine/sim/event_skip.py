@@ -25,10 +25,11 @@ the window's fixed block tables (no scheduler, no allocation: still far cheaper)
 
 from __future__ import annotations
 
+import heapq
 import time
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, field
 
-import numpy as np
 from cbbench.kernels.kv_layout import GATHER_BYTES
 from cbbench.reference_engine.core.executor import ScheduledChunk
 from cbbench.reference_engine.core.sequence import Sequence, SequenceStatus
@@ -44,12 +45,17 @@ FILLER = 0  # a skipped token's id where nobody reads it (see take_steps)
 class SkipWindow:
     """k decode steps taken at once: every member of `seqs` got one token per step."""
 
-    seqs: list[Sequence]
+    seqs: list[Sequence]  # the batch at the first step (rank order)
     starts: list[float]  # engine clock, per step
     ends: list[float]
-    tokens: list[list[int]] | None  # per seq, its k new tokens (None: not generated)
+    tokens: list[list[int]] | None  # per seq, its new tokens (None: not generated)
     step_gap_s: float | None  # the modelled gap before every step but the first
     first_gap_s: float | None  # before the first one (None after idling)
+    # with events: per step, running + waiting and KV blocks used after it; and the
+    # sequences that finished in the window (their metrics say when)
+    load: list[int] = field(default_factory=list)
+    kv_used: list[int] = field(default_factory=list)
+    finished: list[Sequence] = field(default_factory=list)
 
     @property
     def k(self) -> int:
@@ -78,15 +84,23 @@ def skip_blockers(engine: LLMEngine) -> list[str]:
     return why
 
 
-def plan_skip(engine: LLMEngine, max_steps: int) -> tuple[list[Sequence], int] | None:
-    """(the sequences a window would decode, how many steps it may take: <= max_steps) if
-    at least MIN_SKIP steps can be skipped as far as the scheduler's state goes; None when
-    the next step must be taken by the scheduler. Time (arrivals, wake-ups) is the caller's
+def plan_skip(
+    engine: LLMEngine, max_steps: int, events: bool = False
+) -> tuple[list[Sequence], int] | None:
+    """(the batch a window would decode, in rank order; how many steps it may take, <=
+    max_steps) if the scheduler's state lets the next steps be skipped; None when the next
+    step must be the scheduler's. Without `events` the window ends before the first block
+    boundary and the first completion (nothing changes but tokens and the clock); with
+    them it runs through both (take_steps allocates and finishes as the stepping path
+    would), so it is bounded by max_steps only. Time (arrivals, wake-ups) is the caller's
     horizon (take_steps)."""
     sched = engine.scheduler
     name = sched.name
     if name == "continuous":
-        running = list(sched._order or sched._running)  # type: ignore[attr-defined]
+        order = sched._order  # type: ignore[attr-defined]
+        if order is None:
+            order = sorted(sched._running, key=sched._running.__getitem__)  # type: ignore[attr-defined]
+        running = list(order)
         cfg = engine.config.continuous
         if len(running) > cfg.max_num_batched_tokens:
             return None  # the budget cuts the batch: who runs changes step to step
@@ -108,70 +122,47 @@ def plan_skip(engine: LLMEngine, max_steps: int) -> tuple[list[Sequence], int] |
         ntok = len(s.token_ids)
         if ntok - s.num_computed_tokens != 1:
             return None  # a prefill (or a chunk of one)
-        # steps before it needs a new block / before the step that finishes it
-        k = min(k, len(s.block_table) * bs - s.num_computed_tokens, s.max_num_tokens - ntok - 1)
-        if k < MIN_SKIP:
-            return None
+        if not events:  # steps before it needs a new block / before the step finishing it
+            k = min(k, len(s.block_table) * bs - s.num_computed_tokens, s.max_num_tokens - ntok - 1)
+            if k < MIN_SKIP:
+                return None
     return running, k
 
 
-def decode_step_times(
-    cost: CostModel, ends: list[int], k: int, tables: list[list[int]] | None = None
-) -> tuple[np.ndarray, float]:
-    """(step times, host seconds) of k decode steps of the same sequences, whose contexts
-    end at `ends` on the first step (computed tokens + 1) and grow by one a step: what
-    CostModel.work + time_of give step by step (no async overlap, no drafts, dense model).
-    `tables`: the block tables (fixed over the window), when the fit prices the layout."""
-    n = len(ends)
+def decode_step_time(cost: CostModel, n: int, sum_end: int, max_end: int) -> tuple[float, float]:
+    """(step time, host seconds) of a decode step of n sequences whose contexts end at
+    positions summing to `sum_end` (the longest `max_end`): CostModel.work + time_of's
+    arithmetic, in the same order, for a dense model without async overlap or drafts."""
     hw = cost.hardware
     if hw.steps:
-        return np.ones(k), 0.0
-    if cost.uses_layout:  # the layout changes with the lengths: price each step
-        assert tables is not None
-        times = np.empty(k)
-        for j in range(k):
-            w = cost.work((e - 1 + j, 1, True, t) for e, t in zip(ends, tables, strict=True))
-            times[j] = cost.time_of(w)
-        return times, _host(cost, n)
-    j = np.arange(k, dtype=np.int64)
-    total_end = int(sum(ends))
-    pairs = total_end + n * j
-    kv_tokens = total_end + n + n * j
-    bs = cost.block_size
-    padded = n * (-(-(max(ends) + j) // bs) * bs)
-    attn_flops = cost.attn_flops_per_pair * pairs
+        return 1.0, 0.0
+    attn_flops = cost.attn_flops_per_pair * sum_end
     flops = 2.0 * cost.linear_params * n + cost.head_flops * n + attn_flops
-    kv_bytes = (kv_tokens * cost.kv_bytes_per_token).astype(np.float64)
+    kv_bytes = float((sum_end + n) * cost.kv_bytes_per_token)
     nbytes = cost.step_weight_bytes + kv_bytes
-    if hw.linear is not None:
+    lin = hw.linear
+    if lin is not None:
+        bs = cost.block_size
+        padded = n * (-(-max_end // bs) * bs)
         per_seq = 2 * (padded // n) * cost.k_token_bytes
-        calls = -(-n // np.maximum(1, GATHER_BYTES // np.maximum(1, per_seq)))
+        calls = -(-n // max(1, GATHER_BYTES // max(1, per_seq)))
         feats = {
-            "c0": 1.0, "c_host": 1.0, "c_flops": flops, "c_bytes": nbytes, "c_tok": float(n),
-            "c_sample": float(n), "c_seq": float(n), "c_prefill": 0.0,
-            "c_dec_ctx": padded.astype(np.float64), "c_dec_in_place": 0.0,
-            "c_dec_gathered": padded.astype(np.float64), "c_dec_calls": calls.astype(np.float64),
-            "c_pre_ctx": 0.0, "c_mixed": 0.0,
+            "c0": 1.0, "c_host": 1.0, "c_flops": flops, "c_bytes": nbytes, "c_tok": n,
+            "c_sample": n, "c_seq": n, "c_prefill": 0, "c_dec_ctx": padded,
+            "c_dec_in_place": 0, "c_dec_gathered": padded, "c_dec_calls": calls,
+            "c_pre_ctx": 0, "c_mixed": 0.0,
         }  # fmt: skip
-        total = np.zeros(k)
-        acc = 0  # the same order of additions as CostModel._total_and_host's sum()
-        for t, c in hw.linear.items():
-            acc = acc + c * feats[t]
-        total = np.maximum(0.0, total + acc)
-        host = np.minimum(total, hw.linear.get("c_host", 0.0) + hw.linear.get("c_seq", 0.0) * n)
-        return total, float(host.max()) if n else 0.0
+        total = max(0.0, sum(c * float(feats[t]) for t, c in lin.items()))
+        return total, min(total, lin.get("c_host", 0.0) + lin.get("c_seq", 0.0) * n)
     peak, bw = hw.peak_flops * hw.flops_efficiency, hw.mem_bw * hw.bw_efficiency
-    dense = max((flops[0] - attn_flops[0]) / peak, (nbytes[0] - kv_bytes[0]) / bw)
-    attention = np.maximum(attn_flops / peak, kv_bytes / bw)
+    dense = max((flops - attn_flops - 0.0) / 1 / peak, (nbytes - kv_bytes - 0.0) / bw)
+    attention = max(attn_flops / 1 / peak, kv_bytes / 1 / bw)
     host = hw.per_seq_overhead_s * n
     return dense + attention + hw.step_overhead_s + host, host
 
 
-def _host(cost: CostModel, n: int) -> float:
-    hw = cost.hardware
-    if hw.linear is not None:
-        return hw.linear.get("c_host", 0.0) + hw.linear.get("c_seq", 0.0) * n
-    return hw.per_seq_overhead_s * n
+def _filler(request_id: str, vocab: int) -> int:
+    return zlib.crc32(request_id.encode()) % vocab
 
 
 def take_steps(
@@ -180,56 +171,133 @@ def take_steps(
     max_steps: int,
     horizon: float | None,
     want_tokens: bool = True,
+    events: bool = False,
+    end_on_finish: bool = False,
 ) -> SkipWindow | None:
-    """Take up to `max_steps` decode steps of `seqs` (from plan_skip) at once, each one
-    starting before `horizon` (engine clock; the first starts now). Returns None (nothing
-    taken) when fewer than MIN_SKIP steps fit. `want_tokens` False: the skipped tokens are
-    stored as FILLER ids (the caller keeps counts only, and without prefix caching nothing
-    reads a decoded token's id)."""
+    """Take up to `max_steps` decode steps of `seqs` (plan_skip's) at once, each starting
+    before `horizon` (engine clock; the first starts now). With `events` (plan_skip's) the
+    window allocates each block at its boundary, in rank order as the scheduler does
+    (stopping before a step whose block the pool cannot give: the scheduler preempts
+    there), and finishes sequences as the stepping path does; it ends after a step that
+    finished one while requests wait (a slot opened) or when `end_on_finish` (sessions).
+    Without `events`, None (nothing taken) when fewer than MIN_SKIP steps fit.
+    `want_tokens` False: decoded tokens get a per-request filler id (the caller keeps
+    counts only; prefix-cache hashes stay per request, so hits are the same)."""
     wall = time.perf_counter()
     ex = engine.executor
     assert isinstance(ex, SimExecutor)
     cost = ex.cost_model
-    ends0 = [s.num_computed_tokens + 1 for s in seqs]
-    tables = [s.block_table for s in seqs] if cost.uses_layout else None
-    dts, host = decode_step_times(cost, ends0, max_steps, tables)
-    now = ex.clock
+    sched = engine.scheduler
+    bm = engine.block_manager
+    bs = bm.block_size
+    layout = cost.uses_layout
+    c0 = [s.num_computed_tokens for s in seqs]
+    n = len(seqs)
+    sum_end = sum(c0) + n
+    need_max = cost.hardware.linear is not None
+    max_end = max(c0) + 1 if need_max else 0
+    heap: list[tuple[int, int, int]] = []  # (step, 0 alloc / 1 finish, rank)
+    for r, s in enumerate(seqs):
+        heapq.heappush(heap, (len(s.block_table) * bs - c0[r], 0, r))
+        heapq.heappush(heap, (s.max_num_tokens - len(s.token_ids) - 1, 1, r))
+    active = [True] * n
+    taken = [0] * n  # steps each sequence took in the window
+    now = t = ex.clock
     starts: list[float] = []
     ends: list[float] = []
-    t = now
-    for dt in dts.tolist():  # one add a step, as the executor's clock does
-        if starts and horizon is not None and t >= horizon:
+    load: list[int] = []
+    kv_used: list[int] = []
+    finished: list[Sequence] = []
+    host = 0.0
+    j = 0
+    while j < max_steps and n:
+        if j and horizon is not None and t >= horizon:
             break
+        if heap and heap[0][0] == j and not events:
+            break
+        finishing: list[int] = []
+        stop = False
+        while heap and heap[0][0] == j:
+            _, kind, r = heapq.heappop(heap)
+            if not active[r]:
+                continue
+            if kind == 1:
+                finishing.append(r)
+                continue
+            s = seqs[r]
+            if not bm.allocate_slots(s, c0[r] + j + 1):
+                stop = True  # the scheduler preempts here: its step
+                break
+            heapq.heappush(heap, (j + bs, 0, r))
+        if stop:
+            break
+        if layout:  # the fit prices the block tables' layout: the step's own work
+            w = cost.work(
+                (c0[r] + j, 1, True, seqs[r].block_table) for r in range(len(seqs)) if active[r]
+            )
+            dt, host = cost.time_of(w), cost.split_time(w)[1]
+        else:
+            dt, host = decode_step_time(cost, n, sum_end, max_end)
         starts.append(t)
         t += dt
         ends.append(t)
+        j += 1
+        if finishing:
+            ex.clock = t
+            for r in sorted(finishing):
+                s = seqs[r]
+                _advance(ex, s, j, want_tokens, bm)
+                taken[r] = j
+                active[r] = False
+                n -= 1
+                sum_end -= c0[r] + j
+                engine._finish(s, "length", t)
+                finished.append(s)
+            if need_max and n:  # the longest context at the next step, less the +1 below
+                max_end = max(c0[r] + j for r in range(len(seqs)) if active[r])
+        sum_end += n
+        max_end += 1
+        if events:
+            load.append(sched.num_running + sched.num_waiting)
+            kv_used.append(bm.num_used_blocks)
+        if finishing and (end_on_finish or sched.waiting):
+            break
     k = len(ends)
-    if k < MIN_SKIP:
+    if k == 0 or (not events and k < MIN_SKIP):
+        assert not finished
         return None
-    bm = engine.block_manager
-    caching = bm.enable_prefix_caching
-    real = want_tokens or caching
-    tokens: list[list[int]] | None = [] if real else None
-    for s in seqs:
-        pos = len(s.token_ids)
-        if real:
-            new = [ex.token_for(s.request_id, pos + j) for j in range(k)]
-            tokens.append(new)  # type: ignore[union-attr]
-            s.token_ids.extend(new)
+    tokens: list[list[int]] | None = [] if want_tokens else None
+    for r, s in enumerate(seqs):
+        if active[r]:
+            new = _advance(ex, s, k, want_tokens, bm)
         else:
-            s.token_ids.extend([FILLER] * k)
-        s.num_computed_tokens += k
-        assert s.metrics.first_token_time is not None and len(s.token_ids) < s.max_num_tokens
-        if caching:
-            bm.cache_blocks(s)
+            new = s.token_ids[len(s.token_ids) - taken[r] :]
+        if tokens is not None:
+            tokens.append(new)
     ex.clock = t
-    ex.last_step_time = float(dts[k - 1])
+    ex.last_step_time = ends[-1] - starts[-1]
     ex.modeled_gap_s = host
     first_gap = engine._gap(now)
     engine.num_steps += k
-    engine._last_chunks = [ScheduledChunk(s, 1) for s in seqs]
+    last = [s for r, s in enumerate(seqs) if active[r] or taken[r] == k]
+    engine._last_chunks = [ScheduledChunk(s, 1) for s in last]
     engine.last_step_window = (starts[-1], ends[-1])
     sched_s = (time.perf_counter() - wall) / k
-    engine._update_stats(len(seqs), len(seqs), ends[-1] - starts[-1], sched_s, host)
-    engine._last_compute_end = ends[-1]
-    return SkipWindow(seqs, starts, ends, tokens, host, first_gap)
+    engine._update_stats(len(last), len(last), ends[-1] - starts[-1], sched_s, host)
+    engine._last_compute_end = ends[-1] if engine.seqs else None
+    return SkipWindow(seqs, starts, ends, tokens, host, first_gap, load, kv_used, finished)
+
+
+def _advance(ex: SimExecutor, s: Sequence, m: int, real: bool, bm) -> list[int]:
+    """m decode steps of s: m tokens appended (the executor's own, or fillers), m more
+    computed, newly full blocks registered in the prefix cache."""
+    pos = len(s.token_ids)
+    if real:
+        new = [ex.token_for(s.request_id, pos + i) for i in range(m)]
+    else:
+        new = [_filler(s.request_id, ex.model_config.vocab_size)] * m
+    s.token_ids.extend(new)
+    s.num_computed_tokens += m
+    assert s.metrics.first_token_time is not None and len(s.token_ids) <= s.max_num_tokens
+    bm.cache_blocks(s)
+    return new
