@@ -240,14 +240,13 @@ def simulate_cluster(
             if sessions and busy:  # a reply elsewhere may send a turn before that
                 horizon = busy[0][0] if horizon is None else min(horizon, busy[0][0])
             w = take_steps(e, *plan, horizon, want_tokens=sessions, events=True,
-                           end_on_finish=sessions)  # fmt: skip
+                           end_on_finish=sessions, per_step=False)  # fmt: skip
             if w is not None:
                 bm = e.block_manager
-                for a, b, n_load, used in zip(w.starts, w.ends, w.load, w.kv_used, strict=True):
-                    tot.steps += 1  # the stepping path's sums, step by step
-                    tot.busy_s += b - a
-                    tot.load_time += n_load * (b - a)
-                    tot.kv_time += used / bm.num_blocks * (b - a)
+                tot.steps += w.k  # the stepping path's sums, by window (same to rounding)
+                tot.busy_s += w.ends[-1] - w.starts[0]
+                tot.load_time += w.load_area
+                tot.kv_time += w.kv_area / bm.num_blocks
                 for j, seq in enumerate(w.seqs):
                     r = recs[seq.request_id]
                     r.num_tokens = seq.num_output_tokens

@@ -25,7 +25,6 @@ the window's fixed block tables (no scheduler, no allocation: still far cheaper)
 
 from __future__ import annotations
 
-import heapq
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -51,15 +50,12 @@ class SkipWindow:
     tokens: list[list[int]] | None  # per seq, its new tokens (None: not generated)
     step_gap_s: float | None  # the modelled gap before every step but the first
     first_gap_s: float | None  # before the first one (None after idling)
-    # with events: per step, running + waiting and KV blocks used after it; and the
-    # sequences that finished in the window (their metrics say when)
-    load: list[int] = field(default_factory=list)
-    kv_used: list[int] = field(default_factory=list)
+    k: int  # steps taken
+    # integrals over the window of (running + waiting) and of KV blocks used (after each
+    # step, times its length); the sequences that finished in it (their metrics say when)
+    load_area: float = 0.0
+    kv_area: float = 0.0
     finished: list[Sequence] = field(default_factory=list)
-
-    @property
-    def k(self) -> int:
-        return len(self.ends)
 
 
 def skip_blockers(engine: LLMEngine) -> list[str]:
@@ -173,6 +169,7 @@ def take_steps(
     want_tokens: bool = True,
     events: bool = False,
     end_on_finish: bool = False,
+    per_step: bool = True,
 ) -> SkipWindow | None:
     """Take up to `max_steps` decode steps of `seqs` (plan_skip's) at once, each starting
     before `horizon` (engine clock; the first starts now). With `events` (plan_skip's) the
@@ -182,69 +179,97 @@ def take_steps(
     finished one while requests wait (a slot opened) or when `end_on_finish` (sessions).
     Without `events`, None (nothing taken) when fewer than MIN_SKIP steps fit.
     `want_tokens` False: decoded tokens get a per-request filler id (the caller keeps
-    counts only; prefix-cache hashes stay per request, so hits are the same)."""
+    counts only; prefix-cache hashes stay per request, so hits are the same).
+    `per_step` False: starts/ends hold the window's first start and last end only (the
+    areas under running + waiting and KV blocks used carry the rest)."""
     wall = time.perf_counter()
     ex = engine.executor
     assert isinstance(ex, SimExecutor)
     cost = ex.cost_model
+    hw = cost.hardware
     sched = engine.scheduler
     bm = engine.block_manager
     bs = bm.block_size
     layout = cost.uses_layout
+    events = events and not layout  # the layout's price moves with each new block
+    roofline = hw.linear is None and not hw.steps and not layout
+    peak, bw = hw.peak_flops * hw.flops_efficiency, hw.mem_bw * hw.bw_efficiency
+    apf, kvb, swb = cost.attn_flops_per_pair, cost.kv_bytes_per_token, cost.step_weight_bytes
+    overhead, per_seq_s = hw.step_overhead_s, hw.per_seq_overhead_s
     c0 = [s.num_computed_tokens for s in seqs]
     n = len(seqs)
     sum_end = sum(c0) + n
-    need_max = cost.hardware.linear is not None
+    need_max = hw.linear is not None
     max_end = max(c0) + 1 if need_max else 0
-    heap: list[tuple[int, int, int]] = []  # (step, 0 alloc / 1 finish, rank)
+    allocs: dict[int, list[int]] = {}  # step -> ranks that need a block at it
+    fins: dict[int, list[int]] = {}  # step -> ranks that finish at it
     for r, s in enumerate(seqs):
-        heapq.heappush(heap, (len(s.block_table) * bs - c0[r], 0, r))
-        heapq.heappush(heap, (s.max_num_tokens - len(s.token_ids) - 1, 1, r))
+        allocs.setdefault(len(s.block_table) * bs - c0[r], []).append(r)
+        fins.setdefault(s.max_num_tokens - len(s.token_ids) - 1, []).append(r)
+    if not events:
+        max_steps = min(max_steps, min(allocs), min(fins))
     active = [True] * n
     taken = [0] * n  # steps each sequence took in the window
+    free_left = bm.num_free_blocks
+    used = bm.num_used_blocks
+    peak_used = bm.peak_used
+    load_now = sched.num_running + sched.num_waiting
     now = t = ex.clock
     starts: list[float] = []
     ends: list[float] = []
-    load: list[int] = []
-    kv_used: list[int] = []
+    load_area = kv_area = 0.0
     finished: list[Sequence] = []
-    host = 0.0
+    host = per_seq_s * n
+    c_lin = 2.0 * cost.linear_params * n + cost.head_flops * n
     j = 0
     while j < max_steps and n:
         if j and horizon is not None and t >= horizon:
             break
-        if heap and heap[0][0] == j and not events:
-            break
-        finishing: list[int] = []
-        stop = False
-        while heap and heap[0][0] == j:
-            _, kind, r = heapq.heappop(heap)
-            if not active[r]:
-                continue
-            if kind == 1:
-                finishing.append(r)
-                continue
-            s = seqs[r]
-            if not bm.allocate_slots(s, c0[r] + j + 1):
-                stop = True  # the scheduler preempts here: its step
+        due = allocs.pop(j, None)
+        if due is not None:
+            due.sort()
+            stop = False
+            for i, r in enumerate(due):
+                if not active[r]:
+                    continue
+                # allocate_slots(seq, computed + 1) for its one new block, inlined (hot)
+                if free_left < 1:
+                    allocs[j] = due[i:]  # the scheduler preempts here: its step
+                    stop = True
+                    break
+                seqs[r].block_table.append(bm._pop_free())
+                free_left -= 1
+                used += 1
+                allocs.setdefault(j + bs, []).append(r)
+            if used > peak_used:
+                peak_used = used
+            if stop:
                 break
-            heapq.heappush(heap, (j + bs, 0, r))
-        if stop:
-            break
-        if layout:  # the fit prices the block tables' layout: the step's own work
+        if roofline:  # decode_step_time's arithmetic, inlined (hot); x - 0.0, x / 1 dropped
+            a = apf * sum_end
+            kv_bytes = float((sum_end + n) * kvb)
+            dense = max((c_lin + a - a) / peak, (swb + kv_bytes - kv_bytes) / bw)
+            dt = dense + max(a / peak, kv_bytes / bw) + overhead + host
+        elif layout:  # the fit prices the block tables' layout: the step's own work
             w = cost.work(
                 (c0[r] + j, 1, True, seqs[r].block_table) for r in range(len(seqs)) if active[r]
             )
             dt, host = cost.time_of(w), cost.split_time(w)[1]
         else:
             dt, host = decode_step_time(cost, n, sum_end, max_end)
-        starts.append(t)
+        if per_step or not starts:
+            starts.append(t)
+        t_start = t
         t += dt
-        ends.append(t)
+        if per_step:
+            ends.append(t)
         j += 1
-        if finishing:
+        done = fins.pop(j - 1, None)
+        if done is not None:
             ex.clock = t
-            for r in sorted(finishing):
+            for r in sorted(done):
+                if not active[r]:
+                    continue
                 s = seqs[r]
                 _advance(ex, s, j, want_tokens, bm)
                 taken[r] = j
@@ -253,19 +278,26 @@ def take_steps(
                 sum_end -= c0[r] + j
                 engine._finish(s, "length", t)
                 finished.append(s)
+            used = bm.num_used_blocks
+            free_left = bm.num_free_blocks
+            load_now = sched.num_running + sched.num_waiting
+            host = per_seq_s * n
+            c_lin = 2.0 * cost.linear_params * n + cost.head_flops * n
             if need_max and n:  # the longest context at the next step, less the +1 below
                 max_end = max(c0[r] + j for r in range(len(seqs)) if active[r])
+        load_area += load_now * (t - t_start)
+        kv_area += used * (t - t_start)
         sum_end += n
         max_end += 1
-        if events:
-            load.append(sched.num_running + sched.num_waiting)
-            kv_used.append(bm.num_used_blocks)
-        if finishing and (end_on_finish or sched.waiting):
+        if done is not None and (end_on_finish or sched.waiting):
             break
-    k = len(ends)
+    if not per_step and starts:
+        ends.append(t)
+    k = j
     if k == 0 or (not events and k < MIN_SKIP):
         assert not finished
         return None
+    bm.peak_used = max(bm.peak_used, peak_used)
     tokens: list[list[int]] | None = [] if want_tokens else None
     for r, s in enumerate(seqs):
         if active[r]:
@@ -275,17 +307,19 @@ def take_steps(
         if tokens is not None:
             tokens.append(new)
     ex.clock = t
-    ex.last_step_time = ends[-1] - starts[-1]
+    last_dt = t - t_start
+    ex.last_step_time = last_dt
     ex.modeled_gap_s = host
     first_gap = engine._gap(now)
     engine.num_steps += k
     last = [s for r, s in enumerate(seqs) if active[r] or taken[r] == k]
     engine._last_chunks = [ScheduledChunk(s, 1) for s in last]
-    engine.last_step_window = (starts[-1], ends[-1])
+    engine.last_step_window = (t_start, t)
     sched_s = (time.perf_counter() - wall) / k
-    engine._update_stats(len(last), len(last), ends[-1] - starts[-1], sched_s, host)
-    engine._last_compute_end = ends[-1] if engine.seqs else None
-    return SkipWindow(seqs, starts, ends, tokens, host, first_gap, load, kv_used, finished)
+    engine._update_stats(len(last), len(last), last_dt, sched_s, host)
+    engine._last_compute_end = t if engine.seqs else None
+    return SkipWindow(seqs, starts, ends, tokens, host, first_gap, k, load_area, kv_area,
+                      finished)  # fmt: skip
 
 
 def _advance(ex: SimExecutor, s: Sequence, m: int, real: bool, bm) -> list[int]:
@@ -297,7 +331,10 @@ def _advance(ex: SimExecutor, s: Sequence, m: int, real: bool, bm) -> list[int]:
     else:
         new = [_filler(s.request_id, ex.model_config.vocab_size)] * m
     s.token_ids.extend(new)
-    s.num_computed_tokens += m
+    c = s.num_computed_tokens
+    s.num_computed_tokens = c + m
     assert s.metrics.first_token_time is not None and len(s.token_ids) <= s.max_num_tokens
-    bm.cache_blocks(s)
+    bs = bm.block_size
+    if (c + m) // bs > c // bs:  # a block filled up (the last step registered the rest)
+        bm.cache_blocks(s)
     return new
