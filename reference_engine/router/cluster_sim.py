@@ -85,6 +85,7 @@ class ClusterResult:
     replicas: list[ReplicaTotals]
     routing_time_s: list[float]  # wall time of each decision (prefix hashing included)
     wall_s: float  # the whole simulation's wall time
+    skipped_steps: int = 0  # engine steps taken inside event-skipping windows (event_skip)
 
     @property
     def duration_s(self) -> float:
@@ -192,6 +193,7 @@ def simulate_cluster(
     done = 0
     closed = False
     skipping = event_skip and not skip_blockers(engines[0])
+    skipped = 0
 
     def wake(i: int) -> None:
         if not in_busy[i]:
@@ -243,6 +245,7 @@ def simulate_cluster(
                            end_on_finish=sessions, per_step=False)  # fmt: skip
             if w is not None:
                 bm = e.block_manager
+                skipped += w.k
                 tot.steps += w.k  # the stepping path's sums, by window (same to rounding)
                 tot.busy_s += w.ends[-1] - w.starts[0]
                 tot.load_time += w.load_area
@@ -297,5 +300,5 @@ def simulate_cluster(
             wake(i)
     result = [recs[f"req-{s.index}"] for s in requests]
     return ClusterResult(
-        policy.name, num_replicas, result, totals, routing, time.perf_counter() - wall0
+        policy.name, num_replicas, result, totals, routing, time.perf_counter() - wall0, skipped
     )

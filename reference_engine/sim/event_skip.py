@@ -19,8 +19,8 @@ workloads). Where a feature cannot skip, the engine steps (`skip_blockers` says 
   the running set is at its limit and no `max_queue_wait_s` can force one in), with no
   adaptive limit, no expert balance, and a token budget that holds every decode;
 - a prefill or a prefill chunk is never skipped (a window holds decodes only).
-A calibrated CPU fit that prices the KV layout (`uses_layout`) is evaluated per step over
-the window's fixed block tables (no scheduler, no allocation: still far cheaper).
+A calibrated CPU fit that prices the KV layout (`uses_layout`) is evaluated per step with
+`CostModel.work` over the window's block tables (no scheduler: still cheaper).
 """
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ class SkipWindow:
     load_area: float = 0.0
     kv_area: float = 0.0
     finished: list[Sequence] = field(default_factory=list)
+    taken: list[int] = field(default_factory=list)  # per seq, steps it took (finished ones)
+    stats: list[tuple[int, int, int, int, float]] = field(default_factory=list)  # per_step
 
 
 def skip_blockers(engine: LLMEngine) -> list[str]:
@@ -191,7 +193,6 @@ def take_steps(
     bm = engine.block_manager
     bs = bm.block_size
     layout = cost.uses_layout
-    events = events and not layout  # the layout's price moves with each new block
     roofline = hw.linear is None and not hw.steps and not layout
     peak, bw = hw.peak_flops * hw.flops_efficiency, hw.mem_bw * hw.bw_efficiency
     apf, kvb, swb = cost.attn_flops_per_pair, cost.kv_bytes_per_token, cost.step_weight_bytes
@@ -214,18 +215,24 @@ def take_steps(
     used = bm.num_used_blocks
     peak_used = bm.peak_used
     load_now = sched.num_running + sched.num_waiting
-    now = t = ex.clock
+    t = ex.clock
+    host_first = 0.0
     starts: list[float] = []
     ends: list[float] = []
     load_area = kv_area = 0.0
     finished: list[Sequence] = []
     host = per_seq_s * n
     c_lin = 2.0 * cost.linear_params * n + cost.head_flops * n
+    # per_step: (seqs computed, running after, KV blocks used after, reserved-unused KV
+    # token slots after, host seconds) of each step, as EngineStats reads them
+    stats: list[tuple[int, int, int, int, float]] = []
+    reserved = sched.reserved_unused_tokens() if per_step else 0
     j = 0
     while j < max_steps and n:
         if j and horizon is not None and t >= horizon:
             break
         due = allocs.pop(j, None)
+        used_before = used
         if due is not None:
             due.sort()
             stop = False
@@ -263,6 +270,10 @@ def take_steps(
         t += dt
         if per_step:
             ends.append(t)
+            reserved += (used - used_before) * bs - n
+        n_step, host_step = n, host
+        if j == 0:
+            host_first = host
         j += 1
         done = fins.pop(j - 1, None)
         if done is not None:
@@ -285,6 +296,10 @@ def take_steps(
             c_lin = 2.0 * cost.linear_params * n + cost.head_flops * n
             if need_max and n:  # the longest context at the next step, less the +1 below
                 max_end = max(c0[r] + j for r in range(len(seqs)) if active[r])
+            if per_step:  # the others' computed counts lag by j until the window ends
+                reserved = sched.reserved_unused_tokens() - j * n
+        if per_step:
+            stats.append((n_step, sched.num_running, used, reserved, host_step))
         load_area += load_now * (t - t_start)
         kv_area += used * (t - t_start)
         sum_end += n
@@ -301,6 +316,7 @@ def take_steps(
     tokens: list[list[int]] | None = [] if want_tokens else None
     for r, s in enumerate(seqs):
         if active[r]:
+            taken[r] = k
             new = _advance(ex, s, k, want_tokens, bm)
         else:
             new = s.token_ids[len(s.token_ids) - taken[r] :]
@@ -309,17 +325,17 @@ def take_steps(
     ex.clock = t
     last_dt = t - t_start
     ex.last_step_time = last_dt
-    ex.modeled_gap_s = host
-    first_gap = engine._gap(now)
+    first_gap = None if engine._last_compute_end is None else host_first  # _gap's
+    ex.modeled_gap_s = host_step
     engine.num_steps += k
     last = [s for r, s in enumerate(seqs) if active[r] or taken[r] == k]
     engine._last_chunks = [ScheduledChunk(s, 1) for s in last]
     engine.last_step_window = (t_start, t)
     sched_s = (time.perf_counter() - wall) / k
-    engine._update_stats(len(last), len(last), last_dt, sched_s, host)
+    engine._update_stats(len(last), len(last), last_dt, sched_s, host_step)
     engine._last_compute_end = t if engine.seqs else None
-    return SkipWindow(seqs, starts, ends, tokens, host, first_gap, k, load_area, kv_area,
-                      finished)  # fmt: skip
+    return SkipWindow(seqs, starts, ends, tokens, host_step, first_gap, k, load_area, kv_area,
+                      finished, taken, stats)  # fmt: skip
 
 
 def _advance(ex: SimExecutor, s: Sequence, m: int, real: bool, bm) -> list[int]:

@@ -98,6 +98,7 @@ class SimResult:
     steps: list[StepRecord]
     simulated: bool = True
     spec_decode: SpecDecodeStats | None = None  # speculative decoding counters, when on
+    skipped_steps: int = 0  # steps taken inside event-skipping windows (event_skip)
 
     @property
     def duration_s(self) -> float:
@@ -294,6 +295,8 @@ def _replay_steps(
     free_slots = list(range(cfg.max_batch_slots))
     num_done = 0
     skipping = event_skip and not timeline and not skip_blockers(engine)
+    skipped = 0
+    sessions = any(r.session_id is not None for r in requests)  # a reply sends a turn
     while arrivals.pending or engine.has_unfinished_requests():
         yield
         now = engine.now() - t0
@@ -321,11 +324,20 @@ def _replay_steps(
             assert t_next is not None, "sessions wait for replies, yet nothing runs"
             idle_until(t_next)
             continue
-        if skipping and (plan := plan_skip(engine, max_steps - len(steps))) is not None:
+        if skipping and (plan := plan_skip(engine, max_steps - len(steps), True)) is not None:
             t_next = arrivals.next_time()
-            window = take_steps(engine, plan[0], plan[1], None if t_next is None else t0 + t_next)
+            window = take_steps(engine, *plan, None if t_next is None else t0 + t_next,
+                                events=True, end_on_finish=sessions)  # fmt: skip
             if window is not None:
                 _record_window(engine, window, t0, steps, recs)
+                skipped += window.k
+                for seq in window.finished:
+                    r = recs[seq.request_id]
+                    _finished(r, seq.metrics, seq.finish_reason, t0)
+                    num_done += 1
+                    arrivals.on_finished(seq.request_id, r.finished_s, r.output_token_ids)
+                    if on_progress:
+                        on_progress(num_done, len(requests))
                 continue
         outputs = engine.step()
         # the computed step's own window (with async scheduling the next step already ran)
@@ -370,15 +382,7 @@ def _replay_steps(
             r.token_times_s.extend([end] * len(o.new_token_ids))
             r.output_token_ids.extend(o.new_token_ids)
             if o.finished:
-                m = o.metrics
-                assert m.first_scheduled_time is not None and m.first_token_time is not None
-                assert m.finished_time is not None
-                r.first_scheduled_s = m.first_scheduled_time - t0
-                r.first_token_s = m.first_token_time - t0
-                r.finished_s = m.finished_time - t0
-                r.num_preemptions = m.num_preemptions
-                r.num_cached_tokens = m.num_cached_tokens
-                r.finish_reason = o.finish_reason
+                _finished(r, o.metrics, o.finish_reason, t0)
                 num_done += 1
                 arrivals.on_finished(o.request_id, r.finished_s, r.output_token_ids)
                 if on_progress:
@@ -394,27 +398,37 @@ def _replay_steps(
         steps=steps,
         simulated=simulated,
         spec_decode=engine.spec_stats,
+        skipped_steps=skipped,
     )
+
+
+def _finished(r: SimRequest, m, reason: str | None, t0: float) -> None:
+    assert m.first_scheduled_time is not None and m.first_token_time is not None
+    assert m.finished_time is not None
+    r.first_scheduled_s = m.first_scheduled_time - t0
+    r.first_token_s = m.first_token_time - t0
+    r.finished_s = m.finished_time - t0
+    r.num_preemptions = m.num_preemptions
+    r.num_cached_tokens = m.num_cached_tokens
+    r.finish_reason = reason
 
 
 def _record_window(
     engine: LLMEngine, w: SkipWindow, t0: float, steps: list[StepRecord], recs: dict
 ) -> None:
     """A skipped window's steps and tokens, as the stepping path records them one by one."""
-    stats = engine.get_stats()
-    n, k = len(w.seqs), w.k
-    for j in range(k):
+    es = engine.get_stats()
+    slots = engine.config.max_batch_slots
+    for j, (n, running, used, reserved, host) in enumerate(w.stats):
         rec = StepRecord(
-            len(steps), w.starts[j] - t0, w.ends[j] - t0, n, n, stats.num_running,
-            stats.num_waiting, stats.kv_blocks_used,
-            stats.kv_reserved_unused_tokens + n * (k - 1 - j), stats.batch_occupancy,
-            w.first_gap_s if j == 0 else w.step_gap_s, stats.scheduler_time_s,
+            len(steps), w.starts[j] - t0, w.ends[j] - t0, n, n, running, es.num_waiting, used,
+            reserved, n / slots, w.first_gap_s if j == 0 else host, es.scheduler_time_s,
         )  # fmt: skip
-        rec.num_seqs_limit = stats.num_seqs_limit
+        rec.num_seqs_limit = es.num_seqs_limit
         steps.append(rec)
     ends = [e - t0 for e in w.ends]
     assert w.tokens is not None
-    for seq, toks in zip(w.seqs, w.tokens, strict=True):
+    for seq, toks, m in zip(w.seqs, w.tokens, w.taken, strict=True):
         r = recs[seq.request_id]
-        r.token_times_s.extend(ends)
+        r.token_times_s.extend(ends[:m])
         r.output_token_ids.extend(toks)
