@@ -29,11 +29,10 @@ import time
 import zlib
 from dataclasses import dataclass, field
 
-from cbbench.kernels.kv_layout import GATHER_BYTES
 from cbbench.reference_engine.core.executor import ScheduledChunk
 from cbbench.reference_engine.core.sequence import Sequence, SequenceStatus
 from cbbench.reference_engine.engine.llm_engine import LLMEngine
-from cbbench.reference_engine.execution.cost_model import CostModel
+from cbbench.reference_engine.execution.cost_model import CostModel, gather_calls
 from cbbench.reference_engine.execution.sim_executor import SimExecutor
 
 MIN_SKIP = 2  # a window shorter than this is stepped (the bookkeeping costs a step)
@@ -142,8 +141,7 @@ def decode_step_time(cost: CostModel, n: int, sum_end: int, max_end: int) -> tup
     if lin is not None:
         bs = cost.block_size
         padded = n * (-(-max_end // bs) * bs)
-        per_seq = 2 * (padded // n) * cost.k_token_bytes
-        calls = -(-n // max(1, GATHER_BYTES // max(1, per_seq)))
+        calls = gather_calls(n, padded // n, cost.k_token_bytes)
         feats = {
             "c0": 1.0, "c_host": 1.0, "c_flops": flops, "c_bytes": nbytes, "c_tok": n,
             "c_sample": n, "c_seq": n, "c_prefill": 0, "c_dec_ctx": padded,
