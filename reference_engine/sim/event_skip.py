@@ -13,8 +13,10 @@ The step-by-step path stays the oracle (tests/test_event_skip.py compares them o
 workloads). Where a feature cannot skip, the engine steps (`skip_blockers` says why):
 - speculative decoding (drafts are proposed and accepted per step), async scheduling (the
   pipeline keeps a step in flight), MoE models (per-step routing draws), an executor
-  wrapper (reproduce's padded static batch, a calibration trace) and EOS draws (a stop
-  token): never skipped;
+  wrapper (a calibration trace, the real model) and EOS draws (a stop token): never
+  skipped. A wrapper that prices a decode step its own way says so with `inner` (the
+  simulated executor) and `decode_time(dt, longest context) -> seconds` (reproduce's
+  padded static batch);
 - continuous batching skips only while no request can be admitted (the queue is empty, or
   the running set is at its limit and no `max_queue_wait_s` can force one in), with no
   adaptive limit, no expert balance, and a token budget that holds every decode;
@@ -63,6 +65,8 @@ def skip_blockers(engine: LLMEngine) -> list[str]:
     """Why this engine cannot skip at all (empty: it can, between events)."""
     ex, cfg = engine.executor, engine.config
     why = []
+    if hasattr(ex, "decode_time"):  # a wrapper that prices decode steps its own way
+        ex = getattr(ex, "inner", None)
     if type(ex) is not SimExecutor:
         why.append("not the plain simulated executor (a wrapper or the real model)")
     elif ex.routing is not None:
@@ -184,6 +188,9 @@ def take_steps(
     areas under running + waiting and KV blocks used carry the rest)."""
     wall = time.perf_counter()
     ex = engine.executor
+    priced = getattr(ex, "decode_time", None)  # a wrapper's price of a decode step
+    if priced is not None:
+        ex = ex.inner  # type: ignore[attr-defined]
     assert isinstance(ex, SimExecutor)
     cost = ex.cost_model
     hw = cost.hardware
@@ -198,7 +205,7 @@ def take_steps(
     c0 = [s.num_computed_tokens for s in seqs]
     n = len(seqs)
     sum_end = sum(c0) + n
-    need_max = hw.linear is not None
+    need_max = hw.linear is not None or priced is not None
     max_end = max(c0) + 1 if need_max else 0
     allocs: dict[int, list[int]] = {}  # step -> ranks that need a block at it
     fins: dict[int, list[int]] = {}  # step -> ranks that finish at it
@@ -215,6 +222,10 @@ def take_steps(
     load_now = sched.num_running + sched.num_waiting
     t = ex.clock
     host_first = 0.0
+    # the gap before a step: the simulator's modelled host time, or (a wrapper without
+    # one) the clock's own: none inside a window, and before it what the engine measures
+    modeled = hasattr(engine.executor, "modeled_gap_s")
+    gap0 = None if modeled else engine._gap(t)
     starts: list[float] = []
     ends: list[float] = []
     load_area = kv_area = 0.0
@@ -262,6 +273,8 @@ def take_steps(
             dt, host = cost.time_of(w), cost.split_time(w)[1]
         else:
             dt, host = decode_step_time(cost, n, sum_end, max_end)
+        if priced is not None:
+            dt = priced(dt, max_end)
         if per_step or not starts:
             starts.append(t)
         t_start = t
@@ -297,7 +310,7 @@ def take_steps(
             if per_step:  # the others' computed counts lag by j until the window ends
                 reserved = sched.reserved_unused_tokens() - j * n
         if per_step:
-            stats.append((n_step, sched.num_running, used, reserved, host_step))
+            stats.append((n_step, sched.num_running, used, reserved, host_step if modeled else 0.0))
         load_area += load_now * (t - t_start)
         kv_area += used * (t - t_start)
         sum_end += n
@@ -324,6 +337,8 @@ def take_steps(
     last_dt = t - t_start
     ex.last_step_time = last_dt
     first_gap = None if engine._last_compute_end is None else host_first  # _gap's
+    if not modeled:
+        first_gap = gap0
     ex.modeled_gap_s = host_step
     engine.num_steps += k
     last = [s for r, s in enumerate(seqs) if active[r] or taken[r] == k]
