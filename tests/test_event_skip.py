@@ -173,3 +173,23 @@ def test_decode_step_time_is_the_cost_models(hardware):
         want = cm.time_of(cm.work((e - 1, 1, True) for e in ends))
         got, _ = decode_step_time(cm, len(ends), sum(ends), max(ends))
         assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_reproduce_padded_static_and_jobs_equal_the_stepping_path():
+    """reproduce --sim-only's pair on the skipping path (the padded static batch priced by
+    its decode_time) against plain stepping, and --jobs 2 against one process."""
+    from cbbench.harness.studies import reproduce as rp
+    from cbbench.harness.studies import reproduce_jobs as rj
+    from cbbench.reference_engine.sim.simulate import replay
+
+    s = rp.Setting(num_requests=120, replicates=2)
+    stepped = rp.run_pair("mixed", s, replay_fn=replay)
+    skipped = rp.run_pair("mixed", s)
+    for a, b in zip(stepped["results"], skipped["results"], strict=True):
+        assert b.skipped_steps > 0.5 * len(b.steps)
+        assert len(a.steps) == len(b.steps)
+        for ra, rb in zip(a.requests, b.requests, strict=True):
+            assert rb.token_times_s == pytest.approx(ra.token_times_s, rel=1e-9, abs=1e-12)
+    assert skipped["gain_req_s"] == pytest.approx(stepped["gain_req_s"], rel=1e-9)
+    one, two = rj.run_replicates("mixed", s), rj.run_replicates("mixed", s, jobs=2)
+    assert two["gain_req_s"] == one["gain_req_s"] and two["seeds"] == one["seeds"]

@@ -349,24 +349,19 @@ def run_replicates(
     wrap_executor: Callable | None = None,
     on_progress: Callable[[int, int], None] | None = None,
     on_result: Callable[[dict, tuple], None] | None = None,
-    jobs: int = 1,
 ) -> dict:
     """`s.replicates` independent replicates (workload seeds s.seed, s.seed + 1, ...) of
     `run_pair`, and the 95 % t-intervals across them. A simulated replicate whose request
     set equals an earlier one's (constant lengths) is that replicate again (the simulator
     is deterministic) and is not rerun. `on_result(row, (static, continuous))` gets each
     replicate's results as it ends (they are not kept: a long run's token times are large);
-    `on_progress(done, total)` counts finished requests over all replicates. `jobs` > 1:
-    simulated replicates run in that many processes (the same rows, in seed order)."""
+    `on_progress(done, total)` counts finished requests over all replicates
+    (reproduce_jobs.run_replicates: the same over several processes)."""
     assert s.replicates >= 1
     total = 2 * s.num_requests * s.replicates
     reps: list[dict] = []
     seen: dict[tuple, dict] = {}
-    if jobs > 1 and s.executor == "sim" and wrap_executor is None and s.replicates > 1:
-        from cbbench.harness.studies.reproduce_jobs import parallel_replicates
-
-        reps = parallel_replicates(workload, s, jobs, on_progress, on_result)
-    for i in range(0 if reps else s.replicates):
+    for i in range(s.replicates):
         seed = s.seed + i
         prog = None if on_progress is None else (
             lambda done, _n, _b=2 * s.num_requests * i: on_progress(_b + done, total)
@@ -388,6 +383,11 @@ def run_replicates(
         if key is not None:
             seen[key] = row
         reps.append(row)
+    return replicates_summary(workload, s, reps)
+
+
+def replicates_summary(workload: str, s: Setting, reps: list[dict]) -> dict:
+    """The replicates' rows and the 95 % t-intervals across them."""
     conds = [r["conditions"] for r in reps]
     assert all(c == conds[0] for c in conds), "replicates must run under the same conditions"
 

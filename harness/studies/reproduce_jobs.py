@@ -8,6 +8,22 @@ from collections.abc import Callable
 from cbbench.harness.studies import reproduce as rp
 
 
+def run_replicates(
+    workload: str,
+    s: rp.Setting,
+    wrap_executor: Callable | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+    on_result: Callable[[dict, tuple], None] | None = None,
+    jobs: int = 1,
+) -> dict:
+    """reproduce.run_replicates, its simulated replicates over `jobs` processes when > 1
+    (the same rows, in seed order)."""
+    if jobs > 1 and s.executor == "sim" and wrap_executor is None and s.replicates > 1:
+        reps = parallel_replicates(workload, s, jobs, on_progress, on_result)
+        return rp.replicates_summary(workload, s, reps)
+    return rp.run_replicates(workload, s, wrap_executor, on_progress, on_result)
+
+
 def pair_job(workload: str, s: rp.Setting, seed: int, keep: bool) -> dict:
     """run_pair in a worker process (--jobs): the results travel back only when kept."""
     row = rp.run_pair(workload, s, seed)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from cbbench.harness.console.progress import request_progress
 from cbbench.harness.studies import reproduce as rp
+from cbbench.harness.studies import reproduce_jobs as rj
 from cbbench.harness.studies import reproduce_stats as rs
 from rich.console import Console
 from rich.table import Table
@@ -85,7 +86,7 @@ def run_rows(console: Console, label: str, s: rp.Setting, out: Path | None, fold
         t0 = time.perf_counter()
         desc = f"{label}: {w}, {s.replicates} replicates, static then continuous"
         with request_progress(console, desc, 2 * s.num_requests * s.replicates) as progress:
-            row = rp.run_replicates(w, s, wrap_executor=wrap, on_progress=progress, jobs=jobs,
+            row = rj.run_replicates(w, s, wrap_executor=wrap, on_progress=progress, jobs=jobs,
                                     on_result=write if out is not None else None)  # fmt: skip
         c = row["conditions"]
         console.print(
@@ -205,7 +206,7 @@ def sensitivity(console: Console, base: rp.Setting, jobs: int = 1) -> list[dict]
         cells, bs, entry = [], [], {"condition": label, "setting": asdict(s), "gains": {}}
         for w in rp.WORKLOADS:
             with console.status(f"sensitivity: {label}: {w}"):
-                row = rp.run_replicates(w, s, jobs=jobs)
+                row = rj.run_replicates(w, s, jobs=jobs)
             cells.append(iv(row["gain_req_s"]).text() + "x")
             bs.append(str(row["conditions"]["static_batch_size"]))
             entry["gains"][w] = {k: row[k] for k in ("gain_req_s", "gain_makespan",
