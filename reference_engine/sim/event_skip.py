@@ -28,7 +28,6 @@ A calibrated CPU fit that prices the KV layout (`uses_layout`) is evaluated per 
 from __future__ import annotations
 
 import time
-import zlib
 from dataclasses import dataclass, field
 
 from cbbench.reference_engine.core.executor import ScheduledChunk
@@ -161,8 +160,9 @@ def decode_step_time(cost: CostModel, n: int, sum_end: int, max_end: int) -> tup
     return dense + attention + hw.step_overhead_s + host, host
 
 
-def _filler(request_id: str, vocab: int) -> int:
-    return zlib.crc32(request_id.encode()) % vocab
+def _filler(s: Sequence, vocab: int) -> int:
+    """A skipped token's stand-in id: one per request of the engine (its arrival index)."""
+    return s.seq_index * 2654435761 % vocab
 
 
 def take_steps(
@@ -183,7 +183,8 @@ def take_steps(
     finished one while requests wait (a slot opened) or when `end_on_finish` (sessions).
     Without `events`, None (nothing taken) when fewer than MIN_SKIP steps fit.
     `want_tokens` False: decoded tokens get a per-request filler id (the caller keeps
-    counts only; prefix-cache hashes stay per request, so hits are the same).
+    counts only; a request's blocks still hash apart from every other request's, so prefix
+    hits are the same).
     `per_step` False: starts/ends hold the window's first start and last end only (the
     areas under running + waiting and KV blocks used carry the rest)."""
     wall = time.perf_counter()
@@ -341,7 +342,7 @@ def take_steps(
         first_gap = gap0
     ex.modeled_gap_s = host_step
     engine.num_steps += k
-    last = [s for r, s in enumerate(seqs) if active[r] or taken[r] == k]
+    last = seqs if not finished else [s for r, s in enumerate(seqs) if taken[r] == k]
     engine._last_chunks = [ScheduledChunk(s, 1) for s in last]
     engine.last_step_window = (t_start, t)
     sched_s = (time.perf_counter() - wall) / k
@@ -358,7 +359,7 @@ def _advance(ex: SimExecutor, s: Sequence, m: int, real: bool, bm) -> list[int]:
     if real:
         new = [ex.token_for(s.request_id, pos + i) for i in range(m)]
     else:
-        new = [_filler(s.request_id, ex.model_config.vocab_size)] * m
+        new = [_filler(s, ex.model_config.vocab_size)] * m
     s.token_ids.extend(new)
     c = s.num_computed_tokens
     s.num_computed_tokens = c + m
