@@ -88,6 +88,16 @@ def test_interrupt_keeps_what_was_searched():
     assert res.points and all(p.config == res.points[0].config for p in res.points)
 
 
+def test_a_plan_per_rate(tmp_path, capsys):
+    rc = main(["plan", "--rate", "10,40", "--slo", "ttft_p99=1500ms", "--hardware", "a100",
+               "--price", "2", "--space", SPACE, "--num-requests", "60", "--out", str(tmp_path)])  # fmt: skip
+    assert rc == 0
+    chosen = [json.loads((tmp_path / f"rate-{r}" / "plan.json").read_text())["chosen"]
+              for r in (10, 40)]  # fmt: skip
+    assert chosen[0]["cost_per_hour"] <= chosen[1]["cost_per_hour"]
+    assert capsys.readouterr().out.count("chosen:") == 2
+
+
 def test_cli_prints_frontier_flags_and_writes_html(tmp_path, capsys):
     rc = main(["plan", "--rate", "40", "--slo", "ttft_p99=1500ms,tpot_p99=60ms", "--hardware",
                "a100", "--price", "2", "--space", SPACE, "--num-requests", "80", "--out",
@@ -112,6 +122,7 @@ def test_cli_prints_frontier_flags_and_writes_html(tmp_path, capsys):
         (["--slo", "ttft_p99=1s", "--model", "tiny", "--hardware", "FIT"], "was fitted on"),
         (["--slo", "tpot=1s"], "--slo"),
         (["--slo", "ttft_p99=1s", "--rate", "0"], "--rate must be > 0"),
+        (["--slo", "ttft_p99=1s", "--rate", "fast"], "--rate: 'fast' is not a number"),
     ],
 )
 def test_bad_input_gets_one_line(argv, says, tmp_path, capsys):

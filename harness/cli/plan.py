@@ -7,6 +7,7 @@ configuration as `cbbench serve` and vLLM flags, plan.json + plan.html under --o
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 
@@ -20,7 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "each verdict. Every figure is SIMULATED.",
     )
     p.add_argument("--workload", default="chat", help="a preset, spec or trace (default chat)")
-    p.add_argument("--rate", type=float, required=True, help="requests/s (Poisson arrivals)")
+    p.add_argument("--rate", default=None,
+                   help="requests/s (Poisson arrivals), or several (10,20,40): a plan per rate; "
+                        "default: the trace's own arrival times")  # fmt: skip
     p.add_argument("--slo", required=True,
                    help="METRIC_STAT=DURATION,...: ttft|ttfo|tpot|e2e and mean|p50|p90|p95|p99|max, "
                         "e.g. ttft_p99=2s,tpot_p99=100ms")  # fmt: skip
@@ -51,15 +54,25 @@ def run(args: argparse.Namespace) -> int:
         raise CbbenchError("--jobs and --num-requests must be >= 1")
     if args.goodput is not None and not 0 < args.goodput <= 1:
         raise CbbenchError(f"--goodput must be in (0, 1], got {args.goodput}")
+    try:
+        rates = [float(r) for r in args.rate.split(",")] if args.rate else [None]
+    except ValueError:
+        raise CbbenchError(f"--rate: {args.rate!r} is not a number or a list of them") from None
     opts = planner.PlanOptions(
-        workload=args.workload, rate=args.rate, slos=planner.parse_slos(args.slo),
+        workload=args.workload, rate=rates[0], slos=planner.parse_slos(args.slo),
         hardware=args.hardware, price_per_replica_hour=args.price, model=args.model,
         space=planner.parse_space(args.space), num_requests=args.num_requests,
         seed=args.seed, jobs=args.jobs, goodput_share=args.goodput,
     )  # fmt: skip
     console = Console()
     total = len(opts.space.configs())
-    with step_progress(console, "plan: configurations searched", total) as update:
-        res = planner.plan(opts, on_progress=lambda done, _total: update(done))
-    plan_report.print_plan(res, console, Path(args.out) if args.out else None)
-    return 130 if res.interrupted else 0
+    out = Path(args.out) if args.out else None
+    for rate in rates:
+        o = replace(opts, rate=rate)
+        with step_progress(console, f"plan at {rate} req/s: configurations", total) as update:
+            res = planner.plan(o, on_progress=lambda done, _total: update(done))
+        where = out / f"rate-{rate:g}" if out is not None and len(rates) > 1 else out
+        plan_report.print_plan(res, console, where)
+        if res.interrupted:
+            return 130
+    return 0

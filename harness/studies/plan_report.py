@@ -18,6 +18,10 @@ def _s(v: float) -> str:
     return "inf" if v == float("inf") else f"{v * 1e3:.0f}ms" if v < 1 else f"{v:.2f}s"
 
 
+def _rate(rate: float | None) -> str:
+    return "its own arrival times" if rate is None else f"{rate:g} req/s"
+
+
 def describe_config(p: Point) -> str:
     c = p.config
     parts = [c["scheduler"], f"seqs={c['max_num_seqs']}"]
@@ -38,7 +42,7 @@ def binding_text(p: Point) -> str:
 
 def frontier_table(res: PlanResult) -> Table:
     o = res.options
-    t = Table(title=f"SIMULATED plan: {o.workload} at {o.rate:g} req/s on {o.hardware} "
+    t = Table(title=f"SIMULATED plan: {o.workload} at {_rate(o.rate)} on {o.hardware} "
                     f"({res.model}), cost vs the binding SLO: Pareto frontier")  # fmt: skip
     for col in ("replicas", "configuration", "$/hour", "binding SLO: predicted [interval]",
                 "top / target", "verdict"):  # fmt: skip
@@ -139,7 +143,7 @@ def html_page(res: PlanResult) -> str:
         "<!doctype html><html><head><meta charset='utf-8'><title>cbbench plan</title>"
         "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;"
         "border-bottom:1px solid #ddd}</style></head><body>"
-        f"<h1>SIMULATED capacity plan: {html.escape(o.workload)} at {o.rate:g} req/s</h1>"
+        f"<h1>SIMULATED capacity plan: {html.escape(o.workload)} at {_rate(o.rate)}</h1>"
         f"<p>SLO {slos}; hardware {html.escape(o.hardware)} ({html.escape(res.model)}); "
         f"${o.price_per_replica_hour:g} per replica-hour; interval: {res.interval_source}; "
         f"{res.searched} of {res.total} configurations searched"

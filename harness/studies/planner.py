@@ -1,6 +1,7 @@
 """`cbbench plan`: the cheapest configuration that meets an SLO, searched in the simulator.
 
-`plan(PlanOptions)` replays the workload (at `rate`, Poisson arrivals) through N simulated
+`plan(PlanOptions)` replays the workload (at `rate`, Poisson arrivals; None: the trace's
+own arrival times) through N simulated
 replicas of each configuration in a declared space (scheduler, max_num_seqs,
 max_num_batched_tokens, chunked prefill, KV dtype, router policy), on the event-skipping
 path (reference_engine/sim/event_skip.py), and returns every point searched.
@@ -155,7 +156,7 @@ def parse_space(text: str | None, base: PlanSpace | None = None) -> PlanSpace:
 @dataclass
 class PlanOptions:
     workload: str
-    rate: float
+    rate: float | None  # requests/s (Poisson); None: the workload's own arrival times
     slos: list[Slo]
     hardware: str
     price_per_replica_hour: float
@@ -314,13 +315,16 @@ def frontier(points: list[Point]) -> list[Point]:
 
 
 def plan(opts: PlanOptions, on_progress: Callable[[int, int], None] | None = None) -> PlanResult:
-    if opts.rate <= 0:
+    if opts.rate is not None and opts.rate <= 0:
         raise CbbenchError(f"--rate must be > 0 requests/s, got {opts.rate}")
     if opts.price_per_replica_hour <= 0:
         raise CbbenchError(f"--price must be > 0 per replica-hour, got {opts.price_per_replica_hour}")
     model = resolve_model(opts)
     wl = load_workload(opts.workload, seed=opts.seed, num_requests=opts.num_requests)
-    wl = with_arrivals(wl, "poisson", rate=opts.rate, seed=wl.seed)
+    if opts.rate is not None:
+        wl = with_arrivals(wl, "poisson", rate=opts.rate, seed=wl.seed)
+    elif all(r.arrival_s is None for r in wl.requests):
+        raise CbbenchError(f"--workload {opts.workload} has no arrival times: give --rate")
     hw = get_hardware(opts.hardware)
     source = "fit" if (hw.fit or {}).get("interval") else "assumed"
     configs = opts.space.configs()
