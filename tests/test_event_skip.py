@@ -11,7 +11,7 @@ import random
 import pytest
 from cbbench.reference_engine.config.options import SIM_DEFAULTS, build_engine_config
 from cbbench.reference_engine.engine.llm_engine import LLMEngine
-from cbbench.reference_engine.execution.cost_model import HARDWARE_PRESETS, CostModel
+from cbbench.reference_engine.execution.cost_model import HARDWARE_PRESETS, CostModel, HardwareSpec
 from cbbench.reference_engine.router.cluster_sim import simulate_cluster
 from cbbench.reference_engine.router.registry import POLICY_NAMES, make_policy
 from cbbench.reference_engine.sim.event_skip import decode_step_time, skip_blockers
@@ -159,14 +159,21 @@ def test_router_sessions_and_preemption():
     _cluster_same(a, b)
 
 
-@pytest.mark.parametrize("hardware", ["h100", "a100", "steps"])
+LINEAR = HardwareSpec("linear", 1.0, 1.0, 1.0, linear={
+    "c0": 3e-3, "c_host": 1e-4, "c_tok": 2e-4, "c_sample": 1e-5, "c_seq": 3e-6, "c_flops": 1e-13,
+    "c_bytes": 1e-12, "c_dec_ctx": 2e-7, "c_dec_gathered": 1e-7, "c_dec_calls": 4e-5,
+})  # fmt: skip
+
+
+@pytest.mark.parametrize("hardware", ["h100", "a100", "steps", "linear"])
 def test_decode_step_time_is_the_cost_models(hardware):
     """The closed-form decode step time against CostModel.work + time_of."""
     from cbbench.reference_engine.model.config import resolve_model_config
 
     mc = resolve_model_config("llama-3-8b")
-    cm = CostModel(mc, HARDWARE_PRESETS[{"h100": "h100-sxm", "a100": "a100-80g"}.get(
-        hardware, hardware)], "bfloat16")  # fmt: skip
+    hw = LINEAR if hardware == "linear" else HARDWARE_PRESETS[
+        {"h100": "h100-sxm", "a100": "a100-80g"}.get(hardware, hardware)]  # fmt: skip
+    cm = CostModel(mc, hw, "bfloat16")
     rng = random.Random(0)
     for _ in range(50):
         ends = [rng.randint(1, 4000) for _ in range(rng.randint(1, 64))]

@@ -14,8 +14,8 @@ whose interval top is nearest its target (the largest top / target).
 
 Search (pruning): replicas are assumed monotone (more replicas never slow a request down),
 so for each configuration the fewest replicas that meet are found by bisection on
-[min, max]; a configuration is first tried at one replica fewer than the cheapest found so
-far and dropped if that misses (it cannot be cheaper). `jobs` > 1 runs configurations in
+[min, max]; a configuration is first tried at the cheapest count found so far and dropped
+if that misses (it cannot be cheaper; at equal cost the larger margin wins). `jobs` > 1 runs configurations in
 waves of that many processes (the bound shared between waves). Ctrl-C keeps what was
 searched (`PlanResult.interrupted`). Every figure is SIMULATED.
 """
@@ -277,12 +277,12 @@ def _goodput(reqs, slos: list[Slo]) -> float:
 
 def search_config(opts: PlanOptions, model: str, requests, c: dict[str, Any], bound: int | None,
                   wl_seed: int, prefix_block_size: int) -> list[Point]:  # fmt: skip
-    """Bisection on replicas for one configuration: the fewest that meet, below `bound`
+    """Bisection on replicas for one configuration: the fewest that meet, at most `bound`
     (the cheapest count found so far) when given. Returns every point evaluated."""
     sp = opts.space
     lo, hi = sp.min_replicas, sp.max_replicas
-    if bound is not None:
-        hi = min(hi, bound - 1)
+    if bound is not None:  # equal cost still competes on the binding SLO's margin
+        hi = min(hi, bound)
         if hi < lo:
             return []
     points: list[Point] = []
