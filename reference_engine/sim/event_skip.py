@@ -3,11 +3,15 @@
 Between events (an arrival, a completion, a KV block boundary that allocates, a preemption,
 a chunk boundary, an admission) a running batch's composition does not change: every member
 decodes one token a step and its context grows by one. The scheduler would return the same
-sequences every step, so `plan_skip` finds how many steps k can pass before the next event
-and `take_steps` applies them in one go: step times from the cost model evaluated over the
-k steps at once (`decode_step_times`, the same arithmetic as `CostModel.work` + `time_of`,
-vectorised), tokens appended, the virtual clock advanced step by step. The step after the
-window (the event) is a real `engine.step()`: the scheduler decides at every event.
+sequences every step, so `plan_skip` says whether the next steps can be skipped and
+`take_steps` takes them in one go: each step's time from the cost model in closed form
+(`decode_step_time`: the same arithmetic as `CostModel.work` + `time_of`, term for term),
+the virtual clock advanced step by step, tokens appended once per window. With `events`
+the window also runs through block boundaries (blocks allocated in the scheduler's rank
+order, stopping where the pool runs dry: the scheduler preempts there) and completions
+(finished as the stepping path finishes them; the window ends there if a request waits to
+be admitted). The step after a window is a real `engine.step()`: the scheduler decides at
+every admission, preemption and prefill.
 
 The step-by-step path stays the oracle (tests/test_event_skip.py compares them on seeded
 workloads). Where a feature cannot skip, the engine steps (`skip_blockers` says why):
@@ -37,7 +41,6 @@ from cbbench.reference_engine.execution.cost_model import CostModel, gather_call
 from cbbench.reference_engine.execution.sim_executor import SimExecutor
 
 MIN_SKIP = 2  # a window shorter than this is stepped (the bookkeeping costs a step)
-FILLER = 0  # a skipped token's id where nobody reads it (see take_steps)
 
 
 @dataclass
