@@ -1,7 +1,9 @@
 """Event-skipping simulation against the step-by-step path, in one run (sim/event_skip.py).
 
 `test_cluster_skip_ratio` replays the chat preset over 64 simulated replicas (6,400
-requests, every request at t = 0, prefix caching on, least-outstanding routing) twice: step
+requests, every request at t = 0, least-outstanding routing; prefix caching on and off: the
+chat preset shares no prefixes, but caching costs both paths the hashing of every full
+block, which the skipping path cannot skip) twice: step
 by step (the oracle) and with `event_skip`, and prints both CPU times and their ratio (goal:
 >= 10x); it asserts the per-request times are the same, so a fast wrong answer fails.
 The `max_num_seqs` parameter shows how the gain depends on the batch: with 32 slots and
@@ -33,11 +35,13 @@ def _cpu(fn):
     return out, time.process_time() - t
 
 
-@pytest.mark.parametrize("max_num_seqs", [32, 256])
-def test_cluster_skip_ratio(benchmark, max_num_seqs):
+@pytest.mark.parametrize(
+    "max_num_seqs,caching", [(32, True), (256, True), (32, False), (256, False)]
+)
+def test_cluster_skip_ratio(benchmark, max_num_seqs, caching):
     wl = load_workload("chat", num_requests=6_400)
     cfg = build_engine_config(
-        {"enable_prefix_caching": True, "max_num_seqs": max_num_seqs}, SIM_DEFAULTS,
+        {"enable_prefix_caching": caching, "max_num_seqs": max_num_seqs}, SIM_DEFAULTS,
         scheduler="continuous",
     )  # fmt: skip
 
@@ -58,7 +62,8 @@ def test_cluster_skip_ratio(benchmark, max_num_seqs):
     steps = sum(t.steps for t in stepped.replicas)
     benchmark.extra_info.update(step_cpu_s=t_step, skip_cpu_s=t_skip, ratio=t_step / t_skip)
     print(
-        f"\n64 replicas x 6400 chat, max_num_seqs {max_num_seqs}: stepping {t_step:.2f} s CPU "
+        f"\n64 replicas x 6400 chat, max_num_seqs {max_num_seqs}, prefix caching "
+        f"{'on' if caching else 'off'}: stepping {t_step:.2f} s CPU "
         f"({steps} engine steps), skipping {t_skip:.2f} s CPU: {t_step / t_skip:.1f}x"
     )
 
