@@ -28,7 +28,12 @@ from cbbench.reference_engine.router.policy import ReplicaLoad, RouteRequest, Ro
 from cbbench.reference_engine.router.prefix import token_block_hashes
 from cbbench.reference_engine.sampling_params import SamplingParams
 from cbbench.reference_engine.sim.arrivals import Arrivals
-from cbbench.reference_engine.sim.event_skip import plan_skip, skip_blockers, take_steps
+from cbbench.reference_engine.sim.event_skip import (
+    paused_gc,
+    plan_skip,
+    skip_blockers,
+    take_steps,
+)
 from cbbench.workloads.spec import RequestSpec
 from cbbench.workloads.stats import describe
 from cbbench.workloads.tokens import PromptTokenIds, id_pool
@@ -156,6 +161,7 @@ def _finished(r: ClusterRequest, m, tot: ReplicaTotals, load: ReplicaLoad) -> No
     load.ended()
 
 
+@paused_gc()
 def simulate_cluster(
     requests: Sequence[RequestSpec],
     config: EngineConfig,

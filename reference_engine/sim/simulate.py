@@ -13,6 +13,7 @@ records (`_record_window`, the same fields the loop writes step by step) belong 
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -26,7 +27,13 @@ from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution.sim_executor import SimExecutor
 from cbbench.reference_engine.sampling_params import SamplingParams
 from cbbench.reference_engine.sim.arrivals import Arrivals
-from cbbench.reference_engine.sim.event_skip import SkipWindow, plan_skip, skip_blockers, take_steps
+from cbbench.reference_engine.sim.event_skip import (
+    SkipWindow,
+    paused_gc,
+    plan_skip,
+    skip_blockers,
+    take_steps,
+)
 from cbbench.workloads.spec import RequestSpec
 from cbbench.workloads.stats import describe
 from cbbench.workloads.tokens import PromptTokenIds, id_pool
@@ -203,11 +210,12 @@ def replay(requests: Sequence[RequestSpec], cfg: EngineConfig, **kwargs) -> SimR
     """Run `requests` through an engine built from `cfg` (its executor: "sim" = virtual
     clock, "real" = the model on cfg.device in wall-clock time)."""
     gen = _replay_steps(requests, cfg, **kwargs)
-    while True:
-        try:
-            next(gen)
-        except StopIteration as done:
-            return done.value
+    with paused_gc() if cfg.executor == "sim" else contextlib.nullcontext():
+        while True:
+            try:
+                next(gen)
+            except StopIteration as done:
+                return done.value
 
 
 def replay_interleaved(
