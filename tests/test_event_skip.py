@@ -200,3 +200,14 @@ def test_reproduce_padded_static_and_jobs_equal_the_stepping_path():
     assert skipped["gain_req_s"] == pytest.approx(stepped["gain_req_s"], rel=1e-9)
     one, two = rj.run_replicates("mixed", s), rj.run_replicates("mixed", s, jobs=2)
     assert two["gain_req_s"] == one["gain_req_s"] and two["seeds"] == one["seeds"]
+
+
+def test_router_chunked_prefill_with_a_one_token_last_chunk():
+    """A prompt whose last chunk is one token looks like a decode (one token to compute) but
+    has no first token yet: it must be the scheduler's step, not a window's."""
+    reqs = workload(11, n=300, rate=400.0)
+    c = cfg("continuous", max_num_batched_tokens=37, enable_chunked_prefill=True, batch_size=8)
+    a = simulate_cluster(reqs, c, 8, make_policy("least-outstanding"))
+    b = simulate_cluster(reqs, c, 8, make_policy("least-outstanding"), event_skip=True)
+    assert b.skipped_steps > 0
+    _cluster_same(a, b)

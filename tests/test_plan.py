@@ -88,6 +88,14 @@ def test_interrupt_keeps_what_was_searched():
     assert res.points and all(p.config == res.points[0].config for p in res.points)
 
 
+def test_configurations_the_engine_refuses_are_skipped_and_said(capsys):
+    # without chunked prefill the token budget must hold max_model_len: 512 cannot
+    opts = options(space=planner.parse_space(SPACE + ";chunked_prefill=on,off"))
+    res = planner.plan(opts)
+    assert len(res.refused) == 2 and "chunked prefill" in res.refused[0]
+    assert res.chosen is not None and res.chosen.config["chunked_prefill"]
+
+
 def test_a_plan_per_rate(tmp_path, capsys):
     rc = main(["plan", "--rate", "10,40", "--slo", "ttft_p99=1500ms", "--hardware", "a100",
                "--price", "2", "--space", SPACE, "--num-requests", "60", "--out", str(tmp_path)])  # fmt: skip
@@ -137,3 +145,38 @@ def test_bad_input_gets_one_line(argv, says, tmp_path, capsys):
     assert says in err[0] and err[0].startswith("cbbench plan: error:")
     if "meets" in says:
         assert "widen the space" in err[0]
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_what_was_searched(tmp_path):
+    """A real SIGINT to `cbbench plan` mid-search: exit 130, plan.json with what was
+    searched, marked interrupted."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "plan"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cbbench.harness.cli", "plan", "--rate", "40", "--slo",
+         "ttft_p99=1500ms", "--hardware", "a100", "--price", "1", "--num-requests", "600",
+         "--space", "max_num_seqs=4,8,16,32,64,128,256,512;replicas=1-64;"
+         "max_num_batched_tokens=512,1024,2048,4096,8192,16384;chunked_prefill=on,off",
+         "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        time.sleep(12)  # past start-up, inside the search (it takes minutes in all)
+        assert proc.poll() is None, "the search ended before the interrupt"
+        os.kill(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stdout
+    doc = json.loads((out / "plan.json").read_text())
+    assert doc["interrupted"] and doc["searched"] < doc["total"]
+    assert "Traceback" not in stderr

@@ -63,6 +63,9 @@ def print_plan(res: PlanResult, console: Console, out: Path | None) -> None:
                   "simulated", highlight=False)  # fmt: skip
     if res.interrupted:
         console.print(f"interrupted: kept the {res.searched} configurations searched so far")
+    if res.refused:
+        console.print(f"skipped {len(res.refused)} configurations the engine refuses, e.g. "
+                      f"{res.refused[0]}", highlight=False)  # fmt: skip
     console.print(frontier_table(res))
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -70,6 +73,9 @@ def print_plan(res: PlanResult, console: Console, out: Path | None) -> None:
         (out / "plan.html").write_text(html_page(res), encoding="utf-8")
         console.print(f"plan: {out / 'plan.json'}, {out / 'plan.html'}")
     p = res.chosen
+    if p is None and res.interrupted:
+        console.print("interrupted before any configuration met the SLOs")
+        return
     if p is None:
         best = min(res.points, key=lambda x: x.binding_ratio, default=None)
         closest = (f"; the closest, {best.replicas} x {describe_config(best)}, predicts "

@@ -195,6 +195,7 @@ class PlanResult:
     searched: int  # configurations searched
     total: int
     interrupted: bool = False
+    refused: list[str] = field(default_factory=list)  # configurations the engine refused
 
     def to_json(self) -> dict:
         return {
@@ -205,6 +206,7 @@ class PlanResult:
             "searched": self.searched,
             "total": self.total,
             "interrupted": self.interrupted,
+            "refused": self.refused,
             "chosen": asdict(self.chosen) if self.chosen else None,
             "frontier": [asdict(p) for p in self.frontier],
             "points": [asdict(p) for p in self.points],
@@ -292,8 +294,11 @@ def search_config(opts: PlanOptions, model: str, requests, c: dict[str, Any], bo
         points.append(p)
         return p
 
-    if at(hi).verdict != MEETS:
-        return points  # not even at the most replicas allowed
+    try:
+        if at(hi).verdict != MEETS:
+            return points  # not even at the most replicas allowed
+    except EngineError as exc:  # a combination the engine refuses (say, unchunked < a prompt)
+        return [str(exc)]  # type: ignore[list-item]
     while lo < hi:
         mid = (lo + hi) // 2
         if at(mid).verdict == MEETS:
@@ -331,6 +336,7 @@ def plan(opts: PlanOptions, on_progress: Callable[[int, int], None] | None = Non
     points: list[Point] = []
     bound: int | None = None
     searched = 0
+    refused: list[str] = []  # why the engine refused a configuration, one per refusal
     interrupted = False
     args = (wl.seed, wl.prefix_block_size)
     pool = ProcessPoolExecutor(max_workers=opts.jobs) if opts.jobs > 1 else None
@@ -344,6 +350,9 @@ def plan(opts: PlanOptions, on_progress: Callable[[int, int], None] | None = Non
                         for c in wave]  # fmt: skip
                 results = [f.result() for f in futs]
             for pts in results:
+                if pts and isinstance(pts[0], str):
+                    refused.append(pts[0])
+                    continue
                 points.extend(pts)
                 meets = [p.replicas for p in pts if p.verdict == MEETS]
                 if meets:
@@ -359,7 +368,7 @@ def plan(opts: PlanOptions, on_progress: Callable[[int, int], None] | None = Non
     ok = [p for p in points if p.verdict == MEETS]
     chosen = min(ok, key=lambda p: (p.cost_per_hour, p.binding_ratio)) if ok else None
     return PlanResult(opts, model, source, points, chosen, frontier(points), searched,
-                      len(configs), interrupted)  # fmt: skip
+                      len(configs), interrupted, refused)  # fmt: skip
 
 
 def serve_flags(p: Point, model: str) -> str:

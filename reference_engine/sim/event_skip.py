@@ -142,8 +142,8 @@ def plan_skip(
         if s.status is not SequenceStatus.RUNNING or s.stop_token_ids:
             return None
         ntok = len(s.token_ids)
-        if ntok - s.num_computed_tokens != 1:
-            return None  # a prefill (or a chunk of one)
+        if ntok - s.num_computed_tokens != 1 or s.metrics.first_token_time is None:
+            return None  # a prefill (or a chunk of one: its last token may be a chunk too)
         if not events:  # steps before it needs a new block / before the step finishing it
             k = min(k, len(s.block_table) * bs - s.num_computed_tokens, s.max_num_tokens - ntok - 1)
             if k < MIN_SKIP:
