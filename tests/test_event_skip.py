@@ -52,7 +52,11 @@ def assert_same(a, b):
         assert sb[key] == pytest.approx(sa[key], rel=1e-9), key
     for x, y in zip(a.steps, b.steps, strict=True):  # every step's record
         assert (y.num_seqs, y.num_running, y.num_waiting, y.kv_blocks_used) == (
-            x.num_seqs, x.num_running, x.num_waiting, x.kv_blocks_used), x.index
+            x.num_seqs,
+            x.num_running,
+            x.num_waiting,
+            x.kv_blocks_used,
+        ), x.index
         assert y.kv_reserved_unused_tokens == x.kv_reserved_unused_tokens, x.index
         if x.step_gap_s is None:  # after idling
             assert y.step_gap_s is None, x.index
@@ -64,11 +68,15 @@ def assert_same(a, b):
 CASES = {
     "continuous": ("continuous", {}),
     "continuous-preemption": ("continuous", {"num_kv_blocks": 90, "max_num_seqs": 16}),
-    "continuous-chunked": ("continuous", {"max_num_batched_tokens": 64,
-                                          "enable_chunked_prefill": True}),  # fmt: skip
+    "continuous-chunked": (
+        "continuous",
+        {"max_num_batched_tokens": 64, "enable_chunked_prefill": True},
+    ),  # fmt: skip
     "continuous-prefix-caching": ("continuous", {"enable_prefix_caching": True}),
-    "continuous-priority": ("continuous", {"policy": "priority", "aging_rate": 2.0,
-                                           "max_num_seqs": 8}),  # fmt: skip
+    "continuous-priority": (
+        "continuous",
+        {"policy": "priority", "aging_rate": 2.0, "max_num_seqs": 8},
+    ),  # fmt: skip
     "continuous-max-queue-wait": ("continuous", {"max_queue_wait": 0.05, "max_num_seqs": 8}),
     "continuous-calibrated-cpu": ("continuous", {"hardware": "cpu-measured", "model": "tiny"}),
     "static": ("static", {"batch_size": 8}),

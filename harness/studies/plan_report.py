@@ -46,7 +46,9 @@ def frontier_table(res: PlanResult) -> Table:
                     f"({res.model}), cost vs the binding SLO: Pareto frontier")  # fmt: skip
     for col in ("replicas", "configuration", "$/hour", "binding SLO: predicted [interval]",
                 "top / target", "verdict"):  # fmt: skip
-        t.add_column(col, justify="right" if col in ("replicas", "$/hour", "top / target") else "left")
+        t.add_column(
+            col, justify="right" if col in ("replicas", "$/hour", "top / target") else "left"
+        )
     for p in res.frontier:
         t.add_row(str(p.replicas), describe_config(p), f"{p.cost_per_hour:.2f}",
                   binding_text(p), f"{p.binding_ratio:.2f}", p.verdict)  # fmt: skip

@@ -93,7 +93,8 @@ class PlanSpace:
         out = []
         for sched, mns, mnbt, chunked, kv, router in dims:
             if sched != "continuous" and (mnbt, chunked) != (
-                self.max_num_batched_tokens[0], self.chunked_prefill[0]
+                self.max_num_batched_tokens[0],
+                self.chunked_prefill[0],
             ):
                 continue  # the token budget and chunking are continuous batching's only
             out.append({"scheduler": sched, "max_num_seqs": mns, "max_num_batched_tokens": mnbt,
@@ -323,7 +324,9 @@ def plan(opts: PlanOptions, on_progress: Callable[[int, int], None] | None = Non
     if opts.rate is not None and opts.rate <= 0:
         raise CbbenchError(f"--rate must be > 0 requests/s, got {opts.rate}")
     if opts.price_per_replica_hour <= 0:
-        raise CbbenchError(f"--price must be > 0 per replica-hour, got {opts.price_per_replica_hour}")
+        raise CbbenchError(
+            f"--price must be > 0 per replica-hour, got {opts.price_per_replica_hour}"
+        )
     model = resolve_model(opts)
     wl = load_workload(opts.workload, seed=opts.seed, num_requests=opts.num_requests)
     if opts.rate is not None:
