@@ -372,30 +372,3 @@ def plan(opts: PlanOptions, on_progress: Callable[[int, int], None] | None = Non
     chosen = min(ok, key=lambda p: (p.cost_per_hour, p.binding_ratio)) if ok else None
     return PlanResult(opts, model, source, points, chosen, frontier(points), searched,
                       len(configs), interrupted, refused)  # fmt: skip
-
-
-def serve_flags(p: Point, model: str) -> str:
-    c = p.config
-    flags = [f"cbbench serve --model {model} --scheduler {c['scheduler']}"]
-    if c["scheduler"] == "continuous":
-        flags.append(f"--max-num-seqs {c['max_num_seqs']} "
-                     f"--max-num-batched-tokens {c['max_num_batched_tokens']}")  # fmt: skip
-        if not c["chunked_prefill"]:
-            flags.append("--no-enable-chunked-prefill")
-    else:
-        flags.append(f"--batch-size {c['max_num_seqs']}")
-    if c["kv_cache_dtype"] != "auto":
-        flags.append(f"--kv-cache-dtype {c['kv_cache_dtype']}")
-    return " ".join(flags)
-
-
-def vllm_flags(p: Point, model: str) -> str:
-    c = p.config
-    if c["scheduler"] != "continuous":
-        return f"(vLLM batches continuously only: no equivalent of {c['scheduler']} batching)"
-    flags = [f"vllm serve {model} --max-num-seqs {c['max_num_seqs']}",
-             f"--max-num-batched-tokens {c['max_num_batched_tokens']}",
-             "--enable-chunked-prefill" if c["chunked_prefill"] else "--no-enable-chunked-prefill"]  # fmt: skip
-    if c["kv_cache_dtype"] in ("fp8", "int8"):
-        flags.append("--kv-cache-dtype fp8")  # vLLM's quantized KV cache
-    return " ".join(flags)
