@@ -40,6 +40,7 @@ COMMAND_MODULES: list[str] = [
     "cbbench.harness.cli.route",
     "cbbench.harness.cli.sim",
     "cbbench.harness.cli.calibrate",
+    "cbbench.harness.cli.plan",
 ]
 
 # One-line help of each command, as its module registers it (listed without importing it).
@@ -65,6 +66,7 @@ COMMAND_HELP: dict[str, str] = {
     "route": "route OpenAI requests across engine replicas (a global scheduler)",
     "sim": "compare static / dynamic / continuous batching in simulated time",
     "calibrate": "fit the simulator's cost model to measured reference-engine step times",
+    "plan": "the cheapest simulated configuration (replicas, batching) that meets an SLO",
 }
 
 

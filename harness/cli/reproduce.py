@@ -63,6 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="divide the simulated prompt and output lengths by this (1)")  # fmt: skip
     p.add_argument("--replicates", type=int, default=5,
                    help="independent request sets per simulated workload (5)")  # fmt: skip
+    p.add_argument("--jobs", type=int, default=1,
+                   help="simulated replicates in this many processes (1)")  # fmt: skip
     p.add_argument("--workload-seed", type=int, default=0,
                    help="first workload seed; replicate k uses it + k (0)")  # fmt: skip
     g = p.add_argument_group("measured on CPU")
@@ -81,7 +83,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _check(args: argparse.Namespace) -> None:
     for flag in ("batch_size", "num_requests", "cpu_batch_size", "cpu_requests", "cpu_scale",
-                 "max_num_batched_tokens", "sim_scale", "replicates", "cpu_replicates"):  # fmt: skip
+                 "max_num_batched_tokens", "sim_scale", "replicates", "cpu_replicates",
+                 "jobs"):  # fmt: skip
         if getattr(args, flag) < 1:
             raise CbbenchError(
                 f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}"
@@ -114,11 +117,11 @@ def run(args: argparse.Namespace) -> int:
         f"{args.replicates} x {args.num_requests} requests per workload at t=0, sustained "
         "throughput"
     )
-    sim = rr.run_rows(console, "sim", sim_s, out, "sim")
+    sim = rr.run_rows(console, "sim", sim_s, out, "sim", jobs=args.jobs)
     t = rr.gains_table("static -> continuous, sustained req/s (SIMULATED)", sim)
     emit_table(console, t, out, "gains-sim.md")  # Markdown when piped; a copy in --out
     emit_table(console, rr.utilization_table(sim), out, "utilization-sim.md")
-    sens = rr.sensitivity(console, sim_s) if args.sensitivity else None
+    sens = rr.sensitivity(console, sim_s, jobs=args.jobs) if args.sensitivity else None
     cpu = None
     if not args.sim_only:
         from cbbench.reference_engine.sim.calibration import TracedClock, _cost_for, torch_threads

@@ -1,5 +1,8 @@
 """The seed's gains table (static -> continuous, req/s) under stated conditions.
 
+Over 400 lines because the setting, its engine configs, the padded static executor (with
+its event-skipping price) and the replicate loop are one study read together.
+
 The seed (seeds/002) claims uniform lengths 100 -> 100 req/s (no gain), mixed 10-1000
 tokens 40 -> 95 (2.38x), highly mixed 1-4000 tokens 15 -> 85 (5.67x), and device
 utilization 80-95 % under continuous batching against 30-50 % under static.
@@ -104,6 +107,15 @@ class PaddedStatic:
 
     def advance_to(self, t: float) -> None:
         self.inner.advance_to(t)
+
+    def decode_time(self, dt: float, max_end: int) -> float:
+        """Event skipping (sim/event_skip.py): a decode step of the batch, `dt` unpadded,
+        its longest context ending at `max_end`: every held row at that context."""
+        from cbbench.reference_engine.sim.event_skip import decode_step_time
+
+        rows = len(self.engine.scheduler.holders())  # step_time of rows x (max_end - 1, 1)
+        padded = decode_step_time(self.cost_model, rows, rows * max_end, max_end)[0]
+        return padded if padded > dt else dt
 
     def execute(self, chunks):
         out = self.inner.execute(chunks)
@@ -301,6 +313,8 @@ def run_pair(
     st_cfg, co_cfg, cond = configs(s, reqs, workload)
     run = replay_fn or replay
     kw: dict = {"seed": wl.seed}
+    if s.executor == "sim" and replay_fn is None:  # the same results, far fewer steps
+        kw["event_skip"] = True
     if wrap_executor:
         kw["wrap_executor"] = wrap_executor
     st_kw = dict(kw)
@@ -341,7 +355,8 @@ def run_replicates(
     set equals an earlier one's (constant lengths) is that replicate again (the simulator
     is deterministic) and is not rerun. `on_result(row, (static, continuous))` gets each
     replicate's results as it ends (they are not kept: a long run's token times are large);
-    `on_progress(done, total)` counts finished requests over all replicates."""
+    `on_progress(done, total)` counts finished requests over all replicates
+    (reproduce_jobs.run_replicates: the same over several processes)."""
     assert s.replicates >= 1
     total = 2 * s.num_requests * s.replicates
     reps: list[dict] = []
@@ -368,6 +383,11 @@ def run_replicates(
         if key is not None:
             seen[key] = row
         reps.append(row)
+    return replicates_summary(workload, s, reps)
+
+
+def replicates_summary(workload: str, s: Setting, reps: list[dict]) -> dict:
+    """The replicates' rows and the 95 % t-intervals across them."""
     conds = [r["conditions"] for r in reps]
     assert all(c == conds[0] for c in conds), "replicates must run under the same conditions"
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from cbbench.harness.console.progress import request_progress
 from cbbench.harness.studies import reproduce as rp
+from cbbench.harness.studies import reproduce_jobs as rj
 from cbbench.harness.studies import reproduce_stats as rs
 from rich.console import Console
 from rich.table import Table
@@ -68,7 +69,7 @@ def iv(d: dict) -> rs.Interval:
 
 
 def run_rows(console: Console, label: str, s: rp.Setting, out: Path | None, folder: str,
-          wrap=None) -> dict:  # fmt: skip
+          wrap=None, jobs: int = 1) -> dict:  # fmt: skip
     """The three workloads, `s.replicates` replicates each; run folders (one per replicate
     and scheduler) under out/folder/<workload>/seed<k>/ when `out` is given."""
     from cbbench.harness.studies.simulation import write_run
@@ -85,7 +86,7 @@ def run_rows(console: Console, label: str, s: rp.Setting, out: Path | None, fold
         t0 = time.perf_counter()
         desc = f"{label}: {w}, {s.replicates} replicates, static then continuous"
         with request_progress(console, desc, 2 * s.num_requests * s.replicates) as progress:
-            row = rp.run_replicates(w, s, wrap_executor=wrap, on_progress=progress,
+            row = rj.run_replicates(w, s, wrap_executor=wrap, on_progress=progress, jobs=jobs,
                                     on_result=write if out is not None else None)  # fmt: skip
         c = row["conditions"]
         console.print(
@@ -193,7 +194,7 @@ def sensitivity_settings(base: rp.Setting) -> list[tuple[str, rp.Setting]]:
     return out
 
 
-def sensitivity(console: Console, base: rp.Setting) -> list[dict]:
+def sensitivity(console: Console, base: rp.Setting, jobs: int = 1) -> list[dict]:
     t = Table(title="sensitivity: gain in sustained req/s, one condition changed (SIMULATED)")
     t.add_column("condition")
     for w in rp.WORKLOADS:
@@ -205,7 +206,7 @@ def sensitivity(console: Console, base: rp.Setting) -> list[dict]:
         cells, bs, entry = [], [], {"condition": label, "setting": asdict(s), "gains": {}}
         for w in rp.WORKLOADS:
             with console.status(f"sensitivity: {label}: {w}"):
-                row = rp.run_replicates(w, s)
+                row = rj.run_replicates(w, s, jobs=jobs)
             cells.append(iv(row["gain_req_s"]).text() + "x")
             bs.append(str(row["conditions"]["static_batch_size"]))
             entry["gains"][w] = {k: row[k] for k in ("gain_req_s", "gain_makespan",

@@ -6,10 +6,14 @@ SimExecutor's virtual clock and returns per-request timings, the per-step series
 request, the slot timeline; every number it produces is SIMULATED (a modelled step time).
 `replay(..., config with executor="real")` runs the same loop on the real model runner in
 wall-clock time (times measured, relative to the start of the replay).
+
+Over 400 lines because the replay loop, its records and the event-skipping window's
+records (`_record_window`, the same fields the loop writes step by step) belong together.
 """
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -23,6 +27,13 @@ from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution.sim_executor import SimExecutor
 from cbbench.reference_engine.sampling_params import SamplingParams
 from cbbench.reference_engine.sim.arrivals import Arrivals
+from cbbench.reference_engine.sim.event_skip import (
+    SkipWindow,
+    paused_gc,
+    plan_skip,
+    skip_blockers,
+    take_steps,
+)
 from cbbench.workloads.spec import RequestSpec
 from cbbench.workloads.stats import describe
 from cbbench.workloads.tokens import PromptTokenIds, id_pool
@@ -94,6 +105,7 @@ class SimResult:
     steps: list[StepRecord]
     simulated: bool = True
     spec_decode: SpecDecodeStats | None = None  # speculative decoding counters, when on
+    skipped_steps: int = 0  # steps taken inside event-skipping windows (event_skip)
 
     @property
     def duration_s(self) -> float:
@@ -198,11 +210,12 @@ def replay(requests: Sequence[RequestSpec], cfg: EngineConfig, **kwargs) -> SimR
     """Run `requests` through an engine built from `cfg` (its executor: "sim" = virtual
     clock, "real" = the model on cfg.device in wall-clock time)."""
     gen = _replay_steps(requests, cfg, **kwargs)
-    while True:
-        try:
-            next(gen)
-        except StopIteration as done:
-            return done.value
+    with paused_gc() if cfg.executor == "sim" else contextlib.nullcontext():
+        while True:
+            try:
+                next(gen)
+            except StopIteration as done:
+                return done.value
 
 
 def replay_interleaved(
@@ -253,6 +266,7 @@ def _replay_steps(
     measured_clock: bool = False,
     temperature: float = 1.0,
     wrap_executor: Callable | None = None,
+    event_skip: bool = False,
 ) -> Generator[None, None, SimResult]:
     """The replay loop, yielding after every engine step. `seed` (the workload's) and
     `prefix_block_size` give the prompt ids (workloads/tokens.py). `temperature` 0: greedy requests
@@ -260,7 +274,9 @@ def _replay_steps(
     `wrap_executor(executor, engine)` may replace the executor by a wrapper (now /
     advance_to / execute; a simulated one's wrapper also exposes cost_model), e.g.
     calibration.TracedClock, which gives a real executor its own clock (it times whole
-    engine steps, a proposer's work included); idling is then virtual too."""
+    engine steps, a proposer's work included); idling is then virtual too. `event_skip`:
+    decode steps between events are taken k at once (sim/event_skip.py; the same results,
+    the stepping path its oracle) where the engine allows it (not with `timeline`)."""
     engine = LLMEngine.from_config(cfg)
     simulated = isinstance(engine.executor, SimExecutor)
     if measured_clock and not simulated:
@@ -286,6 +302,9 @@ def _replay_steps(
     slot_of: dict[str, int] = {}
     free_slots = list(range(cfg.max_batch_slots))
     num_done = 0
+    skipping = event_skip and not timeline and not skip_blockers(engine)
+    skipped = 0
+    sessions = any(r.session_id is not None for r in requests)  # a reply sends a turn
     while arrivals.pending or engine.has_unfinished_requests():
         yield
         now = engine.now() - t0
@@ -313,6 +332,21 @@ def _replay_steps(
             assert t_next is not None, "sessions wait for replies, yet nothing runs"
             idle_until(t_next)
             continue
+        if skipping and (plan := plan_skip(engine, max_steps - len(steps), True)) is not None:
+            t_next = arrivals.next_time()
+            window = take_steps(engine, *plan, None if t_next is None else t0 + t_next,
+                                events=True, end_on_finish=sessions)  # fmt: skip
+            if window is not None:
+                _record_window(engine, window, t0, steps, recs)
+                skipped += window.k
+                for seq in window.finished:
+                    r = recs[seq.request_id]
+                    _finished(r, seq.metrics, seq.finish_reason, t0)
+                    num_done += 1
+                    arrivals.on_finished(seq.request_id, r.finished_s, r.output_token_ids)
+                    if on_progress:
+                        on_progress(num_done, len(requests))
+                continue
         outputs = engine.step()
         # the computed step's own window (with async scheduling the next step already ran)
         start, end = (t - t0 for t in engine.last_step_window)
@@ -356,15 +390,7 @@ def _replay_steps(
             r.token_times_s.extend([end] * len(o.new_token_ids))
             r.output_token_ids.extend(o.new_token_ids)
             if o.finished:
-                m = o.metrics
-                assert m.first_scheduled_time is not None and m.first_token_time is not None
-                assert m.finished_time is not None
-                r.first_scheduled_s = m.first_scheduled_time - t0
-                r.first_token_s = m.first_token_time - t0
-                r.finished_s = m.finished_time - t0
-                r.num_preemptions = m.num_preemptions
-                r.num_cached_tokens = m.num_cached_tokens
-                r.finish_reason = o.finish_reason
+                _finished(r, o.metrics, o.finish_reason, t0)
                 num_done += 1
                 arrivals.on_finished(o.request_id, r.finished_s, r.output_token_ids)
                 if on_progress:
@@ -380,4 +406,37 @@ def _replay_steps(
         steps=steps,
         simulated=simulated,
         spec_decode=engine.spec_stats,
+        skipped_steps=skipped,
     )
+
+
+def _finished(r: SimRequest, m, reason: str | None, t0: float) -> None:
+    assert m.first_scheduled_time is not None and m.first_token_time is not None
+    assert m.finished_time is not None
+    r.first_scheduled_s = m.first_scheduled_time - t0
+    r.first_token_s = m.first_token_time - t0
+    r.finished_s = m.finished_time - t0
+    r.num_preemptions = m.num_preemptions
+    r.num_cached_tokens = m.num_cached_tokens
+    r.finish_reason = reason
+
+
+def _record_window(
+    engine: LLMEngine, w: SkipWindow, t0: float, steps: list[StepRecord], recs: dict
+) -> None:
+    """A skipped window's steps and tokens, as the stepping path records them one by one."""
+    es = engine.get_stats()
+    slots = engine.config.max_batch_slots
+    for j, (n, running, used, reserved, host) in enumerate(w.stats):
+        rec = StepRecord(
+            len(steps), w.starts[j] - t0, w.ends[j] - t0, n, n, running, es.num_waiting, used,
+            reserved, n / slots, w.first_gap_s if j == 0 else host, es.scheduler_time_s,
+        )  # fmt: skip
+        rec.num_seqs_limit = es.num_seqs_limit
+        steps.append(rec)
+    ends = [e - t0 for e in w.ends]
+    assert w.tokens is not None
+    for seq, toks, m in zip(w.seqs, w.tokens, w.taken, strict=True):
+        r = recs[seq.request_id]
+        r.token_times_s.extend(ends[:m])
+        r.output_token_ids.extend(toks)

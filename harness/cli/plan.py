@@ -1,0 +1,78 @@
+"""`cbbench plan`: the cheapest configuration that meets an SLO, searched in the simulator.
+
+Parse -> PlanOptions -> planner.plan (harness/studies/planner.py) -> the frontier, the chosen
+configuration as `cbbench serve` and vLLM flags, plan.json + plan.html under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="the cheapest simulated configuration (replicas, batching) that meets an SLO",
+        description="Search a declared space of configurations (replicas by bisection, "
+        "scheduler, max_num_seqs, token budget, chunked prefill, KV dtype, router) in the "
+        "simulator for the cheapest that meets every SLO, with the prediction interval in "
+        "each verdict. Every figure is SIMULATED.",
+    )
+    p.add_argument("--workload", default="chat", help="a preset, spec or trace (default chat)")
+    p.add_argument("--rate", default=None,
+                   help="requests/s (Poisson arrivals), or several (10,20,40): a plan per rate; "
+                        "default: the trace's own arrival times")  # fmt: skip
+    p.add_argument("--slo", required=True,
+                   help="METRIC_STAT=DURATION,...: ttft|ttfo|tpot|e2e and mean|p50|p90|p95|p99|max, "
+                        "e.g. ttft_p99=2s,tpot_p99=100ms")  # fmt: skip
+    p.add_argument("--goodput", type=float, default=None,
+                   help="also require this share of requests within every SLO target (0-1)")  # fmt: skip
+    p.add_argument("--hardware", required=True,
+                   help="a preset (h100, a100, ...) or a `cbbench calibrate` JSON fit")  # fmt: skip
+    p.add_argument("--model", default=None, help="default: the fit's model, else llama-3-8b")
+    p.add_argument("--price", type=float, required=True, help="$ per replica-hour")
+    p.add_argument("--space", default=None,
+                   help="KEY=VALUES;... over the default space, KEY one of replicas (1-32), "
+                        "scheduler, max_num_seqs, max_num_batched_tokens, chunked_prefill "
+                        "(on,off), kv_cache_dtype, router")  # fmt: skip
+    p.add_argument("--num-requests", type=int, default=600, help="requests simulated (600)")
+    p.add_argument("--seed", type=int, default=0, help="workload seed (0)")
+    p.add_argument("--jobs", type=int, default=1, help="configurations in parallel processes")
+    p.add_argument("--out", default=None, help="write plan.json and plan.html here")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from cbbench.harness.console.progress import step_progress
+    from cbbench.harness.errors import CbbenchError
+    from cbbench.harness.studies import plan_report, planner
+    from rich.console import Console
+
+    if args.jobs < 1 or (args.num_requests is not None and args.num_requests < 1):
+        raise CbbenchError("--jobs and --num-requests must be >= 1")
+    if args.goodput is not None and not 0 < args.goodput <= 1:
+        raise CbbenchError(f"--goodput must be in (0, 1], got {args.goodput}")
+    try:
+        rates = [float(r) for r in args.rate.split(",")] if args.rate else [None]
+    except ValueError:
+        raise CbbenchError(f"--rate: {args.rate!r} is not a number or a list of them") from None
+    opts = planner.PlanOptions(
+        workload=args.workload, rate=rates[0], slos=planner.parse_slos(args.slo),
+        hardware=args.hardware, price_per_replica_hour=args.price, model=args.model,
+        space=planner.parse_space(args.space), num_requests=args.num_requests,
+        seed=args.seed, jobs=args.jobs, goodput_share=args.goodput,
+    )  # fmt: skip
+    console = Console()
+    total = len(opts.space.configs())
+    out = Path(args.out) if args.out else None
+    for rate in rates:
+        o = replace(opts, rate=rate)
+        with step_progress(console, f"plan at {rate} req/s: configurations", total) as update:
+            res = planner.plan(o, on_progress=lambda done, _total: update(done))
+        where = out / f"rate-{rate:g}" if out is not None and len(rates) > 1 else out
+        plan_report.print_plan(res, console, where)
+        if res.interrupted:
+            return 130
+    return 0

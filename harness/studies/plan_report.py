@@ -1,0 +1,188 @@
+"""`cbbench plan`'s output: the frontier table, the chosen configuration as `cbbench serve`
+and vLLM flags, plan.json and a self-contained HTML page with the frontier plot (inline
+SVG, no script). Every figure SIMULATED."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+from cbbench.harness.errors import CbbenchError
+from cbbench.harness.studies.planner import MEETS, PlanResult, Point
+from rich.console import Console
+from rich.table import Table
+
+
+def _s(v: float) -> str:
+    return "inf" if v == float("inf") else f"{v * 1e3:.0f}ms" if v < 1 else f"{v:.2f}s"
+
+
+def serve_flags(p: Point, model: str) -> str:
+    c = p.config
+    flags = [f"cbbench serve --model {model} --scheduler {c['scheduler']}"]
+    if c["scheduler"] == "continuous":
+        flags.append(f"--max-num-seqs {c['max_num_seqs']} "
+                     f"--max-num-batched-tokens {c['max_num_batched_tokens']}")  # fmt: skip
+        if not c["chunked_prefill"]:
+            flags.append("--no-enable-chunked-prefill")
+    else:
+        flags.append(f"--batch-size {c['max_num_seqs']}")
+    if c["kv_cache_dtype"] != "auto":
+        flags.append(f"--kv-cache-dtype {c['kv_cache_dtype']}")
+    return " ".join(flags)
+
+
+def vllm_flags(p: Point, model: str) -> str:
+    c = p.config
+    if c["scheduler"] != "continuous":
+        return f"(vLLM batches continuously only: no equivalent of {c['scheduler']} batching)"
+    flags = [f"vllm serve {model} --max-num-seqs {c['max_num_seqs']}",
+             f"--max-num-batched-tokens {c['max_num_batched_tokens']}",
+             "--enable-chunked-prefill" if c["chunked_prefill"] else "--no-enable-chunked-prefill"]  # fmt: skip
+    if c["kv_cache_dtype"] in ("fp8", "int8"):
+        flags.append("--kv-cache-dtype fp8")  # vLLM's quantized KV cache
+    return " ".join(flags)
+
+
+def _rate(rate: float | None) -> str:
+    return "its own arrival times" if rate is None else f"{rate:g} req/s"
+
+
+def describe_config(p: Point) -> str:
+    c = p.config
+    parts = [c["scheduler"], f"seqs={c['max_num_seqs']}"]
+    if c["scheduler"] == "continuous":
+        parts.append(f"tokens={c['max_num_batched_tokens']}")
+        parts.append("chunked" if c["chunked_prefill"] else "unchunked")
+    if c["kv_cache_dtype"] != "auto":
+        parts.append(f"kv={c['kv_cache_dtype']}")
+    if p.replicas > 1:
+        parts.append(c["router"])
+    return " ".join(parts)
+
+
+def binding_text(p: Point) -> str:
+    b = p.binding
+    return f"{b} {_s(p.predicted[b])} [{_s(p.low[b])}, {_s(p.high[b])}]"
+
+
+def frontier_table(res: PlanResult) -> Table:
+    o = res.options
+    t = Table(title=f"SIMULATED plan: {o.workload} at {_rate(o.rate)} on {o.hardware} "
+                    f"({res.model}), cost vs the binding SLO: Pareto frontier")  # fmt: skip
+    for col in ("replicas", "configuration", "$/hour", "binding SLO: predicted [interval]",
+                "top / target", "verdict"):  # fmt: skip
+        t.add_column(
+            col, justify="right" if col in ("replicas", "$/hour", "top / target") else "left"
+        )
+    for p in res.frontier:
+        t.add_row(str(p.replicas), describe_config(p), f"{p.cost_per_hour:.2f}",
+                  binding_text(p), f"{p.binding_ratio:.2f}", p.verdict)  # fmt: skip
+    return t
+
+
+def print_plan(res: PlanResult, console: Console, out: Path | None) -> None:
+    o = res.options
+    slos = ", ".join(f"{s.name} <= {_s(s.target_s)}" for s in o.slos)
+    band = ("the fit's prediction interval" if res.interval_source == "fit"
+            else "an ASSUMED +-10 % interval (the hardware carries no fit residuals)")  # fmt: skip
+    console.print(f"plan: SLO {slos}; {band}; ${o.price_per_replica_hour:g} per replica-hour; "
+                  f"{res.searched} of {res.total} configurations, {len(res.points)} points "
+                  "simulated", highlight=False)  # fmt: skip
+    if res.interrupted:
+        console.print(f"interrupted: kept the {res.searched} configurations searched so far")
+    if res.refused:
+        console.print(f"skipped {len(res.refused)} configurations the engine refuses, e.g. "
+                      f"{res.refused[0]}", highlight=False)  # fmt: skip
+    console.print(frontier_table(res))
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "plan.json").write_text(json.dumps(res.to_json(), indent=2), encoding="utf-8")
+        (out / "plan.html").write_text(html_page(res), encoding="utf-8")
+        console.print(f"plan: {out / 'plan.json'}, {out / 'plan.html'}")
+    p = res.chosen
+    if p is None and res.interrupted:
+        console.print("interrupted before any configuration met the SLOs")
+        return
+    if p is None:
+        best = min(res.points, key=lambda x: x.binding_ratio, default=None)
+        closest = (f"; the closest, {best.replicas} x {describe_config(best)}, predicts "
+                   f"{binding_text(best)} ({best.verdict})") if best else ""  # fmt: skip
+        raise CbbenchError(
+            f"no configuration in the space meets {slos}{closest}: widen the space "
+            f"(--space replicas=1-{o.space.max_replicas * 2}, larger max_num_seqs) or relax "
+            "the SLO"
+        )
+    console.print(f"chosen: {p.replicas} x {describe_config(p)}, ${p.cost_per_hour:.2f}/hour: "
+                  f"{p.verdict} ({'; '.join(f'{k} {v}' for k, v in p.verdicts.items())}); "
+                  f"binding {binding_text(p)}", highlight=False)  # fmt: skip
+    replicas = (f"  (x{p.replicas} replicas behind `cbbench route --policy {p.config['router']}`)"
+                if p.replicas > 1 else "")  # fmt: skip
+    console.print(f"  {serve_flags(p, res.model)}{replicas}", highlight=False, soft_wrap=True)
+    console.print(f"  {vllm_flags(p, res.model)}", highlight=False, soft_wrap=True)
+
+
+def html_page(res: PlanResult) -> str:
+    """One page: the frontier plot (cost vs binding ratio, every point by verdict), the
+    frontier table and the chosen configuration's flags."""
+    pts = res.points
+    w, h, pad = 640, 360, 50
+    finite = [p.binding_ratio for p in pts if p.binding_ratio != float("inf")] or [1.0]
+    xmax = max([p.cost_per_hour for p in pts] or [1.0]) * 1.1
+    ymax = max(max(finite), 1.2) * 1.1
+
+    def xy(p: Point) -> tuple[float, float]:
+        y = min(p.binding_ratio, ymax)
+        return pad + p.cost_per_hour / xmax * (w - 2 * pad), h - pad - y / ymax * (h - 2 * pad)
+
+    colour = {MEETS: "#1a7f37", "misses": "#cf222e"}
+    dots = "".join(
+        f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{colour.get(p.verdict, "#bf8700")}">'
+        f"<title>{html.escape(f'{p.replicas} x {describe_config(p)}: {binding_text(p)}, {p.verdict}')}"
+        "</title></circle>"
+        for p in pts
+        for x, y in [xy(p)]
+    )
+    line = " ".join(f"{x:.1f},{y:.1f}" for p in res.frontier for x, y in [xy(p)])
+    y1 = h - pad - 1.0 / ymax * (h - 2 * pad)
+    svg = (
+        f'<svg width="{w}" height="{h}" xmlns="http://www.w3.org/2000/svg">'
+        f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="#888"/>'
+        f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" stroke="#888"/>'
+        f'<line x1="{pad}" y1="{y1:.1f}" x2="{w - pad}" y2="{y1:.1f}" stroke="#cf222e" '
+        'stroke-dasharray="4"/>'
+        f'<text x="{w - pad}" y="{y1 - 4:.1f}" text-anchor="end" font-size="11">SLO target</text>'
+        f'<polyline points="{line}" fill="none" stroke="#0969da"/>{dots}'
+        f'<text x="{w / 2}" y="{h - 10}" text-anchor="middle" font-size="12">$ per hour '
+        f"(0 - {xmax:.1f})</text>"
+        f'<text x="14" y="{h / 2}" font-size="12" transform="rotate(-90 14 {h / 2})" '
+        f'text-anchor="middle">binding SLO: interval top / target (0 - {ymax:.2f})</text></svg>'
+    )
+    rows = "".join(
+        f"<tr><td>{p.replicas}</td><td>{html.escape(describe_config(p))}</td>"
+        f"<td>{p.cost_per_hour:.2f}</td><td>{html.escape(binding_text(p))}</td>"
+        f"<td>{p.verdict}</td></tr>"
+        for p in res.frontier
+    )
+    o = res.options
+    chosen = "<p>No configuration in the space meets the SLOs.</p>"
+    if res.chosen is not None:
+        p = res.chosen
+        chosen = (f"<h2>Chosen: {p.replicas} x {html.escape(describe_config(p))}, "
+                  f"${p.cost_per_hour:.2f}/hour ({p.verdict})</h2>"
+                  f"<pre>{html.escape(serve_flags(p, res.model))}\n"
+                  f"{html.escape(vllm_flags(p, res.model))}</pre>")  # fmt: skip
+    slos = ", ".join(f"{s.name} &lt;= {_s(s.target_s)}" for s in o.slos)
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>cbbench plan</title>"
+        "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;"
+        "border-bottom:1px solid #ddd}</style></head><body>"
+        f"<h1>SIMULATED capacity plan: {html.escape(o.workload)} at {_rate(o.rate)}</h1>"
+        f"<p>SLO {slos}; hardware {html.escape(o.hardware)} ({html.escape(res.model)}); "
+        f"${o.price_per_replica_hour:g} per replica-hour; interval: {res.interval_source}; "
+        f"{res.searched} of {res.total} configurations searched"
+        f"{' (interrupted)' if res.interrupted else ''}.</p>{svg}{chosen}"
+        "<h2>Pareto frontier</h2><table><tr><th>replicas</th><th>configuration</th>"
+        f"<th>$/hour</th><th>binding SLO</th><th>verdict</th></tr>{rows}</table></body></html>"
+    )

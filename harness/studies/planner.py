@@ -1,0 +1,374 @@
+"""`cbbench plan`: the cheapest configuration that meets an SLO, searched in the simulator.
+
+`plan(PlanOptions)` replays the workload (at `rate`, Poisson arrivals; None: the trace's
+own arrival times) through N simulated
+replicas of each configuration in a declared space (scheduler, max_num_seqs,
+max_num_batched_tokens, chunked prefill, KV dtype, router policy), on the event-skipping
+path (reference_engine/sim/event_skip.py), and returns every point searched.
+
+Each point's figures carry the simulator's prediction interval (sim/intervals.py, from the
+hardware fit's residuals; a preset without them gets an assumed +-ASSUMED_BAND, said so),
+and each SLO gets a verdict from it: "meets" (the interval's top is within the target),
+"misses" (its bottom is above it) or "too close to call". The binding metric is the SLO
+whose interval top is nearest its target (the largest top / target).
+
+Search (pruning): replicas are assumed monotone (more replicas never slow a request down),
+so for each configuration the fewest replicas that meet are found by bisection on
+[min, max]; a configuration is first tried at the cheapest count found so far and dropped
+if that misses (it cannot be cheaper; at equal cost the larger margin wins). `jobs` > 1 runs configurations in
+waves of that many processes (the bound shared between waves). Ctrl-C keeps what was
+searched (`PlanResult.interrupted`). Every figure is SIMULATED.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from cbbench.harness.errors import CbbenchError
+from cbbench.harness.results.summary import parse_duration
+from cbbench.reference_engine.config.options import SIM_DEFAULTS, build_engine_config
+from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.execution.cost_model import get_hardware
+from cbbench.reference_engine.router.cluster_sim import simulate_cluster
+from cbbench.reference_engine.router.registry import POLICY_NAMES, make_policy
+from cbbench.reference_engine.sim.intervals import Interval, interval_for
+from cbbench.workloads import load_workload, with_arrivals
+
+ASSUMED_BAND = 0.10  # relative error assumed where the hardware carries no fit residuals
+METRICS = ("ttft", "ttfo", "tpot", "e2e")  # ttfo = ttft in the simulator (no reasoning)
+STATS = ("mean", "p50", "p90", "p95", "p99", "max")
+MEETS, MISSES, CLOSE = "meets", "misses", "too close to call"
+
+
+@dataclass(frozen=True)
+class Slo:
+    metric: str  # ttft | ttfo | tpot | e2e
+    stat: str  # p99, p50, mean, ...
+    target_s: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.metric}_{self.stat}"
+
+
+def parse_slos(text: str) -> list[Slo]:
+    """'ttft_p99=2s,tpot_p99=100ms' -> [Slo('ttft', 'p99', 2.0), Slo('tpot', 'p99', 0.1)]."""
+    out = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        key, sep, value = part.partition("=")
+        m = re.fullmatch(r"(ttft|ttfo|tpot|e2e)_(mean|p50|p90|p95|p99|max)", key.strip().lower())
+        if not sep or m is None:
+            raise CbbenchError(
+                f"--slo: {part!r}: expected METRIC_STAT=DURATION, METRIC one of "
+                f"{', '.join(METRICS)}, STAT one of {', '.join(STATS)} (e.g. ttft_p99=2s)"
+            )
+        out.append(Slo(m.group(1), m.group(2), parse_duration(value, f"--slo {key}")))
+    if not out:
+        raise CbbenchError("--slo: give at least one, e.g. ttft_p99=2s,tpot_p99=100ms")
+    return out
+
+
+@dataclass
+class PlanSpace:
+    """The declared space; replicas by bisection over [min_replicas, max_replicas]."""
+
+    min_replicas: int = 1
+    max_replicas: int = 32
+    schedulers: list[str] = field(default_factory=lambda: ["continuous"])
+    max_num_seqs: list[int] = field(default_factory=lambda: [16, 32, 64, 128, 256])
+    max_num_batched_tokens: list[int] = field(default_factory=lambda: [2048, 8192])
+    chunked_prefill: list[bool] = field(default_factory=lambda: [True])
+    kv_cache_dtype: list[str] = field(default_factory=lambda: ["auto"])
+    routers: list[str] = field(default_factory=lambda: ["least-outstanding"])
+
+    def configs(self) -> list[dict[str, Any]]:
+        dims = itertools.product(self.schedulers, self.max_num_seqs,
+                                 self.max_num_batched_tokens, self.chunked_prefill,
+                                 self.kv_cache_dtype, self.routers)  # fmt: skip
+        out = []
+        for sched, mns, mnbt, chunked, kv, router in dims:
+            if sched != "continuous" and (mnbt, chunked) != (
+                self.max_num_batched_tokens[0],
+                self.chunked_prefill[0],
+            ):
+                continue  # the token budget and chunking are continuous batching's only
+            out.append({"scheduler": sched, "max_num_seqs": mns, "max_num_batched_tokens": mnbt,
+                        "chunked_prefill": chunked, "kv_cache_dtype": kv, "router": router})  # fmt: skip
+        return out
+
+
+SPACE_KEYS = {
+    "replicas": "min-max, e.g. 1-32",
+    "scheduler": "continuous,static,dynamic",
+    "max_num_seqs": "integers",
+    "max_num_batched_tokens": "integers",
+    "chunked_prefill": "on,off",
+    "kv_cache_dtype": "auto,bf16,fp8,int8",
+    "router": ",".join(POLICY_NAMES),
+}
+
+
+def parse_space(text: str | None, base: PlanSpace | None = None) -> PlanSpace:
+    """'max_num_seqs=16,32;replicas=1-8;router=round-robin' over the default space."""
+    sp = replace(base or PlanSpace())
+    for part in (p.strip() for p in (text or "").split(";") if p.strip()):
+        key, sep, value = part.partition("=")
+        key = key.strip().replace("-", "_")
+        vals = [v.strip() for v in value.split(",") if v.strip()]
+        if not sep or key not in SPACE_KEYS:
+            raise CbbenchError(f"--space: {part!r}: expected KEY=VALUES, KEY one of "
+                               f"{', '.join(SPACE_KEYS)}")  # fmt: skip
+        try:
+            if key == "replicas":
+                lo, _, hi = value.partition("-")
+                sp.min_replicas, sp.max_replicas = int(lo), int(hi or lo)
+            elif key in ("max_num_seqs", "max_num_batched_tokens"):
+                setattr(sp, key, [int(v) for v in vals])
+            elif key == "chunked_prefill":
+                if any(v not in ("on", "off") for v in vals):
+                    raise ValueError
+                sp.chunked_prefill = [v == "on" for v in vals]
+            else:
+                allowed = SPACE_KEYS[key].split(",")
+                if any(v not in allowed for v in vals):
+                    raise ValueError
+                setattr(sp, {"scheduler": "schedulers", "router": "routers"}.get(key, key), vals)
+        except ValueError:
+            raise CbbenchError(f"--space {key}: {value!r}: expected {SPACE_KEYS[key]}") from None
+    empty = [k for k, v in (("scheduler", sp.schedulers), ("max_num_seqs", sp.max_num_seqs),
+             ("max_num_batched_tokens", sp.max_num_batched_tokens),
+             ("chunked_prefill", sp.chunked_prefill), ("kv_cache_dtype", sp.kv_cache_dtype),
+             ("router", sp.routers)) if not v]  # fmt: skip
+    if sp.min_replicas < 1 or sp.max_replicas < sp.min_replicas:
+        empty.append(f"replicas ({sp.min_replicas}-{sp.max_replicas})")
+    if any(v < 1 for v in sp.max_num_seqs + sp.max_num_batched_tokens):
+        raise CbbenchError("--space: max_num_seqs and max_num_batched_tokens must be >= 1")
+    if empty:
+        raise CbbenchError(f"the search space is empty: no value for {', '.join(empty)}; "
+                           f"widen --space (e.g. replicas=1-32)")  # fmt: skip
+    return sp
+
+
+@dataclass
+class PlanOptions:
+    workload: str
+    rate: float | None  # requests/s (Poisson); None: the workload's own arrival times
+    slos: list[Slo]
+    hardware: str
+    price_per_replica_hour: float
+    model: str | None = None  # default: the fit's model, else llama-3-8b
+    space: PlanSpace = field(default_factory=PlanSpace)
+    num_requests: int | None = 600
+    seed: int = 0
+    jobs: int = 1
+    goodput_share: float | None = None  # share of requests within every SLO target
+
+
+@dataclass
+class Point:
+    config: dict[str, Any]
+    replicas: int
+    cost_per_hour: float
+    predicted: dict[str, float]  # SLO name -> simulated seconds
+    low: dict[str, float]  # the interval's bounds
+    high: dict[str, float]
+    verdicts: dict[str, str]
+    verdict: str
+    binding: str  # the SLO whose high / target is largest
+    binding_ratio: float  # its high / target
+    goodput_share: float
+    num_steps: int
+
+
+@dataclass
+class PlanResult:
+    options: PlanOptions
+    model: str
+    interval_source: str  # "fit" or "assumed"
+    points: list[Point]
+    chosen: Point | None
+    frontier: list[Point]
+    searched: int  # configurations searched
+    total: int
+    interrupted: bool = False
+    refused: list[str] = field(default_factory=list)  # configurations the engine refused
+
+    def to_json(self) -> dict:
+        return {
+            "simulated": True,
+            "options": {**asdict(self.options), "slos": [asdict(s) for s in self.options.slos]},
+            "model": self.model,
+            "interval_source": self.interval_source,
+            "searched": self.searched,
+            "total": self.total,
+            "interrupted": self.interrupted,
+            "refused": self.refused,
+            "chosen": asdict(self.chosen) if self.chosen else None,
+            "frontier": [asdict(p) for p in self.frontier],
+            "points": [asdict(p) for p in self.points],
+        }
+
+
+def resolve_model(opts: PlanOptions) -> str:
+    """The model to plan for: the fit's own, and a clear error for a fit of another one."""
+    try:
+        hw = get_hardware(opts.hardware)
+    except EngineError as exc:
+        raise CbbenchError(f"--hardware: {exc}") from None
+    fitted = (hw.fit or {}).get("model")
+    if fitted and opts.model and opts.model != fitted:
+        raise CbbenchError(
+            f"--hardware {opts.hardware} was fitted on model {fitted}, not {opts.model}: "
+            f"plan for --model {fitted}, or run `cbbench calibrate --model {opts.model}`"
+        )
+    return opts.model or fitted or "llama-3-8b"
+
+
+def _engine_config(c: dict[str, Any], model: str, hardware: str, seed: int):
+    settings = {"model": model, "hardware": hardware, "batch_size": c["max_num_seqs"],
+                "kv_cache_dtype": c["kv_cache_dtype"], "seed": seed}  # fmt: skip
+    if c["scheduler"] == "continuous":
+        settings.update(max_num_batched_tokens=c["max_num_batched_tokens"],
+                        enable_chunked_prefill=c["chunked_prefill"])  # fmt: skip
+    return build_engine_config(settings, SIM_DEFAULTS, scheduler=c["scheduler"])
+
+
+def evaluate(opts: PlanOptions, model: str, requests, c: dict[str, Any], replicas: int,
+             wl_seed: int, prefix_block_size: int) -> Point:  # fmt: skip
+    """One configuration at `replicas` replicas: simulated, its interval and verdicts."""
+    cfg = _engine_config(c, model, opts.hardware, wl_seed)
+    res = simulate_cluster(requests, cfg, replicas, make_policy(c["router"]), seed=wl_seed,
+                           prefix_block_size=prefix_block_size, event_skip=True)  # fmt: skip
+    s = res.summary()
+    steps = sum(t.steps for t in res.replicas)
+    hw = get_hardware(opts.hardware)
+    iv = interval_for(hw.fit or {}, max(1, steps // replicas)) or Interval(
+        -ASSUMED_BAND, ASSUMED_BAND
+    )
+    pred, low, high, verdicts = {}, {}, {}, {}
+    for slo in opts.slos:
+        key = "ttft" if slo.metric == "ttfo" else slo.metric
+        v = (s.get(f"{key}_s") or {}).get(slo.stat)
+        v = float("inf") if v is None else float(v)
+        lo, hi = iv.latency(v)
+        pred[slo.name], low[slo.name], high[slo.name] = v, lo, hi
+        verdicts[slo.name] = MEETS if hi <= slo.target_s else MISSES if lo > slo.target_s else CLOSE
+    good = _goodput(res.requests, opts.slos)
+    if opts.goodput_share is not None:
+        verdicts["goodput"] = MEETS if good >= opts.goodput_share else MISSES
+    vs = set(verdicts.values())
+    verdict = MISSES if MISSES in vs else CLOSE if CLOSE in vs else MEETS
+    binding = max(opts.slos, key=lambda x: high[x.name] / x.target_s)
+    return Point(c, replicas, replicas * opts.price_per_replica_hour, pred, low, high,
+                 verdicts, verdict, binding.name, high[binding.name] / binding.target_s,
+                 good, steps)  # fmt: skip
+
+
+def _goodput(reqs, slos: list[Slo]) -> float:
+    """Share of requests within every SLO's target (as a per-request bound)."""
+    ok = 0
+    for r in reqs:
+        vals = {"ttft": r.ttft_s, "ttfo": r.ttft_s, "tpot": r.tpot_s, "e2e": r.e2e_s}
+        ok += all(vals[s.metric] is None or vals[s.metric] <= s.target_s for s in slos)
+    return ok / max(1, len(reqs))
+
+
+def search_config(opts: PlanOptions, model: str, requests, c: dict[str, Any], bound: int | None,
+                  wl_seed: int, prefix_block_size: int) -> list[Point]:  # fmt: skip
+    """Bisection on replicas for one configuration: the fewest that meet, at most `bound`
+    (the cheapest count found so far) when given. Returns every point evaluated."""
+    sp = opts.space
+    lo, hi = sp.min_replicas, sp.max_replicas
+    if bound is not None:  # equal cost still competes on the binding SLO's margin
+        hi = min(hi, bound)
+        if hi < lo:
+            return []
+    points: list[Point] = []
+
+    def at(r: int) -> Point:
+        p = evaluate(opts, model, requests, c, r, wl_seed, prefix_block_size)
+        points.append(p)
+        return p
+
+    try:
+        if at(hi).verdict != MEETS:
+            return points  # not even at the most replicas allowed
+    except EngineError as exc:  # a combination the engine refuses (say, unchunked < a prompt)
+        return [str(exc)]  # type: ignore[list-item]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if at(mid).verdict == MEETS:
+            hi = mid
+        else:
+            lo = mid + 1
+    return points
+
+
+def frontier(points: list[Point]) -> list[Point]:
+    """Pareto frontier of cost vs the binding ratio (interval top / target): the points no
+    other is at most as expensive and at most as close to its limit as (one strictly; a
+    costlier point must be at least 1 % further from its limit)."""
+    best: list[Point] = []
+    for p in sorted(points, key=lambda p: (p.cost_per_hour, p.binding_ratio)):
+        if not best or p.binding_ratio < 0.99 * best[-1].binding_ratio:  # 1 %: not noise
+            best.append(p)
+    return best
+
+
+def plan(opts: PlanOptions, on_progress: Callable[[int, int], None] | None = None) -> PlanResult:
+    if opts.rate is not None and opts.rate <= 0:
+        raise CbbenchError(f"--rate must be > 0 requests/s, got {opts.rate}")
+    if opts.price_per_replica_hour <= 0:
+        raise CbbenchError(
+            f"--price must be > 0 per replica-hour, got {opts.price_per_replica_hour}"
+        )
+    model = resolve_model(opts)
+    wl = load_workload(opts.workload, seed=opts.seed, num_requests=opts.num_requests)
+    if opts.rate is not None:
+        wl = with_arrivals(wl, "poisson", rate=opts.rate, seed=wl.seed)
+    elif all(r.arrival_s is None for r in wl.requests):
+        raise CbbenchError(f"--workload {opts.workload} has no arrival times: give --rate")
+    hw = get_hardware(opts.hardware)
+    source = "fit" if (hw.fit or {}).get("interval") else "assumed"
+    configs = opts.space.configs()
+    points: list[Point] = []
+    bound: int | None = None
+    searched = 0
+    refused: list[str] = []  # why the engine refused a configuration, one per refusal
+    interrupted = False
+    args = (wl.seed, wl.prefix_block_size)
+    pool = ProcessPoolExecutor(max_workers=opts.jobs) if opts.jobs > 1 else None
+    try:
+        for i in range(0, len(configs), max(1, opts.jobs)):
+            wave = configs[i : i + max(1, opts.jobs)]
+            if pool is None:
+                results = [search_config(opts, model, wl.requests, c, bound, *args) for c in wave]
+            else:
+                futs = [pool.submit(search_config, opts, model, wl.requests, c, bound, *args)
+                        for c in wave]  # fmt: skip
+                results = [f.result() for f in futs]
+            for pts in results:
+                if pts and isinstance(pts[0], str):
+                    refused.append(pts[0])
+                    continue
+                points.extend(pts)
+                meets = [p.replicas for p in pts if p.verdict == MEETS]
+                if meets:
+                    bound = min(meets) if bound is None else min(bound, min(meets))
+            searched += len(wave)
+            if on_progress is not None:
+                on_progress(searched, len(configs))
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=not interrupted, cancel_futures=True)
+    ok = [p for p in points if p.verdict == MEETS]
+    chosen = min(ok, key=lambda p: (p.cost_per_hour, p.binding_ratio)) if ok else None
+    return PlanResult(opts, model, source, points, chosen, frontier(points), searched,
+                      len(configs), interrupted, refused)  # fmt: skip

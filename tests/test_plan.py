@@ -1,0 +1,182 @@
+"""`cbbench plan` (harness/studies/planner.py): the cheapest simulated configuration that
+meets the SLOs, checked against a brute-force search of the same small space; parallel and
+sequential searches agree; an interrupt keeps what was searched; bad input gets one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cbbench.harness.cli import main
+from cbbench.harness.errors import CbbenchError
+from cbbench.harness.studies import planner
+from cbbench.workloads import load_workload, with_arrivals
+
+SPACE = "max_num_seqs=4,16;max_num_batched_tokens=512;replicas=1-4"
+
+
+def options(**kw) -> planner.PlanOptions:
+    base = dict(
+        workload="chat", rate=40.0, slos=planner.parse_slos("ttft_p99=1500ms,tpot_p99=60ms"),
+        hardware="a100", price_per_replica_hour=2.0, space=planner.parse_space(SPACE),
+        num_requests=80,
+    )  # fmt: skip
+    return planner.PlanOptions(**{**base, **kw})
+
+
+def test_slo_and_space_parsing():
+    slos = planner.parse_slos("ttft_p99=2s, tpot_p50=100ms,e2e_max=30s")
+    assert [(s.name, s.target_s) for s in slos] == [
+        ("ttft_p99", 2.0), ("tpot_p50", 0.1), ("e2e_max", 30.0)]  # fmt: skip
+    sp = planner.parse_space("replicas=2-6;scheduler=continuous,static;chunked_prefill=on,off")
+    assert (sp.min_replicas, sp.max_replicas) == (2, 6)
+    # static has no token budget or chunking: one entry per max_num_seqs
+    assert sum(c["scheduler"] == "static" for c in sp.configs()) == len(sp.max_num_seqs)
+    for bad in ("ttft=2s", "ttft_p99", "queue_p99=1s", "ttft_p99=fast"):
+        with pytest.raises(CbbenchError):
+            planner.parse_slos(bad)
+    for bad in ("max_num_seqs=x", "router=nearest", "colour=red", "chunked_prefill=maybe"):
+        with pytest.raises(CbbenchError):
+            planner.parse_space(bad)
+
+
+def test_chosen_is_the_cheapest_that_meets_by_brute_force():
+    opts = options()
+    res = planner.plan(opts)
+    assert res.chosen is not None and res.chosen.verdict == planner.MEETS
+    wl = load_workload("chat", seed=0, num_requests=80)
+    wl = with_arrivals(wl, "poisson", rate=opts.rate, seed=wl.seed)
+    every = [
+        planner.evaluate(opts, res.model, wl.requests, c, r, wl.seed, wl.prefix_block_size)
+        for c in opts.space.configs()
+        for r in range(1, 5)
+    ]
+    cheapest = min(p.cost_per_hour for p in every if p.verdict == planner.MEETS)
+    assert res.chosen.cost_per_hour == cheapest
+    # the search pruned: fewer points than the brute force, and each point's figures are
+    # the brute force's for the same configuration and replicas
+    assert len(res.points) < len(every)
+    same = {(json.dumps(p.config, sort_keys=True), p.replicas): p.predicted for p in every}
+    for p in res.points:
+        assert p.predicted == pytest.approx(same[(json.dumps(p.config, sort_keys=True),
+                                                  p.replicas)])  # fmt: skip
+    # verdicts follow the interval: meets = its top within every target
+    for p in every:
+        tops_ok = all(p.high[s.name] <= s.target_s for s in opts.slos)
+        assert (p.verdict == planner.MEETS) == tops_ok
+        assert p.low[p.binding] <= p.predicted[p.binding] <= p.high[p.binding]
+    f = res.frontier
+    assert [p.cost_per_hour for p in f] == sorted(p.cost_per_hour for p in f)
+    assert all(b.binding_ratio < a.binding_ratio for a, b in zip(f, f[1:], strict=False))
+
+
+def test_parallel_search_agrees_with_sequential():
+    seq, par = planner.plan(options()), planner.plan(options(jobs=2))
+    assert par.chosen is not None and seq.chosen is not None
+    assert (par.chosen.config, par.chosen.replicas) == (seq.chosen.config, seq.chosen.replicas)
+
+
+def test_interrupt_keeps_what_was_searched():
+    calls = []
+
+    def progress(done: int, total: int) -> None:
+        calls.append(done)
+        raise KeyboardInterrupt  # Ctrl-C after the first configuration
+
+    res = planner.plan(options(), on_progress=progress)
+    assert res.interrupted and res.searched == 1 and res.total == 2
+    assert res.points and all(p.config == res.points[0].config for p in res.points)
+
+
+def test_configurations_the_engine_refuses_are_skipped_and_said(capsys):
+    # without chunked prefill the token budget must hold max_model_len: 512 cannot
+    opts = options(space=planner.parse_space(SPACE + ";chunked_prefill=on,off"))
+    res = planner.plan(opts)
+    assert len(res.refused) == 2 and "chunked prefill" in res.refused[0]
+    assert res.chosen is not None and res.chosen.config["chunked_prefill"]
+
+
+def test_a_plan_per_rate(tmp_path, capsys):
+    rc = main(["plan", "--rate", "10,40", "--slo", "ttft_p99=1500ms", "--hardware", "a100",
+               "--price", "2", "--space", SPACE, "--num-requests", "60", "--out", str(tmp_path)])  # fmt: skip
+    assert rc == 0
+    chosen = [json.loads((tmp_path / f"rate-{r}" / "plan.json").read_text())["chosen"]
+              for r in (10, 40)]  # fmt: skip
+    assert chosen[0]["cost_per_hour"] <= chosen[1]["cost_per_hour"]
+    assert capsys.readouterr().out.count("chosen:") == 2
+
+
+def test_cli_prints_frontier_flags_and_writes_html(tmp_path, capsys):
+    rc = main(["plan", "--rate", "40", "--slo", "ttft_p99=1500ms,tpot_p99=60ms", "--hardware",
+               "a100", "--price", "2", "--space", SPACE, "--num-requests", "80", "--out",
+               str(tmp_path)])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "Pareto frontier" in out and "chosen:" in out
+    assert "cbbench serve --model llama-3-8b --scheduler continuous --max-num-seqs" in out
+    assert "vllm serve llama-3-8b --max-num-seqs" in out
+    doc = json.loads((tmp_path / "plan.json").read_text())
+    assert doc["simulated"] and doc["chosen"]["verdict"] == "meets"
+    page = (tmp_path / "plan.html").read_text()
+    assert "<svg" in page and "<polyline" in page and "SIMULATED" in page
+
+
+@pytest.mark.parametrize(
+    "argv,says",
+    [
+        (["--slo", "ttft_p99=1ms", "--space", SPACE], "no configuration in the space meets"),
+        (["--slo", "ttft_p99=1s", "--space", "max_num_seqs="], "the search space is empty"),
+        (["--slo", "ttft_p99=1s", "--space", "replicas=4-2"], "the search space is empty"),
+        (["--slo", "ttft_p99=1s", "--model", "tiny", "--hardware", "FIT"], "was fitted on"),
+        (["--slo", "tpot=1s"], "--slo"),
+        (["--slo", "ttft_p99=1s", "--rate", "0"], "--rate must be > 0"),
+        (["--slo", "ttft_p99=1s", "--rate", "fast"], "--rate: 'fast' is not a number"),
+    ],
+)
+def test_bad_input_gets_one_line(argv, says, tmp_path, capsys):
+    fit = tmp_path / "fit.json"
+    fit.write_text(json.dumps({"name": "cpu-fit", "peak_flops": 1e10, "mem_bw": 5e9,
+                               "mem_gb": 2, "fit": {"model": "small"}}))  # fmt: skip
+    argv = [str(fit) if a == "FIT" else a for a in argv]
+    base = ["plan", "--rate", "40", "--hardware", "a100", "--price", "1", "--num-requests", "40"]
+    rc = main(base + argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert says in err[0] and err[0].startswith("cbbench plan: error:")
+    if "meets" in says:
+        assert "widen the space" in err[0]
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_what_was_searched(tmp_path):
+    """A real SIGINT to `cbbench plan` mid-search: exit 130, plan.json with what was
+    searched, marked interrupted."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "plan"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cbbench.harness.cli", "plan", "--rate", "40", "--slo",
+         "ttft_p99=1500ms", "--hardware", "a100", "--price", "1", "--num-requests", "600",
+         "--space", "max_num_seqs=4,8,16,32,64,128,256,512;replicas=1-64;"
+         "max_num_batched_tokens=512,1024,2048,4096,8192,16384;chunked_prefill=on,off",
+         "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        time.sleep(12)  # past start-up, inside the search (it takes minutes in all)
+        assert proc.poll() is None, "the search ended before the interrupt"
+        os.kill(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stdout
+    doc = json.loads((out / "plan.json").read_text())
+    assert doc["interrupted"] and doc["searched"] < doc["total"]
+    assert "Traceback" not in stderr
