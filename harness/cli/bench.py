@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cbbench.harness.client.endpoints import ENDPOINTS
 from cbbench.harness.client.stream_kinds import REASONING_PARSERS
 from cbbench.harness.telemetry import TelemetryOptions
 
@@ -12,8 +13,14 @@ from cbbench.harness.telemetry import TelemetryOptions
 def add_load_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", required=True, help="server root, e.g. http://127.0.0.1:8000")
     p.add_argument("--workload", default="mixed", help="preset name, trace file or spec file")
-    p.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
+    p.add_argument("--endpoint", choices=ENDPOINTS, default="completions")
     p.add_argument("--model", help="model name (default: the first one /v1/models lists)")
+    p.add_argument(
+        "--embeddings-batch",
+        type=int,
+        default=1,
+        help="--endpoint embeddings: inputs per request (made from the request's prompt)",
+    )
     rate = p.add_mutually_exclusive_group()
     rate.add_argument(
         "--request-rate",

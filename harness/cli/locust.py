@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 
+from cbbench.harness.client.endpoints import ENDPOINTS
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.results.summary import parse_duration, parse_slo
 from cbbench.harness.telemetry import TelemetryOptions
@@ -32,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("workload and target (as in cbbench bench)")
     g.add_argument("--base-url", help="server root, e.g. http://127.0.0.1:8000")
     g.add_argument("--workload", default="mixed", help="preset name, trace file or spec file")
-    g.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
+    g.add_argument("--endpoint", choices=ENDPOINTS, default="completions")
     g.add_argument("--model", help="model name (default: the first one /v1/models lists)")
     g.add_argument("--num-requests", type=int, help="take the first N requests of the workload")
     g.add_argument("--seed", type=int, default=0)

@@ -8,6 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from cbbench.harness.client.endpoints import ENDPOINTS
 from cbbench.harness.sweep.levels import parse_list
 from cbbench.harness.telemetry import TelemetryOptions
 
@@ -41,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--max-levels", type=int, default=12, help="levels at most (default 12)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
+    p.add_argument("--endpoint", choices=ENDPOINTS, default="completions")
     p.add_argument("--model", help="model name (default: the first one /v1/models lists)")
     p.add_argument("--slo", help="goodput SLOs, e.g. ttft=200ms,tpot=50ms,e2e=10s")
     p.add_argument("--warmup", type=int, default=0, help="warmup requests per level")

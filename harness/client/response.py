@@ -123,6 +123,7 @@ class Response:
         "reply",
         "attempt_ns",
         "kinds",
+        "adapter",
     )
 
     def __init__(
@@ -132,8 +133,10 @@ class Response:
         collect_server_times: bool,
         reply: Reply | None = None,
         reasoning_parser: str = "auto",
+        adapter=None,
     ) -> None:
         self.rec = rec
+        self.adapter = adapter  # another API's events as chat chunks (endpoints.py), or None
         self.kinds = StreamKinds(reasoning_parser)  # reasoning / answer / tool-call tokens
         self.reply = reply  # a session turn: keep the text and ids for the next turn
         self.stream = stream
@@ -169,7 +172,8 @@ class Response:
         state, reply, sends, kinds = self.state, self.reply, self.sends, self.kinds
         events = self.parser.feed(raw)
         plain = kinds.plain  # a bare chunk can only be an answer token (stream_kinds.py)
-        if count_common is not None and reply is None and plain:  # a read's leading common
+        adapt = self.adapter.event if self.adapter is not None else None
+        if count_common is not None and reply is None and plain and adapt is None:  # a read's leading common
             one_ids = count_common(events, sends, t)  # chunks
         for data in events[one_ids:] if one_ids else events:
             if data == b"[DONE]":
@@ -184,6 +188,10 @@ class Response:
                 obj = parse_json(data)
             if type(obj) is not dict:
                 raise RequestFailed("protocol", f"SSE data is not a JSON object: {data[:80]!r}")
+            if adapt is not None:
+                obj = adapt(obj, state)
+                if obj is None:
+                    continue
             # the common chunk, one answer token id and nothing else to fold in, counted here;
             # anything else (reasoning, tool calls, usage, finish, errors, several ids, a
             # session) -> _apply
@@ -232,11 +240,16 @@ class Response:
             )
         if self.stream:
             if not self.state.get("done"):
-                raise RequestFailed("stream", "stream ended without [DONE]")
+                end = self.adapter.end_event if self.adapter is not None else "[DONE]"
+                raise RequestFailed("stream", f"stream ended without {end}")
             return
         obj = json.loads(b"".join(self.body))
         if not isinstance(obj, dict):
             raise RequestFailed("protocol", "response body is not a JSON object")
+        if self.adapter is not None:
+            obj = self.adapter.body(obj, self.state)
+            if obj is None:  # embeddings: no tokens (their `finish` fills the record)
+                return
         k = _apply(obj, self.state, False, self.kinds, self.reply)
         state = self.state
         self.chunks.append((t, state.get("ids_total") or state.get("usage_out") or k))
@@ -384,6 +397,9 @@ def finish(rec: RequestRecord, resp: Response, t0_ns: int, end_ns: int) -> None:
             "token_ids (timing uses the streamed count)"
         )
     _reasoning(rec, resp, exact)
+    if resp.adapter is not None and resp.adapter.finish is not None:
+        resp.adapter.finish(rec, resp)
+        return
     if chunks:
         times = spread(chunks)
         rec.token_times_s = [(t - t0_ns) / 1e9 for t in times]

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from cbbench.harness.client.endpoints import is_conversational
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.load.chat_template import load_chat_renderer
 from cbbench.workloads.tokens import DEFAULT_ID_RANGE, PromptTokenIds
@@ -152,7 +153,7 @@ class PromptBuilder:
     ) -> int | None:
         """A request's prompt tokens as the client reckons them (None: unknown). `prompt_len`
         is what a lone request asked for; a session's prompt holds its history too."""
-        if endpoint == "chat":  # with the model's template, as the server
+        if is_conversational(endpoint):  # with the model's template, as the server
             msgs = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
             n = self.count_chat(msgs)
             if n is None and not session:

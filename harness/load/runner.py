@@ -3,6 +3,9 @@ in worker processes), telemetry samplers, live view, summary, run.json; survives
 
 run.json is written at the start (status "running") and rewritten at the end, so even a killed
 run leaves a valid one next to every request that finished.
+
+Over 400 lines because the run's life (start, workers, Ctrl-C, the final rewrite) is one
+sequence whose steps share the run folder and the config; they read best together.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 import numpy as np
 from cbbench.harness.client import aio
 from cbbench.harness.client.api import ClientConfig, probe_server
+from cbbench.harness.client.endpoints import is_conversational
 from cbbench.harness.console.live import LiveStats, LiveView, summary_table
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.load.loadgen import Job, WorkerPlan, run_worker
@@ -78,6 +82,7 @@ class BenchConfig:
     keep_token_ids: bool = False  # sessions: prompt/reply token ids in each record's extra
     shard: Shard | None = None  # --shard I/N: send only part I of the N-way split (shards.py)
     start_at: float | None = None  # --start-at: t0 at this wall-clock time (unix seconds)
+    embeddings_batch: int = 1  # --endpoint embeddings: inputs per request
     reasoning_parser: str = "auto"  # --reasoning-parser: where reasoning is in a stream
 
 
@@ -142,7 +147,7 @@ def _plans(cfg: BenchConfig, client: ClientConfig) -> list[WorkerPlan]:
                 seed=cfg.workload.seed,
                 prefix_block_size=cfg.workload.prefix_block_size,
                 tokenizer=cfg.tokenizer,
-                text_prompts=cfg.text_prompts or cfg.endpoint == "chat",
+                text_prompts=cfg.text_prompts or is_conversational(cfg.endpoint),
                 cap_unit=cfg.cap_unit,
                 keep_token_ids=cfg.keep_token_ids,
                 prewarm=cfg.prewarm,
@@ -254,7 +259,7 @@ def _run_meta(cfg: BenchConfig, name: str, engine: dict, model: str, workers: in
             "reasoning_parser": cfg.reasoning_parser,
             "prewarm": cfg.prewarm,
             "event_loop": aio.loop_name(),
-            "text_prompts": cfg.text_prompts or cfg.endpoint == "chat",
+            "text_prompts": cfg.text_prompts or is_conversational(cfg.endpoint),
             "cap_unit": cfg.cap_unit,
             "tokenizer": cfg.tokenizer,
             "slo_s": cfg.slo,
@@ -307,6 +312,7 @@ def run_bench(
         http_client=cfg.http_client,
         kernel_timestamps=cfg.kernel_timestamps,
         reasoning_parser=cfg.reasoning_parser,
+        embeddings_batch=cfg.embeddings_batch,
     )
     plans = _plans(cfg, client)
     meta = _run_meta(cfg, name, engine, model, len(plans))

@@ -22,6 +22,7 @@ import time
 
 import gevent
 from cbbench.harness.client.api import ClientConfig, probe_server
+from cbbench.harness.client.endpoints import is_conversational
 from cbbench.harness.load.prompts import PromptBuilder
 from cbbench.harness.load.sessions import Conversation, Prompt, history_mode
 from cbbench.harness.locust.collector import RunCollector
@@ -78,7 +79,7 @@ class LocustRun:
         self.prompts = PromptBuilder(
             self.workload.seed, self.workload.prefix_block_size, settings.tokenizer
         )
-        self.text_prompts = settings.text_prompts or settings.endpoint == "chat"
+        self.text_prompts = settings.text_prompts or is_conversational(settings.endpoint)
         has_text = any(r.text is not None for r in self.workload.requests)
         self.history_mode = history_mode(settings.endpoint, self.text_prompts, has_text)
         self.t0_ns: int | None = None
