@@ -132,6 +132,9 @@ def create_app(
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
+    from cbbench.reference_engine.server import api_routes
+
+    api_routes.add_routes(app, state)  # /v1/responses, /v1/messages (/v1/embeddings)
     return GuardMiddleware(app, scheduler, max_body_bytes, api_key)
 
 

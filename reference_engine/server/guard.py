@@ -40,6 +40,7 @@ class GuardMiddleware:
         if self.api_key is not None and scope["path"] not in OPEN_PATHS:
             auth = headers.get(b"authorization", b"").decode("latin-1")
             token = auth[7:] if auth[:7].lower() == "bearer " else ""
+            token = token or headers.get(b"x-api-key", b"").decode("latin-1")  # Anthropic's
             if not hmac.compare_digest(token.encode(), self.api_key.encode()):
                 msg = "invalid API key" if token else "missing API key (Authorization: Bearer ...)"
                 await _reply(send_with_header, 401, msg, "authentication_error", "invalid_api_key")
