@@ -134,3 +134,23 @@ def test_requests_of_every_api_count_in_the_same_metrics(server):
     )
     assert wait_for_metric(server, e2e, before[e2e] + 2) == before[e2e] + 2
     assert scrape(server)[gen] == before[gen] + 6
+
+
+def test_embeddings_with_the_openai_client(server):
+    import numpy as np
+
+    c = _oai(server)
+    r = c.embeddings.create(model="tiny", input=["Hello there", "Tell me a story", "Hi"])
+    assert [d.index for d in r.data] == [0, 1, 2]
+    vecs = np.array([d.embedding for d in r.data])  # the client asked for base64 and decoded
+    assert vecs.shape[1] > 8 and np.allclose(np.linalg.norm(vecs, axis=1), 1, atol=1e-4)
+    assert r.usage.prompt_tokens == r.usage.total_tokens > 3
+    alone = c.embeddings.create(model="tiny", input="Tell me a story", encoding_format="float")
+    assert np.allclose(alone.data[0].embedding, vecs[1], atol=1e-4)  # batched or not
+    assert not np.allclose(vecs[0], vecs[1], atol=1e-3)
+    ids = c.embeddings.create(model="tiny", input=[[5, 17, 99], [5, 17]], encoding_format="float")
+    assert ids.usage.prompt_tokens == 5 and len(ids.data) == 2
+    with pytest.raises(openai.BadRequestError, match="input"):
+        c.embeddings.create(model="tiny", input=[[]])
+    with pytest.raises(openai.BadRequestError, match="vocabulary"):
+        c.embeddings.create(model="tiny", input=[10**9])

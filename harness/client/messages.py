@@ -39,7 +39,7 @@ def payload(cfg, prompt, rec) -> dict:
         "stream": cfg.stream,
     }
     if cfg.extensions:
-        body.update(ignore_eos=True, min_tokens=rec.output_len)
+        body.update(ignore_eos=True, min_tokens=rec.output_len, return_token_ids=True)
         if rec.priority:
             body["priority"] = rec.priority
     return body
@@ -105,6 +105,8 @@ def event(ev: dict, state: dict) -> dict | None:
         u = usage(ev.get("usage"), state)
         if u is not None:
             chunk["usage"] = u
+        if "cbbench" in ev:  # the reference engine's per-request report (queue time)
+            chunk["cbbench"] = ev["cbbench"]
         return chunk
     if kind == END_EVENT:
         state["done"] = True
@@ -144,6 +146,8 @@ def body(obj: dict, state: dict) -> dict:
     u = usage(obj.get("usage"), state)
     if u is not None:
         out["usage"] = u
+    if "cbbench" in obj:
+        out["cbbench"] = obj["cbbench"]
     return out
 
 

@@ -37,7 +37,7 @@ def payload(cfg, prompt, rec) -> dict:
         "stream": cfg.stream,
     }
     if cfg.extensions:
-        body.update(ignore_eos=True, min_tokens=rec.output_len)
+        body.update(ignore_eos=True, min_tokens=rec.output_len, return_token_ids=True)
         if rec.priority:
             body["priority"] = rec.priority
     return body
@@ -109,6 +109,8 @@ def event(ev: dict, state: dict) -> dict | None:
         u = usage(resp.get("usage"))
         if u is not None:
             chunk["usage"] = u
+        if "cbbench" in resp:  # the reference engine's per-request report (queue time)
+            chunk["cbbench"] = resp["cbbench"]
         return chunk
     if kind in ("response.failed", "error"):
         raise _failed(ev)
@@ -143,6 +145,8 @@ def body(obj: dict, state: dict) -> dict:
     u = usage(obj.get("usage"))
     if u is not None:
         out["usage"] = u
+    if "cbbench" in obj:
+        out["cbbench"] = obj["cbbench"]
     return out
 
 

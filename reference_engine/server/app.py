@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -134,7 +135,7 @@ def create_app(
 
     from cbbench.reference_engine.server import api_routes
 
-    api_routes.add_routes(app, state)  # /v1/responses, /v1/messages (/v1/embeddings)
+    api_routes.add_routes(app, state, sys.modules[__name__])  # /v1/responses, /v1/messages
     return GuardMiddleware(app, scheduler, max_body_bytes, api_key)
 
 
