@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from tests.openapi_strategy import body_strategy
 from tests.server_support import serve
-from tests.test_server_errors import HOSTILE, HOSTILE_TEXT, MESSAGES, PROMPT, VALID, WILD
+from tests.test_server_errors import HOSTILE, HOSTILE_TEXT, PROMPT, VALID, WILD
 
 KEY = "sekrit"
 HEADERS = {
@@ -55,22 +55,31 @@ PARTS = st.lists(
 INPUT_ITEMS = st.lists(
     st.fixed_dictionaries(
         {
-            "role": st.sampled_from(["user", "assistant", "system", "developer"])
-            | st.sampled_from(HOSTILE)
-        },  # fmt: skip
-        optional={"content": st.text(max_size=12) | PARTS, "type": st.just("message")},
+            "role": st.sampled_from(["user", "assistant", "system", "developer"]),
+            "content": st.text(max_size=12) | PARTS,
+        },
+        optional={"type": st.just("message")},
     ),
     min_size=1,
     max_size=2,
 )
+ANTHROPIC_MESSAGES = st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "assistant"]),  # wild roles: one_wild's messages
+         "content": st.text(max_size=12) | st.sampled_from(HOSTILE)
+         | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": HOSTILE_TEXT}))},
+    ),
+    min_size=1,
+    max_size=2,
+)  # fmt: skip
 SAMPLING = {k: v for k, v in VALID.items() if k != "max_tokens"}
 RESPONSES = _requests(
     {"input": st.text(min_size=1, max_size=30) | INPUT_ITEMS},
     {**SAMPLING, "max_output_tokens": st.integers(1, 8), "instructions": st.text(max_size=8),
-     "previous_response_id": st.none() | st.just("resp_1"), "store": st.booleans()},
+     "previous_response_id": st.sampled_from([None, None, None, "resp_1"]), "store": st.just(False)},
 )  # fmt: skip
 MESSAGES_REQ = _requests(
-    {"messages": MESSAGES, "max_tokens": st.integers(1, 8)},
+    {"messages": ANTHROPIC_MESSAGES, "max_tokens": st.integers(1, 8)},
     {**SAMPLING, "system": st.text(max_size=8),
      "stop_sequences": st.lists(st.text(max_size=3), max_size=2)},
 )  # fmt: skip
