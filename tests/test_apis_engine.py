@@ -61,7 +61,9 @@ def test_bench_embeddings_against_the_engine(engine, tmp_path):
         assert r.ok, r.error
         assert r.extra["inputs"] == 3 and r.extra["dims"] > 8
         assert r.prompt_tokens_server == 30 and r.e2e_s > 0
-    assert res.summary["total_input_tokens"] == 6 * 30
+    s = res.summary
+    assert s["total_input_tokens"] == 6 * 30 and s["embedding_inputs"] == 18
+    assert s["embedding_input_throughput"] == pytest.approx(18 / s["duration_s"])
 
 
 @pytest.mark.parametrize("endpoint", ["responses", "messages"])
