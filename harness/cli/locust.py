@@ -58,6 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--no-extensions", action="store_true", help="plain OpenAI request body")
     g.add_argument("--extra-body", help="JSON object merged into every request body")
     g.add_argument(
+        "--embeddings-batch", type=int, default=1, help="--endpoint embeddings: inputs per request"
+    )
+    g.add_argument(
         "--no-itl-events", action="store_true", help="no per-token ITL samples in Locust's stats"
     )
     g.add_argument("--out", help="run folder (default results/runs/<timestamp>-<name>)")
@@ -103,6 +106,8 @@ def settings_from_args(args: argparse.Namespace):
         if not isinstance(extra, dict):
             raise CbbenchError("--extra-body: expected a JSON object")
     pacing = parse_duration(args.pacing, "--pacing") if args.pacing else None
+    if args.embeddings_batch < 1:
+        raise CbbenchError(f"--embeddings-batch must be >= 1, got {args.embeddings_batch}")
     settings = LocustSettings(
         base_url=args.base_url.rstrip("/"),
         workload=args.workload,
@@ -126,6 +131,7 @@ def settings_from_args(args: argparse.Namespace):
         stream=not args.no_stream,
         extensions=not args.no_extensions,
         extra_body=extra,
+        embeddings_batch=args.embeddings_batch,
         itl_events=not args.no_itl_events,
         telemetry=TelemetryOptions.from_args(args).to_dict(),
         command=list(sys.argv),

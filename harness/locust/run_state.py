@@ -75,6 +75,7 @@ class LocustRun:
             timeout_s=settings.timeout_s,
             extensions=settings.extensions,
             extra_body=settings.extra_body,
+            embeddings_batch=settings.embeddings_batch,
         )
         self.prompts = PromptBuilder(
             self.workload.seed, self.workload.prefix_block_size, settings.tokenizer
