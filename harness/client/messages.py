@@ -87,7 +87,10 @@ def event(ev: dict, state: dict) -> dict | None:
         choice: dict = {"index": 0, "delta": d}
         if "token_ids" in ev:
             choice["token_ids"] = ev["token_ids"]
-        return {"choices": [choice]}
+        out: dict = {"choices": [choice]}
+        if "t_send_ns" in ev:  # the reference engine's timing check (cbbench_send_times)
+            out["t_send_ns"] = ev["t_send_ns"]
+        return out
     if kind == "message_start":
         msg = ev.get("message")
         if not isinstance(msg, dict):

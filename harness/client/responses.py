@@ -76,7 +76,10 @@ def _chunk(delta: dict, ev: dict) -> dict:
     choice: dict = {"index": 0, "delta": delta}
     if "token_ids" in ev:
         choice["token_ids"] = ev["token_ids"]
-    return {"choices": [choice]}
+    chunk: dict = {"choices": [choice]}
+    if "t_send_ns" in ev:  # the reference engine's timing check (cbbench_send_times)
+        chunk["t_send_ns"] = ev["t_send_ns"]
+    return chunk
 
 
 def _failed(ev: dict) -> RequestFailed:

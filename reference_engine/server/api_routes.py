@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -38,14 +39,16 @@ def add_routes(app: FastAPI, state: Any, chat: Any) -> None:
 
     @app.post("/v1/responses", **A._body_doc(R.ResponsesRequest))
     async def responses(request: Request) -> Response:
+        t_recv = time.monotonic_ns()
         body = await A._parse(state, request, R.ResponsesRequest)
-        return await _run(A, state, request, body, R.ResponsesShaper, named=False)
+        return await _run(A, state, request, body, R.ResponsesShaper, t_recv, named=False)
 
     @app.post("/v1/messages", **_messages_doc(A._body_doc(M.MessagesRequest)))
     async def messages(request: Request) -> Response:
+        t_recv = time.monotonic_ns()
         try:
             body = await A._parse(state, request, M.MessagesRequest)
-            return await _run(A, state, request, body, M.MessagesShaper, named=True)
+            return await _run(A, state, request, body, M.MessagesShaper, t_recv, named=True)
         except APIError as exc:
             return JSONResponse(M.from_api_error(exc), exc.status_code)
 
@@ -92,7 +95,7 @@ def _messages_doc(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _run(
-    A: Any, state: Any, request: Request, body: Any, shaper_cls: Any, named: bool
+    A: Any, state: Any, request: Request, body: Any, shaper_cls: Any, t_recv: int, named: bool
 ) -> Response:
     try:
         prompt_ids = await A._encode_chat(state.tokenizer, body.conversation())
@@ -117,6 +120,8 @@ async def _run(
         scheduler=state.scheduler,
     )
     shaper = shaper_cls(gen, state.model_name, body)
+    if body.cbbench_send_times:  # the route's arrival; each delta's send below
+        shaper.stamps = {"t_recv_ns": t_recv}
     if body.stream:
         return StreamingResponse(
             _events(stream, gen, shaper, named),
@@ -196,7 +201,10 @@ async def _events(
             if gen.finished and not out.finished:
                 stream.close()
             if delta.text or shaper.body.return_token_ids:
-                yield _frame(shaper.delta(delta), named)
+                ev = shaper.delta(delta)
+                if shaper.body.cbbench_send_times:
+                    ev["t_send_ns"] = time.monotonic_ns()
+                yield _frame(ev, named)
             if gen.finished:
                 break
         for ev in shaper.end():

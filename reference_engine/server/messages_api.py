@@ -66,6 +66,7 @@ class MessagesRequest(P.ChatCompletionRequest):
     max_tokens: int = Field(..., ge=1)  # required, as Anthropic's API has it
     system: P.Text | list[TextBlock] | None = None
     stop_sequences: list[P.Text] | None = None
+    cbbench_send_times: bool = False  # timing check: t_send_ns per delta, t_recv_ns at the end
 
     def conversation(self) -> list[tuple[str, str]]:
         if self.stop_sequences:
@@ -89,6 +90,7 @@ class MessagesShaper:
         self.model = model
         self.body = body
         self.id = "msg_" + gen.request_id.split("-", 1)[-1]
+        self.stamps: dict[str, int] = {}  # cbbench_send_times: the request's arrival (api_routes)
 
     def _message(self, done: bool) -> dict[str, Any]:
         gen = self.gen
@@ -109,7 +111,7 @@ class MessagesShaper:
             "usage": usage,
         }
         if done:
-            out["cbbench"] = gen.cbbench_field()
+            out["cbbench"] = {**gen.cbbench_field(), **self.stamps}
         return out
 
     def start(self) -> list[dict[str, Any]]:
@@ -140,7 +142,7 @@ class MessagesShaper:
                 "type": "message_delta",
                 "delta": {"stop_reason": reason, "stop_sequence": None},
                 "usage": {"output_tokens": len(self.gen.token_ids)},
-                "cbbench": self.gen.cbbench_field(),
+                "cbbench": {**self.gen.cbbench_field(), **self.stamps},
             },
             {"type": "message_stop"},
         ]

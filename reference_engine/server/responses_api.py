@@ -49,6 +49,7 @@ class ResponsesRequest(P.ChatCompletionRequest):
     max_output_tokens: int | None = Field(None, ge=1)
     previous_response_id: P.Text | None = None
     store: bool = False
+    cbbench_send_times: bool = False  # timing check: t_send_ns per delta, t_recv_ns at the end
 
     def conversation(self) -> list[tuple[str, str]]:
         """The (role, text) list the chat template renders; `max_tokens` from
@@ -91,6 +92,7 @@ class ResponsesShaper:
         self.created = int(time.time())
         self.item_id = "msg_" + gen.request_id.split("-", 1)[-1]
         self.seq = 0
+        self.stamps: dict[str, int] = {}  # cbbench_send_times: the request's arrival (api_routes)
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
         self.seq += 1
@@ -122,7 +124,7 @@ class ResponsesShaper:
             "error": None,
         }
         if done:
-            out["cbbench"] = gen.cbbench_field()
+            out["cbbench"] = {**gen.cbbench_field(), **self.stamps}
         return out
 
     def _part(self, text: str) -> dict[str, Any]:
