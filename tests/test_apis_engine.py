@@ -138,3 +138,13 @@ def test_bench_timed_against_the_engines_own_stamps(engine, tmp_path, endpoint):
     print(endpoint, "p50 client", p_ours, "engine", p_theirs)
     assert -2e-4 < p_ours[0] - p_theirs[0] < 5e-3, (p_ours, p_theirs)
     assert abs(p_ours[1] / p_theirs[1] - 1) < 0.15, (p_ours, p_theirs)
+
+
+@pytest.mark.parametrize("endpoint", ["responses", "messages"])
+def test_bench_non_streaming_against_the_engine(engine, tmp_path, endpoint):
+    res = _bench(engine, tmp_path, endpoint, [RequestSpec(i, 12, 5) for i in range(3)],
+                 stream=False)  # fmt: skip
+    for r in res.records:
+        assert r.ok, r.error
+        assert r.output_tokens_server == r.output_tokens_client == 5 and r.finish_reason == "length"
+        assert r.ttft_s is None and r.e2e_s > 0 and r.server_queue_s is not None
