@@ -1,6 +1,7 @@
 """Pooling requests in the engine (`SamplingParams.embed`, `execution/pooling.py`): LAST
 pooling, L2-normalized; the same vector whether the prompt's prefill ran whole or in chunks
-beside other requests' steps, and whether it shared a step with generation."""
+beside other requests' steps, whether it shared a step with generation, and under async
+scheduling."""
 
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ EMBED = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, embed=Tru
 PROMPT = [(7 * i + 3) % 500 for i in range(40)]
 
 
-def _embed(budget: int, with_generation: bool) -> list[float]:
+def _embed(budget: int, with_generation: bool, async_scheduling: bool = False) -> list[float]:
     cfg = EngineConfig(
         model="tiny",
         scheduler="continuous",
         max_model_len=128,
         continuous=ContinuousConfig(max_num_seqs=4, max_num_batched_tokens=budget),
+        async_scheduling=async_scheduling,
     )
     engine = LLMEngine.from_config(cfg)
     if with_generation:
@@ -61,3 +63,5 @@ def test_same_embedding_whole_chunked_or_beside_generation():
     chunked = torch.tensor(_embed(budget=16, with_generation=True))  # 40 tokens in 3 chunks
     assert abs(float(whole.norm()) - 1) < 1e-5
     assert torch.allclose(whole, chunked, atol=1e-4), float((whole - chunked).abs().max())
+    pipelined = torch.tensor(_embed(budget=16, with_generation=True, async_scheduling=True))
+    assert torch.allclose(whole, pipelined, atol=1e-4)  # async scheduling keeps it too
