@@ -172,9 +172,9 @@ class Response:
         state, reply, sends, kinds = self.state, self.reply, self.sends, self.kinds
         events = self.parser.feed(raw)
         plain = kinds.plain  # a bare chunk can only be an answer token (stream_kinds.py)
-        adapt = self.adapter.event if self.adapter is not None else None
-        if count_common is not None and reply is None and plain and adapt is None:  # a read's leading common
-            one_ids = count_common(events, sends, t)  # chunks
+        adapt = self.adapter.event if self.adapter is not None else None  # another API's
+        if count_common is not None and reply is None and plain and adapt is None:  # a read's
+            one_ids = count_common(events, sends, t)  # leading common chunks
         for data in events[one_ids:] if one_ids else events:
             if data == b"[DONE]":
                 state["done"] = True

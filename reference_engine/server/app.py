@@ -135,7 +135,7 @@ def create_app(
 
     from cbbench.reference_engine.server import api_routes
 
-    api_routes.add_routes(app, state, sys.modules[__name__])  # /v1/responses, /v1/messages
+    api_routes.add_routes(app, state, sys.modules[__name__])  # responses, messages, embeddings
     return GuardMiddleware(app, scheduler, max_body_bytes, api_key)
 
 
