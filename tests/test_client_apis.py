@@ -225,6 +225,8 @@ def test_cbbench_bench_endpoint(tmp_path, api):
     assert len(recs) == 3 and all(r["status"] == "ok" for r in recs), recs
     if api == "embeddings":
         assert all(r["extra"]["inputs"] == 2 and r["e2e_s"] > 0.04 for r in recs)
+        assert "embeddings: 6 inputs" in out.stdout and "short outputs 0" in out.stdout
+        assert "prompts differ in length" not in out.stdout  # the batch's tokens, both sides
     else:
         assert "TTFO (ms)" in out.stdout
         assert [r["reasoning_tokens"] for r in recs] == [32] * 3

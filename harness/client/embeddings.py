@@ -7,7 +7,8 @@ request's prompt: token ids (the default, as vLLM and OpenAI accept them) or tex
 of a batch differ and share no prefix. The response must hold one float vector per input
 (else the request fails as `protocol`); `usage.prompt_tokens` is the batch's input tokens.
 
-A record has no output tokens and no TTFT: `e2e_s` is the request's latency, `extra` holds
+A record has no output tokens (`output_len` 0) and no TTFT; its client prompt count is the
+batch's (the prompt's times the inputs). `e2e_s` is the request's latency, `extra` holds
 `inputs` (the batch size) and `dims` (the vector length); a run's inputs/s is its requests/s
 times the batch, its tokens/s `total_token_throughput` (input tokens, as there is no output).
 """
@@ -73,8 +74,11 @@ def finish(rec, resp) -> None:
 
         fail_record(rec, "protocol", f"{state['embeddings']} vectors for {sent} inputs")
         return
-    rec.extra["inputs"] = state["embeddings"]
+    rec.extra["inputs"] = n = state["embeddings"]
     rec.extra["dims"] = state["dims"]
+    rec.output_len = 0  # nothing is generated: not a short output
+    if rec.prompt_tokens_client is not None:  # the prompt, turned n ways: the batch's tokens
+        rec.prompt_tokens_client *= n
     if rec.ok and rec.sent_s is not None and rec.end_s is not None:
         rec.e2e_s = rec.end_s - rec.sent_s
         rec.first_token_s = rec.last_token_s = rec.end_s
