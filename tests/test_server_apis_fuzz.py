@@ -151,3 +151,17 @@ def test_fuzz_from_the_openapi_schema_never_gets_5xx(url):
         _post(url, path, body)
 
     check()
+
+
+def test_key_and_size_errors_in_each_apis_shape(url):
+    r = httpx.post(url + "/v1/messages", json={"max_tokens": 1}, timeout=10)
+    assert r.status_code == 401, r.text
+    assert r.json() == {
+        "type": "error",
+        "error": {"type": "authentication_error", "message": r.json()["error"]["message"]},
+    }
+    r = httpx.post(url + "/v1/responses", json={"input": "x"}, timeout=10)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    big = {"messages": [{"role": "user", "content": "x" * (5 << 20)}], "max_tokens": 1}
+    r = httpx.post(url + "/v1/messages", json=big, headers=HEADERS["/v1/messages"], timeout=30)
+    assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
