@@ -154,3 +154,11 @@ def test_embeddings_with_the_openai_client(server):
         c.embeddings.create(model="tiny", input=[[]])
     with pytest.raises(openai.BadRequestError, match="vocabulary"):
         c.embeddings.create(model="tiny", input=[10**9])
+
+
+def test_embeddings_on_a_simulated_engine_are_a_clear_400():
+    with serve(EngineConfig(model="tiny", executor="sim", max_model_len=256)) as (url, _):
+        with pytest.raises(openai.BadRequestError, match="no hidden states"):
+            _oai(url).embeddings.create(model="tiny", input="hello")
+        text = _oai(url).responses.create(model="tiny", input="hi", max_output_tokens=3)
+        assert text.usage.output_tokens == 3  # generation still works there
