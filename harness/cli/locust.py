@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 
-from cbbench.harness.client.endpoints import ENDPOINTS
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.results.summary import parse_duration, parse_slo
 from cbbench.harness.telemetry import TelemetryOptions
@@ -25,6 +24,8 @@ DEFAULT_MASTER_PORT = 5557
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from cbbench.harness.client.endpoints import ENDPOINTS
+
     p = sub.add_parser(
         "locust",
         help="load through Locust: web UI or headless, distributed workers, same run folder",
@@ -129,9 +130,9 @@ def settings_from_args(args: argparse.Namespace):
         api_key=args.api_key,
         timeout_s=args.timeout,
         stream=not args.no_stream,
+        embeddings_batch=args.embeddings_batch,
         extensions=not args.no_extensions,
         extra_body=extra,
-        embeddings_batch=args.embeddings_batch,
         itl_events=not args.no_itl_events,
         telemetry=TelemetryOptions.from_args(args).to_dict(),
         command=list(sys.argv),

@@ -8,12 +8,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from cbbench.harness.client.endpoints import ENDPOINTS
 from cbbench.harness.sweep.levels import parse_list
 from cbbench.harness.telemetry import TelemetryOptions
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from cbbench.harness.client.endpoints import ENDPOINTS
+
     p = sub.add_parser(
         "sweep",
         help="benchmark a server at several load levels into one folder (for report curves)",

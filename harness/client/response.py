@@ -172,9 +172,8 @@ class Response:
         state, reply, sends, kinds = self.state, self.reply, self.sends, self.kinds
         events = self.parser.feed(raw)
         plain = kinds.plain  # a bare chunk can only be an answer token (stream_kinds.py)
-        adapt = self.adapter.event if self.adapter is not None else None  # another API's
-        if count_common is not None and reply is None and plain and adapt is None:  # a read's
-            one_ids = count_common(events, sends, t)  # leading common chunks
+        if count_common is not None and reply is None and plain:  # a read's leading common
+            one_ids = count_common(events, sends, t)  # chunks
         for data in events[one_ids:] if one_ids else events:
             if data == b"[DONE]":
                 state["done"] = True
@@ -188,9 +187,9 @@ class Response:
                 obj = parse_json(data)
             if type(obj) is not dict:
                 raise RequestFailed("protocol", f"SSE data is not a JSON object: {data[:80]!r}")
-            if adapt is not None:
-                obj = adapt(obj, state)
-                if obj is None:
+            if self.adapter is not None:  # another API's event as a chat chunk, or nothing
+                obj = self.adapter.event(obj, state)  # (its events never pass count_common:
+                if obj is None:  # they have no `choices`)
                     continue
             # the common chunk, one answer token id and nothing else to fold in, counted here;
             # anything else (reasoning, tool calls, usage, finish, errors, several ids, a

@@ -71,11 +71,11 @@ class LocustRun:
             model=settings.model,
             endpoint=settings.endpoint,
             stream=settings.stream,
+            embeddings_batch=settings.embeddings_batch,
             api_key=settings.api_key,
             timeout_s=settings.timeout_s,
             extensions=settings.extensions,
             extra_body=settings.extra_body,
-            embeddings_batch=settings.embeddings_batch,
         )
         self.prompts = PromptBuilder(
             self.workload.seed, self.workload.prefix_block_size, settings.tokenizer

@@ -41,9 +41,9 @@ class LocustSettings:
     api_key: str | None = None
     timeout_s: float = 600.0
     stream: bool = True
+    embeddings_batch: int = 1  # --endpoint embeddings: inputs per request
     extensions: bool = True
     extra_body: dict = field(default_factory=dict)
-    embeddings_batch: int = 1  # --endpoint embeddings: inputs per request
     itl_events: bool = True  # one Locust "ITL" sample per token gap
     telemetry: dict = field(default_factory=dict)  # TelemetryOptions.to_dict()
     command: list[str] = field(default_factory=list)
