@@ -18,6 +18,7 @@ class SamplingParams:
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
     logprobs: int | None = None  # None: none; k: each output token's logprob + the top k
+    embed: bool = False  # pooling request: its output carries the prompt's embedding
 
     MAX_LOGPROBS = 20  # as vLLM's default max_logprobs
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cbbench.harness.client.endpoints import ENDPOINTS
 from cbbench.harness.client.stream_kinds import REASONING_PARSERS
 from cbbench.harness.load.cache_options import add_cache_args
 from cbbench.harness.load.vllm_compat import RANDOM_INPUT_LEN, RANDOM_OUTPUT_LEN
@@ -35,11 +36,18 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--endpoint",
-        choices=("completions", "chat"),
+        choices=ENDPOINTS,
         default="completions",
-        help="API to call: /v1/completions or /v1/chat/completions (default: completions)",
+        help="API to call: /v1/completions, /v1/chat/completions, /v1/responses, /v1/messages "
+        "(Anthropic) or /v1/embeddings (default: completions)",
     )
     p.add_argument("--model", help="model name (default: the first one /v1/models lists)")
+    p.add_argument(
+        "--embeddings-batch",
+        type=int,
+        default=1,
+        help="--endpoint embeddings: inputs per request (made from the request's prompt)",
+    )
     rate = p.add_mutually_exclusive_group()
     rate.add_argument(
         "--request-rate",

@@ -25,6 +25,8 @@ DEFAULT_MASTER_PORT = 5557
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from cbbench.harness.client.endpoints import ENDPOINTS
+
     p = sub.add_parser(
         "locust",
         help="load through Locust: web UI or headless, distributed workers, same run folder",
@@ -33,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("workload and target (as in cbbench bench)")
     g.add_argument("--base-url", help="server root, e.g. http://127.0.0.1:8000")
     g.add_argument("--workload", default="mixed", help="preset name, trace file or spec file")
-    g.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
+    g.add_argument("--endpoint", choices=ENDPOINTS, default="completions")
     g.add_argument("--model", help="model name (default: the first one /v1/models lists)")
     g.add_argument("--num-requests", type=int, help="take the first N requests of the workload")
     g.add_argument("--seed", type=int, default=0)
@@ -57,6 +59,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--no-stream", action="store_true", help="non-streaming requests")
     g.add_argument("--no-extensions", action="store_true", help="plain OpenAI request body")
     g.add_argument("--extra-body", help="JSON object merged into every request body")
+    g.add_argument(
+        "--embeddings-batch", type=int, default=1, help="--endpoint embeddings: inputs per request"
+    )
     g.add_argument(
         "--no-itl-events", action="store_true", help="no per-token ITL samples in Locust's stats"
     )
@@ -108,6 +113,8 @@ def settings_from_args(args: argparse.Namespace):
     reasoning = reasoning_body(args.endpoint, args.reasoning_effort, args.chat_template_kwargs)
     extra = {**reasoning, **extra}
     pacing = parse_duration(args.pacing, "--pacing") if args.pacing else None
+    if args.embeddings_batch < 1:
+        raise CbbenchError(f"--embeddings-batch must be >= 1, got {args.embeddings_batch}")
     settings = LocustSettings(
         base_url=args.base_url.rstrip("/"),
         workload=args.workload,
@@ -129,6 +136,7 @@ def settings_from_args(args: argparse.Namespace):
         api_key=args.api_key,
         timeout_s=args.timeout,
         stream=not args.no_stream,
+        embeddings_batch=args.embeddings_batch,
         extensions=not args.no_extensions,
         extra_body=extra,
         reasoning_parser=args.reasoning_parser,

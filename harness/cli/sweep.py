@@ -14,6 +14,8 @@ from cbbench.harness.telemetry import TelemetryOptions
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from cbbench.harness.client.endpoints import ENDPOINTS
+
     p = sub.add_parser(
         "sweep",
         help="benchmark a server at several load levels into one folder (for report curves)",
@@ -42,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--max-levels", type=int, default=12, help="levels at most (default 12)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
+    p.add_argument("--endpoint", choices=ENDPOINTS, default="completions")
     p.add_argument("--model", help="model name (default: the first one /v1/models lists)")
     p.add_argument("--slo", help="goodput SLOs, e.g. ttft=200ms,tpot=50ms,e2e=10s")
     p.add_argument("--warmup", type=int, default=0, help="warmup requests per level")

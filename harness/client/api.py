@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
-from cbbench.harness.client import aio, http1, response
+from cbbench.harness.client import aio, endpoints, http1, response
 from cbbench.harness.client.reply import Reply
 from cbbench.harness.client.response import (
     ERROR_TEXT_LIMIT,
@@ -48,7 +48,7 @@ __all__ = [
 class ClientConfig:
     base_url: str
     model: str
-    endpoint: str = "completions"  # "completions" | "chat"
+    endpoint: str = "completions"  # one of endpoints.ENDPOINTS
     stream: bool = True
     api_key: str | None = None
     timeout_s: float = 600.0
@@ -60,11 +60,15 @@ class ClientConfig:
     kernel_timestamps: bool = True  # raw client: the kernel's receive times where available
     session_header: str | None = "x-session-id"  # sent with a session's id on its requests
     reasoning_parser: str = "auto"  # where reasoning is in a stream (stream_kinds.py)
+    embeddings_batch: int = 1  # embeddings: inputs per request (client/embeddings.py)
+
+    def __post_init__(self) -> None:
+        if self.endpoint == "embeddings":
+            self.stream = False  # never streamed
 
     @property
     def url(self) -> str:
-        path = "/v1/chat/completions" if self.endpoint == "chat" else "/v1/completions"
-        return self.base_url.rstrip("/") + path
+        return self.base_url.rstrip("/") + endpoints.path(self.endpoint)
 
 
 def header_value(text: str) -> str:
@@ -78,7 +82,13 @@ def header_value(text: str) -> str:
 def build_payload(
     cfg: ClientConfig, prompt: list[int] | str | list[dict], rec: RequestRecord
 ) -> dict:
-    """The request body. A chat prompt is a message list (a session's history) or one text."""
+    """The request body. A chat prompt is a message list (a session's history) or one text;
+    the Responses, Messages and embeddings bodies are their modules' (`endpoints.adapter`)."""
+    adapter = endpoints.adapter(cfg.endpoint)
+    if adapter is not None:
+        body = adapter.payload(cfg, prompt, rec)
+        body.update(cfg.extra_body)
+        return body
     body: dict = {"model": cfg.model, "max_tokens": rec.output_len, "stream": cfg.stream}
     if cfg.endpoint == "chat":
         is_messages = isinstance(prompt, list) and prompt and isinstance(prompt[0], dict)
@@ -105,9 +115,10 @@ class OpenAIClient:
     def __init__(self, cfg: ClientConfig, t0_ns: int = 0) -> None:
         self.cfg = cfg
         self.t0_ns = t0_ns
-        auth = {"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+        auth = endpoints.auth_headers(cfg.endpoint, cfg.api_key)
         self.headers = {"content-type": "application/json", **auth}
-        self.path = "/v1/chat/completions" if cfg.endpoint == "chat" else "/v1/completions"
+        self.path = endpoints.path(cfg.endpoint)
+        self.adapter = endpoints.adapter(cfg.endpoint)  # Responses, Messages, embeddings
         self._head_start: bytes | None = None  # `encode`: the head before x-request-id
         # a burst of finished requests does its bookkeeping a few per loop turn (aio.py)
         self.turns = aio.TurnBudget(16)
@@ -172,7 +183,9 @@ class OpenAIClient:
         `encoded`: the request as `encode` built it ahead (then `prompt` is not used, and
         the caller sets `rec.prompt_tokens_client`)."""
         cfg = self.cfg
-        resp = Response(rec, cfg.stream, cfg.collect_server_times, reply, cfg.reasoning_parser)
+        resp = Response(
+            rec, cfg.stream, cfg.collect_server_times, reply, cfg.reasoning_parser, self.adapter
+        )
         if encoded is None:
             encoded = self.encode(rec, prompt)
             if isinstance(prompt, list) and (not prompt or isinstance(prompt[0], int)):

@@ -128,6 +128,7 @@ class Response:
         "reply",
         "attempt_ns",
         "kinds",
+        "adapter",
     )
 
     def __init__(
@@ -137,8 +138,10 @@ class Response:
         collect_server_times: bool,
         reply: Reply | None = None,
         reasoning_parser: str = "auto",
+        adapter=None,
     ) -> None:
         self.rec = rec
+        self.adapter = adapter  # another API's events as chat chunks (endpoints.py), or None
         self.kinds = StreamKinds(reasoning_parser)  # reasoning / answer / tool-call tokens
         self.reply = reply  # a session turn: keep the text and ids for the next turn
         self.stream = stream
@@ -198,6 +201,10 @@ class Response:
                 obj = parse_json(data)
             if type(obj) is not dict:
                 raise RequestFailed("protocol", f"SSE data is not a JSON object: {data[:80]!r}")
+            if self.adapter is not None:  # another API's event as a chat chunk, or nothing
+                obj = self.adapter.event(obj, state)  # (its events never pass count_common:
+                if obj is None:  # they have no `choices`)
+                    continue
             # the common chunk, one answer token id and nothing else to fold in, counted here;
             # anything else (reasoning, tool calls, usage, finish, errors, several ids, a
             # session) -> _apply
@@ -252,11 +259,16 @@ class Response:
             )
         if self.stream:
             if not self.state.get("done"):
-                raise RequestFailed("stream", "stream ended without [DONE]")
+                end = self.adapter.end_event if self.adapter is not None else "[DONE]"
+                raise RequestFailed("stream", f"stream ended without {end}")
             return
         obj = json.loads(b"".join(self.body))
         if not isinstance(obj, dict):
             raise RequestFailed("protocol", "response body is not a JSON object")
+        if self.adapter is not None:
+            obj = self.adapter.body(obj, self.state)
+            if obj is None:  # embeddings: no tokens (their `finish` fills the record)
+                return
         k = _apply(obj, self.state, False, self.kinds, self.reply)
         state = self.state
         self.chunks.append((t, state.get("ids_total") or state.get("usage_out") or k))
@@ -404,6 +416,9 @@ def finish(rec: RequestRecord, resp: Response, t0_ns: int, end_ns: int) -> None:
             "token_ids (timing uses the streamed count)"
         )
     _reasoning(rec, resp, exact)
+    if resp.adapter is not None and resp.adapter.finish is not None:
+        resp.adapter.finish(rec, resp)
+        return
     if chunks:
         times = spread(chunks)
         rec.token_times_s = [(t - t0_ns) / 1e9 for t in times]

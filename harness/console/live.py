@@ -304,6 +304,11 @@ def _caption(summary: dict, c: dict) -> str:
         lines.append(
             "errors: " + ", ".join(f"{k} {v}" for k, v in summary["errors_by_kind"].items())
         )
+    if summary.get("embedding_inputs"):
+        lines.append(
+            f"embeddings: {summary['embedding_inputs']} inputs, "
+            f"{num(summary.get('embedding_input_throughput'), '.1f')} inputs/s"
+        )
     if c["prompt_token_mismatch"]:
         lines.append(
             f"warning: {c['prompt_token_mismatch']} prompts differ in length from the server's count "

@@ -135,6 +135,7 @@ class ClientOptions:
     prewarm: bool = True  # open the connections (up to the concurrency) before t0
     kernel_timestamps: bool = True  # raw client: the kernel's receive times where available
     reasoning_parser: str = "auto"  # where a stream's reasoning is (client/stream_kinds.py)
+    embeddings_batch: int = 1  # --endpoint embeddings: inputs per request
 
     def slo_s(self) -> dict[str, float]:
         """The SLOs in seconds, from --slo (units required) or vLLM's --goodput (ms)."""
@@ -172,6 +173,7 @@ class ClientOptions:
             prewarm=not getattr(ns, "no_prewarm", False),
             kernel_timestamps=not getattr(ns, "user_timestamps", False),
             reasoning_parser=getattr(ns, "reasoning_parser", "auto"),
+            embeddings_batch=getattr(ns, "embeddings_batch", 1),
         )
 
 
@@ -188,6 +190,8 @@ def bench_config(
     """The BenchConfig of one benchmark run (CbbenchError naming the bad option)."""
     if load.concurrency is not None and load.concurrency < 1:
         raise CbbenchError(f"--concurrency must be >= 1, got {load.concurrency}")
+    if client.embeddings_batch < 1:
+        raise CbbenchError(f"--embeddings-batch must be >= 1, got {client.embeddings_batch}")
     if client.timeout_s <= 0:
         raise CbbenchError(f"--timeout must be > 0, got {client.timeout_s}")
     shard = parse_shard(load.shard) if load.shard is not None else None
@@ -224,6 +228,7 @@ def bench_config(
         prewarm=client.prewarm,
         kernel_timestamps=client.kernel_timestamps,
         reasoning_parser=client.reasoning_parser,
+        embeddings_batch=client.embeddings_batch,
         shard=shard,
         start_at=start_at,
     )

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from cbbench.harness.client.endpoints import is_conversational
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.load.chat_template import load_chat_renderer
 from cbbench.harness.load.text_fit import TextFit
@@ -95,7 +96,7 @@ class PromptBuilder:
     ) -> int | None:
         """A request's prompt tokens as the client reckons them (None: unknown). `prompt_len`
         is what a lone request asked for; a session's prompt holds its history too."""
-        if endpoint == "chat":  # with the model's template, as the server
+        if is_conversational(endpoint):  # with the model's template, as the server
             if isinstance(prompt, dict):  # an agent step (load/agent.py)
                 prompt = prompt["messages"]
             msgs = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 from cbbench.harness.client import aio
 from cbbench.harness.client.api import ClientConfig, probe_server
+from cbbench.harness.client.endpoints import is_conversational
 from cbbench.harness.console.live import LiveStats, LiveView, print_summary
 from cbbench.harness.console.outcome import outcome_lines, worker_timing_lines
 from cbbench.harness.errors import CbbenchError
@@ -87,6 +88,7 @@ class BenchConfig:
     shard: Shard | None = None  # --shard I/N: send only part I of the N-way split (shards.py)
     start_at: float | None = None  # --start-at: t0 at this wall-clock time (unix seconds)
     cache: CacheOptions = field(default_factory=CacheOptions)  # --flush-cache, --prime, header
+    embeddings_batch: int = 1  # --endpoint embeddings: inputs per request
     reasoning_parser: str = "auto"  # --reasoning-parser: where reasoning is in a stream
 
 
@@ -153,7 +155,7 @@ def _plans(cfg: BenchConfig, client: ClientConfig) -> list[WorkerPlan]:
                 seed=cfg.workload.prompt_seed,
                 prefix_block_size=cfg.workload.prefix_block_size,
                 tokenizer=cfg.tokenizer,
-                text_prompts=cfg.text_prompts or cfg.endpoint == "chat",
+                text_prompts=cfg.text_prompts or is_conversational(cfg.endpoint),
                 cap_unit=cfg.cap_unit,
                 keep_token_ids=cfg.keep_token_ids,
                 prewarm=cfg.prewarm,
@@ -238,7 +240,7 @@ def _run_meta(cfg: BenchConfig, name: str, engine: dict, model: str, workers: in
             "reasoning_parser": cfg.reasoning_parser,
             "prewarm": cfg.prewarm,
             "event_loop": aio.loop_name(),
-            "text_prompts": cfg.text_prompts or cfg.endpoint == "chat",
+            "text_prompts": cfg.text_prompts or is_conversational(cfg.endpoint),
             "cap_unit": cfg.cap_unit,
             "tokenizer": cfg.tokenizer,
             "slo_s": cfg.slo,
@@ -293,6 +295,7 @@ def run_bench(
         kernel_timestamps=cfg.kernel_timestamps,
         session_header=cfg.cache.session_header or None,
         reasoning_parser=cfg.reasoning_parser,
+        embeddings_batch=cfg.embeddings_batch,
     )
     plans = _plans(cfg, client)
     meta = {**_run_meta(cfg, name, engine, model, len(plans)), **fit_text_prompts(cfg, plans)}

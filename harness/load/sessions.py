@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from cbbench.harness.client.endpoints import is_conversational
 from cbbench.harness.client.reply import Reply
 
 if TYPE_CHECKING:
@@ -101,7 +102,7 @@ class History:
 
 def history_mode(endpoint: str, text_prompts: bool, has_text: bool) -> str:
     """The shape a session's history takes: chat messages, text, or token ids."""
-    if endpoint == "chat":
+    if is_conversational(endpoint):  # chat, Responses, Messages: the whole conversation
         return "chat"
     return "text" if text_prompts or has_text else "ids"
 

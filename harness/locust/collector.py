@@ -14,6 +14,7 @@ import datetime as dt
 import logging
 from pathlib import Path
 
+from cbbench.harness.client.endpoints import is_conversational
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.load.runner import default_out_dir
 from cbbench.harness.results.agent_summary import agent_summary
@@ -76,7 +77,7 @@ class RunCollector:
                 "stream": settings.stream,
                 "timeout_s": settings.timeout_s,
                 "extensions": settings.extensions,
-                "text_prompts": settings.text_prompts or settings.endpoint == "chat",
+                "text_prompts": settings.text_prompts or is_conversational(settings.endpoint),
                 "tokenizer": settings.tokenizer,
                 "slo_s": settings.slo,
                 "rate": settings.rate,

@@ -25,6 +25,7 @@ import time
 
 import gevent
 from cbbench.harness.client.api import ClientConfig, probe_server
+from cbbench.harness.client.endpoints import is_conversational
 from cbbench.harness.load.agent import AgentConversation
 from cbbench.harness.load.prompts import PromptBuilder
 from cbbench.harness.load.sessions import Conversation, Prompt, history_mode
@@ -76,13 +77,14 @@ class LocustRun:
             model=settings.model,
             endpoint=settings.endpoint,
             stream=settings.stream,
+            embeddings_batch=settings.embeddings_batch,
             api_key=settings.api_key,
             timeout_s=settings.timeout_s,
             extensions=settings.extensions,
             extra_body=settings.extra_body,
             reasoning_parser=settings.reasoning_parser,
         )
-        self.text_prompts = settings.text_prompts or settings.endpoint == "chat"
+        self.text_prompts = settings.text_prompts or is_conversational(settings.endpoint)
         fit = None  # exact text lengths on a server with /tokenize, as `bench` (text_fit.py)
         if self.text_prompts and not settings.tokenizer:
             fit = fetch_text_fit(settings.base_url, settings.model, WORDS, settings.api_key)[0]

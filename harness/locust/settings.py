@@ -41,6 +41,7 @@ class LocustSettings:
     api_key: str | None = None
     timeout_s: float = 600.0
     stream: bool = True
+    embeddings_batch: int = 1  # --endpoint embeddings: inputs per request
     extensions: bool = True
     extra_body: dict = field(default_factory=dict)
     reasoning_parser: str = "auto"  # where a stream's reasoning is (client/stream_kinds.py)

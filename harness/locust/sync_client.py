@@ -19,7 +19,7 @@ import ssl
 import time
 from urllib.parse import urlsplit
 
-from cbbench.harness.client import response
+from cbbench.harness.client import endpoints, response
 from cbbench.harness.client.api import ClientConfig, build_payload, header_value
 from cbbench.harness.client.reply import Reply
 from cbbench.harness.client.response import RequestFailed, Response, fail_record, failure, finish
@@ -36,9 +36,10 @@ class SyncOpenAIClient:
     def __init__(self, cfg: ClientConfig, t0_ns: int = 0) -> None:
         self.cfg = cfg
         self.t0_ns = t0_ns
-        auth = {"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+        auth = endpoints.auth_headers(cfg.endpoint, cfg.api_key)
         self.headers = {"content-type": "application/json", **auth}
-        self.path = "/v1/chat/completions" if cfg.endpoint == "chat" else "/v1/completions"
+        self.path = endpoints.path(cfg.endpoint)
+        self.adapter = endpoints.adapter(cfg.endpoint)  # Responses, Messages, embeddings
         u = urlsplit(cfg.base_url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"not an http(s) URL: {cfg.base_url!r}")
@@ -78,7 +79,9 @@ class SyncOpenAIClient:
         """Send one request and fill `rec` in place (timing, tokens, outcome); with `reply`,
         also keep the response's text and token ids there (a session's next turn needs them)."""
         cfg = self.cfg
-        resp = Response(rec, cfg.stream, cfg.collect_server_times, reply, cfg.reasoning_parser)
+        resp = Response(
+            rec, cfg.stream, cfg.collect_server_times, reply, cfg.reasoning_parser, self.adapter
+        )
         body = response.dump_json(build_payload(self.cfg, prompt, rec))
         if isinstance(prompt, list) and (not prompt or isinstance(prompt[0], int)):
             rec.prompt_tokens_client = len(prompt)

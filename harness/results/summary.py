@@ -79,6 +79,8 @@ class RunSummary(TypedDict, total=False):
     client_bound_reason: str | None
     sessions: dict
     sim: dict  # a replay's step statistics (SimResult.summary())
+    embedding_inputs: int  # --endpoint embeddings: inputs embedded (requests x batch)
+    embedding_input_throughput: float | None  # inputs/s
     # written by the runner (harness/load/runner.py) for runs over HTTP
     telemetry: dict  # the samplers' summaries
     efficiency: dict  # energy and cost per request and per token (results/efficiency.py)
@@ -264,6 +266,9 @@ def summarize(
     if (client or {}).get("workers"):
         client_stats.update(worker_timing(measured, client["workers"]))
     summary["client"] = client_stats
+    inputs = sum(r.extra.get("inputs", 0) for r in ok_recs)  # embeddings: inputs per request
+    summary["embedding_inputs"] = inputs
+    summary["embedding_input_throughput"] = _rate(float(inputs), dur) if inputs else None
     open_loop_lag = m["send_lag_s"][~np.isnan(m["scheduled_s"])]  # scheduled sends only
     stamps = (client or {}).get("timestamp_source", "user")
     loop_lag = np.asarray((client or {}).get("loop_lag_s", []), float)

@@ -50,6 +50,7 @@ class RequestOutput:
     finish_reason: str | None  # "stop" | "length" | "abort" | None while running
     metrics: RequestMetrics
     logprobs: list[TokenLogprob] | None = None  # one per new token, when params.logprobs
+    embedding: list[float] | None = None  # params.embed: the pooled prompt (pooling.py)
 
 
 @dataclass

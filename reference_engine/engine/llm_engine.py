@@ -316,6 +316,9 @@ class LLMEngine(StepUpdate):
             for output in outputs:
                 if output.request_id in logprobs:
                     output.logprobs = logprobs[output.request_id][: len(output.new_token_ids)]
+        pooled = getattr(self.executor, "last_embeddings", None)
+        for output in outputs if pooled else ():
+            output.embedding = pooled.get(output.request_id)
         self.last_step_window = (start, end)
         self._update_stats(len(chunks), num_tokens, end - now, sched_s, self._gap(start))
         self._last_compute_end = end if self.seqs else None

@@ -59,6 +59,7 @@ class StepUpdate:
             output = self._output(seq, [tok], reason)
             if seq.request_id in logprobs:
                 output.logprobs = logprobs[seq.request_id][:1]
+            output.embedding = getattr(self.executor, "last_embeddings", {}).get(seq.request_id)
             outputs.append(output)
         return outputs
 

@@ -3,6 +3,9 @@ runs each step's chunks as one flattened varlen forward.
 
 KV cache: one tensor `[layers, 2, num_kv_blocks, block_size, num_kv_heads, head_dim]`; block
 ids are the engine's (BlockManager's), a token's slot is `block * block_size + pos % block_size`.
+
+Over 400 lines because preparing a step, running it and keeping what the engine reads after
+it (sampled tokens, logprobs, pooled embeddings) share the step's batch and rows.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from cbbench.reference_engine.execution.cpu_linear import optimize_cpu_linears
 from cbbench.reference_engine.execution.cuda_graphs import DecodeGraphs, capture_sizes
 from cbbench.reference_engine.execution.expert_predictor import ExpertPredictor
 from cbbench.reference_engine.execution.kv_cache import kv_bytes_per_block, kv_storage_dtype
+from cbbench.reference_engine.execution.pooling import pooled
 from cbbench.reference_engine.execution.rejection_sampler import RejectionSampler, sample_chunks
 from cbbench.reference_engine.execution.sampler import Sampler, SampleRequest, token_logprobs
 from cbbench.reference_engine.model.config import PRESETS, ModelConfig
@@ -255,6 +259,7 @@ class ModelRunner:
                     self.expert_predictor.observe(
                         b.input_ids, b.meta.query_start_loc, step.request_ids
                     )
+            self.last_embeddings = pooled(hidden, step)  # pooling requests (pooling.py)
             if not b.sample_rows:
                 return [[] for _ in step.drafts]
             logits = self.model.compute_logits(hidden[[row for _, row in b.sample_rows]])

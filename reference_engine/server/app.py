@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -149,6 +150,9 @@ def create_app(
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
+    from cbbench.reference_engine.server import api_routes
+
+    api_routes.add_routes(app, state, sys.modules[__name__])  # responses, messages, embeddings
     return GuardMiddleware(app, scheduler, max_body_bytes, api_key)
 
 

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 
 from cbbench.reference_engine.server.errors import error_body
+from cbbench.reference_engine.server.messages_api import error_body as messages_error
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 # Paths that need no API key (probes and scrapers).
@@ -37,12 +38,16 @@ class GuardMiddleware:
             await send(message)
 
         headers = dict(scope.get("headers") or [])
+        path = scope["path"]
         if self.api_key is not None and scope["path"] not in OPEN_PATHS:
             auth = headers.get(b"authorization", b"").decode("latin-1")
             token = auth[7:] if auth[:7].lower() == "bearer " else ""
+            token = token or headers.get(b"x-api-key", b"").decode("latin-1")  # Anthropic's
             if not hmac.compare_digest(token.encode(), self.api_key.encode()):
                 msg = "invalid API key" if token else "missing API key (Authorization: Bearer ...)"
-                await _reply(send_with_header, 401, msg, "authentication_error", "invalid_api_key")
+                await _reply(
+                    send_with_header, 401, msg, "authentication_error", "invalid_api_key", path
+                )
                 return
         if scope["method"] in ("POST", "PUT", "PATCH"):
             body = await self._read_body(headers, receive)
@@ -53,6 +58,7 @@ class GuardMiddleware:
                     f"request body larger than {self.max_body_bytes} bytes",
                     "invalid_request_error",
                     "request_too_large",
+                    path,
                 )
                 return
             receive = _replay(body, receive)
@@ -93,8 +99,13 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-async def _reply(send: Send, status: int, message: str, type_: str, code: str) -> None:
-    payload = json.dumps(error_body(message, type_, None, code)).encode()
+async def _reply(
+    send: Send, status: int, message: str, type_: str, code: str, path: str = ""
+) -> None:
+    body = error_body(message, type_, None, code)
+    if path == "/v1/messages":  # Anthropic's error shape on Anthropic's route
+        body = messages_error(status, message)
+    payload = json.dumps(body).encode()
     await send(
         {
             "type": "http.response.start",

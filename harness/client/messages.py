@@ -1,0 +1,165 @@
+"""Anthropic's Messages API (`/v1/messages`) on the client's one fast path.
+
+The request: `messages` (the prompt as one user message, or a session's whole conversation),
+`max_tokens`, `stream`; headers `x-api-key` (from `--api-key`) and `anthropic-version`
+(`endpoints.auth_headers`).
+
+The stream's events, folded as chat chunks (`endpoints.py`):
+- `message_start` -> `usage.input_tokens` (and `cache_read_input_tokens`);
+- `content_block_delta` with `text_delta` -> answer text, `thinking_delta` -> reasoning,
+  `input_json_delta` -> tool-call arguments (`signature_delta` carries no token);
+- `message_delta` -> `stop_reason` (`max_tokens` -> `length`, `end_turn` / `stop_sequence`
+  -> `stop`, `tool_use` -> `tool_calls`) and `usage.output_tokens` (cumulative);
+- `message_stop` -> the end; `error` -> the request fails with the server's message;
+- `ping`, `content_block_start` / `_stop` carry no token. A delta of an unknown type, or
+  whose text is not a string, fails the request (`protocol`).
+The Messages API reports no reasoning-token count: thinking tokens are counted in the stream.
+"""
+
+from __future__ import annotations
+
+from cbbench.harness.client.response import ERROR_TEXT_LIMIT, RequestFailed
+
+END_EVENT = "message_stop"
+STOP_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "tool_use": "tool_calls",
+}
+_DELTAS = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json"}
+
+
+def payload(cfg, prompt, rec) -> dict:
+    is_messages = isinstance(prompt, list) and prompt and isinstance(prompt[0], dict)
+    body: dict = {
+        "model": cfg.model,
+        "max_tokens": rec.output_len,
+        "messages": prompt if is_messages else [{"role": "user", "content": prompt}],
+        "stream": cfg.stream,
+    }
+    if cfg.extensions:
+        body.update(ignore_eos=True, min_tokens=rec.output_len, return_token_ids=True)
+        if rec.priority:
+            body["priority"] = rec.priority
+    return body
+
+
+def usage(u, state: dict) -> dict | None:
+    """An Anthropic `usage` in chat's names (input tokens kept from `message_start`)."""
+    if not isinstance(u, dict):
+        return None
+    prompt = u.get("input_tokens")
+    if prompt is None:
+        prompt = state.get("usage_prompt")
+    out: dict = {"prompt_tokens": prompt}
+    if "output_tokens" in u:
+        out["completion_tokens"] = u["output_tokens"]
+    if u.get("cache_read_input_tokens") is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": u["cache_read_input_tokens"]}
+    return out
+
+
+def _failed(ev: dict) -> RequestFailed:
+    err = ev.get("error", ev)
+    msg = err.get("message", err) if isinstance(err, dict) else err
+    return RequestFailed("server_error", f"error in stream: {str(msg)[:ERROR_TEXT_LIMIT]}")
+
+
+def event(ev: dict, state: dict) -> dict | None:
+    """One stream event -> a chat chunk to fold (None: it carries nothing)."""
+    kind = ev.get("type")
+    if kind == "content_block_delta":
+        delta = ev.get("delta")
+        dkind = delta.get("type") if isinstance(delta, dict) else None
+        if dkind == "signature_delta":
+            return None
+        key = _DELTAS.get(dkind)
+        if key is None or not isinstance(delta.get(key), str):
+            raise RequestFailed("protocol", f"content_block_delta: bad delta {str(delta)[:80]}")
+        text = delta[key]
+        if key == "text":
+            d: dict = {"content": text}
+        elif key == "thinking":
+            d = {"reasoning": text}
+        else:
+            d = {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}
+        choice: dict = {"index": 0, "delta": d}
+        if "token_ids" in ev:
+            choice["token_ids"] = ev["token_ids"]
+        out: dict = {"choices": [choice]}
+        if "t_send_ns" in ev:  # the reference engine's timing check (cbbench_send_times)
+            out["t_send_ns"] = ev["t_send_ns"]
+        return out
+    if kind == "message_start":
+        msg = ev.get("message")
+        if not isinstance(msg, dict):
+            raise RequestFailed("protocol", "message_start without a message")
+        u = msg.get("usage")
+        if isinstance(u, dict):  # its output_tokens is a start value: only the input here
+            return {"usage": usage({k: v for k, v in u.items() if k != "output_tokens"}, state)}
+        return None
+    if kind == "message_delta":
+        delta = ev.get("delta") if isinstance(ev.get("delta"), dict) else {}
+        reason = delta.get("stop_reason")
+        chunk: dict = {"choices": [{"index": 0, "delta": {}}]}
+        if reason:
+            chunk["choices"][0]["finish_reason"] = STOP_REASONS.get(reason, str(reason))
+        u = usage(ev.get("usage"), state)
+        if u is not None:
+            chunk["usage"] = u
+        if "cbbench" in ev:  # the reference engine's per-request report (queue time)
+            chunk["cbbench"] = ev["cbbench"]
+        return chunk
+    if kind == END_EVENT:
+        state["done"] = True
+        return None
+    if kind == "error":
+        raise _failed(ev)
+    if not isinstance(kind, str):
+        raise RequestFailed("protocol", f"Messages event without a type: {str(ev)[:80]}")
+    return None  # ping, content_block_start / _stop, and events added later
+
+
+def body(obj: dict, state: dict) -> dict:
+    """A whole (non-streamed) message -> a chat completion to fold."""
+    if obj.get("type") == "error":
+        raise _failed(obj)
+    blocks = obj.get("content")
+    if not isinstance(blocks, list):
+        raise RequestFailed("protocol", "Messages body without a content list")
+    text, thinking, calls = [], [], []
+    for b in blocks:
+        if not isinstance(b, dict):
+            raise RequestFailed("protocol", "Messages content block is not an object")
+        if b.get("type") == "text":
+            text.append(b.get("text") or "")
+        elif b.get("type") == "thinking":
+            thinking.append(b.get("thinking") or "")
+        elif b.get("type") == "tool_use":
+            calls.append({"index": len(calls), "function": {"arguments": str(b.get("input"))}})
+    msg: dict = {"role": "assistant", "content": "".join(text) or None}
+    if thinking:
+        msg["reasoning"] = "".join(thinking)
+    if calls:
+        msg["tool_calls"] = calls
+    reason = obj.get("stop_reason")
+    finish = STOP_REASONS.get(reason, reason) if reason else None
+    out: dict = {"choices": [{"index": 0, "message": msg, "finish_reason": finish}]}
+    u = usage(obj.get("usage"), state)
+    if u is not None:
+        out["usage"] = u
+    if "cbbench" in obj:
+        out["cbbench"] = obj["cbbench"]
+    return out
+
+
+class _Adapter:
+    end_event = END_EVENT
+    payload = staticmethod(payload)
+    event = staticmethod(event)
+    body = staticmethod(body)
+    finish = None
+
+
+ADAPTER = _Adapter()

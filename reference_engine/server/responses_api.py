@@ -1,0 +1,175 @@
+"""OpenAI's Responses API (`/v1/responses`): the request as a chat request, the output as
+Responses events and bodies.
+
+The request: `input` (a string, or role/content messages whose content is a string or
+`input_text` / `output_text` parts), `instructions` (a system message first),
+`max_output_tokens`, and the sampling fields chat takes (with vLLM's extensions: `ignore_eos`,
+`min_tokens`, `priority`, `return_token_ids`). The conversation goes through the chat
+template exactly as /v1/chat/completions does, so greedy text is the chat endpoint's. The
+server keeps no state: `previous_response_id` and `store` are refused (400), tools are not run.
+
+Streaming: `response.created`, `response.in_progress`, `response.output_item.added`,
+`response.content_part.added`, one `response.output_text.delta` per engine output (with
+`token_ids` when asked), then the `.done` events and `response.completed` (status
+`incomplete`, reason `max_output_tokens`, when cut at the limit) with usage in the Responses
+names (`input_tokens`, `output_tokens`, `output_tokens_details.reasoning_tokens`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from cbbench.reference_engine.server import protocol as P
+from cbbench.reference_engine.server.errors import bad_request
+from cbbench.reference_engine.server.serving import Delta, Generation
+from pydantic import Field
+
+
+class InputPart(P._Strict):
+    type: Literal["input_text", "output_text", "text"]
+    text: P.Text
+
+
+class InputMessage(P._Strict):
+    type: Literal["message"] | None = None
+    role: Literal["user", "assistant", "system", "developer"]
+    content: P.Text | list[InputPart]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class ResponsesRequest(P.ChatCompletionRequest):
+    messages: list[P.ChatMessage] = Field(default_factory=list)  # built from `input`
+    input: P.Text | list[InputMessage] = Field(..., min_length=1)
+    instructions: P.Text | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    previous_response_id: P.Text | None = None
+    store: bool = False
+    cbbench_send_times: bool = False  # timing check: t_send_ns per delta, t_recv_ns at the end
+
+    def conversation(self) -> list[tuple[str, str]]:
+        """The (role, text) list the chat template renders; `max_tokens` from
+        `max_output_tokens`."""
+        if self.previous_response_id is not None:
+            raise bad_request(
+                "previous_response_id: this server keeps no responses; send the whole "
+                "conversation in `input`",
+                "previous_response_id",
+            )
+        if self.store:
+            raise bad_request("store: this server keeps no responses", "store")
+        self.max_tokens = self.max_output_tokens
+        turns = [("system", self.instructions)] if self.instructions else []
+        if isinstance(self.input, str):
+            return [*turns, ("user", self.input)]
+        roles = {"developer": "system"}
+        return turns + [(roles.get(m.role, m.role), m.text()) for m in self.input]
+
+
+def _usage(gen: Generation) -> dict[str, Any]:
+    m = gen.metrics
+    n_in, n_out = len(gen.prompt_token_ids), len(gen.token_ids)
+    return {
+        "input_tokens": n_in,
+        "input_tokens_details": {"cached_tokens": m.num_cached_tokens if m is not None else 0},
+        "output_tokens": n_out,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": n_in + n_out,
+    }
+
+
+class ResponsesShaper:
+    """A Generation's deltas as Responses events, and its whole body."""
+
+    def __init__(self, gen: Generation, model: str, body: ResponsesRequest) -> None:
+        self.gen = gen
+        self.model = model
+        self.body = body
+        self.created = int(time.time())
+        self.item_id = "msg_" + gen.request_id.split("-", 1)[-1]
+        self.seq = 0
+        self.stamps: dict[str, int] = {}  # cbbench_send_times: the request's arrival (api_routes)
+
+    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        self.seq += 1
+        return {"type": kind, "sequence_number": self.seq - 1, **fields}
+
+    def response(self, done: bool) -> dict[str, Any]:
+        gen = self.gen
+        status = "in_progress"
+        if done:
+            status = "incomplete" if gen.finish_reason == "length" else "completed"
+        out: dict[str, Any] = {
+            "id": gen.request_id,
+            "object": "response",
+            "created_at": self.created,
+            "status": status,
+            "model": self.model,
+            "output": [self._item(done)] if done else [],
+            "incomplete_details": (
+                {"reason": "max_output_tokens"} if status == "incomplete" else None
+            ),
+            "instructions": self.body.instructions,
+            "max_output_tokens": self.body.max_output_tokens,
+            "parallel_tool_calls": False,
+            "temperature": self.body.temperature,
+            "top_p": self.body.top_p,
+            "tool_choice": "none",
+            "tools": [],
+            "usage": _usage(gen) if done else None,
+            "error": None,
+        }
+        if done:
+            out["cbbench"] = {**gen.cbbench_field(), **self.stamps}
+        return out
+
+    def _part(self, text: str) -> dict[str, Any]:
+        return {"type": "output_text", "text": text, "annotations": []}
+
+    def _item(self, done: bool) -> dict[str, Any]:
+        return {
+            "id": self.item_id,
+            "type": "message",
+            "status": "completed" if done else "in_progress",
+            "role": "assistant",
+            "content": [self._part(self.gen.text)] if done else [],
+        }
+
+    def start(self) -> list[dict[str, Any]]:
+        at = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+        return [
+            self._event("response.created", response=self.response(False)),
+            self._event("response.in_progress", response=self.response(False)),
+            self._event("response.output_item.added", output_index=0, item=self._item(False)),
+            self._event("response.content_part.added", **at, part=self._part("")),
+        ]
+
+    def delta(self, d: Delta) -> dict[str, Any]:
+        ev = self._event(
+            "response.output_text.delta",
+            item_id=self.item_id,
+            output_index=0,
+            content_index=0,
+            delta=d.text,
+            logprobs=[],
+        )
+        if self.body.return_token_ids:
+            ev["token_ids"] = d.token_ids
+        return ev
+
+    def end(self) -> list[dict[str, Any]]:
+        at = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+        text = self.gen.text
+        return [
+            self._event("response.output_text.done", **at, text=text, logprobs=[]),
+            self._event("response.content_part.done", **at, part=self._part(text)),
+            self._event("response.output_item.done", output_index=0, item=self._item(True)),
+            self._event("response.completed", response=self.response(True)),
+        ]
+
+    def final_body(self) -> dict[str, Any]:
+        return self.response(True)
