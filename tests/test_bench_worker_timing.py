@@ -18,7 +18,10 @@ from servers.fake import Behavior, FakeServerConfig, threaded
 
 # keys the runner adds after `summarize` (pool counters, worker outcomes), or derived from the
 # workers' self-check samples that requests.jsonl does not hold
-RUNNER_KEYS = {"cancelled_in_flight", "connections", "timestamp_source", "client"}
+# keys the runner adds beside `summarize`'s (prefix_cache, agent: results/agent_summary.py)
+RUNNER_KEYS = {
+    "cancelled_in_flight", "connections", "timestamp_source", "client", "prefix_cache", "agent"
+}
 CLIENT_SAMPLE_KEYS = {"client_bound", "client_bound_reason"}
 
 

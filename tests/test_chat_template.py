@@ -94,7 +94,23 @@ def test_template_errors_and_sandbox_are_400s(model, tmp_path):
         client = client.with_options(base_url=url + "/v1")
         with pytest.raises(openai.BadRequestError, match="no tools here"):
             client.chat.completions.create(
-                model=str(model), messages=[{"role": "tool", "content": "x"}], max_tokens=2
+                model=str(model),
+                messages=[  # a well-formed tool turn: the template itself refuses it
+                    {"role": "user", "content": "hi"},
+                    {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [
+                            {
+                                "id": "c1",
+                                "type": "function",
+                                "function": {"name": "f", "arguments": "{}"},
+                            }
+                        ],
+                    },
+                    {"role": "tool", "tool_call_id": "c1", "content": "x"},
+                ],
+                max_tokens=2,
             )
     evil = _tokenizer_folder(tmp_path, "{{ ''.__class__.__mro__[1].__subclasses__() }}")
     with serve(EngineConfig(model=str(evil), max_model_len=512)) as (url, _):

@@ -21,6 +21,8 @@ from cbbench.harness.results.records import RequestRecord
 from cbbench.workloads.spec import RequestSpec, Workload
 from rich.console import Console
 
+from tests.process_support import readline_within
+
 N = 8
 SERVER = Path(__file__).with_name("api_server.py")
 CLI = [sys.executable, "-m", "cbbench.harness.cli"]
@@ -30,7 +32,7 @@ def _server(api: str, *extra: str):
     proc = subprocess.Popen(
         [sys.executable, str(SERVER), "--api", api, *extra], stdout=subprocess.PIPE, text=True
     )
-    line = proc.stdout.readline()  # bounded: the server prints it at once, or exits
+    line = readline_within(proc, 60, "the test server")
     assert line.startswith("PORT "), line
     return proc, f"http://127.0.0.1:{int(line.split()[1])}"
 

@@ -23,6 +23,8 @@ from cbbench.workloads.spec import RequestSpec, Workload
 from rich.console import Console
 from servers.fake import Behavior, FakeServerConfig, process
 
+from tests.process_support import readline_within
+
 N = 12
 # The fake server stamps a request's arrival with the kernel's receive time, the independent
 # one when its event loop has read it: on a loaded host that user-space stamp may be late by a
@@ -112,7 +114,7 @@ def _mini_server(field: str):
     proc = subprocess.Popen(
         [sys.executable, str(SERVER), "--field", field], stdout=subprocess.PIPE, text=True
     )
-    line = proc.stdout.readline()  # bounded: the server prints it at once, or exits
+    line = readline_within(proc, 60, "the test server")
     assert line.startswith("PORT "), line
     return proc, f"http://127.0.0.1:{int(line.split()[1])}"
 

@@ -269,5 +269,5 @@ def test_live_view_shows_kv_usage_running_and_waiting() -> None:
         Console(file=later, width=200).print(live.render())
         sampler.stop()
     shown = out.getvalue()
-    assert "running 7" in shown and "waiting 3" in shown and "kv_usage 0.438" in shown
-    assert "kv_usage 0.9" in later.getvalue()  # it follows the server as it changes
+    assert "running 7" in shown and "waiting 3" in shown and "KV cache used 44%" in shown
+    assert "KV cache used 90%" in later.getvalue()  # it follows the server as it changes
