@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.servers.launcher import kill_group
+from cbbench.reference_engine.server.lifeline import preexec_die_with_parent
 
 
 @dataclass
@@ -185,9 +186,15 @@ def vllm_server(
     if threads > 0:  # vLLM's CPU backend binds its OpenMP threads to these cores
         env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}" if threads > 1 else "0"
         env["OMP_NUM_THREADS"] = str(threads)
-    # its own process group: vLLM's engine processes are stopped with it (launcher.kill_group)
+    # its own process group: vLLM's engine processes are stopped with it (launcher.kill_group);
+    # and killed by the kernel when we die without stopping it (kill -9: no cleanup runs)
     proc = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        cmd,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+        preexec_fn=preexec_die_with_parent,  # noqa: PLW1509 - started from the main thread
     )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -48,6 +48,12 @@ def _prctl_pdeathsig(sig: int) -> bool:
 LIFELINE_ENV = "CBBENCH_LIFELINE_PID"
 
 
+def preexec_die_with_parent() -> None:
+    """A Popen `preexec_fn` for a child we cannot change (vLLM): the kernel SIGKILLs it when
+    the thread that started it dies, a SIGKILL of the whole command included (Linux)."""
+    _prctl_pdeathsig(signal.SIGKILL)
+
+
 def descendants(pid: int) -> list[int]:
     """Every live descendant of `pid` (Linux /proc; elsewhere none)."""
     parent: dict[int, int] = {}
