@@ -9,6 +9,7 @@ import json
 import httpx
 import pytest
 from cbbench.reference_engine.config.engine_config import EngineConfig
+from cbbench.reference_engine.server.reasoning import ReasoningOptions
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -26,7 +27,9 @@ HEADERS = {
 
 @pytest.fixture(scope="module")
 def url():
-    with serve(EngineConfig(scheduler="continuous", max_model_len=64), api_key=KEY) as (u, _):
+    cfg = EngineConfig(scheduler="continuous", max_model_len=64)
+    reasoning = ReasoningOptions("qwen3", "reasoning", 0.5)  # reasoning items and blocks too
+    with serve(cfg, api_key=KEY, reasoning=reasoning) as (u, _):
         yield u
 
 
@@ -76,12 +79,16 @@ SAMPLING = {k: v for k, v in VALID.items() if k != "max_tokens"}
 RESPONSES = _requests(
     {"input": st.text(min_size=1, max_size=30) | INPUT_ITEMS},
     {**SAMPLING, "max_output_tokens": st.integers(1, 8), "instructions": st.text(max_size=8),
-     "previous_response_id": st.sampled_from([None, None, None, "resp_1"]), "store": st.just(False)},
+     "previous_response_id": st.sampled_from([None, None, None, "resp_1"]), "store": st.just(False),
+     "reasoning": st.fixed_dictionaries({}, optional={"effort": st.sampled_from(
+         ["minimal", "low", "medium", "high"]), "summary": st.sampled_from(["auto", "concise"])})},
 )  # fmt: skip
 MESSAGES_REQ = _requests(
     {"messages": ANTHROPIC_MESSAGES, "max_tokens": st.integers(1, 8)},
     {**SAMPLING, "system": st.text(max_size=8),
-     "stop_sequences": st.lists(st.text(max_size=3), max_size=2)},
+     "stop_sequences": st.lists(st.text(max_size=3), max_size=2),
+     "thinking": st.fixed_dictionaries({"type": st.sampled_from(["enabled", "disabled"])},
+                                       optional={"budget_tokens": st.integers(1, 8)})},
 )  # fmt: skip
 EMBEDDINGS = _requests(
     {"input": PROMPT | st.lists(PROMPT, min_size=1, max_size=3)},
