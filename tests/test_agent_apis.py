@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 
+import httpx
 import pytest
 from cbbench.harness.client.messages import agent_messages, anthropic_tool
 from cbbench.harness.client.responses import flat_tool, input_items
@@ -126,3 +127,35 @@ def test_agent_on_an_api_without_tools_is_one_clear_error(tmp_path):
                       out_dir=tmp_path / "x", live=False)  # fmt: skip
     with pytest.raises(CbbenchError, match="chat, responses or messages"):
         run_bench(cfg, console=Console(file=io.StringIO()))
+
+
+def test_agent_on_the_reference_engine_in_every_api(tmp_path):
+    """The reference engine takes each API's tool shapes and renders them as chat's: the first
+    step's prompt is the same number of tokens on all three; later steps (the calls and their
+    results in the API's shapes) grow it; a result naming no call is the API's 400."""
+    from cbbench.reference_engine.config.engine_config import EngineConfig
+
+    from tests.server_support import serve
+
+    wl = build_from_spec(SPEC, "agent", "spec", seed=2, num_requests=8)
+    first: dict[str, list[int]] = {}
+    with serve(EngineConfig(model="tiny", max_model_len=2048)) as (url, _):
+        for endpoint in ("chat", "responses", "messages"):
+            cfg = BenchConfig(base_url=url, workload=wl, endpoint=endpoint, concurrency=2,
+                              out_dir=tmp_path / endpoint, live=False)  # fmt: skip
+            res = run_bench(cfg, console=Console(file=io.StringIO(), width=200))
+            assert res.summary["counts"]["completed"] == 8, [r.error for r in res.records]
+            steps: dict[str, list] = {}
+            for r in sorted(res.records, key=lambda r: r.turn):
+                steps.setdefault(r.session_id, []).append(r.prompt_tokens_server)
+            assert all(ctx == sorted(ctx) and len(set(ctx)) == len(ctx) for ctx in steps.values())
+            first[endpoint] = sorted(ctx[0] for ctx in steps.values())
+        bad_r = httpx.post(url + "/v1/responses", timeout=30, json={"max_output_tokens": 2,
+            "input": [{"type": "function_call_output", "call_id": "c9", "output": "r"}]})  # fmt: skip
+        bad_m = httpx.post(url + "/v1/messages", timeout=30, json={"max_tokens": 2, "messages": [
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "c9", "content": "r"}]}]})  # fmt: skip
+    assert first["responses"] == first["chat"] == first["messages"]
+    assert bad_r.status_code == 400 and "answers no earlier" in bad_r.json()["error"]["message"]
+    assert bad_m.status_code == 400 and bad_m.json()["type"] == "error"
+    assert "answers no earlier" in bad_m.json()["error"]["message"]

@@ -26,11 +26,13 @@ both); with `--reasoning-field content` the reasoning stays inline (`<think>`) i
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from cbbench.reference_engine.server import protocol as P
 from cbbench.reference_engine.server.errors import APIError
 from cbbench.reference_engine.server.serving import Delta, Generation
+from cbbench.reference_engine.server.tools import check_tool_messages, render_messages
 from pydantic import Field
 
 ERROR_TYPES = {
@@ -60,14 +62,61 @@ class TextBlock(P._Strict):
     text: P.Text
 
 
+class ToolUseBlock(P._Strict):  # an earlier turn's tool call (the client ran it)
+    type: Literal["tool_use"]
+    id: P.Text = Field(..., min_length=1, max_length=256)
+    name: P.Text = Field(..., max_length=256)
+    input: dict[str, Any]
+
+
+class ToolResultBlock(P._Strict):  # its result
+    type: Literal["tool_result"]
+    tool_use_id: P.Text = Field(..., min_length=1, max_length=256)
+    content: P.Text | list[TextBlock] = ""
+    is_error: bool = False
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(
+            b.text for b in self.content
+        )  # fmt: skip
+
+
+Block = TextBlock | ToolUseBlock | ToolResultBlock
+
+
 class Message(P._Strict):
     role: Literal["user", "assistant"]
-    content: P.Text | list[TextBlock]
+    content: P.Text | list[Block]
 
     def text(self) -> str:
         if isinstance(self.content, str):
             return self.content
-        return "".join(b.text for b in self.content)
+        return "".join(b.text for b in self.content if isinstance(b, TextBlock))
+
+    def chat(self) -> list[P.ChatMessage]:
+        """This message as chat messages: its tool results as `tool` messages (first), its
+        text, and its tool uses as the assistant's `tool_calls`."""
+        blocks = [] if isinstance(self.content, str) else self.content
+        out = [P.ChatMessage(role="tool", tool_call_id=b.tool_use_id, content=b.text())
+               for b in blocks if isinstance(b, ToolResultBlock)]  # fmt: skip
+        calls = [
+            P.ToolCallItem(id=b.id, function=P.ToolCallFunction(
+                name=b.name, arguments=json.dumps(b.input)))
+            for b in blocks if isinstance(b, ToolUseBlock)
+        ]  # fmt: skip
+        text = self.text()
+        if text or calls or not out:
+            out.append(P.ChatMessage(role=self.role, content=text, tool_calls=calls or None))
+        return out
+
+
+def chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """An Anthropic tool (`input_schema`) in chat's shape (the prompt renders as chat's)."""
+    if "input_schema" not in tool:
+        return tool
+    fn = {"name": tool.get("name"), "description": tool.get("description"),
+          "parameters": tool["input_schema"]}  # fmt: skip
+    return {"type": "function", "function": {k: v for k, v in fn.items() if v is not None}}
 
 
 class Thinking(P._Strict):
@@ -89,15 +138,20 @@ class MessagesRequest(P.ChatCompletionRequest):
         if self.thinking is not None and self.thinking.type == "disabled":
             self.chat_template_kwargs = {**(self.chat_template_kwargs or {}),
                                          "enable_thinking": False}  # fmt: skip
-        turns: list[tuple[str, str]] = []
+        msgs: list[P.ChatMessage] = []
         if self.system:
             text = (
                 self.system
                 if isinstance(self.system, str)
                 else "".join(b.text for b in self.system)
             )
-            turns.append(("system", text))
-        return turns + [(m.role, m.text()) for m in self.messages]
+            msgs.append(P.ChatMessage(role="system", content=text))
+        for m in self.messages:
+            msgs += m.chat()
+        self.messages = msgs  # type: ignore[assignment]  # rendered as chat's
+        self.tools = [chat_tool(t) for t in self.tools] if self.tools else None
+        check_tool_messages(msgs)
+        return render_messages(self)
 
     def thinking_budget(self) -> int | None:
         """`thinking.budget_tokens`: at most this many reasoning tokens (None: the rule's)."""

@@ -31,6 +31,7 @@ from typing import Any, Literal
 from cbbench.reference_engine.server import protocol as P
 from cbbench.reference_engine.server.errors import bad_request
 from cbbench.reference_engine.server.serving import Delta, Generation
+from cbbench.reference_engine.server.tools import check_tool_messages, render_messages
 from pydantic import Field
 
 
@@ -50,6 +51,49 @@ class InputMessage(P._Strict):
         return "".join(p.text for p in self.content)
 
 
+class FunctionCall(P._Strict):  # an earlier turn's tool call (the client ran it)
+    type: Literal["function_call"]
+    call_id: P.Text = Field(..., min_length=1, max_length=256)
+    name: P.Text = Field(..., max_length=256)
+    arguments: P.Text
+    id: P.Text | None = None
+    status: P.Text | None = None
+
+
+class FunctionCallOutput(P._Strict):  # its result
+    type: Literal["function_call_output"]
+    call_id: P.Text = Field(..., min_length=1, max_length=256)
+    output: P.Text
+    id: P.Text | None = None
+    status: P.Text | None = None
+
+
+def chat_messages(items: list[InputMessage | FunctionCall | FunctionCallOutput]) -> list:
+    """Input items as chat messages: a `function_call` joins the assistant message before it
+    (or starts one), a `function_call_output` is a `tool` message naming the call."""
+    roles = {"developer": "system"}
+    out: list[P.ChatMessage] = []
+    for it in items:
+        if isinstance(it, InputMessage):
+            out.append(P.ChatMessage(role=roles.get(it.role, it.role), content=it.text()))
+        elif isinstance(it, FunctionCall):
+            fn = P.ToolCallFunction(name=it.name, arguments=it.arguments)
+            if not out or out[-1].role != "assistant":
+                out.append(P.ChatMessage(role="assistant", tool_calls=[]))
+            out[-1].tool_calls = [*(out[-1].tool_calls or []),
+                                  P.ToolCallItem(id=it.call_id, function=fn)]  # fmt: skip
+        else:
+            out.append(P.ChatMessage(role="tool", tool_call_id=it.call_id, content=it.output))
+    return out
+
+
+def chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A flat Responses tool in chat's shape (so the prompt renders as chat's does)."""
+    if tool.get("type") != "function" or "function" in tool:
+        return tool
+    return {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
+
+
 class Reasoning(P._Strict):
     effort: Literal["minimal", "low", "medium", "high"] | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None  # accepted; none is written
@@ -57,7 +101,9 @@ class Reasoning(P._Strict):
 
 class ResponsesRequest(P.ChatCompletionRequest):
     messages: list[P.ChatMessage] = Field(default_factory=list)  # built from `input`
-    input: P.Text | list[InputMessage] = Field(..., min_length=1)
+    input: P.Text | list[InputMessage | FunctionCall | FunctionCallOutput] = Field(
+        ..., min_length=1
+    )
     instructions: P.Text | None = None
     max_output_tokens: int | None = Field(None, ge=1)
     previous_response_id: P.Text | None = None
@@ -79,11 +125,15 @@ class ResponsesRequest(P.ChatCompletionRequest):
         self.max_tokens = self.max_output_tokens
         if self.reasoning is not None and self.reasoning.effort is not None:
             self.reasoning_effort = self.reasoning.effort
-        turns = [("system", self.instructions)] if self.instructions else []
+        head = [P.ChatMessage(role="system", content=self.instructions)]
         if isinstance(self.input, str):
-            return [*turns, ("user", self.input)]
-        roles = {"developer": "system"}
-        return turns + [(roles.get(m.role, m.role), m.text()) for m in self.input]
+            items = [P.ChatMessage(role="user", content=self.input)]
+        else:
+            items = chat_messages(self.input)
+        self.messages = head + items if self.instructions else items
+        self.tools = [chat_tool(t) for t in self.tools] if self.tools else None
+        check_tool_messages(self.messages)
+        return render_messages(self)
 
 
 def _usage(gen: Generation) -> dict[str, Any]:
