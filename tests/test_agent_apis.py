@@ -159,3 +159,26 @@ def test_agent_on_the_reference_engine_in_every_api(tmp_path):
     assert bad_r.status_code == 400 and "answers no earlier" in bad_r.json()["error"]["message"]
     assert bad_m.status_code == 400 and bad_m.json()["type"] == "error"
     assert "answers no earlier" in bad_m.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("endpoint", ["responses", "messages"])
+def test_prime_sends_text_prompts_on_each_api(tmp_path, endpoint):
+    """--prime on the Responses and Messages APIs sends the prefixes as text, as chat's (not
+    token ids, which those APIs do not take), and agents' tool sets in the API's shapes."""
+    from cbbench.harness.load.cache_options import CacheOptions
+    from cbbench.reference_engine.config.engine_config import EngineConfig
+
+    from tests.server_support import serve
+    from tests.test_shared_prefix import SPEC as PREFIX_SPEC
+
+    engine = EngineConfig(model="tiny", enable_prefix_caching=True, block_size=16)
+    with serve(engine) as (url, _):
+        for name, spec, kind in (("p", PREFIX_SPEC, "shared-prefix"), ("a", SPEC, "agent")):
+            wl = build_from_spec(spec, kind, "spec", seed=0, num_requests=8)
+            cfg = BenchConfig(base_url=url, workload=wl, endpoint=endpoint, concurrency=4,
+                              out_dir=tmp_path / name, live=False,
+                              cache=CacheOptions(prime=True))  # fmt: skip
+            res = run_bench(cfg, console=Console(file=io.StringIO(), width=200))
+            assert res.summary["counts"]["completed"] == 8, [r.error for r in res.records]
+            primed = json.loads((res.run_dir / "run.json").read_text())["cache"]
+            assert primed["primed_prefixes"] >= 1, primed
