@@ -5,7 +5,9 @@ The request: `messages` (user / assistant turns, content a string or `text` bloc
 `system` (a system message first), `max_tokens` (required), `stop_sequences`, `temperature`,
 `top_p`, `top_k`, and vLLM's extensions (`ignore_eos`, `min_tokens`, `priority`,
 `return_token_ids`). The conversation goes through the chat template exactly as
-/v1/chat/completions does, so greedy text is the chat endpoint's. Tools are not run.
+/v1/chat/completions does, so greedy text is the chat endpoint's. Tools are not run: an
+agent's earlier turns (`tool_use` / `tool_result` blocks, `tools` with `input_schema`) are
+rendered as chat's `tool_calls`, `tool` messages and tools (`tools.py`).
 
 Streaming (each SSE event named by an `event:` line, as Anthropic's SDK reads them):
 `message_start` (usage.input_tokens), `content_block_start`, one `content_block_delta`

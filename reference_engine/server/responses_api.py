@@ -6,7 +6,9 @@ The request: `input` (a string, or role/content messages whose content is a stri
 `max_output_tokens`, and the sampling fields chat takes (with vLLM's extensions: `ignore_eos`,
 `min_tokens`, `priority`, `return_token_ids`). The conversation goes through the chat
 template exactly as /v1/chat/completions does, so greedy text is the chat endpoint's. The
-server keeps no state: `previous_response_id` and `store` are refused (400), tools are not run.
+server keeps no state: `previous_response_id` and `store` are refused (400). Tools are not
+run: an agent's earlier turns (`function_call` / `function_call_output` items, flat `tools`)
+are rendered as chat's `tool_calls`, `tool` messages and tools (`tools.py`).
 
 Streaming: `response.created`, `response.in_progress`, `response.output_item.added`,
 `response.content_part.added`, one `response.output_text.delta` per engine output (with
