@@ -55,6 +55,7 @@ PARTS = st.lists(
     ),
     max_size=2,
 )
+CALL_ID = st.sampled_from(["c1", "c2", ""]) | st.text(max_size=4)
 INPUT_ITEMS = st.lists(
     st.fixed_dictionaries(
         {
@@ -62,15 +63,26 @@ INPUT_ITEMS = st.lists(
             "content": st.text(max_size=12) | PARTS,
         },
         optional={"type": st.just("message")},
-    ),
+    )
+    | st.fixed_dictionaries({"type": st.just("function_call"), "call_id": CALL_ID,
+                             "name": st.text(max_size=6), "arguments": HOSTILE_TEXT})
+    | st.fixed_dictionaries({"type": st.just("function_call_output"), "call_id": CALL_ID,
+                             "output": HOSTILE_TEXT}),
     min_size=1,
-    max_size=2,
-)
+    max_size=3,
+)  # fmt: skip
 ANTHROPIC_MESSAGES = st.lists(
     st.fixed_dictionaries(
         {"role": st.sampled_from(["user", "assistant"]),  # wild roles: one_wild's messages
          "content": st.text(max_size=12) | st.sampled_from(HOSTILE)
-         | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": HOSTILE_TEXT}))},
+         | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": HOSTILE_TEXT})
+                    | st.fixed_dictionaries({"type": st.just("tool_use"), "id": CALL_ID,
+                                             "name": st.text(max_size=6),
+                                             "input": st.dictionaries(st.text(max_size=3), WILD,
+                                                                      max_size=2)})
+                    | st.fixed_dictionaries({"type": st.just("tool_result"),
+                                             "tool_use_id": CALL_ID, "content": HOSTILE_TEXT}),
+                    max_size=3)},
     ),
     min_size=1,
     max_size=2,
