@@ -182,3 +182,25 @@ def test_prime_sends_text_prompts_on_each_api(tmp_path, endpoint):
             assert res.summary["counts"]["completed"] == 8, [r.error for r in res.records]
             primed = json.loads((res.run_dir / "run.json").read_text())["cache"]
             assert primed["primed_prefixes"] >= 1, primed
+
+
+def test_official_clients_send_tool_turns_to_the_reference_engine():
+    """The `openai` and `anthropic` clients send a tool turn in their APIs' shapes; the engine
+    renders it as chat's: the same prompt tokens as the chat request of the same turn."""
+    import anthropic
+    import openai
+    from cbbench.reference_engine.config.engine_config import EngineConfig
+
+    from tests.server_support import serve
+
+    with serve(EngineConfig(model="tiny", max_model_len=1024)) as (url, _):
+        oai = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=60)
+        ant = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0, timeout=60)
+        chat = oai.chat.completions.create(model="tiny", messages=CHAT, tools=[TOOL],
+                                           max_tokens=2)  # fmt: skip
+        resp = oai.responses.create(model="tiny", input=input_items(CHAT), tools=[flat_tool(TOOL)],
+                                    max_output_tokens=2)  # fmt: skip
+        system, msgs = agent_messages(CHAT)
+        msg = ant.messages.create(model="tiny", system=system, messages=msgs,
+                                  tools=[anthropic_tool(TOOL)], max_tokens=2)  # fmt: skip
+    assert chat.usage.prompt_tokens == resp.usage.input_tokens == msg.usage.input_tokens
