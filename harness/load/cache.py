@@ -115,7 +115,8 @@ def prime_prefixes(
 
 
 def check_agent_endpoint(endpoint: str, wl: Workload) -> None:
-    """Agent sessions need the chat API (CbbenchError otherwise)."""
+    """Agent sessions need an API with tools: chat, responses or messages (CbbenchError
+    otherwise)."""
     agent_endpoint(endpoint, any(r.agent is not None for r in wl.requests))
 
 
