@@ -219,3 +219,27 @@ def test_bench_reports_ttfo_and_the_servers_reasoning_tokens(server, tmp_path, e
         assert r.ttfo_s == pytest.approx(r.token_times_s[12] - r.sent_s)
         assert r.ttfo_s >= r.ttft_s  # >=: on a busy host one read may bring both
     assert any(r.ttfo_s > r.ttft_s for r in res.records)
+
+
+@pytest.mark.parametrize("endpoint", ["responses", "messages"])
+def test_cbbench_bench_cli_against_cbbench_serve(tmp_path, endpoint):
+    """As a user runs them: `cbbench serve --reasoning-parser deepseek_r1` (its own process,
+    engine process on) and `cbbench bench --endpoint responses|messages`: the run folder's
+    records hold TTFO after TTFT and the server's reasoning tokens (half of 16)."""
+    from cbbench.harness.cli import main
+    from cbbench.harness.results.run_folder import load_run
+    from cbbench.harness.servers.launcher import launch_reference_server
+
+    out = tmp_path / "run"
+    flags = ["--reasoning-parser", "deepseek_r1"]
+    with launch_reference_server("tiny", "continuous", "cpu", flags) as srv:
+        code = main(["bench", "--base-url", srv.base_url, "--endpoint", endpoint,
+                     "--workload", "prompt=12,output=16", "--num-requests", "4",
+                     "--concurrency", "2", "--out", str(out), "--no-live"])  # fmt: skip
+    assert code == 0
+    recs = load_run(out).records
+    assert len(recs) == 4
+    for r in recs:
+        assert r.ok and r.reasoning_tokens == 8 and r.output_tokens_client == 16, r
+        assert r.ttfo_s >= r.ttft_s > 0
+    assert any(r.ttfo_s > r.ttft_s for r in recs)
