@@ -112,3 +112,12 @@ def test_sampled_tokens_follow_the_softmax():
     picks = [s(logits.clone(), [_req(temperature=1.0)])[0] for _ in range(3000)]
     freq = torch.bincount(torch.tensor(picks), minlength=4).double() / len(picks)
     assert torch.allclose(freq, logits[0].softmax(-1).double(), atol=0.03)
+
+
+def test_top_k_past_the_vocabulary_is_all_of_it():
+    """A top_k beyond the vocabulary (even past int64, as a fuzzed request sends) samples as no
+    top_k does, never crashing the engine."""
+    logits = _logits(2, seed=4)
+    same = _sampler(2)(logits.clone(), [_req(temperature=0.5, seed=1)] * 2)
+    for k in (V + 1, 2**70):
+        assert _sampler(2)(logits.clone(), [_req(temperature=0.5, seed=1, top_k=k)] * 2) == same

@@ -9,6 +9,7 @@ import json
 import httpx
 import pytest
 from cbbench.reference_engine.config.engine_config import EngineConfig
+from cbbench.reference_engine.server.reasoning import ReasoningOptions
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -26,7 +27,9 @@ HEADERS = {
 
 @pytest.fixture(scope="module")
 def url():
-    with serve(EngineConfig(scheduler="continuous", max_model_len=64), api_key=KEY) as (u, _):
+    cfg = EngineConfig(scheduler="continuous", max_model_len=64)
+    reasoning = ReasoningOptions("qwen3", "reasoning", 0.5)  # reasoning items and blocks too
+    with serve(cfg, api_key=KEY, reasoning=reasoning) as (u, _):
         yield u
 
 
@@ -52,6 +55,7 @@ PARTS = st.lists(
     ),
     max_size=2,
 )
+CALL_ID = st.sampled_from(["c1", "c2", ""]) | st.text(max_size=4)
 INPUT_ITEMS = st.lists(
     st.fixed_dictionaries(
         {
@@ -59,15 +63,26 @@ INPUT_ITEMS = st.lists(
             "content": st.text(max_size=12) | PARTS,
         },
         optional={"type": st.just("message")},
-    ),
+    )
+    | st.fixed_dictionaries({"type": st.just("function_call"), "call_id": CALL_ID,
+                             "name": st.text(max_size=6), "arguments": HOSTILE_TEXT})
+    | st.fixed_dictionaries({"type": st.just("function_call_output"), "call_id": CALL_ID,
+                             "output": HOSTILE_TEXT}),
     min_size=1,
-    max_size=2,
-)
+    max_size=3,
+)  # fmt: skip
 ANTHROPIC_MESSAGES = st.lists(
     st.fixed_dictionaries(
         {"role": st.sampled_from(["user", "assistant"]),  # wild roles: one_wild's messages
          "content": st.text(max_size=12) | st.sampled_from(HOSTILE)
-         | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": HOSTILE_TEXT}))},
+         | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": HOSTILE_TEXT})
+                    | st.fixed_dictionaries({"type": st.just("tool_use"), "id": CALL_ID,
+                                             "name": st.text(max_size=6),
+                                             "input": st.dictionaries(st.text(max_size=3), WILD,
+                                                                      max_size=2)})
+                    | st.fixed_dictionaries({"type": st.just("tool_result"),
+                                             "tool_use_id": CALL_ID, "content": HOSTILE_TEXT}),
+                    max_size=3)},
     ),
     min_size=1,
     max_size=2,
@@ -76,12 +91,16 @@ SAMPLING = {k: v for k, v in VALID.items() if k != "max_tokens"}
 RESPONSES = _requests(
     {"input": st.text(min_size=1, max_size=30) | INPUT_ITEMS},
     {**SAMPLING, "max_output_tokens": st.integers(1, 8), "instructions": st.text(max_size=8),
-     "previous_response_id": st.sampled_from([None, None, None, "resp_1"]), "store": st.just(False)},
+     "previous_response_id": st.sampled_from([None, None, None, "resp_1"]), "store": st.just(False),
+     "reasoning": st.fixed_dictionaries({}, optional={"effort": st.sampled_from(
+         ["minimal", "low", "medium", "high"]), "summary": st.sampled_from(["auto", "concise"])})},
 )  # fmt: skip
 MESSAGES_REQ = _requests(
     {"messages": ANTHROPIC_MESSAGES, "max_tokens": st.integers(1, 8)},
     {**SAMPLING, "system": st.text(max_size=8),
-     "stop_sequences": st.lists(st.text(max_size=3), max_size=2)},
+     "stop_sequences": st.lists(st.text(max_size=3), max_size=2),
+     "thinking": st.fixed_dictionaries({"type": st.sampled_from(["enabled", "disabled"])},
+                                       optional={"budget_tokens": st.integers(1, 8)})},
 )  # fmt: skip
 EMBEDDINGS = _requests(
     {"input": PROMPT | st.lists(PROMPT, min_size=1, max_size=3)},

@@ -14,9 +14,17 @@ The stream's events, folded as chat chunks (`endpoints.py`):
 - `ping`, `content_block_start` / `_stop` carry no token. A delta of an unknown type, or
   whose text is not a string, fails the request (`protocol`).
 The Messages API reports no reasoning-token count: thinking tokens are counted in the stream.
+
+Agent steps (`load/agent.py` builds them chat-shaped) in the Messages API's own shapes: the
+`system` message becomes the `system` field, an assistant message's `tool_calls` become
+`tool_use` content blocks (`id`, `name`, `input`: the arguments parsed) after its text, `tool`
+messages `tool_result` blocks (naming the call) of one user message, and `tools` Anthropic's
+shape (`{"name", "description", "input_schema"}`).
 """
 
 from __future__ import annotations
+
+import json
 
 from cbbench.harness.client.response import ERROR_TEXT_LIMIT, RequestFailed
 
@@ -30,7 +38,60 @@ STOP_REASONS = {
 _DELTAS = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json"}
 
 
+def _input(arguments: str) -> dict:
+    try:
+        value = json.loads(arguments or "{}")
+    except ValueError:
+        return {"arguments": arguments}  # not JSON: sent as a string, not lost
+    return value if isinstance(value, dict) else {"arguments": value}
+
+
+def agent_messages(messages: list[dict]) -> tuple[str | None, list[dict]]:
+    """A chat message list (with tool calls and results) as (system, Messages messages)."""
+    system = [m.get("content") or "" for m in messages if m.get("role") == "system"]
+    out: list[dict] = []
+    for m in messages:
+        role = m.get("role")
+        if role == "system":
+            continue
+        if role == "tool":
+            block = {"type": "tool_result", "tool_use_id": m.get("tool_call_id"),
+                     "content": m.get("content") or ""}  # fmt: skip
+            if out and out[-1]["role"] == "user" and isinstance(out[-1]["content"], list):
+                out[-1]["content"].append(block)  # results of one turn: one user message
+            else:
+                out.append({"role": "user", "content": [block]})
+            continue
+        if role == "assistant" and m.get("tool_calls"):
+            blocks = [{"type": "text", "text": m["content"]}] if m.get("content") else []
+            for call in m["tool_calls"]:
+                fn = call.get("function") or {}
+                blocks.append({"type": "tool_use", "id": call.get("id"), "name": fn.get("name"),
+                               "input": _input(fn.get("arguments") or "")})  # fmt: skip
+            out.append({"role": "assistant", "content": blocks})
+            continue
+        out.append({"role": role, "content": m.get("content") or ""})
+    return ("\n\n".join(system) if system else None), out
+
+
+def anthropic_tool(tool: dict) -> dict:
+    """A chat tool (`{"type": "function", "function": {...}}`) in Anthropic's shape."""
+    fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+    out = {"name": fn.get("name"), "input_schema": fn.get("parameters") or {"type": "object"}}
+    if fn.get("description"):
+        out["description"] = fn["description"]
+    return out
+
+
 def payload(cfg, prompt, rec) -> dict:
+    if isinstance(prompt, dict):  # an agent step: {"messages": [...], "tools": [...]}
+        system, messages = agent_messages(prompt["messages"])
+        body = payload(cfg, messages, rec)
+        if system is not None:
+            body["system"] = system
+        if prompt.get("tools"):
+            body["tools"] = [anthropic_tool(t) for t in prompt["tools"]]
+        return body
     is_messages = isinstance(prompt, list) and prompt and isinstance(prompt[0], dict)
     body: dict = {
         "model": cfg.model,
@@ -137,7 +198,7 @@ def body(obj: dict, state: dict) -> dict:
         elif b.get("type") == "thinking":
             thinking.append(b.get("thinking") or "")
         elif b.get("type") == "tool_use":
-            calls.append({"index": len(calls), "function": {"arguments": str(b.get("input"))}})
+            calls.append({"index": len(calls), "function": {"arguments": json.dumps(b.get("input"))}})
     msg: dict = {"role": "assistant", "content": "".join(text) or None}
     if thinking:
         msg["reasoning"] = "".join(thinking)

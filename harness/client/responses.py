@@ -17,6 +17,12 @@ them as every other API's:
   token. An event whose delta is not a string, or with no `type`, fails the request
   (`protocol`).
 One delta event is one token unless it carries `token_ids` (an extension, counted exactly).
+
+Agent steps (`load/agent.py` builds them chat-shaped) in the Responses API's own shapes: an
+assistant message's `tool_calls` become `function_call` input items (`call_id`, `name`,
+`arguments`) after its text, a `tool` message a `function_call_output` item naming the call,
+and `tools` the flat function shape (`{"type": "function", "name", "description",
+"parameters"}`).
 """
 
 from __future__ import annotations
@@ -29,7 +35,36 @@ _REASONING = ("response.reasoning_text.delta", "response.reasoning_summary_text.
 _TOOL = "response.function_call_arguments.delta"
 
 
+def input_items(messages: list[dict]) -> list[dict]:
+    """A chat message list (with tool calls and results) as Responses input items."""
+    items: list[dict] = []
+    for m in messages:
+        role = m.get("role")
+        if role == "tool":
+            items.append({"type": "function_call_output", "call_id": m.get("tool_call_id"),
+                          "output": m.get("content") or ""})  # fmt: skip
+            continue
+        if m.get("content") or not m.get("tool_calls"):
+            items.append({"role": role, "content": m.get("content") or ""})
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function") or {}
+            items.append({"type": "function_call", "call_id": call.get("id"),
+                          "name": fn.get("name"), "arguments": fn.get("arguments") or ""})  # fmt: skip
+    return items
+
+
+def flat_tool(tool: dict) -> dict:
+    """A chat tool (`{"type": "function", "function": {...}}`) in the Responses' flat shape."""
+    fn = tool.get("function")
+    return {"type": tool.get("type", "function"), **fn} if isinstance(fn, dict) else tool
+
+
 def payload(cfg, prompt, rec) -> dict:
+    if isinstance(prompt, dict):  # an agent step: {"messages": [...], "tools": [...]}
+        body = payload(cfg, input_items(prompt["messages"]), rec)
+        if prompt.get("tools"):
+            body["tools"] = [flat_tool(t) for t in prompt["tools"]]
+        return body
     body: dict = {
         "model": cfg.model,
         "input": prompt if isinstance(prompt, str | list) else str(prompt),

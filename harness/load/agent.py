@@ -7,7 +7,8 @@ Request 1: a `system` message (the tool set's shared system prompt), the `user` 
 tools; its text, if any, is kept as the message's content), the tool runs (the load generator
 waits `think_s`, outside every latency), and the next request adds the `tool` message with the
 result, naming the call's id. The `tools` list goes with every request. A failed step ends the
-session (there is no reply to build on).
+session (there is no reply to build on). `--endpoint responses` and `messages` send the same
+steps in their APIs' own shapes (`client/responses.py`, `client/messages.py`).
 """
 
 from __future__ import annotations
@@ -25,11 +26,14 @@ if TYPE_CHECKING:
 AgentPrompt = dict[str, Any]  # {"messages": [...], "tools": [...]}: merged into the chat body
 
 
+AGENT_ENDPOINTS = ("chat", "responses", "messages")  # the last two convert the chat shapes
+
+
 def check_agent_endpoint(endpoint: str, has_agent: bool) -> None:
-    if has_agent and endpoint != "chat":
+    if has_agent and endpoint not in AGENT_ENDPOINTS:
         raise CbbenchError(
-            f"--endpoint {endpoint}: agent sessions need --endpoint chat (tools, tool_calls "
-            "and tool messages are chat API fields)"
+            f"--endpoint {endpoint}: agent sessions need --endpoint chat, responses or "
+            "messages (an API with tools and tool calls)"
         )
 
 

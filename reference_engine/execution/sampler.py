@@ -84,7 +84,9 @@ class Sampler:
         if any(k > 0 for k in top_ks) or any(p < 1.0 for p in top_ps):
             vocab = logits.shape[-1]
             sorted_logits, order = logits.sort(dim=-1, descending=True)
-            ks = torch.tensor([k if k > 0 else vocab for k in top_ks], device=logits.device)
+            # a top_k past the vocabulary is all of it (and stays within int64)
+            ks = torch.tensor([min(k, vocab) if k > 0 else vocab for k in top_ks],
+                              device=logits.device)  # fmt: skip
             rank = torch.arange(vocab, device=logits.device)
             drop = rank[None, :] >= ks[:, None]
             sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))

@@ -118,6 +118,7 @@ async def _run(
         stop=body.stop_strings(),
         min_tokens=body.min_tokens,
         scheduler=state.scheduler,
+        reasoning=_reasoning(A, state, body, params.max_tokens),
     )
     shaper = shaper_cls(gen, state.model_name, body)
     if body.cbbench_send_times:  # the route's arrival; each delta's send below
@@ -129,6 +130,16 @@ async def _run(
             headers={"cache-control": "no-cache"},
         )
     return await A._collect(stream, gen, shaper, request)
+
+
+def _reasoning(A: Any, state: Any, body: Any, max_tokens: int) -> Any:
+    """--reasoning-parser: the chat endpoint's split, capped by Messages'
+    `thinking.budget_tokens`."""
+    split = A._reasoning(state, body, max_tokens)
+    cap = body.thinking_budget() if hasattr(body, "thinking_budget") else None
+    if split is not None and cap is not None:
+        split.budget = min(split.budget, cap)
+    return split
 
 
 async def _embed(A: Any, state: Any, request: Request, body: E.EmbeddingsRequest) -> Response:
@@ -201,10 +212,10 @@ async def _events(
             if gen.finished and not out.finished:
                 stream.close()
             if delta.text or shaper.body.return_token_ids:
-                ev = shaper.delta(delta)
-                if shaper.body.cbbench_send_times:
-                    ev["t_send_ns"] = time.monotonic_ns()
-                yield _frame(ev, named)
+                for ev in shaper.events(delta):  # two where a reasoning split falls inside
+                    if shaper.body.cbbench_send_times:
+                        ev["t_send_ns"] = time.monotonic_ns()
+                    yield _frame(ev, named)
             if gen.finished:
                 break
         for ev in shaper.end():

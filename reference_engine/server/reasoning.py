@@ -105,6 +105,12 @@ class ReasoningSplit:
     def reasoning_tokens(self) -> int:
         return min(self.n, self.budget)
 
+    @property
+    def separate(self) -> bool:
+        """Whether the reasoning has its own field (Responses' reasoning item, Messages'
+        thinking block), not inline in the answer's text."""
+        return self.budget > 0 and self.where != "content"
+
     def parts(self, text: str, k: int) -> list[tuple[str, str, int]]:
         """(field, text, tokens) of a delta of `k` tokens: its reasoning, then its answer."""
         start, self.n = self.n, self.n + k
