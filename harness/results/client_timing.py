@@ -88,6 +88,7 @@ def worker_timing(measured: Sequence[RequestRecord], workers: dict) -> dict:
         "timing_bound_s": worst,
         "timing_bound_limit_s": limit,
         "timing_bound_judged_against": label,
+        "timing_bound_reference_s": figure,  # the judged-against figure's value
         "timing_bound_exceeded": figure is not None and worst is not None and worst > limit,
     }
 
