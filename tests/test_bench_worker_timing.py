@@ -18,7 +18,7 @@ from servers.fake import Behavior, FakeServerConfig, threaded
 
 # keys the runner adds after `summarize` (pool counters, worker outcomes), or derived from the
 # workers' self-check samples that requests.jsonl does not hold
-RUNNER_KEYS = {"cancelled_in_flight", "connections", "timestamp_source", "client"}
+RUNNER_KEYS = {"cancelled_in_flight", "connections", "timestamp_source", "client", "prefix_cache"}
 CLIENT_SAMPLE_KEYS = {"client_bound", "client_bound_reason"}
 
 
