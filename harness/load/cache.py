@@ -16,6 +16,7 @@ import json
 import httpx
 from cbbench.harness.client import aio
 from cbbench.harness.client.api import ClientConfig, OpenAIClient
+from cbbench.harness.client.endpoints import is_conversational
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.load.agent import check_agent_endpoint as agent_endpoint
 from cbbench.harness.load.cache_options import CacheOptions, add_cache_args
@@ -94,7 +95,7 @@ def prime_prefixes(
 ) -> int:
     """Send each distinct prefix once (max_tokens 1), one after another; how many were sent.
     A failed one is a CbbenchError naming it (the run would measure a cold cache)."""
-    todo = _prime_prompts(wl, text or client.endpoint == "chat", tokenizer, text_fit)
+    todo = _prime_prompts(wl, text or is_conversational(client.endpoint), tokenizer, text_fit)
     if not todo:
         return 0
 

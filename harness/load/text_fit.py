@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import httpx
+from cbbench.harness.client.endpoints import is_conversational
 
 FILLERS = (".", ",", " a", " I", " x")  # short pieces to land on the exact length
 CHECK_LENGTHS = (37, 256, 1000)  # sample prompts the fit must hit exactly
@@ -146,10 +147,10 @@ def _fit(tk: _Tokenize, words: Sequence[str]) -> tuple[TextFit | None, str]:
 
 
 def fit_text_prompts(cfg, plans: list) -> dict:
-    """For a run (`cfg`: a BenchConfig) with text prompts (chat, --text-prompts) and no local
+    """For a run (`cfg`: a BenchConfig) with text prompts (chat, responses, messages, --text-prompts) and no local
     tokenizer: the server's fit given to every worker plan, a line saying whether lengths are
     exact, and run.json's `text_prompts` entry ({} for token-id prompts)."""
-    if not (cfg.text_prompts or cfg.endpoint == "chat") or cfg.tokenizer:
+    if not (cfg.text_prompts or is_conversational(cfg.endpoint)) or cfg.tokenizer:
         return {}
     from cbbench.harness.load.words import WORDS
 
