@@ -66,3 +66,25 @@ def test_a_server_without_tokenize_gets_the_measured_mismatch(tmp_path, capsys, 
     r = run.records[0]
     assert r.prompt_tokens_server == 2 * r.prompt_tokens_client
     assert run.meta["summary"]["prompt_token_mismatch_mean"] > 0
+
+
+def test_responses_and_messages_prompts_on_the_bundled_engine_are_exact(tmp_path, capsys):
+    # `--endpoint responses|messages` sent one-token-per-word text (+623 tokens on average on
+    # the byte tokenizer, a third of the `mixed` requests past the 2,048-token context): only
+    # chat asked the server's /tokenize for a fit
+    hw = hardware_file(tmp_path, c0=0.001, c_seq=0.0)
+    with launch_reference_server("tiny", "continuous", "cpu", sim_args(hw)) as srv:
+        for endpoint in ("responses", "messages"):
+            argv = ["bench", "--base-url", srv.base_url, "--endpoint", endpoint,
+                    "--workload", "mixed", "--num-requests", "12",
+                    "--out", str(tmp_path / endpoint), *FLAGS]  # fmt: skip
+            assert main(argv) == 0
+    assert capsys.readouterr().err.count("text prompts: exact lengths") == 2
+    for endpoint in ("responses", "messages"):
+        run = load_run(tmp_path / endpoint)
+        assert run.meta["text_prompts"]["lengths"] == "exact"
+        overhead = run.meta["text_prompts"]["fit"]["chat_overhead"]
+        recs = [r for r in run.records if not r.warmup]
+        assert len(recs) == 12 and all(r.ok for r in recs), endpoint
+        assert all(r.prompt_tokens_server == r.prompt_len + overhead for r in recs), endpoint
+        assert run.meta["summary"]["counts"]["prompt_token_mismatch"] == 0

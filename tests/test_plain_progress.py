@@ -35,6 +35,11 @@ def test_piped_bench_prints_progress_lines_and_whole_footer_lines(tmp_path, caps
     assert completed.startswith("completed 12") and "warmup excluded 0" in completed
     conn = next(ln for ln in printed.splitlines() if ln.startswith("connections: opened"))
     assert len(conn) > 80 and conn.rstrip().endswith("stamps")  # longer than the table: whole
+    # the worker timing line and the outcome notes too (they wrapped at 80 columns mid-phrase:
+    # "read delay p99 \n4.499 ms")
+    worker = next(ln for ln in printed.splitlines() if ln.startswith("worker 0: 12 requests"))
+    assert len(worker) > 80 and "read delay p99" in worker, printed
+    assert worker.rstrip().endswith(" ms") and "timing error bound (p99)" in worker, printed
 
 
 def test_piped_replay_progress_prints_plain_lines(monkeypatch):

@@ -115,6 +115,9 @@ def test_cli_prints_frontier_flags_and_writes_html(tmp_path, capsys):
     assert "Pareto frontier" in out and "chosen:" in out
     assert "cbbench serve --model llama-3-8b --scheduler continuous --max-num-seqs" in out
     assert "vllm serve llama-3-8b --max-num-seqs" in out
+    # the chosen line whole (it wrapped mid-phrase at 80 columns: "(ttft_p99 \nmeets; ...")
+    chosen = next(x for x in out.splitlines() if x.startswith("chosen: "))
+    assert "; binding " in chosen and chosen.rstrip().endswith("]"), out
     doc = json.loads((tmp_path / "plan.json").read_text())
     assert doc["simulated"] and doc["chosen"]["verdict"] == "meets"
     page = (tmp_path / "plan.html").read_text()

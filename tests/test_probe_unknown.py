@@ -89,3 +89,11 @@ def test_max_batch_from_one_noisy_level_is_unknown() -> None:
     # a steady curve still gives its limit
     steady = [_level(c, tp) for c, tp in ((8, 1400), (16, 2700), (32, 5000), (64, 5100))]
     assert max_batch(steady, 0.01).value == "32"
+    # ... and says what it saw: TTFT flat beyond the knee is no queue (a probe of the tiny
+    # engine said "adds queueing" beside "TTFT p50 grew 1.1x (requests queue)")
+    v = max_batch(steady, 0.01)
+    assert "queue" not in v.text and "did not jump" in v.text, v
+    assert "grew 1.0x (no queueing: they joined the batch)" in v.evidence[-1], v
+    queued = steady[:3] + [_level(64, 5100, ttft=0.08)]  # TTFT 4x beyond the knee
+    v = max_batch(queued, 0.01)
+    assert v.value == "32" and "adds queueing" in v.text and "(requests queue)" in v.evidence[-1]

@@ -56,6 +56,9 @@ def test_run_two_schedulers_end_to_end(tmp_path, capsys, monkeypatch):
     # issue 42: a run this small cannot show the schedulers apart, and says so
     caution = "caution: 4 requests are 2 batches of B=2: too few to show the schedulers apart"
     assert text.count(caution) == 2  # before the runs and beside the table
+    # whole lines, however narrow the output (it wrapped mid-phrase at the console's width)
+    whole = [x for x in text.splitlines() if x.startswith(caution) and x.rstrip().endswith(")")]
+    assert len(whole) == 2, text
 
 
 def test_run_sim_is_labelled_and_writes_runs(tmp_path, capsys, monkeypatch):

@@ -16,6 +16,7 @@ from cbbench.harness.results.outcome import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_SOME_FAILED,
+    all_failed,
 )
 from cbbench.harness.results.run_folder import load_run
 from servers.fake import Behavior, FakeServerConfig, threaded
@@ -103,6 +104,19 @@ def test_every_request_failing_exits_1_naming_the_reason(tmp_path, monkeypatch, 
                          monkeypatch, capsys)  # fmt: skip
     assert rc == EXIT_FAILED
     assert "all 6 requests failed: HTTP 500: scripted failure 500" in err
+
+
+def test_prompts_past_the_context_name_the_way_out():
+    # `--workload agent` on the tiny model (a 2,048-token context): every session's first
+    # step failed and the line named the overflow but not what to run instead
+    reason = "HTTP 400: prompt has 5820 tokens; the model's context is 2048"
+    line = all_failed({"counts": {"total": 2, "completed": 0},
+                       "errors_by_reason": {reason: 2}})  # fmt: skip
+    assert line and line.startswith(f"all 2 requests failed: {reason} (")
+    assert "docs/specs/agent-small.toml" in line and "longer-context model" in line
+    other = all_failed({"counts": {"total": 2, "completed": 0},
+                        "errors_by_reason": {"HTTP 500: boom": 2}})  # fmt: skip
+    assert other == "all 2 requests failed: HTTP 500: boom"
 
 
 # finding 14 --------------------------------------------------------------------------------

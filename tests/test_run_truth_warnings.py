@@ -62,7 +62,10 @@ def test_a_bound_that_is_a_material_share_of_ttft_warns():
     recs = [_rec(i, 0.010) for i in range(32)]  # TTFT p50 10 ms: 2.8 ms is 28 % of it
     s = summarize(recs, None, None, _client([0.0027] * 10))
     assert s["client"]["timing_bound_exceeded"]
-    assert worker_timing_lines(s)[-1].startswith("TIMING BOUND MATERIAL: a worker's bound 2.800")
+    line = worker_timing_lines(s)[-1]
+    assert line.startswith("TIMING BOUND MATERIAL: a worker's bound 2.800")
+    # the share and the figure it is judged against, not a bare "is over 1.000 ms"
+    assert "is 28% of TTFT p50 10.000 ms (flagged over 10% of it and over 1.000 ms)" in line
 
 
 def test_one_send_lag_outlier_is_not_client_bound():

@@ -54,6 +54,17 @@ def test_shared_prefix_flush_prime_hits_intended_rate(tmp_path):
     assert "achieved hit rate 75.0 % (intended 75.0 %, primed)" in printed
 
 
+def test_primed_run_without_hits_asks_whether_prefix_caching_is_on(tmp_path):
+    # `cbbench serve` caches no prefixes by default: a primed run said only "achieved hit rate
+    # 0.0 % (intended 75.0 %, primed)", leaving the user to guess why
+    off = EngineConfig(model="tiny", enable_prefix_caching=False, block_size=16)
+    with serve(off) as (url, _):
+        pc, printed = _run(url, tmp_path, "off", CacheOptions(flush_cache=True, prime=True))
+    assert pc["hit_rate"] == 0 and pc["intended_hit_rate"] == pytest.approx(0.75)
+    assert "not one hit after priming: is the server's prefix caching on?" in printed
+    assert "--enable-prefix-caching" in printed
+
+
 def test_cold_run_after_flush_misses_each_group_once(tmp_path):
     with serve(ENGINE) as (url, _):  # the engine thread's reset
         _run(url, tmp_path, "warm", CacheOptions())

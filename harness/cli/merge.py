@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"cbbench merge: warning: merged without shard(s) {names}", file=sys.stderr)
     print_summary(out, res.summary, f"cbbench merge: {res.meta['name']}")
     for line in worker_timing_lines(res.summary):
-        out.print(line, highlight=False)
+        out.print(line, highlight=False, soft_wrap=True)
     for row in res.summary["shards"]:
         late = row["late_start_s"] or 0.0
         out.print(

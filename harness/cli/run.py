@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
             table.caption = f"{table.caption}; {note}" if table.caption else note
         console.print(f"table: {emit_table(console, table, res.parent)}")
         if res.caution:
-            console.print(f"caution: {res.caution}", highlight=False)
+            console.print(f"caution: {res.caution}", highlight=False, soft_wrap=True)
     if res.report is not None:
         console.print(f"report: {res.report}")
     console.print(f"run folders: {res.parent}/{{{','.join(d.name for d in res.run_dirs)}}}")

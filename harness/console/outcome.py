@@ -5,6 +5,11 @@ and the per-worker timing lines with the timing-bound warning."""
 
 from __future__ import annotations
 
+from cbbench.harness.results.client_timing import (
+    TIMING_BOUND_LIMIT_S,
+    TIMING_BOUND_MATERIAL_SHARE,
+)
+
 TOP_REASONS = 3
 
 
@@ -58,10 +63,15 @@ def worker_timing_lines(summary: dict) -> list[str]:
         )
     if client.get("timing_bound_exceeded"):
         against = client.get("timing_bound_judged_against") or "the latencies"
+        bound, figure = client["timing_bound_s"], client.get("timing_bound_reference_s")
+        share = (  # the share itself: "over 1.586 ms" left the reader to guess what 1.586 was
+            f"is {bound / figure:.0%} of {against} {ms(figure)} ms (flagged over "
+            f"{TIMING_BOUND_MATERIAL_SHARE:.0%} of it and over {ms(TIMING_BOUND_LIMIT_S)} ms)"
+            if figure
+            else f"is over {ms(client['timing_bound_limit_s'])} ms (a material share of {against})"
+        )
         out.append(
-            f"TIMING BOUND MATERIAL: a worker's bound {ms(client['timing_bound_s'])} ms is over "
-            f"{ms(client['timing_bound_limit_s'])} ms (a material share of {against}): its "
-            "times may be off by that much (more --workers, cores or hosts; kernel stamps "
-            "where possible)"
+            f"TIMING BOUND MATERIAL: a worker's bound {ms(bound)} ms {share}: its times may be "
+            "off by that much (more --workers, cores or hosts; kernel stamps where possible)"
         )
     return out

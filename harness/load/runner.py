@@ -399,8 +399,8 @@ def run_bench(
         writer.close()
     print_summary(out, summary, f"cbbench bench: {name}")
     for line in [*worker_timing_lines(summary), *cache_lines(summary)]:
-        out.print(line, highlight=False)
+        out.print(line, highlight=False, soft_wrap=True)  # whole lines, not cut mid-phrase
     for line in outcome_lines(summary, interrupted=interrupted, planned=planned):
-        out.print(line, highlight=False, markup=False)
+        out.print(line, highlight=False, markup=False, soft_wrap=True)
     out.print(f"run folder: {run_dir}")
     return BenchResult(run_dir, summary, interrupted, records, meta, failure)

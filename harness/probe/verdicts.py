@@ -222,21 +222,23 @@ def max_batch(levels: list[tuple[int, list[RequestRecord]]], tpot_s: float) -> V
             f"{jump[3] / max(knee[3], 1e-9):.1f}x while TPOT did not: the extra requests "
             "queued instead of joining the batch"
         )
-    else:
+    queues = jump is not None or ttft_growth >= JUMP
+    if jump is None:  # "(requests queue)" only when TTFT says so; 1.1x is no queue
         ev.append(
             f"throughput reached {knee[1] / best:.0%} of its peak at concurrency {knee[0]}; "
-            f"beyond it TTFT p50 grew {ttft_growth:.1f}x (requests queue)"
+            f"beyond it TTFT p50 grew {ttft_growth:.1f}x"
+            + (" (requests queue)" if queues else " (no queueing: they joined the batch)")
         )
     nums["knee"] = knee[0]
     conf = 0.85 if ttft_growth >= 2 else 0.6
-    return Verdict(
-        "max_batch",
-        str(knee[0]),
-        f"effective maximum batch about {knee[0]}: more concurrency adds queueing, not throughput",
-        conf,
-        ev,
-        nums,
+    why = (
+        "more concurrency adds queueing, not throughput"
+        if queues
+        else "more concurrency adds little throughput, and TTFT did not jump: requests still "
+        "join the batch but each step is slower (a compute limit, not a cap on the batch)"
     )
+    return Verdict("max_batch", str(knee[0]), f"effective maximum batch about {knee[0]}: {why}",
+                   conf, ev, nums)  # fmt: skip
 
 
 def prefix_caching(records: list[RequestRecord], pattern: str, short_ttft_s: float) -> Verdict:

@@ -28,6 +28,7 @@ from cbbench.harness.report.runs import (
 from cbbench.harness.report.samples import LATENCY_METRICS, RunSamples
 from cbbench.harness.report.table import (
     LATENCY_TITLES,
+    SERVER_COLUMNS_FROM,
     STAT_KEYS,
     best_index,
     fmt,
@@ -76,7 +77,19 @@ def _name_cell(lr: LoadedRun) -> str:
 
 
 def _summary_table(runs: list[LoadedRun], rows: list[dict]) -> str:
+    """Two tables, so that each fits 1,400 px: the run's figures (load, latency, errors), then
+    the server's (KV cache, GPU, batch, energy, cost, replicas) when a run has them."""
     columns = shown_columns(rows)
+    split = next((i for i, c in enumerate(columns) if c.key == SERVER_COLUMNS_FROM), len(columns))
+    server = columns[split:]
+    return _columns_table(runs, rows, columns[:split], "summary", "run") + (
+        _columns_table(runs, rows, server, "summary-server", "server") if server else ""
+    )
+
+
+def _columns_table(
+    runs: list[LoadedRun], rows: list[dict], columns: list, table_id: str, first: str
+) -> str:
     head = "".join(
         f"<th>{escape(c.title)}{' (ms)' if c.unit == 'ms' else ''}</th>" for c in columns
     )
@@ -90,8 +103,8 @@ def _summary_table(runs: list[LoadedRun], rows: list[dict]) -> str:
         )
         body.append(f"<tr>{_name_cell(lr)}{cells}</tr>")
     return (
-        f'<div class="scroll"><table id="summary"><tr><th class="name">run</th>{head}</tr>'
-        f"{''.join(body)}</table></div>"
+        f'<div class="scroll"><table id="{table_id}"><tr><th class="name">{first}</th>{head}'
+        f"</tr>{''.join(body)}</table></div>"
     )
 
 

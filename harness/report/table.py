@@ -73,6 +73,10 @@ SUMMARY_COLUMNS: tuple[Column, ...] = (
 )
 
 
+# the summary's server-side columns start here (the HTML report shows them in a second table)
+SERVER_COLUMNS_FROM = "kv_usage.mean"
+
+
 def shown_columns(rows: list[dict[str, Any]]) -> list[Column]:
     """SUMMARY_COLUMNS less the optional ones no run has a value for."""
     return [

@@ -154,6 +154,12 @@ def cache_lines(summary: dict) -> list[str]:
             if not pc.get("primed") and not pc.get("flushed"):
                 how += "; the cache was not flushed (--flush-cache): earlier runs' hits count"
             line += f" (intended {_pct(pc['intended_hit_rate'])}, {how})"
+            if pc["intended_hit_rate"] > 0 and pc.get("hit_rate") == 0 and pc.get("primed"):
+                # primed and not one hit: the server caches no prefixes (cbbench serve's default)
+                line += (
+                    "; not one hit after priming: is the server's prefix caching on? "
+                    "(cbbench serve and vLLM: --enable-prefix-caching)"
+                )
         out.append(line)
     ag = summary.get("agent")
     if ag:

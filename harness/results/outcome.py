@@ -113,6 +113,11 @@ def all_failed(summary: RunSummary) -> str | None:
     reasons = summary.get("errors_by_reason") or {}
     top = next(iter(reasons), None)
     why = f": {top}" if top else ""
+    if top and "context" in top.lower():  # ours, vLLM's "maximum context length", others'
+        why += (
+            " (the workload's prompts outgrow the model's context: a workload of shorter "
+            "prompts, e.g. docs/specs/agent-small.toml for agents, or a longer-context model)"
+        )
     return f"all {counts['total']} requests failed{why}"
 
 

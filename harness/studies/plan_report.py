@@ -116,7 +116,8 @@ def print_plan(res: PlanResult, console: Console, out: Path | None) -> None:
         )
     console.print(f"chosen: {p.replicas} x {describe_config(p)}, ${p.cost_per_hour:.2f}/hour: "
                   f"{p.verdict} ({'; '.join(f'{k} {v}' for k, v in p.verdicts.items())}); "
-                  f"binding {binding_text(p)}", highlight=False)  # fmt: skip
+                  f"binding {binding_text(p)}", highlight=False, markup=False,
+                  soft_wrap=True)  # fmt: skip
     replicas = (f"  (x{p.replicas} replicas behind `cbbench route --policy {p.config['router']}`)"
                 if p.replicas > 1 else "")  # fmt: skip
     console.print(f"  {serve_flags(p, res.model)}{replicas}", highlight=False, soft_wrap=True)

@@ -220,7 +220,7 @@ def run_demo(opts: RunOptions, console: Console | None = None) -> RunDemoResult:
     # measured only: the simulator has no noise and no start-up, its few-batch runs hold
     caution = None if opts.sim else too_few_requests(n, b, opts.schedulers)
     if caution:  # before the runs, so that a user can stop and rerun with more
-        console.print(f"caution: {caution}", highlight=False)
+        console.print(f"caution: {caution}", highlight=False, soft_wrap=True)
     if opts.sim:
         res = run_simulated(opts, spec, parent, console)
     else:
