@@ -148,8 +148,9 @@ def _fit(tk: _Tokenize, words: Sequence[str]) -> tuple[TextFit | None, str]:
 
 def fit_text_prompts(cfg, plans: list) -> dict:
     """For a run (`cfg`: a BenchConfig) with text prompts (chat, responses, messages,
-    --text-prompts) and no local tokenizer: the server's fit given to every worker plan, a line saying whether lengths are
-    exact, and run.json's `text_prompts` entry ({} for token-id prompts)."""
+    --text-prompts) and no local tokenizer: the server's fit given to every worker plan, a
+    line saying whether lengths are exact, and run.json's `text_prompts` entry ({} for
+    token-id prompts)."""
     if not (cfg.text_prompts or is_conversational(cfg.endpoint)) or cfg.tokenizer:
         return {}
     from cbbench.harness.load.words import WORDS
