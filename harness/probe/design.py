@@ -96,10 +96,13 @@ CHUNK_PROMPT_MAX = 16384 + 1024
 
 def chunk_prompt(p: Pace, budget: int | None) -> int:
     """The chunked-prefill test prompt: longer than the step budget where the server says it
-    (twice it, within the context), else as long as the context allows up to CHUNK_PROMPT_MAX:
-    a prompt that fits one step shows no chunking whether chunking is on or off."""
+    (four times it, within the context: at least four chunks, so a stream's longest stall is
+    about a quarter of the prefill, well apart from the whole-prefill stall of no chunking;
+    at twice it, half, which the verdict cannot tell apart), else as long as the context
+    allows up to CHUNK_PROMPT_MAX: a prompt that fits one step shows no chunking whether
+    chunking is on or off."""
     room = (p.max_model_len - 64) // 16 * 16
-    want = 2 * budget if budget else CHUNK_PROMPT_MAX
+    want = 4 * budget if budget else CHUNK_PROMPT_MAX
     return max(64, min(room, want))
 
 
