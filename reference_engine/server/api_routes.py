@@ -103,23 +103,8 @@ async def _run(
         raise bad_request(str(exc), "messages" if named else "input") from None
     params = A._sampling_params(state, body, prompt_ids, chat=True)
     request_id = f"{'msg' if named else 'resp'}-{uuid.uuid4().hex}"
-    try:
-        stream = await state.engine.add_request(request_id, prompt_ids, params, body.priority)
-    except QueueFull as exc:
-        raise APIError(429, str(exc), "rate_limit_error", None, "queue_full") from None
-    except ShuttingDown as exc:
-        raise APIError(503, str(exc), "server_error", None, "shutting_down") from None
-    except EngineError as exc:
-        raise bad_request(str(exc)) from None
-    gen = Generation(
-        request_id,
-        prompt_ids,
-        state.tokenizer.new_detokenizer(),
-        stop=body.stop_strings(),
-        min_tokens=body.min_tokens,
-        scheduler=state.scheduler,
-        reasoning=_reasoning(A, state, body, params.max_tokens),
-    )
+    reasoning = _reasoning(A, state, body, params.max_tokens)
+    stream, gen = await A._admit(state, request_id, prompt_ids, params, body, reasoning)
     shaper = shaper_cls(gen, state.model_name, body)
     if body.cbbench_send_times:  # the route's arrival; each delta's send below
         shaper.stamps = {"t_recv_ns": t_recv}

@@ -328,11 +328,16 @@ def _logprobs(body: P.SamplingFields) -> int | None:
     return body.logprobs
 
 
-async def _generate(
-    state: ServerState, request: Request, body: P.SamplingFields, prompt_ids: list[int], chat: bool
-) -> Response:
-    params = _sampling_params(state, body, prompt_ids, chat)
-    request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+async def _admit(
+    state: ServerState,
+    request_id: str,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    body: P.SamplingFields,
+    reasoning: ReasoningSplit | None,
+) -> tuple[RequestStream, Generation]:
+    """Hand a request to the engine (its refusals as the API's errors) and start its
+    Generation: every generating route (chat, completions, responses, messages) goes here."""
     try:
         stream = await state.engine.add_request(request_id, prompt_ids, params, body.priority)
     except QueueFull as exc:
@@ -348,8 +353,18 @@ async def _generate(
         stop=body.stop_strings(),
         min_tokens=body.min_tokens,
         scheduler=state.scheduler,
-        reasoning=_reasoning(state, body, params.max_tokens) if chat else None,
+        reasoning=reasoning,
     )
+    return stream, gen
+
+
+async def _generate(
+    state: ServerState, request: Request, body: P.SamplingFields, prompt_ids: list[int], chat: bool
+) -> Response:
+    params = _sampling_params(state, body, prompt_ids, chat)
+    request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    reasoning = _reasoning(state, body, params.max_tokens) if chat else None
+    stream, gen = await _admit(state, request_id, prompt_ids, params, body, reasoning)
     echo = ""
     if isinstance(body, P.CompletionRequest) and body.echo:
         echo = body.prompt if isinstance(body.prompt, str) else state.tokenizer.decode(prompt_ids)
