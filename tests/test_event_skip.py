@@ -144,6 +144,38 @@ def test_router_cluster_skipping_equals_stepping(policy, scheduler):
     b = simulate_cluster(reqs, c, 4, make_policy(policy), event_skip=True)
     assert a.skipped_steps == 0 and b.skipped_steps > 0
     _cluster_same(a, b)
+    # a policy that reads only outstanding counts lets replicas decode behind arrivals
+    # routed elsewhere (sim/quiet.py); kv-aware reads every replica's KV usage (static
+    # batches of 16 form only once every request has arrived here)
+    if scheduler == "continuous":
+        assert (b.caught_up > 0) == (not make_policy(policy).reads_engine_stats)
+
+
+@pytest.mark.parametrize(
+    "hardware,kw",
+    [
+        ("h100-sxm", {"scheduler": "static", "batch_size": 4}),
+        ("h100-sxm", {"scheduler": "dynamic", "batch_size": 4}),
+        ("h100-sxm", {"num_kv_blocks": 150, "max_num_seqs": 24}),  # the pool preempts
+        ("h100-sxm", {"enable_chunked_prefill": True, "max_num_batched_tokens": 96}),
+        ("cpu-measured", {"model": "tiny"}),  # prices the KV layout: never left behind
+        ("steps", {"rate": 3.0}),  # a step is a second
+    ],
+)
+def test_replicas_left_behind_arrivals_equal_stepping(hardware, kw):
+    """Steady arrivals over 6 replicas: a replica decoding without a completion ahead waits
+    behind arrivals routed elsewhere and catches up when one is routed to it; every
+    request's times and every replica's sums are the stepping path's."""
+    kw = dict(kw)
+    reqs = workload(13, n=260, rate=kw.pop("rate", 220.0))
+    c = cfg(kw.pop("scheduler", "continuous"), hardware=hardware, **kw)
+    a = simulate_cluster(reqs, c, 6, make_policy("least-outstanding"))
+    b = simulate_cluster(reqs, c, 6, make_policy("least-outstanding"), event_skip=True)
+    _cluster_same(a, b)
+    assert b.skipped_steps > 0
+    if "num_kv_blocks" in kw:
+        assert a.summary()["num_preemptions"] > 0
+    assert (b.caught_up > 0) == (hardware != "cpu-measured")
 
 
 def test_router_sessions_and_preemption():

@@ -34,6 +34,7 @@ from cbbench.reference_engine.sim.event_skip import (
     skip_blockers,
     take_steps,
 )
+from cbbench.reference_engine.sim.quiet import quiet_until
 from cbbench.workloads.spec import RequestSpec
 from cbbench.workloads.stats import describe
 from cbbench.workloads.tokens import PromptTokenIds, id_pool
@@ -91,6 +92,7 @@ class ClusterResult:
     routing_time_s: list[float]  # wall time of each decision (prefix hashing included)
     wall_s: float  # the whole simulation's wall time
     skipped_steps: int = 0  # engine steps taken inside event-skipping windows (event_skip)
+    caught_up: int = 0  # arrivals that met their replica left behind (sim/quiet.py)
 
     @property
     def duration_s(self) -> float:
@@ -193,18 +195,71 @@ def simulate_cluster(
     recs: dict[str, ClusterRequest] = {}
     out_ids: dict[str, list[int]] = {}  # sessions' replies, until the next turn is built
     sessions = any(r.session_id is not None for r in requests)
-    busy: list[tuple[float, int]] = []  # (clock, replica) of replicas with work
+    busy: list[tuple[float, int, int]] = []  # (clock, replica, gen) of those with work
     in_busy = [False] * num_replicas
     routing: list[float] = []
     done = 0
     closed = False
     skipping = event_skip and not skip_blockers(engines[0])
-    skipped = 0
+    # a replica decoding quietly (sim/quiet.py) may be left behind arrivals routed
+    # elsewhere when the policy reads only outstanding counts: its heap key is then the
+    # start of its first step that could change its count, and its steps are taken up to
+    # there, or up to the arrival routed to it
+    behind = skipping and not sessions and not policy.reads_engine_stats
+    deferred = [False] * num_replicas
+    gen = [0] * num_replicas  # heap entries of an older generation are stale
+    skipped = caught_up = 0
 
     def wake(i: int) -> None:
         if not in_busy[i]:
             in_busy[i] = True
-            heapq.heappush(busy, (engines[i].now(), i))
+            heapq.heappush(busy, (engines[i].now(), i, gen[i]))
+
+    def window(i: int, horizon: float | None) -> bool:
+        """Replica i's decode steps before its next event and `horizon`, taken at once;
+        False when its next step must be the scheduler's."""
+        nonlocal skipped, done
+        e = engines[i]
+        plan = plan_skip(e, 1 << 40, events=True)
+        if plan is None:
+            return False
+        w = take_steps(e, *plan, horizon, want_tokens=sessions, events=True,
+                       end_on_finish=sessions, per_step=False)  # fmt: skip
+        if w is None:
+            return False
+        sched, bm, tot = e.scheduler, e.block_manager, totals[i]
+        skipped += w.k
+        tot.steps += w.k  # the stepping path's sums, by window (same to rounding)
+        tot.busy_s += w.ends[-1] - w.starts[0]
+        tot.load_time += w.load_area
+        tot.kv_time += w.kv_area / bm.num_blocks
+        for j, seq in enumerate(w.seqs):
+            r = recs[seq.request_id]
+            r.num_tokens = seq.num_output_tokens
+            if sessions:
+                assert w.tokens is not None
+                out_ids.setdefault(seq.request_id, []).extend(w.tokens[j])
+        for seq in w.finished:
+            done += 1
+            _finished(recs[seq.request_id], seq.metrics, tot, loads[i])
+            arrivals.on_finished(seq.request_id, seq.metrics.finished_time,
+                                 out_ids.pop(seq.request_id, []))  # fmt: skip
+            if on_progress is not None:
+                on_progress(done, len(requests))
+        loads[i].stats_read(sched.num_running, sched.num_waiting, bm.usage)
+        return True
+
+    def catch_up(i: int, t: float) -> None:
+        """A replica left behind: its steps that start before t (none of them ends a
+        request), as the stepping path would have taken them before an arrival at t."""
+        nonlocal caught_up
+        caught_up += 1
+        deferred[i] = False
+        gen[i] += 1
+        in_busy[i] = False
+        took = window(i, t)
+        assert took and engines[i].has_unfinished_requests()
+        wake(i)
 
     while arrivals.pending or busy:
         t_arr = arrivals.next_time()
@@ -216,6 +271,8 @@ def simulate_cluster(
                 i = policy.choose(RouteRequest(hashes, sid), loads)
                 routing.append(time.perf_counter() - t)
                 e = engines[i]
+                if deferred[i]:
+                    catch_up(i, arrival)
                 if not in_busy[i]:
                     e.executor.advance_to(arrival)  # type: ignore[attr-defined]
                 rid = f"req-{spec.index}"
@@ -239,38 +296,30 @@ def simulate_cluster(
             continue
         if not busy:
             raise EngineError("cluster simulation stalled: sessions wait for replies, none runs")
-        _, i = heapq.heappop(busy)
+        _, i, g = heapq.heappop(busy)
+        if g != gen[i]:
+            continue  # caught up since, and queued again under its own clock
         in_busy[i] = False
+        was_behind, deferred[i] = deferred[i], False
         e = engines[i]
         sched = e.scheduler
         tot = totals[i]
-        if skipping and (plan := plan_skip(e, 1 << 40, events=True)) is not None:
+        if (
+            behind
+            and not was_behind
+            and t_arr is not None
+            and (plan := plan_skip(e, 1 << 40, events=True))
+        ):
+            q = quiet_until(e, plan[0])
+            if q is not None and q >= t_arr:  # nothing it does before t_arr shows: wait
+                deferred[i] = in_busy[i] = True
+                heapq.heappush(busy, (q, i, gen[i]))
+                continue
+        if skipping:
             horizon = arrivals.next_time()
             if sessions and busy:  # a reply elsewhere may send a turn before that
                 horizon = busy[0][0] if horizon is None else min(horizon, busy[0][0])
-            w = take_steps(e, *plan, horizon, want_tokens=sessions, events=True,
-                           end_on_finish=sessions, per_step=False)  # fmt: skip
-            if w is not None:
-                bm = e.block_manager
-                skipped += w.k
-                tot.steps += w.k  # the stepping path's sums, by window (same to rounding)
-                tot.busy_s += w.ends[-1] - w.starts[0]
-                tot.load_time += w.load_area
-                tot.kv_time += w.kv_area / bm.num_blocks
-                for j, seq in enumerate(w.seqs):
-                    r = recs[seq.request_id]
-                    r.num_tokens = seq.num_output_tokens
-                    if sessions:
-                        assert w.tokens is not None
-                        out_ids.setdefault(seq.request_id, []).extend(w.tokens[j])
-                for seq in w.finished:
-                    done += 1
-                    _finished(recs[seq.request_id], seq.metrics, tot, loads[i])
-                    arrivals.on_finished(seq.request_id, seq.metrics.finished_time,
-                                         out_ids.pop(seq.request_id, []))  # fmt: skip
-                    if on_progress is not None:
-                        on_progress(done, len(requests))
-                loads[i].stats_read(sched.num_running, sched.num_waiting, bm.usage)
+            if window(i, horizon):
                 if e.has_unfinished_requests():
                     wake(i)
                 continue
@@ -307,5 +356,12 @@ def simulate_cluster(
             wake(i)
     result = [recs[f"req-{s.index}"] for s in requests]
     return ClusterResult(
-        policy.name, num_replicas, result, totals, routing, time.perf_counter() - wall0, skipped
+        policy.name,
+        num_replicas,
+        result,
+        totals,
+        routing,
+        time.perf_counter() - wall0,
+        skipped,
+        caught_up,
     )

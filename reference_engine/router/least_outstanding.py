@@ -15,6 +15,7 @@ from cbbench.reference_engine.router.policy import (
 
 class LeastOutstanding(RoutingPolicy):
     name = "least-outstanding"
+    reads_engine_stats = False
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaLoad]) -> int:
         return least_loaded(replicas)

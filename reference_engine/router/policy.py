@@ -84,6 +84,10 @@ class RoutingPolicy:
     name: ClassVar[str] = ""
     needs_prefix: ClassVar[bool] = False  # the caller computes RouteRequest.prefix_hashes
     needs_session: ClassVar[bool] = False  # the caller reads RouteRequest.session_id
+    # False: `choose` reads only `outstanding` and `healthy` (which, in the simulator, change
+    # only when a request is sent or ends), so a replica may decode behind arrivals routed
+    # elsewhere (router/cluster_sim.py, sim/quiet.py)
+    reads_engine_stats: ClassVar[bool] = True
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaLoad]) -> int:
         raise NotImplementedError

@@ -27,6 +27,7 @@ MAX_ENTRIES = 1 << 20
 
 class PrefixAffinity(RoutingPolicy):
     name = "prefix-affinity"
+    reads_engine_stats = False
     needs_prefix = True
 
     def __init__(

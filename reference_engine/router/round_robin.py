@@ -14,6 +14,7 @@ from cbbench.reference_engine.router.policy import (
 
 class RoundRobin(RoutingPolicy):
     name = "round-robin"
+    reads_engine_stats = False
 
     def __init__(self) -> None:
         self._next = 0

@@ -33,6 +33,7 @@ def stable_hash(text: str) -> int:
 
 class SessionAffinity(RoutingPolicy):
     name = "session-affinity"
+    reads_engine_stats = False
     needs_session = True
 
     def __init__(self, vnodes: int = VNODES) -> None:

@@ -27,6 +27,7 @@ from cbbench.reference_engine.router.cluster_sim import simulate_cluster
 from cbbench.reference_engine.router.registry import make_policy
 from cbbench.reference_engine.sim.simulate import simulate
 from cbbench.workloads import load_workload
+from cbbench.workloads.arrivals import with_arrivals
 
 
 def _cpu(fn):
@@ -36,10 +37,14 @@ def _cpu(fn):
 
 
 @pytest.mark.parametrize(
-    "max_num_seqs,caching", [(32, True), (256, True), (32, False), (256, False)]
-)
-def test_cluster_skip_ratio(benchmark, max_num_seqs, caching):
+    "max_num_seqs,caching,rate",
+    [(32, True, None), (256, True, None), (32, False, None), (256, False, None),
+     (256, True, 300.0), (32, True, 300.0), (256, True, 100.0)],
+)  # fmt: skip
+def test_cluster_skip_ratio(benchmark, max_num_seqs, caching, rate):
     wl = load_workload("chat", num_requests=6_400)
+    if rate is not None:  # steady arrivals: windows must run behind arrivals to gain
+        wl = with_arrivals(wl, "poisson", rate=rate)
     cfg = build_engine_config(
         {"enable_prefix_caching": caching, "max_num_seqs": max_num_seqs}, SIM_DEFAULTS,
         scheduler="continuous",
@@ -61,8 +66,9 @@ def test_cluster_skip_ratio(benchmark, max_num_seqs, caching):
         assert b.first_token_s == pytest.approx(a.first_token_s, rel=1e-9, abs=1e-9)
     steps = sum(t.steps for t in stepped.replicas)
     benchmark.extra_info.update(step_cpu_s=t_step, skip_cpu_s=t_skip, ratio=t_step / t_skip)
+    load = "all at t = 0" if rate is None else f"Poisson {rate:g} req/s"
     print(
-        f"\n64 replicas x 6400 chat, max_num_seqs {max_num_seqs}, prefix caching "
+        f"\n64 replicas x 6400 chat ({load}), max_num_seqs {max_num_seqs}, prefix caching "
         f"{'on' if caching else 'off'}: stepping {t_step:.2f} s CPU "
         f"({steps} engine steps), skipping {t_skip:.2f} s CPU: {t_step / t_skip:.1f}x"
     )
