@@ -183,3 +183,40 @@ def test_ctrl_c_keeps_what_was_searched(tmp_path):
     doc = json.loads((out / "plan.json").read_text())
     assert doc["interrupted"] and doc["searched"] < doc["total"]
     assert "Traceback" not in stderr
+
+
+def test_interval_bounds_are_simulated_so_queueing_widens_them():
+    """The interval's top is the run simulated with every step (1 + high) times as long:
+    far from saturation it is the proportional figure; near it queueing makes TTFT grow
+    more than in proportion, as it would on a slower real server."""
+    opts = options(rate=5.0)
+    wl = load_workload("chat", seed=0, num_requests=200)
+    c = opts.space.configs()[1]  # max_num_seqs 16: one replica near saturation at 5 req/s
+    assert c["max_num_seqs"] == 16
+    wl = with_arrivals(wl, "poisson", rate=opts.rate, seed=wl.seed)
+    args = (wl.requests, c)
+    idle, busy = (planner.evaluate(opts, "llama-3-8b", *args, r, wl.seed, wl.prefix_block_size)
+                  for r in (4, 1))  # fmt: skip
+    band = 1.0 + planner.ASSUMED_BAND  # a100 carries no fit residuals
+    ttft = "ttft_p99"
+    assert idle.high[ttft] / idle.predicted[ttft] == pytest.approx(band, rel=0.05)
+    assert busy.high[ttft] / busy.predicted[ttft] > 1.3 * band  # 1.56 when written
+    assert busy.low[ttft] / busy.predicted[ttft] < 0.8 / band  # 0.54
+    for p in (idle, busy):
+        assert p.low[ttft] <= p.predicted[ttft] <= p.high[ttft]
+
+
+def test_scaled_hardware_stretches_every_step():
+    from cbbench.reference_engine.errors import EngineError
+    from cbbench.reference_engine.execution.cost_model import CostModel, get_hardware
+    from cbbench.reference_engine.model.config import resolve_model_config
+
+    for name, model in (("h100", "llama-3-8b"), ("cpu-measured", "small")):
+        mc = resolve_model_config(model)
+        a = CostModel(mc, get_hardware(name), "bfloat16")
+        b = CostModel(mc, get_hardware(f"{name}@1.25"), "bfloat16")
+        for chunks in ([(0, 300, True)], [(900, 1, True)] * 7 + [(0, 64, True)]):
+            assert b.step_time(chunks) == pytest.approx(1.25 * a.step_time(chunks), rel=1e-9)
+    for bad in ("h100@0", "h100@-1", "h100@fast", "h100@inf"):
+        with pytest.raises(EngineError, match="after @"):
+            get_hardware(bad)

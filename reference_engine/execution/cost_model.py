@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +66,18 @@ class HardwareSpec:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def scaled(self, factor: float) -> HardwareSpec:
+        """The same hardware with every step `factor` times as long (peaks divided, fixed
+        and fitted times multiplied): a plan's interval bounds (harness/studies/planner.py)
+        or `--hardware NAME@FACTOR`. A `steps` timeline is one unit a step whatever it is."""
+        assert factor > 0, factor
+        if self.steps:
+            return self
+        linear = None if self.linear is None else {t: c * factor for t, c in self.linear.items()}
+        return replace(self, name=f"{self.name}@{factor:g}", peak_flops=self.peak_flops / factor,
+                       mem_bw=self.mem_bw / factor, step_overhead_s=self.step_overhead_s * factor,
+                       per_seq_overhead_s=self.per_seq_overhead_s * factor, linear=linear)  # fmt: skip
 
 
 HARDWARE_PRESETS: dict[str, HardwareSpec] = {
@@ -125,7 +137,18 @@ HARDWARE_ALIASES = {"h100": "h100-sxm", "a100": "a100-80g"}
 
 
 def get_hardware(name: str) -> HardwareSpec:
-    """A preset name (or alias), or a JSON file written by `cbbench calibrate`."""
+    """A preset name (or alias), or a JSON file written by `cbbench calibrate`; NAME@F is
+    NAME with every step F times as long (HardwareSpec.scaled)."""
+    base, at, factor = name.rpartition("@")
+    if at and base and not Path(name).exists():
+        try:
+            f = float(factor)
+        except ValueError:
+            f = float("nan")
+        if not (f > 0 and f < float("inf")):
+            raise EngineError(f"hardware {name!r}: after @ give a factor > 0 (every step "
+                              f"that many times as long)")  # fmt: skip
+        return get_hardware(base).scaled(f)
     key = HARDWARE_ALIASES.get(name, name)
     if key in HARDWARE_PRESETS:
         return HARDWARE_PRESETS[key]
