@@ -47,7 +47,7 @@ def test_chosen_is_the_cheapest_that_meets_by_brute_force():
     wl = load_workload("chat", seed=0, num_requests=80)
     wl = with_arrivals(wl, "poisson", rate=opts.rate, seed=wl.seed)
     every = [
-        planner.evaluate(opts, res.model, wl.requests, c, r, wl.seed, wl.prefix_block_size)
+        planner.evaluate(opts, res.model, wl.requests, c, r, wl.prompt_seed, wl.prefix_block_size)
         for c in opts.space.configs()
         for r in range(1, 5)
     ]
@@ -195,7 +195,7 @@ def test_interval_bounds_are_simulated_so_queueing_widens_them():
     assert c["max_num_seqs"] == 16
     wl = with_arrivals(wl, "poisson", rate=opts.rate, seed=wl.seed)
     args = (wl.requests, c)
-    idle, busy = (planner.evaluate(opts, "llama-3-8b", *args, r, wl.seed, wl.prefix_block_size)
+    idle, busy = (planner.evaluate(opts, "llama-3-8b", *args, r, wl.prompt_seed, wl.prefix_block_size)
                   for r in (4, 1))  # fmt: skip
     band = 1.0 + planner.ASSUMED_BAND  # a100 carries no fit residuals
     ttft = "ttft_p99"

@@ -359,7 +359,7 @@ def plan(opts: PlanOptions, on_progress: Callable[[int, int], None] | None = Non
     searched = 0
     refused: list[str] = []  # why the engine refused a configuration, one per refusal
     interrupted = False
-    args = (wl.seed, wl.prefix_block_size)
+    args = (wl.prompt_seed, wl.prefix_block_size)  # the ids bench and sim send
     pool = ProcessPoolExecutor(max_workers=opts.jobs) if opts.jobs > 1 else None
     try:
         for i in range(0, len(configs), max(1, opts.jobs)):
