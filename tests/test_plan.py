@@ -134,6 +134,10 @@ def test_cli_prints_frontier_flags_and_writes_html(tmp_path, capsys):
         (["--slo", "tpot=1s"], "--slo"),
         (["--slo", "ttft_p99=1s", "--rate", "0"], "--rate must be > 0"),
         (["--slo", "ttft_p99=1s", "--rate", "fast"], "--rate: 'fast' is not a number"),
+        # bench's vLLM-style --goodput is not plan's share; a percentage without the % sign
+        (["--slo", "ttft_p99=1s", "--goodput", "ttft:200"], "put the targets in --slo"),
+        (["--slo", "ttft_p99=1s", "--goodput", "95"], "did you mean 0.95?"),
+        (["--slo", "ttft_p99=1s", "--hardware", "a100@0"], "after @ give a factor > 0"),
     ],
 )
 def test_bad_input_gets_one_line(argv, says, tmp_path, capsys):
@@ -204,6 +208,13 @@ def test_interval_bounds_are_simulated_so_queueing_widens_them():
     assert busy.low[ttft] / busy.predicted[ttft] < 0.8 / band  # 0.54
     for p in (idle, busy):
         assert p.low[ttft] <= p.predicted[ttft] <= p.high[ttft]
+
+
+def test_goodput_share_takes_a_share_or_a_percentage():
+    from cbbench.harness.cli.plan import goodput_share
+
+    assert goodput_share("0.95") == goodput_share("95%") == pytest.approx(0.95)
+    assert goodput_share("1") == 1.0
 
 
 def test_scaled_hardware_stretches_every_step():

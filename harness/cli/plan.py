@@ -27,8 +27,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--slo", required=True,
                    help="METRIC_STAT=DURATION,...: ttft|ttfo|tpot|e2e and mean|p50|p90|p95|p99|max, "
                         "e.g. ttft_p99=2s,tpot_p99=100ms")  # fmt: skip
-    p.add_argument("--goodput", type=float, default=None,
-                   help="also require this share of requests within every SLO target (0-1)")  # fmt: skip
+    p.add_argument("--goodput", default=None, metavar="SHARE",
+                   help="also require this share of requests within every --slo target, as a "
+                        "request-level bound (0.95 or 95%%); unlike bench's vLLM-style "
+                        "--goodput KEY:MS, the targets are --slo's")  # fmt: skip
     p.add_argument("--hardware", required=True,
                    help="a preset (h100, a100, ...) or a `cbbench calibrate` JSON fit")  # fmt: skip
     p.add_argument("--model", default=None, help="default: the fit's model, else llama-3-8b")
@@ -52,8 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.jobs < 1 or (args.num_requests is not None and args.num_requests < 1):
         raise CbbenchError("--jobs and --num-requests must be >= 1")
-    if args.goodput is not None and not 0 < args.goodput <= 1:
-        raise CbbenchError(f"--goodput must be in (0, 1], got {args.goodput}")
+    share = None if args.goodput is None else goodput_share(args.goodput)
     try:
         rates = [float(r) for r in args.rate.split(",")] if args.rate else [None]
     except ValueError:
@@ -62,17 +63,37 @@ def run(args: argparse.Namespace) -> int:
         workload=args.workload, rate=rates[0], slos=planner.parse_slos(args.slo),
         hardware=args.hardware, price_per_replica_hour=args.price, model=args.model,
         space=planner.parse_space(args.space), num_requests=args.num_requests,
-        seed=args.seed, jobs=args.jobs, goodput_share=args.goodput,
+        seed=args.seed, jobs=args.jobs, goodput_share=share,
     )  # fmt: skip
     console = Console()
     total = len(opts.space.configs())
     out = Path(args.out) if args.out else None
     for rate in rates:
         o = replace(opts, rate=rate)
-        with step_progress(console, f"plan at {rate} req/s: configurations", total) as update:
+        load = "the trace's arrival times" if rate is None else f"{rate:g} req/s"
+        with step_progress(console, f"plan at {load}: configurations", total) as update:
             res = planner.plan(o, on_progress=lambda done, _total: update(done))
         where = out / f"rate-{rate:g}" if out is not None and len(rates) > 1 else out
         plan_report.print_plan(res, console, where)
         if res.interrupted:
             return 130
     return 0
+
+
+def goodput_share(text: str) -> float:
+    """'0.95' or '95%' -> 0.95; a vLLM-style target (ttft:200) or a share outside (0, 1]
+    is one line saying what plan's --goodput takes."""
+    from cbbench.harness.errors import CbbenchError
+
+    t = text.strip()
+    try:
+        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        raise CbbenchError(
+            f"--goodput {text!r}: plan's --goodput is the share of requests within every --slo "
+            f"target (e.g. 0.95 or 95%); put the targets in --slo (ttft_p99=200ms,...)"
+        ) from None
+    if not 0 < v <= 1:
+        hint = f" (did you mean {v / 100:g}?)" if 1 < v <= 100 else ""
+        raise CbbenchError(f"--goodput must be a share in (0, 1] or a percentage, got {text}{hint}")
+    return v
