@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from pathlib import Path
 
 from cbbench.harness.errors import CbbenchError
-from cbbench.harness.studies.planner import MEETS, PlanResult, Point
+from cbbench.harness.studies.planner import CLOSE, MEETS, MISSES, PlanResult, Point
 from rich.console import Console
 from rich.table import Table
 
@@ -124,42 +125,86 @@ def print_plan(res: PlanResult, console: Console, out: Path | None) -> None:
     console.print(f"  {vllm_flags(p, res.model)}", highlight=False, soft_wrap=True)
 
 
+def _ticks(hi: float) -> list[float]:
+    """About five round ticks over [0, hi]."""
+    step = 10 ** math.floor(math.log10(hi / 5)) if hi > 0 else 1.0
+    for m in (1, 2, 5, 10):
+        if hi / (m * step) <= 6:
+            step *= m
+            break
+    return [i * step for i in range(int(hi / step) + 1)]
+
+
+def frontier_svg(res: PlanResult) -> str:
+    """Cost (x) vs the binding SLO's interval top / target (y, log: 1 is the target), every
+    point coloured by verdict, the frontier as a line, the chosen point ringed; ticks on
+    both axes and a legend."""
+    pts = res.points
+    w, h, left, right, top, bottom = 860, 420, 70, 170, 20, 50
+    finite = [p.binding_ratio for p in pts if 0 < p.binding_ratio < float("inf")] or [1.0]
+    xmax = max([p.cost_per_hour for p in pts] or [1.0]) * 1.08
+    lo = math.log2(min(min(finite), 0.5)) - 0.2
+    hi = math.log2(max(max(finite), 2.0)) + 0.2
+
+    def sx(cost: float) -> float:
+        return left + cost / xmax * (w - left - right)
+
+    def sy(ratio: float) -> float:
+        r = min(max(ratio, 2**lo), 2**hi) if ratio == ratio else 2**hi
+        return top + (hi - math.log2(r)) / (hi - lo) * (h - top - bottom)
+
+    colour = {MEETS: "#1a7f37", CLOSE: "#bf8700", MISSES: "#cf222e"}
+    parts = [f'<svg width="{w}" height="{h}" xmlns="http://www.w3.org/2000/svg" font-size="12">',
+             f'<line x1="{left}" y1="{h - bottom}" x2="{w - right}" y2="{h - bottom}" stroke="#888"/>',
+             f'<line x1="{left}" y1="{top}" x2="{left}" y2="{h - bottom}" stroke="#888"/>']  # fmt: skip
+    for t in _ticks(xmax):
+        x = sx(t)
+        parts.append(f'<line x1="{x:.1f}" y1="{h - bottom}" x2="{x:.1f}" y2="{h - bottom + 4}" '
+                     f'stroke="#888"/><text x="{x:.1f}" y="{h - bottom + 17}" '
+                     f'text-anchor="middle">{t:g}</text>')  # fmt: skip
+    for e in range(math.ceil(lo), math.floor(hi) + 1):
+        y = sy(2.0**e)
+        target = e == 0  # ratio 1: the SLO
+        style = 'stroke="#cf222e" stroke-dasharray="4"' if target else 'stroke="#eee"'
+        parts.append(
+            f'<line x1="{left - 4}" y1="{y:.1f}" x2="{w - right}" y2="{y:.1f}" {style}/>'
+            f'<text x="{left - 7}" y="{y + 4:.1f}" text-anchor="end">{2.0**e:g}</text>'
+        )
+    line = " ".join(f"{sx(p.cost_per_hour):.1f},{sy(p.binding_ratio):.1f}" for p in res.frontier)
+    parts.append(f'<polyline points="{line}" fill="none" stroke="#0969da"/>')
+    for p in pts:
+        tip = html.escape(f"{p.replicas} x {describe_config(p)}: {binding_text(p)}, {p.verdict}")
+        parts.append(f'<circle cx="{sx(p.cost_per_hour):.1f}" cy="{sy(p.binding_ratio):.1f}" '
+                     f'r="4" fill="{colour.get(p.verdict, "#888")}"><title>{tip}</title></circle>')  # fmt: skip
+    if res.chosen is not None:
+        c = res.chosen
+        parts.append(f'<circle cx="{sx(c.cost_per_hour):.1f}" cy="{sy(c.binding_ratio):.1f}" '
+                     'r="9" fill="none" stroke="#000" stroke-width="1.5"/>')  # fmt: skip
+    legend = [(colour[MEETS], "meets"), (colour[CLOSE], "too close to call"),
+              (colour[MISSES], "misses")]  # fmt: skip
+    lx = w - right + 20
+    for i, (col, text) in enumerate(legend):
+        y = top + 14 + 18 * i
+        parts.append(f'<circle cx="{lx}" cy="{y - 4}" r="4" fill="{col}"/>'
+                     f'<text x="{lx + 10}" y="{y}">{text}</text>')  # fmt: skip
+    y = top + 14 + 18 * len(legend)
+    parts.append(f'<line x1="{lx - 5}" y1="{y - 4}" x2="{lx + 5}" y2="{y - 4}" stroke="#0969da"/>'
+                 f'<text x="{lx + 10}" y="{y}">Pareto frontier</text>'
+                 f'<circle cx="{lx}" cy="{y + 14}" r="7" fill="none" stroke="#000"/>'
+                 f'<text x="{lx + 10}" y="{y + 18}">chosen</text>'
+                 f'<text x="{lx - 5}" y="{y + 40}" fill="#cf222e">- - 1 = the SLO target</text>')  # fmt: skip
+    parts.append(f'<text x="{(left + w - right) / 2}" y="{h - 12}" text-anchor="middle">'
+                 "$ per hour (replicas x price)</text>"
+                 f'<text x="16" y="{(top + h - bottom) / 2}" '
+                 f'transform="rotate(-90 16 {(top + h - bottom) / 2})" text-anchor="middle">'
+                 "binding SLO: interval top / target (log)</text></svg>")  # fmt: skip
+    return "".join(parts)
+
+
 def html_page(res: PlanResult) -> str:
     """One page: the frontier plot (cost vs binding ratio, every point by verdict), the
     frontier table and the chosen configuration's flags."""
-    pts = res.points
-    w, h, pad = 640, 360, 50
-    finite = [p.binding_ratio for p in pts if p.binding_ratio != float("inf")] or [1.0]
-    xmax = max([p.cost_per_hour for p in pts] or [1.0]) * 1.1
-    ymax = max(max(finite), 1.2) * 1.1
-
-    def xy(p: Point) -> tuple[float, float]:
-        y = min(p.binding_ratio, ymax)
-        return pad + p.cost_per_hour / xmax * (w - 2 * pad), h - pad - y / ymax * (h - 2 * pad)
-
-    colour = {MEETS: "#1a7f37", "misses": "#cf222e"}
-    dots = "".join(
-        f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{colour.get(p.verdict, "#bf8700")}">'
-        f"<title>{html.escape(f'{p.replicas} x {describe_config(p)}: {binding_text(p)}, {p.verdict}')}"
-        "</title></circle>"
-        for p in pts
-        for x, y in [xy(p)]
-    )
-    line = " ".join(f"{x:.1f},{y:.1f}" for p in res.frontier for x, y in [xy(p)])
-    y1 = h - pad - 1.0 / ymax * (h - 2 * pad)
-    svg = (
-        f'<svg width="{w}" height="{h}" xmlns="http://www.w3.org/2000/svg">'
-        f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="#888"/>'
-        f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" stroke="#888"/>'
-        f'<line x1="{pad}" y1="{y1:.1f}" x2="{w - pad}" y2="{y1:.1f}" stroke="#cf222e" '
-        'stroke-dasharray="4"/>'
-        f'<text x="{w - pad}" y="{y1 - 4:.1f}" text-anchor="end" font-size="11">SLO target</text>'
-        f'<polyline points="{line}" fill="none" stroke="#0969da"/>{dots}'
-        f'<text x="{w / 2}" y="{h - 10}" text-anchor="middle" font-size="12">$ per hour '
-        f"(0 - {xmax:.1f})</text>"
-        f'<text x="14" y="{h / 2}" font-size="12" transform="rotate(-90 14 {h / 2})" '
-        f'text-anchor="middle">binding SLO: interval top / target (0 - {ymax:.2f})</text></svg>'
-    )
+    svg = frontier_svg(res)
     rows = "".join(
         f"<tr><td>{p.replicas}</td><td>{html.escape(describe_config(p))}</td>"
         f"<td>{p.cost_per_hour:.2f}</td><td>{html.escape(binding_text(p))}</td>"
