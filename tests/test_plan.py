@@ -122,6 +122,10 @@ def test_cli_prints_frontier_flags_and_writes_html(tmp_path, capsys):
     assert doc["simulated"] and doc["chosen"]["verdict"] == "meets"
     page = (tmp_path / "plan.html").read_text()
     assert "<svg" in page and "<polyline" in page and "SIMULATED" in page
+    # a legend for the verdict colours, the target line at 1 and the chosen point ringed
+    for text in ("meets</text>", "too close to call</text>", "misses</text>",
+                 'text-anchor="end">1</text>', 'r="9" fill="none"'):  # fmt: skip
+        assert text in page, text
 
 
 @pytest.mark.parametrize(
