@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     for rate in rates:
         o = replace(opts, rate=rate)
         load = "the trace's arrival times" if rate is None else f"{rate:g} req/s"
-        with step_progress(console, f"plan at {load}: configurations", total) as update:
+        with step_progress(console, f"plan at {load}", total, "configurations") as update:
             res = planner.plan(o, on_progress=lambda done, _total: update(done))
         where = out / f"rate-{rate:g}" if out is not None and len(rates) > 1 else out
         plan_report.print_plan(res, console, where)

@@ -50,17 +50,53 @@ def _rate(rate: float | None) -> str:
     return "its own arrival times" if rate is None else f"{rate:g} req/s"
 
 
-def describe_config(p: Point) -> str:
+def describe_config(p: Point, keys: set[str] | None = None) -> str:
+    """'continuous seqs=64 tokens=2048 chunked least-outstanding'; with `keys`, only those
+    dimensions (the ones the space varies: the rest are said once, `fixed_dims`)."""
     c = p.config
-    parts = [c["scheduler"], f"seqs={c['max_num_seqs']}"]
+    show = (lambda k: True) if keys is None else keys.__contains__
+    parts = [c["scheduler"]] if show("scheduler") else []
+    if show("max_num_seqs"):
+        parts.append(f"seqs={c['max_num_seqs']}")
     if c["scheduler"] == "continuous":
-        parts.append(f"tokens={c['max_num_batched_tokens']}")
-        parts.append("chunked" if c["chunked_prefill"] else "unchunked")
-    if c["kv_cache_dtype"] != "auto":
+        if show("max_num_batched_tokens"):
+            parts.append(f"tokens={c['max_num_batched_tokens']}")
+        if show("chunked_prefill"):
+            parts.append("chunked" if c["chunked_prefill"] else "unchunked")
+    if c["kv_cache_dtype"] != "auto" or (keys is not None and show("kv_cache_dtype")):
         parts.append(f"kv={c['kv_cache_dtype']}")
-    if p.replicas > 1:
+    if p.replicas > 1 and show("router"):
         parts.append(c["router"])
-    return " ".join(parts)
+    return " ".join(parts) or "-"
+
+
+def varying_dims(res: PlanResult) -> set[str]:
+    """The space's dimensions with more than one value."""
+    sp = res.options.space
+    dims = {"scheduler": sp.schedulers, "max_num_seqs": sp.max_num_seqs,
+            "max_num_batched_tokens": sp.max_num_batched_tokens,
+            "chunked_prefill": sp.chunked_prefill, "kv_cache_dtype": sp.kv_cache_dtype,
+            "router": sp.routers}  # fmt: skip
+    return {k for k, v in dims.items() if len(v) > 1}
+
+
+def fixed_dims(res: PlanResult) -> str:
+    """The dimensions every configuration shares, said once: 'continuous, chunked, ...'."""
+    sp, vary = res.options.space, varying_dims(res)
+    out = []
+    if "scheduler" not in vary:
+        out.append(sp.schedulers[0])
+    if "max_num_seqs" not in vary:
+        out.append(f"seqs={sp.max_num_seqs[0]}")
+    if "max_num_batched_tokens" not in vary:
+        out.append(f"tokens={sp.max_num_batched_tokens[0]}")
+    if "chunked_prefill" not in vary:
+        out.append("chunked" if sp.chunked_prefill[0] else "unchunked")
+    if "kv_cache_dtype" not in vary:
+        out.append(f"kv={sp.kv_cache_dtype[0]}")
+    if "router" not in vary:
+        out.append(f"router {sp.routers[0]}")
+    return ", ".join(out)
 
 
 def binding_text(p: Point) -> str:
@@ -70,15 +106,16 @@ def binding_text(p: Point) -> str:
 
 def frontier_table(res: PlanResult) -> Table:
     o = res.options
-    t = Table(title=f"SIMULATED plan: {o.workload} at {_rate(o.rate)} on {o.hardware} "
-                    f"({res.model}), cost vs the binding SLO: Pareto frontier")  # fmt: skip
-    for col in ("replicas", "configuration", "$/hour", "binding SLO: predicted [interval]",
-                "top / target", "verdict"):  # fmt: skip
+    t = Table(title=f"SIMULATED Pareto frontier, cost vs the binding SLO: {o.workload} at "
+                    f"{_rate(o.rate)}, {o.hardware} ({res.model})")  # fmt: skip
+    for col in ("replicas", "configuration", "$/hour", "binding SLO [interval]", "top/target",
+                "verdict"):  # fmt: skip
         t.add_column(
-            col, justify="right" if col in ("replicas", "$/hour", "top / target") else "left"
+            col, justify="right" if col in ("replicas", "$/hour", "top/target") else "left"
         )
+    vary = varying_dims(res)
     for p in res.frontier:
-        t.add_row(str(p.replicas), describe_config(p), f"{p.cost_per_hour:.2f}",
+        t.add_row(str(p.replicas), describe_config(p, vary), f"{p.cost_per_hour:.2f}",
                   binding_text(p), f"{p.binding_ratio:.2f}", p.verdict)  # fmt: skip
     return t
 
@@ -90,7 +127,10 @@ def print_plan(res: PlanResult, console: Console, out: Path | None) -> None:
             else "an ASSUMED +-10 % interval (the hardware carries no fit residuals)")  # fmt: skip
     console.print(f"plan: SLO {slos}; {band}; ${o.price_per_replica_hour:g} per replica-hour; "
                   f"{res.searched} of {res.total} configurations, {len(res.points)} points "
-                  "simulated", highlight=False)  # fmt: skip
+                  "simulated", highlight=False, soft_wrap=True)  # fmt: skip
+    fixed = fixed_dims(res)
+    if fixed:
+        console.print(f"every configuration: {fixed}", highlight=False, soft_wrap=True)
     if res.interrupted:
         console.print(f"interrupted: kept the {res.searched} configurations searched so far")
     if res.refused:
