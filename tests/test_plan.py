@@ -113,6 +113,11 @@ def test_cli_prints_frontier_flags_and_writes_html(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0
     assert "Pareto frontier" in out and "chosen:" in out
+    # what every configuration shares is said once; the rows name what varies (seqs here)
+    fixed = next(x for x in out.splitlines() if x.startswith("every configuration: "))
+    assert "continuous" in fixed and "tokens=512" in fixed and "seqs=" not in fixed, fixed
+    table = out[out.index("Pareto frontier") : out.index("chosen:")]
+    assert "seqs=" in table and "tokens=512" not in table and "continuous" not in table
     assert "cbbench serve --model llama-3-8b --scheduler continuous --max-num-seqs" in out
     assert "vllm serve llama-3-8b --max-num-seqs" in out
     # the chosen line whole (it wrapped mid-phrase at 80 columns: "(ttft_p99 \nmeets; ...")
