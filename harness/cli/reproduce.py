@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         emit_table(console, t, out, "gains-cpu.md")
     lines = rr.verdicts(sim, cpu)
     for line in lines:
-        console.print(line, highlight=False)
+        console.print(line, highlight=False, soft_wrap=True)  # whole, when piped
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         doc = {
@@ -159,7 +159,10 @@ def run(args: argparse.Namespace) -> int:
             "seed_utilization": rp.SEED_UTILIZATION,
             "sensitivity": sens,
             "interval_method": rs.METHOD,
-            "claims": {"simulated": rr.claims(sim), "measured_cpu": rr.claims(cpu) if cpu else None},
+            "claims": {
+                "simulated": rr.claims(sim),
+                "measured_cpu": rr.claims(cpu) if cpu else None,
+            },
             "verdicts": lines,
             "simulated": sim,
             "measured_cpu": cpu,

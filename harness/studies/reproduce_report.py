@@ -94,6 +94,7 @@ def run_rows(console: Console, label: str, s: rp.Setting, out: Path | None, fold
             f"{iv(row['static_req_s']).text()} req/s  continuous "
             f"{iv(row['continuous_req_s']).text()} req/s  gain {iv(row['gain_req_s']).text()}x"
             f"  ({s.replicates} replicates, {time.perf_counter() - t0:.0f}s wall)",
+            soft_wrap=True,
             highlight=False,
         )
         rows[w] = row
@@ -215,7 +216,7 @@ def sensitivity(console: Console, base: rp.Setting, jobs: int = 1) -> list[dict]
             label, *cells, " / ".join(bs),
             f"{entry['gains']['heavy-mixed']['gain_makespan']['mean']:.2f}x",
         )  # fmt: skip
-        console.print(f"  {label}: " + ", ".join(cells), highlight=False)
+        console.print(f"  {label}: " + ", ".join(cells), highlight=False, soft_wrap=True)
         out.append(entry)
     t.caption = f"± = {rs.METHOD}, {base.replicates} replicates per cell"
     console.print(t)
