@@ -9,7 +9,7 @@ import json
 import pytest
 from cbbench.harness.cli import main
 from cbbench.harness.errors import CbbenchError
-from cbbench.harness.studies import planner
+from cbbench.harness.studies import plan_space, planner
 from cbbench.workloads import load_workload, with_arrivals
 
 SPACE = "max_num_seqs=4,16;max_num_batched_tokens=512;replicas=1-4"
@@ -17,27 +17,27 @@ SPACE = "max_num_seqs=4,16;max_num_batched_tokens=512;replicas=1-4"
 
 def options(**kw) -> planner.PlanOptions:
     base = dict(
-        workload="chat", rate=40.0, slos=planner.parse_slos("ttft_p99=1500ms,tpot_p99=60ms"),
-        hardware="a100", price_per_replica_hour=2.0, space=planner.parse_space(SPACE),
+        workload="chat", rate=40.0, slos=plan_space.parse_slos("ttft_p99=1500ms,tpot_p99=60ms"),
+        hardware="a100", price_per_replica_hour=2.0, space=plan_space.parse_space(SPACE),
         num_requests=80,
     )  # fmt: skip
     return planner.PlanOptions(**{**base, **kw})
 
 
 def test_slo_and_space_parsing():
-    slos = planner.parse_slos("ttft_p99=2s, tpot_p50=100ms,e2e_max=30s")
+    slos = plan_space.parse_slos("ttft_p99=2s, tpot_p50=100ms,e2e_max=30s")
     assert [(s.name, s.target_s) for s in slos] == [
         ("ttft_p99", 2.0), ("tpot_p50", 0.1), ("e2e_max", 30.0)]  # fmt: skip
-    sp = planner.parse_space("replicas=2-6;scheduler=continuous,static;chunked_prefill=on,off")
+    sp = plan_space.parse_space("replicas=2-6;scheduler=continuous,static;chunked_prefill=on,off")
     assert (sp.min_replicas, sp.max_replicas) == (2, 6)
     # static has no token budget or chunking: one entry per max_num_seqs
     assert sum(c["scheduler"] == "static" for c in sp.configs()) == len(sp.max_num_seqs)
     for bad in ("ttft=2s", "ttft_p99", "queue_p99=1s", "ttft_p99=fast"):
         with pytest.raises(CbbenchError):
-            planner.parse_slos(bad)
+            plan_space.parse_slos(bad)
     for bad in ("max_num_seqs=x", "router=nearest", "colour=red", "chunked_prefill=maybe"):
         with pytest.raises(CbbenchError):
-            planner.parse_space(bad)
+            plan_space.parse_space(bad)
 
 
 def test_chosen_is_the_cheapest_that_meets_by_brute_force():
@@ -90,7 +90,7 @@ def test_interrupt_keeps_what_was_searched():
 
 def test_configurations_the_engine_refuses_are_skipped_and_said(capsys):
     # without chunked prefill the token budget must hold max_model_len: 512 cannot
-    opts = options(space=planner.parse_space(SPACE + ";chunked_prefill=on,off"))
+    opts = options(space=plan_space.parse_space(SPACE + ";chunked_prefill=on,off"))
     res = planner.plan(opts)
     assert len(res.refused) == 2 and "chunked prefill" in res.refused[0]
     assert res.chosen is not None and res.chosen.config["chunked_prefill"]
@@ -240,3 +240,34 @@ def test_scaled_hardware_stretches_every_step():
     for bad in ("h100@0", "h100@-1", "h100@fast", "h100@inf"):
         with pytest.raises(EngineError, match="after @"):
             get_hardware(bad)
+
+
+def test_speculative_decoding_is_in_the_space():
+    """speculative=off,ngram:K,draft:MODEL:K: continuous configurations only; the simulator
+    prices the verify step and models acceptance (--spec-acceptance-rate); at low load
+    speculation cuts TPOT; the chosen flags carry it to cbbench serve and vLLM."""
+    from cbbench.harness.studies import plan_report
+
+    sp = plan_space.parse_space("scheduler=continuous,static;max_num_seqs=16;"
+                                "speculative=off,ngram:4,draft:tiny:3")  # fmt: skip
+    cfgs = sp.configs()
+    assert sorted({c["speculative"] for c in cfgs if c["scheduler"] == "continuous"}) == [
+        "draft:tiny:3", "ngram:4", "off"]  # fmt: skip
+    assert [c["speculative"] for c in cfgs if c["scheduler"] == "static"] == ["off"]
+    for bad in ("ngram", "ngram:0", "draft:4", "medusa:2"):
+        with pytest.raises(CbbenchError, match="speculative"):
+            plan_space.parse_space(f"speculative={bad}")
+    opts = options(rate=2.0, spec_acceptance_rate=0.8,
+                   space=plan_space.parse_space("max_num_seqs=16;max_num_batched_tokens=512;"
+                                                "replicas=1-1;speculative=off,ngram:4"))  # fmt: skip
+    wl = load_workload("chat", seed=0, num_requests=60)
+    wl = with_arrivals(wl, "poisson", rate=opts.rate, seed=wl.seed)
+    off, ngram = (planner.evaluate(opts, "llama-3-8b", wl.requests, c, 1, wl.prompt_seed,
+                                   wl.prefix_block_size) for c in opts.space.configs())  # fmt: skip
+    assert ngram.config["speculative"] == "ngram:4"
+    assert ngram.predicted["tpot_p99"] < 0.7 * off.predicted["tpot_p99"]
+    assert "--speculative-method ngram --num-speculative-tokens 4" in plan_report.serve_flags(
+        ngram, "llama-3-8b")  # fmt: skip
+    assert '"method": "ngram", "num_speculative_tokens": 4' in plan_report.vllm_flags(
+        ngram, "llama-3-8b")  # fmt: skip
+    assert "spec" not in plan_report.serve_flags(off, "llama-3-8b")

@@ -38,7 +38,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--space", default=None,
                    help="KEY=VALUES;... over the default space, KEY one of replicas (1-32), "
                         "scheduler, max_num_seqs, max_num_batched_tokens, chunked_prefill "
-                        "(on,off), kv_cache_dtype, router")  # fmt: skip
+                        "(on,off), kv_cache_dtype, router, speculative (off,ngram:K,"
+                        "draft:MODEL:K)")  # fmt: skip
+    p.add_argument("--spec-acceptance-rate", type=float, default=0.7,
+                   help="for speculative configurations in --space (speculative=off,ngram:4): "
+                        "each draft token's acceptance probability, which the simulator cannot "
+                        "know (measure it on your traffic; default 0.7)")  # fmt: skip
     p.add_argument("--num-requests", type=int, default=600, help="requests simulated (600)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (0)")
     p.add_argument("--jobs", type=int, default=1, help="configurations in parallel processes")
@@ -49,21 +54,26 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from cbbench.harness.console.progress import step_progress
     from cbbench.harness.errors import CbbenchError
-    from cbbench.harness.studies import plan_report, planner
+    from cbbench.harness.studies import plan_report, plan_space, planner
     from rich.console import Console
 
     if args.jobs < 1 or (args.num_requests is not None and args.num_requests < 1):
         raise CbbenchError("--jobs and --num-requests must be >= 1")
     share = None if args.goodput is None else goodput_share(args.goodput)
+    if not 0 <= args.spec_acceptance_rate <= 1:
+        raise CbbenchError(
+            f"--spec-acceptance-rate must be in [0, 1], got {args.spec_acceptance_rate}"
+        )
     try:
         rates = [float(r) for r in args.rate.split(",")] if args.rate else [None]
     except ValueError:
         raise CbbenchError(f"--rate: {args.rate!r} is not a number or a list of them") from None
     opts = planner.PlanOptions(
-        workload=args.workload, rate=rates[0], slos=planner.parse_slos(args.slo),
+        workload=args.workload, rate=rates[0], slos=plan_space.parse_slos(args.slo),
         hardware=args.hardware, price_per_replica_hour=args.price, model=args.model,
-        space=planner.parse_space(args.space), num_requests=args.num_requests,
+        space=plan_space.parse_space(args.space), num_requests=args.num_requests,
         seed=args.seed, jobs=args.jobs, goodput_share=share,
+        spec_acceptance_rate=args.spec_acceptance_rate,
     )  # fmt: skip
     console = Console()
     total = len(opts.space.configs())

@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 
 from cbbench.harness.errors import CbbenchError
+from cbbench.harness.studies.plan_space import parse_speculative
 from cbbench.harness.studies.planner import CLOSE, MEETS, MISSES, PlanResult, Point
 from rich.console import Console
 from rich.table import Table
@@ -31,6 +32,12 @@ def serve_flags(p: Point, model: str) -> str:
         flags.append(f"--batch-size {c['max_num_seqs']}")
     if c["kv_cache_dtype"] != "auto":
         flags.append(f"--kv-cache-dtype {c['kv_cache_dtype']}")
+    spec = parse_speculative(c.get("speculative", "off"))
+    if spec is not None:
+        method, draft, k = spec
+        flags.append(f"--speculative-method {method} --num-speculative-tokens {k}")
+        if draft:
+            flags.append(f"--speculative-model {draft}")
     return " ".join(flags)
 
 
@@ -43,6 +50,13 @@ def vllm_flags(p: Point, model: str) -> str:
              "--enable-chunked-prefill" if c["chunked_prefill"] else "--no-enable-chunked-prefill"]  # fmt: skip
     if c["kv_cache_dtype"] in ("fp8", "int8"):
         flags.append("--kv-cache-dtype fp8")  # vLLM's quantized KV cache
+    spec = parse_speculative(c.get("speculative", "off"))
+    if spec is not None:
+        method, draft, k = spec
+        conf = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3}
+        if draft:
+            conf = {"model": draft, "num_speculative_tokens": k}
+        flags.append(f"--speculative-config '{json.dumps(conf)}'")
     return " ".join(flags)
 
 
@@ -65,6 +79,9 @@ def describe_config(p: Point, keys: set[str] | None = None) -> str:
             parts.append("chunked" if c["chunked_prefill"] else "unchunked")
     if c["kv_cache_dtype"] != "auto" or (keys is not None and show("kv_cache_dtype")):
         parts.append(f"kv={c['kv_cache_dtype']}")
+    spec = c.get("speculative", "off")
+    if spec != "off" or (keys is not None and show("speculative")):
+        parts.append(f"spec={spec}")
     if p.replicas > 1 and show("router"):
         parts.append(c["router"])
     return " ".join(parts) or "-"
@@ -76,7 +93,7 @@ def varying_dims(res: PlanResult) -> set[str]:
     dims = {"scheduler": sp.schedulers, "max_num_seqs": sp.max_num_seqs,
             "max_num_batched_tokens": sp.max_num_batched_tokens,
             "chunked_prefill": sp.chunked_prefill, "kv_cache_dtype": sp.kv_cache_dtype,
-            "router": sp.routers}  # fmt: skip
+            "router": sp.routers, "speculative": sp.speculative}  # fmt: skip
     return {k for k, v in dims.items() if len(v) > 1}
 
 
@@ -96,6 +113,8 @@ def fixed_dims(res: PlanResult) -> str:
         out.append(f"kv={sp.kv_cache_dtype[0]}")
     if "router" not in vary:
         out.append(f"router {sp.routers[0]}")
+    if "speculative" not in vary:
+        out.append(f"spec={sp.speculative[0]}")
     return ", ".join(out)
 
 

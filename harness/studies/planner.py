@@ -22,136 +22,23 @@ searched (`PlanResult.interrupted`). Every figure is SIMULATED.
 
 from __future__ import annotations
 
-import itertools
-import re
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from cbbench.harness.errors import CbbenchError
-from cbbench.harness.results.summary import parse_duration
+from cbbench.harness.studies.plan_space import PlanSpace, Slo, parse_speculative
 from cbbench.reference_engine.config.options import SIM_DEFAULTS, build_engine_config
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution.cost_model import get_hardware
 from cbbench.reference_engine.router.cluster_sim import simulate_cluster
-from cbbench.reference_engine.router.registry import POLICY_NAMES, make_policy
+from cbbench.reference_engine.router.registry import make_policy
 from cbbench.reference_engine.sim.intervals import Interval, interval_for
 from cbbench.workloads import load_workload, with_arrivals
 
 ASSUMED_BAND = 0.10  # relative error assumed where the hardware carries no fit residuals
-METRICS = ("ttft", "ttfo", "tpot", "e2e")  # ttfo = ttft in the simulator (no reasoning)
-STATS = ("mean", "p50", "p90", "p95", "p99", "max")
 MEETS, MISSES, CLOSE = "meets", "misses", "too close to call"
-
-
-@dataclass(frozen=True)
-class Slo:
-    metric: str  # ttft | ttfo | tpot | e2e
-    stat: str  # p99, p50, mean, ...
-    target_s: float
-
-    @property
-    def name(self) -> str:
-        return f"{self.metric}_{self.stat}"
-
-
-def parse_slos(text: str) -> list[Slo]:
-    """'ttft_p99=2s,tpot_p99=100ms' -> [Slo('ttft', 'p99', 2.0), Slo('tpot', 'p99', 0.1)]."""
-    out = []
-    for part in (p.strip() for p in text.split(",") if p.strip()):
-        key, sep, value = part.partition("=")
-        m = re.fullmatch(r"(ttft|ttfo|tpot|e2e)_(mean|p50|p90|p95|p99|max)", key.strip().lower())
-        if not sep or m is None:
-            raise CbbenchError(
-                f"--slo: {part!r}: expected METRIC_STAT=DURATION, METRIC one of "
-                f"{', '.join(METRICS)}, STAT one of {', '.join(STATS)} (e.g. ttft_p99=2s)"
-            )
-        out.append(Slo(m.group(1), m.group(2), parse_duration(value, f"--slo {key}")))
-    if not out:
-        raise CbbenchError("--slo: give at least one, e.g. ttft_p99=2s,tpot_p99=100ms")
-    return out
-
-
-@dataclass
-class PlanSpace:
-    """The declared space; replicas by bisection over [min_replicas, max_replicas]."""
-
-    min_replicas: int = 1
-    max_replicas: int = 32
-    schedulers: list[str] = field(default_factory=lambda: ["continuous"])
-    max_num_seqs: list[int] = field(default_factory=lambda: [16, 32, 64, 128, 256])
-    max_num_batched_tokens: list[int] = field(default_factory=lambda: [2048, 8192])
-    chunked_prefill: list[bool] = field(default_factory=lambda: [True])
-    kv_cache_dtype: list[str] = field(default_factory=lambda: ["auto"])
-    routers: list[str] = field(default_factory=lambda: ["least-outstanding"])
-
-    def configs(self) -> list[dict[str, Any]]:
-        dims = itertools.product(self.schedulers, self.max_num_seqs,
-                                 self.max_num_batched_tokens, self.chunked_prefill,
-                                 self.kv_cache_dtype, self.routers)  # fmt: skip
-        out = []
-        for sched, mns, mnbt, chunked, kv, router in dims:
-            if sched != "continuous" and (mnbt, chunked) != (
-                self.max_num_batched_tokens[0],
-                self.chunked_prefill[0],
-            ):
-                continue  # the token budget and chunking are continuous batching's only
-            out.append({"scheduler": sched, "max_num_seqs": mns, "max_num_batched_tokens": mnbt,
-                        "chunked_prefill": chunked, "kv_cache_dtype": kv, "router": router})  # fmt: skip
-        return out
-
-
-SPACE_KEYS = {
-    "replicas": "min-max, e.g. 1-32",
-    "scheduler": "continuous,static,dynamic",
-    "max_num_seqs": "integers",
-    "max_num_batched_tokens": "integers",
-    "chunked_prefill": "on,off",
-    "kv_cache_dtype": "auto,bf16,fp8,int8",
-    "router": ",".join(POLICY_NAMES),
-}
-
-
-def parse_space(text: str | None, base: PlanSpace | None = None) -> PlanSpace:
-    """'max_num_seqs=16,32;replicas=1-8;router=round-robin' over the default space."""
-    sp = replace(base or PlanSpace())
-    for part in (p.strip() for p in (text or "").split(";") if p.strip()):
-        key, sep, value = part.partition("=")
-        key = key.strip().replace("-", "_")
-        vals = [v.strip() for v in value.split(",") if v.strip()]
-        if not sep or key not in SPACE_KEYS:
-            raise CbbenchError(f"--space: {part!r}: expected KEY=VALUES, KEY one of "
-                               f"{', '.join(SPACE_KEYS)}")  # fmt: skip
-        try:
-            if key == "replicas":
-                lo, _, hi = value.partition("-")
-                sp.min_replicas, sp.max_replicas = int(lo), int(hi or lo)
-            elif key in ("max_num_seqs", "max_num_batched_tokens"):
-                setattr(sp, key, [int(v) for v in vals])
-            elif key == "chunked_prefill":
-                if any(v not in ("on", "off") for v in vals):
-                    raise ValueError
-                sp.chunked_prefill = [v == "on" for v in vals]
-            else:
-                allowed = SPACE_KEYS[key].split(",")
-                if any(v not in allowed for v in vals):
-                    raise ValueError
-                setattr(sp, {"scheduler": "schedulers", "router": "routers"}.get(key, key), vals)
-        except ValueError:
-            raise CbbenchError(f"--space {key}: {value!r}: expected {SPACE_KEYS[key]}") from None
-    empty = [k for k, v in (("scheduler", sp.schedulers), ("max_num_seqs", sp.max_num_seqs),
-             ("max_num_batched_tokens", sp.max_num_batched_tokens),
-             ("chunked_prefill", sp.chunked_prefill), ("kv_cache_dtype", sp.kv_cache_dtype),
-             ("router", sp.routers)) if not v]  # fmt: skip
-    if sp.min_replicas < 1 or sp.max_replicas < sp.min_replicas:
-        empty.append(f"replicas ({sp.min_replicas}-{sp.max_replicas})")
-    if any(v < 1 for v in sp.max_num_seqs + sp.max_num_batched_tokens):
-        raise CbbenchError("--space: max_num_seqs and max_num_batched_tokens must be >= 1")
-    if empty:
-        raise CbbenchError(f"the search space is empty: no value for {', '.join(empty)}; "
-                           f"widen --space (e.g. replicas=1-32)")  # fmt: skip
-    return sp
 
 
 @dataclass
@@ -167,6 +54,8 @@ class PlanOptions:
     seed: int = 0
     jobs: int = 1
     goodput_share: float | None = None  # share of requests within every SLO target
+    # speculative configurations: each draft token's acceptance (the simulator models it)
+    spec_acceptance_rate: float = 0.7
 
 
 @dataclass
@@ -229,12 +118,18 @@ def resolve_model(opts: PlanOptions) -> str:
     return opts.model or fitted or "llama-3-8b"
 
 
-def _engine_config(c: dict[str, Any], model: str, hardware: str, seed: int):
+def _engine_config(c: dict[str, Any], model: str, hardware: str, seed: int,
+                   acceptance: float = 0.7):  # fmt: skip
     settings = {"model": model, "hardware": hardware, "batch_size": c["max_num_seqs"],
                 "kv_cache_dtype": c["kv_cache_dtype"], "seed": seed}  # fmt: skip
     if c["scheduler"] == "continuous":
         settings.update(max_num_batched_tokens=c["max_num_batched_tokens"],
                         enable_chunked_prefill=c["chunked_prefill"])  # fmt: skip
+    spec = parse_speculative(c.get("speculative", "off"))
+    if spec is not None:
+        method, draft, k = spec
+        settings.update(speculative_method=method, num_speculative_tokens=k,
+                        speculative_model=draft, spec_acceptance_rate=acceptance)  # fmt: skip
     return build_engine_config(settings, SIM_DEFAULTS, scheduler=c["scheduler"])
 
 
@@ -243,7 +138,7 @@ def _simulate(opts: PlanOptions, model: str, requests, c: dict[str, Any], replic
     """The SLOs' figures (seconds; inf where none), goodput share and engine steps of one
     configuration simulated with every step `factor` times as long."""
     hw = opts.hardware if factor == 1.0 else f"{opts.hardware}@{factor!r}"
-    cfg = _engine_config(c, model, hw, wl_seed)
+    cfg = _engine_config(c, model, hw, wl_seed, opts.spec_acceptance_rate)
     res = simulate_cluster(requests, cfg, replicas, make_policy(c["router"]), seed=wl_seed,
                            prefix_block_size=prefix_block_size, event_skip=True)  # fmt: skip
     s = res.summary()

@@ -22,6 +22,9 @@ decode attention as the CPU torch backend lays it out from the block tables
 their padding) and attention calls, and prefill attention (query tokens x context per
 prefill chunk). Older fits (c0, c_flops, c_bytes, c_seq; c_dec_ctx, the decode context
 padded to the batch's longest) still load. `CostModel.step_time(chunks)` is the one stable entry point: the time of one step given its batch.
+
+Over 400 lines because the hardware presets (a calibrated CPU fit with its record) and their
+lookup (`get_hardware`, `NAME@F` scaling) sit beside the model whose terms they fill.
 """
 
 from __future__ import annotations

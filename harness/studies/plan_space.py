@@ -1,0 +1,147 @@
+"""`cbbench plan`'s inputs: the SLOs (`--slo`) and the declared space of configurations
+(`--space`), parsed into typed values; bad input is one CbbenchError naming what to fix."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from cbbench.harness.errors import CbbenchError
+from cbbench.harness.results.summary import parse_duration
+from cbbench.reference_engine.router.registry import POLICY_NAMES
+
+METRICS = ("ttft", "ttfo", "tpot", "e2e")  # ttfo = ttft in the simulator (no reasoning)
+STATS = ("mean", "p50", "p90", "p95", "p99", "max")
+
+
+@dataclass(frozen=True)
+class Slo:
+    metric: str  # ttft | ttfo | tpot | e2e
+    stat: str  # p99, p50, mean, ...
+    target_s: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.metric}_{self.stat}"
+
+
+def parse_slos(text: str) -> list[Slo]:
+    """'ttft_p99=2s,tpot_p99=100ms' -> [Slo('ttft', 'p99', 2.0), Slo('tpot', 'p99', 0.1)]."""
+    out = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        key, sep, value = part.partition("=")
+        m = re.fullmatch(r"(ttft|ttfo|tpot|e2e)_(mean|p50|p90|p95|p99|max)", key.strip().lower())
+        if not sep or m is None:
+            raise CbbenchError(
+                f"--slo: {part!r}: expected METRIC_STAT=DURATION, METRIC one of "
+                f"{', '.join(METRICS)}, STAT one of {', '.join(STATS)} (e.g. ttft_p99=2s)"
+            )
+        out.append(Slo(m.group(1), m.group(2), parse_duration(value, f"--slo {key}")))
+    if not out:
+        raise CbbenchError("--slo: give at least one, e.g. ttft_p99=2s,tpot_p99=100ms")
+    return out
+
+
+@dataclass
+class PlanSpace:
+    """The declared space; replicas by bisection over [min_replicas, max_replicas]."""
+
+    min_replicas: int = 1
+    max_replicas: int = 32
+    schedulers: list[str] = field(default_factory=lambda: ["continuous"])
+    max_num_seqs: list[int] = field(default_factory=lambda: [16, 32, 64, 128, 256])
+    max_num_batched_tokens: list[int] = field(default_factory=lambda: [2048, 8192])
+    chunked_prefill: list[bool] = field(default_factory=lambda: [True])
+    kv_cache_dtype: list[str] = field(default_factory=lambda: ["auto"])
+    routers: list[str] = field(default_factory=lambda: ["least-outstanding"])
+    # "off", "ngram:K" (prompt lookup, K drafts a step), "draft:MODEL:K" (a draft model)
+    speculative: list[str] = field(default_factory=lambda: ["off"])
+
+    def configs(self) -> list[dict[str, Any]]:
+        dims = itertools.product(self.schedulers, self.max_num_seqs,
+                                 self.max_num_batched_tokens, self.chunked_prefill,
+                                 self.kv_cache_dtype, self.routers, self.speculative)  # fmt: skip
+        out = []
+        for sched, mns, mnbt, chunked, kv, router, spec in dims:
+            if sched != "continuous" and (mnbt, chunked, spec) != (
+                self.max_num_batched_tokens[0],
+                self.chunked_prefill[0],
+                self.speculative[0],
+            ):
+                continue  # token budget, chunking, speculation: continuous batching's only
+            out.append({"scheduler": sched, "max_num_seqs": mns, "max_num_batched_tokens": mnbt,
+                        "chunked_prefill": chunked, "kv_cache_dtype": kv, "router": router,
+                        "speculative": spec if sched == "continuous" else "off"})  # fmt: skip
+        return out
+
+
+def parse_speculative(value: str) -> tuple[str, str | None, int] | None:
+    """'off' -> None; 'ngram:4' -> ('ngram', None, 4); 'draft:MODEL:4' -> ('draft', MODEL, 4).
+    ValueError when it is none of these."""
+    if value == "off":
+        return None
+    parts = value.split(":")
+    if parts[0] == "ngram" and len(parts) == 2 and int(parts[1]) >= 1:
+        return "ngram", None, int(parts[1])
+    if parts[0] == "draft" and len(parts) == 3 and parts[1] and int(parts[2]) >= 1:
+        return "draft", parts[1], int(parts[2])
+    raise ValueError(value)
+
+
+SPACE_KEYS = {
+    "replicas": "min-max, e.g. 1-32",
+    "scheduler": "continuous,static,dynamic",
+    "max_num_seqs": "integers",
+    "max_num_batched_tokens": "integers",
+    "chunked_prefill": "on,off",
+    "kv_cache_dtype": "auto,bf16,fp8,int8",
+    "router": ",".join(POLICY_NAMES),
+    "speculative": "off,ngram:K,draft:MODEL:K",
+}
+
+
+def parse_space(text: str | None, base: PlanSpace | None = None) -> PlanSpace:
+    """'max_num_seqs=16,32;replicas=1-8;router=round-robin' over the default space."""
+    sp = replace(base or PlanSpace())
+    for part in (p.strip() for p in (text or "").split(";") if p.strip()):
+        key, sep, value = part.partition("=")
+        key = key.strip().replace("-", "_")
+        vals = [v.strip() for v in value.split(",") if v.strip()]
+        if not sep or key not in SPACE_KEYS:
+            raise CbbenchError(f"--space: {part!r}: expected KEY=VALUES, KEY one of "
+                               f"{', '.join(SPACE_KEYS)}")  # fmt: skip
+        try:
+            if key == "replicas":
+                lo, _, hi = value.partition("-")
+                sp.min_replicas, sp.max_replicas = int(lo), int(hi or lo)
+            elif key in ("max_num_seqs", "max_num_batched_tokens"):
+                setattr(sp, key, [int(v) for v in vals])
+            elif key == "speculative":
+                for v in vals:
+                    parse_speculative(v)
+                sp.speculative = vals
+            elif key == "chunked_prefill":
+                if any(v not in ("on", "off") for v in vals):
+                    raise ValueError
+                sp.chunked_prefill = [v == "on" for v in vals]
+            else:
+                allowed = SPACE_KEYS[key].split(",")
+                if any(v not in allowed for v in vals):
+                    raise ValueError
+                setattr(sp, {"scheduler": "schedulers", "router": "routers"}.get(key, key), vals)
+        except ValueError:
+            raise CbbenchError(f"--space {key}: {value!r}: expected {SPACE_KEYS[key]}") from None
+    empty = [k for k, v in (("scheduler", sp.schedulers), ("max_num_seqs", sp.max_num_seqs),
+             ("max_num_batched_tokens", sp.max_num_batched_tokens),
+             ("chunked_prefill", sp.chunked_prefill), ("kv_cache_dtype", sp.kv_cache_dtype),
+             ("router", sp.routers), ("speculative", sp.speculative)) if not v]  # fmt: skip
+    if sp.min_replicas < 1 or sp.max_replicas < sp.min_replicas:
+        empty.append(f"replicas ({sp.min_replicas}-{sp.max_replicas})")
+    if any(v < 1 for v in sp.max_num_seqs + sp.max_num_batched_tokens):
+        raise CbbenchError("--space: max_num_seqs and max_num_batched_tokens must be >= 1")
+    if empty:
+        raise CbbenchError(f"the search space is empty: no value for {', '.join(empty)}; "
+                           f"widen --space (e.g. replicas=1-32)")  # fmt: skip
+    return sp
