@@ -38,10 +38,13 @@ def serve_flags(p: Point, model: str) -> str:
         flags.append(f"--speculative-method {method} --num-speculative-tokens {k}")
         if draft:
             flags.append(f"--speculative-model {draft}")
+    if p.replicas > 1:  # N engine processes behind the router, one command
+        flags.append(f"--replicas {p.replicas} --router {c['router']}")
     return " ".join(flags)
 
 
 def vllm_flags(p: Point, model: str) -> str:
+    """One vLLM server's flags (a plan of N replicas runs N of them behind a router)."""
     c = p.config
     if c["scheduler"] != "continuous":
         return f"(vLLM batches continuously only: no equivalent of {c['scheduler']} batching)"
@@ -178,10 +181,9 @@ def print_plan(res: PlanResult, console: Console, out: Path | None) -> None:
                   f"{p.verdict} ({'; '.join(f'{k} {v}' for k, v in p.verdicts.items())}); "
                   f"binding {binding_text(p)}", highlight=False, markup=False,
                   soft_wrap=True)  # fmt: skip
-    replicas = (f"  (x{p.replicas} replicas behind `cbbench route --policy {p.config['router']}`)"
-                if p.replicas > 1 else "")  # fmt: skip
-    console.print(f"  {serve_flags(p, res.model)}{replicas}", highlight=False, soft_wrap=True)
-    console.print(f"  {vllm_flags(p, res.model)}", highlight=False, soft_wrap=True)
+    console.print(f"  {serve_flags(p, res.model)}", highlight=False, soft_wrap=True)
+    times = f"  (x{p.replicas}, behind a router)" if p.replicas > 1 else ""
+    console.print(f"  {vllm_flags(p, res.model)}{times}", highlight=False, soft_wrap=True)
 
 
 def _ticks(hi: float) -> list[float]:

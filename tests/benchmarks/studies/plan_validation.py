@@ -3,8 +3,8 @@ whether each measured SLO figure lands in the plan's interval (docs/planning.md,
 
     python tests/benchmarks/studies/plan_validation.py FIT WORKLOAD RATE N OUT [SLO] [SPACE]
 
-One replica (the space's default here: replicas=1-1; this machine has two cores for the
-server and the load generator). The server binds 127.0.0.1 on an ephemeral port, the bench
+One replica by default (replicas=1-1: this machine has two cores for the server and the
+load generator); a SPACE with more serves them with `cbbench serve --replicas N --router P`. The server binds 127.0.0.1 on an ephemeral port, the bench
 is bounded by N requests and a 15-minute limit. Prints one line per SLO and writes
 OUT/validation.json beside the plan and the bench run.
 """
@@ -19,6 +19,9 @@ import signal
 import subprocess
 import sys
 import time
+
+from cbbench.harness.studies.plan_report import serve_flags
+from cbbench.harness.studies.planner import Point
 
 SPACE = "replicas=1-1;max_num_seqs=4,8,16;max_num_batched_tokens=512,2048"
 
@@ -37,12 +40,11 @@ def main(fit: str, wl: str, rate: str, n: str, out: str,
         return rc
     with open(f"{out}/plan/plan.json") as f:
         plan = json.load(f)
-    ch, c = plan["chosen"], plan["chosen"]["config"]
-    flags = ["--model", plan["model"], "--scheduler", c["scheduler"],
-             "--max-num-seqs", str(c["max_num_seqs"]),
-             "--max-num-batched-tokens", str(c["max_num_batched_tokens"]),
-             "--enable-chunked-prefill" if c["chunked_prefill"] else "--no-enable-chunked-prefill"]  # fmt: skip
-    print("chosen:", " ".join(flags))
+    ch = plan["chosen"]
+    # the plan's own `cbbench serve` line (with --replicas N --router P past one replica)
+    line = serve_flags(Point(**ch), plan["model"])
+    flags = line.split()[2:]
+    print("chosen:", line)
     srv = subprocess.Popen(["cbbench", "serve", *flags, "--port", "0"], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
     try:
