@@ -359,7 +359,9 @@ def run_bench(
             if "crashed" not in st
         }
         summary = summarize(records, None, cfg.slo, client_samples)
-        add_cache_summaries(summary, records, cfg.workload, cfg.cache.prime, cfg.cache.flush_cache)
+        add_cache_summaries(
+            summary, records, cfg.workload.source, cfg.cache.prime, cfg.cache.flush_cache
+        )
         if "shard" in meta:  # the raw samples: `cbbench merge` recomputes this summary
             meta["shard"]["client_samples"] = client_samples
         summary["cancelled_in_flight"] = sum(st.get("cancelled", 0) for st in worker_stats.values())
