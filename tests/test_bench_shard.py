@@ -41,7 +41,8 @@ SPEC = {
 N_REQ, RATE, CONC, SEED = 30, 6.0, 6, 5  # ~2 s: a client sample a second
 # keys the runner (or merge) adds beside `summarize`'s, and those derived from the workers'
 # self-check samples that requests.jsonl does not hold
-RUNNER_KEYS = {"cancelled_in_flight", "connections", "timestamp_source", "client", "shards"}
+RUNNER_KEYS = {"cancelled_in_flight", "connections", "timestamp_source", "client", "shards",
+               "prefix_cache", "agent"}  # fmt: skip
 CLIENT_SAMPLE_KEYS = {"client_bound", "client_bound_reason"}
 
 

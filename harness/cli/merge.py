@@ -27,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from cbbench.harness.console.live import print_summary
     from cbbench.harness.load.runner import worker_timing_lines
+    from cbbench.harness.results.agent_summary import cache_lines
     from cbbench.harness.results.merge import merge_runs
     from rich.console import Console
 
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         names = ", ".join(f"{i}/{count}" for i in res.missing)
         print(f"cbbench merge: warning: merged without shard(s) {names}", file=sys.stderr)
     print_summary(out, res.summary, f"cbbench merge: {res.meta['name']}")
-    for line in worker_timing_lines(res.summary):
+    for line in [*worker_timing_lines(res.summary), *cache_lines(res.summary)]:
         out.print(line, highlight=False, soft_wrap=True)
     for row in res.summary["shards"]:
         late = row["late_start_s"] or 0.0

@@ -359,7 +359,9 @@ def run_bench(
             if "crashed" not in st
         }
         summary = summarize(records, None, cfg.slo, client_samples)
-        add_cache_summaries(summary, records, cfg.workload, cfg.cache.prime, cfg.cache.flush_cache)
+        add_cache_summaries(
+            summary, records, cfg.workload.source, cfg.cache.prime, cfg.cache.flush_cache
+        )
         if "shard" in meta:  # the raw samples: `cbbench merge` recomputes this summary
             meta["shard"]["client_samples"] = client_samples
         summary["cancelled_in_flight"] = sum(st.get("cancelled", 0) for st in worker_stats.values())
@@ -370,10 +372,14 @@ def run_bench(
         failure = None if interrupted else stopped_answering(records)
         if failure:
             summary["server_stopped_answering"] = failure
-        if first.verdict is not None:
-            summary["stopped_early"] = first.verdict
+        stopped_early = first.held_back(  # only when the stop held requests back
+            max(0, planned - summary["counts"]["total"] - summary["cancelled_in_flight"]),
+            summary["cancelled_in_flight"],
+        )
+        if stopped_early:
+            summary["stopped_early"] = stopped_early
         if not interrupted:
-            failure = failure or first.verdict or all_failed(summary)
+            failure = failure or stopped_early or all_failed(summary)
         crashed = [st["crashed"] for st in worker_stats.values() if "crashed" in st]
         if crashed:
             summary["worker_crashes"] = crashed

@@ -12,10 +12,9 @@ session's makespan, task start (its first request ready) to final answer (last t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from cbbench.harness.results.records import RequestRecord
-from cbbench.workloads.spec import Workload
 from cbbench.workloads.stats import describe
 
 CONTEXT_BINS = (  # context tokens: steps of 1.5x-2x
@@ -36,11 +35,12 @@ def _hit_rate(recs: Sequence[RequestRecord]) -> tuple[float | None, int]:
 
 
 def prefix_cache_summary(
-    records: Sequence[RequestRecord], wl: Workload, primed: bool, flushed: bool = False
+    records: Sequence[RequestRecord], source: Mapping, primed: bool, flushed: bool = False
 ) -> dict:
+    """`source`: the workload's source (`Workload.source`, run.json's `workload.source`)."""
     ok = [r for r in records if r.ok and not r.warmup]
     rate, n = _hit_rate(ok)
-    intended = (wl.source.get("shared_prefix") or {}).get("intended_hit_rate") or {}
+    intended = (source.get("shared_prefix") or {}).get("intended_hit_rate") or {}
     return {
         "hit_rate": rate,
         "requests_reported": n,
@@ -125,11 +125,12 @@ def agent_summary(records: Sequence[RequestRecord]) -> dict | None:
 def add_cache_summaries(
     summary: dict,
     records: Sequence[RequestRecord],
-    wl: Workload,
+    source: Mapping,
     primed: bool,
     flushed: bool = False,
 ) -> None:
-    summary["prefix_cache"] = prefix_cache_summary(records, wl, primed, flushed)
+    """What `bench` adds to its summary, and `merge` from the merged records of its shards."""
+    summary["prefix_cache"] = prefix_cache_summary(records, source, primed, flushed)
     agents = agent_summary(records)
     if agents is not None:
         summary["agent"] = agents

@@ -1,6 +1,8 @@
 """One comparison table for runs side by side (`cbbench run`, `cbbench sim`), from the one
 summary type (`summary.summarize`): one column per run, throughput, latency percentiles,
-queue time, batch occupancy and KV usage; ratios against the `static` column. Runs with a
+queue time, batch occupancy and KV usage; ratios against the `static` column. TTFO (first
+answer token) rows join TTFT's when a run reasoned (`reasoned`); for plain runs TTFO is TTFT,
+and the rows are left out. Runs with a
 `kv_pool` (`cbbench run`: `kv_pool(run.json)`) add the KV dtype, the pool's blocks, the
 capacity in sequences (`seqs_held`), running sequences and preemptions.
 
@@ -57,6 +59,13 @@ def _timing(s: dict, field: str, p: str) -> float | None:
         return (s["sim"].get(f"{field}_s") or {}).get(p)
     server = (s.get("telemetry") or {}).get("server") or {}
     return (server.get(field) or {}).get(p)
+
+
+def reasoned(s: dict) -> bool:
+    """A run whose streams reasoned: reasoning tokens (the server's count, else the client's),
+    bench's own rule for its TTFO rows. Not "TTFO differs from TTFT": a plain stream whose
+    first tokens are blank (the tiny model's) answers a little after its first token."""
+    return bool(s.get("total_reasoning_tokens"))
 
 
 def seqs_held(num_blocks: int, block_size: int, seq_len: float | None) -> int | None:
@@ -169,9 +178,12 @@ def comparison_table(
             f"goodput (req/{unit} within SLO)",
             lambda s: _f((s.get("goodput") or {}).get("requests_per_s"), "{:.3f}"),
         )
-    for key, name in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E")):
+    latencies = [("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E")]
+    if any(reasoned(s) for s in summaries.values()):
+        latencies.insert(1, ("ttfo_s", "TTFO"))
+    for key, name in latencies:
         for p in ("p50", "p99"):
-            row(f"{name} {p} ({lat_unit})", lambda s, key=key, p=p: lat(s[key][p]))
+            row(f"{name} {p} ({lat_unit})", lambda s, key=key, p=p: lat((s.get(key) or {}).get(p)))
     if base and base["e2e_s"]["p99"]:
         row(
             "E2E p99 vs static",

@@ -4,7 +4,9 @@ Each host of an N-host run (`cbbench bench --shard I/N`) writes its own folder; 
 checks they are the N parts of one run (the same workload, digest, shard count, load and
 start time; each shard once, none missing unless `allow_missing`), keeps every record once,
 and recomputes the summary from the merged records with the same `summarize` a single process
-uses, fed with every worker's raw self-check samples (run.json's `shard.client_samples`).
+uses, fed with every worker's raw self-check samples (run.json's `shard.client_samples`),
+and `bench`'s prefix-cache and agent parts (`add_cache_summaries`; primed or flushed when
+every shard was).
 
 Alignment: a record's times are seconds from its shard's t0; each shard's t0 on the wall
 clock is in its run.json (`clock.t0_unix_s`). Shards started with one `--start-at` share it
@@ -26,6 +28,7 @@ from typing import Any
 
 import numpy as np
 from cbbench.harness.errors import CbbenchError
+from cbbench.harness.results.agent_summary import add_cache_summaries
 from cbbench.harness.results.outcome import stopped_answering
 from cbbench.harness.results.records import RequestRecord
 from cbbench.harness.results.run_folder import REQUESTS_FILE, Run, RunWriter, load_run
@@ -226,6 +229,14 @@ def merge_runs(
     )
     summary["connections"] = _connections(records, shard_summaries)
     summary["timestamp_source"] = client["timestamp_source"]
+    caches = [r.meta.get("cache") or {} for r in runs]  # primed / flushed: every shard was
+    add_cache_summaries(  # bench's prefix-cache and agent parts, from the merged records
+        summary,
+        records,
+        _get(first, ("workload", "source")) or {},
+        primed=all("primed_prefixes" in c for c in caches),
+        flushed=all("flushed" in c for c in caches),
+    )
     failure = None if interrupted else stopped_answering(records)
     if failure:
         summary["server_stopped_answering"] = failure

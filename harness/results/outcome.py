@@ -71,7 +71,9 @@ def stopped_answering(records: Iterable[RequestRecord]) -> str | None:
 
 class FirstFailures:
     """Watches the first EARLY_STOP_AFTER finished requests (warmup included); `add` returns
-    a one-line reason to stop when every one of them failed with the same client error."""
+    a one-line reason to stop when every one of them failed with the same client error.
+    Whether the run then *stopped early* is `held_back`'s to say: when every request had
+    already been sent, nothing was held back and the run simply finished with failures."""
 
     def __init__(self, total: int) -> None:
         self.needed = min(EARLY_STOP_AFTER, total)
@@ -93,6 +95,15 @@ class FirstFailures:
                 f"client error, so every request would: {self.seen[0].error}"
             )
         return self.verdict
+
+    def held_back(self, never_sent: int, cancelled: int) -> str | None:
+        """The "stopped early" line when the stop held requests back (never sent, or
+        cancelled in flight); None when it did not (then the failures speak for themselves)."""
+        if self.verdict is None or never_sent + cancelled <= 0:
+            return None
+        held = [f"{never_sent} never sent"] if never_sent > 0 else []
+        held += [f"{cancelled} cancelled in flight"] if cancelled > 0 else []
+        return self.verdict.replace("stopped early:", f"stopped early ({', '.join(held)}):", 1)
 
 
 def exit_code(summary: RunSummary, interrupted: bool, failure: str | None) -> int:

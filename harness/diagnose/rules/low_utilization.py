@@ -1,16 +1,22 @@
 """Low device use with memory to spare: too little load offered, or a batch cap
-(max-num-seqs) that leaves requests waiting while KV blocks stay free."""
+(max-num-seqs) that leaves requests waiting while KV blocks stay free.
+
+Low use is not advice to offer more load when the requests failed: a run where most failed
+(a killed server's refused connections, a rejected model) is the errors rule's; one whose
+server went away late is qualified: its use covers the time the server answered."""
 
 from __future__ import annotations
 
 import numpy as np
 from cbbench.harness.diagnose.base import Finding, Rule, RunView, fmt_ranges, pct, true_ranges
 from cbbench.harness.diagnose.fixes import fixes_for
+from cbbench.harness.results.outcome import CONNECTION_KINDS, failed_at, first_failure
 
 KV_SPARE = 0.6  # KV usage below this (max over the run) counts as memory to spare
 FULL_BATCH = 0.95  # batch occupancy at or above this counts as a full batch
 WAITING_SHARE = 0.5  # ... with requests waiting in at least this share of samples
 LOW_USE = 0.35  # occupancy or GPU utilization (mean) below this counts as low
+FAILED_SHARE = 0.5  # this share of the measured requests failed: low use says nothing of load
 
 
 def _kv_spare(v: RunView) -> tuple[bool | None, float | None]:
@@ -73,7 +79,21 @@ def check_batch_cap(v: RunView) -> Finding | None:
     )
 
 
+def _went_away(v: RunView) -> str | None:
+    """When requests failed on connection errors (the server went away): from when, and how
+    many; None when none did."""
+    lost = [r for r in v.measured if not r.ok and r.error_kind in CONNECTION_KINDS]
+    if not lost:
+        return None
+    at = failed_at(first_failure(lost))
+    when = f" from +{at:.1f} s" if at is not None else ""
+    return f"{len(lost)} of {len(v.measured)} requests failed on connection errors{when}"
+
+
 def check_low_concurrency(v: RunView) -> Finding | None:
+    failed = len(v.measured) - len(v.ok)
+    if v.measured and failed >= FAILED_SHARE * len(v.measured):
+        return None  # the server went away or refused them: the errors rule says which
     spare, kv_max = _kv_spare(v)
     if spare is False:
         return None
@@ -101,11 +121,18 @@ def check_low_concurrency(v: RunView) -> Finding | None:
         else "KV usage not exported by this server"
     )
     low = u < LOW_USE
+    cause = (
+        "too few requests in flight to fill a batch: throughput is limited by the offered "
+        "load, not by the server"
+    )
+    gone = _went_away(v)
+    if gone:  # the use above is of the time it answered; the rest is the errors rule's
+        evidence.append(f"{gone}: the use above covers the time the server answered")
+        cause += " (while the server answered; it then went away)"
     return Finding(
         rule=LOW_CONCURRENCY.id,
         title="the server was under-used: little in flight, memory to spare",
-        cause="too few requests in flight to fill a batch: throughput is limited by the offered "
-        "load, not by the server",
+        cause=cause,
         evidence=evidence,
         fixes=fixes_for("low-concurrency"),
         severity="info",
