@@ -244,3 +244,19 @@ def test_other_apis_feed_kinds_directly():
     r, a = k.content("<think>plan</think>Yes")
     k.tokens(4, r, a)
     assert (k.reasoning, k.answer_at) == (3, 3)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_plain_answer_that_begins_with_blank_text_has_ttfo_equal_ttft(path):
+    """Blank leading tokens wait to see whether a <think> follows; when none does they were
+    the answer's (a tiny random model often starts with whitespace): TTFO = TTFT."""
+    pieces = ["\n", " ", "Yes", " it", " is"]
+    rec = _run(path, [*[_delta(i, True, content=p) for i, p in enumerate(pieces)],
+                      _usage(5, None)])  # fmt: skip
+    assert rec.reasoning_tokens == 0
+    assert rec.ttfo_s == pytest.approx(rec.ttft_s) == pytest.approx(0.05)
+    # before a <think>, the same blank text is neither: TTFO after the reasoning
+    pieces = ["\n", "<think>", " hmm", "</think>", "Yes"]
+    rec = _run(path, [*[_delta(i, True, content=p) for i, p in enumerate(pieces)],
+                      _usage(5, None)])  # fmt: skip
+    assert rec.reasoning_tokens == 3 and rec.ttfo_s == pytest.approx(0.05 + 0.04)

@@ -59,6 +59,7 @@ class StreamKinds:
         "flags",
         "plain",
         "saw_reasoning_text",
+        "blank_at",
     )
 
     def __init__(self, mode: str = "auto") -> None:
@@ -76,6 +77,7 @@ class StreamKinds:
         self.flags: list[str] = []
         self.plain = mode == "none"
         self.saw_reasoning_text = False
+        self.blank_at: int | None = None  # the first token of blank text before anything
 
     def flag(self, name: str) -> None:
         if name not in self.flags:
@@ -145,6 +147,8 @@ class StreamKinds:
             self.reasoning += k
             return
         if not (has_a or has_t):
+            if self.blank_at is None and not (self.reasoning or has_r or self.field):
+                self.blank_at = n  # blank text before anything: the answer's, if no <think>
             return
         rk = 0
         if has_r:
@@ -154,6 +158,8 @@ class StreamKinds:
             self.reasoning += rk
         if self.answer_at is None:
             self.answer_at = n + rk
+            if not (self.reasoning or self.saw_reasoning_text) and self.blank_at is not None:
+                self.answer_at = self.blank_at  # a plain answer that began with blank text
         if has_t:
             self.tool += k - rk
         self.plain = not self.in_think
