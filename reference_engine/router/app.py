@@ -1,9 +1,10 @@
 """The router's HTTP app: the OpenAI API in front, the replicas' OpenAI API behind.
 
-POST /v1/completions and /v1/chat/completions: the body is read once, a policy picks a
-replica, the request goes there unchanged (streaming or not) and the replica's answer comes
-back as it is, with `x-cbbench-replica` naming the replica. The router reads the body only
-for `stream` and, for prefix-affinity, the prompt's first blocks.
+POST /v1/completions, /v1/chat/completions, /v1/messages and /v1/responses: the body is read
+once, a policy picks a replica, the request goes there unchanged (streaming or not) with the
+client's end-to-end headers (the session id among them; router/headers.py) and the replica's
+answer comes back as it is, with `x-cbbench-replica` naming the replica. The router reads the
+body only for `stream` and, for prefix-affinity, the prompt's first blocks.
 
 Failures keep the OpenAI shape, and each answer's outcome feeds the replica's circuit
 breaker (router/breaker.py). No healthy replica is a 503. A replica that refuses the
@@ -28,6 +29,7 @@ from typing import Any
 
 import httpx
 from cbbench.reference_engine.router.cache_reset import reset_replicas
+from cbbench.reference_engine.router.headers import forward_headers
 from cbbench.reference_engine.router.metrics import CONTENT_TYPE, RouterMetrics
 from cbbench.reference_engine.router.options import RETRIES, SESSION_HEADER, UPSTREAM_TIMEOUT_S
 from cbbench.reference_engine.router.policy import NoReplicaAvailable, RouteRequest, RoutingPolicy
@@ -107,6 +109,14 @@ def create_router_app(
     async def chat_completions(request: Request) -> Response:
         return await _forward(router, request, "/v1/chat/completions")
 
+    @app.post("/v1/messages")  # Anthropic's Messages API
+    async def messages(request: Request) -> Response:
+        return await _forward(router, request, "/v1/messages")
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        return await _forward(router, request, "/v1/responses")
+
     @app.post("/reset_prefix_cache")  # vLLM's name; SGLang's below: every replica's cache
     @app.post("/flush_cache")
     async def reset_prefix_cache(request: Request) -> JSONResponse:
@@ -161,7 +171,7 @@ async def _forward(router: Router, request: Request, path: str) -> Response:
     except ValueError as exc:
         return _error(400, f"invalid JSON: {exc}", "invalid_json", "invalid_request_error")
     stream = isinstance(body, dict) and body.get("stream") is True
-    headers = {"content-type": "application/json", **router.pool.headers}
+    headers = forward_headers(request.headers.items(), router.pool.headers)
     tried: set[int] = set()
     retried_from: list[str] = []  # replicas whose failure was resent elsewhere
     failed: _Failed | None = None
