@@ -6,8 +6,12 @@ a thread, `cbbench bench` sessions and the official openai / anthropic clients."
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import io
 import json
+import threading
+from collections.abc import Iterator
 
 import anthropic
 import httpx
@@ -152,3 +156,105 @@ def test_messages_and_responses_routed_to_reference_replicas_with_the_clients_ke
             assert exc.status_code == 401
         else:
             raise AssertionError("a wrong key reached the replica and was accepted")
+
+
+class _CutReplica(http.server.BaseHTTPRequestHandler):
+    """/v1/messages and /v1/responses: a 500 HTML page, or (streamed) one event and then the
+    connection closes."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _send(self, status: int, ctype: str, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("content-type", ctype)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        body = b'{"data": [{"id": "cut"}]}' if self.path == "/v1/models" else b"{}"
+        self._send(200, "application/json", body if self.path != "/metrics" else b"")
+
+    def do_POST(self) -> None:
+        req = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        if not req.get("stream"):
+            return self._send(500, "text/html", b"<html>500</html>")
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        ev = b'event: message_start\ndata: {"type": "message_start", "message": {}}\n\n'
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(ev), ev))
+        self.wfile.flush()
+        self.close_connection = True  # cut mid-stream
+
+
+@contextlib.contextmanager
+def _cut_replica() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _CutReplica)
+    server.daemon_threads = True
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _events(resp: httpx.Response) -> list[tuple[str | None, dict]]:
+    out, name = [], None
+    for line in resp.text.splitlines():
+        if line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: ") and line != "data: [DONE]":
+            out.append((name, json.loads(line[6:])))
+            name = None
+    return out
+
+
+def test_the_routers_own_errors_on_messages_and_responses_are_in_those_apis_shapes():
+    opts = RouterOptions([], port=0, retries=0, breaker_failures=0, breaker_error_rate=0)
+    with _cut_replica() as u1:
+        opts.replicas = [u1]
+        with RouterThread(opts) as url:
+            a = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0)
+            try:
+                a.messages.create(model="cut", max_tokens=2, messages=[{"role": "user", "content": "x"}])
+            except anthropic.InternalServerError as exc:
+                assert exc.body["type"] == "error" and exc.body["error"]["type"] == "api_error"
+                assert "replica r0" in exc.body["error"]["message"]
+                assert exc.response.headers["x-cbbench-replica"] == "r0"
+            else:
+                raise AssertionError("a 500 from the replica was not an error")
+            body = {"model": "cut", "max_tokens": 2, "stream": True,
+                    "messages": [{"role": "user", "content": "x"}]}  # fmt: skip
+            r = httpx.post(url + "/v1/messages", json=body, timeout=30)
+            (name, ev) = _events(r)[-1]
+            assert name == "error" and ev["type"] == "error" and "replica r0" in ev["error"]["message"]
+            assert "[DONE]" not in r.text
+            bad = httpx.post(url + "/v1/messages", content=b"{not json", timeout=30)
+            assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+            assert bad.json()["type"] == "error"
+        with RouterThread(opts) as url:  # a fresh breaker (a cut stream opened the last one)
+            body = {"model": "cut", "input": "x", "stream": True}
+            r = httpx.post(url + "/v1/responses", json=body, timeout=30)
+            (name, ev) = _events(r)[-1]
+            assert name == "error" and ev["type"] == "error" and ev["code"] == "replica_failed"
+
+
+def test_prefix_hashes_of_messages_and_responses_bodies_match_chats():
+    from cbbench.reference_engine.router.prefix import body_block_hashes
+
+    system, history = "You are terse. " * 10, [{"role": "user", "content": "question " * 40}]
+    chat = body_block_hashes({"messages": [{"role": "system", "content": system}, *history]})
+    assert len(chat) >= 3
+    assert body_block_hashes({"system": system, "messages": history, "max_tokens": 4}) == chat
+    assert body_block_hashes({"input": [{"role": "system", "content": system}, *history]}) == chat
+    text = "tell me " * 50
+    assert body_block_hashes({"input": text}) == body_block_hashes({"prompt": text})
+    longer = body_block_hashes({"input": text + "more " * 100})
+    assert longer[: len(body_block_hashes({"input": text}))] == body_block_hashes({"input": text})

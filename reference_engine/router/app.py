@@ -37,6 +37,7 @@ from cbbench.reference_engine.router.prefix import body_block_hashes
 from cbbench.reference_engine.router.upstream import Replica, ReplicaPool, junk_reason
 from cbbench.reference_engine.server.errors import error_body, truncate
 from cbbench.reference_engine.server.guard import GuardMiddleware
+from cbbench.reference_engine.server.messages_api import error_body as messages_error
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp
@@ -109,9 +110,9 @@ def create_router_app(
     async def chat_completions(request: Request) -> Response:
         return await _forward(router, request, "/v1/chat/completions")
 
-    @app.post("/v1/messages")  # Anthropic's Messages API
+    @app.post("/v1/messages")  # Anthropic's Messages API: the router's own errors in its shape
     async def messages(request: Request) -> Response:
-        return await _forward(router, request, "/v1/messages")
+        return _anthropic_error(await _forward(router, request, "/v1/messages"))
 
     @app.post("/v1/responses")
     async def responses(request: Request) -> Response:
@@ -150,6 +151,19 @@ def create_router_app(
 
 def _error(status: int, message: str, code: str, type_: str = "server_error") -> JSONResponse:
     return JSONResponse(error_body(message, type_, None, code), status)
+
+
+def _anthropic_error(resp: Response) -> Response:
+    """An error the router made itself (a JSONResponse; a replica's own answer is relayed as
+    bytes) in Anthropic's shape, its headers kept."""
+    if not isinstance(resp, JSONResponse) or resp.status_code < 400:
+        return resp
+    err = json.loads(resp.body).get("error")
+    if not isinstance(err, dict):
+        return resp
+    keep = {k: v for k, v in resp.headers.items() if k not in ("content-length", "content-type")}
+    body = messages_error(resp.status_code, str(err.get("message")))
+    return JSONResponse(body, resp.status_code, headers=keep)
 
 
 @dataclass
@@ -194,7 +208,7 @@ async def _forward(router: Router, request: Request, path: str) -> Response:
             "POST", replica.url + path, content=raw, headers=headers
         )
         replica.load.sent()
-        out = await _exchange(router, replica, upstream, request, stream)
+        out = await _exchange(router, replica, upstream, request, stream, path)
         if not isinstance(out, _Failed):
             return _mark(out, retried_from)
         out.response.headers["x-cbbench-replica"] = replica.name
@@ -212,7 +226,12 @@ def _mark(resp: Response, retried_from: list[str]) -> Response:
 
 
 async def _exchange(
-    router: Router, replica: Replica, upstream: httpx.Request, request: Request, stream: bool
+    router: Router,
+    replica: Replica,
+    upstream: httpx.Request,
+    request: Request,
+    stream: bool,
+    path: str = "",
 ) -> Response | _Failed:
     """Send, racing the client's disconnect; the replica's `load.ended()` is called once,
     when the answer is complete, abandoned or failed, and its outcome goes to the breaker."""
@@ -265,7 +284,7 @@ async def _exchange(
                 resp.status_code,
             )
         return Response(head, resp.status_code, headers=out_headers)
-    relay = _relay(router, replica, resp, head, chunks)
+    relay = _relay(router, replica, resp, head, chunks, path)
     return StreamingResponse(relay, resp.status_code, headers=out_headers)
 
 
@@ -297,6 +316,7 @@ async def _relay(
     resp: httpx.Response,
     first: bytes,
     chunks: AsyncIterator[bytes],
+    path: str = "",
 ) -> AsyncIterator[bytes]:
     try:
         yield first
@@ -304,13 +324,23 @@ async def _relay(
             yield chunk
     except httpx.HTTPError as exc:  # mid-stream: the client saw tokens, no retry
         router.pool.answered(replica, _lost(exc), hard=True)
-        body = error_body(_failed_message(replica, exc), "server_error", None, "replica_failed")
-        yield f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
+        yield _stream_error(path, _failed_message(replica, exc))
     else:
         router.pool.answered(replica, None)
     finally:
         await resp.aclose()  # also when the client went away: the replica aborts
         replica.load.ended()
+
+
+def _stream_error(path: str, message: str) -> bytes:
+    """The error event that ends a stream cut mid-answer, in the route's API's shape."""
+    if path == "/v1/messages":  # Anthropic's error event (its streams have no [DONE])
+        return f"event: error\ndata: {json.dumps(messages_error(502, message))}\n\n".encode()
+    if path == "/v1/responses":  # the Responses API's `error` event
+        ev = {"type": "error", "code": "replica_failed", "message": message}
+        return f"event: error\ndata: {json.dumps(ev)}\n\n".encode()
+    body = error_body(message, "server_error", None, "replica_failed")
+    return f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
 
 
 def _lost(exc: BaseException) -> str:
