@@ -116,7 +116,7 @@ def test_locust_client_speaks_every_endpoint(api):
 @pytest.mark.parametrize("endpoint", ["responses", "messages"])
 def test_bench_timed_against_the_engines_own_stamps(engine, tmp_path, endpoint):
     """`cbbench_send_times`: the engine stamps each delta's send (as the event is built) and
-    the request's arrival (at the route, after HTTP parsing and the body read). The client's
+    the request's arrival (in the guard middleware, once the body is in). The client's
     TTFT can only be later than the engine's span; on a loaded 2-core machine it measured
     2.4-2.8 ms later, 1.7 ms on a quiet one, and once 14 ms under a parallel test run (the
     engine's stamps are not at the socket: the event loop shares the GIL with the engine's

@@ -13,7 +13,11 @@ The stream's events, folded as chat chunks (`endpoints.py`):
 - `message_stop` -> the end; `error` -> the request fails with the server's message;
 - `ping`, `content_block_start` / `_stop` carry no token. A delta of an unknown type, or
   whose text is not a string, fails the request (`protocol`).
-The Messages API reports no reasoning-token count: thinking tokens are counted in the stream.
+The Messages API reports no reasoning-token count: thinking tokens are counted, in a stream
+from its thinking deltas (one token each, or their `token_ids`), in a whole message from its
+thinking blocks' `token_ids` (the reference engine's `return_token_ids`, the stream's own
+ids), passed on as `completion_tokens_details.reasoning_tokens`. A body with thinking text
+and no ids leaves the count unknown (None), as chat's does without usage details.
 
 Agent steps (`load/agent.py` builds them chat-shaped) in the Messages API's own shapes: the
 `system` message becomes the `system` field, an assistant message's `tool_calls` become
@@ -190,9 +194,17 @@ def body(obj: dict, state: dict) -> dict:
     if not isinstance(blocks, list):
         raise RequestFailed("protocol", "Messages body without a content list")
     text, thinking, calls = [], [], []
+    ids: list | None = None  # every block's token_ids, in order (all blocks must carry them)
+    n_thinking = 0
     for b in blocks:
         if not isinstance(b, dict):
             raise RequestFailed("protocol", "Messages content block is not an object")
+        block_ids = b.get("token_ids")
+        if isinstance(block_ids, list) and (ids is not None or b is blocks[0]):
+            ids = [*(ids or []), *block_ids]
+            n_thinking += len(block_ids) if b.get("type") == "thinking" else 0
+        else:
+            ids = None
         if b.get("type") == "text":
             text.append(b.get("text") or "")
         elif b.get("type") == "thinking":
@@ -206,8 +218,13 @@ def body(obj: dict, state: dict) -> dict:
         msg["tool_calls"] = calls
     reason = obj.get("stop_reason")
     finish = STOP_REASONS.get(reason, reason) if reason else None
-    out: dict = {"choices": [{"index": 0, "message": msg, "finish_reason": finish}]}
+    choice: dict = {"index": 0, "message": msg, "finish_reason": finish}
+    if ids is not None:
+        choice["token_ids"] = ids  # validated where every API's ids are (`response._apply`)
+    out: dict = {"choices": [choice]}
     u = usage(obj.get("usage"), state)
+    if ids is not None and thinking:  # counted as a stream's thinking deltas are
+        u = {**(u or {}), "completion_tokens_details": {"reasoning_tokens": n_thinking}}
     if u is not None:
         out["usage"] = u
     if "cbbench" in obj:

@@ -1,9 +1,10 @@
 """The router's HTTP app: the OpenAI API in front, the replicas' OpenAI API behind.
 
-POST /v1/completions and /v1/chat/completions: the body is read once, a policy picks a
-replica, the request goes there unchanged (streaming or not) and the replica's answer comes
-back as it is, with `x-cbbench-replica` naming the replica. The router reads the body only
-for `stream` and, for prefix-affinity, the prompt's first blocks.
+POST /v1/completions, /v1/chat/completions, /v1/messages and /v1/responses: the body is read
+once, a policy picks a replica, the request goes there unchanged (streaming or not) with the
+client's end-to-end headers (the session id among them; router/headers.py) and the replica's
+answer comes back as it is, with `x-cbbench-replica` naming the replica. The router reads the
+body only for `stream` and, for prefix-affinity, the prompt's first blocks.
 
 Failures keep the OpenAI shape, and each answer's outcome feeds the replica's circuit
 breaker (router/breaker.py). No healthy replica is a 503. A replica that refuses the
@@ -28,6 +29,7 @@ from typing import Any
 
 import httpx
 from cbbench.reference_engine.router.cache_reset import reset_replicas
+from cbbench.reference_engine.router.headers import forward_headers
 from cbbench.reference_engine.router.metrics import CONTENT_TYPE, RouterMetrics
 from cbbench.reference_engine.router.options import RETRIES, SESSION_HEADER, UPSTREAM_TIMEOUT_S
 from cbbench.reference_engine.router.policy import NoReplicaAvailable, RouteRequest, RoutingPolicy
@@ -35,6 +37,7 @@ from cbbench.reference_engine.router.prefix import body_block_hashes
 from cbbench.reference_engine.router.upstream import Replica, ReplicaPool, junk_reason
 from cbbench.reference_engine.server.errors import error_body, truncate
 from cbbench.reference_engine.server.guard import GuardMiddleware
+from cbbench.reference_engine.server.messages_api import error_body as messages_error
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp
@@ -107,6 +110,14 @@ def create_router_app(
     async def chat_completions(request: Request) -> Response:
         return await _forward(router, request, "/v1/chat/completions")
 
+    @app.post("/v1/messages")  # Anthropic's Messages API: the router's own errors in its shape
+    async def messages(request: Request) -> Response:
+        return _anthropic_error(await _forward(router, request, "/v1/messages"))
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        return await _forward(router, request, "/v1/responses")
+
     @app.post("/reset_prefix_cache")  # vLLM's name; SGLang's below: every replica's cache
     @app.post("/flush_cache")
     async def reset_prefix_cache(request: Request) -> JSONResponse:
@@ -142,6 +153,19 @@ def _error(status: int, message: str, code: str, type_: str = "server_error") ->
     return JSONResponse(error_body(message, type_, None, code), status)
 
 
+def _anthropic_error(resp: Response) -> Response:
+    """An error the router made itself (a JSONResponse; a replica's own answer is relayed as
+    bytes) in Anthropic's shape, its headers kept."""
+    if not isinstance(resp, JSONResponse) or resp.status_code < 400:
+        return resp
+    err = json.loads(resp.body).get("error")
+    if not isinstance(err, dict):
+        return resp
+    keep = {k: v for k, v in resp.headers.items() if k not in ("content-length", "content-type")}
+    body = messages_error(resp.status_code, str(err.get("message")))
+    return JSONResponse(body, resp.status_code, headers=keep)
+
+
 @dataclass
 class _Failed:
     """A failure before any byte reached the client: resent to another replica (within the
@@ -161,7 +185,7 @@ async def _forward(router: Router, request: Request, path: str) -> Response:
     except ValueError as exc:
         return _error(400, f"invalid JSON: {exc}", "invalid_json", "invalid_request_error")
     stream = isinstance(body, dict) and body.get("stream") is True
-    headers = {"content-type": "application/json", **router.pool.headers}
+    headers = forward_headers(request.headers.items(), router.pool.headers)
     tried: set[int] = set()
     retried_from: list[str] = []  # replicas whose failure was resent elsewhere
     failed: _Failed | None = None
@@ -184,7 +208,7 @@ async def _forward(router: Router, request: Request, path: str) -> Response:
             "POST", replica.url + path, content=raw, headers=headers
         )
         replica.load.sent()
-        out = await _exchange(router, replica, upstream, request, stream)
+        out = await _exchange(router, replica, upstream, request, stream, path)
         if not isinstance(out, _Failed):
             return _mark(out, retried_from)
         out.response.headers["x-cbbench-replica"] = replica.name
@@ -202,7 +226,12 @@ def _mark(resp: Response, retried_from: list[str]) -> Response:
 
 
 async def _exchange(
-    router: Router, replica: Replica, upstream: httpx.Request, request: Request, stream: bool
+    router: Router,
+    replica: Replica,
+    upstream: httpx.Request,
+    request: Request,
+    stream: bool,
+    path: str = "",
 ) -> Response | _Failed:
     """Send, racing the client's disconnect; the replica's `load.ended()` is called once,
     when the answer is complete, abandoned or failed, and its outcome goes to the breaker."""
@@ -255,7 +284,7 @@ async def _exchange(
                 resp.status_code,
             )
         return Response(head, resp.status_code, headers=out_headers)
-    relay = _relay(router, replica, resp, head, chunks)
+    relay = _relay(router, replica, resp, head, chunks, path)
     return StreamingResponse(relay, resp.status_code, headers=out_headers)
 
 
@@ -287,6 +316,7 @@ async def _relay(
     resp: httpx.Response,
     first: bytes,
     chunks: AsyncIterator[bytes],
+    path: str = "",
 ) -> AsyncIterator[bytes]:
     try:
         yield first
@@ -294,13 +324,23 @@ async def _relay(
             yield chunk
     except httpx.HTTPError as exc:  # mid-stream: the client saw tokens, no retry
         router.pool.answered(replica, _lost(exc), hard=True)
-        body = error_body(_failed_message(replica, exc), "server_error", None, "replica_failed")
-        yield f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
+        yield _stream_error(path, _failed_message(replica, exc))
     else:
         router.pool.answered(replica, None)
     finally:
         await resp.aclose()  # also when the client went away: the replica aborts
         replica.load.ended()
+
+
+def _stream_error(path: str, message: str) -> bytes:
+    """The error event that ends a stream cut mid-answer, in the route's API's shape."""
+    if path == "/v1/messages":  # Anthropic's error event (its streams have no [DONE])
+        return f"event: error\ndata: {json.dumps(messages_error(502, message))}\n\n".encode()
+    if path == "/v1/responses":  # the Responses API's `error` event
+        ev = {"type": "error", "code": "replica_failed", "message": message}
+        return f"event: error\ndata: {json.dumps(ev)}\n\n".encode()
+    body = error_body(message, "server_error", None, "replica_failed")
+    return f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
 
 
 def _lost(exc: BaseException) -> str:

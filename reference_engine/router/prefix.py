@@ -44,16 +44,26 @@ def text_block_hashes(text: str, first: int = FIRST_CHARS, levels: int = LEVELS)
 
 
 def body_block_hashes(body: Any) -> tuple[int, ...]:
-    """The prefix hashes of an OpenAI request body (a dict): a completion's prompt (text,
-    token ids, or the first of a list of either), or a chat's messages in order. Anything
-    else (a body the replica will reject) hashes to nothing."""
+    """The prefix hashes of a request body (a dict): a completion's prompt (text, token ids,
+    or the first of a list of either), a chat's or a Messages request's messages in order
+    (Anthropic's `system` first, as chat's system message), a Responses request's `input`
+    (text, or its items as messages). Anything else (a body the replica will reject) hashes
+    to nothing."""
     if not isinstance(body, dict):
         return ()
+    if "input" in body and "messages" not in body and "prompt" not in body:
+        if isinstance(body["input"], str):
+            return text_block_hashes(body["input"])
+        body = {"messages": body["input"]}
     if "messages" in body:
         messages = body["messages"]
         if not isinstance(messages, list):
             return ()
         parts = []
+        system = body.get("system")
+        if system:
+            text = system if isinstance(system, str) else repr(system)
+            parts.append(f"system\x1f{text}\x1e")
         for m in messages:
             if isinstance(m, dict):
                 content = m.get("content")

@@ -25,6 +25,7 @@ from cbbench.reference_engine.server import messages_api as M
 from cbbench.reference_engine.server import responses_api as R
 from cbbench.reference_engine.server.async_engine import RequestStream
 from cbbench.reference_engine.server.errors import APIError, QueueFull, ShuttingDown, bad_request
+from cbbench.reference_engine.server.guard import arrival_ns
 from cbbench.reference_engine.server.serving import Generation
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -39,13 +40,13 @@ def add_routes(app: FastAPI, state: Any, chat: Any) -> None:
 
     @app.post("/v1/responses", **A._body_doc(R.ResponsesRequest))
     async def responses(request: Request) -> Response:
-        t_recv = time.monotonic_ns()
+        t_recv = arrival_ns(request.scope)  # at the app's door (guard.py)
         body = await A._parse(state, request, R.ResponsesRequest)
         return await _run(A, state, request, body, R.ResponsesShaper, t_recv, named=False)
 
     @app.post("/v1/messages", **_messages_doc(A._body_doc(M.MessagesRequest)))
     async def messages(request: Request) -> Response:
-        t_recv = time.monotonic_ns()
+        t_recv = arrival_ns(request.scope)  # at the app's door (guard.py)
         try:
             body = await A._parse(state, request, M.MessagesRequest)
             return await _run(A, state, request, body, M.MessagesShaper, t_recv, named=True)

@@ -1,5 +1,7 @@
 """ASGI middleware in front of every route: body size limit (413), API key (401) and the
-`x-cbbench-scheduler` header on every response.
+`x-cbbench-scheduler` header on every response. It also stamps the request's arrival
+(`arrival_ns`: `time.monotonic_ns()` once the guard has the whole body, before the routing
+and the route's own work) for the timing check (`cbbench_send_times`'s `t_recv_ns`).
 
 A pure ASGI wrapper (not BaseHTTPMiddleware) so that streaming responses pass through
 untouched and client disconnects still reach the route.
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import time
 from dataclasses import dataclass
 
 from cbbench.reference_engine.server.errors import error_body
@@ -17,6 +20,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 # Paths that need no API key (probes and scrapers).
 OPEN_PATHS = ("/health", "/metrics")
+ARRIVAL_KEY = "cbbench.arrival_ns"  # an ASGI scope extension key: routes share the scope
+
+
+def arrival_ns(scope: Scope) -> int:
+    """When the request reached the app (the guard's stamp), else now."""
+    t = scope.get(ARRIVAL_KEY)
+    return t if isinstance(t, int) else time.monotonic_ns()
 
 
 @dataclass
@@ -30,6 +40,7 @@ class GuardMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        scope[ARRIVAL_KEY] = time.monotonic_ns()  # a request without a body: here
         extra = (b"x-cbbench-scheduler", self.scheduler.encode())
 
         async def send_with_header(message: Message) -> None:
@@ -61,6 +72,7 @@ class GuardMiddleware:
                     path,
                 )
                 return
+            scope[ARRIVAL_KEY] = time.monotonic_ns()  # the request is complete
             receive = _replay(body, receive)
         await self.app(scope, receive, send_with_header)
 

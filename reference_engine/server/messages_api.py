@@ -23,7 +23,10 @@ Thinking (`cbbench serve --reasoning-parser`, the chat endpoint's split rule in
 text block. `thinking: {"type": "disabled"}` turns reasoning off for the request (chat's
 `enable_thinking: false`); `{"type": "enabled", "budget_tokens": N}` caps the rule's budget
 at N tokens. The Messages API has no reasoning-token count in its usage (output_tokens counts
-both); with `--reasoning-field content` the reasoning stays inline (`<think>`) in the text.
+both): a client counts the thinking block's tokens, from the deltas' `token_ids` in a stream
+and, in a body asked with `return_token_ids`, from each content block's own `token_ids` (the
+thinking block's, then the text block's: the output's ids split where the answer starts).
+With `--reasoning-field content` the reasoning stays inline (`<think>`) in the text.
 """
 
 from __future__ import annotations
@@ -191,9 +194,14 @@ class MessagesShaper:
             "cache_read_input_tokens": m.num_cached_tokens if m is not None else 0,
         }
         think, answer = self._texts()
-        content = [{"type": "text", "text": answer}]
+        content: list[dict[str, Any]] = [{"type": "text", "text": answer}]
         if self.thinks:
             content.insert(0, {"type": "thinking", "thinking": think, "signature": ""})
+        if done and self.body.return_token_ids:  # each block its own ids, as a stream's deltas
+            r = gen.reasoning.reasoning_tokens if self.thinks and gen.reasoning else 0
+            ids = [gen.token_ids[:r], gen.token_ids[r:]] if self.thinks else [gen.token_ids]
+            for block, block_ids in zip(content, ids, strict=True):
+                block["token_ids"] = list(block_ids)
         out: dict[str, Any] = {
             "id": self.id,
             "type": "message",
