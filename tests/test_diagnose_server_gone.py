@@ -60,8 +60,14 @@ def _rec(i: int, ok: bool) -> RequestRecord:
 
 def _samples() -> list[dict]:
     return [
-        {"t_s": 0.25 * i, "source": "server", "running": 1.0, "waiting": 0.0,
-         "kv_usage": 0.04, "batch_occupancy": 0.12}  # fmt: skip
+        {
+            "t_s": 0.25 * i,
+            "source": "server",
+            "running": 1.0,
+            "waiting": 0.0,
+            "kv_usage": 0.04,
+            "batch_occupancy": 0.12,
+        }  # fmt: skip
         for i in range(32)
     ]
 
@@ -84,3 +90,24 @@ def test_a_server_gone_late_is_under_used_while_it_answered():
     refused = Run(dir=Path("synthetic"), meta=meta, records=[_rec(i, i < 8) for i in range(20)],
                   timeseries=_samples())  # fmt: skip
     assert "low-concurrency" not in {f.rule for f in diagnose_run(refused).findings}
+
+
+def test_a_503_shutting_down_is_the_server_going_away_not_shed_load():
+    """A server stopped with SIGTERM answers 503 'server shutting down' to what it still
+    receives: that is the server going away (errors rule: stopped answering; the run's
+    verdict too), not a full queue shedding load; a plain 503 still is."""
+    from cbbench.harness.diagnose.rules.errors import cause_of
+    from cbbench.harness.results.outcome import server_gone, stopped_answering
+
+    def failed(i: int, error: str) -> RequestRecord:
+        return RequestRecord(id=f"f{i}", index=i, prompt_len=32, output_len=32, sent_s=i,
+                             end_s=i + 0.01, status="error", error_kind="http",
+                             error=error)  # fmt: skip
+
+    down = failed(1, "HTTP 503: server shutting down")
+    full = failed(2, "HTTP 503: queue full (max_waiting 64)")
+    assert server_gone(down) and not server_gone(full)
+    assert cause_of(down) == "connection" and cause_of(full) == "shed"
+    recs = [_rec(0, True)] + [failed(i, "HTTP 503: server shutting down") for i in range(1, 6)]
+    assert "the server stopped answering: 5 of 6" in (stopped_answering(recs) or "")
+    assert stopped_answering([_rec(0, True)] + [failed(i, full.error) for i in range(1, 6)]) is None

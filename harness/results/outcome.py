@@ -54,10 +54,30 @@ def incomplete_reason(meta: dict[str, Any]) -> str | None:
     return f"has status {status!r}, not {COMPLETE!r}"
 
 
+SHUTTING_DOWN = ("shutting down", "shut down")  # a 503 from a server on its way out
+
+
+def server_gone(r: RequestRecord) -> bool:
+    """A failure that says the server went away: a connection refused or cut, or an HTTP 503
+    whose message says it is shutting down (not a full queue)."""
+    if r.error_kind in CONNECTION_KINDS:
+        return True
+    err = (r.error or "").lower()
+    return err.startswith("http 503") and any(s in err for s in SHUTTING_DOWN)
+
+
+def _gone_kinds(lost: list[RequestRecord]) -> str:
+    conn = sum(r.error_kind in CONNECTION_KINDS for r in lost)
+    if conn == len(lost):
+        return "connection errors"
+    return "HTTP 503 'shutting down'" if not conn else "connection errors or 503 'shutting down'"
+
+
 def stopped_answering(records: Iterable[RequestRecord]) -> str | None:
-    """A one-line verdict when most measured requests failed on connection errors."""
+    """A one-line verdict when most measured requests failed because the server went away
+    (connection errors, or 503 'shutting down')."""
     measured = [r for r in records if not r.warmup]
-    lost = [r for r in measured if r.status == "error" and r.error_kind in CONNECTION_KINDS]
+    lost = [r for r in measured if r.status == "error" and server_gone(r)]
     if not measured or 2 * len(lost) <= len(measured):
         return None
     first = first_failure(lost)
@@ -65,7 +85,7 @@ def stopped_answering(records: Iterable[RequestRecord]) -> str | None:
     when = f" from +{at:.1f} s" if at is not None else ""
     return (
         f"the server stopped answering: {len(lost)} of {len(measured)} requests failed on "
-        f"connection errors{when} ({first.error or first.error_kind})"
+        f"{_gone_kinds(lost)}{when} ({first.error or first.error_kind})"
     )
 
 

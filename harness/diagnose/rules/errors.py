@@ -7,15 +7,16 @@ from collections import Counter
 
 from cbbench.harness.diagnose.base import Finding, Rule, RunView, pct
 from cbbench.harness.diagnose.fixes import fixes_for
-from cbbench.harness.results.outcome import CONNECTION_KINDS, failed_at
+from cbbench.harness.results.outcome import failed_at, server_gone
 from cbbench.harness.results.records import RequestRecord
 
 MIN_SHARE = 0.01  # at least 1% of the measured requests (and at least one)
 
 # what each kind of failure means, and the fixes table (harness/diagnose/fixes.py) it picks
 CAUSES = {
-    "connection": "the server stopped answering: connections were refused or cut mid-response "
-    "(it crashed, was killed, or ran out of memory)",
+    "connection": "the server stopped answering: connections were refused or cut mid-response, "
+    "or it answered 503 'shutting down' (it crashed, was killed or stopped, or ran out of "
+    "memory)",
     "shed": "the server shed load (HTTP 429/503: its queue was full)",
     "context": "the server rejected requests too long for its context (HTTP 400/413/422)",
     "timeout": "requests ran past the client's timeout",
@@ -24,7 +25,7 @@ CAUSES = {
 
 def cause_of(r: RequestRecord) -> str | None:
     """Which kind of failure a failed request is (None: another kind)."""
-    if r.error_kind in CONNECTION_KINDS:
+    if server_gone(r):
         return "connection"
     if r.error_kind == "timeout":
         return "timeout"

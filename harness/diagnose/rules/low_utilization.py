@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from cbbench.harness.diagnose.base import Finding, Rule, RunView, fmt_ranges, pct, true_ranges
 from cbbench.harness.diagnose.fixes import fixes_for
-from cbbench.harness.results.outcome import CONNECTION_KINDS, failed_at, first_failure
+from cbbench.harness.results.outcome import failed_at, first_failure, server_gone
 
 KV_SPARE = 0.6  # KV usage below this (max over the run) counts as memory to spare
 FULL_BATCH = 0.95  # batch occupancy at or above this counts as a full batch
@@ -82,7 +82,7 @@ def check_batch_cap(v: RunView) -> Finding | None:
 def _went_away(v: RunView) -> str | None:
     """When requests failed on connection errors (the server went away): from when, and how
     many; None when none did."""
-    lost = [r for r in v.measured if not r.ok and r.error_kind in CONNECTION_KINDS]
+    lost = [r for r in v.measured if not r.ok and server_gone(r)]
     if not lost:
         return None
     at = failed_at(first_failure(lost))
