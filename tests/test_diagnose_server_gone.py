@@ -89,7 +89,12 @@ def test_a_server_gone_late_is_under_used_while_it_answered():
     # most refused: no under-use advice at all
     refused = Run(dir=Path("synthetic"), meta=meta, records=[_rec(i, i < 8) for i in range(20)],
                   timeseries=_samples())  # fmt: skip
-    assert "low-concurrency" not in {f.rule for f in diagnose_run(refused).findings}
+    d = diagnose_run(refused)
+    assert "low-concurrency" not in {f.rule for f in d.findings}
+    # the header counts every measured request, and says how many failed
+    from cbbench.harness.diagnose.render import text
+
+    assert "(20 requests, 12 failed" in text([d]), text([d])
 
 
 def test_a_503_shutting_down_is_the_server_going_away_not_shed_load():

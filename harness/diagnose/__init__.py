@@ -27,6 +27,7 @@ class Diagnosis:
     findings: list[Finding]
     requests: int  # successful measured requests the rules looked at
     vitals: dict = field(default_factory=dict)  # the numbers to look at first
+    failed: int = 0  # measured requests that failed (not among `requests`)
 
     def to_dict(self) -> dict:
         return {
@@ -35,6 +36,7 @@ class Diagnosis:
             "engine": self.engine,
             "scheduler": self.scheduler,
             "requests": self.requests,
+            "failed": self.failed,
             "vitals": self.vitals,
             "findings": [f.to_dict() for f in self.findings],
         }
@@ -50,9 +52,9 @@ def diagnose_run(run: Run, label: str | None = None, rules: tuple[Rule, ...] = R
             findings.append(f)
     from cbbench.harness.diagnose.vitals import vitals
 
-    return Diagnosis(
-        run, label or run.name, view.engine, view.scheduler, findings, len(view.ok), vitals(view)
-    )
+    failed = len(view.measured) - len(view.ok)
+    return Diagnosis(run, label or run.name, view.engine, view.scheduler, findings,
+                     len(view.ok), vitals(view), failed)  # fmt: skip
 
 
 def select_rules(names: list[str] | None) -> tuple[Rule, ...]:

@@ -16,6 +16,8 @@ def engine_order(engine: str | None) -> list[str]:
 
 def _head(d: Diagnosis) -> str:
     bits = [f"{d.requests} requests"]
+    if d.failed:  # the rules read the successful ones; say how many did not succeed
+        bits = [f"{d.requests + d.failed} requests, {d.failed} failed"]
     if d.engine:
         bits.append(f"engine {d.engine}")
     if d.scheduler:
