@@ -304,6 +304,11 @@ def fit_step_terms(
     speed: list[float] = []
     if rounds is not None:
         coef, speed = _fit_with_drift(works, left, rest, rounds, window)
+    # least squares keeps the summed time only while the intercept is free; NNLS may hold
+    # c0 at 0 (the data wanting a negative one), so scale the terms back to the sum
+    fitted = sum(sum(c * w.feature(t) for t, c in coef.items()) for w in works)
+    if fitted > 0:
+        coef = {t: c * sum(left) / fitted for t, c in coef.items()}
     coef = {t: {"c_seq": c_seq, "c_host": c_host}.get(t, coef.get(t, 0.0)) for t in STEP_TERMS}
     pred = [sum(c * w.feature(t) for t, c in coef.items()) for w in works]
     y = sum(times) / len(times)
