@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from cbbench.harness.cli import main
 from cbbench.harness.servers.launcher import launch_reference_server
 
@@ -29,6 +30,7 @@ def goodput(base_url: str, spec: Path, rate: float, out: Path) -> float:
     return meta["summary"]["goodput"]["fraction"]
 
 
+@pytest.mark.slow  # ~1 min of real runs: the search's logic is test_capacity_search's, fast
 def test_find_max_rate_meets_the_slo_and_20_percent_more_does_not(tmp_path: Path) -> None:
     hw = hardware_file(tmp_path, c0=0.02)
     spec = tmp_path / "capacity.toml"
