@@ -147,6 +147,8 @@ def test_cli_prints_frontier_flags_and_writes_html(tmp_path, capsys):
         (["--slo", "ttft_p99=1s", "--goodput", "ttft:200"], "put the targets in --slo"),
         (["--slo", "ttft_p99=1s", "--goodput", "95"], "did you mean 0.95?"),
         (["--slo", "ttft_p99=1s", "--hardware", "a100@0"], "after @ give a factor > 0"),
+        (["--slo", "ttft_p99=1s", "--space", "max_num_seqs=16;speculative=draft:nosuch:3"],
+         "the engine refuses every configuration in the space"),
     ],
 )
 def test_bad_input_gets_one_line(argv, says, tmp_path, capsys):

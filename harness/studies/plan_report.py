@@ -155,9 +155,12 @@ def print_plan(res: PlanResult, console: Console, out: Path | None) -> None:
         console.print(f"every configuration: {fixed}", highlight=False, soft_wrap=True)
     if res.interrupted:
         console.print(f"interrupted: kept the {res.searched} configurations searched so far")
+    if res.refused and not res.points and not res.interrupted:
+        raise CbbenchError(f"the engine refuses every configuration in the space "
+                           f"({len(res.refused)}), e.g. {res.refused[0]}")  # fmt: skip
     if res.refused:
         console.print(f"skipped {len(res.refused)} configurations the engine refuses, e.g. "
-                      f"{res.refused[0]}", highlight=False)  # fmt: skip
+                      f"{res.refused[0]}", highlight=False, soft_wrap=True)  # fmt: skip
     console.print(frontier_table(res))
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)

@@ -14,10 +14,12 @@ from __future__ import annotations
 import glob
 import json
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from cbbench.harness.studies.plan_report import serve_flags
@@ -48,8 +50,19 @@ def main(fit: str, wl: str, rate: str, n: str, out: str,
     srv = subprocess.Popen(["cbbench", "serve", *flags, "--port", "0"], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
     try:
-        url, t0 = None, time.monotonic()
-        while url is None and time.monotonic() - t0 < 600 and (line := srv.stdout.readline()):
+        # read (and drained) by a thread: a silent server cannot hang us, a chatty one blocks
+        # on no full pipe; "" at its end
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: [*map(lines.put, srv.stdout), lines.put("")],
+                         daemon=True).start()  # fmt: skip
+        url, deadline = None, time.monotonic() + 600
+        while url is None and (left := deadline - time.monotonic()) > 0:
+            try:
+                line = lines.get(timeout=left)
+            except queue.Empty:
+                break
+            if not line:
+                break  # the server exited before it was ready
             if m := re.search(r"ready at (http://127\.0\.0\.1:\d+)", line):
                 url = m.group(1)
         if url is None:
@@ -61,7 +74,10 @@ def main(fit: str, wl: str, rate: str, n: str, out: str,
                             "--no-live"], stdout=log, stderr=subprocess.STDOUT, timeout=900)  # fmt: skip
     finally:
         os.killpg(srv.pid, signal.SIGTERM)
-        srv.wait(60)
+        try:
+            srv.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(srv.pid, signal.SIGKILL)
     with open(glob.glob(f"{out}/bench/**/run.json", recursive=True)[0]) as f:
         summary = json.load(f)["summary"]
     rows = []
