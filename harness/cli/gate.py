@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -19,7 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="fail CI on a statistically clear regression between two runs",
         description="Judge every policy rule with a seeded bootstrap confidence interval over "
         "the per-request records; a rule fails only when the whole interval is beyond its "
-        "limit. Exit 0 pass, 1 regression, 2 unusable or mismatched input.",
+        "limit. Runs that are not comparable (another endpoint, streaming mode, load shape, "
+        "workload or model) are refused. Exit 0 pass, 1 regression, 2 unusable or "
+        "incomparable input.",
     )
     p.add_argument("--baseline", required=True, metavar="RUN", help="baseline run folder")
     p.add_argument("--candidate", required=True, metavar="RUN", help="candidate run folder")
@@ -31,7 +34,31 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="judge runs that were killed or interrupted (default: refuse them, exit 2)",
     )
+    p.add_argument(
+        "--allow-incomparable",
+        action="store_true",
+        help="judge runs that differ in endpoint, streaming, load shape (open/closed loop, "
+        "rate, concurrency), workload or model (default: refuse them, exit 2, naming the "
+        "differences)",
+    )
     p.set_defaults(func=run)
+
+
+def print_differences(gate) -> None:
+    """Before the table: a judged pair that is not comparable (--allow-incomparable) says so on
+    stderr, one line; other differences (the server or scheduler compared) one line on stdout."""
+    from cbbench.harness.results.comparability import INCOMPARABLE, summary_line
+
+    bad = [d for d in gate.differences if d.severity == INCOMPARABLE]
+    rest = [d for d in gate.differences if d.severity != INCOMPARABLE]
+    if bad:
+        print(
+            "cbbench gate: warning: not comparable, judged anyway (--allow-incomparable): "
+            + summary_line(bad),
+            file=sys.stderr,
+        )
+    if rest:
+        print("runs differ in " + summary_line(rest))
 
 
 def fmt_value(metric: str, v: float | None) -> str:
@@ -173,8 +200,13 @@ def run(args: argparse.Namespace) -> int:
 
     policy = load_policy(args.policy) if args.policy else DEFAULT_POLICY
     gate = run_gate(
-        load_run(args.baseline), load_run(args.candidate), policy, args.allow_incomplete
+        load_run(args.baseline),
+        load_run(args.candidate),
+        policy,
+        args.allow_incomplete,
+        args.allow_incomparable,
     )
+    print_differences(gate)
     print_table(gate)
     if args.junit:
         _write(args.junit, junit(gate))

@@ -183,6 +183,10 @@ def render(
     )
     warn_html = "".join(f'<p class="warn">Not comparable: {escape(w)}</p>' for w in warnings)
     warn_html += "".join(
+        f'<p class="warn">Read with care: {escape(w)}</p>'
+        for w in comparability_warnings(runs, "caution")
+    )
+    warn_html += "".join(
         f'<p class="warn">Incomplete: {escape(w)}</p>' for w in trust_warnings(runs)
     )
     warn_html += "".join(f'<p class="warn">Timing: {escape(w)}</p>' for w in timing_warnings(runs))

@@ -67,6 +67,8 @@ def render_markdown(runs: list[LoadedRun], rows: list[dict]) -> str:
     lines = ["### cbbench report", ""]
     for w in comparability_warnings(runs):
         lines.append(f"- **Not comparable:** {md_text(w)}")
+    for w in comparability_warnings(runs, "caution"):
+        lines.append(f"- **Read with care:** {md_text(w)}")
     for w in trust_warnings(runs):
         lines.append(f"- **Incomplete:** {md_text(w)}")
     for w in timing_warnings(runs):

@@ -147,22 +147,16 @@ def timing_warnings(runs: list[LoadedRun]) -> list[str]:
     return out
 
 
-def comparability_warnings(runs: list[LoadedRun]) -> list[str]:
-    """Reasons the runs should not be compared side by side (different workloads or seeds)."""
-    ids = {lr.label: workload_identity(lr.meta) for lr in runs}
-    warnings = []
-    names = {n for n, _ in ids.values()}
-    seeds = {repr(s) for _, s in ids.values()}
-    if len(names) > 1:
-        listed = ", ".join(f"{k}: {n or 'unknown'}" for k, (n, _) in ids.items())
-        warnings.append(f"runs use different workloads ({listed})")
-    if len(seeds) > 1:
-        listed = ", ".join(f"{k}: {s}" for k, (_, s) in ids.items())
-        warnings.append(f"runs use different workload seeds ({listed})")
-    sims = {lr.simulated for lr in runs}
-    if len(sims) > 1:
-        warnings.append("simulated and measured runs are mixed")
-    return warnings
+def comparability_warnings(runs: list[LoadedRun], severity: str = "incomparable") -> list[str]:
+    """Why the runs should not be compared side by side (results/comparability.py: another
+    endpoint, streaming mode, load shape, workload, seed, lengths or model, simulated mixed
+    with measured); `severity="caution"`: what to read with care (request count, duration).
+    Runs of a sweep differ in load level by design: that is not reported for them."""
+    from cbbench.harness.results.comparability import LOAD_ASPECTS, among
+
+    skip = LOAD_ASPECTS if any(lr.in_sweep for lr in runs) else ()
+    found = among([(lr.label, lr.meta) for lr in runs], skip=skip)
+    return [text for sev, text in found if sev == severity]
 
 
 def flatten(meta: dict[str, Any], prefix: str = "", skip: tuple[str, ...] = ()) -> dict[str, str]:
