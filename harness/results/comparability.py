@@ -113,7 +113,9 @@ def incomparable(diffs: list[Difference]) -> list[Difference]:
     return [d for d in diffs if d.severity == INCOMPARABLE]
 
 
-def summary_line(diffs: list[Difference], a_name: str = "baseline", b_name: str = "candidate") -> str:
+def summary_line(
+    diffs: list[Difference], a_name: str = "baseline", b_name: str = "candidate"
+) -> str:
     """'endpoint: baseline chat, candidate completions; load mode: ...' on one line."""
     return "; ".join(d.text(a_name, b_name) for d in diffs)
 
