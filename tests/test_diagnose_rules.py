@@ -184,7 +184,6 @@ def test_rules_read_their_own_evidence(demo, provoked, tmp_path: Path) -> None:
     static = findings(demo["static"])["hol-blocking"]
     assert "--max-model-len" in static.fixes["cbbench"]  # its reservations filled the pool
 
-    from cbbench.harness.servers.launcher import launch_reference_server
 
     # the provoked head-of-line run's request times, on a server whose run.json says it is
     # continuous (iteration-level): the rule must not name request-level batching there
