@@ -16,6 +16,7 @@ import argparse
 import importlib
 import sys
 
+from cbbench.harness.cli.parsing import CommandParser, print_old_spelling_notes
 from cbbench.reference_engine.server.lifeline import die_with_launcher
 
 # Subcommand modules, in the order `cbbench --help` lists them.
@@ -97,7 +98,7 @@ def build_parser(only: str | None = "") -> argparse.ArgumentParser:
     """The parser. By default every command module is imported and registered; with `only`
     set, just that one is (the others are listed by name and help, and `only=None` imports
     none: enough for `cbbench --help`)."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="cbbench",
         description="Benchmark LLM inference servers; compare static, dynamic and continuous batching.",
     )
@@ -122,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    print_old_spelling_notes(f"cbbench {args.command}", argv)
     errors = _user_error_types()
     try:
         return int(args.func(args) or 0)

@@ -17,6 +17,7 @@ import sys
 
 from cbbench.harness.cli.bench import add_reasoning_args
 from cbbench.harness.errors import CbbenchError
+from cbbench.harness.results.slo import SLO_HELP
 from cbbench.harness.results.summary import parse_duration, parse_slo
 from cbbench.harness.telemetry import TelemetryOptions
 
@@ -51,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument(
         "--pacing", help="Locust constant_pacing: at most one request per user per DURATION"
     )
-    g.add_argument("--slo", help="goodput SLOs, e.g. ttft=200ms,tpot=50ms,e2e=10s")
+    g.add_argument("--slo", help=SLO_HELP)
     g.add_argument("--tokenizer", help="tokenizer.json (or its folder): exact-length text prompts")
     g.add_argument("--text-prompts", action="store_true", help="send text, not token ids")
     g.add_argument("--api-key", help="sent as a Bearer token")

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 from cbbench.harness.cli.bench import add_reasoning_args
+from cbbench.harness.cli.parsing import old_spelling
+from cbbench.harness.results.slo import SLO_HELP
 from cbbench.harness.sweep.levels import parse_list
 from cbbench.harness.telemetry import TelemetryOptions
 
@@ -34,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     levels.add_argument(
         "--find-max-rate",
         action="store_true",
-        help="SLO capacity search: the highest rate whose goodput meets --goodput (needs --slo)",
+        help="SLO capacity search: the highest rate whose goodput meets --goodput-share (needs --slo)",
     )
     p.add_argument("--out", required=True, help="sweep folder (one run folder per level)")
     p.add_argument("--num-requests", type=int, default=50, help="requests per level (default 50)")
@@ -46,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--endpoint", choices=ENDPOINTS, default="completions")
     p.add_argument("--model", help="model name (default: the first one /v1/models lists)")
-    p.add_argument("--slo", help="goodput SLOs, e.g. ttft=200ms,tpot=50ms,e2e=10s")
+    p.add_argument("--slo", help=SLO_HELP)
     p.add_argument("--warmup", type=int, default=0, help="warmup requests per level")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request limit in seconds")
     p.add_argument("--api-key", help="sent as a Bearer token")
@@ -58,7 +60,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="arrival process of rate levels (default poisson)",
     )
     c = p.add_argument_group("capacity search (--find-max-rate)")
-    c.add_argument("--goodput", type=float, default=0.95, help="share meeting the SLO (0.95)")
+    c.add_argument(
+        "--goodput-share",
+        dest="goodput",
+        type=float,
+        default=0.95,
+        help="share of requests meeting every --slo target (0.95), as plan's",
+    )
+    old_spelling(p, "--goodput", "--goodput-share")
     c.add_argument("--start-rate", type=float, default=1.0, help="first rate tried (1 req/s)")
     c.add_argument("--max-rate", type=float, default=1000.0, help="highest rate tried")
     c.add_argument("--precision", type=float, default=0.1, help="stop at hi/lo <= 1+this (0.1)")

@@ -72,8 +72,9 @@ class RouterOptions:
             raise EngineError(f"--retries must be 0 or 1, got {self.retries}")
 
 
-def add_router_args(p: argparse.ArgumentParser, policy_flag: str = "--policy") -> None:
-    """The router's flags (`cbbench route --policy`, `cbbench serve --replicas N --router`)."""
+def add_router_args(p: argparse.ArgumentParser, policy_flag: str = "--router") -> None:
+    """The router's flags (`cbbench route --router`, `cbbench serve --replicas N --router`; the
+    old `route --policy` is registered by the command)."""
     g = p.add_argument_group("router")
     g.add_argument(
         policy_flag,
