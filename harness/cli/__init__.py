@@ -133,6 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     except errors as exc:  # type: ignore[misc]
         print(f"cbbench {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a path the user gave (an --out, a file to write): one line
+        if exc.filename is None:
+            raise
+        print(f"cbbench {args.command}: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,0 +1,89 @@
+"""Issue 51, finding 15: a user's mistake is one line on stderr and exit 2, whatever the
+command: an --out that cannot be a folder, a server that answers with a web page instead of
+an API, a CUDA device on a CPU build of torch. Real commands, real servers on loopback."""
+
+from __future__ import annotations
+
+import http.server
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from servers.fake import FakeServerConfig, threaded
+
+CLI = [sys.executable, "-m", "cbbench.harness.cli"]
+
+
+def one_line_error(argv: list[str]) -> str:
+    proc = subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ": error: " in ln]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    with threaded(FakeServerConfig()) as srv:
+        yield srv.url
+
+
+def test_out_that_cannot_be_a_folder(server: str, tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    bench = ["bench", "--base-url", server, "--num-requests", "2", "--no-live", "--out"]
+    err = one_line_error([*bench, "/proc/cbbench-test"])
+    assert err.startswith("cbbench bench: error: /proc/cbbench-test: cannot write the run folder")
+    err = one_line_error([*bench, str(afile / "run")])
+    assert "cannot write the run folder" in err and "Not a directory" in err
+    err = one_line_error([*bench, str(afile)])
+    assert err.endswith("a file, not a folder: give --out a folder")
+    assert afile.read_text() == "x"  # nothing written over it
+
+
+class _WebPage(http.server.BaseHTTPRequestHandler):
+    BODY = (
+        b"<!DOCTYPE html>\n<html><head><title>404 Not Found</title></head><body>\n<h1>Not Found"
+        b"</h1>\n" + b"<p>The requested URL was not found on this server.</p>\n" * 40 + b"</body>"
+    )
+
+    def _answer(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        self.send_response(404)
+        self.send_header("content-type", "text/html")
+        self.send_header("content-length", str(len(self.BODY)))
+        self.end_headers()
+        self.wfile.write(self.BODY)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_a_web_page_is_summarised_not_dumped(tmp_path: Path) -> None:
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _WebPage)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        err = one_line_error(["bench", "--base-url", url, "--out", str(tmp_path / "r")])
+    finally:
+        srv.shutdown()
+        t.join(10)
+    assert err.endswith("HTTP 404: an HTML page ('404 Not Found'): not an OpenAI-compatible API")
+    assert "<" not in err and len(err) < 200
+
+
+def test_cuda_on_a_cpu_build_of_torch() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the error is for machines without it")
+    err = one_line_error(["serve", "--model", "tiny", "--device", "cuda", "--port", "0"])
+    assert err.startswith("cbbench serve: error: --device cuda: CUDA is not available to torch")
+    assert err.endswith("use --device cpu")
