@@ -87,3 +87,37 @@ def test_cuda_on_a_cpu_build_of_torch() -> None:
     err = one_line_error(["serve", "--model", "tiny", "--device", "cuda", "--port", "0"])
     assert err.startswith("cbbench serve: error: --device cuda: CUDA is not available to torch")
     assert err.endswith("use --device cpu")
+
+
+def test_parquet_without_pyarrow_says_how_to_install_it(server: str, tmp_path: Path) -> None:
+    """pyarrow is not a runtime dependency: without it (a package that fails to import stands
+    in for its absence), `export --parquet` is one line telling how to install it."""
+    run = tmp_path / "run"
+    subprocess.run([*CLI, "bench", "--base-url", server, "--num-requests", "3", "--no-live",
+                    "--out", str(run)], check=True, capture_output=True, timeout=120)  # fmt: skip
+    shadow = tmp_path / "shadow" / "pyarrow"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('no pyarrow here')\n")
+    import os
+
+    env = {**os.environ, "PYTHONPATH": str(shadow.parent)}
+    proc = subprocess.run([*CLI, "export", str(run), "--parquet", str(tmp_path / "r.parquet")],
+                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "cbbench export: error: --parquet needs pyarrow, which cbbench does not install: "
+        "pip install 'pyarrow>=14' (or write --csv)"
+    )
+    assert not (tmp_path / "r.parquet").exists()
+
+
+def test_transformers_advice_is_a_range_the_project_accepts() -> None:
+    """compare-engines' advice names the range pyproject's test extra allows (transformers
+    5.25 needs Hugging Face's `kernels`, whose import name clashes with ours)."""
+    import re
+
+    from cbbench.harness.servers.peer_engines import transformers_install_hint
+
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    upper = re.search(r'"transformers>=[0-9.]+,<([0-9.]+)"', pyproject).group(1)
+    hint = transformers_install_hint()
+    assert hint == "pip install 'transformers>=5,<5.25'" and f"<{upper}" in hint

@@ -216,8 +216,8 @@ def _run(args: CompareOptions, names: list[str], console: Console) -> dict:
     wl = load_workload(spec, seed=args.seed, num_requests=args.num_requests)
     if any(n.startswith("hf-") for n in names) and not peers.transformers_available():
         raise CbbenchError(
-            "--engines hf-static/hf-continuous need transformers: pip install 'transformers>=5' "
-            "(or choose --engines reference,vllm)"
+            "--engines hf-static/hf-continuous need transformers: "
+            f"{peers.transformers_install_hint()} (or choose --engines reference,vllm)"
         )
     if "vllm" in names and not peers.vllm_available(args.vllm_python):
         where = args.vllm_python or "this Python"
