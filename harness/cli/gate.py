@@ -119,10 +119,13 @@ def print_table(gate) -> None:
     console.width = max(console.width, 150)  # CI logs are not terminals: keep rows on one line
     console.print(t, markup=True)
     failed = [r for r in gate.results if r.failed]
+    skipped = sum(r.verdict == "n/a" for r in gate.results)
+    judged = len(gate.results) - skipped
+    tail = f", {skipped} not applicable" if skipped else ""
     console.print(
-        f"[bold red]REGRESSION: {len(failed)} of {len(gate.results)} rules failed[/]"
+        f"[bold red]REGRESSION: {len(failed)} of {judged} rules failed{tail}[/]"
         if failed
-        else f"[green]PASS: {len(gate.results)} rules[/]"
+        else f"[green]PASS: {judged} rules{tail}[/]"
     )
 
 

@@ -253,6 +253,12 @@ def judge(rule: Rule, base: RunSamples, cand: RunSamples, policy: Policy) -> Rul
         q = rule.quantile
         b_point, c_point = bs.point(q), cs.point(q)
         b_draws, c_draws = bs.draws(q, rng, n), cs.draws(q, rng, n)
+    elif rule.metric in ("output_throughput", COST) and not (
+        base.output_tokens.sum() or cand.output_tokens.sum()
+    ):
+        nan = math.nan
+        note = "does not apply: no tokens generated (embeddings)"
+        return RuleResult(rule, None, None, nan, nan, nan, nan, "n/a", note)
     elif rule.metric == COST:
         b_point, b_draws = _cost_boot(base, "baseline", rng, n)
         c_point, c_draws = _cost_boot(cand, "candidate", rng, n)
