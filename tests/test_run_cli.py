@@ -133,9 +133,16 @@ def test_run_that_fails_to_start_leaves_no_folder(tmp_path, capsys):
         pytest.skip("CUDA is available here: the server would start")
     out = tmp_path / "x"
     assert main(["run", "--device", "cuda", "--num-requests", "4", "--out", str(out)]) == 2
-    err = capsys.readouterr().err.strip()
+    cap = capsys.readouterr()
+    err = cap.err.strip()
     assert "CUDA is not available" in err and len(err.splitlines()) == 1
     assert not out.exists()
+    # piped, the opening line stays whole (it wrapped at 80 columns mid-phrase)
+    assert any(
+        line.startswith("cbbench run: 4 requests of run-demo against the reference engine")
+        and line.endswith(f"once per scheduler: static, dynamic, continuous; results in {out}")
+        for line in cap.out.splitlines()
+    ), cap.out
 
 
 def test_run_demo_is_a_workload_name(tmp_path):

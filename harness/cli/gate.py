@@ -115,9 +115,11 @@ def print_table(gate) -> None:
             fmt_limit(r),
             f"[{style}]{r.verdict}[/]" + (f" ({r.note})" if r.note else ""),
         )
-    console = Console(highlight=False)
-    console.width = max(console.width, 150)  # CI logs are not terminals: keep rows on one line
-    console.print(t, markup=True)
+    console = Console(highlight=False, soft_wrap=True)
+    if console.is_terminal:
+        console.print(t, markup=True)
+    else:  # a CI log or a file: Markdown, one line a rule, never wrapped mid-phrase
+        print(markdown(gate, escape_html=False), end="")
     failed = [r for r in gate.results if r.failed]
     skipped = sum(r.verdict == "n/a" for r in gate.results)
     judged = len(gate.results) - skipped
@@ -125,25 +127,33 @@ def print_table(gate) -> None:
     console.print(
         f"[bold red]REGRESSION: {len(failed)} of {judged} rules failed{tail}[/]"
         if failed
-        else f"[green]PASS: {judged} rules{tail}[/]"
+        else f"[green]PASS: {judged} rules{tail}[/]",
+        soft_wrap=True,
     )
 
 
-def markdown(gate) -> str:
+def markdown(gate, escape_html: bool = True) -> str:
+    """The table as Markdown: for a PR comment (`<`, `>` escaped) or a log (as typed)."""
+
     def cell(text: str) -> str:
-        return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+        text = text.replace("|", "\\|")
+        return text.replace("<", "&lt;").replace(">", "&gt;") if escape_html else text
 
     conf = f"{gate.policy.confidence:.0%}"
     head = "PASS" if gate.passed else "REGRESSION"
     lines = [
         f"### cbbench gate: {head}",
         "",
+        f"{gate.policy.source}, {conf} bootstrap CI, {gate.policy.resamples} resamples",
+        "",
         f"| rule | baseline | candidate | change | {conf} CI | limit | verdict |",
         "|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in gate.results:
         est, ci = fmt_change(r)
-        verdict = f"**{r.verdict}**" if r.failed else r.verdict
+        verdict = (f"**{r.verdict}**" if r.failed else r.verdict) + (
+            f" ({r.note})" if r.note else ""
+        )
         row = [
             r.rule.title,
             fmt_value(r.rule.metric, r.baseline),

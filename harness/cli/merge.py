@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     res = merge_runs(
         args.out, args.dirs, allow_missing=args.allow_missing, name=args.name, command=sys.argv
     )
-    out = Console()
+    out = Console(soft_wrap=True)
     count = res.meta["merged"]["shards"]
     if res.missing:
         names = ", ".join(f"{i}/{count}" for i in res.missing)

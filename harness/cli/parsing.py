@@ -23,6 +23,19 @@ class CommandParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n(`{self.prog} --help` lists every flag)\n")
 
 
+def describe_commands(parser: argparse.ArgumentParser) -> None:
+    """Every command (and action, `workload show`) without a description gets its one-line
+    help as one, so `cbbench CMD --help` always says what CMD does."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        helps = {a.dest: a.help for a in action._choices_actions}
+        for name, sub in action.choices.items():
+            if not sub.description and helps.get(name):
+                sub.description = helps[name][0].upper() + helps[name][1:] + "."
+            describe_commands(sub)
+
+
 # parser prog ("cbbench route") -> {old spelling: new spelling}
 OLD_SPELLINGS: dict[str, dict[str, str]] = {}
 # parser prog -> {old spelling: converter applied to its value when it differs in meaning}

@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed, jobs=args.jobs, goodput_share=share,
         spec_acceptance_rate=args.spec_acceptance_rate,
     )  # fmt: skip
-    console = Console()
+    console = Console(soft_wrap=True)
     total = len(opts.space.configs())
     out = Path(args.out) if args.out else None
     for rate in rates:

@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     opts = run_options(args)
-    console = Console()
+    console = Console(soft_wrap=True)
     res = run_demo(opts, console)
     if res.summaries:
         from cbbench.harness.results.compare import comparison_table, emit_table

@@ -145,7 +145,7 @@ def run_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     console.print(f"requests: {summary['count']:,}")
     if not summary["count"]:
         return 0
@@ -200,7 +200,7 @@ def run_list(args: argparse.Namespace) -> int:
             "trace timestamps" if p.has_arrivals else "none (all at once)",
             p.description,
         )
-    Console().print(table)
+    Console(soft_wrap=True).print(table)
     return 0
 
 

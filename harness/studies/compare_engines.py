@@ -163,7 +163,7 @@ def compare_engines(opts: CompareOptions, console: Console | None = None) -> dic
     if opts.threads < 0:
         raise CbbenchError(f"--threads must be >= 0, got {opts.threads}")
     with torch_threads(opts.threads):
-        return _run(opts, names, console or Console())
+        return _run(opts, names, console or Console(soft_wrap=True))
 
 
 @contextlib.contextmanager

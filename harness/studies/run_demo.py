@@ -202,7 +202,7 @@ def serve_settings(opts: RunOptions, scheduler: str, run: Variant | None = None)
 
 def run_demo(opts: RunOptions, console: Console | None = None) -> RunDemoResult:
     """Every scheduler in turn; then the HTML report over their run folders."""
-    console = console or Console()
+    console = console or Console(soft_wrap=True)
     opts.check()
     if opts.workload:  # a bad spec fails before any folder is made
         from cbbench.workloads import load_workload
