@@ -419,7 +419,7 @@ def test_errors_are_one_line_and_a_hint(argv, message) -> None:
     assert "usage:" not in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_durations_take_units_and_a_setting_of_another_scheduler_is_said() -> None:
+def test_durations_take_units_and_a_setting_of_another_scheduler_is_said(tmp_path) -> None:
     from cbbench.reference_engine.config.options import inapplicable
 
     sub = _subparsers()
@@ -432,14 +432,26 @@ def test_durations_take_units_and_a_setting_of_another_scheduler_is_said() -> No
         "continuous"
     ]
     assert inapplicable({"max_queue_delay": 0.05}, ["dynamic"]) == []
-    # the real command says it before it starts (here: before a bind that fails)
-    proc = subprocess.run(
-        [sys.executable, "-m", "cbbench.harness.cli", "serve", "--executor", "sim",
-         "--max-queue-delay", "50ms", "--host", "203.0.113.1", "--port", "0"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 2
-    assert "warning: --max-queue-delay is a dynamic scheduler setting" in proc.stderr
+    # the real command says it as it starts, and says a simulated model is one (it announced
+    # "8030.3M params, float32, cpu" as if llama-3-8b's weights were loaded)
+    from tests.process_support import kill, readline_within
+
+    log = tmp_path / "serve.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cbbench.harness.cli", "serve", "--executor", "sim",
+             "--model", "llama-3-8b", "--max-queue-delay", "50ms", "--port", "0",
+             "--no-engine-process"],
+            stdout=subprocess.PIPE, stderr=err, text=True,
+        )  # fmt: skip
+        try:
+            assert "ready at http://127.0.0.1:" in readline_within(proc, 120, "cbbench serve")
+        finally:
+            kill(proc)
+    said = log.read_text()
+    assert "warning: --max-queue-delay is a dynamic scheduler setting" in said
+    assert "llama-3-8b (SIMULATED, no weights loaded: 8030.3M-parameter shape" in said
+    assert "float32, cpu" not in said
 
 
 def test_one_slo_grammar_for_bench_and_plan() -> None:
