@@ -426,6 +426,16 @@ def test_durations_take_units_and_a_setting_of_another_scheduler_is_said(tmp_pat
     for text, seconds in (("50ms", 0.05), ("0.05s", 0.05), ("0.05", 0.05), ("1m", 60.0)):
         ns = sub["serve"].parse_args(["--max-queue-delay", text])
         assert ns.max_queue_delay == pytest.approx(seconds)
+    # every duration flag takes units; a bare number keeps its old meaning, seconds
+    for argv, dest, seconds in (
+        (["bench", "--base-url", "x", "--timeout", "10m"], "timeout", 600.0),
+        (["bench", "--base-url", "x", "--timeout", "30"], "timeout", 30.0),
+        (["route", "--replica", "x", "--poll-interval", "250ms"], "poll_interval", 0.25),
+        (["probe", "--base-url", "http://x", "--max-time", "2m"], "max_time", 120.0),
+        (["sweep", "--base-url", "x", "--rates", "1", "--out", "o", "--level-timeout", "90s"],
+         "level_timeout", 90.0),
+    ):  # fmt: skip
+        assert getattr(build_parser().parse_args(argv), dest) == pytest.approx(seconds), argv
     said = inapplicable({"max_queue_delay": 0.05, "batch_size": 4}, ["continuous"])
     assert said == [
         "--max-queue-delay is a dynamic scheduler setting: it does not apply to --scheduler "

@@ -13,6 +13,7 @@ from cbbench.harness.cli.parsing import old_spelling
 from cbbench.harness.results.slo import SLO_HELP
 from cbbench.harness.sweep.levels import parse_list
 from cbbench.harness.telemetry import TelemetryOptions
+from cbbench.reference_engine.config.options import seconds_arg
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-requests", type=int, default=50, help="requests per level (default 50)")
     p.add_argument("--between", type=int, default=4, help="--auto: rates in between (default 4)")
     p.add_argument(
-        "--level-timeout", type=float, default=300.0, help="seconds per level at most (300)"
+        "--level-timeout", type=seconds_arg, default=300.0, help="per level at most (300s)"
     )
     p.add_argument("--max-levels", type=int, default=12, help="levels at most (default 12)")
     p.add_argument("--seed", type=int, default=0)
@@ -50,7 +51,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="model name (default: the first one /v1/models lists)")
     p.add_argument("--slo", help=SLO_HELP)
     p.add_argument("--warmup", type=int, default=0, help="warmup requests per level")
-    p.add_argument("--timeout", type=float, default=600.0, help="per-request limit in seconds")
+    p.add_argument(
+        "--timeout", type=seconds_arg, default=600.0, help="per-request limit (600s; 10m)"
+    )
     p.add_argument("--api-key", help="sent as a Bearer token")
     p.add_argument("--no-live", action="store_true", help="no live view per level")
     p.add_argument(
@@ -73,7 +76,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--precision", type=float, default=0.1, help="stop at hi/lo <= 1+this (0.1)")
     c.add_argument("--repeats", type=int, default=2, help="runs of a missing level (default 2)")
     c.add_argument("--max-requests", type=int, default=2000, help="request budget (2000)")
-    c.add_argument("--max-time", type=float, default=1800.0, help="time budget, s (1800)")
+    c.add_argument("--max-time", type=seconds_arg, default=1800.0, help="time budget (30m)")
     add_reasoning_args(p)
     TelemetryOptions.add_args(p)
     p.set_defaults(func=run)

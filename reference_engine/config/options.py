@@ -154,7 +154,7 @@ def _csv_ints(text: str) -> tuple[int, ...]:
 _SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}
 
 
-def _seconds(text: str) -> float:
+def seconds_arg(text: str) -> float:
     """A duration flag: `50ms`, `0.05s`, `2m`; a bare number keeps the flag's unit, seconds."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(us|ms|s|m)?\s*", text)
     if not m:
@@ -169,7 +169,7 @@ def _flag_type(f: EngineFlag):
     if f.auto:
         return _int_or_auto
     if f.kind == "float" and f.unit == "s":
-        return _seconds
+        return seconds_arg
     return _TYPES[f.kind]
 
 
