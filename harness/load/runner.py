@@ -45,6 +45,7 @@ from cbbench.harness.load.workers import run_workers
 from cbbench.harness.results.agent_summary import add_cache_summaries, cache_lines
 from cbbench.harness.results.efficiency import add_telemetry_figures
 from cbbench.harness.results.environment import environment
+from cbbench.harness.results.integrity import RECORDS_KEY, record_counts
 from cbbench.harness.results.outcome import FirstFailures, all_failed, stopped_answering
 from cbbench.harness.results.records import RECORD_SCHEMA_VERSION, RequestRecord
 from cbbench.harness.results.run_folder import RunWriter
@@ -395,6 +396,7 @@ def run_bench(
         scheduler = next((r.extra["scheduler"] for r in records if "scheduler" in r.extra), None)
         if scheduler:
             meta["target"]["scheduler"] = scheduler
+        meta[RECORDS_KEY] = record_counts(records)  # what requests.jsonl holds (integrity.py)
         meta.update(
             status="interrupted" if interrupted else "complete",
             ended_at=_now_iso(),
