@@ -24,7 +24,7 @@ from cbbench.harness.client.api import ClientConfig, probe_server
 from cbbench.harness.client.endpoints import is_conversational
 from cbbench.harness.console.live import LiveStats, LiveView, print_summary
 from cbbench.harness.console.outcome import outcome_lines, worker_timing_lines
-from cbbench.harness.errors import CbbenchError
+from cbbench.harness.errors import CbbenchError, resource_hint
 from cbbench.harness.load.cache import check_agent_endpoint, prepare_cache
 from cbbench.harness.load.cache_options import CacheOptions
 from cbbench.harness.load.loadgen import Job, WorkerPlan, run_worker
@@ -145,13 +145,16 @@ def _plans(cfg: BenchConfig, client: ClientConfig) -> list[WorkerPlan]:
     warm_parts = deal(warm, n)
     plans = []
     for w in range(n):
+        slots = share(concurrency, n, w)
+        if slots is not None:  # never more slots (nor connections) than requests to hold
+            slots = min(slots, max(1, len(parts[w]), len(warm_parts[w])))
         plans.append(
             WorkerPlan(
                 worker=w,
                 jobs=parts[w],
                 warmup_jobs=warm_parts[w],
                 client=client,
-                concurrency=share(concurrency, n, w),
+                concurrency=slots,
                 duration_s=cfg.duration_s,
                 seed=cfg.workload.prompt_seed,
                 prefix_block_size=cfg.workload.prefix_block_size,
@@ -290,7 +293,10 @@ def run_bench(
         timeout_s=cfg.timeout_s,
         extensions=cfg.extensions,
         extra_body=cfg.extra_body,
-        max_connections=shard_share(cfg.concurrency, cfg.shard) or max(1, len(cfg.workload)),
+        max_connections=min(
+            shard_share(cfg.concurrency, cfg.shard) or len(cfg.workload),
+            max(1, len(cfg.workload), cfg.warmup),
+        ),
         collect_server_times=cfg.collect_server_times,
         http_client=cfg.http_client,
         kernel_timestamps=cfg.kernel_timestamps,
@@ -300,6 +306,8 @@ def run_bench(
     )
     plans = _plans(cfg, client)
     meta = {**_run_meta(cfg, name, engine, model, len(plans)), **fit_text_prompts(cfg, plans)}
+    if cfg.concurrency is not None:  # what --concurrency could hold: at most every request
+        meta["load"]["max_in_flight"] = sum(p.concurrency or 0 for p in plans)
     meta["cache"] = prepare_cache(  # flush, prime (prompts built as the workers build them)
         cfg.cache, client, cfg.workload, cfg.text_prompts, cfg.tokenizer, plans[0].text_fit
     )
@@ -307,6 +315,13 @@ def run_bench(
         meta["shard"] = shard_meta(cfg.shard, cfg.workload.requests, cfg.concurrency, plans)
     writer = RunWriter(run_dir, secrets=(cfg.api_key,))
     writer.write_run(meta)
+    asked = cfg.load.get("num_requests_asked")
+    if asked:
+        console.print(
+            f"note: --num-requests {asked}, but {cfg.workload.name} holds "
+            f"{len(cfg.workload)} requests: sending {len(cfg.workload)}",
+            highlight=False, markup=False, soft_wrap=True,
+        )  # fmt: skip
     records: list[RequestRecord] = []
     planned = sum(len(p.jobs) for p in plans)
     live = LiveStats(planned, samplers)
@@ -334,6 +349,7 @@ def run_bench(
                 started.append(s)
 
     worker_stats: dict[int, dict] = {}
+    crash: BaseException | None = None
     try:
         with LiveView(live, console, enabled=cfg.live):
             if len(plans) == 1:
@@ -344,6 +360,9 @@ def run_bench(
                     worker_stats = run_workers(plans, on_event, stop_flag, cfg.start_at)
                 finally:
                     signal.signal(signal.SIGINT, previous)
+    except BaseException as exc:  # run.json says how the run ended, then the error goes on
+        crash = exc
+        raise
     finally:
         for s in started:
             s.stop()
@@ -397,8 +416,14 @@ def run_bench(
         if scheduler:
             meta["target"]["scheduler"] = scheduler
         meta[RECORDS_KEY] = record_counts(records)  # what requests.jsonl holds (integrity.py)
+        status = "interrupted" if interrupted else "complete"
+        if crash is not None and not isinstance(crash, KeyboardInterrupt):
+            status, meta["error"] = "failed", f"{crash}{resource_hint(crash)}"
+        elif not interrupted and not summary["counts"]["total"]:
+            status = "empty"  # nothing measured: never "complete" with 0 records
+            failure = failure or "no measured request finished: nothing was sent"
         meta.update(
-            status="interrupted" if interrupted else "complete",
+            status=status,
             ended_at=_now_iso(),
             interrupted=interrupted,
             summary=summary,
