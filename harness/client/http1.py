@@ -34,7 +34,6 @@ import time
 from array import array
 from urllib.parse import urlsplit
 
-from cbbench.harness.errors import CbbenchError, resource_hint
 from cbbench.harness.client.h1conn import (
     SO_TIMESTAMPNS,
     BadResponse,
@@ -47,6 +46,7 @@ from cbbench.harness.client.h1conn import (
     SockConn,
     kernel_timestamps_supported,
 )
+from cbbench.harness.errors import CbbenchError, resource_hint
 
 __all__ = [
     "BadResponse",
