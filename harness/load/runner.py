@@ -28,6 +28,7 @@ from cbbench.harness.errors import CbbenchError, resource_hint
 from cbbench.harness.load.cache import check_agent_endpoint, prepare_cache
 from cbbench.harness.load.cache_options import CacheOptions
 from cbbench.harness.load.loadgen import Job, WorkerPlan, run_worker
+from cbbench.harness.load.sample_clock import SampleClock
 from cbbench.harness.load.sessions import CAP_UNITS
 from cbbench.harness.load.shards import (
     Shard,
@@ -194,6 +195,7 @@ def _run_inprocess(
             handled = False
 
         async def wait_t0() -> int:
+            on_event("ready", None)  # the samplers start: before t0, out of the window
             t0 = time.monotonic_ns() if start_at is None else monotonic_ns_at(start_at)
             on_event("t0", t0)
             return t0
@@ -339,14 +341,27 @@ def run_bench(
         elif kind == "sample":
             writer.add_sample(payload)
             live.on_sample(payload)
+        elif kind == "ready":  # warmed up and connected; t0 comes next
+            start_samplers()
         elif kind == "t0":
+            if not started and samplers:  # stopped before "ready": started here, as before
+                start_samplers()
+            sample_clock.set_t0(payload)
             live.on_t0()
             clock = meta["clock"]
             clock["t0_unix_s"] = cfg.start_at if cfg.start_at is not None else unix_s_at(payload)
             clock["late_start_s"] = max(0, time.monotonic_ns() - payload) / 1e9
-            for s in samplers:
-                s.start(payload, writer.add_sample)
-                started.append(s)
+
+    sample_clock = SampleClock(writer.add_sample)
+
+    def start_samplers() -> None:
+        """Every sampler up before t0 (sample_clock.py): their start-up is not measured."""
+        if started:
+            return
+        anchor = sample_clock.start()
+        for s in samplers:
+            s.start(anchor, sample_clock.add)
+            started.append(s)
 
     worker_stats: dict[int, dict] = {}
     crash: BaseException | None = None
