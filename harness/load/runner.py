@@ -381,7 +381,9 @@ def run_bench(
     finally:
         for s in started:
             s.stop()
-        interrupted = stop_flag.is_set() and first.verdict is None
+        # a watch (sweep's) that stopped the run names why: stopped, not interrupted
+        watched = next((s.stop_reason for s in started if getattr(s, "stop_reason", None)), None)
+        interrupted = stop_flag.is_set() and first.verdict is None and watched is None
         client_samples: dict = {"loop_lag_s": [], "cpu": []}
         for st in worker_stats.values():
             client_samples["loop_lag_s"] += st.get("loop_lag_s", [])
@@ -434,6 +436,8 @@ def run_bench(
         status = "interrupted" if interrupted else "complete"
         if crash is not None and not isinstance(crash, KeyboardInterrupt):
             status, meta["error"] = "failed", f"{crash}{resource_hint(crash)}"
+        elif watched:
+            status, summary["stopped_by_watch"] = "stopped-early", watched
         elif not interrupted and not summary["counts"]["total"]:
             status = "empty"  # nothing measured: never "complete" with 0 records
             failure = failure or "no measured request finished: nothing was sent"
@@ -448,7 +452,7 @@ def run_bench(
     print_summary(out, summary, f"cbbench bench: {name}")
     for line in [*worker_timing_lines(summary), *cache_lines(summary)]:
         out.print(line, highlight=False, soft_wrap=True)  # whole lines, not cut mid-phrase
-    for line in outcome_lines(summary, interrupted=interrupted, planned=planned):
+    for line in outcome_lines(summary, interrupted=interrupted, planned=planned, stopped=watched):
         out.print(line, highlight=False, markup=False, soft_wrap=True)
     out.print(f"run folder: {run_dir}")
     return BenchResult(run_dir, summary, interrupted, records, meta, failure)

@@ -46,6 +46,11 @@ def incomplete_reason(meta: dict[str, Any]) -> str | None:
         )
     if status == "interrupted":
         return "was interrupted (Ctrl-C); it holds only the requests that finished"
+    if status == "stopped-early":
+        why = (meta.get("summary") or {}).get("stopped_by_watch")
+        return "was stopped early" + (f" ({why})" if why else "") + (
+            "; it holds only the requests that finished"
+        )
     if status == "failed":
         why = meta.get("error")
         return "failed before it finished" + (f" ({why})" if why else "")

@@ -309,6 +309,20 @@ def _share(reasoning: np.ndarray, out: np.ndarray) -> float | None:
     return float(reasoning[known].sum()) / total if known.any() and total > 0 else None
 
 
+def meets_slo(r: RequestRecord, slo: dict[str, float]) -> bool:
+    """Whether one finished request counts toward goodput: `_goodput`'s rule, per record (a
+    failure misses; an undefined TPOT does not; a stream that never answered misses TTFO)."""
+    if r.status != "ok":
+        return False
+    for key, bound in slo.items():
+        v = getattr(r, f"{key}_s", None)
+        if key == "ttfo" and v is None and r.ttft_s is not None:
+            return False
+        if v is not None and not v <= bound:
+            return False
+    return True
+
+
 def _goodput(slo, ttft, tpot, e2e, n_measured: int, dur: float, ttfo=None) -> dict:
     good = np.ones(len(ttft), dtype=bool)
     for key, arr in (("ttft", ttft), ("ttfo", ttfo), ("tpot", tpot), ("e2e", e2e)):
