@@ -285,9 +285,18 @@ def _rate(x: float, dur: float) -> float | None:
     return None if np.isnan(dur) else x / dur
 
 
+_UUID = re.compile(r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
+# an id: a run of letters, digits, '_' or '-' with a digit in it, 8 or more long
+# (req_8f3a2b9c, chatcmpl-3f2a91d0, 0x7f3a...), or a long hex run
+_ID = re.compile(r"\b(?=[\w-]*\d)(?=[\w-]*[A-Za-z])[\w-]{8,}\b|\b[0-9a-fA-F]{12,}\b")
+
+
 def reason_key(msg: str | None) -> str:
-    """The grouping key of an error message: numbers (ports, ids, lengths) made N."""
-    return re.sub(r"\d+(\.\d+)?", "N", msg or "unknown")[:120]
+    """The grouping key of an error message: request ids and UUIDs made ID, numbers (ports,
+    lengths, times; not an HTTP status) made N, so 35 identical 429s with 35 request ids are one group."""
+    text = _UUID.sub("ID", msg or "unknown")
+    text = _ID.sub("ID", text)
+    return re.sub(r"(?<!HTTP )\d+(\.\d+)?", "N", text)[:120]  # a status stays itself
 
 
 def errors_by_reason(failed: Sequence[RequestRecord], top: int = 10) -> dict[str, int]:
