@@ -35,3 +35,21 @@ def test_sampler_start_up_is_outside_the_measured_window(tmp_path) -> None:
     server = [s["t_s"] for s in samples if s.get("source") == "server"]
     assert server and min(server) < 0 < max(server), server  # first scrape before t0
     assert meta["summary"]["telemetry"]["server"]["samples"] >= 2
+
+
+def test_an_open_loop_run_is_not_client_bound_from_sampler_start_up(tmp_path) -> None:
+    """The first requests of an open-loop run were due while the samplers started: their send
+    lag (76 ms p99) flagged the run CLIENT-BOUND."""
+    out = tmp_path / "open"
+    with (
+        MetricsServer(fixture("vllm.txt")) as metrics,
+        threaded(FakeServerConfig(Behavior(ttft_s=0.005, itl_s=0.002))) as srv,
+    ):
+        metrics.delay_s = 0.15
+        argv = ["bench", "--base-url", srv.url, "--out", str(out), "--no-live"]
+        argv += ["--workload", "seed-demo", "--num-requests", "40", "--request-rate", "40"]
+        argv += ["--metrics-url", metrics.url, "--no-gpu-metrics", "--arrival", "constant"]
+        assert main(argv) == 0
+    summary = json.loads((out / "run.json").read_text())["summary"]
+    assert not summary["client_bound"], summary["client_bound_reason"]
+    assert summary["send_lag_s"]["max"] < 0.05, summary["send_lag_s"]
