@@ -19,12 +19,12 @@ from tests.server_support import serve
 def test_requests_that_cannot_fit_are_clamped_or_skipped_and_counted(tmp_path, capsys) -> None:
     spec = tmp_path / "long.toml"  # prompts 40-200, outputs 8-120: some cannot fit 128
     spec.write_text(
-        'name = "long"\nnum_requests = 24\nseed = 3\n'
+        'name = "long"\nnum_requests = 12\nseed = 3\n'
         'prompt = { dist = "uniform", min = 40, max = 200 }\n'
         'output = { dist = "uniform", min = 8, max = 120 }\n'
     )
     out = tmp_path / "r"
-    with serve(EngineConfig(model="tiny", max_model_len=128)) as (url, _):
+    with serve(EngineConfig(model="tiny", max_model_len=128, executor="sim")) as (url, _):
         argv = ["bench", "--base-url", url, "--workload", str(spec), "--out", str(out)]
         rc = main([*argv, "--no-live", "--no-gpu-metrics", "--concurrency", "4"])
     text = capsys.readouterr().out
@@ -33,7 +33,7 @@ def test_requests_that_cannot_fit_are_clamped_or_skipped_and_counted(tmp_path, c
     assert fit["max_model_len"] == 128 and fit["clamped"] > 0 and fit["skipped"] > 0, fit
     assert f"{fit['clamped']} outputs clamped" in text and f"{fit['skipped']} skipped" in text
     rows = [json.loads(x) for x in (out / "requests.jsonl").open()]
-    assert len(rows) == 24 - fit["skipped"] and all(r["status"] == "ok" for r in rows), [
+    assert len(rows) == 12 - fit["skipped"] and all(r["status"] == "ok" for r in rows), [
         r["error"] for r in rows if r["status"] != "ok"
     ]
     assert all(r["prompt_len"] + r["output_len"] <= 128 for r in rows)
