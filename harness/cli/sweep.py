@@ -111,13 +111,15 @@ def sweep_options(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from cbbench.harness.sweep.runner import print_capacity, print_sweep, run_sweep
+    from cbbench.harness.sweep.capacity_run import find_max_rate, print_capacity
+    from cbbench.harness.sweep.runner import print_sweep, run_sweep
 
     opts = sweep_options(args)
-    index = run_sweep(opts)
     if opts.find_max_rate:
+        index = find_max_rate(opts)
         print_capacity(index)
     else:
+        index = run_sweep(opts)
         print_sweep(index, opts.out)
     print(f"sweep folder: {opts.out}  (cbbench report {opts.out})", file=sys.stderr)
     return 130 if index.get("status") == "interrupted" else 0
