@@ -4,6 +4,7 @@ words back with usage."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -12,7 +13,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 
-def recording_app(log: list[dict]) -> FastAPI:
+def recording_app(log: list[dict], token_delay_s: float = 0.0) -> FastAPI:
+    """`token_delay_s`: a pause before each streamed word (calls that take time overlap)."""
     app = FastAPI()
     lock = threading.Lock()
 
@@ -44,6 +46,8 @@ def recording_app(log: list[dict]) -> FastAPI:
 
         async def stream():
             for i in range(n):
+                if token_delay_s:
+                    await asyncio.sleep(token_delay_s)
                 chunk = {"choices": [{"index": 0, "delta": {"content": f"w{i} "}}]}
                 yield f"data: {json.dumps(chunk)}\n\n"
             end = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}

@@ -38,6 +38,7 @@ from cbbench.workloads.trace_csv import (
     read_burstgpt,
 )
 from cbbench.workloads.trace_mooncake import MOONCAKE_BLOCK_SIZE, read_mooncake
+from cbbench.workloads.trace_otel import is_otel_trace, read_otel
 from cbbench.workloads.trace_sharegpt import read_sharegpt
 from cbbench.workloads.tracefile import (
     PACKAGED_PREFIX,
@@ -328,6 +329,10 @@ def load_workload(
             wl.name, wl.seed, wl.requests, wl.prefix_block_size, {"preset": key} | wl.source
         )
     path = Path(key)
+    if is_otel_trace(path):  # a file or a folder of OpenTelemetry GenAI traces
+        if tokenizer is not None:
+            raise WorkloadError(f"{path}: a tokenizer only applies to ShareGPT traces")
+        return read_otel(path, key, seed or 0, num_requests)
     if not path.is_file() and is_inline(key):  # prompt=128,output=128: fixed lengths
         return build_from_spec(parse_inline(key), key, f"--workload {key}", seed, num_requests)
     if not path.is_file():

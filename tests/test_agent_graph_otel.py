@@ -1,0 +1,159 @@
+"""OpenTelemetry GenAI traces replayed as agent graphs, against a recording server on 127.0.0.1
+whose answers ("w0 w1 ...") differ from the recorded text: every LLM span is sent once, no
+call starts before all its predecessors have ended (on the server's clock), calls whose
+predecessors ended together run concurrently, and later calls' assistant turns carry what the
+server answered. Malformed traces end in one line naming the span and the fault.
+(Fixtures: tests/fixtures/otel/, written by its make_fixtures.py: a chain in the OTLP JSON
+export, a fan-out in the flat `spans` layout, a fan-in with a temporal edge.)"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+from pathlib import Path
+
+import pytest
+from cbbench.harness.cli import main
+from cbbench.harness.load.runner import BenchConfig, run_bench
+from cbbench.harness.results.run_folder import load_run
+from cbbench.reference_engine.server.runner import ThreadedServer
+from cbbench.workloads.errors import WorkloadError
+from cbbench.workloads.loader import load_workload
+from rich.console import Console
+
+from tests.recording_server import recording_app
+
+FIXTURES = Path(__file__).parent / "fixtures" / "otel"
+TOKEN_DELAY_S = 0.02  # a call of n tokens takes >= n x 20 ms: concurrent calls overlap
+
+
+def _answer(n: int) -> str:
+    return "".join(f"w{i} " for i in range(n))  # what the recording server streams
+
+
+def _expected_messages(wl) -> dict[int, list[dict]]:
+    """Each call's messages as they must arrive: recorded, live turns replaced."""
+    by_index = {r.index: r for r in wl.requests}
+    out = {}
+    for r in wl.requests:
+        msgs = json.loads(r.graph.messages)
+        for pos, src in r.graph.live:
+            msgs[pos] = {**msgs[pos], "content": _answer(by_index[src].output_len)}
+        out[r.index] = msgs
+    return out
+
+
+def test_the_graphs_are_inferred_from_the_spans():
+    chain = load_workload(str(FIXTURES / "chain.json"))
+    assert [r.graph.after for r in chain.requests] == [(), (0,), (1,)]  # reduced: not (0, 1)
+    assert chain.requests[2].graph.live == ((2, 0), (4, 1))  # both earlier answers spliced
+    assert [r.think_s for r in chain.requests] == [None, 0.5, 0.7]  # the tool's 0.5 s kept
+    assert chain.source["rows_skipped"] == {
+        "not an LLM call (execute_tool)": 1,
+        "not an LLM call (invoke_agent)": 1,
+    }
+    tools = json.loads(chain.requests[0].graph.tools)
+    assert tools[0]["function"]["name"] == "get_weather"  # gen_ai.tool.definitions
+    msgs = json.loads(chain.requests[1].graph.messages)
+    assert msgs[2]["tool_calls"][0]["id"] == "call_w1" and msgs[3]["role"] == "tool"
+    fan = load_workload(str(FIXTURES / "fanout.json"))
+    assert [r.graph.after for r in fan.requests] == [(), (0,), (0,), (0,)]
+    assert [r.output_len for r in fan.requests] == [15, 11, 12, 13]  # gen_ai.usage.output_tokens
+    fanin = load_workload(str(FIXTURES / "fanin.json"))
+    assert [r.graph.after for r in fanin.requests] == [(), (), (0, 1), (2,)]  # the last: temporal
+    assert fanin.requests[2].think_s == pytest.approx(0.5)  # after the later of the two
+
+
+def test_otel_replay_sends_every_span_once_in_graph_order_with_live_answers(tmp_path):
+    wl = load_workload(str(FIXTURES))  # the folder: three traces, three sessions
+    assert len({r.session_id for r in wl.requests}) == 3
+    log: list[dict] = []
+    with ThreadedServer(recording_app(log, TOKEN_DELAY_S)) as url:
+        cfg = BenchConfig(
+            base_url=url, workload=wl, endpoint="chat", out_dir=tmp_path / "run", live=False,
+            concurrency=8,
+        )  # fmt: skip
+        err = io.StringIO()
+        res = run_bench(cfg, console=Console(file=err, width=300))
+    assert "counts calls in flight" in err.getvalue()
+    assert res.summary["counts"]["completed"] == len(wl.requests) == 11
+    expected = _expected_messages(wl)
+    seen: dict[int, dict] = {}
+    for e in log:
+        match = [i for i, m in expected.items() if m == e["body"]["messages"]]
+        assert len(match) == 1, e["body"]["messages"]  # live answers, not the recorded text
+        assert match[0] not in seen  # every LLM span sent once
+        seen[match[0]] = e
+    assert set(seen) == set(expected)
+    by_index = {r.index: r for r in wl.requests}
+    for i, e in seen.items():
+        r = by_index[i]
+        assert e["headers"]["x-session-id"] == r.session_id
+        assert e["body"]["max_tokens"] == r.output_len
+        if r.graph.tools:
+            assert e["body"]["tools"] == json.loads(r.graph.tools)
+        for p in r.graph.after:  # never before a predecessor ended, and after its wait
+            assert e["t_in"] >= seen[p]["t_out"] + (r.think_s or 0.0) - 0.005
+    fan = [i for i, r in by_index.items() if r.session_id == "fan-out-1" and r.graph.after]
+    assert len(fan) == 3  # the sub-agents, whose one predecessor ended once: together
+    for a in fan:
+        for b in fan:
+            assert seen[a]["t_in"] < seen[b]["t_out"]  # their server intervals overlap
+    roots = [i for i, r in by_index.items() if r.session_id.startswith("fa11") and not r.graph.after]
+    assert seen[roots[0]]["t_in"] < seen[roots[1]]["t_out"]  # the fan-in's two roots overlap
+    graph = load_run(res.run_dir).meta["summary"]["graph"]  # in run.json
+    assert graph["sessions"] == 3 and graph["sessions_succeeded"] == 3
+    assert graph["session_success"] == 1.0
+    assert graph["calls_per_session"]["max"] == 4 and graph["fan_out_width"]["max"] == 3
+
+
+def _write(tmp_path: Path, name: str, obj: dict) -> Path:
+    p = tmp_path / name
+    p.write_text(json.dumps(obj))
+    return p
+
+
+def _fanout() -> dict:
+    return json.loads((FIXTURES / "fanout.json").read_text())
+
+
+def _one_line_error(capsys, path: Path) -> str:
+    rc = main(["workload", "show", str(path)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def test_malformed_traces_end_in_one_line_naming_span_and_fault(tmp_path, capsys):
+    no_msgs = _fanout()
+    del no_msgs["spans"][2]["attributes"]["gen_ai.input.messages"]
+    err = _one_line_error(capsys, _write(tmp_path, "nomsg.json", no_msgs))
+    assert "span sub2" in err and "without input messages" in err
+    bad_time = _fanout()
+    bad_time["spans"][1]["end_time"] = "2026-01-05T11:59:00Z"  # before its start
+    err = _one_line_error(capsys, _write(tmp_path, "time.json", bad_time))
+    assert "span sub1: bad timestamps" in err and "before it starts" in err
+    unreadable = _fanout()
+    unreadable["spans"][0]["start_time"] = "yesterday"
+    err = _one_line_error(capsys, _write(tmp_path, "time2.json", unreadable))
+    assert "span orch: bad timestamps: start time 'yesterday'" in err
+    cycle = _fanout()  # orch quotes sub1's answer, sub1 quotes orch's: a cycle
+    attrs = cycle["spans"][0]["attributes"]
+    attrs["gen_ai.input.messages"] = json.dumps(
+        [{"role": "user", "content": "go"}, {"role": "assistant", "content": "step 1 done: findings 1"}]
+    )
+    err = _one_line_error(capsys, _write(tmp_path, "cycle.json", cycle))
+    assert "a cycle in the call graph" in err and ("span orch" in err or "span sub1" in err)
+    with pytest.raises(WorkloadError, match="no LLM spans"):
+        only_tools = copy.deepcopy(_fanout())
+        only_tools["spans"] = [s for s in only_tools["spans"] if s["span_id"] == "tool9"]
+        load_workload(str(_write(tmp_path, "tools.json", only_tools)))
+
+
+def test_workload_show_prints_the_graph(capsys):
+    assert main(["workload", "show", str(FIXTURES / "fanin.json")]) == 0
+    out = capsys.readouterr().out
+    assert "call graph: 1 sessions" in out
+    assert "f000000000000003" in out and "after f000000000000001, f000000000000002" in out
+    assert "not an LLM call" not in out or "skipped" in out
