@@ -100,7 +100,9 @@ def test_otel_replay_sends_every_span_once_in_graph_order_with_live_answers(tmp_
     for a in fan:
         for b in fan:
             assert seen[a]["t_in"] < seen[b]["t_out"]  # their server intervals overlap
-    roots = [i for i, r in by_index.items() if r.session_id.startswith("fa11") and not r.graph.after]
+    roots = [
+        i for i, r in by_index.items() if r.session_id.startswith("fa11") and not r.graph.after
+    ]
     assert seen[roots[0]]["t_in"] < seen[roots[1]]["t_out"]  # the fan-in's two roots overlap
     graph = load_run(res.run_dir).meta["summary"]["graph"]  # in run.json
     assert graph["sessions"] == 3 and graph["sessions_succeeded"] == 3
@@ -141,7 +143,10 @@ def test_malformed_traces_end_in_one_line_naming_span_and_fault(tmp_path, capsys
     cycle = _fanout()  # orch quotes sub1's answer, sub1 quotes orch's: a cycle
     attrs = cycle["spans"][0]["attributes"]
     attrs["gen_ai.input.messages"] = json.dumps(
-        [{"role": "user", "content": "go"}, {"role": "assistant", "content": "step 1 done: findings 1"}]
+        [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": "step 1 done: findings 1"},
+        ]
     )
     err = _one_line_error(capsys, _write(tmp_path, "cycle.json", cycle))
     assert "a cycle in the call graph" in err and ("span orch" in err or "span sub1" in err)
