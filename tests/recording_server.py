@@ -13,10 +13,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 
-def recording_app(log: list[dict], token_delay_s: float = 0.0) -> FastAPI:
-    """`token_delay_s`: a pause before each streamed word (calls that take time overlap)."""
+def recording_app(log: list[dict], token_delay_s: float = 0.0, serial: bool = False) -> FastAPI:
+    """`token_delay_s`: a pause before each streamed word (calls that take time overlap);
+    `serial`: one answer at a time (the others wait for it before their first word)."""
     app = FastAPI()
     lock = threading.Lock()
+    one_at_a_time = asyncio.Lock()
 
     @app.get("/health")
     async def health() -> Response:
@@ -45,6 +47,16 @@ def recording_app(log: list[dict], token_delay_s: float = 0.0) -> FastAPI:
         n = body["max_tokens"]
 
         async def stream():
+            if serial:
+                await one_at_a_time.acquire()
+            try:
+                async for part in words():
+                    yield part
+            finally:
+                if serial:
+                    one_at_a_time.release()
+
+        async def words():
             for i in range(n):
                 if token_delay_s:
                     await asyncio.sleep(token_delay_s)

@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 from cbbench.workloads.agent import build_agent
+from cbbench.workloads.agent_graph import build_agent_graph
 from cbbench.workloads.agent_trace import as_agent_sessions, is_agent_trace_object, read_agent_trace
 from cbbench.workloads.arrivals import with_arrivals
 from cbbench.workloads.errors import WorkloadError
@@ -54,9 +55,9 @@ else:  # pragma: no cover - Python 3.10
 
 SPEC_KEYS = (
     "name", "description", "seed", "num_requests", "trace", "arrival",
-    "prompt", "output", "priority", "prefix", "mixture", "session", "agent", "shared_prefix",
+    "prompt", "output", "priority", "prefix", "mixture", "session", "agent", "shared_prefix", "agent_graph",
 )  # fmt: skip
-GENERATOR_KEYS = ("agent", "shared_prefix")  # a whole workload from one generator table
+GENERATOR_KEYS = ("agent", "shared_prefix", "agent_graph")  # a whole workload from one generator table
 TRACE_KEYS = ("path", "format", "tokenizer", "sessions", "agent", *BURSTGPT_OPTIONS)
 SESSION_FORMATS = ("mooncake", "sharegpt")  # traces whose sessions can be recovered
 TRACE_FORMATS = ("azure", "burstgpt", "mooncake", "sharegpt", "native", "agent")
@@ -287,6 +288,9 @@ def _generated(spec: dict, name: str, seed: int, n: int | None, where: str) -> W
         raise WorkloadError(f"{where}: '{other[0]}' cannot be combined with '{gen}'")
     if gen == "agent":
         return build_agent(spec[gen], name, seed, DEFAULT_NUM_REQUESTS if n is None else n, where)
+    if gen == "agent_graph":
+        n = DEFAULT_NUM_REQUESTS if n is None else n
+        return build_agent_graph(spec[gen], name, seed, n, where)
     wl = build_shared_prefix(spec[gen], name, seed, where)
     if n is not None and n < len(wl.requests):
         wl = Workload(wl.name, wl.seed, wl.requests[:n], wl.prefix_block_size, wl.source)
