@@ -55,9 +55,10 @@ else:  # pragma: no cover - Python 3.10
 
 SPEC_KEYS = (
     "name", "description", "seed", "num_requests", "trace", "arrival",
-    "prompt", "output", "priority", "prefix", "mixture", "session", "agent", "shared_prefix", "agent_graph",
+    "prompt", "output", "priority", "prefix", "mixture", "session", "agent", "shared_prefix",
+    "agent_graph",
 )  # fmt: skip
-GENERATOR_KEYS = ("agent", "shared_prefix", "agent_graph")  # a whole workload from one generator table
+GENERATOR_KEYS = ("agent", "shared_prefix", "agent_graph")  # a whole workload from one table
 TRACE_KEYS = ("path", "format", "tokenizer", "sessions", "agent", *BURSTGPT_OPTIONS)
 SESSION_FORMATS = ("mooncake", "sharegpt")  # traces whose sessions can be recovered
 TRACE_FORMATS = ("azure", "burstgpt", "mooncake", "sharegpt", "native", "agent")
