@@ -162,3 +162,41 @@ def test_workload_show_prints_the_graph(capsys):
     assert "call graph: 1 sessions" in out
     assert "f000000000000003" in out and "after f000000000000001, f000000000000002" in out
     assert "not an LLM call" not in out or "skipped" in out
+
+
+def test_openinference_spans_convert_into_the_same_graph(tmp_path):
+    """Arize OpenInference's flattened attributes (Phoenix, its instrumentors)."""
+
+    def span(sid, a, b, kind, msgs=(), out=None):
+        attrs = {"openinference.span.kind": kind}
+        for i, (role, content) in enumerate(msgs):
+            attrs[f"llm.input_messages.{i}.message.role"] = role
+            attrs[f"llm.input_messages.{i}.message.content"] = content
+        if out is not None:
+            attrs["llm.output_messages.0.message.role"] = "assistant"
+            attrs["llm.output_messages.0.message.content"] = out
+            attrs["llm.token_count.completion"] = 4
+        return {"span_id": sid, "trace_id": "oi", "name": kind.lower(), "start_time": a,
+                "end_time": b, "attributes": attrs}  # fmt: skip
+
+    spans = [
+        span("q1", 1.0, 2.0, "LLM", [("user", "find flights")], "calling search"),
+        span("t1", 2.0, 2.4, "TOOL"),
+        span("q2", 2.5, 3.0, "LLM",
+             [("user", "find flights"), ("assistant", "calling search"), ("user", "3 found")],
+             "pick the first"),
+    ]  # fmt: skip
+    wl = load_workload(str(_write(tmp_path, "oi.json", {"spans": spans})))
+    assert [r.graph.after for r in wl.requests] == [(), (0,)]
+    assert wl.requests[1].graph.live == ((1, 0),) and wl.requests[1].output_len == 4
+    assert wl.requests[1].think_s == pytest.approx(0.5)
+    assert wl.source["rows_skipped"] == {"not an LLM call (tool)": 1}
+
+
+def test_graph_workloads_round_trip_native_jsonl(tmp_path):
+    from cbbench.workloads.native import write_native_jsonl
+
+    for src in (str(FIXTURES), "agent-graph"):
+        wl = load_workload(src, num_requests=30)
+        write_native_jsonl(wl, tmp_path / "w.jsonl")
+        assert load_workload(str(tmp_path / "w.jsonl")).requests == wl.requests

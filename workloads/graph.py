@@ -36,6 +36,30 @@ class GraphCall:
     calls: int = 1  # calls in its session (a session succeeded when all were answered)
 
 
+def parse_graph_call(obj: object, where: str) -> GraphCall | None:
+    """A native JSONL line's `graph` field -> GraphCall (None stays None)."""
+    if obj is None:
+        return None
+    if not isinstance(obj, dict):
+        raise WorkloadError(f"{where}: graph must be an object, got {obj!r}")
+    try:
+        call = GraphCall(
+            after=tuple(int(p) for p in obj.get("after") or ()),
+            messages=str(obj["messages"]),
+            live=tuple((int(a), int(b)) for a, b in obj.get("live") or ()),
+            tools=str(obj.get("tools") or ""),
+            name=str(obj.get("name") or ""),
+            depth=int(obj.get("depth") or 0),
+            calls=int(obj.get("calls") or 1),
+        )
+        messages = json.loads(call.messages)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WorkloadError(f"{where}: graph: {exc!r}") from None
+    if not isinstance(messages, list) or any(not 0 <= a < len(messages) for a, _ in call.live):
+        raise WorkloadError(f"{where}: graph: 'live' names a message the call does not have")
+    return call
+
+
 def topo_order(after: dict[str, Sequence[str]], where: str) -> list[str]:
     """Nodes in an order where every node follows its predecessors; a cycle is an error
     naming a node on it and the cycle (`where`: the file)."""
