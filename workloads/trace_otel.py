@@ -12,8 +12,8 @@ runs, agent invocations) are skipped and counted by reason. The graph:
   predecessors;
 - the recorded wait: the call's start minus its predecessors' latest end (tool or think
   time; 0 where the recording overlaps), a later root's: its start minus the session's.
-`max_tokens`: the recorded output tokens (`gen_ai.usage.output_tokens`), else the request's
-`gen_ai.request.max_tokens`, else the output's word count. Sessions carry no arrival times:
+`max_tokens`: the recorded output tokens (`gen_ai.usage.output_tokens`), else the recorded
+output's words (text and tool-call arguments), else the request's `gen_ai.request.max_tokens`. Sessions carry no arrival times:
 they start by `--concurrency` or the arrival process (`--rate`).
 
 Errors end in one line naming the file, the span and the fault: a cycle, an LLM span
@@ -212,8 +212,12 @@ def _session_requests(
         else:
             wait = (s.start_ns - t0) / 1e9 if k else None
         messages_text = " ".join(m.get("content") or "" for m in c.messages)
-        out_text = c.output.get("content") or ""
-        output_len = c.output_tokens or c.max_tokens or _words(out_text)
+        out_text = (c.output.get("content") or "") + " ".join(
+            (t.get("function") or {}).get("arguments") or ""
+            for t in c.output.get("tool_calls") or ()
+        )
+        recorded = _words(out_text) if out_text.strip() else None
+        output_len = c.output_tokens or recorded or c.max_tokens or 1
         out.append(
             RequestSpec(
                 index=index[i],

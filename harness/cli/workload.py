@@ -159,7 +159,7 @@ def run_show(args: argparse.Namespace) -> int:
         )
     if big is None:
         for line in graph_lines(wl.requests):  # agent graphs: each session's calls
-            console.print(line, markup=False)
+            console.print(line, markup=False, soft_wrap=True)
     console.print(histogram(values, args.bins, weights))
     return 0
 
