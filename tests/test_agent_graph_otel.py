@@ -200,3 +200,31 @@ def test_graph_workloads_round_trip_native_jsonl(tmp_path):
         wl = load_workload(src, num_requests=30)
         write_native_jsonl(wl, tmp_path / "w.jsonl")
         assert load_workload(str(tmp_path / "w.jsonl")).requests == wl.requests
+
+
+def test_call_slots_serve_running_sessions_before_new_ones():
+    import asyncio
+
+    from cbbench.harness.load.graph import CallSlots
+
+    async def scenario() -> list[str]:
+        slots, order = CallSlots(1), []
+        await slots.acquire()  # the one slot is busy
+
+        async def take(name: str, start: bool) -> None:
+            await slots.acquire(start=start)
+            order.append(name)
+            slots.release()
+
+        new = asyncio.ensure_future(take("new session", True))
+        await asyncio.sleep(0)
+        call = asyncio.ensure_future(take("running session's call", False))
+        gone = asyncio.ensure_future(take("cancelled", False))
+        await asyncio.sleep(0)
+        gone.cancel()
+        slots.release()
+        await asyncio.wait_for(asyncio.gather(new, call, return_exceptions=True), 5)
+        assert slots.free == 1 and not any(slots.waiting)  # the cancelled waiter left no trace
+        return order
+
+    assert asyncio.run(scenario()) == ["running session's call", "new session"]

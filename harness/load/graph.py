@@ -13,7 +13,9 @@ turn k's predecessor is turn k-1 (`predecessors`).
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from cbbench.harness.client.reply import Reply
@@ -66,6 +68,48 @@ class GraphConversation:
         idx = rec.index
         self.answers[idx] = reply.full_text
         return True
+
+
+class CallSlots:
+    """`--concurrency` for agent graphs: at most n calls in flight, and a call of a session
+    already running goes before a new session's first call (`acquire(start=True)`), so a
+    closed loop starts a session only when no started session has a call waiting."""
+
+    def __init__(self, n: int) -> None:
+        assert n >= 1, n
+        self.free = n
+        self.waiting: tuple[deque, deque] = (deque(), deque())  # calls, session starts
+
+    async def acquire(self, start: bool = False) -> None:
+        if self.free > 0 and not self.waiting[0] and not (start and self.waiting[1]):
+            self.free -= 1
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self.waiting[int(start)].append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release()  # granted as it was cancelled: pass the slot on
+            else:
+                self.waiting[int(start)].remove(fut)
+            raise
+
+    def release(self) -> None:
+        self.free += 1
+        for queue in self.waiting:
+            while queue and self.free > 0:
+                fut = queue.popleft()
+                if not fut.done():
+                    self.free -= 1
+                    fut.set_result(None)
+
+    async def __aenter__(self) -> CallSlots:
+        await self.acquire()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
 
 
 class HeldSlot:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from cbbench.harness.client.api import ClientConfig, OpenAIClient
 from cbbench.harness.load.agent import AgentConversation
-from cbbench.harness.load.graph import GraphConversation, HeldSlot, predecessors
+from cbbench.harness.load.graph import CallSlots, GraphConversation, HeldSlot, predecessors
 from cbbench.harness.load.heap import FrozenHeap
 from cbbench.harness.load.lookahead import Lookahead, Prepared
 from cbbench.harness.load.prompts import PromptBuilder
@@ -389,7 +389,9 @@ class Worker:
         n = self.plan.concurrency
         assert self.plan.cap_unit in CAP_UNITS, self.plan.cap_unit
         by_session = self.plan.cap_unit == "sessions"
-        request_slots = asyncio.Semaphore(n) if n and not by_session else None
+        request_slots: Any = None
+        if n and not by_session:  # agent graphs: a started session's calls go first
+            request_slots = CallSlots(n) if self._graphs else asyncio.Semaphore(n)
         open_loop = any(u[0].arrival_s is not None for u in units)
         if open_loop:
             session_slots = asyncio.Semaphore(n) if n and by_session else None
@@ -406,7 +408,7 @@ class Worker:
             # agent graphs, closed loop: a session starts when a call slot is free, its
             # first call in that slot; calls in flight stay at the cap
             for unit in units:
-                await request_slots.acquire()
+                await request_slots.acquire(start=True)
                 held = HeldSlot(request_slots)
                 late = (
                     self.plan.duration_s is not None and _now_s(self.t0_ns) >= self.plan.duration_s
