@@ -127,4 +127,8 @@ def test_fanout_queue_rule_fires_when_siblings_wait_for_each_other(tmp_path):
     assert f.values["ttft_last_p50_s"] >= 2 * f.values["ttft_first_p50_s"]
     assert "the server queued them" in " ".join(f.evidence)
     assert "fanout-queue" not in {f.rule for f in runs["parallel"].findings}
+    firsts = [r for r in load_run(tmp_path / "parallel").records if r.turn == 1]
+    arrivals = sorted(r.arrival_s for r in wl.requests if r.turn == 1)
+    assert sorted(r.scheduled_s for r in firsts) == arrivals  # sessions arrive by the process
+    assert all(r.sent_s >= r.scheduled_s for r in firsts)
     assert json.dumps(f.to_dict())

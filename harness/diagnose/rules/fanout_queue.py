@@ -40,7 +40,7 @@ def check(v: RunView) -> Finding | None:
     held = [r.client_queue_s or 0.0 for recs in groups.values() if len(recs) >= 2 for r in recs]
     client = float(np.median(held)) if held else 0.0
     evidence = [
-        f"{len(bursts)} fan-out bursts (median {width:g} calls each, sent together): the fastest "
+        f"{len(bursts)} fan-out bursts (median {width:g} calls each, ready together): the fastest "
         f"sibling's TTFT p50 {ms(first)}, the slowest's {ms(last)} ({last / first:.1f}x)",
         f"siblings' client queue (--concurrency slots) p50 {ms(client)}"
         + (": the client's cap holds them back" if client > 0.5 * (last - first) else
