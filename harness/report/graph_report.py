@@ -28,7 +28,7 @@ def _cells(g: dict) -> list[str]:
 
     hit = g.get("prefix_cache_hit_rate")
     return [
-        f"{g['sessions_succeeded']}/{g['sessions']}",
+        f"{g['sessions_succeeded']}/{g['sessions'] - g.get('sessions_cut', 0)}",
         s(g["makespan_s"]["p50"]),
         s(g["makespan_s"]["p90"]),
         s(g["critical_path_server_s"]["p50"]),

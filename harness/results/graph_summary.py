@@ -1,6 +1,7 @@
 """The `graph` part of a run summary: agent-graph sessions (records with `extra["graph"]`).
 
-Per session: success (every call of its graph answered), makespan (its first call ready ->
+Per session: success (every call of its graph answered; a session the run's end cut short,
+with no call failed, is `cut` and left out of `session_success`), makespan (its first call ready ->
 its last call's last byte; successful sessions only), calls, fan-out width (the most calls
 waiting on one call), and its critical path: from the call that ended last, back through the
 predecessor that ended last, to a root. Along that path the makespan splits into time on the
@@ -46,6 +47,7 @@ def session_figures(recs: Sequence[RequestRecord]) -> dict:
     fig: dict = {
         "session_id": recs[0].session_id,
         "success": ok,
+        "cut": not ok and all(r.ok for r in recs),  # the run ended first (no call failed)
         "calls": planned,
         "calls_answered": sum(r.ok for r in recs),
         "fan_out_width": max(succ.values(), default=1),
@@ -88,7 +90,9 @@ def graph_makespans(records: Sequence[RequestRecord]) -> list[float]:
 
 
 def graph_session_success(records: Sequence[RequestRecord]) -> list[bool]:
-    return [session_figures(recs)["success"] for recs in graph_sessions(records).values()]
+    """Per session that ended (not cut by the run's end): did every call answer?"""
+    figs = [session_figures(recs) for recs in graph_sessions(records).values()]
+    return [f["success"] for f in figs if not f["cut"]]
 
 
 def graph_summary(records: Sequence[RequestRecord]) -> dict | None:
@@ -108,11 +112,13 @@ def graph_summary(records: Sequence[RequestRecord]) -> dict | None:
             "prefix_cache_hit_rate": _hit_rate(rs),
         }
     good = [f for f in figs if f["success"]]
+    ended = [f for f in figs if not f["cut"]]
     waits = [r.extra["graph"].get("wait_s") for r in calls]
     return {
         "sessions": len(figs),
         "sessions_succeeded": len(good),
-        "session_success": len(good) / len(figs),
+        "sessions_cut": len(figs) - len(ended),  # the run ended before their last call
+        "session_success": len(good) / len(ended) if ended else None,
         "calls": len(calls),
         "calls_answered": len(ok),
         "makespan_s": describe(f["makespan_s"] for f in good),
@@ -138,13 +144,15 @@ def graph_lines(summary: dict) -> list[str]:
         return []
     ms, cs, cw = g["makespan_s"], g["critical_path_server_s"], g["critical_path_wait_s"]
     hit = g["prefix_cache_hit_rate"]
+    rate = "" if g["session_success"] is None else f" ({100 * g['session_success']:.1f} %)"
+    cut = f" ({g['sessions_cut']} cut by the run's end)" if g["sessions_cut"] else ""
     steps = ", ".join(
         f"{k}: {v['ttft_p50_s'] * 1000:.0f} ms" if v["ttft_p50_s"] is not None else f"{k}: -"
         for k, v in list(g["by_step"].items())[:6]
     )
     return [
-        f"agent graphs: {g['sessions_succeeded']}/{g['sessions']} sessions succeeded "
-        f"({100 * g['session_success']:.1f} %), {g['calls']} calls, calls/session p50 "
+        f"agent graphs: {g['sessions_succeeded']}/{g['sessions'] - g['sessions_cut']} sessions "
+        f"succeeded{rate}{cut}, {g['calls']} calls, calls/session p50 "
         f"{g['calls_per_session']['p50']:g}, fan-out width max {g['fan_out_width']['max']:g}",
         f"  makespan p50 {_s(ms['p50'])} p90 {_s(ms['p90'])}; critical path p50: "
         f"{_s(cs['p50'])} on the server, {_s(cw['p50'])} waiting; call hit rate "
