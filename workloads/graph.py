@@ -96,20 +96,19 @@ def topo_order(after: dict[str, Sequence[str]], where: str) -> list[str]:
 
 def transitive_reduction(after: dict[str, set[str]], order: Sequence[str]) -> dict[str, set[str]]:
     """Only direct predecessors: an edge p -> n goes when n reaches p through another
-    predecessor. `order`: a topological order of `after`'s nodes."""
-    ancestors: dict[str, set[str]] = {}
-    for n in order:
-        anc: set[str] = set()
-        for p in after.get(n, ()):
-            anc |= ancestors[p] | {p}
-        ancestors[n] = anc
+    predecessor. `order`: a topological order of `after`'s nodes (ancestors as bit sets)."""
+    pos = {n: k for k, n in enumerate(order)}
+    ancestors: dict[str, int] = {}
     out = {}
     for n in order:
         preds = after.get(n, set())
-        indirect: set[str] = set()
+        indirect = 0
         for p in preds:
             indirect |= ancestors[p]
-        out[n] = preds - indirect
+        out[n] = {p for p in preds if not (indirect >> pos[p]) & 1}
+        ancestors[n] = indirect
+        for p in preds:
+            ancestors[n] |= 1 << pos[p]
     return out
 
 

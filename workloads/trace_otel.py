@@ -52,12 +52,10 @@ def _words(text: str) -> int:
     return max(1, len(text.split()))
 
 
-def _same_output(msg: dict, out: dict) -> bool:
+def _output_keys(msg: dict) -> tuple[str, frozenset]:
+    """What identifies an answer in a later call's input: its text, its tool call ids."""
     text = (msg.get("content") or "").strip()
-    if text and text == (out.get("content") or "").strip():
-        return True
-    ids = {c.get("id") for c in msg.get("tool_calls") or []} - {None, ""}
-    return bool(ids) and ids == {c.get("id") for c in out.get("tool_calls") or []}
+    return text, frozenset(c.get("id") for c in msg.get("tool_calls") or [] if c.get("id"))
 
 
 def _session_graph(
@@ -68,12 +66,22 @@ def _session_graph(
     ids = sorted(calls, key=lambda i: (by_id[i].start_ns, by_id[i].end_ns, i))
     after: dict[str, set[str]] = {i: set() for i in ids}
     live: dict[str, list[tuple[int, str]]] = {i: [] for i in ids}
+    by_text: dict[str, list[str]] = {}  # an answer's text / tool call ids -> the calls
+    by_calls: dict[frozenset, list[str]] = {}
+    for j in ids:
+        text, call_ids = _output_keys(calls[j].output)
+        if text:
+            by_text.setdefault(text, []).append(j)
+        if call_ids:
+            by_calls.setdefault(call_ids, []).append(j)
     for i in ids:
         s = by_id[i]
         for pos, msg in enumerate(calls[i].messages):
             if msg.get("role") != "assistant":
                 continue
-            producers = [j for j in ids if j != i and _same_output(msg, calls[j].output)]
+            text, call_ids = _output_keys(msg)
+            found = set(by_text.get(text, ()) if text else ()) | set(by_calls.get(call_ids, ()))
+            producers = sorted(found - {i})
             if not producers:
                 continue
             # equal outputs (a short "OK"): the latest that ended before this call started
@@ -168,8 +176,9 @@ def read_otel(
             if sid in seen_sessions:
                 sid = f"{sid}@{f.stem}"
             seen_sessions.add(sid)
-            requests.extend(_session_requests(group, calls, sid, len(requests), where))
-            n_live += sum(len(r.graph.live) for r in requests if r.session_id == sid)
+            session = _session_requests(group, calls, sid, len(requests), where)
+            requests.extend(session)
+            n_live += sum(len(r.graph.live) for r in session)
             n_sessions += 1
             if num_requests is not None and len(requests) >= num_requests:
                 break
