@@ -186,6 +186,10 @@ def test_openinference_spans_convert_into_the_same_graph(tmp_path):
              [("user", "find flights"), ("assistant", "calling search"), ("user", "3 found")],
              "pick the first"),
     ]  # fmt: skip
+    multimodal = spans[2]["attributes"]  # the answer quoted as a text part
+    del multimodal["llm.input_messages.1.message.content"]
+    multimodal["llm.input_messages.1.message.contents.0.message_content.type"] = "text"
+    multimodal["llm.input_messages.1.message.contents.0.message_content.text"] = "calling search"
     wl = load_workload(str(_write(tmp_path, "oi.json", {"spans": spans})))
     assert [r.graph.after for r in wl.requests] == [(), (0,)]
     assert wl.requests[1].graph.live == ((1, 0),) and wl.requests[1].output_len == 4

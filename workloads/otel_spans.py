@@ -209,7 +209,15 @@ def _openinference_messages(attrs: dict, prefix: str) -> list[dict] | None:
         return None
     out = []
     for _, f in sorted(rows.items()):
-        msg: dict = {"role": str(f.get("role", "user")), "content": _text(f.get("content"))}
+        content = _text(f.get("content"))
+        if not content:  # multimodal: contents.{j}.message_content.text, in order
+            parts = sorted(
+                (int(m.group(1)), v)
+                for k, v in f.items()
+                if (m := re.fullmatch(r"contents\.(\d+)\.message_content\.text", k))
+            )
+            content = "".join(str(v) for _, v in parts)
+        msg: dict = {"role": str(f.get("role", "user")), "content": content}
         calls: dict[int, dict] = {}
         for k, v in f.items():
             c = re.fullmatch(r"tool_calls\.(\d+)\.tool_call\.(.+)", k)
