@@ -232,3 +232,21 @@ def test_call_slots_serve_running_sessions_before_new_ones():
         return order
 
     assert asyncio.run(scenario()) == ["running session's call", "new session"]
+
+
+def test_bench_cli_replays_a_trace_file_and_refuses_a_bad_one(tmp_path, capsys):
+    log: list[dict] = []
+    with ThreadedServer(recording_app(log)) as url:
+        argv = ["bench", "--base-url", url, "--endpoint", "chat", "--concurrency", "2"]
+        rc = main([*argv, "--workload", str(FIXTURES / "chain.json"), "--out", str(tmp_path / "r")])
+        out = capsys.readouterr()
+        assert rc == 0, out.err
+        assert "agent graphs: 1/1 sessions succeeded" in out.out
+        assert "counts calls in flight" in out.err
+        bad = _fanout()
+        bad["spans"][3]["start_time"] = None
+        path = _write(tmp_path, "bad.json", bad)
+        assert main([*argv, "--workload", str(path), "--out", str(tmp_path / "b")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "span sub3: bad timestamps: start time None" in err
+    assert len(log) == 3
