@@ -113,7 +113,7 @@ def graph_cap(cfg: BenchConfig, console: Console) -> BenchConfig:
     console.print(
         f"--concurrency {cfg.concurrency} counts calls in flight: an agent graph's calls run in "
         "parallel within a session; a session starts when a call slot is free (or by the "
-        "arrival process)",
+        "arrival process); --cap-unit does not apply",
         highlight=False,
     )
     return dataclasses.replace(cfg, cap_unit="requests")
