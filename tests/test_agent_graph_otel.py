@@ -157,6 +157,9 @@ def test_malformed_traces_end_in_one_line_naming_span_and_fault(tmp_path, capsys
 
 
 def test_workload_show_prints_the_graph(capsys):
+    assert main(["workload", "show", str(FIXTURES), "--json"]) == 0
+    shape = json.loads(capsys.readouterr().out)["graph"]
+    assert shape == {"sessions": 3, "calls": 11, "depth_max": 3, "fan_out_max": 3, "live_turns": 8}
     assert main(["workload", "show", str(FIXTURES / "fanin.json")]) == 0
     out = capsys.readouterr().out
     assert "call graph: 1 sessions" in out

@@ -128,6 +128,24 @@ def fan_out_width(after: dict[int, Iterable[int]]) -> int:
     return max(succ.values(), default=1 if after else 0)
 
 
+def graph_stats(requests: Sequence) -> dict | None:
+    """A graph workload's shape (`workload show --json`): sessions, calls, depth, fan-out."""
+    sessions: dict[str, list] = {}
+    for r in requests:
+        if r.graph is not None:
+            sessions.setdefault(r.session_id or "", []).append(r)
+    if not sessions:
+        return None
+    widths = [fan_out_width({r.index: r.graph.after for r in c}) for c in sessions.values()]
+    return {
+        "sessions": len(sessions),
+        "calls": sum(len(c) for c in sessions.values()),
+        "depth_max": max(r.graph.depth for c in sessions.values() for r in c) + 1,
+        "fan_out_max": max(widths),
+        "live_turns": sum(len(r.graph.live) for c in sessions.values() for r in c),
+    }
+
+
 def graph_lines(requests: Sequence, limit: int = 8) -> list[str]:
     """`cbbench workload show`: each graph session's calls, predecessors, waits and sizes."""
     sessions: dict[str, list] = {}
