@@ -255,3 +255,17 @@ def test_bench_cli_replays_a_trace_file_and_refuses_a_bad_one(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and "span sub3: bad timestamps: start time None" in err
     assert len(log) == 3
+
+
+def test_a_spec_file_times_trace_sessions_by_an_arrival_process(tmp_path):
+    spec = tmp_path / "otel.toml"
+    spec.write_text(
+        f'trace = {{path = "{FIXTURES}"}}\narrival = {{kind = "poisson", rate = 2.0}}\n'
+    )
+    wl = load_workload(str(spec), seed=1)
+    firsts = [r for r in wl.requests if r.turn == 1]
+    assert len(firsts) == 3 and all(r.arrival_s is not None for r in firsts)
+    assert all(r.arrival_s is None for r in wl.requests if r.turn != 1)  # they follow the graph
+    assert [r.graph.after for r in wl.requests] == [
+        r.graph.after for r in load_workload(str(FIXTURES)).requests
+    ]

@@ -61,7 +61,7 @@ SPEC_KEYS = (
 GENERATOR_KEYS = ("agent", "shared_prefix", "agent_graph")  # a whole workload from one table
 TRACE_KEYS = ("path", "format", "tokenizer", "sessions", "agent", *BURSTGPT_OPTIONS)
 SESSION_FORMATS = ("mooncake", "sharegpt")  # traces whose sessions can be recovered
-TRACE_FORMATS = ("azure", "burstgpt", "mooncake", "sharegpt", "native", "agent")
+TRACE_FORMATS = ("azure", "burstgpt", "mooncake", "sharegpt", "native", "agent", "otel")
 HEAD_CHARS = 1 << 20  # format detection reads no further
 ARRIVAL_KEYS = ("kind", "rate", "cv", "time_scale", "target_rate", "ramp_up_s")
 
@@ -131,6 +131,8 @@ def load_trace(
     requests chained into conversations by their block ids, ShareGPT conversations sent turn
     by turn with their real text."""
     name = name or display_name(path)
+    if fmt is None and is_otel_trace(Path(path)):
+        fmt = "otel"
     fmt = fmt or detect_format(path)
     if fmt not in TRACE_FORMATS:
         raise WorkloadError(
@@ -156,6 +158,8 @@ def load_trace(
         return read_native(path, name, num_requests)
     if fmt == "agent":
         return read_agent_trace(path, name, seed, num_requests)
+    if fmt == "otel":  # OpenTelemetry GenAI spans: a file or a folder (trace_otel.py)
+        return read_otel(path, name, seed, num_requests)
     skipped: Counter = Counter()
     readers = {
         "azure": lambda: read_azure(path, skipped),
