@@ -1,13 +1,14 @@
 """The `graph` part of a run summary: agent-graph sessions (records with `extra["graph"]`).
 
 Per session: success (every call of its graph answered; a session the run's end cut short,
-with no call failed, is `cut` and left out of `session_success`), makespan (its first call ready ->
-its last call's last byte; successful sessions only), calls, fan-out width (the most calls
-waiting on one call), and its critical path: from the call that ended last, back through the
-predecessor that ended last, to a root. Along that path the makespan splits into time on the
-server (each call's send -> last byte) and time waiting (the recorded tool/think waits,
-slots, the client): `critical_path_server_s` + `critical_path_wait_s` = makespan. Per step
-(a call's depth in its graph): count, TTFT p50, prefix-cache hit rate.
+with no call failed, is `cut` and left out of `session_success`), makespan (its first call
+ready -> its last call's last byte; successful sessions only), calls, fan-out width (the most
+calls waiting on one call), its calls' prefix-cache hit rate (`session_hit_rate` over
+sessions), and its critical path: from the call that ended last, back through the predecessor
+that ended last, to a root. Along that path the makespan splits into time on the server (each
+call's send -> last byte) and time waiting (the recorded tool/think waits, slots, the client):
+`critical_path_server_s` + `critical_path_wait_s` = makespan. Per step (a call's depth in its
+graph): count, TTFT p50, prefix-cache hit rate.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def session_figures(recs: Sequence[RequestRecord]) -> dict:
         "calls": planned,
         "calls_answered": sum(r.ok for r in recs),
         "fan_out_width": max(succ.values(), default=1),
+        "prefix_cache_hit_rate": _hit_rate([r for r in recs if r.ok]),
         "makespan_s": None,
         "critical_path_server_s": None,
         "critical_path_wait_s": None,
@@ -129,6 +131,7 @@ def graph_summary(records: Sequence[RequestRecord]) -> dict | None:
         "wait_s": describe(w for w in waits if isinstance(w, (int, float))),
         "ttft_s": describe(r.ttft_s for r in ok),
         "prefix_cache_hit_rate": _hit_rate(ok),
+        "session_hit_rate": describe(f["prefix_cache_hit_rate"] for f in figs),
         "by_step": by_step,
     }
 
