@@ -110,6 +110,9 @@ def test_agent_graph_through_the_session_affinity_router(tmp_path):
     assert all(len(r) == 1 for r in where.values()), where  # a session stays on one replica
     assert {i for r in where.values() for i in r} == {0, 1}
     assert res.summary["graph"]["session_success"] == 1.0
+    md = tmp_path / "r.md"
+    assert main(["report", str(tmp_path / "run"), "--markdown", str(md), "--no-html"]) == 0
+    assert "Agent graph sessions" in md.read_text()
 
 
 def test_fanout_queue_rule_fires_when_siblings_wait_for_each_other(tmp_path):
