@@ -1,5 +1,10 @@
 """Scheduler overhead per step at 16, 256 and 1024 running sequences (decode phase).
 
+`schedule_decoding` times the decision inside a running decode (the state advances between
+rounds, block boundaries spread over the steps): the figure to read for the continuous
+scheduler, whose due-only path skips sequences that did not change (`continuous-full`: its
+full loop, side by side).
+
 `schedule` times the policy's decision alone (block allocation included). `step_engine`
 times a whole engine iteration with `NullExecutor` (schedule + apply + outputs + stats: the
 engine's own per-step Python cost, no model); `step` the same with the simulated executor,
@@ -92,12 +97,18 @@ def test_step_engine(benchmark, scheduler, n):
 
 
 @pytest.mark.parametrize("n", SIZES)
-@pytest.mark.parametrize("scheduler", ["static", "dynamic", "continuous"])
+@pytest.mark.parametrize("scheduler", ["static", "dynamic", "continuous", "continuous-full"])
 def test_schedule_decoding(benchmark, scheduler, n):
     """The decision alone, but inside a running decode: before each round (untimed) the
     last decision is computed and applied, so every sequence gains a token and block
-    boundaries come as they do in a run (test_schedule repeats one frozen state)."""
-    engine = running_engine(scheduler, n, spread=engine_block_size())
+    boundaries come as they do in a run (test_schedule repeats one frozen state). Compare
+    the mean: one step in block_size allocates. `continuous-full`: the same scheduler made
+    to take its full loop over every running sequence each step (what it did before the
+    due-only path), side by side."""
+    full = scheduler == "continuous-full"
+    engine = running_engine(scheduler.removesuffix("-full"), n, spread=engine_block_size())
+    if full:
+        engine.scheduler._decide_due = lambda due, budget: None
     ex = NullExecutor(engine.now())
     last: list = []
 
