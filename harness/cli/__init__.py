@@ -139,7 +139,12 @@ def main(argv: list[str] | None = None) -> int:
     except errors as exc:  # type: ignore[misc]
         print(f"cbbench {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:  # a path the user gave (an --out, a file to write): one line
+    except OSError as exc:  # out of file descriptors (EMFILE), or a path the user gave
+        from cbbench.harness.errors import resource_hint
+
+        if resource_hint(exc):
+            print(f"cbbench {args.command}: error: {exc}{resource_hint(exc)}", file=sys.stderr)
+            return 1
         if exc.filename is None:
             raise
         print(f"cbbench {args.command}: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
