@@ -209,6 +209,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_load_args(p)
     TelemetryOptions.add_args(p)
+    p.add_argument(
+        "--benchmark-report",
+        metavar="PATH",
+        help="also write the run as an llm-d benchmark report v0.2.1 (.json or .yaml)",
+    )
     p.set_defaults(func=run)
 
 
@@ -235,8 +240,17 @@ def run(args: argparse.Namespace) -> int:
     from cbbench.harness.telemetry import build_samplers
 
     cfg = config_from_args(args)
+    if getattr(args, "benchmark_report", None):  # before the run, not after it
+        from cbbench.harness.results.formats.export import check_path
+
+        check_path(args.benchmark_report)
     samplers = list(build_samplers(TelemetryOptions.from_args(args), cfg.base_url))
     result = run_bench(cfg, samplers)
+    if getattr(args, "benchmark_report", None):
+        from cbbench.harness.results.formats.export import export_benchmark_reports
+
+        for line in export_benchmark_reports(result.run_dir, args.benchmark_report):
+            print(line)
     if result.failure and not result.interrupted:
         print(f"cbbench bench: error: {result.failure}", file=sys.stderr)
     return exit_code(result.summary, result.interrupted, result.failure)

@@ -91,6 +91,8 @@ def print_table(gate) -> None:
     console = Console(highlight=False)
     console.width = max(console.width, 150)  # CI logs are not terminals: keep rows on one line
     console.print(t, markup=True)
+    if gate.note:
+        console.print(gate.note, markup=False, highlight=False, soft_wrap=True)
     failed = [r for r in gate.results if r.failed]
     console.print(
         f"[bold red]REGRESSION: {len(failed)} of {len(gate.results)} rules failed[/]"
@@ -125,6 +127,8 @@ def markdown(gate) -> str:
         ]
         lines.append("| " + " | ".join(cell(x) for x in row) + " |")
     lines += ["", "A rule fails only when its whole bootstrap interval lies beyond the limit."]
+    if gate.note:
+        lines += ["", cell(gate.note)]
     return "\n".join(lines) + "\n"
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from cbbench.harness.report import plots
 from cbbench.harness.report.agent_table import agent_html
 from cbbench.harness.report.experts import expert_section
+from cbbench.harness.report.provenance import run_lines
 from cbbench.harness.report.replicas import replica_section
 from cbbench.harness.report.runs import (
     LoadedRun,
@@ -74,6 +75,13 @@ def json_for_script(obj: Any) -> str:
 def _name_cell(lr: LoadedRun) -> str:
     sim = ' <span class="sim">SIMULATED</span>' if lr.simulated else ""
     return f'<td class="name">{escape(lr.label)}{sim}</td>'
+
+
+def _provenance(lr: LoadedRun) -> str:
+    lines = run_lines(lr)
+    if not lines:
+        return ""
+    return '<ul class="muted">' + "".join(f"<li>{escape(x)}</li>" for x in lines) + "</ul>"
 
 
 def _summary_table(runs: list[LoadedRun], rows: list[dict]) -> str:
@@ -178,7 +186,7 @@ def render(
         f"<li>{escape(lr.label)}{' <span class=sim>SIMULATED</span>' if lr.simulated else ''}"
         f" — workload <code>{escape(str(workload_identity(lr.meta)[0]))}</code>, seed "
         f"<code>{escape(str(workload_identity(lr.meta)[1]))}</code>"
-        f"{', ' + escape(load_level(lr.meta)) if load_level(lr.meta) else ''}</li>"
+        f"{', ' + escape(load_level(lr.meta)) if load_level(lr.meta) else ''}{_provenance(lr)}</li>"
         for lr in runs
     )
     warn_html = "".join(f'<p class="warn">Not comparable: {escape(w)}</p>' for w in warnings)

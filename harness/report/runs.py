@@ -150,9 +150,12 @@ def timing_warnings(runs: list[LoadedRun]) -> list[str]:
 def comparability_warnings(runs: list[LoadedRun]) -> list[str]:
     """Reasons the runs should not be compared side by side (different workloads or seeds)."""
     ids = {lr.label: workload_identity(lr.meta) for lr in runs}
+    # an imported run that names no workload or seed (other tools record neither as cbbench
+    # does) is unknown there, not different: its header line says where it came from
+    imported = {lr.label for lr in runs if lr.meta.get("imported")}
     warnings = []
-    names = {n for n, _ in ids.values()}
-    seeds = {repr(s) for _, s in ids.values()}
+    names = {n for k, (n, _) in ids.items() if n is not None or k not in imported}
+    seeds = {repr(s) for k, (_, s) in ids.items() if s is not None or k not in imported}
     if len(names) > 1:
         listed = ", ".join(f"{k}: {n or 'unknown'}" for k, (n, _) in ids.items())
         warnings.append(f"runs use different workloads ({listed})")

@@ -1,0 +1,107 @@
+"""Other tools' result formats (import) and the exchange format (export): one small module per
+format, each converting to or from run folders.
+
+- `vllm_bench`: `vllm bench serve --save-result [--save-detailed]` JSON
+- `guidellm`: guidellm's benchmarks report (JSON or YAML)
+- `aiperf`: AIPerf's `profile_export.jsonl` (per request) and `profile_export_aiperf.json`
+- `inference_perf`: inference-perf's per-request and summary lifecycle reports
+- `benchmark_report`: the llm-d benchmark report v0.2.1 (export, and import aggregate only)
+- `imported`: what every importer returns and how it becomes a run folder
+
+Layer: results (a room of it).
+Imports: results, workloads.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from cbbench.harness.errors import CbbenchError
+from cbbench.harness.results.formats import (
+    aiperf,
+    benchmark_report,
+    guidellm,
+    inference_perf,
+    vllm_bench,
+)
+from cbbench.harness.results.formats.imported import Imported
+
+FORMATS: dict[str, ModuleType] = {
+    "vllm-bench": vllm_bench,
+    "guidellm": guidellm,
+    "aiperf": aiperf,
+    "inference-perf": inference_perf,
+    "benchmark-report": benchmark_report,
+}
+
+
+def _parse(path: Path) -> Any:
+    text = path.read_text(encoding="utf-8")
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise CbbenchError(f"{path}: not valid YAML ({exc})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        if len(lines) > 1 or path.suffix == ".jsonl":  # JSON Lines: one object a line
+            out = []
+            for i, ln in enumerate(lines, 1):
+                try:
+                    out.append(json.loads(ln))
+                except json.JSONDecodeError as e:
+                    if i == len(lines):
+                        break  # a torn last line, as run folders treat it
+                    raise CbbenchError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+            return out
+        raise CbbenchError(f"{path}: not valid JSON ({exc.msg})") from None
+
+
+def _in_folder(folder: Path) -> Path:
+    """A tool's output folder: the file in it to import (per-request data first)."""
+    for name in aiperf.FILES + inference_perf.FILES:
+        if (folder / name).exists():
+            return folder / name
+    found = sorted(folder.glob("*.json")) + sorted(folder.glob("*.yaml"))
+    if len(found) == 1:
+        return found[0]
+    raise CbbenchError(f"{folder}: no result file found to import (name the file)")
+
+
+def detect(data: Any) -> str | None:
+    for name, mod in FORMATS.items():
+        if mod.sniff(data):
+            return name
+    return None
+
+
+def read_source(source: str | Path, fmt: str | None = None) -> tuple[list[Imported], str, Path]:
+    """(the runs the file holds, its format, the file read). `fmt` forces a format."""
+    path = Path(source)
+    if not path.exists():
+        raise CbbenchError(f"{path}: no such file or folder")
+    if path.is_dir():
+        path = _in_folder(path)
+    if fmt is not None and fmt not in FORMATS:
+        raise CbbenchError(f"--format {fmt}: unknown (one of {', '.join(FORMATS)})")
+    data = _parse(path)
+    name = fmt or detect(data)
+    if name is None:
+        raise CbbenchError(
+            f"{path}: not a result file of a known tool ({', '.join(FORMATS)}); "
+            "pass --format NAME if it is one"
+        )
+    try:
+        runs = FORMATS[name].read(data, path)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise CbbenchError(
+            f"{path}: not a valid {name} result ({type(exc).__name__}: {exc})"
+        ) from None
+    return runs, name, path

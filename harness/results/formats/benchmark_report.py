@@ -1,0 +1,402 @@
+"""The llm-d benchmark report v0.2.1 (llm-d/llm-d-benchmark,
+`llmdbenchmark/analysis/benchmark_report/`): export a run folder to it, import one back.
+
+Where cbbench's figures go:
+- `results.request_performance.aggregate`: requests (total, failures, input/output lengths),
+  latency (TTFT, TPOT, ITL, request latency, NTPOT = E2E / output tokens), throughput (input,
+  output, total tokens/s, queries/s): the same numbers `cbbench report` shows (successful,
+  non-warmup requests over the run's measured window).
+- `scenario.stack`: the server as an `inference_engine` component (its own word for its
+  version and settings under `native.config`), the client host as a `generic` one.
+- `scenario.load`: the workload and load settings, the exact command in `native.args`.
+- `results.observability.metadata.cbbench`: what the schema has no field for (TTFO, queue
+  times, goodput, the timing error bound, per-replica and expert figures, the environment).
+  Observability is the one results object the schema leaves open; no figure goes into a
+  field that means something else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from cbbench.harness.results.formats.imported import Imported, aggregate_summary, empty_stats
+from cbbench.harness.results.run_folder import Run
+from cbbench.harness.results.summary import measured_window_s, output_tokens, summarize
+
+VERSION = "0.2.1"
+TOOL = "llm-d-benchmark-report"
+# Statistics fields of the schema and the percentile each stands for
+PCTS = {
+    "p0p1": 0.1,
+    "p1": 1,
+    "p5": 5,
+    "p10": 10,
+    "p25": 25,
+    "p50": 50,
+    "p75": 75,
+    "p90": 90,
+    "p95": 95,
+    "p99": 99,
+    "p99p9": 99.9,
+}
+LATENCY_FIELDS = {  # schema field -> (cbbench summary key, units)
+    "time_to_first_token": ("ttft_s", "s"),
+    "time_per_output_token": ("tpot_s", "s/token"),
+    "inter_token_latency": ("itl_s", "s/token"),
+    "request_latency": ("e2e_s", "s"),
+}
+DEFINITIONS = [
+    "llm-d benchmark report: figures as the producing tool defined them (scenario.load.tool)",
+]
+
+
+def sniff(data: Any) -> bool:
+    return (
+        isinstance(data, dict)
+        and isinstance(data.get("results"), dict)
+        and isinstance(data.get("run"), dict)
+        and str(data.get("version", "")).startswith("0.2")
+    )
+
+
+# ---------------------------------------------------------------- export
+
+
+def _stats(values: np.ndarray, units: str) -> dict | None:
+    v = values[~np.isnan(values)]
+    if v.size == 0:
+        return None
+    out: dict[str, Any] = {"units": units, "mean": float(v.mean()), "min": float(v.min())}
+    out["stddev"] = float(v.std(ddof=1)) if v.size > 1 else 0.0
+    for k, q in PCTS.items():
+        out[k] = float(np.percentile(v, q))
+    out["max"] = float(v.max())
+    return out
+
+
+def _from_summary(s: dict | None, units: str) -> dict | None:
+    if not isinstance(s, dict) or s.get("mean") is None:
+        return None
+    out = {"units": units, "mean": s["mean"]}
+    out.update({k: s[k] for k in ("p50", "p90", "p95", "p99", "max") if s.get(k) is not None})
+    return out
+
+
+def _rate(v: float | None, units: str) -> dict | None:
+    return None if v is None else {"units": units, "mean": float(v)}
+
+
+def _seq_len(values: list[int]) -> dict:
+    if not values:
+        return {"distribution": "other", "value": 0}
+    a = np.asarray(values, dtype=np.float64)
+    fixed = bool(np.all(a == a[0]))
+    out: dict[str, Any] = {"distribution": "fixed" if fixed else "other", "value": float(a.mean())}
+    if not fixed:
+        out.update(std_dev=float(a.std()), min=int(a.min()), max=max(1, int(a.max())))
+    elif a[0] == int(a[0]):
+        out["value"] = int(a[0])
+    return out
+
+
+def _cfg_id(obj: Any) -> str:
+    return hashlib.md5(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _aggregate(run: Run) -> dict:
+    meta = run.meta
+    if (meta.get("imported") or {}).get("aggregate_only"):
+        s = meta.get("summary") or {}
+        c = s.get("counts") or {}
+        latency = {f: _from_summary(s.get(k), u) for f, (k, u) in LATENCY_FIELDS.items()}
+        return {
+            "requests": {"total": int(c.get("total") or 0), "failures": int(c.get("failed") or 0)},
+            "latency": {k: v for k, v in latency.items() if v},
+            "throughput": _throughput(s),
+        }
+    measured = [r for r in run.records if not r.warmup]
+    ok = [r for r in measured if r.ok]
+    window = (meta.get("summary") or {}).get("duration_s") or measured_window_s(measured)
+    s = summarize(run.records, window or None)
+
+    def col(values: list) -> np.ndarray:
+        return np.asarray([np.nan if v is None else float(v) for v in values], dtype=np.float64)
+
+    out_tok = [output_tokens(r) for r in ok]
+    latency = {
+        f: _stats(col([getattr(r, k) for r in ok]), u)
+        for f, (k, u) in LATENCY_FIELDS.items()
+        if k != "itl_s"
+    }
+    itl = np.asarray([x for r in ok for x in r.itl_s], dtype=np.float64)
+    latency["inter_token_latency"] = _stats(itl, "s/token")
+    latency["normalized_time_per_output_token"] = _stats(
+        col([r.e2e_s / n if r.e2e_s is not None and n else None for r, n in zip(ok, out_tok)]),
+        "s/token",
+    )
+    ins = [r.prompt_tokens_server or r.prompt_tokens_client or r.prompt_len for r in ok]
+    requests: dict[str, Any] = {
+        "total": len(measured),
+        "failures": len(measured) - len(ok),
+        "input_length": _stats(col(ins), "count"),
+        "output_length": _stats(col(out_tok), "count"),
+    }
+    return {
+        "requests": {k: v for k, v in requests.items() if v is not None},
+        "latency": {k: v for k, v in latency.items() if v},
+        "throughput": _throughput(s),
+    }
+
+
+def _throughput(s: dict) -> dict:
+    dur = s.get("duration_s")
+    tin = s.get("total_input_tokens")
+    t = {
+        "input_token_rate": _rate(tin / dur if tin is not None and dur else None, "tokens/s"),
+        "output_token_rate": _rate(s.get("output_throughput"), "tokens/s"),
+        "total_token_rate": _rate(s.get("total_token_throughput"), "tokens/s"),
+        "request_rate": _rate(s.get("request_throughput"), "queries/s"),
+    }
+    return {k: v for k, v in t.items() if v}
+
+
+def _engine_component(meta: dict) -> dict:
+    target, env = meta.get("target") or {}, meta.get("environment") or {}
+    server = env.get("server") or {}
+    engine = target.get("engine") or {}
+    gpus = env.get("gpus") or []
+    local = server.get("same_host", False)
+    if local and gpus:
+        accel = {"model": gpus[0]["name"], "count": len(gpus)}
+    elif local:
+        accel = {"model": "none (CPU: no GPU on the host, NVML)", "count": 0}
+    else:
+        accel = {"model": "unknown (server on another host)", "count": 0}
+    accel["parallelism"] = {}
+    config = {"server": server, "engine": engine}
+    return {
+        "metadata": {
+            "label": server.get("name") or engine.get("owned_by") or "server",
+            "cfg_id": _cfg_id(config),
+            "description": f"the server at {target.get('base_url') or 'unknown'}",
+        },
+        "standardized": {
+            "kind": "inference_engine",
+            "tool": str(server.get("name") or engine.get("owned_by") or "unknown"),
+            "tool_version": str(server.get("version") or "unknown"),
+            "role": "replica",
+            "replicas": max(1, int(server.get("replicas") or 1)),
+            "model": {"name": str(target.get("model") or "unknown")},
+            "accelerator": accel,
+        },
+        "native": {"config": config},
+    }
+
+
+def _client_component(meta: dict) -> dict:
+    env = {k: v for k, v in (meta.get("environment") or {}).items() if k != "server"}
+    return {
+        "metadata": {
+            "label": "cbbench-client",
+            "cfg_id": _cfg_id(env),
+            "description": "load generator host",
+        },
+        "standardized": {
+            "kind": "generic",
+            "tool": "cbbench",
+            "tool_version": str(env.get("cbbench_version") or "unknown"),
+            "host": env.get("hostname"),
+            "cpu": env.get("cpu"),
+            "gpus": env.get("gpus"),
+            "gpu": env.get("gpu"),
+        },
+        "native": {"config": env},
+    }
+
+
+def _load(run: Run) -> dict:
+    meta = run.meta
+    load, imported = meta.get("load") or {}, meta.get("imported") or {}
+    recs = [r for r in run.records if not r.warmup]
+    std: dict[str, Any] = {
+        "tool": imported.get("tool") or "cbbench",
+        "tool_version": str(
+            (
+                imported.get("version")
+                if imported
+                else (meta.get("environment") or {}).get("cbbench_version")
+            )
+            or "unknown"
+        ),
+        "parallelism": max(1, int(load.get("workers") or 1)),
+        "source": "random" if not imported else "unknown",
+        "input_seq_len": _seq_len([r.prompt_len for r in recs]),
+    }
+    if recs:
+        std["output_seq_len"] = _seq_len([r.output_len for r in recs])
+    rate = load.get("rate")
+    if isinstance(rate, (int, float)) and not isinstance(rate, bool) and 0 < rate < float("inf"):
+        std["rate_qps"] = float(rate)
+    conc = load.get("concurrency")
+    if isinstance(conc, int) and not isinstance(conc, bool) and conc >= 1:
+        std["concurrency"] = conc
+    workload = meta.get("workload") or {}
+    return {
+        "metadata": {
+            "cfg_id": _cfg_id({"workload": workload, "load": load}),
+            "description": str(workload.get("name") or "unknown workload"),
+        },
+        "standardized": std,
+        "native": {
+            "args": {"argv": meta.get("command")},
+            "config": {"workload": workload, "load": load},
+        },
+    }
+
+
+def _extras(run: Run) -> dict:
+    """What the schema has no field for: cbbench's own figures, named as cbbench names them."""
+    s = run.meta.get("summary") or {}
+    if not (run.meta.get("imported") or {}).get("aggregate_only"):
+        s = {**s, **summarize(run.records, s.get("duration_s") or None)}
+    tel = s.get("telemetry") or {}
+    client = s.get("client") or {}
+    out = {
+        "definitions": "docs/timing.md of cbbench: TTFT = first token of any kind - request "
+        "written; TTFO = first answer token; TPOT = (E2E - TTFT) / (tokens - 1)",
+        "ttfo_s": s.get("ttfo_s"),
+        "server_queue_s": s.get("server_queue_s"),
+        "client_queue_s": s.get("client_queue_s"),
+        "goodput": s.get("goodput"),
+        "timing_bound_s": client.get("timing_bound_s"),
+        "timing_bound_exceeded": client.get("timing_bound_exceeded"),
+        "replicas": tel.get("replicas"),
+        "experts": tel.get("experts") or s.get("experts"),
+        "error_rate": s.get("error_rate"),
+        "errors_by_kind": s.get("errors_by_kind"),
+        "environment": run.meta.get("environment"),
+        "imported": run.meta.get("imported"),
+        "run_folder": run.name,
+    }
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def to_benchmark_report(run: Run) -> dict:
+    """A run folder as an llm-d benchmark report v0.2.1 (a JSON-ready dict)."""
+    meta = run.meta
+    seed = f"{run.dir.resolve()}|{meta.get('started_at')}|{meta.get('name')}"
+    time: dict[str, Any] = {}
+    for k, key in (("start", "started_at"), ("end", "ended_at")):
+        if isinstance(meta.get(key), str) and "T" in meta[key]:
+            time[k] = meta[key]
+    dur = (meta.get("summary") or {}).get("duration_s")
+    if isinstance(dur, (int, float)):
+        time["duration"] = f"PT{dur:.3f}S"
+    report = {
+        "version": VERSION,
+        "run": {
+            "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, seed)),
+            "eid": str(meta.get("name") or run.name),
+            "time": time or None,
+            "description": "cbbench run " + run.name,
+            "keywords": ["cbbench"],
+        },
+        "scenario": {
+            "stack": [_engine_component(meta), _client_component(meta)],
+            "load": _load(run),
+        },
+        "results": {
+            "request_performance": {"aggregate": _aggregate(run)},
+            "observability": {"metadata": {"cbbench": _extras(run)}},
+        },
+    }
+    return json.loads(json.dumps(report, default=str, allow_nan=False))
+
+
+# ---------------------------------------------------------------- import
+
+
+def _back(stat: dict | None, scale: float = 1.0) -> dict:
+    """Statistics -> cbbench stats (seconds): the tool's units converted."""
+    if not isinstance(stat, dict) or stat.get("mean") is None:
+        return empty_stats()
+    units = stat.get("units")
+    f = scale * (1e-3 if units in ("ms", "ms/token") else 1.0)
+    out = {
+        k: (stat[k] * f if isinstance(stat.get(k), (int, float)) else None)
+        for k in ("mean", "p50", "p90", "p95", "p99", "max")
+    }
+    out["count"] = None
+    return out
+
+
+def _definitions(tool: str, version: str | None, cb: dict) -> list[str]:
+    """A report cbbench wrote keeps cbbench's definitions (and those of a run it imported)."""
+    if tool == "cbbench":
+        out = []
+    elif tool == "unknown":
+        out = ["figures as the producing tool defined them (the report does not name it)"]
+    else:
+        out = [f"figures as {tool} {version or ''} defined them (scenario.load names it)"]
+    return out + list((cb.get("imported") or {}).get("definitions") or [])
+
+
+def read(data: dict, path: Path | None = None) -> list[Imported]:
+    agg = ((data.get("results") or {}).get("request_performance") or {}).get("aggregate") or {}
+    req, lat, thr = agg.get("requests") or {}, agg.get("latency") or {}, agg.get("throughput") or {}
+    scen = data.get("scenario") or {}
+    load = (scen.get("load") or {}).get("standardized") or {}
+    extras = ((data.get("results") or {}).get("observability") or {}).get("metadata") or {}
+    cb = extras.get("cbbench") or {}
+    latencies = {k: _back(lat.get(f)) for f, (k, _) in LATENCY_FIELDS.items()}
+    for key in ("ttfo_s", "server_queue_s"):
+        if isinstance(cb.get(key), dict):
+            latencies[key] = cb[key]
+    total, failed = int(req.get("total") or 0), int(req.get("failures") or 0)
+    ok = total - failed
+    for v in latencies.values():
+        if v.get("count") is None:
+            v["count"] = ok if v.get("mean") is not None else 0
+
+    def mean(k: str) -> float | None:
+        return (thr.get(k) or {}).get("mean")
+
+    rps = mean("request_rate")
+    dur = ok / rps if rps else None
+    tin = mean("input_token_rate")
+    tool = load.get("tool") or "unknown"
+    imp = Imported(
+        tool=TOOL,
+        version=str(data.get("version")),
+        definitions=_definitions(tool, load.get("tool_version"), cb),
+        printed={
+            "ttft_p50_s": latencies["ttft_s"].get("p50"),
+            "output_throughput": mean("output_token_rate"),
+        },
+        duration_s=dur,
+        workload={
+            "source": {"producer": tool, "description": (scen.get("load") or {}).get("metadata")}
+        },
+        load={k: load.get(k) for k in ("rate_qps", "concurrency") if load.get(k) is not None},
+        environment={"benchmark_report_scenario": scen} if scen else {},
+        started_at=((data.get("run") or {}).get("time") or {}).get("start"),
+    )
+    if isinstance(cb.get("environment"), dict):
+        imp.environment = {**cb["environment"], **imp.environment}
+    imp.aggregate = aggregate_summary(
+        total=total,
+        failed=failed,
+        duration_s=dur,
+        latencies=latencies,
+        request_throughput=rps,
+        output_throughput=mean("output_token_rate"),
+        total_token_throughput=mean("total_token_rate"),
+        total_input_tokens=int(round(tin * dur)) if tin is not None and dur else None,
+        extra={"producer": {"tool": tool, "version": load.get("tool_version")}},
+    )
+    return [imp]
