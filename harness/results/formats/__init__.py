@@ -14,7 +14,6 @@ Imports: results, workloads.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -27,8 +26,10 @@ from cbbench.harness.results.formats import (
     inference_perf,
     vllm_bench,
 )
+from cbbench.harness.results.formats.files import parse
 from cbbench.harness.results.formats.imported import Imported
 
+SUFFIXES = tuple(s + z for s in (".json", ".jsonl", ".yaml", ".yml") for z in ("", ".gz"))
 FORMATS: dict[str, ModuleType] = {
     "vllm-bench": vllm_bench,
     "guidellm": guidellm,
@@ -38,38 +39,13 @@ FORMATS: dict[str, ModuleType] = {
 }
 
 
-def _parse(path: Path) -> Any:
-    text = path.read_text(encoding="utf-8")
-    if path.suffix in (".yaml", ".yml"):
-        import yaml
-
-        try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise CbbenchError(f"{path}: not valid YAML ({exc})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        lines = [ln for ln in text.splitlines() if ln.strip()]
-        if len(lines) > 1 or path.suffix == ".jsonl":  # JSON Lines: one object a line
-            out = []
-            for i, ln in enumerate(lines, 1):
-                try:
-                    out.append(json.loads(ln))
-                except json.JSONDecodeError as e:
-                    if i == len(lines):
-                        break  # a torn last line, as run folders treat it
-                    raise CbbenchError(f"{path}:{i}: not valid JSON ({e.msg})") from None
-            return out
-        raise CbbenchError(f"{path}: not valid JSON ({exc.msg})") from None
-
-
 def _in_folder(folder: Path) -> Path:
     """A tool's output folder: the file in it to import (per-request data first)."""
     for name in aiperf.FILES + inference_perf.FILES:
-        if (folder / name).exists():
-            return folder / name
-    found = sorted(folder.glob("*.json")) + sorted(folder.glob("*.yaml"))
+        for candidate in (folder / name, folder / (name + ".gz")):
+            if candidate.exists():
+                return candidate
+    found = [p for p in sorted(folder.iterdir()) if p.name.endswith(SUFFIXES)]
     if len(found) == 1:
         return found[0]
     raise CbbenchError(f"{folder}: no result file found to import (name the file)")
@@ -91,7 +67,7 @@ def read_source(source: str | Path, fmt: str | None = None) -> tuple[list[Import
         path = _in_folder(path)
     if fmt is not None and fmt not in FORMATS:
         raise CbbenchError(f"--format {fmt}: unknown (one of {', '.join(FORMATS)})")
-    data = _parse(path)
+    data = parse(path)
     name = fmt or detect(data)
     if name is None:
         raise CbbenchError(

@@ -10,10 +10,10 @@ is an aggregate-only import.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from cbbench.harness.results.formats.files import beside, parse
 from cbbench.harness.results.formats.imported import (
     Imported,
     aggregate_summary,
@@ -165,10 +165,10 @@ def _from_aggregate(agg: dict) -> Imported:
 
 
 def read(data: Any, path: Path | None = None) -> list[Imported]:
-    beside = path.with_name(FILES[1]) if path is not None else None
     agg = data if isinstance(data, dict) else None
-    if agg is None and beside is not None and beside.exists():
-        agg = json.loads(beside.read_text(encoding="utf-8"))
+    other = beside(path, FILES[1])
+    if agg is None and other is not None:
+        agg = parse(other)
     if isinstance(data, dict):
         return [_from_aggregate(data)]
     imp = (

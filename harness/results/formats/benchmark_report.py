@@ -262,8 +262,8 @@ def _load(run: Run) -> dict:
 def _extras(run: Run) -> dict:
     """What the schema has no field for: cbbench's own figures, named as cbbench names them."""
     s = run.meta.get("summary") or {}
-    if not (run.meta.get("imported") or {}).get("aggregate_only"):
-        s = {**s, **summarize(run.records, s.get("duration_s") or None)}
+    if not s.get("ttft_s") and run.records:  # a run folder written without a summary
+        s = {**summarize(run.records, None), **s}
     tel = s.get("telemetry") or {}
     client = s.get("client") or {}
     out = {

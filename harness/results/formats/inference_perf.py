@@ -9,10 +9,10 @@ aggregate-only import.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from cbbench.harness.results.formats.files import beside, parse
 from cbbench.harness.results.formats.imported import Imported, aggregate_summary, empty_stats
 from cbbench.harness.results.records import RequestRecord
 
@@ -118,8 +118,8 @@ def _from_summary(s: dict) -> Imported:
 def read(data: Any, path: Path | None = None) -> list[Imported]:
     if isinstance(data, dict):
         return [_from_summary(data)]
-    beside = path.with_name(FILES[1]) if path is not None else None
-    summary = json.loads(beside.read_text(encoding="utf-8")) if beside and beside.exists() else None
+    other = beside(path, FILES[1])
+    summary = parse(other) if other is not None else None
     imp = (
         _from_summary(summary)
         if summary
