@@ -198,7 +198,8 @@ def test_a_sweep_file_becomes_a_folder_of_runs(tmp_path):
 
 
 def test_torn_last_line_of_a_jsonl_export_is_dropped(tmp_path):
-    lines = gzip.open(FX / "aiperf" / "profile_export.jsonl.gz", "rt").read().splitlines()
+    with gzip.open(FX / "aiperf" / "profile_export.jsonl.gz", "rt") as fh:
+        lines = fh.read().splitlines()
     src = tmp_path / "profile_export.jsonl"
     src.write_text("\n".join(lines) + "\n" + lines[0][:40])
     runs, fmt, _ = read_source(src)
@@ -240,6 +241,7 @@ def test_import_keeps_the_files_numbers_exactly():
     assert [r.ttft_s for r in recs] == data["ttfts"]
     assert [r.e2e_s for r in recs] == data["latencies"]
     tpot = [
-        (e - t) / (n - 1) for e, t, n in zip(data["latencies"], data["ttfts"], data["output_lens"])
+        (e - t) / (n - 1)
+        for e, t, n in zip(data["latencies"], data["ttfts"], data["output_lens"], strict=True)
     ]
     assert np.allclose([r.tpot_s for r in recs], tpot)
