@@ -5,7 +5,8 @@ format, each converting to or from run folders.
 - `guidellm`: guidellm's benchmarks report (JSON or YAML)
 - `aiperf`: AIPerf's `profile_export.jsonl` (per request) and `profile_export_aiperf.json`
 - `inference_perf`: inference-perf's per-request and summary lifecycle reports
-- `benchmark_report`: the llm-d benchmark report v0.2.1 (export, and import aggregate only)
+- `benchmark_report`: the llm-d benchmark report v0.2.1 (export); `benchmark_report_import`:
+  one read back (aggregate only)
 - `imported`: what every importer returns and how it becomes a run folder
 
 Layer: results (a room of it).
@@ -21,7 +22,7 @@ from typing import Any
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.results.formats import (
     aiperf,
-    benchmark_report,
+    benchmark_report_import,
     guidellm,
     inference_perf,
     vllm_bench,
@@ -35,7 +36,7 @@ FORMATS: dict[str, ModuleType] = {
     "guidellm": guidellm,
     "aiperf": aiperf,
     "inference-perf": inference_perf,
-    "benchmark-report": benchmark_report,
+    "benchmark-report": benchmark_report_import,
 }
 
 
