@@ -111,6 +111,8 @@ def test_a_sweep_exports_one_valid_report_per_level(tmp_path):
     for level, conc in (("concurrency-1", 1), ("concurrency-3", 3)):
         r = valid(json.loads((tmp_path / f"s.{level}.json").read_text()))
         assert r["scenario"]["load"]["standardized"]["concurrency"] == conc
+    md = build_report([str(out)]).markdown()  # levels share host and GPU: said once
+    assert md.count("client host:") == 1 and "- all runs: client host" in md
 
 
 def test_a_router_run_exports_its_replica_figures_in_metadata(tmp_path):

@@ -81,3 +81,13 @@ def environment_lines(meta: dict) -> list[str]:
 
 def run_lines(lr: LoadedRun) -> list[str]:
     return imported_lines(lr.meta) + environment_lines(lr.meta)
+
+
+def grouped(runs: list[LoadedRun]) -> tuple[list[str], list[list[str]]]:
+    """(lines every run shares, said once; each run's own lines): a sweep's levels share
+    their server, GPU, host and command."""
+    per = [run_lines(lr) for lr in runs]
+    if len(per) < 2:
+        return [], per
+    common = [line for line in per[0] if all(line in p for p in per[1:])]
+    return common, [[line for line in p if line not in common] for p in per]
