@@ -167,3 +167,71 @@ def test_no_gpu_is_a_fact_in_the_environment():
     env = environment()
     assert isinstance(env["gpus"], list)
     assert ("gpu" in env) == (not env["gpus"])
+
+
+class JsonPaths:
+    """A real HTTP server on 127.0.0.1 answering GET `path` with `routes[path]` (200), else
+    404; it counts the paths asked."""
+
+    def __init__(self, routes: dict[str, str]) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.asked: list[str] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+                outer.asked.append(self.path)
+                body = routes.get(self.path)
+                if body is None:
+                    self.send_error(404)
+                    return
+                data = body.encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_vllm_and_sglang_say_who_they_are():
+    from cbbench.harness.report.provenance import environment_lines
+
+    from tests.telemetry_server import fixture
+
+    models = {"data": [{"id": "m", "owned_by": "vllm", "max_model_len": 4096}]}
+    routes = {"/v1/models": json.dumps(models), "/version": '{"version": "0.11.0"}'}
+    routes["/metrics"] = fixture("vllm.txt")
+    with JsonPaths(routes) as url:
+        ident = server_identity(url, probe_server(url))
+    assert ident["name"] == "vllm" and ident["version"] == "0.11.0"
+    assert ident["cache_config_info"]["gpu_memory_utilization"] == "0.9"
+    assert ident["model_card"]["max_model_len"] == 4096
+    line = environment_lines({"environment": {"server": ident}})[0]
+    assert line.startswith("server: vllm 0.11.0; block_size 16, gpu_memory_utilization 0.9")
+    info = {"version": "0.5.1", "max_running_requests": 64, "chunked_prefill_size": 8192}
+    sgl = {"/v1/models": json.dumps({"data": [{"id": "m", "owned_by": "sglang"}]})}
+    sgl["/get_server_info"] = json.dumps(info)
+    with JsonPaths(sgl) as url:
+        ident = server_identity(url, probe_server(url))
+    assert ident["name"] == "sglang" and ident["version"] == "0.5.1"
+    assert ident["server_info"]["chunked_prefill_size"] == 8192
+    bare = JsonPaths({"/v1/models": json.dumps({"data": [{"id": "m"}]})})
+    with bare as url:  # a server that names no engine: nothing asked beyond /v1/models
+        ident = server_identity(url, probe_server(url))
+    assert ident["name"] == "unknown" and "version" not in ident
+    assert bare.asked == ["/v1/models"]
