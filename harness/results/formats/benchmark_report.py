@@ -86,6 +86,14 @@ def _seq_len(values: list[int]) -> dict:
     return out
 
 
+def _mean_len(meta: dict) -> dict:
+    """An aggregate-only import's input length: its mean, where the totals tell it."""
+    s = meta.get("summary") or {}
+    done = (s.get("counts") or {}).get("completed")
+    total = s.get("total_input_tokens")
+    return {"distribution": "other", "value": total / done if total and done else 0}
+
+
 def _cfg_id(obj: Any) -> str:
     return hashlib.md5(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -217,7 +225,7 @@ def _load(run: Run) -> dict:
         ),
         "parallelism": max(1, int(load.get("workers") or 1)),
         "source": "random" if not imported else "unknown",
-        "input_seq_len": _seq_len([r.prompt_len for r in recs]),
+        "input_seq_len": _seq_len([r.prompt_len for r in recs]) if recs else _mean_len(meta),
     }
     if recs:
         std["output_seq_len"] = _seq_len([r.output_len for r in recs])

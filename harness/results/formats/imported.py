@@ -41,18 +41,6 @@ class Imported:
     started_at: str | None = None
 
 
-def stats(values: dict[str, Any], scale: float = 1.0, count: int | None = None) -> dict:
-    """A cbbench stats block from a source's {mean, p50, ...} (missing keys None)."""
-    out: dict[str, Any] = {}
-    for k in STAT_KEYS:
-        v = values.get(k)
-        out[k] = (
-            float(v) * scale if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-        )
-    out["count"] = count if count is not None else (0 if out["mean"] is None else None)
-    return out
-
-
 def empty_stats() -> dict:
     return {**dict.fromkeys(STAT_KEYS), "count": 0}
 
