@@ -245,3 +245,22 @@ def test_import_keeps_the_files_numbers_exactly():
         for e, t, n in zip(data["latencies"], data["ttfts"], data["output_lens"], strict=True)
     ]
     assert np.allclose([r.tpot_s for r in recs], tpot)
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("guidellm-benchmarks.json.gz", "imported"),
+        ("aiperf-profile_export.jsonl", "http_500"),
+        ("inference-perf-per_request_lifecycle_metrics.json", "HTTP Error 500"),
+    ],
+)
+def test_failed_requests_as_each_tool_writes_them(tmp_path, name, kind):
+    runs, _, _ = read_source(FX / "failed" / name)
+    recs = runs[0].records
+    assert recs and all(r.status == "error" and r.ttft_s is None for r in recs)
+    assert all("500" in r.error and r.error_kind == kind for r in recs)
+    out = tmp_path / "failed"
+    assert main(["import", str(FX / "failed" / name), "--out", str(out)]) == 0
+    row = build_report([str(out)]).rows[0]
+    assert row["error_rate"] == 1.0 and row["ttft.p50"] is None

@@ -60,8 +60,11 @@ def _record(r: dict, i: int, t0: float) -> RequestRecord:
         status="error" if err else "ok",
     )
     if err:
-        rec.error = str(err.get("message") or err) if isinstance(err, dict) else str(err)
-        rec.error_kind = "imported"
+        if isinstance(err, dict):  # inference-perf: {error_type, error_msg}
+            rec.error = str(err.get("error_msg") or err.get("message") or err)
+            rec.error_kind = str(err.get("error_type") or "imported")
+        else:
+            rec.error, rec.error_kind = str(err), "imported"
         return rec
     rec.e2e_s = rec.end_s - rec.sent_s
     if times:
