@@ -138,6 +138,7 @@ def test_report_puts_imports_beside_a_cbbench_run_and_names_definitions(tmp_path
     rep = build_report([str(cb), str(g), str(a)])
     md, html = rep.markdown(), rep.html()
     assert "guidellm TPOT = request latency / output tokens" in md
+    assert "its own TTFT p50 51.50 ms" in md  # what guidellm computed, beside the table
     assert "AIPerf TTFT starts at request_start_ns" in html
     assert "different workloads" not in md  # imports that name no workload are not "different"
     assert [r["ttft.p50"] is not None for r in rep.rows] == [True, True, True]

@@ -47,9 +47,11 @@ def imported_lines(meta: dict) -> list[str]:
         if imp.get("aggregate_only")
         else "per request"
     )
+    own = (imp.get("printed") or {}).get("ttft_p50_s")
+    said = f"; its own TTFT p50 {own * 1e3:.2f} ms" if isinstance(own, (int, float)) else ""
     lines = [
         f"imported from {imp.get('tool')} {imp.get('version') or '(version not in the file)'} "
-        f"({imp.get('format')}, {imp.get('file')}): {what}"
+        f"({imp.get('format')}, {imp.get('file')}): {what}{said}"
     ]
     lines += [f"definition differs: {d}" for d in imp.get("definitions") or []]
     return lines
