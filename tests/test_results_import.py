@@ -265,3 +265,20 @@ def test_failed_requests_as_each_tool_writes_them(tmp_path, name, kind):
     assert main(["import", str(FX / "failed" / name), "--out", str(out)]) == 0
     row = build_report([str(out)]).rows[0]
     assert row["error_rate"] == 1.0 and row["ttft.p50"] is None
+
+
+def test_a_sampled_guidellm_file_says_its_records_are_a_sample(tmp_path):
+    data = parse(FX / "guidellm" / "benchmarks.json.gz")
+    bench = data["benchmarks"][0]
+    bench["requests"]["successful"] = bench["requests"]["successful"][:5]  # --sample-size 5
+    imp = read_source_data(tmp_path, data)
+    assert len(imp.records) == 5
+    assert any("keeps 5 of guidellm's 8 requests" in d for d in imp.definitions)
+    full = read_source(FX / "guidellm" / "benchmarks.json.gz")[0][0]
+    assert not any("sample" in d for d in full.definitions)
+
+
+def read_source_data(tmp_path, data):
+    src = tmp_path / "benchmarks.json"
+    src.write_text(json.dumps(data))
+    return read_source(src)[0][0]

@@ -115,6 +115,12 @@ def _benchmark(b: dict, version: str | None) -> Imported:
         for r in reqs.get(status) or []:
             imp.records.append(_record(r, i, t0, status))
             i += 1
+    made = (m.get("request_totals") or {}).get("total")
+    if isinstance(made, int) and made > len(imp.records):  # guidellm's --sample-size
+        imp.definitions.append(
+            f"the file keeps {len(imp.records)} of guidellm's {made} requests (its sample): "
+            "distributions are the sample's, and throughput counts only the sampled requests"
+        )
     return imp
 
 
