@@ -235,3 +235,15 @@ def test_vllm_and_sglang_say_who_they_are():
         ident = server_identity(url, probe_server(url))
     assert ident["name"] == "unknown" and "version" not in ident
     assert bare.asked == ["/v1/models"]
+
+
+def test_a_partial_run_is_exported_with_a_warning_it_carries(tmp_path, capsys):
+    from tests.report_synth import write_run
+
+    run = write_run(tmp_path / "cut", n=30, meta={"status": "interrupted", "interrupted": True})
+    out = tmp_path / "cut.json"
+    assert main(["export", str(run), "--benchmark-report", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "cbbench export: warning:" in err and "partial" in err
+    report = valid(json.loads(out.read_text()))
+    assert report["results"]["observability"]["metadata"]["cbbench"]["trust_problems"]

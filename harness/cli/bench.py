@@ -250,7 +250,10 @@ def run(args: argparse.Namespace) -> int:
         from cbbench.harness.results.formats.export import export_benchmark_reports
 
         for line in export_benchmark_reports(result.run_dir, args.benchmark_report):
-            print(line)
+            if line.startswith("warning: "):  # exported anyway: the reader must know
+                print(f"cbbench bench: {line}", file=sys.stderr)
+            else:
+                print(line)
     if result.failure and not result.interrupted:
         print(f"cbbench bench: error: {result.failure}", file=sys.stderr)
     return exit_code(result.summary, result.interrupted, result.failure)

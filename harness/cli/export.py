@@ -40,7 +40,10 @@ def run(args: argparse.Namespace) -> int:
         from cbbench.harness.results.formats.export import export_benchmark_reports
 
         for line in export_benchmark_reports(args.run, args.benchmark_report):
-            print(line)
+            if line.startswith("warning: "):  # exported anyway: the reader must know
+                print(f"cbbench export: {line}", file=sys.stderr)
+            else:
+                print(line)
         return 0
     run_ = load_run(args.run)
     for problem in trust_problems(run_):  # exported anyway: the reader must know

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.results.formats.benchmark_report import to_benchmark_report
-from cbbench.harness.results.run_folder import REQUESTS_FILE, load_run
+from cbbench.harness.results.integrity import trust_problems
+from cbbench.harness.results.run_folder import REQUESTS_FILE, Run, load_run
 
 SUFFIXES = (".json", ".yaml", ".yml")
 
@@ -48,7 +49,9 @@ def _levels(folder: Path) -> list[Path]:
 
 
 def export_benchmark_reports(run_dir: str | Path, out: str | Path) -> list[str]:
-    """Write the report(s); returns one line per file written."""
+    """Write the report(s); returns one line per file written, and one per run that holds
+    less than it should (partial or damaged: exported anyway, the reader must know; the
+    report's metadata says so too)."""
     src, dest = Path(run_dir), check_path(out)
     if src.is_dir() and not (src / REQUESTS_FILE).exists():
         levels = _levels(src)
@@ -57,9 +60,16 @@ def export_benchmark_reports(run_dir: str | Path, out: str | Path) -> list[str]:
         lines = []
         for level in levels:
             path = dest.with_name(f"{dest.stem}.{level.name}{dest.suffix}")
-            dump(to_benchmark_report(load_run(level)), path)
-            lines.append(f"{level}: benchmark report v0.2.1 -> {path}")
+            lines += _write(load_run(level), path)
         return lines
-    run = load_run(src)
-    dump(to_benchmark_report(run), dest)
-    return [f"{src}: benchmark report v0.2.1 -> {dest}"]
+    return _write(load_run(src), dest)
+
+
+def _write(run: Run, path: Path) -> list[str]:
+    report = to_benchmark_report(run)
+    problems = trust_problems(run)
+    if problems:
+        report["results"]["observability"]["metadata"]["cbbench"]["trust_problems"] = problems
+    dump(report, path)
+    lines = [f"{run.dir}: benchmark report v0.2.1 -> {path}"]
+    return lines + [f"warning: {run.dir} is {p}" for p in problems]
