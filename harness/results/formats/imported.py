@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cbbench.harness.errors import CbbenchError
+from cbbench.harness.results.integrity import RECORDS_KEY, record_counts
 from cbbench.harness.results.records import RequestRecord
 from cbbench.harness.results.run_folder import REQUESTS_FILE, RunWriter
 from cbbench.harness.results.summary import summarize
@@ -124,6 +125,8 @@ def write_imported(imp: Imported, source: Path, fmt: str, out: Path, command: li
         "started_at": imp.started_at,
         "interrupted": False,
         "summary": summary,
+        # what requests.jsonl holds (integrity.py): none for an aggregate-only import
+        RECORDS_KEY: record_counts(imp.records),
     }
     writer = RunWriter(out)
     try:

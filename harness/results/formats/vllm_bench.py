@@ -81,8 +81,9 @@ def read(data: dict, path: Path | None = None) -> list[Imported]:
             }
         },
         load={
-            "mode": "open",
-            "rate": data.get("request_rate"),
+            # --request-rate inf (the default): all at once, held by --max-concurrency
+            "mode": "open" if isinstance(data.get("request_rate"), (int, float)) else "closed",
+            "rate": data.get("request_rate") if data.get("request_rate") != "inf" else None,
             "burstiness": data.get("burstiness"),
             "concurrency": data.get("max_concurrency"),
         },
