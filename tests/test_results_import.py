@@ -283,3 +283,17 @@ def read_source_data(tmp_path, data):
     src = tmp_path / "benchmarks.json"
     src.write_text(json.dumps(data))
     return read_source(src)[0][0]
+
+
+def test_an_older_vllm_file_without_send_times_keeps_its_latencies(tmp_path):
+    data = parse(FX / "vllm-bench" / "vllm-detailed.json")
+    del data["start_times"]  # vLLM bench files before start_times were saved
+    src = tmp_path / "old.json"
+    src.write_text(json.dumps(data))
+    out = tmp_path / "old"
+    assert main(["import", str(src), "--out", str(out)]) == 0
+    run = load_run(out)
+    assert all(r.sent_s is None and r.ttft_s is not None for r in run.records)
+    row = build_report([str(out)]).rows[0]
+    assert row["ttft.p50"] == pytest.approx(data["median_ttft_ms"] / 1e3, rel=0.01)
+    assert row["request_throughput"] == pytest.approx(data["completed"] / data["duration"])

@@ -90,9 +90,8 @@ def read(data: dict, path: Path | None = None) -> list[Imported]:
         target={"model": data.get("model_id"), "endpoint": data.get("backend")},
         started_at=data.get("date"),
     )
-    starts = data.get("start_times") or []
     ttfts = data.get("ttfts") or []
-    if starts and len(ttfts) == len(starts):
+    if ttfts:  # --save-detailed (start_times only from vLLM 0.10 or so on)
         imp.records = _records(data)
     else:
         imp.aggregate = aggregate_summary(
@@ -110,9 +109,11 @@ def read(data: dict, path: Path | None = None) -> list[Imported]:
 
 
 def _records(d: dict) -> list[RequestRecord]:
-    starts = d["start_times"]
-    t0 = min(starts)
-    n = len(starts)
+    n = len(d["ttfts"])
+    starts = d.get("start_times") or []
+    if len(starts) != n:  # an older vLLM: when each request was sent is not in the file
+        starts = [None] * n
+    t0 = min((t for t in starts if t is not None), default=0.0)
 
     def col(name: str) -> list:
         v = d.get(name) or []
@@ -128,7 +129,7 @@ def _records(d: dict) -> list[RequestRecord]:
             index=i,
             prompt_len=int(ins[i] or 0),
             output_len=int(outs[i] or 0),
-            sent_s=starts[i] - t0,
+            sent_s=None if starts[i] is None else starts[i] - t0,
             status="error" if err else "ok",
             error=err,
             error_kind="imported" if err else None,
