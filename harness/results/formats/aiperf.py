@@ -33,6 +33,7 @@ DEFINITIONS = [
     "AIPerf counts output tokens with the client's tokenizer (output_sequence_length); the "
     "server's usage count is kept beside it",
 ]
+_START = ("request_start_ns", "timestamp_ns")  # the send time (timestamp_ns: AIPerf < 0.2)
 _UNIT = {"ms": 1e-3, "ns": 1e-9, "us": 1e-6, "sec": 1.0, "s": 1.0}
 _LATENCY = {
     "time_to_first_token": "ttft_s",
@@ -45,7 +46,8 @@ _LATENCY = {
 def sniff(data: Any) -> bool:
     if isinstance(data, list):
         first = data[0] if data else {}
-        return isinstance(first, dict) and "request_start_ns" in (first.get("metadata") or {})
+        meta = first.get("metadata") if isinstance(first, dict) else None
+        return isinstance(meta, dict) and any(k in meta for k in _START)
     return isinstance(data, dict) and "aiperf_version" in data
 
 
@@ -63,7 +65,8 @@ def _value(metrics: dict, name: str) -> Any:
 def _record(row: dict, i: int, t0_ns: int) -> RequestRecord:
     meta, metrics = row.get("metadata") or {}, row.get("metrics") or {}
     err = row.get("error")
-    start, end = meta.get("request_start_ns"), meta.get("request_end_ns")
+    start = next((meta[k] for k in _START if meta.get(k) is not None), None)
+    end = meta.get("request_end_ns")
     out_client = _value(metrics, "output_sequence_length")
     out_server = _value(metrics, "usage_completion_tokens")
     isl = _value(metrics, "input_sequence_length")
@@ -177,7 +180,11 @@ def read(data: Any, path: Path | None = None) -> list[Imported]:
         else Imported(tool=TOOL, version=None, definitions=list(DEFINITIONS))
     )
     imp.aggregate = None
-    t0 = min(r["metadata"]["request_start_ns"] for r in data if r.get("metadata"))
+    starts = [
+        next((m[k] for k in _START if m.get(k) is not None), None)
+        for m in (r.get("metadata") or {} for r in data)
+    ]
+    t0 = min((t for t in starts if t is not None), default=0)
     imp.records = [_record(r, i, t0) for i, r in enumerate(data)]
     imp.duration_s = None  # the records' own window (AIPerf's duration includes its start-up)
     return [imp]
