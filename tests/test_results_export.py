@@ -247,3 +247,28 @@ def test_a_partial_run_is_exported_with_a_warning_it_carries(tmp_path, capsys):
     assert "cbbench export: warning:" in err and "partial" in err
     report = valid(json.loads(out.read_text()))
     assert report["results"]["observability"]["metadata"]["cbbench"]["trust_problems"]
+
+
+def test_sampled_server_series_go_to_the_schemas_own_fields(tmp_path):
+    from tests.report_synth import write_run
+
+    run = write_run(tmp_path / "tel", n=30)
+    samples = [
+        {"t_s": i * 0.5, "source": "server", "running": i, "kv_usage": i / 10} for i in range(5)
+    ]
+    samples.append({"t_s": 0.1, "source": "client", "running": 99})  # not the server's
+    with open(run / "timeseries.jsonl", "a") as fh:
+        fh.writelines(json.dumps(s) + "\n" for s in samples)
+    loaded = load_run(run)
+    server = [x for x in loaded.timeseries if x.get("source") == "server"]
+    running = [x["running"] for x in server if "running" in x]
+    kv = [x["kv_usage"] for x in server if "kv_usage" in x]
+    report = valid(to_benchmark_report(loaded))
+    (comp,) = report["results"]["observability"]["components"]
+    assert comp["component_label"] == report["scenario"]["stack"][0]["metadata"]["label"]
+    agg = comp["aggregate"]
+    assert agg["running_requests"]["max"] == max(running) < 99  # the client's 99 left out
+    assert agg["running_requests"]["units"] == "count"
+    assert agg["kv_cache_usage"]["mean"] == pytest.approx(100 * sum(kv) / len(kv))  # percent
+    assert agg["gpu_utilization"]["max"] <= 100 and agg["gpu_utilization"]["units"] == "percent"
+    assert "power_consumption" not in agg  # not sampled: left out, never zero

@@ -6,6 +6,8 @@ Where cbbench's figures go:
   latency (TTFT, TPOT, ITL, request latency, NTPOT = E2E / output tokens), throughput (input,
   output, total tokens/s, queries/s): the same numbers `cbbench report` shows (successful,
   non-warmup requests over the run's measured window).
+- `results.observability.components`: the server's sampled series (KV usage, running and
+  waiting requests, GPU utilization, memory, power) under the schema's own names.
 - `scenario.stack`: the server as an `inference_engine` component (its own word for its
   version and settings under `native.config`), the client host as a `generic` one.
 - `scenario.load`: the workload and load settings, the exact command in `native.args`.
@@ -249,6 +251,34 @@ def _load(run: Run) -> dict:
     }
 
 
+# the server's sampled series (timeseries.jsonl) -> ResourceMetrics fields: (key, source, scale, units)
+SERIES = {
+    "kv_cache_usage": ("kv_usage", "server", 100.0, "percent"),
+    "cache_hit_rate": ("prefix_cache_hit_rate", "server", 100.0, "percent"),
+    "running_requests": ("running", "server", 1.0, "count"),
+    "waiting_requests": ("waiting", "server", 1.0, "count"),
+    "gpu_utilization": ("util_gpu", "gpu", 1.0, "percent"),
+    "gpu_memory_usage": ("mem_used_bytes", "gpu", 1.0 / 2**30, "GiB"),
+    "power_consumption": ("power_w", "gpu", 1.0, "Watts"),
+}
+
+
+def _components(run: Run, label: str) -> list[dict]:
+    """The server's figures as the schema names them, from what the run sampled; none that
+    the run did not sample."""
+    aggregate = {}
+    for name, (key, source, scale, units) in SERIES.items():
+        values = [
+            float(x[key]) * scale
+            for x in run.timeseries
+            if x.get("source") == source and isinstance(x.get(key), (int, float))
+        ]
+        stats = _stats(np.asarray(values, dtype=np.float64), units) if values else None
+        if stats:
+            aggregate[name] = stats
+    return [{"component_label": label, "aggregate": aggregate}] if aggregate else []
+
+
 def _extras(run: Run) -> dict:
     """What the schema has no field for: cbbench's own figures, named as cbbench names them."""
     s = run.meta.get("summary") or {}
@@ -287,6 +317,7 @@ def to_benchmark_report(run: Run) -> dict:
     dur = (meta.get("summary") or {}).get("duration_s")
     if isinstance(dur, (int, float)):
         time["duration"] = f"PT{dur:.3f}S"
+    engine = _engine_component(meta)
     report = {
         "version": VERSION,
         "run": {
@@ -297,12 +328,15 @@ def to_benchmark_report(run: Run) -> dict:
             "keywords": ["cbbench"],
         },
         "scenario": {
-            "stack": [_engine_component(meta), _client_component(meta)],
+            "stack": [engine, _client_component(meta)],
             "load": _load(run),
         },
         "results": {
             "request_performance": {"aggregate": _aggregate(run)},
-            "observability": {"metadata": {"cbbench": _extras(run)}},
+            "observability": {
+                "components": _components(run, engine["metadata"]["label"]) or None,
+                "metadata": {"cbbench": _extras(run)},
+            },
         },
     }
     return json.loads(json.dumps(report, default=str, allow_nan=False))
