@@ -1,5 +1,6 @@
 """The llm-d benchmark report v0.2.1 (llm-d/llm-d-benchmark,
-`llmdbenchmark/analysis/benchmark_report/`): export a run folder to it, import one back.
+`llmdbenchmark/analysis/benchmark_report/`): a run folder as one (`benchmark_report_import`
+reads one back).
 
 Where cbbench's figures go:
 - `results.request_performance.aggregate`: requests (total, failures, input/output lengths),
@@ -297,6 +298,7 @@ def _extras(run: Run) -> dict:
         "timing_bound_exceeded": client.get("timing_bound_exceeded"),
         "replicas": tel.get("replicas"),
         "experts": tel.get("experts") or s.get("experts"),
+        "efficiency": s.get("efficiency"),  # energy and cost per token, when measured
         "error_rate": s.get("error_rate"),
         "errors_by_kind": s.get("errors_by_kind"),
         "environment": run.meta.get("environment"),
