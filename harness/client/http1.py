@@ -227,7 +227,9 @@ class H1Pool:
             conn.sent_ns = time.monotonic_ns()
             sink.sent(conn.sent_ns, conn.connect_ns, reused)
             conn.write(data)
-            self.send_window_ns.append(time.monotonic_ns() - conn.sent_ns)
+            window = time.monotonic_ns() - conn.sent_ns
+            self.send_window_ns.append(window)
+            sink.send_window_ns = window
             watched = conn
             if deadline is not None:
                 self._busy[watched] = deadline

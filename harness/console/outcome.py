@@ -63,6 +63,7 @@ def worker_timing_lines(summary: dict) -> list[str]:
             f"{ms(x['read_delay_s']['p99'])} ms, send lag p99 "
             f"{ms(x['send_lag_s']['p99'])} ms, send window p99 {ms(x['send_window_s']['p99'])} "
             f"ms; timing error bound (p99) {ms(x['timing_bound_s'])} ms"
+            + (f" (stalled: {x['stall']})" if x.get("stall") else "")
         )
     if client.get("timing_bound_exceeded"):
         against = client.get("timing_bound_judged_against") or "the latencies"

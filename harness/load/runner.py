@@ -11,6 +11,7 @@ summary, run.json) share the one try/finally that keeps every finished request o
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import signal
 import threading
@@ -107,6 +108,21 @@ class BenchResult:
     failure: str | None = None
 
 
+def graph_cap(cfg: BenchConfig, console: Console) -> BenchConfig:
+    """An agent graph's calls run in parallel within a session: --concurrency counts calls
+    in flight (said in one line), not sessions."""
+    graph = any(r.graph is not None for r in cfg.workload.requests)
+    if not graph or not cfg.concurrency or cfg.cap_unit != "sessions":
+        return cfg
+    console.print(
+        f"--concurrency {cfg.concurrency} counts calls in flight: an agent graph's calls run in "
+        "parallel within a session; a session starts when a call slot is free (or by the "
+        "arrival process); --cap-unit does not apply",
+        highlight=False,
+    )
+    return dataclasses.replace(cfg, cap_unit="requests")
+
+
 def _now_iso() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
 
@@ -130,6 +146,7 @@ def _jobs(wl: Workload, warmup: int) -> tuple[list[Job], list[Job]]:
             think_s=r.think_s,
             text=r.text,
             agent=None if is_warmup else r.agent,
+            graph=None if is_warmup else r.graph,
             **session,
         )
 
@@ -292,6 +309,7 @@ def run_bench(
             f"(each of the {cfg.shard.count} shards needs >= 1)"
         )
     check_agent_endpoint(cfg.endpoint, cfg.workload)
+    cfg = graph_cap(cfg, console)
     engine = probe_server(cfg.base_url, cfg.api_key)
     model = cfg.model or (engine["models"][0] if engine["models"] else None)
     if not model:
