@@ -28,6 +28,7 @@ from cbbench.harness.errors import CbbenchError
 from cbbench.harness.gate.policy import COST, LATENCY, SESSION_SUCCESS, Policy, Rule
 from cbbench.harness.report.runs import workload_identity
 from cbbench.harness.report.samples import RunSamples
+from cbbench.harness.results.integrity import damage
 from cbbench.harness.results.outcome import incomplete_reason
 from cbbench.harness.results.run_folder import Run
 
@@ -300,7 +301,8 @@ def check_inputs(
 ) -> None:
     """Unusable or mismatched inputs: one clear error (exit 2)."""
     for run, s, which in ((base, bs, "baseline"), (cand, cs, "candidate")):
-        reason = incomplete_reason(run.meta)
+        hurt = damage(run)
+        reason = incomplete_reason(run.meta) or (hurt and f"is damaged: {hurt}")
         if reason and not allow_incomplete:
             raise CbbenchError(
                 f"{run.dir}: the {which} {reason}; rerun it, or pass --allow-incomplete"

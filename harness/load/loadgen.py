@@ -481,10 +481,12 @@ class Worker:
                 await asyncio.wait([*self._tasks, stopped], return_when=asyncio.FIRST_COMPLETED)
         finally:  # stopped (Ctrl-C): requests in flight are cancelled, not recorded
             self.stop.set()
+            # the measured phase is over: tearing down thousands of requests in flight is
+            # not loop lag of the run (at 4,096 streams it was one multi-second sample)
+            sampler.cancel()
             for task in [main, *self._tasks]:
                 task.cancel()
             await asyncio.gather(main, *self._tasks, return_exceptions=True)
-            sampler.cancel()
             self.stats.loop_lag_s.extend(self._lags)  # a run shorter than a report period too
             self._lags.clear()
             if refill is not None:
