@@ -196,7 +196,8 @@ class OpenAIClient:
             encoded = self.encode(rec, prompt)
             if isinstance(prompt, list) and (not prompt or isinstance(prompt[0], int)):
                 rec.prompt_tokens_client = len(prompt)
-        await self.send_turns.wait()  # (free unless a burst of sends is under way)
+        if not self.send_turns.take():  # (free unless a burst of sends is under way)
+            await self.send_turns.wait()
         try:
             if self.pool is not None:  # the pool keeps the deadline: no timer a request
                 await self.pool.send_request(encoded, resp, self.cfg.timeout_s)
@@ -213,7 +214,8 @@ class OpenAIClient:
                 raise
             fail_record(rec, *why)
         end_ns = time.monotonic_ns()
-        await self.turns.wait()  # the reads of other streams are not held up by this one's
+        if not self.turns.take():  # the reads of other streams are not held up by this one's
+            await self.turns.wait()
         finish(rec, resp, self.t0_ns, end_ns)
         return rec
 
