@@ -12,7 +12,7 @@ import math
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.gate.policy import COST, LATENCY, Policy, Rule
 from cbbench.harness.gate.verdict import GateResult, RuleResult, _verdict
-from cbbench.harness.report.runs import workload_identity
+from cbbench.harness.results.comparability import differences, incomparable, summary_line
 from cbbench.harness.results.formats.imported import is_aggregate_only
 from cbbench.harness.results.run_folder import Run
 
@@ -72,7 +72,7 @@ def judge_point(rule: Rule, base: Run, cand: Run, note: str):
     return RuleResult(rule, b, c, est, est, est, bound, verdict, note)
 
 
-def gate_on_aggregates(base: Run, cand: Run, policy: Policy):
+def gate_on_aggregates(base: Run, cand: Run, policy: Policy, allow_incomparable: bool = False):
     for run, which in ((base, "baseline"), (cand, "candidate")):
         if is_aggregate_only(run.meta):
             completed = ((run.meta.get("summary") or {}).get("counts") or {}).get("completed") or 0
@@ -83,10 +83,18 @@ def gate_on_aggregates(base: Run, cand: Run, policy: Policy):
                 f"{run.dir}: {which} has {completed} successful requests, "
                 f"the policy needs at least {policy.min_requests}"
             )
-    (bn, bseed), (cn, cseed) = workload_identity(base.meta), workload_identity(cand.meta)
-    if bn is not None and cn is not None and bn != cn:
-        raise CbbenchError(f"workload mismatch: baseline ran {bn!r}, candidate ran {cn!r}")
-    if bseed is not None and cseed is not None and bseed != cseed:
-        raise CbbenchError(f"workload seed mismatch: baseline {bseed}, candidate {cseed}")
+    found = differences(base.meta, cand.meta)  # the one comparability rule, as for any run
+    bad = incomparable(found)
+    if bad and not allow_incomparable:
+        raise CbbenchError(
+            f"not comparable: {summary_line(bad)} (--allow-incomparable judges them anyway)"
+        )
     results = [judge_point(rule, base, cand, "no interval") for rule in policy.rules]
-    return GateResult(results, policy, str(base.dir), str(cand.dir), why_no_interval(base, cand))
+    return GateResult(
+        results,
+        policy,
+        str(base.dir),
+        str(cand.dir),
+        differences=found,
+        note=why_no_interval(base, cand),
+    )

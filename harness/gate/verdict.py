@@ -3,9 +3,10 @@ point-estimate judge of aggregate-only imports (`aggregates`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cbbench.harness.gate.policy import Policy, Rule
+from cbbench.harness.results.comparability import Difference
 
 
 @dataclass
@@ -31,6 +32,9 @@ class GateResult:
     policy: Policy
     baseline: str
     candidate: str
+    # what differs between the runs (results/comparability.py); incomparable ones only when
+    # the gate was told --allow-incomparable
+    differences: list[Difference] = field(default_factory=list)
     note: str = ""  # said once under the table (e.g. why there are no intervals)
 
     @property

@@ -15,6 +15,7 @@ from typing import Any
 
 from cbbench.harness.results.formats.files import beside, parse
 from cbbench.harness.results.formats.imported import (
+    endpoint,
     Imported,
     aggregate_summary,
     empty_stats,
@@ -150,7 +151,8 @@ def _from_aggregate(agg: dict) -> Imported:
         target={
             "base_url": ((cfg.get("endpoint") or {}).get("urls") or [None])[0],
             "model": (((cfg.get("models") or {}).get("items") or [{}])[0]).get("name"),
-            "endpoint": (cfg.get("endpoint") or {}).get("type"),
+            "endpoint": endpoint((cfg.get("endpoint") or {}).get("type")),
+            "tool_endpoint": (cfg.get("endpoint") or {}).get("type"),
         },
         started_at=agg.get("start_time"),
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from cbbench.harness.results.formats.imported import Imported, finish_record
+from cbbench.harness.results.formats.imported import Imported, endpoint, finish_record
 from cbbench.harness.results.records import RequestRecord
 
 TOOL = "guidellm"
@@ -106,7 +106,8 @@ def _benchmark(b: dict, version: str | None) -> Imported:
         target={
             "base_url": (cfg.get("backend") or {}).get("target"),
             "model": (cfg.get("backend") or {}).get("model"),
-            "endpoint": (cfg.get("backend") or {}).get("request_format"),
+            "endpoint": endpoint((cfg.get("backend") or {}).get("request_format")),
+            "tool_endpoint": (cfg.get("backend") or {}).get("request_format"),
         },
     )
     reqs = b.get("requests") or {}

@@ -42,6 +42,19 @@ class Imported:
     started_at: str | None = None
 
 
+def endpoint(name: str | None) -> str | None:
+    """A tool's name for the API it called, as cbbench names it (`chat`, `completions`,
+    `embeddings`), so comparability reads it; None when it is none of these."""
+    text = str(name or "").lower()
+    if "chat" in text:
+        return "chat"
+    if "embed" in text:
+        return "embeddings"
+    if text.rstrip("/").endswith("completions") or text in ("vllm", "openai", "sglang", "lmdeploy"):
+        return "completions"
+    return None
+
+
 def empty_stats() -> dict:
     return {**dict.fromkeys(STAT_KEYS), "count": 0}
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cbbench.harness.results.formats.imported import (
+    endpoint,
     Imported,
     aggregate_summary,
     empty_stats,
@@ -87,7 +88,11 @@ def read(data: dict, path: Path | None = None) -> list[Imported]:
             "burstiness": data.get("burstiness"),
             "concurrency": data.get("max_concurrency"),
         },
-        target={"model": data.get("model_id"), "endpoint": data.get("backend")},
+        target={
+            "model": data.get("model_id"),
+            "endpoint": endpoint(data.get("backend")),
+            "tool_endpoint": data.get("backend"),
+        },
         started_at=data.get("date"),
     )
     ttfts = data.get("ttfts") or []
