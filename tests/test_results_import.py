@@ -297,3 +297,22 @@ def test_an_older_vllm_file_without_send_times_keeps_its_latencies(tmp_path):
     row = build_report([str(out)]).rows[0]
     assert row["ttft.p50"] == pytest.approx(data["median_ttft_ms"] / 1e3, rel=0.01)
     assert row["request_throughput"] == pytest.approx(data["completed"] / data["duration"])
+
+
+def test_gate_holds_an_import_to_the_comparability_rule(tmp_path):
+    """guidellm's run was a closed loop on the chat API: against an open-loop run of another
+    API the gate refuses, as for any two runs, unless told --allow-incomparable."""
+    base = write_run(
+        tmp_path / "open",
+        n=30,
+        workload="fixed-32-8",
+        meta={"target": {"endpoint": "completions", "model": "fake-model"}},
+    )
+    cand = tmp_path / "guidellm"
+    argv = ["import", str(FX / "guidellm" / "benchmarks.json.gz"), "--out", str(cand)]
+    assert main([*argv, "--workload", "fixed-32-8"]) == 0
+    assert load_run(cand).meta["target"]["endpoint"] == "chat"  # cbbench's name for it
+    with pytest.raises(CbbenchError, match="not comparable: endpoint"):
+        run_gate(load_run(base), load_run(cand), POLICY)
+    gate = run_gate(load_run(base), load_run(cand), POLICY, allow_incomparable=True)
+    assert any(d.aspect == "endpoint" for d in gate.differences)
