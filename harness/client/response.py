@@ -133,6 +133,7 @@ class Response:
         "send_window_ns",
         "first_slack_ns",
         "last_read_ns",
+        "user_read",
     )
 
     def __init__(
@@ -165,6 +166,7 @@ class Response:
         # later event (or part of one) shared its read (docs/timing.md "a bound per request")
         self.first_slack_ns = 0
         self.last_read_ns: int | None = None  # the previous read's stamp
+        self.user_read = False  # this read was stamped in user space (no kernel stamp came)
 
     def sent(self, t: int, connect_ns: int | None = None, reused: bool | None = None) -> None:
         """The request was written at `t` (ns); the transport says what the connection cost."""
@@ -265,10 +267,12 @@ class Response:
             kinds.n += one_ids - synced
             k_read += one_ids
         if k_read:
-            if not self.chunks and (first_at < n_events - 1 or self.parser.pending):
-                # a later event, or part of one, came in the same read: the kernel's stamp
-                # is the last segment's, and the first token came after the previous read
-                # (or the send) at the earliest
+            if not self.chunks and (
+                first_at < n_events - 1 or self.parser.pending or self.user_read
+            ):
+                # a later event, or part of one, came in the same read (the kernel's stamp
+                # is the last segment's), or the read has no kernel stamp: the first token
+                # came after the previous read (or the send) at the earliest
                 lower = max(self.sent_ns or self.attempt_ns, self.last_read_ns or 0)
                 self.first_slack_ns = max(0, t - lower)
             self.chunks.append((t, k_read))
