@@ -292,6 +292,7 @@ def run_measured(opts: RunOptions, spec: str, parent: Path, console: Console) ->
                     name=name,
                     command=list(opts.command),
                     live=opts.live,
+                    timing_warning=False,  # judged once over the runs, below
                     load={"rate": opts.rate, "scheduler": scheduler, "engine_flags": flags},
                     extra_body={}
                     if opts.temperature is None
@@ -316,7 +317,18 @@ def run_measured(opts: RunOptions, spec: str, parent: Path, console: Console) ->
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: remaining schedulers skipped[/yellow]")
         result.interrupted = True
+    timing_note(result.run_dirs, console)
     return result
+
+
+def timing_note(run_dirs: list[Path], console: Console) -> None:
+    """The load generator's timing bound said once over the schedulers' runs, and only where
+    it could reorder them (report.runs.timing_warnings), not in each run's summary."""
+    from cbbench.harness.report.runs import load_runs, timing_warnings
+
+    if len(run_dirs) > 0:
+        for line in timing_warnings(load_runs([str(d) for d in run_dirs])):
+            console.print(f"timing: {line}", highlight=False, markup=False, soft_wrap=True)
 
 
 def mean_seq_len(wl) -> float | None:
