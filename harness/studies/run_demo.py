@@ -20,6 +20,7 @@ from typing import Any
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.results.compare import kv_pool
 from cbbench.harness.results.summary import RunSummary, parse_slo
+from cbbench.harness.studies.run_demo_after import remove_if_only_workload, timing_note
 from cbbench.reference_engine.config.engine_config import KV_CACHE_DTYPES, SCHEDULERS
 from cbbench.reference_engine.config.options import FLAGS, SIM_DEFAULTS, engine_argv
 from cbbench.workloads.presets import PRESETS, preset_settings
@@ -214,20 +215,8 @@ def run_demo(opts: RunOptions, console: Console | None = None) -> RunDemoResult:
         return _run_in(opts, parent, console)
     except BaseException:
         if not existed:  # a run that failed before any run folder: no folder left behind
-            _remove_if_empty(parent)
+            remove_if_only_workload(parent)
         raise
-
-
-def _remove_if_empty(parent: Path) -> None:
-    """Remove the run's parent folder if it holds nothing but the workload written into it."""
-    try:
-        left = list(parent.iterdir())
-        if all(p.name == "workload.json" for p in left):
-            for p in left:
-                p.unlink()
-            parent.rmdir()
-    except OSError:
-        pass
 
 
 def _run_in(opts: RunOptions, parent: Path, console: Console) -> RunDemoResult:
@@ -319,16 +308,6 @@ def run_measured(opts: RunOptions, spec: str, parent: Path, console: Console) ->
         result.interrupted = True
     timing_note(result.run_dirs, console)
     return result
-
-
-def timing_note(run_dirs: list[Path], console: Console) -> None:
-    """The load generator's timing bound said once over the schedulers' runs, and only where
-    it could reorder them (report.runs.timing_warnings), not in each run's summary."""
-    from cbbench.harness.report.runs import load_runs, timing_warnings
-
-    if len(run_dirs) > 0:
-        for line in timing_warnings(load_runs([str(d) for d in run_dirs])):
-            console.print(f"timing: {line}", highlight=False, markup=False, soft_wrap=True)
 
 
 def mean_seq_len(wl) -> float | None:
