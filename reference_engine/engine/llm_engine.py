@@ -184,6 +184,7 @@ class LLMEngine(StepUpdate, KVTransferMixin):
         """What this engine is, for start-up logs, `/v1/models` and run records."""
         return {
             "scheduler": self.config.scheduler,
+            "role": self.config.role,
             "executor": self.config.executor,
             "device": str(getattr(self.executor, "device", self.config.device)),
             "dtype": self.config.dtype,

@@ -25,10 +25,10 @@ from cbbench.reference_engine.execution.cpu_linear import optimize_cpu_linears
 from cbbench.reference_engine.execution.cuda_graphs import DecodeGraphs, capture_sizes
 from cbbench.reference_engine.execution.expert_predictor import ExpertPredictor
 from cbbench.reference_engine.execution.kv_cache import kv_bytes_per_block, kv_storage_dtype
-from cbbench.reference_engine.kv_transfer.payload import KVLayout
 from cbbench.reference_engine.execution.pooling import pooled
 from cbbench.reference_engine.execution.rejection_sampler import RejectionSampler, sample_chunks
 from cbbench.reference_engine.execution.sampler import Sampler, SampleRequest, token_logprobs
+from cbbench.reference_engine.kv_transfer.payload import KVLayout
 from cbbench.reference_engine.model.config import PRESETS, ModelConfig
 from cbbench.reference_engine.model.llama import AttentionMetadata, LlamaAttention, RMSNorm
 from cbbench.reference_engine.model.loader import (
