@@ -52,6 +52,8 @@ def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
     out["stream"] = False
     out.pop("stream_options", None)
     out["max_tokens"] = 1
+    if isinstance(out.get("min_tokens"), int):  # >= 1 keeps EOS masked on the first token
+        out["min_tokens"] = min(out["min_tokens"], 1)
     if "max_completion_tokens" in out:
         out["max_completion_tokens"] = 1
     out["kv_transfer_params"] = {"do_remote_decode": True}
