@@ -216,7 +216,7 @@ def test_killing_the_decode_worker_mid_stream_ends_the_request_by_name():
         )
         got = 0
         with pytest.raises(openai.APIError) as err:
-            for chunk in stream:
+            for _chunk in stream:
                 got += 1
                 if got == 3:
                     dec.process.kill()
