@@ -38,8 +38,11 @@ class KVTransferMixin:
         self._num_importing = 0  # sequences whose payload waits for admission
 
     def _check_kv_role(self, kv_export: bool, kv_import: KVPayload | None) -> None:
-        if (kv_export or kv_import is not None) and not hasattr(self.executor, "kv_layout"):  # type: ignore[attr-defined]
-            raise EngineError("KV transfer needs the real executor (the simulator has no KV)")
+        real = hasattr(self.executor, "kv_layout")  # type: ignore[attr-defined]
+        if kv_export and not real:
+            raise EngineError("KV export needs the real executor (the simulator has no KV)")
+        if kv_import is not None and real != (kv_import.data is not None):
+            raise EngineError("a simulated KV payload (no data) goes to a simulated engine")
         if (kv_export or kv_import is not None) and self.config.scheduler != "continuous":  # type: ignore[attr-defined]
             raise EngineError("prefill/decode roles need --scheduler continuous")
         if kv_export and kv_import is not None:
@@ -48,23 +51,18 @@ class KVTransferMixin:
     def _start_imported(self, seq: Sequence, payload: KVPayload) -> bool:
         """Make `seq` a decode worker's sequence; True when its first token already ends it
         (then it is finished and never scheduled)."""
-        self.executor.kv_layout().check(payload.layout)  # type: ignore[attr-defined]
         if payload.num_tokens != seq.num_prompt_tokens:
             raise KVTransferError(
                 f"request {seq.request_id!r}: the KV payload holds {payload.num_tokens} "
                 f"tokens but the prompt has {seq.num_prompt_tokens}"
             )
-        want = self.executor.kv_payload_bytes(payload.num_blocks)  # type: ignore[attr-defined]
-        if payload.nbytes != want:
-            raise KVTransferError(
-                f"request {seq.request_id!r}: KV payload of {payload.nbytes} bytes, "
-                f"{want} expected for {payload.num_blocks} blocks"
-            )
+        if payload.data is not None:
+            self._check_payload(seq, payload)
         first = payload.first_token_id
         if not 0 <= first < self.model_config.vocab_size:  # type: ignore[attr-defined]
             raise KVTransferError(f"request {seq.request_id!r}: first token {first} unknown")
         seq.token_ids.append(first)
-        now = self.now()  # type: ignore[attr-defined]
+        now = seq.metrics.arrival_time  # the token is out as soon as the request is in
         seq.metrics.first_token_time = now
         reason = self._stop_reason(seq, first)  # type: ignore[attr-defined]
         if reason is None:
@@ -82,6 +80,15 @@ class KVTransferMixin:
         )
         return reason is not None
 
+    def _check_payload(self, seq: Sequence, payload: KVPayload) -> None:
+        self.executor.kv_layout().check(payload.layout)  # type: ignore[attr-defined]
+        want = self.executor.kv_payload_bytes(payload.num_blocks)  # type: ignore[attr-defined]
+        if payload.nbytes != want:
+            raise KVTransferError(
+                f"request {seq.request_id!r}: KV payload of {payload.nbytes} bytes, "
+                f"{want} expected for {payload.num_blocks} blocks"
+            )
+
     def _load_imports(self, chunks: list[ScheduledChunk]) -> None:
         """Copy the payloads of sequences admitted in this step into their blocks."""
         for c in chunks:
@@ -90,7 +97,8 @@ class KVTransferMixin:
                 continue
             payload = seq.kv_import
             assert seq.num_computed_tokens == payload.num_tokens == seq.num_external_tokens
-            self.executor.import_kv(seq.block_table[: payload.num_blocks], payload.data)  # type: ignore[attr-defined]
+            if payload.data is not None:  # None: the simulator's (priced, not moved)
+                self.executor.import_kv(seq.block_table[: payload.num_blocks], payload.data)  # type: ignore[attr-defined]
             seq.kv_import = None
             seq.num_external_tokens = 0
             self._num_importing -= 1

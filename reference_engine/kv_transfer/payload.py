@@ -46,7 +46,7 @@ class KVPayload:
     layout: KVLayout
     num_tokens: int  # prompt tokens whose K/V the payload holds
     first_token_id: int  # the token the prefill worker sampled after them
-    data: bytes
+    data: bytes | None  # None: the simulator's payload (priced by the link, never moved)
 
     @property
     def num_blocks(self) -> int:
@@ -54,7 +54,7 @@ class KVPayload:
 
     @property
     def nbytes(self) -> int:
-        return len(self.data)
+        return len(self.data) if self.data is not None else 0
 
     def header(self) -> str:
         """Everything but the data, one line of JSON (an HTTP header of the pull)."""
