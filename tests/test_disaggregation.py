@@ -18,6 +18,7 @@ from cbbench.harness.load.runner import BenchConfig, run_bench
 from cbbench.harness.servers.launcher import start_server
 from cbbench.reference_engine.config.engine_config import EngineConfig
 from cbbench.reference_engine.engine.llm_engine import LLMEngine
+from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.kv_transfer.connector import LoopbackConnector
 from cbbench.reference_engine.kv_transfer.payload import KVLayout, KVPayload
 from cbbench.reference_engine.router.serve import RouterOptions, RouterThread
@@ -232,3 +233,29 @@ def test_killing_the_decode_worker_mid_stream_ends_the_request_by_name():
             time.sleep(0.1)
         assert r.status_code == 503 and r.json()["error"]["code"] == "no_decode_worker"
         assert wait_for_metric(pre, KV_USAGE, 0.0) == 0.0
+
+
+def test_decode_engine_with_async_scheduling_and_edge_cases():
+    """A decode engine with async scheduling continues token for token; a first token that
+    ends the request finishes it unscheduled; an abort before admission leaves nothing."""
+    prompts = [list(range(3, 3 + n)) for n in (5, 17, 40)]
+    greedy = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    agg, pre = (LLMEngine.from_config(EngineConfig(model="tiny")) for _ in range(2))
+    dec = LLMEngine.from_config(EngineConfig(model="tiny", async_scheduling=True))
+    for i, p in enumerate(prompts):
+        agg.add_request(f"r{i}", p, greedy)
+        pre.add_request(f"r{i}", p, SamplingParams(max_tokens=1, temperature=0), kv_export=True)
+    want, shipped = _drain(agg), _drain(pre)
+    for i, p in enumerate(prompts):
+        dec.add_request(f"r{i}", p, greedy, kv_import=shipped[f"r{i}:kv"])
+    got = _drain(dec)
+    assert all(got[f"r{i}"] == want[f"r{i}"] for i in range(3))
+    one = SamplingParams(max_tokens=1, temperature=0)
+    dec.add_request("one", prompts[0], one, kv_import=shipped["r0:kv"])
+    assert _drain(dec) == {"one": [shipped["r0:kv"].first_token_id]}
+    dec.add_request("gone", prompts[1], greedy, kv_import=shipped["r1:kv"])
+    dec.abort_request("gone")
+    assert _drain(dec) == {} and dec.block_manager.num_used_blocks == 0
+    with pytest.raises(EngineError, match="payload holds"):
+        dec.add_request("bad", prompts[2][:-1], greedy, kv_import=shipped["r2:kv"])
+    assert not dec.has_unfinished_requests()

@@ -104,10 +104,13 @@ class KVTransferMixin:
             self._num_importing -= 1
 
     def _forget_import(self, seq: Sequence) -> None:
-        """An aborted sequence whose payload was never loaded."""
+        """An aborted sequence: its payload never loaded, its first token never sent."""
         if seq.kv_import is not None:
             seq.kv_import = None
             self._num_importing -= 1
+        if self._pending_outputs:
+            rid = seq.request_id
+            self._pending_outputs = [o for o in self._pending_outputs if o.request_id != rid]
 
     def _export_kv(self, seq: Sequence) -> None:
         """Before a kv_export sequence's blocks are freed: copy its prompt's blocks out."""
