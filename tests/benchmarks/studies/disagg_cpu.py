@@ -70,11 +70,11 @@ def measure(mode: str, wl: Workload, out: Path, extra: list[str]) -> dict:
             "phases": s.get("phases")}  # fmt: skip
 
 
-def simulate(mode: str, wl: Workload, extra: dict) -> dict:
+def simulate(mode: str, wl: Workload, extra: dict, link: str = "loopback") -> dict:
     cfg = build_engine_config({"model": MODEL, **extra},
                               SIM_DEFAULTS, scheduler="continuous")  # fmt: skip
     p, d = (0, 2) if mode == "aggregated" else (1, 1)
-    res = simulate_pd(wl.requests, cfg, p, d, get_link("loopback"), token_times=True,
+    res = simulate_pd(wl.requests, cfg, p, d, get_link(link), token_times=True,
                       prefix_block_size=wl.prefix_block_size, seed=wl.prompt_seed)  # fmt: skip
     s = res.summary()
     return {
@@ -82,6 +82,37 @@ def simulate(mode: str, wl: Workload, extra: dict) -> dict:
         "ttft_p50": s["ttft_s"]["p50"],
         "tpot_p50": s["tpot_s"]["p50"],
     }
+
+
+def fit_link(folders: list[Path]) -> str:
+    """The loopback link as measured: least squares of each request's transfer seconds on
+    its bytes (the decode workers' phases) -> 'bandwidth_gbps=B,latency_ms=L'."""
+    import numpy as np
+
+    pairs = []
+    for f in folders:
+        for line in (f / "requests.jsonl").read_text().splitlines():
+            ph = (json.loads(line).get("extra") or {}).get("phases") or {}
+            if ph.get("kv_transfer_s") is not None:
+                pairs.append((ph["kv_transfer_bytes"], ph["kv_transfer_s"]))
+    x, y = np.array(pairs, float).T
+    slope, intercept = np.polyfit(x, y, 1)
+    return (
+        f"bandwidth_gbps={1 / max(slope, 1e-12) / 1e9:.4f},latency_ms={max(intercept, 0) * 1e3:.3f}"
+    )
+
+
+def fit_speed(wl: Workload, engine: dict, tpot_p50: float, mode: str = "aggregated",
+              link: str = "loopback") -> float:  # fmt: skip
+    """The step-time factor at which the simulated aggregated TPOT p50 equals the measured
+    one (bisection on a log scale; TPOT grows with the factor, faster than in proportion
+    once queues form)."""
+    lo, hi = 0.25, 32.0
+    for _ in range(24):
+        mid = (lo * hi) ** 0.5
+        sim = simulate(mode, wl, {**engine, "hardware": f"cpu-measured@{mid:.4f}"}, link)
+        lo, hi = (mid, hi) if sim["tpot_p50"] < tpot_p50 else (lo, mid)
+    return (lo * hi) ** 0.5
 
 
 def main() -> None:
@@ -99,13 +130,24 @@ def main() -> None:
         help="both deployments' chunked-prefill budget (64)",
     )
     ap.add_argument("--out", default="/tmp/cbbench-disagg")
+    ap.add_argument(
+        "--from-json",
+        default=None,
+        help="reuse the measured runs of an earlier disagg_cpu.json (simulate only)",
+    )
     args = ap.parse_args()
     os.environ.setdefault("CBBENCH_TORCH_THREADS", "1")  # one thread an engine: same budget
     wl = trace(args.duration, args.stream_every, args.long_every, args.long_len,
                args.stream_out)  # fmt: skip
     out = Path(args.out)
     runs: dict[str, list[dict]] = {m: [] for m in DEPLOYMENTS}
-    for k in range(args.repeats):
+    if args.from_json:  # several: their runs pooled (folders beside each json)
+        for path in args.from_json.split(","):
+            earlier = json.loads(Path(path).read_text())
+            for m in DEPLOYMENTS:
+                runs[m] += [{**r, "dir": str(Path(path).parent / f"{m}-{k}")}
+                            for k, r in enumerate(earlier[m]["runs"])]  # fmt: skip
+    for k in range(0 if args.from_json else args.repeats):
         for mode in DEPLOYMENTS:
             r = measure(
                 mode,
@@ -118,8 +160,8 @@ def main() -> None:
                     str(args.max_num_batched_tokens),
                 ],
             )
-            runs[mode].append(r)
-            print(f"{mode} run {k}: " + json.dumps({x: r[x] for x in r if x != "phases"}),
+            runs[mode].append({**r, "dir": str(out / f"{mode}-{k}")})
+            print(f"{mode} run {k}: " + json.dumps({x: r[x] for x in r if x not in ("phases", "dir")}),
                   flush=True)  # fmt: skip
     engine = {"max_model_len": 2048, "max_num_batched_tokens": args.max_num_batched_tokens}
     med = {m: {k: statistics.median(r[k] for r in runs[m]) for k in ("itl_p99", "ttft_p50",
@@ -127,16 +169,22 @@ def main() -> None:
     # the shared machine runs slower than the calibration's idle one: one speed factor, fit
     # on the aggregated deployment's TPOT p50 alone, scales every simulated step; the other
     # figures (ITL p99, TTFT p50 of both deployments) are then predictions
-    base = simulate("aggregated", wl, {**engine, "hardware": "cpu-measured"})
-    factor = med["aggregated"]["tpot_p50"] / base["tpot_p50"]
-    hw = {**engine, "hardware": f"cpu-measured@{factor:.3f}"}
-    print(f"\nspeed factor {factor:.2f} (measured / simulated aggregated TPOT p50)")
+    link = fit_link([Path(r["dir"]) for r in runs["disaggregated"]])
+    # the shared machine runs slower than the calibration's idle one: every simulated step is
+    # scaled by the one factor that makes the simulated aggregated TPOT p50 equal the
+    # measured one (the only figure fitted; the link is fitted on the measured transfers);
+    # ITL p99 and TTFT p50 of both deployments are predictions
+    f = fit_speed(wl, engine, med["aggregated"]["tpot_p50"])
+    factors = {m: f for m in DEPLOYMENTS}
+    print(f"\nKV link fitted on the measured transfers: {link}")
+    print(f"speed factor {f:.2f} (simulated aggregated TPOT p50 = measured)")
     print("\n| deployment | ITL p99 (ms) | TTFT p50 (ms) | TPOT p50 (ms) |")
     print("|---|---:|---:|---:|")
-    result = {"speed_factor": factor}
+    result: dict = {"speed_factors": factors, "link": link}
     for mode in DEPLOYMENTS:
         m = med[mode]
-        sim = simulate(mode, wl, hw)
+        hw = {**engine, "hardware": f"cpu-measured@{factors[mode]:.4f}"}
+        sim = simulate(mode, wl, hw, link)
         result[mode] = {"measured": m, "runs": runs[mode], "simulated": sim}
         each = ", ".join(f"{r['itl_p99'] * 1e3:.0f}" for r in runs[mode])
         print(f"| {mode} measured (median of {len(runs[mode])}; ITL p99 each: {each}) | "
@@ -154,6 +202,7 @@ def main() -> None:
             f"{key}: disaggregated / aggregated = {m:.2f} measured, {s:.2f} simulated "
             f"({s / m - 1:+.0%})"
         )
+    out.mkdir(parents=True, exist_ok=True)
     (out / "disagg_cpu.json").write_text(json.dumps(result, indent=2))
 
 
