@@ -16,7 +16,7 @@ from cbbench.harness.diagnose.fixes import fixes_for
 from cbbench.harness.diagnose.slots import RUN_TO_COMPLETION
 
 TAIL_RATIO = 4.0  # ITL p99 / ITL p50, at or above: a tail worth explaining
-LONG = 4.0  # a prompt this many times the median prompt (and >= MIN_LONG_TOKENS) is long
+LONG = 4.0  # a prompt this many times the p25 prompt (and >= MIN_LONG_TOKENS) is long
 MIN_LONG_TOKENS = 256
 MIN_LONG = 3
 SHARE = 0.5  # of the tail gaps inside a long prefill, at or above: interference
@@ -29,7 +29,7 @@ def check(v: RunView) -> Finding | None:
     prompts = {r.id: v.prompt_tokens(r) for r in v.ok}
     if len(prompts) < 2 * MIN_LONG:
         return None
-    cut = max(LONG * float(np.median(list(prompts.values()))), MIN_LONG_TOKENS)
+    cut = max(LONG * float(np.percentile(list(prompts.values()), 25)), MIN_LONG_TOKENS)
     windows = sorted(
         (r.sent_s, r.first_token_s) for r in v.ok
         if prompts[r.id] >= cut and r.sent_s is not None and r.first_token_s is not None
@@ -61,7 +61,7 @@ def check(v: RunView) -> Finding | None:
             f"{len(inside)} of the {len(tail)} gaps at or above p99 ({share:.0%}) fall inside a "
             f"long prompt's prefill",
             f"{len(long_lens)} long prompts (>= {int(cut)} tokens, median "
-            f"{int(np.median(long_lens))}); median prompt {int(np.median(list(prompts.values())))}",
+            f"{int(np.median(long_lens))}) of {len(prompts)}",
         ],
         fixes=fixes_for("pd-interference"),
         time_ranges=sorted(inside, key=lambda g: g[0] - g[1])[:3],
