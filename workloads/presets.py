@@ -93,6 +93,14 @@ PRESETS: dict[str, Preset] = {
             has_arrivals=False,
         ),
         Preset(
+            "agent-graph",
+            "agent graphs: an orchestrator fans out to 2-6 parallel sub-agents (1-3 tool-calling "
+            "steps each, tool waits median 0.5 s), a reducer joins their live answers; 200 "
+            "calls (chat endpoint)",
+            {"num_requests": 200, "agent_graph": {}},
+            has_arrivals=False,
+        ),
+        Preset(
             "shared-prefix",
             "SGLang's generated shared prefix: 8 groups x 16 prompts, system prompt 768 + "
             "question 256 tokens (intended hit rate 75 % primed), outputs 64",

@@ -131,6 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     except errors as exc:  # type: ignore[misc]
         print(f"cbbench {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # out of file descriptors (EMFILE): one line, not a traceback
+        from cbbench.harness.errors import resource_hint
+
+        if not resource_hint(exc):
+            raise
+        print(f"cbbench {args.command}: error: {exc}{resource_hint(exc)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

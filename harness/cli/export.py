@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from cbbench.harness.errors import CbbenchError
+from cbbench.harness.results.integrity import trust_problems
 from cbbench.harness.results.run_folder import load_run
 
 
@@ -24,7 +26,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    df = load_run(args.run).dataframe()
+    run_ = load_run(args.run)
+    for problem in trust_problems(run_):  # exported anyway: the reader must know
+        print(f"cbbench export: warning: {args.run} is {problem}", file=sys.stderr)
+    df = run_.dataframe()
     out = Path(args.csv or args.parquet)
     if out.parent and not out.parent.exists():
         raise CbbenchError(f"{out}: folder {out.parent} does not exist")

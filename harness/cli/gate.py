@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -169,12 +170,16 @@ def _write(path: str, text: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from cbbench.harness.gate.judge import run_gate
     from cbbench.harness.gate.policy import DEFAULT_POLICY, load_policy
+    from cbbench.harness.results.integrity import trust_problems
     from cbbench.harness.results.run_folder import load_run
 
     policy = load_policy(args.policy) if args.policy else DEFAULT_POLICY
-    gate = run_gate(
-        load_run(args.baseline), load_run(args.candidate), policy, args.allow_incomplete
-    )
+    base, cand = load_run(args.baseline), load_run(args.candidate)
+    if args.allow_incomplete:  # judged anyway: say on what
+        for which, r in (("baseline", base), ("candidate", cand)):
+            for problem in trust_problems(r):
+                print(f"cbbench gate: warning: the {which} is {problem}", file=sys.stderr)
+    gate = run_gate(base, cand, policy, args.allow_incomplete)
     print_table(gate)
     if args.junit:
         _write(args.junit, junit(gate))

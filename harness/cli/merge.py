@@ -20,6 +20,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="merge even if some shards' folders are not given (the summary lists them)",
     )
+    p.add_argument(
+        "--allow-start-skew",
+        action="store_true",
+        help="merge shards started more than 0.25 s apart without a common --start-at "
+        "(refused by default: their loads overlapped only in part)",
+    )
     p.add_argument("--name", help="run name (default: the shards')")
     p.set_defaults(func=run)
 
@@ -32,22 +38,31 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     res = merge_runs(
-        args.out, args.dirs, allow_missing=args.allow_missing, name=args.name, command=sys.argv
-    )
+        args.out, args.dirs, allow_missing=args.allow_missing, name=args.name, command=sys.argv,
+        allow_start_skew=args.allow_start_skew,
+    )  # fmt: skip
     out = Console()
     count = res.meta["merged"]["shards"]
     if res.missing:
         names = ", ".join(f"{i}/{count}" for i in res.missing)
         print(f"cbbench merge: warning: merged without shard(s) {names}", file=sys.stderr)
+    if res.meta["merged"].get("start_skew"):
+        print(f"cbbench merge: warning: {res.meta['merged']['start_skew']}", file=sys.stderr)
     print_summary(out, res.summary, f"cbbench merge: {res.meta['name']}")
     for line in [*worker_timing_lines(res.summary), *cache_lines(res.summary)]:
         out.print(line, highlight=False, soft_wrap=True)
     for row in res.summary["shards"]:
         late = row["late_start_s"] or 0.0
+        start = (  # late against --start-at; without one, its offset from the first shard
+            f"started {late * 1e3:.1f} ms late"
+            if res.meta["clock"].get("start_at_unix_s") is not None
+            else f"started +{row['shift_s']:.3f} s after the first shard"
+        )
         out.print(
             f"shard {row['shard']}/{count}: {row['recorded']} of {row['requests']} requests "
-            f"recorded, workers {row['workers']}, started {late * 1e3:.1f} ms late",
+            f"recorded, workers {row['workers']}, {start}",
             highlight=False,
+            soft_wrap=True,  # whole lines, not cut mid-phrase
         )
     merged = res.meta["merged"]["merged"]
     out.print(f"merged {len(merged)} shard(s), {len(res.records)} records: {res.run_dir}")

@@ -222,6 +222,17 @@ def _within(w: dict) -> str:
     return "NO: bound" if w["bound_exceeds"] else "yes"
 
 
+def _coverage(w: dict) -> str:
+    """Whether a worker's reported bound covered its measured TTFT error, and why it stalled."""
+    covers = w.get("bound_covers_ttft")
+    said = "covers" if covers else "does NOT cover" if covers is False else "vs"
+    return (
+        f"worker {w['worker']}: bound {_fmt(w['bound_ms'])} ms {said} TTFT error p99 "
+        f"{_fmt(w['ttft_error_ms_p99'])} ms"
+        + (f" (stalled: {w['stall']})" if w.get("stall") else "")
+    )
+
+
 def _verdicts(measured: list[dict]) -> list[str]:
     """One line per setting where a worker's error or bound passed the limit: said, not hidden."""
     out = []
@@ -233,7 +244,8 @@ def _verdicts(measured: list[dict]) -> list[str]:
                 f"{m['timestamp_source']} stamps: worker(s) "
                 f"{', '.join(str(w['worker']) for w in over)} over {over[0]['limit_ms']:g} ms "
                 "(measured p99 error or reported bound): this machine needs more workers, cores "
-                "or hosts for this load"
+                "or hosts for this load; "
+                + "; ".join(_coverage(w) for w in over)
             )
     return out
 

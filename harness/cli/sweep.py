@@ -62,7 +62,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--start-rate", type=float, default=1.0, help="first rate tried (1 req/s)")
     c.add_argument("--max-rate", type=float, default=1000.0, help="highest rate tried")
     c.add_argument("--precision", type=float, default=0.1, help="stop at hi/lo <= 1+this (0.1)")
-    c.add_argument("--repeats", type=int, default=2, help="runs of a missing level (default 2)")
+    c.add_argument(
+        "--repeats", type=int, default=3,
+        help="runs of a level whose first run missed; met when most of them meet (default 3)",
+    )  # fmt: skip
     c.add_argument("--max-requests", type=int, default=2000, help="request budget (2000)")
     c.add_argument("--max-time", type=float, default=1800.0, help="time budget, s (1800)")
     add_reasoning_args(p)
@@ -108,13 +111,15 @@ def sweep_options(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from cbbench.harness.sweep.runner import print_capacity, print_sweep, run_sweep
+    from cbbench.harness.sweep.capacity_run import find_max_rate, print_capacity
+    from cbbench.harness.sweep.runner import print_sweep, run_sweep
 
     opts = sweep_options(args)
-    index = run_sweep(opts)
     if opts.find_max_rate:
+        index = find_max_rate(opts)
         print_capacity(index)
     else:
+        index = run_sweep(opts)
         print_sweep(index, opts.out)
     print(f"sweep folder: {opts.out}  (cbbench report {opts.out})", file=sys.stderr)
     return 130 if index.get("status") == "interrupted" else 0

@@ -16,6 +16,7 @@ from cbbench.workloads import (
     with_arrivals,
     write_native_jsonl,
 )
+from cbbench.workloads.graph import graph_lines
 from rich.console import Console
 from rich.table import Table
 
@@ -156,6 +157,9 @@ def run_show(args: argparse.Namespace) -> int:
             f"sessions: {ss['count']:,} ({ss['multi_turn']:,} multi-turn), turns p50 "
             f"{ss['turns']['p50']:g}, max {ss['turns']['max']}{think}"
         )
+    if big is None:
+        for line in graph_lines(wl.requests):  # agent graphs: each session's calls
+            console.print(line, markup=False, soft_wrap=True)
     console.print(histogram(values, args.bins, weights))
     return 0
 

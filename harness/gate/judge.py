@@ -25,9 +25,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 from cbbench.harness.errors import CbbenchError
-from cbbench.harness.gate.policy import COST, LATENCY, Policy, Rule
+from cbbench.harness.gate.policy import COST, LATENCY, SESSION_SUCCESS, Policy, Rule
 from cbbench.harness.report.runs import workload_identity
 from cbbench.harness.report.samples import RunSamples
+from cbbench.harness.results.integrity import damage
 from cbbench.harness.results.outcome import incomplete_reason
 from cbbench.harness.results.run_folder import Run
 
@@ -207,6 +208,30 @@ def _verdict(rule: Rule, estimate: float, low: float, high: float) -> tuple[str,
     return ("fail" if beyond_all else "noisy" if beyond_point else "pass"), bound
 
 
+def _session_success(
+    rule: Rule, base: RunSamples, cand: RunSamples, rng, n: int, confidence: float
+) -> RuleResult:
+    """The fraction of agent-graph sessions that answered every call, against a `min`."""
+    ok = cand.session_ok
+    if ok.size == 0:
+        if base.session_ok.size == 0:
+            nan = math.nan
+            return RuleResult(
+                rule, None, None, nan, nan, nan, nan, "n/a", "no agent-graph sessions"
+            )
+        raise CbbenchError("session_success: the candidate run has no agent-graph sessions")
+    est = float(ok.mean())
+    b = float(base.session_ok.mean()) if base.session_ok.size else None
+    failed = int(ok.size - ok.sum())
+    note = f"{failed} of {ok.size} sessions failed"
+    if rule.value >= 1:
+        return RuleResult(rule, b, est, est, est, est, 1.0, "fail" if failed else "pass", note)
+    draws = _boot(rng, ok.size, n, ok.size, lambda p: ok[p].mean(axis=1))
+    low, high = _interval(draws, confidence)
+    verdict, bound = _verdict(rule, est, low, high)
+    return RuleResult(rule, b, est, est, low, high, bound, verdict, note)
+
+
 def judge(rule: Rule, base: RunSamples, cand: RunSamples, policy: Policy) -> RuleResult:
     rng = np.random.default_rng(policy.seed)
     n = policy.resamples
@@ -221,6 +246,8 @@ def judge(rule: Rule, base: RunSamples, cand: RunSamples, policy: Policy) -> Rul
         low, high = _interval(draws, policy.confidence)
         verdict, bound = _verdict(rule, est, low, high)
         return RuleResult(rule, base.error_rate, est, est, low, high, bound, verdict)
+    if rule.metric == SESSION_SUCCESS:
+        return _session_success(rule, base, cand, rng, n, policy.confidence)
     if rule.metric == "ttfo" and not (base.reasoning_tokens or cand.reasoning_tokens):
         note = "neither run reasoned: TTFO is TTFT"
         nan = math.nan
@@ -274,7 +301,8 @@ def check_inputs(
 ) -> None:
     """Unusable or mismatched inputs: one clear error (exit 2)."""
     for run, s, which in ((base, bs, "baseline"), (cand, cs, "candidate")):
-        reason = incomplete_reason(run.meta)
+        hurt = damage(run)
+        reason = incomplete_reason(run.meta) or (hurt and f"is damaged: {hurt}")
         if reason and not allow_incomplete:
             raise CbbenchError(
                 f"{run.dir}: the {which} {reason}; rerun it, or pass --allow-incomplete"

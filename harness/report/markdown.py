@@ -5,6 +5,7 @@ from __future__ import annotations
 from html import escape
 
 from cbbench.harness.report.agent_table import agent_markdown
+from cbbench.harness.report.graph_report import graph_markdown
 from cbbench.harness.report.phase_table import phase_markdown
 from cbbench.harness.report.runs import (
     LoadedRun,
@@ -97,6 +98,7 @@ def render_markdown(runs: list[LoadedRun], rows: list[dict]) -> str:
             ]
             lines.append("| " + " | ".join([md_text(lr.label), *cells]) + " |")
     lines += agent_markdown(runs)
+    lines += graph_markdown(runs)
     lines += phase_markdown(runs)
     lines += ["", "Best value per column in **bold**; latencies in ms."]
     return "\n".join(lines) + "\n"

@@ -116,6 +116,7 @@ def load_level(meta: dict[str, Any]) -> str | None:
 def trust_warnings(runs: list[LoadedRun]) -> list[str]:
     """Runs to read with care: killed or interrupted before the end, or a server that stopped
     answering mid-run (harness/results/outcome.py)."""
+    from cbbench.harness.results.integrity import damage
     from cbbench.harness.results.outcome import incomplete_reason
 
     out = []
@@ -123,6 +124,9 @@ def trust_warnings(runs: list[LoadedRun]) -> list[str]:
         reason = incomplete_reason(lr.meta)
         if reason:
             out.append(f"{lr.label} {reason}")
+        hurt = damage(lr.run)
+        if hurt:
+            out.append(f"{lr.label}: {hurt}")
         stopped = (lr.meta.get("summary") or {}).get("server_stopped_answering")
         if stopped:
             out.append(f"{lr.label}: {stopped}")

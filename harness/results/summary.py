@@ -290,9 +290,18 @@ def _rate(x: float, dur: float) -> float | None:
     return None if np.isnan(dur) else x / dur
 
 
+_UUID = re.compile(r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
+# an id: a run of letters, digits, '_' or '-' with a digit in it, 8 or more long
+# (req_8f3a2b9c, chatcmpl-3f2a91d0, 0x7f3a...), or a long hex run
+_ID = re.compile(r"\b(?=[\w-]*\d)(?=[\w-]*[A-Za-z])[\w-]{8,}\b|\b[0-9a-fA-F]{12,}\b")
+
+
 def reason_key(msg: str | None) -> str:
-    """The grouping key of an error message: numbers (ports, ids, lengths) made N."""
-    return re.sub(r"\d+(\.\d+)?", "N", msg or "unknown")[:120]
+    """The grouping key of an error message: request ids and UUIDs made ID, numbers (ports,
+    lengths, times; not an HTTP status) made N, so 35 identical 429s with 35 request ids are one group."""
+    text = _UUID.sub("ID", msg or "unknown")
+    text = _ID.sub("ID", text)
+    return re.sub(r"(?<!HTTP )\d+(\.\d+)?", "N", text)[:120]  # a status stays itself
 
 
 def errors_by_reason(failed: Sequence[RequestRecord], top: int = 10) -> dict[str, int]:
@@ -312,6 +321,20 @@ def _share(reasoning: np.ndarray, out: np.ndarray) -> float | None:
     known = ~np.isnan(reasoning)
     total = float(out[known].sum())
     return float(reasoning[known].sum()) / total if known.any() and total > 0 else None
+
+
+def meets_slo(r: RequestRecord, slo: dict[str, float]) -> bool:
+    """Whether one finished request counts toward goodput: `_goodput`'s rule, per record (a
+    failure misses; an undefined TPOT does not; a stream that never answered misses TTFO)."""
+    if r.status != "ok":
+        return False
+    for key, bound in slo.items():
+        v = getattr(r, f"{key}_s", None)
+        if key == "ttfo" and v is None and r.ttft_s is not None:
+            return False
+        if v is not None and not v <= bound:
+            return False
+    return True
 
 
 def _goodput(slo, ttft, tpot, e2e, n_measured: int, dur: float, ttfo=None) -> dict:

@@ -101,3 +101,22 @@ def judge_level(records: Sequence[RequestRecord], rate: float) -> LevelVerdict:
     if too_short is None:
         sustained = sent is not None and achieved is not None and achieved >= SUSTAINED * sent
     return LevelVerdict(n, sent, achieved, unloaded, need, sustained, too_short)
+
+
+def judge_closed_level(records: Sequence[RequestRecord], concurrency: int) -> LevelVerdict:
+    """A closed-loop level at `concurrency` is too short to judge when fewer than
+    MIN_LEVEL_REQUESTS completed, or when each slot served fewer than SPAN_LATENCIES
+    requests: the ramp-up (every slot starting at once) and the drain (slots emptying one by
+    one) are then most of the window. `sustained` stays None: a closed loop offers no rate."""
+    ok = [r for r in records if r.ok and not r.warmup and r.end_s]
+    n = len(ok)
+    need = max(MIN_LEVEL_REQUESTS, math.ceil(SPAN_LATENCIES * concurrency))
+    too_short = None
+    if n < need:
+        per_slot = n / concurrency
+        too_short = (
+            f"too short to judge: {n} completed requests"
+            + (f", {per_slot:.1f} per slot of {concurrency}" if n >= MIN_LEVEL_REQUESTS else "")
+            + f"; needs --num-requests {need} or more"
+        )
+    return LevelVerdict(n, None, None, None, need, None, too_short)
