@@ -188,7 +188,7 @@ async def _forward(router: Router, request: Request, path: str) -> Response:
     except ValueError as exc:
         return _error(400, f"invalid JSON: {exc}", "invalid_json", "invalid_request_error")
     if router.pd is not None and path in PD_PATHS:
-        return await forward_pd(router, request, path, raw, body)
+        return await forward_pd(router, request, path, body, _exchange)
     stream = isinstance(body, dict) and body.get("stream") is True
     headers = forward_headers(request.headers.items(), router.pool.headers)
     tried: set[int] = set(router.pd.prefill) if router.pd is not None else set()

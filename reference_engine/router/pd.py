@@ -21,6 +21,7 @@ import copy
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,8 +34,9 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 if TYPE_CHECKING:
-    from cbbench.reference_engine.router.app import Router
     from cbbench.reference_engine.router.upstream import Replica
+
+Router = Any  # router/app.py's Router (it imports this module: typed loosely, no cycle)
 
 log = logging.getLogger("cbbench.router")
 
@@ -65,10 +67,10 @@ def _error(status: int, message: str, code: str) -> JSONResponse:
 
 
 async def forward_pd(
-    router: Router, request: Request, path: str, raw: bytes, body: Any
+    router: Router, request: Request, path: str, body: Any, exchange: Callable[..., Awaitable]
 ) -> Response:
-    from cbbench.reference_engine.router.app import _exchange
-
+    """The two hops of one request; `exchange` is the app's send-and-relay of one upstream
+    request (router/app.py `_exchange`), used for the decode hop."""
     pd = router.pd
     assert pd is not None
     if not isinstance(body, dict):
@@ -116,7 +118,7 @@ async def forward_pd(
         "POST", dec.url + path, content=json.dumps(decode), headers=headers
     )
     dec.load.sent()
-    out = await _exchange(
+    out = await exchange(
         router, dec, upstream, request, stream, path, pd_error="decode_worker_failed"
     )
     if not isinstance(out, Response):  # _Failed: no byte reached the client
