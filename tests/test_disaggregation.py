@@ -104,6 +104,10 @@ def test_router_names_both_hops_and_kv_returns_to_zero(cluster):
     assert m["cbbench:router_pd_kv_transfer_bytes_total"] > 0
     for url in (pre, dec):
         assert wait_for_metric(url, KV_USAGE, 0.0) == 0.0
+    sent = scrape(pre)["cbbench:kv_transfer_bytes_total{direction=sent}"]
+    assert sent > 0 and scrape(dec)["cbbench:kv_transfer_bytes_total{direction=received}"] == sent
+    assert scrape(pre)["cbbench:kv_transfer_staged_bytes"] == 0  # pulled: nothing waits
+    assert scrape(dec)["cbbench:kv_transfer_seconds_count"] >= 1
 
 
 def test_bench_records_carry_the_transfer_and_the_phases(cluster, tmp_path):
@@ -124,6 +128,12 @@ def test_bench_records_carry_the_transfer_and_the_phases(cluster, tmp_path):
     assert summary["kv_transfer_bytes_total"] == sum(
         r.extra["phases"]["kv_transfer_bytes"] for r in res.records
     )
+    from cbbench.harness.cli import main
+
+    md = tmp_path / "report.md"
+    assert main(["report", str(tmp_path / "pd"), "--markdown", str(md), "--no-html"]) == 0
+    text = md.read_text()
+    assert "Per-phase server times" in text and "KV transfer p50/p99 (ms)" in text
 
 
 def test_a_failed_pull_is_a_named_error_and_holds_no_block(cluster):

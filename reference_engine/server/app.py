@@ -98,7 +98,7 @@ def create_app(
     )
     state.role = (engine_info or {}).get("role", "both")
     app.state.cbbench = state
-    add_kv_routes(app, state.kv)
+    add_kv_routes(app, state.kv, metrics)
     _install_error_handlers(app)
     _document_errors(app)
 
@@ -373,7 +373,7 @@ async def _generate(
     params = _sampling_params(state, body, prompt_ids, chat)
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     reasoning = _reasoning(state, body, params.max_tokens) if chat else None
-    hop = await kv_hop(state.role, state.kv, body.kv_transfer_params, body.stream)
+    hop = await kv_hop(state.role, state.kv, body.kv_transfer_params, body.stream, state.metrics)
     stream, gen = await _admit(state, request_id, prompt_ids, params, body, reasoning, hop)
     echo = ""
     if isinstance(body, P.CompletionRequest) and body.echo:
@@ -387,7 +387,7 @@ async def _generate(
             media_type="text/event-stream",
             headers={"cache-control": "no-cache"},
         )
-    kv = state.kv if hop.exports else None
+    kv = (state.kv, state.metrics) if hop.exports else None
     return await _collect(stream, gen, shaper, request, kv)
 
 
@@ -423,7 +423,7 @@ async def _collect(
     gen: Generation,
     shaper: ResponseShaper,
     request: Request,
-    kv: LoopbackConnector | None = None,
+    kv: tuple[LoopbackConnector, ServerMetrics] | None = None,
 ) -> Response:
     """Non-streaming: wait for the end, aborting the request if the client goes away."""
     work = asyncio.ensure_future(_run_to_end(stream, gen))
@@ -451,7 +451,7 @@ async def _collect(
         headers["x-cbbench-queue-time-s"] = f"{info['queue_time_s']:.6f}"
     body = shaper.final_body()
     if kv is not None:  # a prefill hop: its KV staged for the decode worker's pull
-        body["kv_transfer_params"] = stage_export(kv, gen.kv_transfer, gen.metrics)
+        body["kv_transfer_params"] = stage_export(kv[0], gen.kv_transfer, gen.metrics, kv[1])
     return JSONResponse(body, headers=headers)
 
 

@@ -39,7 +39,9 @@ class KVHop:
         return bool(self.kv.get("kv_export"))
 
 
-async def kv_hop(role: str, connector: LoopbackConnector, params: Any, stream: bool) -> KVHop:
+async def kv_hop(
+    role: str, connector: LoopbackConnector, params: Any, stream: bool, metrics: Any = None
+) -> KVHop:
     """The hop `params` (a body's kv_transfer_params) names on a server of `role`."""
     if params is None:
         return KVHop()
@@ -62,6 +64,8 @@ async def kv_hop(role: str, connector: LoopbackConnector, params: Any, stream: b
         except KVTransferError as exc:
             raise APIError(502, str(exc), "server_error", "kv_transfer_params",
                            "kv_transfer_failed") from None  # fmt: skip
+        if metrics is not None:
+            metrics.kv_transfer.received(got.payload.nbytes, got.seconds)
         phases = {
             "prefill_queue_s": params.get("prefill_queue_s"),
             "prefill_s": params.get("prefill_s"),
@@ -74,12 +78,17 @@ async def kv_hop(role: str, connector: LoopbackConnector, params: Any, stream: b
                       "kv_transfer_params")  # fmt: skip
 
 
-def stage_export(connector: LoopbackConnector, payload: Any, m: RequestMetrics | None) -> dict:
+def stage_export(
+    connector: LoopbackConnector, payload: Any, m: RequestMetrics | None, metrics: Any = None
+) -> dict:
     """A prefill worker's finished request: stage its payload; the answer's kv_transfer_params."""
     if payload is None:
         raise APIError(500, "the prefill produced no KV payload", "server_error", None,
                        "kv_transfer_failed")  # fmt: skip
     params = connector.stage(payload)
+    if metrics is not None:
+        metrics.kv_transfer.sent_bytes.inc(payload.nbytes)
+        metrics.kv_transfer.staged.set(connector.staged_bytes)
     if m is not None:
         params["prefill_queue_s"] = m.queue_time
         if m.first_token_time is not None and m.first_scheduled_time is not None:
@@ -97,11 +106,13 @@ def decode_phases(hop: KVHop, m: RequestMetrics | None) -> dict[str, Any]:
     return out
 
 
-def add_kv_routes(app: FastAPI, connector: LoopbackConnector) -> None:
+def add_kv_routes(app: FastAPI, connector: LoopbackConnector, metrics: Any = None) -> None:
     @app.get(KV_ROUTE + "/{transfer_id}", include_in_schema=False)
     async def pull(transfer_id: str) -> Response:
         """A decode worker pulls a staged payload (once; then it is forgotten)."""
         payload = connector.take(transfer_id)
+        if metrics is not None:
+            metrics.kv_transfer.staged.set(connector.staged_bytes)
         if payload is None:
             raise APIError(404, f"no staged KV payload {transfer_id!r} (pulled already, or "
                            f"expired after {connector.ttl_s:g} s)", "invalid_request_error",
