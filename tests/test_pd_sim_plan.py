@@ -100,6 +100,47 @@ def test_plan_prints_both_frontiers_and_picks_one_with_its_ratio(capsys):
         assert "cbbench serve --model llama-3-8b" in out
 
 
+def _synthetic_run(stall: float, shared: bool = True):
+    """Six 16-token streams decoding at 10 ms a token for 3 s; a 1200-token prompt every 0.5 s
+    whose prefill (0.3 s) stalls them (`shared`: each token gap inside a prefill grows to
+    `stall`), else runs elsewhere."""
+    from pathlib import Path
+
+    from cbbench.harness.results.records import RequestRecord
+    from cbbench.harness.results.run_folder import Run
+
+    recs, windows = [], [(0.4 + 0.5 * k, 0.7 + 0.5 * k) for k in range(5)]
+    for k, (a, b) in enumerate(windows):
+        recs.append(RequestRecord(f"long{k}", 100 + k, 1200, 2, sent_s=a, first_token_s=b,
+                                  token_times_s=[b, b + 0.01], prompt_tokens_server=1200))  # fmt: skip
+    for i in range(6):
+        t, times = 0.05 * i, []
+        while t < 3.0:
+            inside = shared and any(a <= t < e for a, e in windows)
+            t += stall if inside else 0.01
+            times.append(t)
+        recs.append(RequestRecord(f"s{i}", i, 16, len(times), sent_s=0.0, first_token_s=times[0],
+                                  token_times_s=times, prompt_tokens_server=16))  # fmt: skip
+    meta = {"summary": {}, "engine": {"scheduler": "continuous"}}
+    return Run(Path("synthetic"), meta, recs, [])
+
+
+def test_pd_interference_rule_on_synthetic_runs():
+    """Fires when the ITL tail sits inside long prompts' prefills; silent when the same
+    prompts run elsewhere (no tail), or when the records carry P/D phases."""
+    from cbbench.harness.diagnose.base import RunView
+    from cbbench.harness.diagnose.rules import pd_interference
+
+    f = pd_interference.check(RunView(_synthetic_run(0.1)))
+    assert f is not None and f.values["tail_share_in_prefill"] == 1.0
+    assert f.values["long_prompts"] == 5 and f.values["itl_p99_s"] >= 4 * f.values["itl_p50_s"]
+    assert pd_interference.check(RunView(_synthetic_run(0.1, shared=False))) is None
+    run = _synthetic_run(0.1)
+    run.records[0].extra["phases"] = {"kv_transfer_s": 0.001}
+    assert pd_interference.check(RunView(run)) is None
+
+
+@pytest.mark.slow
 def test_diagnose_names_prefill_decode_interference(tmp_path):
     """An aggregated server whose ITL tail is made of long prompts' prefill steps: the rule
     fires with numbers and names disaggregation in each engine's flags; a run whose records
