@@ -92,6 +92,24 @@ def test_greedy_outputs_equal_the_aggregated_servers(cluster):
         assert phases["decode_queue_s"] >= 0 and phases["prefill_queue_s"] >= 0
 
 
+@pytest.mark.slow
+def test_greedy_equality_with_engine_processes():
+    """The default `cbbench serve` runs the engine in its own process: the payload crosses
+    that IPC both ways (the prefill's last output, the decode's add)."""
+    with (
+        serve(_config()) as (agg, _),
+        serve(_config("prefill"), engine_process=True) as (pre, _),
+        serve(_config("decode"), engine_process=True) as (dec, _),
+        RouterThread(RouterOptions([], prefill=[pre], decode=[dec], port=0)) as router,
+    ):
+        assert _completion(router, "the quick brown fox " * 7, 24) == _completion(
+            agg, "the quick brown fox " * 7, 24
+        )
+        t_pd, ids_pd, info = _chat_stream(router, "tell me " * 30, 20)
+        assert (t_pd, ids_pd) == _chat_stream(agg, "tell me " * 30, 20)[:2]
+        assert info["phases"]["kv_transfer_bytes"] > 0
+
+
 def test_router_names_both_hops_and_kv_returns_to_zero(cluster):
     _, router, pre, dec = cluster
     r = httpx.post(router + "/v1/completions", timeout=60,
