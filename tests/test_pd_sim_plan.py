@@ -161,3 +161,16 @@ def test_diagnose_names_prefill_decode_interference(tmp_path):
     for r in run.records:
         r.extra["phases"] = {"kv_transfer_s": 0.001}
     assert "pd-interference" not in {f.rule for f in diagnose_run(run).findings}
+
+
+def test_sim_compares_aggregated_and_disaggregated(tmp_path, capsys):
+    rc = main(["sim", "--workload", "chat", "--rate", "20", "--num-requests", "40",
+               "--prefill-replicas", "1", "--decode-replicas", "1", "--kv-link", "cross-node",
+               "--hardware", "h100", "--out", str(tmp_path)])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "aggregated (2 replicas)" in out and "disaggregated (1P:1D, cross-node)" in out
+    assert "kv transfer p50 (ms)" in out and (tmp_path / "pd_compare.json").exists()
+    rc = main(["sim", "--workload", "chat", "--num-requests", "5", "--prefill-replicas", "1",
+               "--decode-replicas", "1", "--kv-link", "warp"])  # fmt: skip
+    assert rc != 0 and "--kv-link 'warp'" in capsys.readouterr().err
