@@ -113,6 +113,9 @@ def test_greedy_equality_with_engine_processes():
 def test_router_names_both_hops_and_kv_returns_to_zero(cluster):
     _, router, pre, dec = cluster
     r = httpx.post(router + "/v1/completions", timeout=60,
+                   json={"model": "tiny", "prompt": "hello", "max_tokens": 4, "logprobs": 2})  # fmt: skip
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
+    r = httpx.post(router + "/v1/completions", timeout=60,
                    json={"model": "tiny", "prompt": "hello", "max_tokens": 4})  # fmt: skip
     assert r.status_code == 200, r.text
     assert r.headers["x-cbbench-prefill-replica"] == "p0"

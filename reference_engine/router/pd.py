@@ -75,6 +75,10 @@ async def forward_pd(
     assert pd is not None
     if not isinstance(body, dict):
         return _error(400, "the request body must be a JSON object", "invalid_request")
+    if body.get("logprobs") not in (None, False):  # the first token is the prefill's
+        return JSONResponse(error_body("logprobs are not supported through the P/D router: "
+                            "the first token is sampled on the prefill worker",
+                            "invalid_request_error", "logprobs"), 400)  # fmt: skip
     stream = body.get("stream") is True
     headers = forward_headers(request.headers.items(), router.pool.headers)
     try:
