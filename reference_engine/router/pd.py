@@ -17,6 +17,7 @@ A failure names its hop: `prefill_worker_failed` (before any token), `kv_transfe
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import logging
@@ -87,10 +88,21 @@ async def forward_pd(
         return _error(503, "no healthy prefill worker", "no_prefill_worker")
     t0 = time.perf_counter()
     pre.load.sent()
+    work = asyncio.ensure_future(
+        router.client.post(pre.url + path, content=json.dumps(prefill_body(body)), headers=headers)
+    )
+    watch = asyncio.ensure_future(_until_disconnected(request))
     try:
-        resp = await router.client.post(
-            pre.url + path, content=json.dumps(prefill_body(body)), headers=headers
-        )
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if not work.done():  # the client left: closing the connection aborts the prefill
+        work.cancel()
+        await asyncio.gather(work, return_exceptions=True)
+        pre.load.ended()
+        return Response(status_code=499)
+    try:
+        resp = work.result()
     except httpx.HTTPError as exc:
         pre.load.ended()
         router.pool.answered(pre, f"connection lost: {type(exc).__name__}"[:200], hard=True)
@@ -132,6 +144,11 @@ async def forward_pd(
     log.info("P/D %s: prefill %s (%.3f s, %s KV bytes) -> decode %s (%d)", path, pre.name,
              prefill_s, params.get("num_bytes"), dec.name, out.status_code)  # fmt: skip
     return out
+
+
+async def _until_disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 _KV_AWARE = KVAware()
