@@ -269,3 +269,28 @@ def test_a_spec_file_times_trace_sessions_by_an_arrival_process(tmp_path):
     assert [r.graph.after for r in wl.requests] == [
         r.graph.after for r in load_workload(str(FIXTURES)).requests
     ]
+
+
+def test_collector_jsonl_and_the_details_event_read_as_the_same_chain(tmp_path):
+    """The collector's file exporter writes one OTLP object a line; newer instrumentations may
+    put the messages on a `gen_ai.client.inference.operation.details` span event."""
+    chain = json.loads((FIXTURES / "chain.json").read_text())
+    spans = chain["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    second = spans[3]  # c000000000000002: its messages on the event instead
+    moved = [a for a in second["attributes"] if a["key"].startswith("gen_ai.input")]
+    second["attributes"] = [a for a in second["attributes"] if a not in moved]
+    second["events"] = [{"name": "gen_ai.client.inference.operation.details", "attributes": moved}]
+    lines = []
+    for part in (spans[:3], spans[3:]):
+        obj = copy.deepcopy(chain)
+        obj["resourceSpans"][0]["scopeSpans"][0]["spans"] = part
+        lines.append(json.dumps(obj))
+    path = tmp_path / "export.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    got, want = (
+        load_workload(str(path)).requests,
+        load_workload(str(FIXTURES / "chain.json")).requests,
+    )
+    assert [(r.graph.after, r.graph.live, r.graph.messages, r.think_s) for r in got] == [
+        (r.graph.after, r.graph.live, r.graph.messages, r.think_s) for r in want
+    ]

@@ -93,3 +93,14 @@ def test_sweep_table_shows_goodput_and_a_short_concurrency_level(tmp_path, capsy
     assert "| goodput |" in out and "100%" in out, out
     assert "concurrency 32: too short to judge" in out and "needs --num-requests 96" in out
     assert "concurrency 2: too short" not in out
+
+
+def test_a_level_that_ends_before_a_steady_state_is_too_short() -> None:
+    """40 requests at 17/s into a continuous batcher: all in one batch, TTFT low, the first
+    quick, then each 3 s long (the filling batch slows every decode): it looks sustained and met, but holds
+    17 x 3 = 51 in flight at a steady state it never reached (the tiny engine then missed the
+    SLO at 19/s with 750 requests, and the search had reported 17.4)."""
+    recs = [rec(i, i / 17, 0.05, 0.5 if i < 10 else 3.0) for i in range(40)]  # the batch fills
+    j = judge_capacity_level(recs, 17.0, {"ttft": 2.0}, 0.95, 40)
+    assert j.state == UNDECIDED and "steady state" in j.why, j
+    assert j.needed_requests >= 2 * 17 * 3

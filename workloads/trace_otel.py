@@ -25,27 +25,49 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
 from cbbench.workloads.errors import WorkloadError
 from cbbench.workloads.graph import GraphCall, depths, topo_order, transitive_reduction
-from cbbench.workloads.otel_spans import LLMCall, Span, llm_call, llm_kind, read_spans
+from cbbench.workloads.otel_spans import (
+    LLMCall,
+    Span,
+    llm_call,
+    llm_kind,
+    load_objects,
+    read_spans,
+)
 from cbbench.workloads.spec import RequestSpec, Workload
 
 TOGETHER_NS = 1_000_000  # predecessors ending within 1 ms of each other ended together
-OTEL_KEYS = ("resourceSpans", "spans")
+OTEL_KEY = re.compile(r'(?<!\\)"(resourceSpans|spans)"\s*:\s*\[')  # a key holding a list
+SUFFIXES = (".json", ".jsonl")  # .jsonl: the collector's file exporter, an object a line
 
 
 def is_otel_trace(path: Path) -> bool:
-    """A .json file whose top level holds `resourceSpans` or `spans`, or a folder of them."""
+    """A .json/.jsonl file of objects holding a `resourceSpans` or `spans` list (a key: the
+    name unescaped, a colon and a list, never text inside a string), or a folder of them."""
     if path.is_dir():
-        return any(is_otel_trace(p) for p in sorted(path.glob("*.json")))
-    if path.suffix.lower() != ".json":
+        return any(is_otel_trace(p) for p in _candidates(path))
+    suffix = path.suffix.lower()
+    if suffix not in SUFFIXES or not path.is_file():
         return False
     with open(path, encoding="utf-8", errors="replace") as f:
-        head = f.read(1 << 16)
-    return head.lstrip().startswith("{") and any(f'"{k}"' in head for k in OTEL_KEYS)
+        if suffix == ".json":
+            head = f.read(1 << 16)
+            return head.lstrip().startswith("{") and OTEL_KEY.search(head) is not None
+        line = f.readline()  # .jsonl: the first object's own keys
+        while line and not line.strip():
+            line = f.readline()
+    try:
+        first = json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(first, dict) and any(
+        isinstance(first.get(k), list) for k in ("resourceSpans", "spans")
+    )
 
 
 def _words(text: str) -> int:
@@ -124,11 +146,15 @@ def _stable_topo(ids: list[str], after: dict[str, set[str]], rank: dict[str, int
     return out
 
 
+def _candidates(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.suffix.lower() in SUFFIXES and p.is_file())
+
+
 def _files(path: Path) -> list[Path]:
     if path.is_dir():
-        files = sorted(p for p in path.glob("*.json") if p.is_file())
+        files = [p for p in _candidates(path) if is_otel_trace(p)]
         if not files:
-            raise WorkloadError(f"{path}: no .json trace files in this folder")
+            raise WorkloadError(f"{path}: no OpenTelemetry trace files (.json, .jsonl) here")
         return files
     return [path]
 
@@ -144,10 +170,10 @@ def read_otel(
     for f in _files(path):
         where = str(f)
         try:
-            obj = json.loads(f.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            text = f.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
             raise WorkloadError(f"{where}: not a readable JSON trace: {exc}") from None
-        spans = read_spans(obj, where)
+        spans = [sp for obj in load_objects(text, where) for sp in read_spans(obj, where)]
         n_spans += len(spans)
         traces: dict[str, list[Span]] = {}
         for s in spans:

@@ -42,7 +42,10 @@ def run(args: argparse.Namespace) -> int:
         try:
             import pyarrow  # noqa: F401
         except ImportError:
-            raise CbbenchError("--parquet needs pyarrow (pip install pyarrow)") from None
+            raise CbbenchError(
+                "--parquet needs pyarrow, which cbbench does not install: pip install "
+                "'pyarrow>=14' (or write --csv)"
+            ) from None
         if "extra" in df:  # free-form dicts have no fixed Parquet schema: keep them as JSON
             df["extra"] = df["extra"].map(lambda v: json.dumps(v, separators=(",", ":")))
         df.to_parquet(out, index=False)
