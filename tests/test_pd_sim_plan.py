@@ -174,3 +174,14 @@ def test_sim_compares_aggregated_and_disaggregated(tmp_path, capsys):
     rc = main(["sim", "--workload", "chat", "--num-requests", "5", "--prefill-replicas", "1",
                "--decode-replicas", "1", "--kv-link", "warp"])  # fmt: skip
     assert rc != 0 and "--kv-link 'warp'" in capsys.readouterr().err
+
+
+def test_decode_pool_under_kv_pressure_preempts_and_still_finishes_everything():
+    """A decode worker whose pool holds a few requests preempts imported ones (they recompute
+    prompt and outputs there, the payload long gone) and every token still comes out."""
+    reqs = [RequestSpec(i, 512, 64, arrival_s=0.001 * i) for i in range(24)]
+    small = EngineConfig(**{**H100.__dict__, "num_kv_blocks": 200})  # ~6 requests' worth
+    res = simulate_pd(reqs, small, 1, 1, get_link("same-node"), token_times=True)
+    assert all(r.num_tokens == 64 and r.finished_s is not None for r in res.requests)
+    assert all(len(r.token_times_s) == 64 for r in res.requests)
+    assert max(r.phases()["decode_queue_s"] for r in res.requests) > 0  # waited for blocks
