@@ -27,7 +27,7 @@ class ReplicaSetOptions:
     router: RouterOptions  # its `replicas` are filled in with the children's URLs
     ready_timeout_s: float = 180.0
     # P/D disaggregation: this many `--role prefill` and `--role decode` children instead
-    # (num_replicas = their sum), the router's P/D dispatch in front (router/pd.py)
+    # (num_replicas 0), the router's P/D dispatch in front (router/pd.py)
     num_prefill: int = 0
     num_decode: int = 0
 
@@ -43,12 +43,11 @@ class ReplicaSetOptions:
     def validate(self) -> None:
         if bool(self.num_prefill) != bool(self.num_decode):
             raise CbbenchError("--prefill-replicas and --decode-replicas go together")
-        if self.num_prefill:
-            self.num_replicas = self.num_prefill + self.num_decode
-        if not 1 <= self.num_replicas <= MAX_REPLICAS:
-            raise CbbenchError(
-                f"--replicas must be in [1, {MAX_REPLICAS}], got {self.num_replicas}"
-            )
+        if self.num_prefill and self.num_replicas:
+            raise CbbenchError("give --replicas N, or --prefill-replicas P --decode-replicas D")
+        n = self.num_prefill + self.num_decode if self.num_prefill else self.num_replicas
+        if not 1 <= n <= MAX_REPLICAS:
+            raise CbbenchError(f"--replicas must be in [1, {MAX_REPLICAS}], got {n}")
 
 
 def replica_command(argv: Sequence[str]) -> list[str]:
@@ -101,7 +100,10 @@ def serve_replicas(
             on_replica(i, h)
         urls = [h.base_url for h in handles]
         if opts.num_prefill:
-            opts.router.prefill, opts.router.decode = urls[: opts.num_prefill], urls[opts.num_prefill :]
+            opts.router.prefill, opts.router.decode = (
+                urls[: opts.num_prefill],
+                urls[opts.num_prefill :],
+            )
         else:
             opts.router.replicas = urls
         serve_router(opts.router, on_ready)
