@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import re
 import time
 from collections.abc import Callable
 
@@ -538,4 +539,14 @@ def error_message(text: str) -> str:
             return str(msg)[:ERROR_TEXT_LIMIT]
     except (ValueError, AttributeError):
         pass
-    return text.strip()[:ERROR_TEXT_LIMIT] or "(empty body)"
+    if _HTML.match(text):  # a web server's or proxy's error page, not an API's error
+        head = _TITLE.search(text) or _H1.search(text)
+        words = " ".join(_TAGS.sub(" ", head.group(1) if head else "").split())
+        return f"an HTML page{f' ({words[:80]!r})' if words else ''}: not an OpenAI-compatible API"
+    return " ".join(text.split())[:ERROR_TEXT_LIMIT] or "(empty body)"
+
+
+_HTML = re.compile(r"\s*(<!doctype html|<html|<head|<body|<\?xml)", re.IGNORECASE)
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+_H1 = re.compile(r"<h1[^>]*>(.*?)</h1>", re.IGNORECASE | re.DOTALL)
+_TAGS = re.compile(r"<[^>]+>")

@@ -18,17 +18,20 @@ def outcome_lines(
     *,
     interrupted: bool = False,
     planned: int | None = None,
+    stopped: str | None = None,
 ) -> list[str]:
-    """`planned`: measured requests the run meant to send (None: unknown)."""
+    """`planned`: measured requests the run meant to send (None: unknown); `stopped`: why a
+    watch (sweep's) stopped the run early, which is not a Ctrl-C."""
     c = summary.get("counts") or {}
     out: list[str] = []
     finished = c.get("total", 0)
     cancelled = summary.get("cancelled_in_flight") or 0
-    if interrupted:
+    if interrupted or stopped:
         of = f" of {planned}" if planned else ""
         unsent = f", {planned - finished - cancelled} never sent" if planned else ""
+        head = f"STOPPED ({stopped})" if stopped else "INTERRUPTED (Ctrl-C)"
         out.append(
-            f"INTERRUPTED (Ctrl-C): the figures above cover the {finished}{of} requests that "
+            f"{head}: the figures above cover the {finished}{of} requests that "
             f"finished; {cancelled} cancelled in flight{unsent}"
         )
     failed = c.get("failed") or 0
