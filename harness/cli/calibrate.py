@@ -98,7 +98,39 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="keep repeating a grid point up to this many seconds (0.3; 30 runs at most)",
     )
+    f = p.add_argument_group("from bench runs (any server: docs/engine.md#calibrating-from-a-run)")
+    f.add_argument("--from-run", nargs="+", default=None, metavar="RUN",
+                   help="fit the step model to these bench run folders instead of the engine")
+    f.add_argument("--server-config", default=None, metavar="KEY=VALUE,...",
+                   help="the server's batching settings the runs do not record: max_num_seqs, "
+                   "max_num_batched_tokens, enable_chunked_prefill, block_size, num_kv_blocks, "
+                   "enable_prefix_caching, max_model_len")
+    f.add_argument("--holdout", type=float, default=0.5,
+                   help="share of each run's requests (the last sent) held back from the fit "
+                   "to measure its error (default 0.5)")
+    f.add_argument("--check-run", nargs="+", default=[], metavar="RUN",
+                   help="then predict these runs (other workloads, rates) and compare")
     p.set_defaults(func=run)
+
+
+def _from_run(args: argparse.Namespace) -> int:
+    from cbbench.harness.studies.run_calibration import (
+        calibrate_from_runs,
+        print_calibration,
+        save,
+    )
+    from rich.console import Console
+
+    console = Console()
+    c = calibrate_from_runs(args.from_run, args.server_config, args.model,
+                            args.dtype or "bfloat16", args.name, args.holdout, args.check_run,
+                            log=lambda m: console.print(m, highlight=False, soft_wrap=True))  # fmt: skip
+    print_calibration(c, console)
+    out = Path(args.out or f"calibration-{Path(args.from_run[0]).name}.json")
+    save(c, out)
+    console.print(f"saved {out}: use `cbbench sim --hardware {out} --model {c.model}` or "
+                  f"`cbbench plan --hardware {out}`")  # fmt: skip
+    return 0
 
 
 GRID_FLAGS = ("batch_sizes", "context_lens", "prefill_lens", "repeats", "min_time")
@@ -133,6 +165,10 @@ def run(args: argparse.Namespace) -> int:
     from cbbench.reference_engine.sim.validation import held_out
     from rich.console import Console
 
+    if args.from_run:
+        return _from_run(args)
+    if args.server_config or args.check_run:
+        raise EngineError("--server-config and --check-run go with --from-run")
     for dest in ("model", "dtype", "device"):
         setattr(args, dest, engine_value(args, dest))
     grid = grid_options(args)

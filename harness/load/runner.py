@@ -51,6 +51,7 @@ from cbbench.harness.results.run_folder import RunWriter
 from cbbench.harness.results.summary import RunSummary, summarize
 from cbbench.harness.telemetry.adapters import QUEUE_TIME
 from cbbench.harness.telemetry.queue_time import bound_by_records
+from cbbench.harness.telemetry.server_settings import read_server_settings
 from cbbench.workloads.spec import Workload
 from cbbench.workloads.stats import describe_array
 from rich.console import Console
@@ -299,6 +300,9 @@ def run_bench(
     )
     plans = _plans(cfg, client)
     meta = {**_run_meta(cfg, name, engine, model, len(plans)), **fit_text_prompts(cfg, plans)}
+    # the batching settings the server says it runs (calibrate --from-run replays with them)
+    prom = next((s.url for s in samplers if isinstance(getattr(s, "url", None), str)), None)
+    meta["target"]["server_settings"] = read_server_settings(prom, engine)
     meta["cache"] = prepare_cache(  # flush, prime (prompts built as the workers build them)
         cfg.cache, client, cfg.workload, cfg.text_prompts, cfg.tokenizer, plans[0].text_fit
     )

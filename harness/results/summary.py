@@ -18,6 +18,7 @@ from cbbench.harness.errors import CbbenchError
 from cbbench.harness.results.client_timing import client_bound_reasons, worker_timing
 from cbbench.harness.results.records import RequestRecord
 from cbbench.harness.results.session_summary import session_summary
+from cbbench.harness.results.time_split import time_split
 from cbbench.workloads.stats import describe_array
 
 
@@ -78,6 +79,7 @@ class RunSummary(TypedDict, total=False):
     client_bound: bool
     client_bound_reason: str | None
     sessions: dict
+    server_timing: dict  # where the time went (results/time_split.py), from the server's times
     sim: dict  # a replay's step statistics (SimResult.summary())
     embedding_inputs: int  # --endpoint embeddings: inputs embedded (requests x batch)
     embedding_input_throughput: float | None  # inputs/s
@@ -275,6 +277,9 @@ def summarize(
     reasons = client_bound_reasons(open_loop_lag, loop_lag, client_stats, stamps)
     summary["client_bound"] = bool(reasons)
     summary["client_bound_reason"] = "; ".join(reasons) or None
+    split = time_split(ok_recs)
+    if split is not None:
+        summary["server_timing"] = split
     sessions = session_summary(records)
     if sessions is not None:
         summary["sessions"] = sessions

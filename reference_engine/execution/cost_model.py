@@ -185,6 +185,7 @@ class StepWork:
     dec_gathered: int = 0  # KV token slots copied, padding included
     dec_calls: int = 0  # attention calls (per layer)
     prefill_ctx: int = 0  # sum over prefill chunks of query tokens x context length
+    dec_kv: int = 0  # decode chunks' context tokens, unpadded (KV read by a paged kernel)
     attn_flops: float = 0.0  # the attention part of `flops`
     kv_bytes: float = 0.0  # the KV part of `bytes` (the rest: weights)
     # MoE (moe_cost.py): one sparse layer's (tokens per expert, P(active)); their FLOPs, bytes
@@ -213,6 +214,7 @@ STEP_FEATURES = {
     "c_dec_gathered": lambda w: w.dec_gathered,
     "c_dec_calls": lambda w: w.dec_calls,
     "c_pre_ctx": lambda w: w.prefill_ctx,
+    "c_dec_kv": lambda w: w.dec_kv,  # a black-box fit's decode attention (sim/run_fit.py)
     "c_mixed": lambda w: float(0 < w.num_prefill_seqs < w.num_seqs),  # prefills + decodes
 }
 
@@ -291,6 +293,7 @@ class CostModel:
         bs = self.block_size
         w.num_samples = samples
         w.decode_padded_ctx = len(dec_lens) * -(-longest_decode // bs) * bs
+        w.dec_kv = sum(dec_lens)
         if dec_lens:
             layout = None
             if tables is not None:

@@ -171,7 +171,7 @@ def decode_step_time(cost: CostModel, n: int, sum_end: int, max_end: int) -> tup
             "c0": 1.0, "c_host": 1.0, "c_flops": flops, "c_bytes": nbytes, "c_tok": n,
             "c_sample": n, "c_seq": n, "c_prefill": 0, "c_dec_ctx": padded,
             "c_dec_in_place": 0, "c_dec_gathered": padded, "c_dec_calls": calls,
-            "c_pre_ctx": 0, "c_mixed": 0.0,
+            "c_pre_ctx": 0, "c_mixed": 0.0, "c_dec_kv": sum_end,
         }  # fmt: skip
         total = max(0.0, sum(c * float(feats[t]) for t, c in lin.items()))
         return total, min(total, lin.get("c_host", 0.0) + lin.get("c_seq", 0.0) * n)

@@ -1,0 +1,181 @@
+"""`cbbench calibrate --from-run`: fit the simulator to any server from bench run folders
+(reference_engine/sim/run_fit.py does the fit), check it on other runs, print and save.
+
+A run gives, per successful request: its send time, TTFT, E2E, prompt and output tokens;
+run.json's `target.server_settings` (what bench read from the server) gives the batching
+settings, which `--server-config KEY=VALUE,...` completes or overrides.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cbbench.harness.errors import CbbenchError
+from cbbench.harness.results.run_folder import load_run
+from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.model.config import resolve_model_config
+from cbbench.reference_engine.sim.run_fit import (
+    METRICS,
+    RUN_TERMS,
+    SETTINGS,
+    Observed,
+    ObservedRun,
+    RunFit,
+    _errors,
+    fit_runs,
+    hardware_from_fit,
+    simulate_run,
+)
+from rich.console import Console
+from rich.table import Table
+
+_INTS = {"max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks", "max_model_len"}
+
+
+def parse_server_config(text: str | None) -> dict:
+    """'max_num_seqs=16,enable_chunked_prefill=true' -> settings (names: run_fit.SETTINGS)."""
+    out: dict = {}
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        key, eq, value = part.partition("=")
+        key, value = key.strip().replace("-", "_"), value.strip()
+        if not eq or key not in SETTINGS:
+            raise CbbenchError(f"--server-config: {part.strip()!r} is not KEY=VALUE with KEY one "
+                               f"of {', '.join(SETTINGS)}")  # fmt: skip
+        if key in _INTS:
+            try:
+                out[key] = int(value)
+            except ValueError:
+                raise CbbenchError(f"--server-config: {key} wants an integer, got {value!r}") from None
+        elif value.lower() in ("true", "on", "1", "false", "off", "0"):
+            out[key] = value.lower() in ("true", "on", "1")
+        else:
+            raise CbbenchError(f"--server-config: {key} wants true or false, got {value!r}")
+    return out
+
+
+def observed(path: str) -> tuple[ObservedRun, dict, str | None]:
+    """A run folder's successful measured requests, its recorded server settings and model."""
+    run = load_run(path)
+    reqs, preempt = [], 0
+    for r in run.records:
+        if r.warmup or not r.ok or r.sent_s is None or r.ttft_s is None or r.e2e_s is None:
+            continue
+        out = r.output_tokens_server or r.output_tokens_client
+        prompt = r.prompt_tokens_server or r.prompt_tokens_client or r.prompt_len
+        if not out:
+            continue
+        reqs.append(Observed(r.sent_s, int(prompt), int(out), r.ttft_s, r.e2e_s))
+        preempt += int(r.extra.get("num_preemptions") or 0)
+    if len(reqs) < 4:
+        raise CbbenchError(f"{path}: {len(reqs)} streamed successful requests; the fit needs "
+                           "at least 4 (streaming: bench without --no-stream)")  # fmt: skip
+    t0 = min(r.sent_s for r in reqs)
+    reqs = [Observed(r.sent_s - t0, r.prompt_len, r.output_len, r.ttft_s, r.e2e_s) for r in reqs]
+    target = run.meta.get("target") or {}
+    said = any("num_preemptions" in r.extra for r in run.records)
+    root = (target.get("engine") or {}).get("root")
+    return (ObservedRun(run.name, reqs, preempt if said else None),
+            dict(target.get("server_settings") or {}), root)  # fmt: skip
+
+
+@dataclass
+class RunCalibration:
+    runs: list[ObservedRun]
+    settings: dict
+    model: str
+    fit: RunFit
+    spec: object  # HardwareSpec
+    checks: list[tuple[str, dict, dict]] = field(default_factory=list)  # name, errors, means
+
+
+def calibrate_from_runs(paths: list[str], server_config: str | None, model: str | None,
+                        dtype: str, name: str | None, holdout: float,
+                        check_paths: list[str], log=print) -> RunCalibration:  # fmt: skip
+    loaded = [observed(p) for p in paths]
+    runs = [r for r, _, _ in loaded]
+    flags = parse_server_config(server_config)
+    recorded = [s for _, s, _ in loaded]
+    for p, s in zip(paths[1:], recorded[1:], strict=True):
+        differ = sorted(k for k in set(s) & set(recorded[0]) if s[k] != recorded[0][k]
+                        and k not in flags)  # fmt: skip
+        if differ:
+            raise CbbenchError(f"{p}: the server's {', '.join(differ)} differ from "
+                               f"{paths[0]}'s: fit runs of one server configuration")  # fmt: skip
+    settings = {**recorded[0], **flags}
+    model = model or loaded[0][2]
+    if not model:
+        raise CbbenchError("--from-run: the run does not name its model; pass --model "
+                           "(a preset, an HF folder or its config.json)")  # fmt: skip
+    try:
+        resolve_model_config(model)
+    except EngineError as exc:
+        raise CbbenchError(f"--model {model}: {exc} (pass --model with the served model's "
+                           "preset, HF folder or config.json)") from None  # fmt: skip
+    n = sum(len(r.requests) for r in runs)
+    log(f"fitting the step model to {n} requests of {len(runs)} run(s); server settings: "
+        + ", ".join(f"{k}={v}" for k, v in sorted(settings.items())) + f"; holding back the "
+        f"last {holdout:.0%} of each run's requests")  # fmt: skip
+    fit = fit_runs(runs, model, dtype, settings, holdout, log=log)
+    spec = hardware_from_fit(fit, name or f"fit-{Path(paths[0]).name}", model, dtype, settings,
+                             [str(p) for p in paths], holdout)  # fmt: skip
+    out = RunCalibration(runs, settings, model, fit, spec)
+    for p in check_paths:
+        run, _, _ = observed(p)
+        pred, _, _ = simulate_run(run, model, dtype, settings, fit.coef)
+        err = _errors([run], [pred], [[True] * len(run.requests)], None)
+        means = {m: (_mean([getattr(r, f"{m}_s") for r in run.requests]),
+                     _mean(getattr(pred, f"{m}_s"))) for m in METRICS}  # fmt: skip
+        out.checks.append((p, err, means))
+    spec.fit["checks"] = [{"run": p, "errors": e} for p, e, _ in out.checks]
+    return out
+
+
+def _mean(vals) -> float:
+    v = [x for x in vals if x is not None]
+    return sum(v) / len(v) if v else float("nan")
+
+
+def print_calibration(c: RunCalibration, console: Console) -> None:
+    units = {"c0": "ms per step", "c_tok": "us per batched token", "c_seq": "us per sequence",
+             "c_prefill": "ms per prefill chunk", "c_dec_kv": "ns per decode context token",
+             "c_pre_ctx": "ns per prefill (query x context) pair",
+             "c_req": "ms per request outside the steps (HTTP, network)"}  # fmt: skip
+    scale = {"ms": 1e3, "us": 1e6, "ns": 1e9}
+    t = Table(title=f"step model fitted from {len(c.runs)} run(s) ({c.spec.name})")
+    for col in ("term", "value", "unit", "identified by these runs"):
+        t.add_column(col)
+    for term in (*RUN_TERMS, "c_req"):
+        unit = units[term]
+        v = c.fit.coef.get(term, 0.0) * scale[unit[:2]]
+        t.add_row(term, f"{v:.4g}", unit, c.fit.identified.get(term, "-"))
+    console.print(t)
+    e = Table(title="predicted vs measured (relative error of the simulated figure)")
+    e.add_column("requests")
+    for m in METRICS:
+        e.add_column(f"{m.upper()} mean", justify="right")
+        e.add_column(f"{m.upper()} p99", justify="right")
+    rows = [("fit part", c.fit.errors["fit"]), ("held back", c.fit.errors.get("held_back") or {}),
+            ("all", c.fit.errors["all"])]  # fmt: skip
+    rows += [(f"check: {Path(p).name}", err) for p, err, _ in c.checks]
+    for label, err in rows:
+        e.add_row(label, *(_pct(err.get(f"{m}_{s}")) for m in METRICS for s in ("mean", "p99")))
+    console.print(e)
+    for p, _, means in c.checks:
+        console.print(f"  {Path(p).name}: " + ", ".join(
+            f"{m.upper()} mean measured {mv * 1e3:.1f} ms, predicted {pv * 1e3:.1f} ms"
+            for m, (mv, pv) in means.items()), highlight=False, soft_wrap=True)  # fmt: skip
+    for note in c.fit.notes:
+        console.print(f"not identified: {note}", highlight=False, soft_wrap=True)
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:+.1%}"
+
+
+def save(c: RunCalibration, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(c.spec.to_dict(), indent=2) + "\n", encoding="utf-8")
