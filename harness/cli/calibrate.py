@@ -108,6 +108,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--holdout", type=float, default=0.5,
                    help="share of each run's requests (the last sent) held back from the fit "
                    "to measure its error (default 0.5)")
+    f.add_argument("--server-ttft", action="store_true",
+                   help="fit TTFT to the server's own (queue + prefill; vLLM's per-request "
+                   "metrics) and measure the rest (HTTP, network) as one constant")
     f.add_argument("--check-run", nargs="+", default=[], metavar="RUN",
                    help="then predict these runs (other workloads, rates) and compare")
     p.set_defaults(func=run)
@@ -124,7 +127,8 @@ def _from_run(args: argparse.Namespace) -> int:
     console = Console()
     c = calibrate_from_runs(args.from_run, args.server_config, args.model,
                             args.dtype or "bfloat16", args.name, args.holdout, args.check_run,
-                            log=lambda m: console.print(m, highlight=False, soft_wrap=True))  # fmt: skip
+                            log=lambda m: console.print(m, highlight=False, soft_wrap=True),
+                            server_ttft=args.server_ttft)  # fmt: skip
     print_calibration(c, console)
     out = Path(args.out or f"calibration-{Path(args.from_run[0]).name}.json")
     save(c, out)
@@ -167,8 +171,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.from_run:
         return _from_run(args)
-    if args.server_config or args.check_run:
-        raise EngineError("--server-config and --check-run go with --from-run")
+    if args.server_config or args.check_run or args.server_ttft:
+        raise EngineError("--server-config, --server-ttft and --check-run go with --from-run")
     for dest in ("model", "dtype", "device"):
         setattr(args, dest, engine_value(args, dest))
     grid = grid_options(args)

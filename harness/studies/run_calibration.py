@@ -9,7 +9,7 @@ settings, which `--server-config KEY=VALUE,...` completes or overrides.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cbbench.harness.errors import CbbenchError
@@ -57,7 +57,7 @@ def parse_server_config(text: str | None) -> dict:
     return out
 
 
-def observed(path: str) -> tuple[ObservedRun, dict, str | None]:
+def observed(path: str, use_itl: bool = True) -> tuple[ObservedRun, dict, str | None]:
     """A run folder's successful measured requests, its recorded server settings and model."""
     run = load_run(path)
     reqs, preempt = [], 0
@@ -68,13 +68,18 @@ def observed(path: str) -> tuple[ObservedRun, dict, str | None]:
         prompt = r.prompt_tokens_server or r.prompt_tokens_client or r.prompt_len
         if not out:
             continue
-        reqs.append(Observed(r.sent_s, int(prompt), int(out), r.ttft_s, r.e2e_s))
+        st = r.extra.get("server_timing") or {}
+        server_ttft = None
+        if st.get("queue_s") is not None and st.get("prefill_s") is not None:
+            server_ttft = st["queue_s"] + st["prefill_s"]
+        itl = tuple(r.itl_s) if use_itl and len(r.itl_s) == int(out) - 1 else ()
+        reqs.append(Observed(r.sent_s, int(prompt), int(out), r.ttft_s, r.e2e_s, server_ttft, itl))
         preempt += int(r.extra.get("num_preemptions") or 0)
     if len(reqs) < 4:
         raise CbbenchError(f"{path}: {len(reqs)} streamed successful requests; the fit needs "
                            "at least 4 (streaming: bench without --no-stream)")  # fmt: skip
     t0 = min(r.sent_s for r in reqs)
-    reqs = [Observed(r.sent_s - t0, r.prompt_len, r.output_len, r.ttft_s, r.e2e_s) for r in reqs]
+    reqs = [replace(r, sent_s=r.sent_s - t0) for r in reqs]
     target = run.meta.get("target") or {}
     said = any("num_preemptions" in r.extra for r in run.records)
     root = (target.get("engine") or {}).get("root")
@@ -94,7 +99,8 @@ class RunCalibration:
 
 def calibrate_from_runs(paths: list[str], server_config: str | None, model: str | None,
                         dtype: str, name: str | None, holdout: float,
-                        check_paths: list[str], log=print) -> RunCalibration:  # fmt: skip
+                        check_paths: list[str], log=print,
+                        server_ttft: bool = False) -> RunCalibration:  # fmt: skip
     loaded = [observed(p) for p in paths]
     runs = [r for r, _, _ in loaded]
     flags = parse_server_config(server_config)
@@ -119,7 +125,7 @@ def calibrate_from_runs(paths: list[str], server_config: str | None, model: str 
     log(f"fitting the step model to {n} requests of {len(runs)} run(s); server settings: "
         + ", ".join(f"{k}={v}" for k, v in sorted(settings.items())) + f"; holding back the "
         f"last {holdout:.0%} of each run's requests")  # fmt: skip
-    fit = fit_runs(runs, model, dtype, settings, holdout, log=log)
+    fit = fit_runs(runs, model, dtype, settings, holdout, log=log, server_ttft=server_ttft)
     spec = hardware_from_fit(fit, name or f"fit-{Path(paths[0]).name}", model, dtype, settings,
                              [str(p) for p in paths], holdout)  # fmt: skip
     out = RunCalibration(runs, settings, model, fit, spec)

@@ -50,6 +50,10 @@ class Observed:
     output_len: int  # tokens it got
     ttft_s: float
     e2e_s: float
+    # where the run has them: the server's own TTFT (queue + prefill: arrival at the engine ->
+    # first token) and the client's gaps between tokens
+    server_ttft_s: float | None = None
+    itl_s: tuple[float, ...] = ()
 
     @property
     def tpot_s(self) -> float | None:
@@ -170,9 +174,11 @@ def engine_config(model: str, dtype: str, settings: dict, hardware: str,
     )  # fmt: skip
 
 
-def _rows(run: ObservedRun, log: _StepLog, sim_reqs: list, use: list[bool]):
-    """(TTFT rows, TTFT targets, TPOT rows, TPOT targets) for the requests in `use`; a row:
-    RUN_TERMS features summed over the request's steps, then c_req's column."""
+def _rows(run: ObservedRun, log: _StepLog, sim_reqs: list, use: list[bool], c_req: float | None):
+    """Row groups (rows, targets) for the requests in `use`: TTFT, TPOT and, where the run
+    has token times, each gap between tokens; a row: RUN_TERMS features summed over the
+    steps the measured span covers, then c_req's column. With the server's own TTFT
+    (`c_req` given: measured), the TTFT rows are the server's, without that column."""
     feats = np.array([w.features(RUN_TERMS) for _, _, w, _ in log.steps])
     starts = np.array([s for s, _, _, _ in log.steps])
     ends = np.array([e for _, e, _, _ in log.steps])
@@ -182,7 +188,7 @@ def _rows(run: ObservedRun, log: _StepLog, sim_reqs: list, use: list[bool]):
             if s:
                 samples.setdefault(rid, []).append(j)
     csum = np.vstack([np.zeros(len(RUN_TERMS)), np.cumsum(feats, axis=0)])
-    t_rows, t_y, d_rows, d_y = [], [], [], []
+    t_rows, t_y, d_rows, d_y, g_rows, g_y = [], [], [], [], [], []
     for i, (obs, sim) in enumerate(zip(run.requests, sim_reqs, strict=True)):
         js = samples.get(sim.request_id, [])
         if not use[i] or not js:
@@ -195,13 +201,21 @@ def _rows(run: ObservedRun, log: _StepLog, sim_reqs: list, use: list[bool]):
             span = ends[k] - starts[k]
             share = (ends[k] - max(sim.arrival_s, starts[k])) / span if span > 0 else 1.0
             row = row + share * feats[k]
-        t_rows.append(np.append(row, 1.0))
-        t_y.append(obs.ttft_s)
+        if c_req is not None and obs.server_ttft_s is not None:
+            t_rows.append(np.append(row, 0.0))
+            t_y.append(obs.server_ttft_s)
+        elif c_req is None:
+            t_rows.append(np.append(row, 1.0))
+            t_y.append(obs.ttft_s)
         n = obs.output_len
         if n > 1 and last > first:
             d_rows.append(np.append((csum[last + 1] - csum[first + 1]) / (n - 1), 0.0))
             d_y.append((obs.e2e_s - obs.ttft_s) / (n - 1))
-    return t_rows, t_y, d_rows, d_y
+        if len(obs.itl_s) == len(js) - 1:  # one gap per token after the first
+            for k, gap in enumerate(obs.itl_s, 1):
+                g_rows.append(np.append(csum[js[k] + 1] - csum[js[k - 1] + 1], 0.0))
+                g_y.append(gap)
+    return t_rows, t_y, d_rows, d_y, g_rows, g_y
 
 
 def _solve(rows: list, ys: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -269,14 +283,26 @@ def fit_runs(
     rounds: int = 12,
     damping: float = 0.5,
     log: Callable[[str], None] | None = None,
+    server_ttft: bool = False,
 ) -> RunFit:
-    """Fit RUN_TERMS (and c_req) to `runs` served with `settings` (see the module doc)."""
+    """Fit RUN_TERMS (and c_req) to `runs` served with `settings` (see the module doc).
+    `server_ttft`: fit the TTFT rows to the server's own TTFT where the runs carry it, and
+    take c_req as the mean of what lies outside it (client TTFT less the server's). Off by
+    default: where the server's front end shares the machine with its engine, that outside
+    part grows with load, and the client's TTFT is what is predicted."""
     if not runs or not any(r.requests for r in runs):
         raise EngineError("calibration from runs: no successful requests to fit")
     if not 0.0 <= holdout < 1.0:
         raise EngineError(f"holdout must be in [0, 1), got {holdout}")
     parts = [fit_part(r, holdout) for r in runs]
     coef = initial_coef(runs)
+    # the server's own TTFT: what lies outside its steps (HTTP, network) is measured
+    outside = [r.ttft_s - r.server_ttft_s for run, part in zip(runs, parts, strict=True)
+               for r, p in zip(run.requests, part, strict=True)
+               if p and r.server_ttft_s is not None]  # fmt: skip
+    c_req = max(0.0, float(np.mean(outside))) if server_ttft and len(outside) >= 2 else None
+    if c_req is not None:
+        coef["c_req"] = c_req
     best: tuple[float, dict, list[Predicted]] | None = None
     history: list[dict] = []
     last_a = last_b = None
@@ -290,13 +316,15 @@ def fit_runs(
                                                 for m in METRICS))  # fmt: skip
         if best is None or _score(err) < best[0]:
             best = (_score(err), dict(coef), preds)
-        groups = [[], [], [], []]
+        groups: list[list] = [[] for _ in range(6)]
         for r, (_, slog, sreqs), part in zip(runs, sims, parts, strict=True):
-            for g, vals in zip(groups, _rows(r, slog, sreqs, part), strict=True):
+            for g, vals in zip(groups, _rows(r, slog, sreqs, part, c_req), strict=True):
                 g.extend(vals)
-        if not groups[0]:
+        if not groups[2] and not groups[0]:
             raise EngineError("calibration from runs: no request of the fit part got a token")
-        x, last_a, last_b = _solve([groups[0], groups[2]], [groups[1], groups[3]])
+        x, last_a, last_b = _solve(groups[0::2], groups[1::2])
+        if c_req is not None:
+            x[-1] = c_req
         new = dict(zip((*RUN_TERMS, "c_req"), map(float, x), strict=True))
         moved = max(abs(new[t] - coef.get(t, 0.0)) / max(abs(new[t]), 1e-12) for t in new)
         coef = {t: (1 - damping) * new[t] + damping * coef.get(t, 0.0) for t in new}
@@ -311,6 +339,8 @@ def fit_runs(
     }, history)  # fmt: skip
     if last_a is not None:
         fit.identified = identifiability(last_a, last_b, coef)
+    if c_req is not None:
+        fit.identified["c_req"] = "measured (client TTFT less the server's own)"
     fit.notes = what_runs_cannot_tell(runs, preds, settings)
     return fit
 
