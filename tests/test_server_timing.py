@@ -66,13 +66,14 @@ def test_a_real_engine_run_records_its_stamps_per_request(tmp_path):
         assert main(["bench", "--base-url", url, "--workload", "prompt=16,output=8",
                      "--num-requests", "6", "--rate", "inf", "--no-live",
                      "--out", str(tmp_path / "run")]) == 0  # fmt: skip
-    recs = [json.loads(line) for line in open(tmp_path / "run" / "requests.jsonl")]
+    lines = (tmp_path / "run" / "requests.jsonl").read_text().splitlines()
+    recs = [json.loads(line) for line in lines]
     for r in recs:
         t = r["extra"]["server_timing"]
         assert t["source"] == "cbbench" and t["decode_s"] > 0 and t["prefill_s"] > 0
         assert t["queue_s"] == r["server_queue_s"]
         assert t["queue_s"] + t["prefill_s"] + t["decode_s"] <= r["e2e_s"] + 0.05
-    meta = json.loads(open(tmp_path / "run" / "run.json").read())
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
     assert meta["summary"]["server_timing"]["count"] == 6
     settings = meta["target"]["server_settings"]
     assert settings["max_model_len"] == 128 and settings["block_size"] >= 1

@@ -179,6 +179,9 @@ def decode_step_time(cost: CostModel, n: int, sum_end: int, max_end: int) -> tup
     dense = max((flops - attn_flops - 0.0) / 1 / peak, (nbytes - kv_bytes - 0.0) / bw)
     attention = max(attn_flops / 1 / peak, kv_bytes / 1 / bw)
     host = hw.per_seq_overhead_s * n
+    if cost.tp > 1:  # CostModel._total_and_host's tensor-parallel arithmetic
+        return (dense / cost.tp + attention / cost.tp + cost.allreduce_s(n)
+                + hw.step_overhead_s + host), host  # fmt: skip
     return dense + attention + hw.step_overhead_s + host, host
 
 
@@ -221,7 +224,7 @@ def take_steps(
     bm = engine.block_manager
     bs = bm.block_size
     layout = cost.uses_layout
-    roofline = hw.linear is None and not hw.steps and not layout
+    roofline = hw.linear is None and not hw.steps and not layout and cost.tp == 1
     peak, bw = hw.peak_flops * hw.flops_efficiency, hw.mem_bw * hw.bw_efficiency
     apf, kvb, swb = cost.attn_flops_per_pair, cost.kv_bytes_per_token, cost.step_weight_bytes
     overhead, per_seq_s = hw.step_overhead_s, hw.per_seq_overhead_s

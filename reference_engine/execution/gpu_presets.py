@@ -1,0 +1,42 @@
+"""GPU and interconnect presets for the simulator's roofline (cost_model.HardwareSpec fields).
+
+Peaks from the vendors' spec sheets: dense BF16 tensor FLOP/s (no sparsity), memory bandwidth,
+memory; the link is what a tensor-parallel all-reduce crosses between the GPUs of one replica
+(NVLink where the card has it, else PCIe), one direction's bandwidth per GPU and a latency per
+all-reduce. `error` is what the preset was measured with against real runs (relative error of
+the simulated TTFT / TPOT / E2E means, docs/planning.md#gpu-presets-and-their-error), or None:
+nothing measured it, and `sim` / `plan` say "error unknown".
+
+Efficiencies (the share of each peak a step reaches) default to cost_model's 0.6 / 0.8 unless
+a card's measured data fitted them (docs/planning.md cites the data).
+"""
+
+from __future__ import annotations
+
+# name -> (bytes/s one direction per GPU, seconds per all-reduce)
+LINKS: dict[str, tuple[float, float]] = {
+    "nvlink3": (300e9, 8e-6),  # A100: 600 GB/s both directions
+    "nvlink4": (450e9, 8e-6),  # H100 / H200 SXM: 900 GB/s
+    "nvlink5": (900e9, 6e-6),  # B200: 1.8 TB/s
+    "pcie4": (25e9, 20e-6),  # x16, ~32 GB/s raw
+    "pcie5": (50e9, 20e-6),  # x16, ~64 GB/s raw
+}
+
+# name -> HardwareSpec keyword arguments (peak_flops, mem_bw, mem_gb, link, ...)
+GPU_PRESETS: dict[str, dict] = {
+    "a100-40g": dict(peak_flops=312e12, mem_bw=1.555e12, mem_gb=40, link="nvlink3"),
+    "a100-80g": dict(peak_flops=312e12, mem_bw=2.039e12, mem_gb=80, link="nvlink3"),
+    "h100-sxm": dict(peak_flops=989e12, mem_bw=3.35e12, mem_gb=80, link="nvlink4"),
+    "h100-pcie": dict(peak_flops=756e12, mem_bw=2.0e12, mem_gb=80, link="pcie5"),
+    "h200": dict(peak_flops=989e12, mem_bw=4.8e12, mem_gb=141, link="nvlink4"),
+    "b200": dict(peak_flops=2250e12, mem_bw=8.0e12, mem_gb=180, link="nvlink5"),
+    "l4": dict(peak_flops=121e12, mem_bw=0.3e12, mem_gb=24, link="pcie4"),
+    "l40s": dict(peak_flops=362e12, mem_bw=0.864e12, mem_gb=48, link="pcie4"),
+    "rtx-4090": dict(peak_flops=165e12, mem_bw=1.008e12, mem_gb=24, link="pcie4"),
+    "rtx-5090": dict(peak_flops=209e12, mem_bw=1.792e12, mem_gb=32, link="pcie5"),
+    "rtx-6000-ada": dict(peak_flops=182e12, mem_bw=0.96e12, mem_gb=48, link="pcie4"),
+    "rtx-pro-6000": dict(peak_flops=500e12, mem_bw=1.792e12, mem_gb=96, link="pcie5"),
+}
+
+GPU_ALIASES = {"h100": "h100-sxm", "a100": "a100-80g", "4090": "rtx-4090",
+               "rtx-pro-6000-blackwell": "rtx-pro-6000", "5090": "rtx-5090"}  # fmt: skip
