@@ -37,7 +37,13 @@ from pathlib import Path
 import numpy as np
 from cbbench.kernels.kv_layout import gather_calls, split_layout
 from cbbench.reference_engine.errors import EngineError
-from cbbench.reference_engine.execution.gpu_presets import GPU_ALIASES, GPU_PRESETS, LINKS
+from cbbench.reference_engine.execution.gpu_presets import (
+    EFFICIENCY_SOURCE,
+    FITTED,
+    GPU_ALIASES,
+    GPU_PRESETS,
+    LINKS,
+)
 from cbbench.reference_engine.execution.kv_cache import kv_token_bytes
 from cbbench.reference_engine.execution.moe_cost import MoeCost, MoeSimSettings
 from cbbench.reference_engine.model.config import ModelConfig
@@ -89,7 +95,8 @@ class HardwareSpec:
 
 
 HARDWARE_PRESETS: dict[str, HardwareSpec] = {
-    **{name: HardwareSpec(name, **kw) for name, kw in GPU_PRESETS.items()},
+    **{name: HardwareSpec(name, **kw, **FITTED, fit={"efficiency": EFFICIENCY_SOURCE})
+       for name, kw in GPU_PRESETS.items()},
     # Fitted by `cbbench calibrate --validate --validate-workloads chat,uniform` (small, fp32,
     # one torch thread, the "panels" CPU linear kernel and the C++ decode attention / row ops,
     # wall clock; 4,983 whole engine steps of six fit runs, stepped in turn with the held-out

@@ -7,11 +7,21 @@ all-reduce. `error` is what the preset was measured with against real runs (rela
 the simulated TTFT / TPOT / E2E means, docs/planning.md#gpu-presets-and-their-error), or None:
 nothing measured it, and `sim` / `plan` say "error unknown".
 
-Efficiencies (the share of each peak a step reaches) default to cost_model's 0.6 / 0.8 unless
-a card's measured data fitted them (docs/planning.md cites the data).
+The memory-bound decode step (bandwidth efficiency 0.82, a fixed 0.6 ms a step) is fitted on
+two published single-request vLLM decode measurements of Llama-3.1-8B in BF16: 75 tok/s on an
+A100 40GB (vLLM 0.23, 1,024 in / 128 out) and a 6.48 ms TPOT p50 on an H100 80GB HBM3 (vLLM
+0.21); two points, two terms, so it is not a measured error: docs/planning.md cites them and
+the out-of-sample checks. FLOP/s efficiency stays cost_model's 0.6 (no public prefill-only
+measurement clean enough to fit it).
 """
 
 from __future__ import annotations
+
+# the decode roofline fitted on the two published points above (every GPU preset)
+FITTED = dict(bw_efficiency=0.82, step_overhead_s=6e-4)
+EFFICIENCY_SOURCE = ("bw_efficiency and step_overhead_s fitted on published vLLM decode "
+                     "measurements (Llama-3.1-8B BF16, one request: A100 40GB 75 tok/s, H100 "
+                     "6.48 ms TPOT); docs/planning.md#gpu-presets-and-their-error")  # fmt: skip
 
 # name -> (bytes/s one direction per GPU, seconds per all-reduce)
 LINKS: dict[str, tuple[float, float]] = {
