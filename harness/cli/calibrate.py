@@ -98,7 +98,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="keep repeating a grid point up to this many seconds (0.3; 30 runs at most)",
     )
-    f = p.add_argument_group("from bench runs (any server: docs/engine.md#calibrating-from-a-run)")
+    f = p.add_argument_group("from bench runs (any server: docs/fitting-any-server.md)")
     f.add_argument("--from-run", nargs="+", default=None, metavar="RUN",
                    help="fit the step model to these bench run folders instead of the engine")
     f.add_argument("--server-config", default=None, metavar="KEY=VALUE,...",

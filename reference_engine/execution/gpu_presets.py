@@ -4,7 +4,7 @@ Peaks from the vendors' spec sheets: dense BF16 tensor FLOP/s (no sparsity), mem
 memory; the link is what a tensor-parallel all-reduce crosses between the GPUs of one replica
 (NVLink where the card has it, else PCIe), one direction's bandwidth per GPU and a latency per
 all-reduce. `error` is what the preset was measured with against real runs (relative error of
-the simulated TTFT / TPOT / E2E means, docs/planning.md#gpu-presets-and-their-error), or None:
+the simulated TTFT / TPOT / E2E means, docs/fitting-any-server.md#gpu-presets-and-their-error), or None:
 nothing measured it, and `sim` / `plan` say "error unknown".
 
 The memory-bound decode step (bandwidth efficiency 0.82, a fixed 0.6 ms a step) is fitted on
@@ -21,7 +21,7 @@ from __future__ import annotations
 FITTED = dict(bw_efficiency=0.82, step_overhead_s=6e-4)
 EFFICIENCY_SOURCE = ("bw_efficiency and step_overhead_s fitted on published vLLM decode "
                      "measurements (Llama-3.1-8B BF16, one request: A100 40GB 75 tok/s, H100 "
-                     "6.48 ms TPOT); docs/planning.md#gpu-presets-and-their-error")  # fmt: skip
+                     "6.48 ms TPOT); docs/fitting-any-server.md#gpu-presets-and-their-error")  # fmt: skip
 
 # name -> (bytes/s one direction per GPU, seconds per all-reduce)
 LINKS: dict[str, tuple[float, float]] = {
