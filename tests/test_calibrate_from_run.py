@@ -105,3 +105,34 @@ def test_cli_from_run_refuses_bad_input(tmp_path, capsys):
     _write_run(tmp_path / "a", measured(1.0, 10, 7), {})
     assert main(["calibrate", "--from-run", str(tmp_path / "a"), "--server-config", "x=1"]) != 0
     assert "KEY=VALUE" in capsys.readouterr().err
+
+
+def test_server_ttft_measures_what_lies_outside_the_engine():
+    """With the server's own TTFT on each request, c_req is measured, not fitted."""
+    from dataclasses import replace
+
+    runs = [measured(1.0, 30, 8), measured(2.5, 30, 9)]
+    for run in runs:
+        run.requests = [replace(r, server_ttft_s=r.ttft_s - TRUTH["c_req"]) for r in run.requests]
+    fit = fit_runs(runs, "small", "float32", SETTINGS, holdout=0.5, server_ttft=True)
+    assert fit.coef["c_req"] == pytest.approx(TRUTH["c_req"], rel=1e-6)
+    assert fit.identified["c_req"].startswith("measured")
+    assert abs(fit.errors["all"]["e2e_mean"]) < 0.03
+
+
+def test_intervals_come_from_the_measured_error_or_say_unknown():
+    from cbbench.reference_engine.sim.intervals import UNMEASURED_BAND, error_of
+
+    h100 = get_hardware("h100")
+    iv, kind, words = error_of(h100)
+    assert kind == "unknown" and "error unknown for h100-sxm" in words
+    assert (iv.low, iv.high) == (-UNMEASURED_BAND, UNMEASURED_BAND)
+    from dataclasses import replace
+
+    fitted = replace(h100, linear={"c0": 0.01},
+                     fit={"measured_error": {"tpot_mean": 0.25, "e2e_mean": -0.1,
+                                             "ttft_mean": 0.9}, "runs": ["a"]})  # fmt: skip
+    iv, kind, words = error_of(fitted)
+    # predicted 25 % slow: the real step is 1 / 1.25 = 0.8 of it; the TTFT error is not a
+    # step-time error (queueing amplifies it) and stays out
+    assert kind == "measured" and iv.high == pytest.approx(0.2) and "measured on a" in words
