@@ -105,9 +105,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the server's batching settings the runs do not record: max_num_seqs, "
                    "max_num_batched_tokens, enable_chunked_prefill, block_size, num_kv_blocks, "
                    "enable_prefix_caching, max_model_len")
-    f.add_argument("--holdout", type=float, default=0.5,
-                   help="share of each run's requests (the last sent) held back from the fit "
-                   "to measure its error (default 0.5)")
+    f.add_argument("--holdout", type=float, default=0.5, help="share of each run's requests "
+                   "(the last sent) held back to measure the fit's error (default 0.5)")
     f.add_argument("--server-ttft", action="store_true",
                    help="fit TTFT to the server's own (queue + prefill; vLLM's per-request "
                    "metrics) and measure the rest (HTTP, network) as one constant")
@@ -117,11 +116,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _from_run(args: argparse.Namespace) -> int:
-    from cbbench.harness.studies.run_calibration import (
-        calibrate_from_runs,
-        print_calibration,
-        save,
-    )
+    from cbbench.harness.studies.run_calibration import calibrate_from_runs, print_calibration, save
     from rich.console import Console
 
     console = Console()

@@ -15,6 +15,7 @@ from pathlib import Path
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.results.run_folder import load_run
 from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.execution.cost_model import HardwareSpec
 from cbbench.reference_engine.model.config import resolve_model_config
 from cbbench.reference_engine.sim.run_fit import (
     METRICS,
@@ -25,7 +26,6 @@ from cbbench.reference_engine.sim.run_fit import (
     RunFit,
     _errors,
     fit_runs,
-    hardware_from_fit,
     simulate_run,
 )
 from rich.console import Console
@@ -185,3 +185,22 @@ def _pct(x) -> str:
 def save(c: RunCalibration, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(c.spec.to_dict(), indent=2) + "\n", encoding="utf-8")
+
+
+def hardware_from_fit(fit: RunFit, name: str, model: str, dtype: str, settings: dict,
+                      sources: list[str], holdout: float, mem_gb: float = 80.0) -> HardwareSpec:  # fmt: skip
+    """The fit as a hardware JSON for `sim` / `plan --hardware`: its coefficients, the
+    server settings it was fitted under, and its measured error (held-back requests)."""
+    linear = {t: fit.coef.get(t, 0.0) for t in RUN_TERMS}
+    measured = fit.errors.get("held_back") or fit.errors.get("all") or {}
+    return HardwareSpec(
+        name, peak_flops=1.0, mem_bw=1.0, mem_gb=mem_gb, flops_efficiency=1.0,
+        bw_efficiency=1.0, gpu_memory_utilization=1.0, linear=linear,
+        fit={
+            "method": "from-run", "model": model, "dtype": dtype, "runs": sources,
+            "server_settings": settings, "holdout": holdout,
+            "request_overhead_s": fit.coef.get("c_req", 0.0),
+            "errors": fit.errors, "measured_error": measured,
+            "identified": fit.identified, "notes": fit.notes,
+        },
+    )  # fmt: skip

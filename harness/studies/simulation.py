@@ -373,23 +373,15 @@ def print_interval(console: Console, name: str, hw, res: SimResult) -> None:
     s = res.summary()
     if hw.steps or not s["output_throughput"]:
         return
+    words = f"{iv.level:.0%} prediction interval from the fit's residuals" if iv else ""
     if iv is None:
         iv, kind, words = error_of(hw)
         if kind == "unknown":
-            console.print(f"  {name}: {words}", highlight=False, soft_wrap=True)
-            return
-        lo, hi = iv.throughput(s["output_throughput"])
-        p_lo, p_hi = iv.latency(s["e2e_s"]["p99"])
-        console.print(f"  {name}: {words}: {lo:.1f}-{hi:.1f} output tok/s, p99 E2E "
-                      f"{p_lo:.2f}-{p_hi:.2f} s", highlight=False, soft_wrap=True)  # fmt: skip
-        return
+            return console.print(f"  {name}: {words}", highlight=False, soft_wrap=True)
     lo, hi = iv.throughput(s["output_throughput"])
     p_lo, p_hi = iv.latency(s["e2e_s"]["p99"])
-    console.print(
-        f"  {name}: {iv.level:.0%} prediction interval from the fit's residuals: "
-        f"{lo:.1f}-{hi:.1f} output tok/s, p99 E2E {p_lo:.2f}-{p_hi:.2f} s",
-        highlight=False, soft_wrap=True,
-    )
+    console.print(f"  {name}: {words}: {lo:.1f}-{hi:.1f} output tok/s, p99 E2E "
+                  f"{p_lo:.2f}-{p_hi:.2f} s", highlight=False, soft_wrap=True)  # fmt: skip
 
 
 def print_study(study: SimStudy, console: Console) -> None:

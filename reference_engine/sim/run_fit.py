@@ -395,22 +395,3 @@ def what_runs_cannot_tell(runs: list[ObservedRun], preds: list[Predicted],
         notes.append("token budget: no step filled max_num_batched_tokens, so the runs "
                      "cannot tell it or how chunked prefill splits prompts")  # fmt: skip
     return notes
-
-
-def hardware_from_fit(fit: RunFit, name: str, model: str, dtype: str, settings: dict,
-                      sources: list[str], holdout: float, mem_gb: float = 80.0) -> HardwareSpec:  # fmt: skip
-    """The fit as a hardware JSON for `sim` / `plan --hardware`: its coefficients, the
-    server settings it was fitted under, and its measured error (held-back requests)."""
-    linear = {t: fit.coef.get(t, 0.0) for t in RUN_TERMS}
-    measured = fit.errors.get("held_back") or fit.errors.get("all") or {}
-    return HardwareSpec(
-        name, peak_flops=1.0, mem_bw=1.0, mem_gb=mem_gb, flops_efficiency=1.0,
-        bw_efficiency=1.0, gpu_memory_utilization=1.0, linear=linear,
-        fit={
-            "method": "from-run", "model": model, "dtype": dtype, "runs": sources,
-            "server_settings": settings, "holdout": holdout,
-            "request_overhead_s": fit.coef.get("c_req", 0.0),
-            "errors": fit.errors, "measured_error": measured,
-            "identified": fit.identified, "notes": fit.notes,
-        },
-    )  # fmt: skip
