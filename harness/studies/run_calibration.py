@@ -83,7 +83,14 @@ def observed(path: str, use_itl: bool = True) -> tuple[ObservedRun, dict, str | 
     target = run.meta.get("target") or {}
     said = any("num_preemptions" in r.extra for r in run.records)
     root = (target.get("engine") or {}).get("root")
-    return (ObservedRun(run.name, reqs, preempt if said else None),
+    # the server's /metrics series: preemptions and requests running over the run
+    series = [s for s in run.timeseries if s.get("source") == "server"]
+    total = [s["preemptions_total"] for s in series if s.get("preemptions_total") is not None]
+    if total:
+        preempt, said = int(max(total) - min(total)), True
+    running = [s["running"] for s in series if s.get("running") is not None]
+    return (ObservedRun(run.name, reqs, preempt if said else None,
+                        sum(running) / len(running) if running else None),
             dict(target.get("server_settings") or {}), root)  # fmt: skip
 
 
@@ -174,6 +181,12 @@ def print_calibration(c: RunCalibration, console: Console) -> None:
         console.print(f"  {Path(p).name}: " + ", ".join(
             f"{m.upper()} mean measured {mv * 1e3:.1f} ms, predicted {pv * 1e3:.1f} ms"
             for m, (mv, pv) in means.items()), highlight=False, soft_wrap=True)  # fmt: skip
+    for run, pred in zip(c.runs, c.fit.predicted, strict=True):
+        if run.running_mean is not None:  # the reconstructed batching against the server's
+            console.print(f"  {run.name}: requests running, mean: {run.running_mean:.2f} by the "
+                          f"server's /metrics, {pred.running_mean:.2f} simulated; preemptions: "
+                          f"{run.num_preemptions}, {pred.num_preemptions} simulated",
+                          highlight=False, soft_wrap=True)  # fmt: skip
     for note in c.fit.notes:
         console.print(f"not identified: {note}", highlight=False, soft_wrap=True)
 

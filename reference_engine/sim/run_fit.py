@@ -66,6 +66,7 @@ class ObservedRun:
     name: str
     requests: list[Observed]
     num_preemptions: int | None = None  # what the server said, if anything
+    running_mean: float | None = None  # the server's running-requests series, if sampled
 
 
 @dataclass
@@ -78,6 +79,7 @@ class Predicted:
     num_preemptions: int
     max_running: int
     budget_bound_steps: int  # steps that used the whole token budget
+    running_mean: float = 0.0  # requests running, averaged over the run's time
 
 
 @dataclass
@@ -145,6 +147,8 @@ def simulate_run(
             s.num_batched_tokens >= settings.get("max_num_batched_tokens", 1 << 30)
             for s in res.steps
         ),
+        running_mean=sum(s.num_running * (s.end_s - s.start_s) for s in res.steps)
+        / max(res.duration_s, 1e-12),
     )
     return pred, log, res.requests
 
@@ -267,11 +271,10 @@ def _score(err: dict[str, float]) -> float:
 
 def initial_coef(runs: list[ObservedRun]) -> dict[str, float]:
     """A start: every step the median TPOT, prefill tokens priced from the quickest TTFTs."""
-    tpots = [r.tpot_s for run in runs for r in run.requests if r.tpot_s]
-    step = float(np.median(tpots)) if tpots else 0.01
-    per_tok = [max(0.0, r.ttft_s - step) / max(r.prompt_len, 1) for run in runs
-               for r in run.requests]  # fmt: skip
-    return {"c0": step, "c_tok": float(np.percentile(per_tok, 10)) if per_tok else 0.0}
+    reqs = [r for run in runs for r in run.requests]
+    step = float(np.median([r.tpot_s for r in reqs if r.tpot_s] or [0.01]))
+    per_tok = [max(0.0, r.ttft_s - step) / max(r.prompt_len, 1) for r in reqs]
+    return {"c0": step, "c_tok": float(np.percentile(per_tok, 10))}
 
 
 def fit_runs(
