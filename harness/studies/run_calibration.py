@@ -206,6 +206,13 @@ def hardware_from_fit(fit: RunFit, name: str, model: str, dtype: str, settings: 
     server settings it was fitted under, and its measured error (held-back requests)."""
     linear = {t: fit.coef.get(t, 0.0) for t in RUN_TERMS}
     measured = fit.errors.get("held_back") or fit.errors.get("all") or {}
+    if settings.get("num_kv_blocks"):  # memory sized so the simulated pool is the server's
+        from cbbench.reference_engine.execution.cost_model import CostModel
+
+        cost = CostModel(resolve_model_config(model, shape_only=True),
+                         HardwareSpec("x", 1.0, 1.0, 1.0), dtype)  # fmt: skip
+        pool = settings["num_kv_blocks"] * settings.get("block_size", 16) * cost.kv_bytes_per_token
+        mem_gb = (cost.device_weight_bytes + pool) / 1e9 + 1e-6
     return HardwareSpec(
         name, peak_flops=1.0, mem_bw=1.0, mem_gb=mem_gb, flops_efficiency=1.0,
         bw_efficiency=1.0, gpu_memory_utilization=1.0, linear=linear,
