@@ -106,15 +106,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     f = p.add_argument_group("from bench runs (any server: docs/fitting-any-server.md)")
     f.add_argument("--from-run", nargs="+", default=None, metavar="RUN",
                    help="fit the step model to these bench run folders instead of the engine")
-    f.add_argument("--server-config", default=None, metavar="KEY=VALUE,...",
-                   help="the server's batching settings the runs do not record: max_num_seqs, "
-                   "max_num_batched_tokens, enable_chunked_prefill, block_size, num_kv_blocks, "
-                   "enable_prefix_caching, max_model_len")
+    f.add_argument("--server-config", default=None, metavar="KEY=VALUE,...", help="batching "
+                   "settings the runs lack: max_num_seqs, max_num_batched_tokens, block_size, ...")
     f.add_argument("--holdout", type=float, default=0.5, help="share of each run's requests "
                    "(the last sent) held back to measure the fit's error (default 0.5)")
-    f.add_argument("--server-ttft", action="store_true",
-                   help="fit TTFT to the server's own (queue + prefill; vLLM's per-request "
-                   "metrics) and measure the rest (HTTP, network) as one constant")
+    f.add_argument("--server-ttft", action="store_true", help="fit TTFT to the server's own "
+                   "(vLLM's per-request metrics); the rest (HTTP, network) measured")
     f.add_argument("--check-run", nargs="+", default=[], metavar="RUN",
                    help="then predict these runs (other workloads, rates) and compare")
     p.set_defaults(func=run)
@@ -131,9 +128,7 @@ def _from_run(args: argparse.Namespace) -> int:
                             server_ttft=args.server_ttft)  # fmt: skip
     print_calibration(c, console)
     out = Path(args.out or f"calibration-{Path(args.from_run[0]).name}.json")
-    save(c, out)
-    console.print(f"saved {out}: use `cbbench sim --hardware {out} --model {c.model}` or "
-                  f"`cbbench plan --hardware {out}`")  # fmt: skip
+    save(c, out, console)
     return 0
 
 

@@ -195,9 +195,11 @@ def _pct(x) -> str:
     return "-" if x is None else f"{x:+.1%}"
 
 
-def save(c: RunCalibration, out: Path) -> None:
+def save(c: RunCalibration, out: Path, console: Console) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(c.spec.to_dict(), indent=2) + "\n", encoding="utf-8")
+    console.print(f"saved {out}: use `cbbench sim --hardware {out} --model {c.model}` or "
+                  f"`cbbench plan --hardware {out}`")  # fmt: skip
 
 
 def hardware_from_fit(fit: RunFit, name: str, model: str, dtype: str, settings: dict,
