@@ -136,3 +136,14 @@ def test_intervals_come_from_the_measured_error_or_say_unknown():
     # predicted 25 % slow: the real step is 1 / 1.25 = 0.8 of it; the TTFT error is not a
     # step-time error (queueing amplifies it) and stays out
     assert kind == "measured" and iv.high == pytest.approx(0.2) and "measured on a" in words
+
+
+def test_check_runs_with_a_preset_or_a_fit(tmp_path, capsys):
+    """--check-run with --fit HARDWARE alone: how far a preset (or an older fit) is off."""
+    _write_run(tmp_path / "r", measured(2.0, 20, 10), {"max_num_seqs": 8})
+    assert main(["calibrate", "--check-run", str(tmp_path / "r"), "--fit", "h100",
+                 "--server-config", "max_num_batched_tokens=256"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "runs predicted on h100-sxm" in out and "%" in out
+    assert main(["calibrate", "--check-run", str(tmp_path / "r")]) != 0
+    assert "--check-run also with --fit" in capsys.readouterr().err

@@ -23,6 +23,7 @@ from cbbench.reference_engine.sim.run_fit import (
     SETTINGS,
     Observed,
     ObservedRun,
+    Predicted,
     RunFit,
     _errors,
     fit_runs,
@@ -31,7 +32,8 @@ from cbbench.reference_engine.sim.run_fit import (
 from rich.console import Console
 from rich.table import Table
 
-_INTS = {"max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks", "max_model_len"}
+_INTS = {"max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks", "max_model_len",
+         "tensor_parallel_size"}  # fmt: skip
 
 
 def parse_server_config(text: str | None) -> dict:
@@ -147,6 +149,41 @@ def calibrate_from_runs(paths: list[str], server_config: str | None, model: str 
     return out
 
 
+def check_runs(paths: list[str], hardware: str, server_config: str | None, model: str | None,
+               dtype: str, console: Console) -> None:  # fmt: skip
+    """Predict each run with any hardware (a preset, a calibrate or --from-run JSON) and print
+    the error of the means and p99s: how far a spec-sheet preset or an old fit is off."""
+    from cbbench.reference_engine.execution.cost_model import get_hardware
+    from cbbench.reference_engine.sim.run_fit import engine_config
+    from cbbench.reference_engine.sim.simulate import simulate
+    from cbbench.workloads.spec import RequestSpec
+
+    hw = get_hardware(hardware)
+    c_req = (hw.fit or {}).get("request_overhead_s", 0.0)
+    t = Table(title=f"runs predicted on {hw.name} (relative error of the simulated figure)")
+    for col in ("run", *(f"{m.upper()} {s}" for m in METRICS for s in ("mean", "p99"))):
+        t.add_column(col, justify="right")
+    for p in paths:
+        run, recorded, root = observed(p)
+        settings = {**recorded, **parse_server_config(server_config)}
+        m = model or (hw.fit or {}).get("model") or root
+        if not m:
+            raise CbbenchError(f"{p}: the run does not name its model; pass --model")
+        reqs = [RequestSpec(i, max(1, r.prompt_len), max(1, r.output_len), arrival_s=r.sent_s + c_req)
+                for i, r in enumerate(run.requests)]  # fmt: skip
+        try:
+            res = simulate(reqs, engine_config(m, dtype, settings, hardware, reqs))
+        except EngineError as exc:
+            raise CbbenchError(f"{p}: {exc}") from None
+        pred = Predicted([r.ttft_s + c_req for r in res.requests],
+                         [r.e2e_s + c_req for r in res.requests],
+                         [r.tpot_s for r in res.requests], 0, 0, 0)  # fmt: skip
+        err = _errors([run], [pred], [[True] * len(run.requests)], None)
+        t.add_row(Path(p).name, *(_pct(err.get(f"{m}_{s}")) for m in METRICS
+                                  for s in ("mean", "p99")))  # fmt: skip
+    console.print(t)
+
+
 def _mean(vals) -> float:
     v = [x for x in vals if x is not None]
     return sum(v) / len(v) if v else float("nan")
@@ -220,6 +257,7 @@ def hardware_from_fit(fit: RunFit, name: str, model: str, dtype: str, settings: 
         bw_efficiency=1.0, gpu_memory_utilization=1.0, linear=linear,
         fit={
             "method": "from-run", "model": model, "dtype": dtype, "runs": sources,
+            "tensor_parallel_size": int(settings.get("tensor_parallel_size") or 1),
             "server_settings": settings, "holdout": holdout,
             "request_overhead_s": fit.coef.get("c_req", 0.0),
             "errors": fit.errors, "measured_error": measured,

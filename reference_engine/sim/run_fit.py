@@ -33,18 +33,17 @@ from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution.cost_model import HardwareSpec, StepWork, nnls
 from cbbench.workloads.spec import RequestSpec
 
-# the step terms a black-box fit can see: a fixed cost per step, per batched token, per
-# sequence, per prefill chunk, per decode context token and per prefill (query x context)
+# what a black-box fit can see: per step, batched token, sequence, decode context token,
+# prefill (query x context) pair; the server's settings it replays the runs with
 RUN_TERMS = ("c0", "c_tok", "c_seq", "c_dec_kv", "c_pre_ctx")
 METRICS = ("ttft", "tpot", "e2e")
 SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "block_size",
-            "num_kv_blocks", "enable_prefix_caching", "max_model_len")  # fmt: skip
+            "num_kv_blocks", "enable_prefix_caching", "max_model_len",
+            "tensor_parallel_size")  # fmt: skip
 
 
 @dataclass(frozen=True)
-class Observed:
-    """One measured request: times in seconds from the run's start."""
-
+class Observed:  # one measured request: times in seconds from the run's start
     sent_s: float
     prompt_len: int
     output_len: int  # tokens it got
@@ -62,7 +61,7 @@ class Observed:
 
 
 @dataclass
-class ObservedRun:
+class ObservedRun:  # one run's measured requests, and what the server's series said
     name: str
     requests: list[Observed]
     num_preemptions: int | None = None  # what the server said, if anything
@@ -70,9 +69,7 @@ class ObservedRun:
 
 
 @dataclass
-class Predicted:
-    """The simulation of one run with fitted coefficients: per request (the run's order)."""
-
+class Predicted:  # the simulation of one run: per request (the run's order), then totals
     ttft_s: list[float]
     e2e_s: list[float]
     tpot_s: list[float | None]
@@ -131,7 +128,8 @@ def simulate_run(
             for i, r in enumerate(run.requests)]  # fmt: skip
     log = _StepLog()
     spec = HardwareSpec("run-fit", 1.0, 1.0, 1e6, flops_efficiency=1.0, bw_efficiency=1.0,
-                        linear={t: coef.get(t, 0.0) for t in RUN_TERMS})  # fmt: skip
+                        linear={t: coef.get(t, 0.0) for t in RUN_TERMS},
+                        fit={"tensor_parallel_size": int(settings.get("tensor_parallel_size") or 1)})  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         hw = Path(tmp) / "hw.json"
         hw.write_text(json.dumps(spec.to_dict()), encoding="utf-8")
@@ -175,6 +173,7 @@ def engine_config(model: str, dtype: str, settings: dict, hardware: str,
                                     enable_chunked_prefill=chunked),
         block_size=bs, num_kv_blocks=int(blocks), max_model_len=max(max_len, longest),
         enable_prefix_caching=bool(settings.get("enable_prefix_caching", False)),
+        tensor_parallel_size=int(settings.get("tensor_parallel_size") or 1),
     )  # fmt: skip
 
 
