@@ -26,7 +26,7 @@ def test_vllm_per_request_metrics_are_recorded(tmp_path: Path, capsys) -> None:
 
     if not vllm_available(VLLM_PYTHON):
         pytest.fail(f"vLLM is not importable by {VLLM_PYTHON} (set VLLM_PYTHON)")
-    model = save_random_model("tiny", tmp_path / "model")
+    model = save_random_model("small", tmp_path / "model")  # vLLM-cpu: head size 64, not 16
     port = _free_port()
     cmd = [*vllm_command(model, 4, 256, port, VLLM_PYTHON), "--enable-per-request-metrics"]
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
