@@ -210,6 +210,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_load_args(p)
     TelemetryOptions.add_args(p)
+    p.add_argument(
+        "--benchmark-report",
+        metavar="PATH",
+        help="also write the run as an llm-d benchmark report v0.2.1 (.json or .yaml)",
+    )
     p.set_defaults(func=run)
 
 
@@ -236,8 +241,20 @@ def run(args: argparse.Namespace) -> int:
     from cbbench.harness.telemetry import build_samplers
 
     cfg = config_from_args(args)
+    if getattr(args, "benchmark_report", None):  # before the run, not after it
+        from cbbench.harness.results.formats.export import check_path
+
+        check_path(args.benchmark_report)
     samplers = list(build_samplers(TelemetryOptions.from_args(args), cfg.base_url))
     result = run_bench(cfg, samplers)
+    if getattr(args, "benchmark_report", None):
+        from cbbench.harness.results.formats.export import export_benchmark_reports
+
+        for line in export_benchmark_reports(result.run_dir, args.benchmark_report):
+            if line.startswith("warning: "):  # exported anyway: the reader must know
+                print(f"cbbench bench: {line}", file=sys.stderr)
+            else:
+                print(line)
     if result.failure and not result.interrupted:
         print(f"cbbench bench: error: {result.failure}", file=sys.stderr)
     return exit_code(result.summary, result.interrupted, result.failure)

@@ -118,6 +118,8 @@ def print_table(gate) -> None:
     console = Console(highlight=False, soft_wrap=True)
     if console.is_terminal:
         console.print(t, markup=True)
+        if gate.note:  # once, under the table (the Markdown below carries it too)
+            console.print(gate.note, markup=False, highlight=False)
     else:  # a CI log or a file: Markdown, one line a rule, never wrapped mid-phrase
         print(markdown(gate, escape_html=False), end="")
     failed = [r for r in gate.results if r.failed]
@@ -165,6 +167,8 @@ def markdown(gate, escape_html: bool = True) -> str:
         ]
         lines.append("| " + " | ".join(cell(x) for x in row) + " |")
     lines += ["", "A rule fails only when its whole bootstrap interval lies beyond the limit."]
+    if gate.note:
+        lines += ["", cell(gate.note)]
     return "\n".join(lines) + "\n"
 
 

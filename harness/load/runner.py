@@ -24,6 +24,7 @@ import numpy as np
 from cbbench.harness.client import aio
 from cbbench.harness.client.api import ClientConfig, probe_server
 from cbbench.harness.client.endpoints import is_conversational
+from cbbench.harness.client.server_info import server_identity
 from cbbench.harness.console.live import LiveStats, LiveView, print_summary
 from cbbench.harness.console.outcome import outcome_lines, worker_timing_lines
 from cbbench.harness.errors import CbbenchError, resource_hint
@@ -353,6 +354,7 @@ def run_bench(
     # the batching settings the server says it runs (calibrate --from-run replays with them)
     prom = next((s.url for s in samplers if isinstance(getattr(s, "url", None), str)), None)
     meta["target"]["server_settings"] = read_server_settings(prom, engine)
+    meta["environment"]["server"] = server_identity(cfg.base_url, engine, cfg.api_key)
     if cfg.concurrency is not None:  # what --concurrency could hold: at most every request
         meta["load"]["max_in_flight"] = sum(p.concurrency or 0 for p in plans)
     meta["cache"] = prepare_cache(  # flush, prime (prompts built as the workers build them)
