@@ -10,7 +10,7 @@ import random
 import pytest
 from cbbench.harness.cli import main
 from cbbench.harness.errors import CbbenchError
-from cbbench.harness.studies.run_calibration import parse_server_config
+from cbbench.harness.planning.calibration import parse_server_config
 from cbbench.reference_engine.execution.cost_model import get_hardware
 from cbbench.reference_engine.sim.run_fit import (
     Observed,

@@ -6,6 +6,7 @@ Between the four top-level packages:
     reference_engine     <- kernels, workloads (the engine stands alone: no harness)
     harness (library)    <- workloads (talks to engines over HTTP only)
     harness/studies      <- everything but the commands
+    harness/planning     <- everything but the commands (plan, calibrate --from-run)
     harness/cli          <- anything; nothing imports a command module
 
 Inside harness/ and reference_engine/, each subpackage may import only the subpackages that
@@ -129,6 +130,7 @@ ALLOWED: dict[str, set[str] | str] = {
         "workloads",
     },
     "harness.studies": ANY_BUT_CLI,
+    "harness.planning": ANY_BUT_CLI,
     "harness.cli": ANY,
     "harness": {"workloads"},
 }

@@ -465,8 +465,8 @@ def test_durations_take_units_and_a_setting_of_another_scheduler_is_said(tmp_pat
 
 
 def test_one_slo_grammar_for_bench_and_plan() -> None:
+    from cbbench.harness.planning.space import Slo, parse_slos
     from cbbench.harness.results.summary import parse_slo
-    from cbbench.harness.studies.plan_space import Slo, parse_slos
 
     text = "ttft=500ms,tpot_p99=50ms"
     assert parse_slo(text) == {"ttft": 0.5, "tpot": 0.05}  # goodput: each request within

@@ -1,4 +1,4 @@
-"""P/D in the simulator and the planner (router/pd_sim.py, harness/studies/plan_pd.py):
+"""P/D in the simulator and the planner (router/pd_sim.py, harness/planning/pd.py):
 the pools' basic properties, the link's price, and `cbbench plan` printing an aggregated and
 a disaggregated frontier and picking one with its P:D ratio. Every figure is SIMULATED."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from cbbench.harness.cli import main
 from cbbench.harness.errors import CbbenchError
-from cbbench.harness.studies import plan_space
+from cbbench.harness.planning import space as plan_space
 from cbbench.reference_engine.config.engine_config import EngineConfig
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution.kv_link import LINKS, get_link

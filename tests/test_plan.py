@@ -1,4 +1,4 @@
-"""`cbbench plan` (harness/studies/planner.py): the cheapest simulated configuration that
+"""`cbbench plan` (harness/planning/planner.py): the cheapest simulated configuration that
 meets the SLOs, checked against a brute-force search of the same small space; parallel and
 sequential searches agree; an interrupt keeps what was searched; bad input gets one line."""
 
@@ -9,7 +9,8 @@ import json
 import pytest
 from cbbench.harness.cli import main
 from cbbench.harness.errors import CbbenchError
-from cbbench.harness.studies import plan_space, planner
+from cbbench.harness.planning import planner
+from cbbench.harness.planning import space as plan_space
 from cbbench.workloads import load_workload, with_arrivals
 
 SPACE = "max_num_seqs=4,16;max_num_batched_tokens=512;replicas=1-4"
@@ -253,7 +254,7 @@ def test_speculative_decoding_is_in_the_space():
     """speculative=off,ngram:K,draft:MODEL:K: continuous configurations only; the simulator
     prices the verify step and models acceptance (--spec-acceptance-rate); at low load
     speculation cuts TPOT; the chosen flags carry it to cbbench serve and vLLM."""
-    from cbbench.harness.studies import plan_report
+    from cbbench.harness.planning import report as plan_report
 
     sp = plan_space.parse_space("scheduler=continuous,static;max_num_seqs=16;"
                                 "speculative=off,ngram:4,draft:tiny:3")  # fmt: skip

@@ -115,7 +115,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _from_run(args: argparse.Namespace) -> int:
-    from cbbench.harness.studies import run_calibration as rc
+    from cbbench.harness.planning import calibration as rc
     from rich.console import Console
 
     console, dtype = Console(), args.dtype or "bfloat16"

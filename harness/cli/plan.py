@@ -1,6 +1,6 @@
 """`cbbench plan`: the cheapest configuration that meets an SLO, searched in the simulator.
 
-Parse -> PlanOptions -> planner.plan (harness/studies/planner.py) -> the frontier, the chosen
+Parse -> PlanOptions -> planner.plan (harness/planning/planner.py) -> the frontier, the chosen
 configuration as `cbbench serve` and vLLM flags, plan.json + plan.html under --out.
 """
 
@@ -57,7 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from cbbench.harness.console.progress import step_progress
     from cbbench.harness.errors import CbbenchError
-    from cbbench.harness.studies import plan_report, plan_space, planner
+    from cbbench.harness.planning import planner
+    from cbbench.harness.planning import report as plan_report
+    from cbbench.harness.planning import space as plan_space
     from rich.console import Console
 
     if args.jobs < 1 or (args.num_requests is not None and args.num_requests < 1):

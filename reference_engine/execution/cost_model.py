@@ -83,7 +83,7 @@ class HardwareSpec:
 
     def scaled(self, factor: float) -> HardwareSpec:
         """The same hardware with every step `factor` times as long (peaks divided, fixed
-        and fitted times multiplied): a plan's interval bounds (harness/studies/planner.py)
+        and fitted times multiplied): a plan's interval bounds (harness/planning/planner.py)
         or `--hardware NAME@FACTOR`. A `steps` timeline is one unit a step whatever it is."""
         assert factor > 0, factor
         if self.steps:

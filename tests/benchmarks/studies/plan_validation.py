@@ -22,8 +22,8 @@ import sys
 import threading
 import time
 
-from cbbench.harness.studies.plan_report import serve_flags
-from cbbench.harness.studies.planner import Point
+from cbbench.harness.planning.planner import Point
+from cbbench.harness.planning.report import serve_flags
 
 SPACE = "replicas=1-1;max_num_seqs=4,8,16;max_num_batched_tokens=512,2048"
 

@@ -10,9 +10,9 @@ import math
 from pathlib import Path
 
 from cbbench.harness.errors import CbbenchError
-from cbbench.harness.studies.plan_pd import frontiers_by_mode, pd_serve_lines, workers_text
-from cbbench.harness.studies.plan_space import parse_speculative
-from cbbench.harness.studies.planner import CLOSE, MEETS, MISSES, PlanResult, Point
+from cbbench.harness.planning.pd import frontiers_by_mode, pd_serve_lines, workers_text
+from cbbench.harness.planning.planner import CLOSE, MEETS, MISSES, PlanResult, Point
+from cbbench.harness.planning.space import parse_speculative
 from cbbench.reference_engine.model.config import hf_model_id
 from rich.console import Console
 from rich.table import Table

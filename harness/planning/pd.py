@@ -8,7 +8,7 @@ import json
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from cbbench.harness.studies.planner import PlanResult, Point
+    from cbbench.harness.planning.planner import PlanResult, Point
 
 
 def workers_text(p: Point) -> str:
@@ -18,7 +18,7 @@ def workers_text(p: Point) -> str:
 
 def frontiers_by_mode(res: PlanResult) -> dict[str, list[Point]]:
     """Each mode's own Pareto frontier (cost vs the binding ratio), when the plan has both."""
-    from cbbench.harness.studies.planner import frontier
+    from cbbench.harness.planning.planner import frontier
 
     modes = {p.mode for p in res.points}
     return {m: frontier([p for p in res.points if p.mode == m]) for m in sorted(modes)}

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from cbbench.harness.errors import CbbenchError
-from cbbench.harness.studies.plan_space import PlanSpace, Slo, parse_speculative
+from cbbench.harness.planning.space import PlanSpace, Slo, parse_speculative
 from cbbench.reference_engine.config.options import SIM_DEFAULTS, build_engine_config
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution.cost_model import get_hardware
