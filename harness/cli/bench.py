@@ -8,6 +8,7 @@ import sys
 from cbbench.harness.client.endpoints import ENDPOINTS
 from cbbench.harness.client.stream_kinds import REASONING_PARSERS
 from cbbench.harness.load.cache_options import add_cache_args
+from cbbench.harness.load.rigor_options import add_rigor_args
 from cbbench.harness.load.vllm_compat import RANDOM_INPUT_LEN, RANDOM_OUTPUT_LEN
 from cbbench.harness.telemetry import TelemetryOptions
 
@@ -197,7 +198,7 @@ def add_reasoning_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--chat-template-kwargs",
         metavar="JSON",
-        help='chat: sent as chat_template_kwargs, e.g. \'{"enable_thinking": false}\' (Qwen3)',
+        help="chat: sent as chat_template_kwargs, e.g. '{\"enable_thinking\": false}' (Qwen3)",
     )
 
 
@@ -208,6 +209,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
     )
     add_load_args(p)
+    add_rigor_args(p)  # --window, --on-saturation, --repeats, --scenario (docs/rigor.md)
     TelemetryOptions.add_args(p)
     p.set_defaults(func=run)
 
@@ -230,13 +232,13 @@ def config_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from cbbench.harness.load.runner import run_bench
-    from cbbench.harness.results.outcome import exit_code
+    from cbbench.harness.load.rigor import run_rigorous, scenario_queries
+    from cbbench.harness.load.rigor_options import RigorOptions
     from cbbench.harness.telemetry import build_samplers
 
+    rigor = RigorOptions.from_args(args)
+    if rigor.scenario and args.num_requests is None:  # enough queries, cut at the duration
+        args.num_requests = scenario_queries(rigor, args.rate)
     cfg = config_from_args(args)
-    samplers = list(build_samplers(TelemetryOptions.from_args(args), cfg.base_url))
-    result = run_bench(cfg, samplers)
-    if result.failure and not result.interrupted:
-        print(f"cbbench bench: error: {result.failure}", file=sys.stderr)
-    return exit_code(result.summary, result.interrupted, result.failure)
+    telemetry = TelemetryOptions.from_args(args)
+    return run_rigorous(cfg, rigor, lambda c: list(build_samplers(telemetry, c.base_url)))

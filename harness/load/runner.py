@@ -22,6 +22,11 @@ import numpy as np
 from cbbench.harness.client import aio
 from cbbench.harness.client.api import ClientConfig, probe_server
 from cbbench.harness.client.endpoints import is_conversational
+from cbbench.harness.conclusions.run_summary import (
+    OVER_SATURATED,
+    add_run_conclusions,
+    conclusion_lines,
+)
 from cbbench.harness.console.live import LiveStats, LiveView, print_summary
 from cbbench.harness.console.outcome import outcome_lines, worker_timing_lines
 from cbbench.harness.errors import CbbenchError
@@ -90,6 +95,7 @@ class BenchConfig:
     cache: CacheOptions = field(default_factory=CacheOptions)  # --flush-cache, --prime, header
     embeddings_batch: int = 1  # --endpoint embeddings: inputs per request
     reasoning_parser: str = "auto"  # --reasoning-parser: where reasoning is in a stream
+    window: str | tuple[float, float] = "steady"  # --window: the figures the summary leads with
 
 
 @dataclass
@@ -310,6 +316,9 @@ def run_bench(
     planned = sum(len(p.jobs) for p in plans)
     live = LiveStats(planned, samplers)
     stop_flag = threading.Event()
+    observers = [s for s in samplers if hasattr(s, "on_record")]  # the saturation watch
+    for s in observers:
+        s.bind_stop(stop_flag.set)
     started: list = []
     first = FirstFailures(planned + sum(len(p.warmup_jobs) for p in plans))
 
@@ -318,11 +327,15 @@ def run_bench(
             writer.add_record(payload)
             records.append(payload)
             live.on_record(payload)
+            for s in observers:
+                s.on_record(payload)
             if first.add(payload):  # the same client error every time: stop sending
                 stop_flag.set()
         elif kind == "sample":
             writer.add_sample(payload)
             live.on_sample(payload)
+            for s in observers:
+                s.on_sample(payload)
         elif kind == "t0":
             live.on_t0()
             clock = meta["clock"]
@@ -346,7 +359,8 @@ def run_bench(
     finally:
         for s in started:
             s.stop()
-        interrupted = stop_flag.is_set() and first.verdict is None
+        saturated = next((s.found for s in observers if s.found and s.found["stopped"]), None)
+        interrupted = stop_flag.is_set() and first.verdict is None and saturated is None
         client_samples: dict = {"loop_lag_s": [], "cpu": []}
         for st in worker_stats.values():
             client_samples["loop_lag_s"] += st.get("loop_lag_s", [])
@@ -380,6 +394,7 @@ def run_bench(
             summary["stopped_early"] = stopped_early
         if not interrupted:
             failure = failure or stopped_early or all_failed(summary)
+        add_run_conclusions(summary, records, cfg.window, cfg.slo, observers)
         crashed = [st["crashed"] for st in worker_stats.values() if "crashed" in st]
         if crashed:
             summary["worker_crashes"] = crashed
@@ -396,7 +411,7 @@ def run_bench(
         if scheduler:
             meta["target"]["scheduler"] = scheduler
         meta.update(
-            status="interrupted" if interrupted else "complete",
+            status="interrupted" if interrupted else OVER_SATURATED if saturated else "complete",
             ended_at=_now_iso(),
             interrupted=interrupted,
             summary=summary,
@@ -407,6 +422,8 @@ def run_bench(
     for line in [*worker_timing_lines(summary), *cache_lines(summary)]:
         out.print(line, highlight=False, soft_wrap=True)  # whole lines, not cut mid-phrase
     for line in outcome_lines(summary, interrupted=interrupted, planned=planned):
+        out.print(line, highlight=False, markup=False, soft_wrap=True)
+    for line in conclusion_lines(summary):
         out.print(line, highlight=False, markup=False, soft_wrap=True)
     out.print(f"run folder: {run_dir}")
     return BenchResult(run_dir, summary, interrupted, records, meta, failure)

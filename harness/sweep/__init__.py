@@ -3,5 +3,5 @@ watch; `runner`: the library call behind `cbbench sweep`), and the SLO capacity 
 (`capacity`: the highest rate that keeps goodput).
 
 Layer: sweep (many runs of the load layer).
-Imports: load, results, telemetry.
+Imports: conclusions, load, results, telemetry.
 """

@@ -1,0 +1,136 @@
+"""Over-saturation: the one rule that `bench` and `sweep` stop a run by.
+
+A server is over-saturated when requests arrive faster than it serves them, so its queue,
+and with it every request's wait, grows without bound. Judged on what a run has seen so far
+(at least MIN_POINTS completed requests and MIN_SECONDS since t0), any of:
+
+1. **growth** (guidellm's slope test, docs/guides/over_saturation_stopping.md): the
+   least-squares slope of TTFT against send time AND of requests in flight against time are
+   both above 0 with CONFIDENCE (one-sided Student-t interval on each slope), and the fitted
+   TTFT has grown over the span by more than max(MIN_RISE_S, the early median TTFT): a queue
+   that grows, not a wobble;
+2. **TTFT exploding**: the median TTFT of the last WINDOW requests is more than TTFT_GROWTH x
+   that of the first WINDOW, and at least MIN_LATE_TTFT_S;
+3. **server queue growing**: the server's own waiting-requests gauge (telemetry), its minimum
+   over the last third of the samples at least WAITING_GROWTH x the maximum over the first
+   third, and at least MIN_WAITING requests.
+and, where the offered rate is known (bench: the schedule), only while the server has served
+less than SERVED_SHARE of it so far (the sweep's own "sustained" line, sweep/verdict.py): a
+Poisson burst that a server near capacity works off is queueing, not over-saturation.
+Rules 2 and 3 are the sweep's watch as it was (it judges them alone: a sweep level is short);
+rule 1 adds the confidence statement. Closed loops cannot over-saturate (in flight is
+capped), so rule 1 needs in flight to grow.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cbbench.harness.conclusions.stats import t_ppf
+
+WINDOW = 10  # requests compared at the start and the end (rule 2)
+TTFT_GROWTH = 5.0  # late median TTFT / early median TTFT that counts as exploding
+MIN_LATE_TTFT_S = 0.2  # ... and only when the late median is at least this long
+WAITING_GROWTH = 2.0  # server waiting queue: late / early
+MIN_WAITING = 8  # ... and at least this many waiting
+MIN_POINTS = 30  # completed requests before rule 1 judges
+MIN_SECONDS = 5.0  # seconds since t0 before rule 1 judges
+CONFIDENCE = 0.99  # one-sided, on each slope
+MIN_RISE_S = 0.1  # the fitted TTFT rise over the span that rule 1 needs at least
+SERVED_SHARE = 0.9  # served / offered below which a run may be over-saturated
+
+
+@dataclass
+class Slope:
+    value: float  # units of y per second
+    low: float  # the lower end of the one-sided CONFIDENCE interval
+    n: int
+
+
+def slope(xs: Sequence[float], ys: Sequence[float], confidence: float = CONFIDENCE) -> Slope | None:
+    """Least-squares slope of ys on xs with the lower end of its one-sided t-interval."""
+    n = len(xs)
+    if n < 3:
+        return None
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx <= 0:
+        return None
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    a = my - b * mx
+    ssr = sum((y - a - b * x) ** 2 for x, y in zip(xs, ys, strict=True))
+    se = math.sqrt(ssr / (n - 2) / sxx)
+    return Slope(b, b - t_ppf(confidence, n - 2) * se, n)
+
+
+def growth_verdict(
+    sent_s: Sequence[float], ttft_s: Sequence[float], times: Sequence[float],
+    in_flight: Sequence[float], elapsed_s: float,
+) -> str | None:  # fmt: skip
+    """Rule 1 on (send time, TTFT) of completed requests and an in-flight series."""
+    if len(ttft_s) < MIN_POINTS or elapsed_s < MIN_SECONDS:
+        return None
+    st, sf = slope(sent_s, ttft_s), slope(times, in_flight)
+    if st is None or sf is None or st.low <= 0 or sf.low <= 0:
+        return None
+    span = max(sent_s) - min(sent_s)
+    by_send = sorted(zip(sent_s, ttft_s, strict=True))
+    early = statistics.median(t for _, t in by_send[:WINDOW])
+    if st.value * span < max(MIN_RISE_S, early):
+        return None
+    pct = f"{CONFIDENCE:.0%}"
+    return (
+        f"queue growing: TTFT rises {st.value * 1e3:.0f} ms per second (>= "
+        f"{st.low * 1e3:.0f} ms/s with {pct} confidence, {st.n} requests) and requests in "
+        f"flight {sf.value:.2f}/s (>= {sf.low:.2f}/s)"
+    )
+
+
+def ttft_explosion(ttft_s: Sequence[float]) -> str | None:
+    """Rule 2 on TTFTs in completion order."""
+    if len(ttft_s) < 2 * WINDOW:
+        return None
+    early = statistics.median(ttft_s[:WINDOW])
+    late = statistics.median(ttft_s[-WINDOW:])
+    if late >= MIN_LATE_TTFT_S and late > TTFT_GROWTH * max(early, 1e-6):
+        return (
+            f"TTFT exploding: median of the last {WINDOW} requests {late * 1e3:.0f} ms, "
+            f"of the first {WINDOW} {early * 1e3:.0f} ms"
+        )
+    return None
+
+
+def waiting_growth(waiting: Sequence[float]) -> str | None:
+    """Rule 3 on the server's waiting-requests samples in time order."""
+    if len(waiting) < 12:
+        return None
+    third = len(waiting) // 3
+    early, late = max(waiting[:third]), min(waiting[-third:])
+    if late >= MIN_WAITING and late >= WAITING_GROWTH * max(early, 1.0):
+        return f"server waiting queue growing: {early:.0f} -> {late:.0f} requests"
+    return None
+
+
+def verdict(
+    sent_s: Sequence[float], ttft_s: Sequence[float], times: Sequence[float],
+    in_flight: Sequence[float], waiting: Sequence[float], elapsed_s: float,
+    offered_rps: float | None, served_rps: float | None,
+) -> str | None:  # fmt: skip
+    """The rule (module doc): why the run is over-saturated, or None."""
+    if offered_rps is not None and (served_rps or 0.0) >= SERVED_SHARE * offered_rps:
+        return None
+    return (
+        growth_verdict(sent_s, ttft_s, times, in_flight, elapsed_s)
+        or (ttft_explosion(ttft_s) if elapsed_s >= MIN_SECONDS else None)
+        or waiting_growth(waiting)
+    )
+
+
+def saturation_line(t_s: float, offered_rps: float | None, served_rps: float | None) -> str:
+    """The one line a stopped run prints (and run.json keeps)."""
+    offered = "?" if offered_rps is None else f"{offered_rps:.1f}"
+    served = "?" if served_rps is None else f"{served_rps:.1f}"
+    return f"over-saturated at t = {t_s:.1f} s ({offered} req/s offered, {served} served)"
