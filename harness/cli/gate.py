@@ -9,8 +9,15 @@ from pathlib import Path
 
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.gate.policy import LATENCY, THROUGHPUT
+from cbbench.harness.load.rigor_options import add_window_arg
 
-VERDICT_STYLE = {"pass": "green", "noisy": "yellow", "fail": "bold red", "n/a": "dim"}
+VERDICT_STYLE = {
+    "pass": "green",
+    "noisy": "yellow",
+    "cannot tell": "yellow",
+    "fail": "bold red",
+    "n/a": "dim",
+}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,6 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="judge runs that were killed or interrupted (default: refuse them, exit 2)",
     )
+    add_window_arg(p, default=None)  # the same kind on both sides (docs/rigor.md)
     p.set_defaults(func=run)
 
 
@@ -69,8 +77,8 @@ def print_table(gate) -> None:
 
     conf = f"{gate.policy.confidence:.0%}"
     t = Table(
-        title=f"cbbench gate ({gate.policy.source}, {conf} bootstrap CI, "
-        f"{gate.policy.resamples} resamples)"
+        title=f"cbbench gate ({gate.policy.source}, {conf} {gate.method}"
+        + (f", {gate.policy.resamples} resamples)" if gate.method == "bootstrap CI" else ")")
     )
     for col in ("rule", "baseline", "candidate", "change", f"{conf} CI", "limit", "verdict"):
         t.add_column(
@@ -91,10 +99,17 @@ def print_table(gate) -> None:
     console = Console(highlight=False)
     console.width = max(console.width, 150)  # CI logs are not terminals: keep rows on one line
     console.print(t, markup=True)
+    for note in gate.notes:
+        console.print(note, markup=False)
     failed = [r for r in gate.results if r.failed]
+    unsure = [r for r in gate.results if r.verdict == "cannot tell"]
     console.print(
         f"[bold red]REGRESSION: {len(failed)} of {len(gate.results)} rules failed[/]"
         if failed
+        else f"[yellow]CANNOT TELL: {len(unsure)} of {len(gate.results)} rules; the two "
+        "configurations are not distinguishable at this confidence (more --repeats narrow "
+        "the intervals)[/]"
+        if unsure
         else f"[green]PASS: {len(gate.results)} rules[/]"
     )
 
@@ -169,12 +184,22 @@ def _write(path: str, text: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from cbbench.harness.gate.judge import run_gate
     from cbbench.harness.gate.policy import DEFAULT_POLICY, load_policy
+    from cbbench.harness.gate.repeated import is_repeats, run_repeated_gate
     from cbbench.harness.results.run_folder import load_run
 
     policy = load_policy(args.policy) if args.policy else DEFAULT_POLICY
-    gate = run_gate(
-        load_run(args.baseline), load_run(args.candidate), policy, args.allow_incomplete
-    )
+    if is_repeats(args.baseline) != is_repeats(args.candidate):
+        raise CbbenchError("compare a --repeats folder with a --repeats folder, a run with a run")
+    if is_repeats(args.baseline):
+        gate = run_repeated_gate(args.baseline, args.candidate, policy, args.allow_incomplete)
+    else:
+        gate = run_gate(
+            load_run(args.baseline),
+            load_run(args.candidate),
+            policy,
+            args.allow_incomplete,
+            window=args.window,
+        )
     print_table(gate)
     if args.junit:
         _write(args.junit, junit(gate))

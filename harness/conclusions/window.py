@@ -23,6 +23,7 @@ throughput from requests *completed* (and tokens *received*) in it over its leng
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import asdict, dataclass
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.results.records import RequestRecord
+from cbbench.harness.results.run_folder import Run
 from cbbench.harness.results.summary import output_tokens, summarize
 
 PLATEAU_TOLERANCE = 0.25  # the band around the plateau level, relative
@@ -233,3 +235,49 @@ def window_line(summary: dict) -> str | None:
     if w.get("warning"):
         line += f"; {w['warning']}"
     return line
+
+
+def run_lead(meta: dict) -> str | tuple[float, float]:
+    """What a run's summary led with (`--window` as given when it was run): steady, all or
+    (start, end); runs from before windows: all."""
+    summary = meta.get("summary") if isinstance(meta.get("summary"), dict) else {}
+    lead = summary.get("lead")
+    if lead == "range":
+        w = (summary.get("window_figures") or {}).get("window") or {}
+        return (float(w["start_s"]), float(w["end_s"]))
+    return "steady" if lead == "steady" or summary.get("lead_note") else "all"
+
+
+def windowed_run(run: Run, spec: str | tuple[float, float]) -> tuple[Run, Window | None]:
+    """The run restricted to the window `spec` names (requests sent in it; its length as the
+    measured duration), and the window; `all` (or no steady window): the run as it is."""
+    w = choose_window(run.records, spec)
+    if w is None:
+        return run, None
+    summary = dict(run.meta.get("summary") or {})
+    summary["duration_s"] = w.duration_s
+    keep = [
+        r
+        for r in run.records
+        if r.warmup or (r.sent_s is not None and w.start_s <= r.sent_s < w.end_s)
+    ]
+    return dataclasses.replace(run, meta={**run.meta, "summary": summary}, records=keep), w
+
+
+def same_kind(base_meta: dict, cand_meta: dict, given: str | None) -> tuple[object, str | None]:
+    """The window kind a comparison uses, and a note when it had to choose: `given`
+    (--window), else what both runs led with; runs that led with different kinds (one from
+    before windows, say) are compared over their whole runs, and the note says so."""
+    if given is not None:
+        return parse_window(given), None
+    b, c = run_lead(base_meta), run_lead(cand_meta)
+    if b != c:
+        return "all", (
+            f"the baseline led with {_kind(b)}, the candidate with {_kind(c)}: compared the "
+            "whole runs (--window steady, all or START:END chooses)"
+        )
+    return b, None
+
+
+def _kind(spec) -> str:
+    return {"steady": "its steady window", "all": "the whole run"}.get(spec, f"window {spec}")

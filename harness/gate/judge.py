@@ -21,7 +21,7 @@ estimate does, it is reported as `noisy` and passes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from cbbench.harness.errors import CbbenchError
@@ -57,6 +57,8 @@ class GateResult:
     policy: Policy
     baseline: str
     candidate: str
+    notes: list[str] = field(default_factory=list)  # which window was compared, and why
+    method: str = "bootstrap CI"  # how the intervals were made (repeated.py: over run means)
 
     @property
     def passed(self) -> bool:
@@ -305,11 +307,33 @@ def with_ttfo(rules: tuple[Rule, ...], bs: RunSamples, cs: RunSamples) -> tuple[
     return (*rules, *twins)
 
 
-def run_gate(base: Run, cand: Run, policy: Policy, allow_incomplete: bool = False) -> GateResult:
-    """`allow_incomplete`: judge killed or interrupted runs too (on the requests they hold)."""
+def run_gate(
+    base: Run,
+    cand: Run,
+    policy: Policy,
+    allow_incomplete: bool = False,
+    window: str | None = None,
+) -> GateResult:
+    """`allow_incomplete`: judge killed or interrupted runs too (on the requests they hold).
+    `window`: steady, all or START:END for both runs; None: what both runs led with (the same
+    kind on both sides, harness/conclusions/window.py)."""
+    from cbbench.harness.conclusions.window import same_kind, windowed_run
     from cbbench.harness.report.samples import extract
+
+    spec, note = same_kind(base.meta, cand.meta, window)
+    notes = [note] if note else []
+    if spec != "all":
+        wb, w1 = windowed_run(base, spec)
+        wc, w2 = windowed_run(cand, spec)
+        small = min(sum(r.ok for r in x.records if not r.warmup) for x in (wb, wc))
+        if w1 is None or w2 is None or small < policy.min_requests:
+            notes.append(f"no {spec} window in both runs with {policy.min_requests} requests: "
+                         "compared the whole runs")  # fmt: skip
+        else:
+            base, cand = wb, wc
+            notes.append(f"compared {w1.label()} (baseline) with {w2.label()} (candidate)")
 
     bs, cs = extract(base), extract(cand)
     check_inputs(base, cand, bs, cs, policy, allow_incomplete)
     results = [judge(rule, bs, cs, policy) for rule in with_ttfo(policy.rules, bs, cs)]
-    return GateResult(results, policy, str(base.dir), str(cand.dir))
+    return GateResult(results, policy, str(base.dir), str(cand.dir), notes)

@@ -16,6 +16,7 @@ from cbbench.harness.report import plots
 from cbbench.harness.report.agent_table import agent_html
 from cbbench.harness.report.experts import expert_section
 from cbbench.harness.report.replicas import replica_section
+from cbbench.harness.report.rigor import repeat_groups, repeats_section, window_section
 from cbbench.harness.report.runs import (
     LoadedRun,
     comparability_warnings,
@@ -195,6 +196,8 @@ def render(
             " an SLO (<code>--slo</code>).</p>",
         ),
         *([("Diagnosis", diagnosis)] if diagnosis else []),
+        ("Steady-state window", window_section(runs)),
+        *([("Repeated runs", repeats_section(runs))] if repeat_groups(runs) else []),
         ("Latency percentiles", _percentile_tables(runs, rows)),
         (
             "Latency distributions",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from html import escape
 
 from cbbench.harness.report.agent_table import agent_markdown
+from cbbench.harness.report.rigor import rigor_markdown
 from cbbench.harness.report.runs import (
     LoadedRun,
     comparability_warnings,
@@ -96,5 +97,6 @@ def render_markdown(runs: list[LoadedRun], rows: list[dict]) -> str:
             ]
             lines.append("| " + " | ".join([md_text(lr.label), *cells]) + " |")
     lines += agent_markdown(runs)
+    lines += rigor_markdown(runs)
     lines += ["", "Best value per column in **bold**; latencies in ms."]
     return "\n".join(lines) + "\n"
