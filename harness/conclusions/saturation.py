@@ -17,7 +17,10 @@ and with it every request's wait, grows without bound. Judged on what a run has 
 and, where the offered rate is known (bench: the schedule), only while the server has served
 less than SERVED_SHARE of it so far (the sweep's own "sustained" line, sweep/verdict.py): a
 Poisson burst that a server near capacity works off is queueing, not over-saturation.
-Rules 2 and 3 are the sweep's watch as it was (it judges them alone: a sweep level is short);
+`bench` stops only once the rule has held at every check (each finished request) for HOLD_S
+seconds: a Poisson burst that a busy server works off makes the queue grow for a while (the
+slope test's residuals are not independent, so a single check is too eager); a flood keeps
+growing. Rules 2 and 3 are the sweep's watch as it was (it judges them alone: a sweep level is short);
 rule 1 adds the confidence statement. Closed loops cannot over-saturate (in flight is
 capped), so rule 1 needs in flight to grow.
 """
@@ -41,6 +44,7 @@ MIN_SECONDS = 5.0  # seconds since t0 before rule 1 judges
 CONFIDENCE = 0.99  # one-sided, on each slope
 MIN_RISE_S = 0.1  # the fitted TTFT rise over the span that rule 1 needs at least
 SERVED_SHARE = 0.9  # served / offered below which a run may be over-saturated
+HOLD_S = 5.0  # bench: the rule must hold at every check for this long before a run stops
 
 
 @dataclass

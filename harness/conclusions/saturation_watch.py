@@ -37,6 +37,7 @@ class SaturationWatch:
         self._in_flight: list[float] = []
         self._waiting: list[float] = []
         self._done = 0
+        self._since: float | None = None  # since when every check found the rule true
 
     # the runner's hooks
     def bind_stop(self, stop: Callable[[], None]) -> None:
@@ -75,6 +76,11 @@ class SaturationWatch:
             offered, served,
         )  # fmt: skip
         if reason is None:
+            self._since = None
+            return
+        if self._since is None:
+            self._since = now
+        if now - self._since < saturation.HOLD_S:  # a burst works off; a flood does not
             return
         line = saturation.saturation_line(now, offered, served)
         self.found = {
