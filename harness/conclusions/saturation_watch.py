@@ -43,15 +43,6 @@ class SaturationWatch:
     def bind_stop(self, stop: Callable[[], None]) -> None:
         self._stop = stop
 
-    def start(self, t0_ns: int, sink) -> None:  # the sampler protocol: nothing to sample
-        pass
-
-    def stop(self) -> None:
-        pass
-
-    def summary(self) -> dict:
-        return {"judged": self.judged, "over_saturated": self.found}
-
     def on_sample(self, sample: dict) -> None:
         w = sample.get("waiting")
         if isinstance(w, (int, float)) and not isinstance(w, bool):

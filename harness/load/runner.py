@@ -264,6 +264,8 @@ def run_bench(
     cfg: BenchConfig, samplers: list | None = None, console: Console | None = None
 ) -> BenchResult:
     samplers = list(samplers or [])
+    observers = [s for s in samplers if hasattr(s, "on_record")]  # the saturation watch: fed
+    samplers = [s for s in samplers if not hasattr(s, "on_record")]  # records, not started
     out = console or Console()  # the final table: stdout
     console = console or Console(stderr=True)  # the live view: stderr
     if cfg.workers < 1:
@@ -316,7 +318,6 @@ def run_bench(
     planned = sum(len(p.jobs) for p in plans)
     live = LiveStats(planned, samplers)
     stop_flag = threading.Event()
-    observers = [s for s in samplers if hasattr(s, "on_record")]  # the saturation watch
     for s in observers:
         s.bind_stop(stop_flag.set)
     started: list = []
