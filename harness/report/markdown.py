@@ -85,6 +85,7 @@ def render_markdown(runs: list[LoadedRun], rows: list[dict]) -> str:
         name = md_text(lr.label) + (" **SIMULATED**" if lr.simulated else "")
         cells = [f"**{text[c.key][i]}**" if i in best[c.key] else text[c.key][i] for c in cols]
         lines.append("| " + " | ".join([name, *cells]) + " |")
+    lines += rigor_markdown(runs)  # before the deltas: their rows close the page's tables
     if len(runs) > 1:
         by_key = {c.key: c for c in SUMMARY_COLUMNS}
         lines += ["", f"Deltas vs **{md_text(runs[0].label)}**:", ""]
@@ -97,6 +98,5 @@ def render_markdown(runs: list[LoadedRun], rows: list[dict]) -> str:
             ]
             lines.append("| " + " | ".join([md_text(lr.label), *cells]) + " |")
     lines += agent_markdown(runs)
-    lines += rigor_markdown(runs)
     lines += ["", "Best value per column in **bold**; latencies in ms."]
     return "\n".join(lines) + "\n"
