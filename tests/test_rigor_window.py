@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from cbbench.harness.cli import main
 from cbbench.harness.conclusions.window import (
+    add_window_summary,
     choose_window,
     parse_window,
     steady_window,
@@ -67,6 +68,12 @@ def test_a_short_or_flat_run_has_no_window_and_ranges_parse() -> None:
     w = choose_window(recs, (2.0, 6.0))
     assert w is not None and w.kind == "range" and w.duration_s == 4.0
     assert choose_window(recs, "all") is None
+    few: dict = {}  # a window of a handful of requests does not lead the summary
+    add_window_summary(few, synthetic(span=1.2, ramp=0), "steady")
+    assert few["lead"] == "all" and "(< 20)" in few["lead_note"]
+    many: dict = {}
+    add_window_summary(many, recs, "steady")
+    assert many["lead"] == "steady" and many["window_figures"]["counts"]["total"] >= 20
 
 
 def test_bench_finds_the_window_after_a_known_warm_up(tmp_path: Path, capsys) -> None:

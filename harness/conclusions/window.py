@@ -37,6 +37,7 @@ from cbbench.harness.results.summary import output_tokens, summarize
 
 PLATEAU_TOLERANCE = 0.25  # the band around the plateau level, relative
 MIN_WINDOW_SHARE = 0.2  # a window shorter than this share of the run carries a warning
+MIN_REQUESTS = 20  # a steady window with fewer requests sent in it does not lead the summary
 WINDOW_KINDS = ("steady", "all")
 
 
@@ -206,10 +207,18 @@ def add_window_summary(
 def _add(summary: dict, records, spec, slo, steady: Window | None) -> None:
     summary["steady_window"] = None if steady is None else steady.to_dict()
     chosen = steady if spec == "steady" else choose_window(records, spec)
-    summary["lead"] = "all" if chosen is None else chosen.kind
-    summary["window_figures"] = None if chosen is None else window_figures(records, chosen, slo)
+    figures = None if chosen is None else window_figures(records, chosen, slo)
     if spec == "steady" and steady is None:
         summary["lead_note"] = "no steady window found (run too short or never level): whole run"
+    elif spec == "steady" and figures is not None and figures["counts"]["total"] < MIN_REQUESTS:
+        summary["lead_note"] = (
+            f"the steady window {steady.start_s:.1f}-{steady.end_s:.1f} s holds "  # type: ignore[union-attr]
+            f"{figures['counts']['total']} requests (< {MIN_REQUESTS}): the summary leads with "
+            "the whole run"
+        )
+        chosen = figures = None
+    summary["lead"] = "all" if chosen is None else chosen.kind
+    summary["window_figures"] = figures
 
 
 def window_line(summary: dict) -> str | None:
@@ -245,7 +254,7 @@ def run_lead(meta: dict) -> str | tuple[float, float]:
     if lead == "range":
         w = (summary.get("window_figures") or {}).get("window") or {}
         return (float(w["start_s"]), float(w["end_s"]))
-    return "steady" if lead == "steady" or summary.get("lead_note") else "all"
+    return "steady" if lead == "steady" or summary.get("lead_note") else "all"  # asked for
 
 
 def windowed_run(run: Run, spec: str | tuple[float, float]) -> tuple[Run, Window | None]:
