@@ -86,10 +86,11 @@ def growth_verdict(
     if st.value * span < max(MIN_RISE_S, early):
         return None
     pct = f"{CONFIDENCE:.0%}"
+    fitted_end = early + st.value * span
     return (
-        f"queue growing: TTFT rises {st.value * 1e3:.0f} ms per second (>= "
-        f"{st.low * 1e3:.0f} ms/s with {pct} confidence, {st.n} requests) and requests in "
-        f"flight {sf.value:.2f}/s (>= {sf.low:.2f}/s)"
+        f"queue growing: TTFT from {early * 1e3:.0f} ms to {fitted_end * 1e3:.0f} ms (fitted) "
+        f"over {span:.1f} s of sends, its slope above 0 with {pct} confidence ({st.n} "
+        f"requests), and requests in flight growing {sf.value:.2f}/s (>= {sf.low:.2f}/s)"
     )
 
 

@@ -60,7 +60,8 @@ class SaturationWatch:
             self._ttft.append(r.ttft_s)
         if now <= 0:
             return
-        offered = bisect.bisect_right(self.arrivals, now) / now
+        sent = bisect.bisect_right(self.arrivals, now)  # offered: over the sending span
+        offered = sent / max(1e-9, min(now, self.arrivals[-1]))
         served = self._done / now
         reason = saturation.verdict(
             self._sent, self._ttft, self._times, self._in_flight, self._waiting, now,

@@ -140,11 +140,15 @@ def run_rigorous(
         if min_d is not None and not _mlperf(result, rigor, min_d, console):
             code = max(code, mlperf.EXIT_INVALID)
         index["runs"].append(f"repeat-{i}")
-        summaries.append(dict(result.summary))
+        run_code = exit_code(result.summary, result.interrupted, result.failure)
+        code = max(code, run_code)
+        if run_code in (0, 3):  # finished: its figures are one draw of the system
+            summaries.append(dict(result.summary))
+        else:  # Ctrl-C, failed or over-saturated: kept on disk, out of the intervals
+            index.setdefault("excluded", []).append(f"repeat-{i}")
         index["aggregate"] = aggregate(summaries)
         _write_json(out / REPEATS_FILE, index)
-        code = max(code, exit_code(result.summary, result.interrupted, result.failure))
-        if result.interrupted or code in (1, 4):  # Ctrl-C, a failed or over-saturated run
+        if run_code not in (0, 3):
             index["stopped_after"] = i
             _write_json(out / REPEATS_FILE, index)
             break
@@ -158,11 +162,16 @@ def repeat_lines(index: dict) -> list[str]:
     from cbbench.harness.conclusions.repeats import UNITS
 
     agg = index.get("aggregate") or {}
-    n = len(index.get("runs", []))
+    n = len(index.get("runs", [])) - len(index.get("excluded", []))
     conf = f"{index.get('confidence', CONFIDENCE):.0%}"
     lines = [f"{n} repeats ({index.get('window')} figures): mean [{conf} t-interval] CV"]
     if None in index.get("reset", []):
         lines.append("  the server offers no prefix-cache reset: the repeats shared its cache")
+    if index.get("excluded"):
+        lines.append(
+            f"  stopped after {', '.join(index['excluded'])} (failed, interrupted or "
+            "over-saturated: kept on disk, not in the intervals)"
+        )
     for key, iv in agg.items():
         scale, unit = (1e3, "ms") if UNITS[key] == "s" else (1.0, UNITS[key])
         if iv["n"] < 2:
