@@ -191,6 +191,11 @@ def run(args: argparse.Namespace) -> int:
     if is_repeats(args.baseline) != is_repeats(args.candidate):
         raise CbbenchError("compare a --repeats folder with a --repeats folder, a run with a run")
     if is_repeats(args.baseline):
+        if args.window is not None:
+            raise CbbenchError(
+                "--window: repeats folders are judged on the figures each run led with "
+                "(set it on `bench --repeats`)"
+            )
         gate = run_repeated_gate(args.baseline, args.candidate, policy, args.allow_incomplete)
     else:
         gate = run_gate(
