@@ -4,6 +4,7 @@ words back with usage."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -12,9 +13,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 
-def recording_app(log: list[dict]) -> FastAPI:
+def recording_app(log: list[dict], token_delay_s: float = 0.0, serial: bool = False) -> FastAPI:
+    """`token_delay_s`: a pause before each streamed word (calls that take time overlap);
+    `serial`: one answer at a time (the others wait for it before their first word)."""
     app = FastAPI()
     lock = threading.Lock()
+    one_at_a_time = asyncio.Lock()
 
     @app.get("/health")
     async def health() -> Response:
@@ -43,7 +47,19 @@ def recording_app(log: list[dict]) -> FastAPI:
         n = body["max_tokens"]
 
         async def stream():
+            if serial:
+                await one_at_a_time.acquire()
+            try:
+                async for part in words():
+                    yield part
+            finally:
+                if serial:
+                    one_at_a_time.release()
+
+        async def words():
             for i in range(n):
+                if token_delay_s:
+                    await asyncio.sleep(token_delay_s)
                 chunk = {"choices": [{"index": 0, "delta": {"content": f"w{i} "}}]}
                 yield f"data: {json.dumps(chunk)}\n\n"
             end = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}

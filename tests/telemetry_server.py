@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -24,6 +25,7 @@ class MetricsServer:
         self.hits = 0
         self.release = threading.Event()  # set to unblock handlers when `hang` is on
         self.hang = False
+        self.delay_s = 0.0  # each scrape answered this late (a slow exporter)
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -31,6 +33,8 @@ class MetricsServer:
                 outer.hits += 1
                 if outer.hang:
                     outer.release.wait(10)
+                if outer.delay_s:
+                    time.sleep(outer.delay_s)
                 if self.path != "/metrics":
                     self.send_error(404)
                     return

@@ -305,6 +305,30 @@ def test_bad_merges_are_refused(shards, tmp_path):
     assert part.meta["summary"]["counts"]["total"] == len(expected)
 
 
+def test_shards_started_apart_without_start_at_are_refused_with_their_offsets(shards, tmp_path):
+    """Issue 51 #5: two shards started 3.7 s apart without --start-at were merged and each
+    reported 'started 0.0 ms late'."""
+    tmp = shards["tmp"]
+
+    def unaligned(i: int, shift: float) -> Path:
+        def edit(m: dict) -> None:
+            m["clock"].update(start_at_unix_s=None, t0_unix_s=m["clock"]["t0_unix_s"] + shift)
+
+        return _tamper(tmp / f"s{i}", tmp_path / f"u{i}", edit)
+
+    dirs = [unaligned(0, 0.0), unaligned(1, 3.7), unaligned(2, 0.1)]
+    with pytest.raises(
+        CbbenchError, match=r"after the first shard: shard 1/3 \+3\.70 s.*--start-at"
+    ):
+        merge_runs(tmp_path / "out", dirs)
+    proc = _merge_cli(tmp_path / "skewed", *dirs, extra=("--allow-start-skew",))
+    assert proc.returncode == 0, proc.stderr
+    assert "started after the first shard: shard 1/3 +3.70 s, shard 2/3 +0.10 s" in proc.stderr
+    assert "shard 1/3: " in proc.stdout and "started +3.700 s after the first shard" in proc.stdout
+    assert "ms late" not in proc.stdout
+    assert load_run(tmp_path / "skewed").meta["merged"]["start_skew"].endswith("+0.10 s")
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_ctrl_c_while_waiting_for_start_at_stops_at_once(tmp_path, workers):
     """A start up to an hour ahead is waited for interruptibly: Ctrl-C ends the run before t0,

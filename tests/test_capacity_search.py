@@ -13,10 +13,10 @@ from cbbench.harness.sweep.capacity import CapacityConfig, Trial, find_max_rate
 def model(knee: float, noise: float = 0.0, seed: int = 0):
     rng = random.Random(seed)
 
-    def measure(rate: float, attempt: int) -> Trial:
+    def measure(rate: float, attempt: int, n: int) -> Trial:
         bad = rng.random() < noise  # a hiccup on a shared machine: a good level looks bad
         good = 1.0 if rate <= knee and not bad else 0.5
-        return Trial(rate, attempt, good, min(rate, knee), requests=40)
+        return Trial(rate, attempt, good, min(rate, knee), requests=n)
 
     return measure
 
@@ -43,18 +43,68 @@ def test_noise_that_only_hurts_is_absorbed_by_repeats() -> None:
 def test_only_misses_are_repeated() -> None:
     res = find_max_rate(model(5.0, noise=1.0), CapacityConfig(repeats=3))  # always failing
     assert res.max_rate is None and "even at" in res.stopped
-    assert all(n == 3 for n in _runs_per_rate(res.trials).values())
+    assert all(n == 2 for n in _runs_per_rate(res.trials).values())  # 2 of 3 missed: decided
     res = find_max_rate(model(5.0), CapacityConfig(repeats=3, start_rate=1.0))
     runs = _runs_per_rate(res.trials)
     assert all(n == 1 for r, n in runs.items() if r <= 5.0)  # a pass is not repeated
-    assert all(n == 3 for r, n in runs.items() if r > 5.0)  # a miss is confirmed
+    assert all(n == 2 for r, n in runs.items() if r > 5.0)  # a miss is confirmed
     assert all(r / 5.0 < 2.0 for r in runs if r > 5.0)  # ... and misses sit at the boundary
+
+
+def test_a_missed_level_passes_only_on_a_majority_of_its_runs() -> None:
+    """Rate 64 at 32.5 % then 100 %: 'any run passed' called it met; the majority asks a
+    third run, and 1 of 3 is a miss."""
+    seq = {64.0: [0.325, 1.0, 0.4]}
+
+    def measure(rate: float, attempt: int, n: int) -> Trial:
+        good = seq[rate][attempt] if rate in seq else (1.0 if rate < 64 else 0.0)
+        return Trial(rate, attempt, good, requests=n)
+
+    res = find_max_rate(measure, CapacityConfig(start_rate=32.0, repeats=3))
+    assert _runs_per_rate(res.trials)[64.0] == 3 and res.max_rate is not None
+    assert res.max_rate < 64.0 and "most of its runs" in res.to_dict()["rule"]
+    seq[64.0] = [0.325, 1.0, 1.0]  # 2 of 3: met
+    res = find_max_rate(measure, CapacityConfig(start_rate=32.0, repeats=3, max_rate=64.0))
+    assert res.max_rate == 64.0
+
+
+def short_model(knee: float, unloaded_s: float = 0.5):
+    """A level is too short to judge unless its arrival span covers 3 unloaded latencies
+    (verdict.needed_requests); a short level at any rate would look met."""
+
+    def measure(rate: float, attempt: int, n: int) -> Trial:
+        need = max(20, int(3 * rate * unloaded_s) + 1)
+        if n < need:
+            return Trial(rate, attempt, 1.0, requests=n, state="undecided",
+                         why="too short to judge", needed_requests=need)  # fmt: skip
+        return Trial(rate, attempt, 1.0 if rate <= knee else 0.5, requests=n)
+
+    return measure
+
+
+def test_a_level_too_short_to_judge_is_lengthened_never_met() -> None:
+    res = find_max_rate(
+        short_model(30.0), CapacityConfig(requests_per_level=20, max_requests=10**5)
+    )
+    lo, hi = res.interval
+    assert lo is not None and hi is not None and lo <= 30.0 < hi, res.interval
+    judged = [t for t in res.trials if t.state != "undecided"]
+    assert all(t.requests >= max(20, int(3 * t.rate * 0.5) + 1) for t in judged)
+    assert any(t.state == "undecided" for t in res.trials)  # ... each followed by a longer run
+
+
+def test_a_level_it_cannot_afford_to_judge_ends_the_search_saying_what_it_needs() -> None:
+    res = find_max_rate(short_model(300.0), CapacityConfig(requests_per_level=20, max_requests=400))
+    assert res.undecided and "needs" in res.undecided and "--max-requests" in res.undecided
+    assert res.max_rate is None or res.max_rate < 300.0  # only judged levels count
+    met = {t.rate for t in res.trials if t.state is None and t.goodput_fraction == 1.0}
+    assert res.max_rate is None or res.max_rate in met  # the answer is a judged level
 
 
 def test_a_slow_moment_at_the_start_does_not_sink_the_search() -> None:
     calls = []
 
-    def measure(rate: float, attempt: int) -> Trial:
+    def measure(rate: float, attempt: int, n: int) -> Trial:
         calls.append(rate)
         good = 0.5 if len(calls) == 1 else (1.0 if rate <= 10.0 else 0.5)  # first run: a hiccup
         return Trial(rate, attempt, good, requests=40)

@@ -63,10 +63,13 @@ def test_exploding_latency_stops_the_level_early(tmp_path: Path) -> None:
         argv += ["--workload", "uniform", "--num-requests", str(n)]
         assert main([*argv, "--no-live", "--no-server-metrics", "--no-gpu-metrics"]) == 0
     lv = json.loads((out / "sweep.json").read_text())["levels"][0]
-    assert lv["stopped_early"].startswith("TTFT exploding")
+    assert lv["stopped_early"].startswith("over-saturated: TTFT exploding")  # not "Ctrl-C"
+    assert not lv["interrupted"]
     run = load_run(out / "concurrency-4")
     assert 20 <= len(run.records) < n  # stopped, with every finished request kept
-    assert run.meta["summary"]["telemetry"]["saturation"]["stopped_early"] == lv["stopped_early"]
+    watch = run.meta["summary"]["telemetry"]["saturation"]["stopped_early"]
+    assert lv["stopped_early"] == f"over-saturated: {watch}"
+    assert run.meta["status"] == "stopped-early"
 
 
 def test_watch_reads_growing_waiting_queue(tmp_path: Path) -> None:

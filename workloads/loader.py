@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 from cbbench.workloads.agent import build_agent
+from cbbench.workloads.agent_graph import build_agent_graph
 from cbbench.workloads.agent_trace import as_agent_sessions, is_agent_trace_object, read_agent_trace
 from cbbench.workloads.arrivals import with_arrivals
 from cbbench.workloads.errors import WorkloadError
@@ -38,6 +39,7 @@ from cbbench.workloads.trace_csv import (
     read_burstgpt,
 )
 from cbbench.workloads.trace_mooncake import MOONCAKE_BLOCK_SIZE, read_mooncake
+from cbbench.workloads.trace_otel import is_otel_trace, read_otel
 from cbbench.workloads.trace_sharegpt import read_sharegpt
 from cbbench.workloads.tracefile import (
     PACKAGED_PREFIX,
@@ -54,11 +56,12 @@ else:  # pragma: no cover - Python 3.10
 SPEC_KEYS = (
     "name", "description", "seed", "num_requests", "trace", "arrival",
     "prompt", "output", "priority", "prefix", "mixture", "session", "agent", "shared_prefix",
+    "agent_graph",
 )  # fmt: skip
-GENERATOR_KEYS = ("agent", "shared_prefix")  # a whole workload from one generator table
+GENERATOR_KEYS = ("agent", "shared_prefix", "agent_graph")  # a whole workload from one table
 TRACE_KEYS = ("path", "format", "tokenizer", "sessions", "agent", *BURSTGPT_OPTIONS)
 SESSION_FORMATS = ("mooncake", "sharegpt")  # traces whose sessions can be recovered
-TRACE_FORMATS = ("azure", "burstgpt", "mooncake", "sharegpt", "native", "agent")
+TRACE_FORMATS = ("azure", "burstgpt", "mooncake", "sharegpt", "native", "agent", "otel")
 HEAD_CHARS = 1 << 20  # format detection reads no further
 ARRIVAL_KEYS = ("kind", "rate", "cv", "time_scale", "target_rate", "ramp_up_s")
 
@@ -128,6 +131,8 @@ def load_trace(
     requests chained into conversations by their block ids, ShareGPT conversations sent turn
     by turn with their real text."""
     name = name or display_name(path)
+    if fmt is None and is_otel_trace(Path(path)):
+        fmt = "otel"
     fmt = fmt or detect_format(path)
     if fmt not in TRACE_FORMATS:
         raise WorkloadError(
@@ -153,6 +158,8 @@ def load_trace(
         return read_native(path, name, num_requests)
     if fmt == "agent":
         return read_agent_trace(path, name, seed, num_requests)
+    if fmt == "otel":  # OpenTelemetry GenAI spans: a file or a folder (trace_otel.py)
+        return read_otel(path, name, seed, num_requests)
     skipped: Counter = Counter()
     readers = {
         "azure": lambda: read_azure(path, skipped),
@@ -286,6 +293,9 @@ def _generated(spec: dict, name: str, seed: int, n: int | None, where: str) -> W
         raise WorkloadError(f"{where}: '{other[0]}' cannot be combined with '{gen}'")
     if gen == "agent":
         return build_agent(spec[gen], name, seed, DEFAULT_NUM_REQUESTS if n is None else n, where)
+    if gen == "agent_graph":
+        n = DEFAULT_NUM_REQUESTS if n is None else n
+        return build_agent_graph(spec[gen], name, seed, n, where)
     wl = build_shared_prefix(spec[gen], name, seed, where)
     if n is not None and n < len(wl.requests):
         wl = Workload(wl.name, wl.seed, wl.requests[:n], wl.prefix_block_size, wl.source)
@@ -328,6 +338,10 @@ def load_workload(
             wl.name, wl.seed, wl.requests, wl.prefix_block_size, {"preset": key} | wl.source
         )
     path = Path(key)
+    if is_otel_trace(path):  # a file or a folder of OpenTelemetry GenAI traces
+        if tokenizer is not None:
+            raise WorkloadError(f"{path}: a tokenizer only applies to ShareGPT traces")
+        return read_otel(path, key, seed or 0, num_requests)
     if not path.is_file() and is_inline(key):  # prompt=128,output=128: fixed lengths
         return build_from_spec(parse_inline(key), key, f"--workload {key}", seed, num_requests)
     if not path.is_file():

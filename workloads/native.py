@@ -19,6 +19,7 @@ from pathlib import Path
 
 from cbbench.workloads.agent_trace import parse_agent_step
 from cbbench.workloads.errors import WorkloadError
+from cbbench.workloads.graph import check_graph, parse_graph_call
 from cbbench.workloads.spec import RequestSpec, Workload
 from cbbench.workloads.trace_mooncake import json_lines, parse_ids
 from cbbench.workloads.tracefile import parse_length
@@ -80,6 +81,7 @@ def _request(obj: dict, position: int, where: str) -> RequestSpec:
         think_s=None if think is None else float(think),
         text=text,
         agent=parse_agent_step(obj.get("agent"), obj.get("turn"), where),
+        graph=parse_graph_call(obj.get("graph"), where),
     )
 
 
@@ -104,6 +106,7 @@ def read_native(path: str | Path, name: str, num_requests: int | None = None) ->
         requests.append(_request(obj, len(requests), where))
         if num_requests is not None and len(requests) >= num_requests:
             break  # stop parsing once N are taken
+    check_graph(requests, str(path))
     source = header.get("source", {"format": "native", "path": str(path)})
     return Workload(
         name=header.get("name", name),

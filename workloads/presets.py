@@ -45,6 +45,17 @@ PRESETS: dict[str, Preset] = {
             settings={"batch_size": 4, "hardware": "steps"},
         ),
         Preset(
+            "run-demo",
+            "`cbbench run`'s default: 256 requests, outputs lognormal (median 128, sigma 0.9, "
+            "8-1024), prompts lognormal (median 64, 8-512), all at once",
+            {
+                "num_requests": 256,
+                "prompt": {"dist": "lognormal", "median": 64, "sigma": 0.6, "min": 8, "max": 512},
+                "output": {"dist": "lognormal", "median": 128, "sigma": 0.9, "min": 8, "max": 1024},
+            },
+            has_arrivals=False,
+        ),
+        Preset(
             "uniform",
             "200 requests, every prompt 256 and every output 256 tokens",
             {
@@ -93,6 +104,14 @@ PRESETS: dict[str, Preset] = {
             has_arrivals=False,
         ),
         Preset(
+            "agent-graph",
+            "agent graphs: an orchestrator fans out to 2-6 parallel sub-agents (1-3 tool-calling "
+            "steps each, tool waits median 0.5 s), a reducer joins their live answers; 200 "
+            "calls (chat endpoint)",
+            {"num_requests": 200, "agent_graph": {}},
+            has_arrivals=False,
+        ),
+        Preset(
             "shared-prefix",
             "SGLang's generated shared prefix: 8 groups x 16 prompts, system prompt 768 + "
             "question 256 tokens (intended hit rate 75 % primed), outputs 64",
@@ -115,9 +134,19 @@ PRESETS: dict[str, Preset] = {
             # prompt + output fit an 8k context (llama-3-8b, the simulator's default model)
             {
                 "num_requests": 200,
-                "prompt": {"dist": "lognormal", "median": 128, "sigma": 0.8, "min": 16, "max": 1024},
+                "prompt": {
+                    "dist": "lognormal",
+                    "median": 128,
+                    "sigma": 0.8,
+                    "min": 16,
+                    "max": 1024,
+                },
                 "output": {
-                    "dist": "lognormal", "median": 1024, "sigma": 1.0, "min": 32, "max": 7168,
+                    "dist": "lognormal",
+                    "median": 1024,
+                    "sigma": 1.0,
+                    "min": 32,
+                    "max": 7168,
                 },
             },  # fmt: skip
             has_arrivals=False,

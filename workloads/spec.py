@@ -17,6 +17,8 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import PurePath
 
+from cbbench.workloads.graph import GraphCall
+
 
 @dataclass(frozen=True)
 class ToolCall:
@@ -50,6 +52,7 @@ class RequestSpec:
     think_s: float | None = None  # pause after the previous turn's reply before this turn
     text: str | None = None  # the message's real text (ShareGPT); None = generated of prompt_len
     agent: AgentStep | None = None  # agent sessions: tools, the step's call, the call answered
+    graph: GraphCall | None = None  # agent graphs: predecessors, recorded messages, live turns
 
 
 @dataclass(frozen=True)

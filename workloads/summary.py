@@ -8,6 +8,7 @@ request; burstiness = CV (population std / mean) of the inter-arrival gaps: 1 fo
 from __future__ import annotations
 
 import numpy as np
+from cbbench.workloads.graph import graph_stats
 from cbbench.workloads.spec import Workload
 
 PERCENTILES = (50, 90, 95, 99)
@@ -56,6 +57,9 @@ def summarize_workload(wl: Workload) -> dict:
     sessions = _sessions(wl)
     if sessions:
         summary["sessions"] = sessions
+    graph = graph_stats(wl.requests)
+    if graph:
+        summary["graph"] = graph
     intended = (wl.source.get("shared_prefix") or {}).get("intended_hit_rate")
     if intended:  # shared-prefix: what a prefix cache should serve (primed, cold)
         summary["intended_hit_rate"] = dict(intended)

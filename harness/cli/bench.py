@@ -10,7 +10,9 @@ from cbbench.harness.client.stream_kinds import REASONING_PARSERS
 from cbbench.harness.load.cache_options import add_cache_args
 from cbbench.harness.load.rigor_options import add_rigor_args
 from cbbench.harness.load.vllm_compat import RANDOM_INPUT_LEN, RANDOM_OUTPUT_LEN
+from cbbench.harness.results.slo import SLO_HELP
 from cbbench.harness.telemetry import TelemetryOptions
+from cbbench.reference_engine.config.options import seconds_arg
 
 
 def add_load_args(p: argparse.ArgumentParser) -> None:
@@ -103,9 +105,7 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
         "--seed", type=int, default=None, help="workload seed (default: the spec file's, else 0)"
     )
     slo = p.add_mutually_exclusive_group()
-    slo.add_argument(
-        "--slo", help="goodput SLOs with units, e.g. ttft=200ms,tpot=50ms,e2e=10s (default: none)"
-    )
+    slo.add_argument("--slo", help=SLO_HELP + " (default: none)")
     slo.add_argument(
         "--goodput",
         nargs="+",
@@ -138,10 +138,11 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--timeout",
-        type=float,
-        metavar="SECONDS",
+        type=seconds_arg,
+        metavar="DURATION",
         default=600.0,
-        help="seconds a request may take before it is failed as a timeout (default: 600)",
+        help="how long a request may take before it is failed as a timeout (10m, 90s; a bare "
+        "number is seconds; default: 600s)",
     )
     p.add_argument("--no-stream", action="store_true", help="non-streaming requests (no TTFT/ITL)")
     p.add_argument(

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from cbbench.harness.errors import CbbenchError
+from cbbench.harness.results.integrity import trust_problems
 from cbbench.harness.results.run_folder import load_run
 
 
@@ -24,7 +26,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    df = load_run(args.run).dataframe()
+    run_ = load_run(args.run)
+    for problem in trust_problems(run_):  # exported anyway: the reader must know
+        print(f"cbbench export: warning: {args.run} is {problem}", file=sys.stderr)
+    df = run_.dataframe()
     out = Path(args.csv or args.parquet)
     if out.parent and not out.parent.exists():
         raise CbbenchError(f"{out}: folder {out.parent} does not exist")
@@ -37,7 +42,10 @@ def run(args: argparse.Namespace) -> int:
         try:
             import pyarrow  # noqa: F401
         except ImportError:
-            raise CbbenchError("--parquet needs pyarrow (pip install pyarrow)") from None
+            raise CbbenchError(
+                "--parquet needs pyarrow, which cbbench does not install: pip install "
+                "'pyarrow>=14' (or write --csv)"
+            ) from None
         if "extra" in df:  # free-form dicts have no fixed Parquet schema: keep them as JSON
             df["extra"] = df["extra"].map(lambda v: json.dumps(v, separators=(",", ":")))
         df.to_parquet(out, index=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -26,7 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="fail CI on a statistically clear regression between two runs",
         description="Judge every policy rule with a seeded bootstrap confidence interval over "
         "the per-request records; a rule fails only when the whole interval is beyond its "
-        "limit. Exit 0 pass, 1 regression, 2 unusable or mismatched input.",
+        "limit. Runs that are not comparable (another endpoint, streaming mode, load shape, "
+        "workload or model) are refused. Exit 0 pass, 1 regression, 2 unusable or "
+        "incomparable input.",
     )
     p.add_argument("--baseline", required=True, metavar="RUN", help="baseline run folder")
     p.add_argument("--candidate", required=True, metavar="RUN", help="candidate run folder")
@@ -38,8 +41,32 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="judge runs that were killed or interrupted (default: refuse them, exit 2)",
     )
+    p.add_argument(
+        "--allow-incomparable",
+        action="store_true",
+        help="judge runs that differ in endpoint, streaming, load shape (open/closed loop, "
+        "rate, concurrency), workload or model (default: refuse them, exit 2, naming the "
+        "differences)",
+    )
     add_window_arg(p, default=None)  # the same kind on both sides (docs/rigor.md)
     p.set_defaults(func=run)
+
+
+def print_differences(gate) -> None:
+    """Before the table: a judged pair that is not comparable (--allow-incomparable) says so on
+    stderr, one line; other differences (the server or scheduler compared) one line on stdout."""
+    from cbbench.harness.results.comparability import INCOMPARABLE, summary_line
+
+    bad = [d for d in gate.differences if d.severity == INCOMPARABLE]
+    rest = [d for d in gate.differences if d.severity != INCOMPARABLE]
+    if bad:
+        print(
+            "cbbench gate: warning: not comparable, judged anyway (--allow-incomparable): "
+            + summary_line(bad),
+            file=sys.stderr,
+        )
+    if rest:
+        print("runs differ in " + summary_line(rest))
 
 
 def fmt_value(metric: str, v: float | None) -> str:
@@ -76,10 +103,7 @@ def print_table(gate) -> None:
     from rich.table import Table
 
     conf = f"{gate.policy.confidence:.0%}"
-    t = Table(
-        title=f"cbbench gate ({gate.policy.source}, {conf} {gate.method}"
-        + (f", {gate.policy.resamples} resamples)" if gate.method == "bootstrap CI" else ")")
-    )
+    t = Table(title=f"cbbench gate ({_method(gate)})")
     for col in ("rule", "baseline", "candidate", "change", f"{conf} CI", "limit", "verdict"):
         t.add_column(
             col, justify="left" if col in ("rule", "verdict") else "right", no_wrap=col != "verdict"
@@ -96,39 +120,61 @@ def print_table(gate) -> None:
             fmt_limit(r),
             f"[{style}]{r.verdict}[/]" + (f" ({r.note})" if r.note else ""),
         )
-    console = Console(highlight=False)
-    console.width = max(console.width, 150)  # CI logs are not terminals: keep rows on one line
-    console.print(t, markup=True)
-    for note in gate.notes:
-        console.print(note, markup=False)
+    console = Console(highlight=False, soft_wrap=True)
+    if console.is_terminal:
+        console.print(t, markup=True)
+    else:  # a CI log or a file: Markdown, one line a rule, never wrapped mid-phrase
+        print(markdown(gate, escape_html=False), end="")
+    for note in gate.notes:  # which windows were compared (harness/conclusions/window.py)
+        console.print(note, markup=False, soft_wrap=True)
     failed = [r for r in gate.results if r.failed]
     unsure = [r for r in gate.results if r.verdict == "cannot tell"]
+    skipped = sum(r.verdict == "n/a" for r in gate.results)
+    judged = len(gate.results) - skipped
+    tail = f", {skipped} not applicable" if skipped else ""
     console.print(
-        f"[bold red]REGRESSION: {len(failed)} of {len(gate.results)} rules failed[/]"
+        f"[bold red]REGRESSION: {len(failed)} of {judged} rules failed{tail}[/]"
         if failed
-        else f"[yellow]CANNOT TELL: {len(unsure)} of {len(gate.results)} rules; the two "
-        "configurations are not distinguishable at this confidence (more --repeats narrow "
-        "the intervals)[/]"
+        else f"[yellow]CANNOT TELL: {len(unsure)} of {judged} rules; the two configurations "
+        "are not distinguishable at this confidence (more --repeats narrow the intervals)[/]"
         if unsure
-        else f"[green]PASS: {len(gate.results)} rules[/]"
+        else f"[green]PASS: {judged} rules{tail}[/]",
+        soft_wrap=True,
     )
 
 
-def markdown(gate) -> str:
+def _method(gate) -> str:
+    """How the intervals were made: a bootstrap over one run's requests, or (repeats
+    folders) Welch's t-interval over the run means."""
+    conf = f"{gate.policy.confidence:.0%}"
+    if gate.method == "bootstrap CI":
+        return f"{gate.policy.source}, {conf} bootstrap CI, {gate.policy.resamples} resamples"
+    return f"{gate.policy.source}, {conf} {gate.method}"
+
+
+def markdown(gate, escape_html: bool = True) -> str:
+    """The table as Markdown: for a PR comment (`<`, `>` escaped) or a log (as typed)."""
+
     def cell(text: str) -> str:
-        return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+        text = text.replace("|", "\\|")
+        return text.replace("<", "&lt;").replace(">", "&gt;") if escape_html else text
 
     conf = f"{gate.policy.confidence:.0%}"
-    head = "PASS" if gate.passed else "REGRESSION"
+    unsure = any(r.verdict == "cannot tell" for r in gate.results)
+    head = "REGRESSION" if not gate.passed else "CANNOT TELL" if unsure else "PASS"
     lines = [
         f"### cbbench gate: {head}",
+        "",
+        _method(gate),
         "",
         f"| rule | baseline | candidate | change | {conf} CI | limit | verdict |",
         "|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in gate.results:
         est, ci = fmt_change(r)
-        verdict = f"**{r.verdict}**" if r.failed else r.verdict
+        verdict = (f"**{r.verdict}**" if r.failed else r.verdict) + (
+            f" ({r.note})" if r.note else ""
+        )
         row = [
             r.rule.title,
             fmt_value(r.rule.metric, r.baseline),
@@ -139,7 +185,9 @@ def markdown(gate) -> str:
             verdict,
         ]
         lines.append("| " + " | ".join(cell(x) for x in row) + " |")
-    lines += ["", "A rule fails only when its whole bootstrap interval lies beyond the limit."]
+    lines += ["", "A rule fails only when its whole interval lies beyond the limit."]
+    if unsure:
+        lines.append("'cannot tell': the interval straddles the limit; more repeats narrow it.")
     return "\n".join(lines) + "\n"
 
 
@@ -185,12 +233,13 @@ def run(args: argparse.Namespace) -> int:
     from cbbench.harness.gate.judge import run_gate
     from cbbench.harness.gate.policy import DEFAULT_POLICY, load_policy
     from cbbench.harness.gate.repeated import is_repeats, run_repeated_gate
+    from cbbench.harness.results.integrity import trust_problems
     from cbbench.harness.results.run_folder import load_run
 
     policy = load_policy(args.policy) if args.policy else DEFAULT_POLICY
     if is_repeats(args.baseline) != is_repeats(args.candidate):
         raise CbbenchError("compare a --repeats folder with a --repeats folder, a run with a run")
-    if is_repeats(args.baseline):
+    if is_repeats(args.baseline):  # judged on the run means (harness/gate/repeated.py)
         if args.window is not None:
             raise CbbenchError(
                 "--window: repeats folders are judged on the figures each run led with "
@@ -198,13 +247,15 @@ def run(args: argparse.Namespace) -> int:
             )
         gate = run_repeated_gate(args.baseline, args.candidate, policy, args.allow_incomplete)
     else:
+        base, cand = load_run(args.baseline), load_run(args.candidate)
+        if args.allow_incomplete:  # judged anyway: say on what
+            for which, r in (("baseline", base), ("candidate", cand)):
+                for problem in trust_problems(r):
+                    print(f"cbbench gate: warning: the {which} is {problem}", file=sys.stderr)
         gate = run_gate(
-            load_run(args.baseline),
-            load_run(args.candidate),
-            policy,
-            args.allow_incomplete,
-            window=args.window,
+            base, cand, policy, args.allow_incomplete, args.allow_incomparable, window=args.window
         )
+        print_differences(gate)
     print_table(gate)
     if args.junit:
         _write(args.junit, junit(gate))

@@ -94,7 +94,7 @@ def run_compare(args: argparse.Namespace) -> int:
             f"{c.wall_s:.2f}",
             f"{c.requests_per_cpu_s:.0f}",
         )
-    console = Console(width=max(Console().width, 120))
+    console = Console(width=max(Console(soft_wrap=True).width, 120))
     console.print(table)
 
     def x(r: float | None) -> str:
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         raise CbbenchError("selftest: --itl-ms must be >= 0")
     if args.compare:
         return run_compare(args)
-    console = Console(width=max(Console().width, 190))
+    console = Console(width=max(Console(soft_wrap=True).width, 190))
     table = Table(
         title=f"cbbench selftest: local server, {args.itl_ms:g} ms between tokens, "
         f"{args.tokens} tokens/request, {args.http_client} client; errors vs the server's log "
@@ -222,6 +222,17 @@ def _within(w: dict) -> str:
     return "NO: bound" if w["bound_exceeds"] else "yes"
 
 
+def _coverage(w: dict) -> str:
+    """Whether a worker's reported bound covered its measured TTFT error, and why it stalled."""
+    covers = w.get("bound_covers_ttft")
+    said = "covers" if covers else "does NOT cover" if covers is False else "vs"
+    return (
+        f"worker {w['worker']}: bound {_fmt(w['bound_ms'])} ms {said} TTFT error p99 "
+        f"{_fmt(w['ttft_error_ms_p99'])} ms"
+        + (f" (stalled: {w['stall']})" if w.get("stall") else "")
+    )
+
+
 def _verdicts(measured: list[dict]) -> list[str]:
     """One line per setting where a worker's error or bound passed the limit: said, not hidden."""
     out = []
@@ -233,7 +244,8 @@ def _verdicts(measured: list[dict]) -> list[str]:
                 f"{m['timestamp_source']} stamps: worker(s) "
                 f"{', '.join(str(w['worker']) for w in over)} over {over[0]['limit_ms']:g} ms "
                 "(measured p99 error or reported bound): this machine needs more workers, cores "
-                "or hosts for this load"
+                "or hosts for this load; "
+                + "; ".join(_coverage(w) for w in over)
             )
     return out
 

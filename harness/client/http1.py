@@ -46,6 +46,7 @@ from cbbench.harness.client.h1conn import (
     SockConn,
     kernel_timestamps_supported,
 )
+from cbbench.harness.errors import CbbenchError, resource_hint
 
 __all__ = [
     "BadResponse",
@@ -147,7 +148,18 @@ class H1Pool:
         want = n - len(self._idle)
         if want <= 0:
             return 0
-        conns = await asyncio.gather(*(self._connect() for _ in range(want)))
+        got = await asyncio.gather(*(self._connect() for _ in range(want)), return_exceptions=True)
+        conns = [c for c in got if not isinstance(c, BaseException)]
+        failed = [e for e in got if isinstance(e, BaseException)]
+        if failed:  # one line, and nothing left open behind it
+            for c in conns:
+                c.abort()
+            if not isinstance(failed[0], Exception):
+                raise failed[0]
+            raise CbbenchError(
+                f"opening {want} connections before the run: {len(conns)} opened, then "
+                f"{failed[0]}{resource_hint(failed[0])}"
+            ) from None
         for c in conns:
             c.connect_ns = None  # opened before the measured phase: no request pays for it
         self._idle.extend(conns)
@@ -215,7 +227,9 @@ class H1Pool:
             conn.sent_ns = time.monotonic_ns()
             sink.sent(conn.sent_ns, conn.connect_ns, reused)
             conn.write(data)
-            self.send_window_ns.append(time.monotonic_ns() - conn.sent_ns)
+            window = time.monotonic_ns() - conn.sent_ns
+            self.send_window_ns.append(window)
+            sink.send_window_ns = window
             watched = conn
             if deadline is not None:
                 self._busy[watched] = deadline

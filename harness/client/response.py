@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import re
 import time
 from collections.abc import Callable
 
@@ -129,6 +130,10 @@ class Response:
         "attempt_ns",
         "kinds",
         "adapter",
+        "send_window_ns",
+        "first_slack_ns",
+        "last_read_ns",
+        "user_read",
     )
 
     def __init__(
@@ -156,6 +161,12 @@ class Response:
         self.sent_ns: int | None = None  # when the request was written (after any connect)
         self.connect_ns: int | None = None  # set-up of a connection opened for this request
         self.reused: bool | None = None  # sent on a connection that served a request before
+        self.send_window_ns: int | None = None  # the raw client: sent stamp -> write returned
+        # how much earlier than its read's stamp the first token may have come: 0 unless a
+        # later event (or part of one) shared its read (docs/timing.md "a bound per request")
+        self.first_slack_ns = 0
+        self.last_read_ns: int | None = None  # the previous read's stamp
+        self.user_read = False  # this read was stamped in user space (no kernel stamp came)
 
     def sent(self, t: int, connect_ns: int | None = None, reused: bool | None = None) -> None:
         """The request was written at `t` (ns); the transport says what the connection cost."""
@@ -178,6 +189,7 @@ class Response:
             self.body.append(raw)
             return
         k_read = one_ids = synced = i = 0
+        first_at = -1  # index of the event with the response's first token, in this read
         fast = _loads if parse_json is _parse_json_fast else None  # one frame less an event
         state, reply, sends, kinds = self.state, self.reply, self.sends, self.kinds
         events = self.parser.feed(raw)
@@ -185,6 +197,8 @@ class Response:
         plain = kinds.plain  # a bare chunk can only be an answer token (stream_kinds.py)
         if typed is not None and plain:  # a read's leading common chunks
             i = one_ids = typed(events, sends, t)
+            if i:
+                first_at = 0
         n_events = len(events)
         while i < n_events:
             data = events[i]
@@ -228,6 +242,8 @@ class Response:
                         and c.get("prompt_token_ids") is None
                     ):
                         one_ids += 1
+                        if first_at < 0:
+                            first_at = i - 1
                         if sends is not None and "t_send_ns" in obj:
                             sends.append((t, obj["t_send_ns"]))
                         continue
@@ -235,10 +251,14 @@ class Response:
             synced = one_ids
             k = _apply(obj, state, True, kinds, reply)
             k_read += k
+            if k and first_at < 0:
+                first_at = i - 1
             if k and sends is not None and "t_send_ns" in obj:
                 sends.append((t, obj["t_send_ns"]))
             if kinds.plain and not plain and typed is not None and i < n_events:
                 m = typed(events[i:], sends, t)  # the answer began: the rest of the read too
+                if m and first_at < 0:
+                    first_at = i
                 one_ids += m
                 i += m
             plain = kinds.plain
@@ -247,7 +267,16 @@ class Response:
             kinds.n += one_ids - synced
             k_read += one_ids
         if k_read:
+            if not self.chunks and (
+                first_at < n_events - 1 or self.parser.pending or self.user_read
+            ):
+                # a later event, or part of one, came in the same read (the kernel's stamp
+                # is the last segment's), or the read has no kernel stamp: the first token
+                # came after the previous read (or the send) at the earliest
+                lower = max(self.sent_ns or self.attempt_ns, self.last_read_ns or 0)
+                self.first_slack_ns = max(0, t - lower)
             self.chunks.append((t, k_read))
+        self.last_read_ns = t
 
     def end(self, t: int) -> None:
         """The body is complete (as the transport saw it); raises RequestFailed if the
@@ -416,6 +445,8 @@ def finish(rec: RequestRecord, resp: Response, t0_ns: int, end_ns: int) -> None:
             "token_ids (timing uses the streamed count)"
         )
     _reasoning(rec, resp, exact)
+    if resp.send_window_ns is not None:  # a bound on this request's TTFT error (kernel stamps)
+        rec.extra["stamp_bound_s"] = (resp.send_window_ns + resp.first_slack_ns) / 1e9
     if resp.adapter is not None and resp.adapter.finish is not None:
         resp.adapter.finish(rec, resp)
         return
@@ -508,4 +539,14 @@ def error_message(text: str) -> str:
             return str(msg)[:ERROR_TEXT_LIMIT]
     except (ValueError, AttributeError):
         pass
-    return text.strip()[:ERROR_TEXT_LIMIT] or "(empty body)"
+    if _HTML.match(text):  # a web server's or proxy's error page, not an API's error
+        head = _TITLE.search(text) or _H1.search(text)
+        words = " ".join(_TAGS.sub(" ", head.group(1) if head else "").split())
+        return f"an HTML page{f' ({words[:80]!r})' if words else ''}: not an OpenAI-compatible API"
+    return " ".join(text.split())[:ERROR_TEXT_LIMIT] or "(empty body)"
+
+
+_HTML = re.compile(r"\s*(<!doctype html|<html|<head|<body|<\?xml)", re.IGNORECASE)
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+_H1 = re.compile(r"<h1[^>]*>(.*?)</h1>", re.IGNORECASE | re.DOTALL)
+_TAGS = re.compile(r"<[^>]+>")

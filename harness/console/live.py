@@ -45,6 +45,9 @@ class LiveStats:
         self.done = 0
         self.failed = 0
         self.sent: dict[int, int] = {}  # worker -> requests sent so far
+        # worker -> [t_s, in flight] of its last sample, less the requests in flight then
+        # that have finished since (`in_flight`)
+        self.flight: dict[int, list] = {}
         self.ttft: deque[float] = deque(maxlen=WINDOW)
         self.ttfo: deque[float] = deque(maxlen=WINDOW)
         self.reasoned = False  # a record had reasoning tokens: the view shows TTFO
@@ -63,6 +66,9 @@ class LiveStats:
             return
         with self._lock:
             self.done += 1
+            f = self.flight.get(rec.worker)
+            if f is not None and rec.sent_s is not None and rec.sent_s <= f[0]:
+                f[1] -= 1  # in flight at that sample, finished since
             if not rec.ok:
                 self.failed += 1
                 return
@@ -82,12 +88,20 @@ class LiveStats:
     def on_sample(self, sample: dict) -> None:
         if sample.get("source") == "client":
             with self._lock:
-                self.sent[sample.get("worker", 0)] = sample.get("sent", 0)
+                w = sample.get("worker", 0)
+                self.sent[w] = sample.get("sent", 0)
+                if isinstance(sample.get("in_flight"), int) and "t_s" in sample:
+                    self.flight[w] = [sample["t_s"], sample["in_flight"]]
 
     @property
     def in_flight(self) -> int:
-        """Sent (as of each worker's last sample, once a second) minus finished (now).
-        Callers hold the lock."""
+        """Each worker's own count at its last sample (once a second), less those requests
+        that finished since; requests sent since that sample and still in flight are not
+        seen until the next. (Sent as of the sample minus finished *now* read 0 in open-loop
+        runs: the requests sent and finished since the sample were taken off too.) Callers
+        hold the lock."""
+        if self.flight and len(self.flight) == len(self.sent):
+            return sum(max(0, f[1]) for f in self.flight.values())
         return max(0, sum(self.sent.values()) - self.done)
 
     def tokens_per_s(self) -> float:

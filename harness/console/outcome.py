@@ -18,17 +18,20 @@ def outcome_lines(
     *,
     interrupted: bool = False,
     planned: int | None = None,
+    stopped: str | None = None,
 ) -> list[str]:
-    """`planned`: measured requests the run meant to send (None: unknown)."""
+    """`planned`: measured requests the run meant to send (None: unknown); `stopped`: why a
+    watch (sweep's) stopped the run early, which is not a Ctrl-C."""
     c = summary.get("counts") or {}
     out: list[str] = []
     finished = c.get("total", 0)
     cancelled = summary.get("cancelled_in_flight") or 0
-    if interrupted:
+    if interrupted or stopped:
         of = f" of {planned}" if planned else ""
         unsent = f", {planned - finished - cancelled} never sent" if planned else ""
+        head = f"STOPPED ({stopped})" if stopped else "INTERRUPTED (Ctrl-C)"
         out.append(
-            f"INTERRUPTED (Ctrl-C): the figures above cover the {finished}{of} requests that "
+            f"{head}: the figures above cover the {finished}{of} requests that "
             f"finished; {cancelled} cancelled in flight{unsent}"
         )
     failed = c.get("failed") or 0
@@ -60,6 +63,7 @@ def worker_timing_lines(summary: dict) -> list[str]:
             f"{ms(x['read_delay_s']['p99'])} ms, send lag p99 "
             f"{ms(x['send_lag_s']['p99'])} ms, send window p99 {ms(x['send_window_s']['p99'])} "
             f"ms; timing error bound (p99) {ms(x['timing_bound_s'])} ms"
+            + (f" (stalled: {x['stall']})" if x.get("stall") else "")
         )
     if client.get("timing_bound_exceeded"):
         against = client.get("timing_bound_judged_against") or "the latencies"

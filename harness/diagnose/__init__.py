@@ -28,6 +28,7 @@ class Diagnosis:
     requests: int  # successful measured requests the rules looked at
     vitals: dict = field(default_factory=dict)  # the numbers to look at first
     failed: int = 0  # measured requests that failed (not among `requests`)
+    partial: list[str] = field(default_factory=list)  # killed, interrupted or damaged
 
     def to_dict(self) -> dict:
         return {
@@ -37,6 +38,7 @@ class Diagnosis:
             "scheduler": self.scheduler,
             "requests": self.requests,
             "failed": self.failed,
+            "partial": self.partial,
             "vitals": self.vitals,
             "findings": [f.to_dict() for f in self.findings],
         }
@@ -51,10 +53,11 @@ def diagnose_run(run: Run, label: str | None = None, rules: tuple[Rule, ...] = R
             assert f.rule == rule.id, f"rule {rule.id} returned a finding for {f.rule}"
             findings.append(f)
     from cbbench.harness.diagnose.vitals import vitals
+    from cbbench.harness.results.integrity import trust_problems
 
     failed = len(view.measured) - len(view.ok)
     return Diagnosis(run, label or run.name, view.engine, view.scheduler, findings,
-                     len(view.ok), vitals(view), failed)  # fmt: skip
+                     len(view.ok), vitals(view), failed, trust_problems(run))  # fmt: skip
 
 
 def select_rules(names: list[str] | None) -> tuple[Rule, ...]:

@@ -29,6 +29,18 @@ FIXES: dict[str, dict[str, str]] = {
         "cbbench": "cbbench serve --enable-prefix-caching; with replicas --router "
         "session-affinity or prefix-affinity; more --num-kv-blocks for long tool waits",
     },
+    "fanout-queue": {
+        "vllm": "a larger --max-num-batched-tokens (chunked prefill packs several siblings' "
+        "prompts into one step) and enough --max-num-seqs; keep prefix caching on so the "
+        "siblings' shared history is prefilled once",
+        "sglang": "raise --chunked-prefill-size and --max-prefill-tokens; --schedule-policy lpm "
+        "keeps siblings with a shared prefix together",
+        "tgi": "raise --max-batch-prefill-tokens so a burst prefills in one batch",
+        "triton": "TensorRT-LLM: raise max_num_tokens; enable_kv_cache_reuse for the shared "
+        "history",
+        "cbbench": "cbbench serve --max-num-batched-tokens larger, --enable-prefix-caching; "
+        "bench --concurrency at least the fan-out width",
+    },
     "errors": {
         "vllm": "HTTP 400: prompt + max_tokens over --max-model-len (raise it or cap requests); "
         "timeouts: offer less load or raise the client timeout; connection errors: check "

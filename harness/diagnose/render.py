@@ -29,6 +29,7 @@ def text(diags: list[Diagnosis], all_engines: bool = False) -> str:
     lines: list[str] = []
     for d in diags:
         lines.append(f"== {d.label} ({_head(d)})")
+        lines += [f"   {p} (the findings read only these)" for p in d.partial]
         lines.append(f"   vitals: {vitals_line(d.vitals)}")
         if not d.findings:
             lines.append("   no findings: no rule saw its symptom in this run")

@@ -25,9 +25,15 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 from cbbench.harness.errors import CbbenchError
-from cbbench.harness.gate.policy import COST, LATENCY, Policy, Rule
-from cbbench.harness.report.runs import workload_identity
+from cbbench.harness.gate.policy import COST, LATENCY, SESSION_SUCCESS, Policy, Rule
 from cbbench.harness.report.samples import RunSamples
+from cbbench.harness.results.comparability import (
+    Difference,
+    differences,
+    incomparable,
+    summary_line,
+)
+from cbbench.harness.results.integrity import damage
 from cbbench.harness.results.outcome import incomplete_reason
 from cbbench.harness.results.run_folder import Run
 
@@ -57,6 +63,9 @@ class GateResult:
     policy: Policy
     baseline: str
     candidate: str
+    # what differs between the runs (results/comparability.py); incomparable ones only when
+    # the gate was told --allow-incomparable
+    differences: list[Difference] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # which window was compared, and why
     method: str = "bootstrap CI"  # how the intervals were made (repeated.py: over run means)
 
@@ -209,6 +218,30 @@ def _verdict(rule: Rule, estimate: float, low: float, high: float) -> tuple[str,
     return ("fail" if beyond_all else "noisy" if beyond_point else "pass"), bound
 
 
+def _session_success(
+    rule: Rule, base: RunSamples, cand: RunSamples, rng, n: int, confidence: float
+) -> RuleResult:
+    """The fraction of agent-graph sessions that answered every call, against a `min`."""
+    ok = cand.session_ok
+    if ok.size == 0:
+        if base.session_ok.size == 0:
+            nan = math.nan
+            return RuleResult(
+                rule, None, None, nan, nan, nan, nan, "n/a", "no agent-graph sessions"
+            )
+        raise CbbenchError("session_success: the candidate run has no agent-graph sessions")
+    est = float(ok.mean())
+    b = float(base.session_ok.mean()) if base.session_ok.size else None
+    failed = int(ok.size - ok.sum())
+    note = f"{failed} of {ok.size} sessions failed"
+    if rule.value >= 1:
+        return RuleResult(rule, b, est, est, est, est, 1.0, "fail" if failed else "pass", note)
+    draws = _boot(rng, ok.size, n, ok.size, lambda p: ok[p].mean(axis=1))
+    low, high = _interval(draws, confidence)
+    verdict, bound = _verdict(rule, est, low, high)
+    return RuleResult(rule, b, est, est, low, high, bound, verdict, note)
+
+
 def judge(rule: Rule, base: RunSamples, cand: RunSamples, policy: Policy) -> RuleResult:
     rng = np.random.default_rng(policy.seed)
     n = policy.resamples
@@ -223,6 +256,8 @@ def judge(rule: Rule, base: RunSamples, cand: RunSamples, policy: Policy) -> Rul
         low, high = _interval(draws, policy.confidence)
         verdict, bound = _verdict(rule, est, low, high)
         return RuleResult(rule, base.error_rate, est, est, low, high, bound, verdict)
+    if rule.metric == SESSION_SUCCESS:
+        return _session_success(rule, base, cand, rng, n, policy.confidence)
     if rule.metric == "ttfo" and not (base.reasoning_tokens or cand.reasoning_tokens):
         note = "neither run reasoned: TTFO is TTFT"
         nan = math.nan
@@ -247,6 +282,12 @@ def judge(rule: Rule, base: RunSamples, cand: RunSamples, policy: Policy) -> Rul
         q = rule.quantile
         b_point, c_point = bs.point(q), cs.point(q)
         b_draws, c_draws = bs.draws(q, rng, n), cs.draws(q, rng, n)
+    elif rule.metric in ("output_throughput", COST) and not (
+        base.output_tokens.sum() or cand.output_tokens.sum()
+    ):
+        nan = math.nan
+        note = "does not apply: no tokens generated (embeddings)"
+        return RuleResult(rule, None, None, nan, nan, nan, nan, "n/a", note)
     elif rule.metric == COST:
         b_point, b_draws = _cost_boot(base, "baseline", rng, n)
         c_point, c_draws = _cost_boot(cand, "candidate", rng, n)
@@ -273,10 +314,12 @@ def check_inputs(
     cs: RunSamples,
     policy: Policy,
     allow_incomplete: bool = False,
+    allow_incomparable: bool = False,
 ) -> None:
     """Unusable or mismatched inputs: one clear error (exit 2)."""
     for run, s, which in ((base, bs, "baseline"), (cand, cs, "candidate")):
-        reason = incomplete_reason(run.meta)
+        hurt = damage(run)
+        reason = incomplete_reason(run.meta) or (hurt and f"is damaged: {hurt}")
         if reason and not allow_incomplete:
             raise CbbenchError(
                 f"{run.dir}: the {which} {reason}; rerun it, or pass --allow-incomplete"
@@ -288,14 +331,11 @@ def check_inputs(
             )
         if s.window_s <= 0:
             raise CbbenchError(f"{run.dir}: {which} has no request timings (sent_s/last_token_s)")
-    (bn, bseed), (cn, cseed) = workload_identity(base.meta), workload_identity(cand.meta)
-    if bn is not None and cn is not None and bn != cn:
-        raise CbbenchError(f"workload mismatch: baseline ran {bn!r}, candidate ran {cn!r}")
-    if bseed is not None and cseed is not None and bseed != cseed:
-        raise CbbenchError(f"workload seed mismatch: baseline {bseed}, candidate {cseed}")
-    if bool(base.meta.get("simulated")) != bool(cand.meta.get("simulated")):
-        which = "baseline" if base.meta.get("simulated") else "candidate"
-        raise CbbenchError(f"only the {which} is SIMULATED: compare simulated with simulated")
+    diffs = incomparable(differences(base.meta, cand.meta))
+    if diffs and not allow_incomparable:
+        raise CbbenchError(
+            f"not comparable: {summary_line(diffs)} (--allow-incomparable judges them anyway)"
+        )
 
 
 def with_ttfo(rules: tuple[Rule, ...], bs: RunSamples, cs: RunSamples) -> tuple[Rule, ...]:
@@ -312,11 +352,14 @@ def run_gate(
     cand: Run,
     policy: Policy,
     allow_incomplete: bool = False,
+    allow_incomparable: bool = False,
     window: str | None = None,
 ) -> GateResult:
-    """`allow_incomplete`: judge killed or interrupted runs too (on the requests they hold).
-    `window`: steady, all or START:END for both runs; None: what both runs led with (the same
-    kind on both sides, harness/conclusions/window.py)."""
+    """`allow_incomplete`: judge killed or interrupted runs too (on the requests they hold);
+    `allow_incomparable`: judge runs that differ in endpoint, load shape, workload or model
+    (results/comparability.py), which otherwise is an error. `window`: steady, all or
+    START:END for both runs; None: what both runs led with (the same kind on both sides,
+    harness/conclusions/window.py)."""
     from cbbench.harness.conclusions.window import same_kind, windowed_run
     from cbbench.harness.report.samples import extract
 
@@ -334,6 +377,8 @@ def run_gate(
             notes.append(f"compared {w1.label()} (baseline) with {w2.label()} (candidate)")
 
     bs, cs = extract(base), extract(cand)
-    check_inputs(base, cand, bs, cs, policy, allow_incomplete)
+    check_inputs(base, cand, bs, cs, policy, allow_incomplete, allow_incomparable)
     results = [judge(rule, bs, cs, policy) for rule in with_ttfo(policy.rules, bs, cs)]
-    return GateResult(results, policy, str(base.dir), str(cand.dir), notes)
+    return GateResult(
+        results, policy, str(base.dir), str(cand.dir), differences(base.meta, cand.meta), notes
+    )

@@ -10,6 +10,7 @@ min_requests = 20      # fewer successful requests in either run: unusable input
 metric = "ttft"        # ttft ttfo tpot itl e2e queue makespan | output_throughput
                        # request_throughput | error_rate | cost_per_1m_tokens ($ per 1M output
                        # tokens: runs made with --cost-per-hour) (makespan: agent sessions)
+                       # session_success (agent graphs: min = 1, every call of every session)
 stat = "p99"           # latency metrics: mean or pNN (p50, p90, p99, p99.9, ...)
 max_increase = 0.10    # candidate/baseline - 1 must not exceed +10%
 # one limit per rule: max_increase | max_decrease (fractions) | max | min (absolute, in
@@ -35,7 +36,8 @@ else:  # pragma: no cover - Python 3.10
 LATENCY = ("ttft", "ttfo", "tpot", "itl", "e2e", "queue", "makespan")  # makespan: agent sessions
 THROUGHPUT = ("output_throughput", "request_throughput")
 COST = "cost_per_1m_tokens"  # price per hour / output throughput, from each run's own price
-METRICS = (*LATENCY, *THROUGHPUT, "error_rate", COST)
+SESSION_SUCCESS = "session_success"  # agent graphs: the fraction of sessions fully answered
+METRICS = (*LATENCY, *THROUGHPUT, "error_rate", COST, SESSION_SUCCESS)
 LIMITS = ("max_increase", "max_decrease", "max", "min")
 METRIC_TITLES = {
     "ttft": "TTFT",
@@ -49,6 +51,7 @@ METRIC_TITLES = {
     "request_throughput": "requests/s",
     "error_rate": "error rate",
     COST: "$ per 1M output tokens",
+    SESSION_SUCCESS: "agent-graph session success",
 }
 _STAT = re.compile(r"^(mean|p(\d{1,2}(\.\d+)?))$")
 
@@ -127,6 +130,8 @@ def parse_rule(d: Any, where: str) -> Rule:
         raise CbbenchError(f"{where}: max_decrease is a fraction below 1 (0.05 = 5%)")
     if metric == "error_rate" and limit != "max":
         raise CbbenchError(f"{where}: error_rate takes only an absolute `max` (e.g. max = 0)")
+    if metric == SESSION_SUCCESS and limit != "min":
+        raise CbbenchError(f"{where}: session_success takes only an absolute `min` (e.g. min = 1)")
     stat = d.get("stat", "mean" if metric in LATENCY else None)
     if metric in LATENCY:
         m = _STAT.match(str(stat))

@@ -117,7 +117,7 @@ def prime_prefixes(
 def check_agent_endpoint(endpoint: str, wl: Workload) -> None:
     """Agent sessions need an API with tools: chat, responses or messages (CbbenchError
     otherwise)."""
-    agent_endpoint(endpoint, any(r.agent is not None for r in wl.requests))
+    agent_endpoint(endpoint, any(r.agent is not None or r.graph is not None for r in wl.requests))
 
 
 def prepare_cache(

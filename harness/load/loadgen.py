@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from cbbench.harness.client.api import ClientConfig, OpenAIClient
 from cbbench.harness.load.agent import AgentConversation
+from cbbench.harness.load.graph import CallSlots, GraphConversation, HeldSlot, predecessors
 from cbbench.harness.load.heap import FrozenHeap
 from cbbench.harness.load.lookahead import Lookahead, Prepared
 from cbbench.harness.load.prompts import PromptBuilder
@@ -59,6 +60,7 @@ class Job:
     think_s: float | None = None
     text: str | None = None  # the message's own text (ShareGPT); None = generated
     agent: Any = None  # workloads.spec.AgentStep: an agent session's step (load/agent.py)
+    graph: Any = None  # workloads.graph.GraphCall: a call of an agent graph (load/graph.py)
 
 
 @dataclass
@@ -168,6 +170,7 @@ class Worker:
         self.open_loop = any(j.arrival_s is not None for j in plan.jobs)
         self.sessions = any(j.session_id is not None for j in plan.jobs)
         self._texts = any(j.text is not None for j in plan.jobs)
+        self._graphs = any(j.graph is not None for j in plan.jobs)
         self._sorted: list[Job] | None = None  # `_send_order`
         self._lags: list[float] = []  # loop-lag samples not yet reported (`_sampler`)
 
@@ -322,20 +325,33 @@ class Worker:
         return history_mode(self.plan.client.endpoint, self.plan.text_prompts, self._texts)
 
     async def _run_session(
-        self, client: OpenAIClient, unit: list[Job], session_slots, request_slots
+        self, client: OpenAIClient, unit: list[Job], session_slots, request_slots, held=None
     ) -> None:
-        """Turn after turn: each waits for the previous reply, then its think time."""
+        """A session's calls, each once its predecessors have answered and its wait has passed
+        (a chain: turn after turn, each after the previous reply and its think time; a graph:
+        calls whose predecessors are done run together). A failed call fails those after it."""
+        graph = any(j.graph is not None for j in unit)
         agent = unit[0].agent is not None
-        conv = (
-            AgentConversation(self.prompts)
-            if agent
-            else Conversation(self._history_mode(), self.prompts)
-        )
+        if graph:
+            conv: Any = GraphConversation()
+        elif agent:
+            conv = AgentConversation(self.prompts)
+        else:
+            conv = Conversation(self._history_mode(), self.prompts)
+        preds = predecessors(unit)
+        done = {j.index: asyncio.Event() for j in unit}  # set when a call ended (or never will)
+        answered: set[int] = set()
         deadline = self.plan.duration_s
-        ready = _now_s(self.t0_ns)
-        async with session_slots if session_slots is not None else contextlib.nullcontext():
-            for k, job in enumerate(unit):
-                if k:
+        start = _now_s(self.t0_ns)
+
+        async def call(k: int, job: Job) -> None:
+            try:
+                for p in preds[job.index]:
+                    await done[p].wait()
+                if not all(p in answered for p in preds[job.index]):
+                    return  # a predecessor failed: no answer to build on
+                ready = start
+                if k:  # the tool ran / the user thought / the recorded wait
                     waited = _now_s(self.t0_ns)
                     await _think(job.think_s or 0.0, self.t0_ns, self.stop)
                     ready = _now_s(self.t0_ns)
@@ -350,11 +366,21 @@ class Worker:
                 if k == 0 and session_slots is not None:  # waited for a session slot
                     rec.client_queue_s = max(0.0, _now_s(self.t0_ns) - rec.ready_s)
                 prompt = conv.prompt(rec, job)
+                if graph:
+                    rec.extra["graph"]["wait_s"] = ready - waited if k else 0.0
                 reply = Reply()
-                if not await self._send(client, job, rec, prompt, request_slots, reply):
+                slots = held if k == 0 and held is not None else request_slots
+                if not await self._send(client, job, rec, prompt, slots, reply):
                     return
-                if not conv.reply(rec, prompt, reply):
-                    return  # a failed turn ends its session: there is no reply to build on
+                if conv.reply(rec, prompt, reply):
+                    answered.add(job.index)
+            finally:
+                if k == 0 and held is not None:
+                    held.release()  # never used: the call did not go
+                done[job.index].set()
+
+        async with session_slots if session_slots is not None else contextlib.nullcontext():
+            await asyncio.gather(*(call(k, job) for k, job in enumerate(unit)))
 
     async def _sessions(self, client: OpenAIClient) -> None:
         """Sessions start by the arrival process (open loop) or fill the slots (closed loop);
@@ -363,7 +389,9 @@ class Worker:
         n = self.plan.concurrency
         assert self.plan.cap_unit in CAP_UNITS, self.plan.cap_unit
         by_session = self.plan.cap_unit == "sessions"
-        request_slots = asyncio.Semaphore(n) if n and not by_session else None
+        request_slots: Any = None
+        if n and not by_session:  # agent graphs: a started session's calls go first
+            request_slots = CallSlots(n) if self._graphs else asyncio.Semaphore(n)
         open_loop = any(u[0].arrival_s is not None for u in units)
         if open_loop:
             session_slots = asyncio.Semaphore(n) if n and by_session else None
@@ -375,6 +403,20 @@ class Worker:
                 if self.stop.is_set():
                     break
                 self._spawn(self._run_session(client, unit, session_slots, request_slots))
+            return
+        if not by_session and request_slots is not None and self._graphs:
+            # agent graphs, closed loop: a session starts when a call slot is free, its
+            # first call in that slot; calls in flight stay at the cap
+            for unit in units:
+                await request_slots.acquire(start=True)
+                held = HeldSlot(request_slots)
+                late = (
+                    self.plan.duration_s is not None and _now_s(self.t0_ns) >= self.plan.duration_s
+                )
+                if self.stop.is_set() or late:
+                    held.release()
+                    return
+                self._spawn(self._run_session(client, unit, None, request_slots, held))
             return
         if not by_session:  # every session at once; the requests share the slots
             for unit in units:
@@ -439,10 +481,12 @@ class Worker:
                 await asyncio.wait([*self._tasks, stopped], return_when=asyncio.FIRST_COMPLETED)
         finally:  # stopped (Ctrl-C): requests in flight are cancelled, not recorded
             self.stop.set()
+            # the measured phase is over: tearing down thousands of requests in flight is
+            # not loop lag of the run (at 4,096 streams it was one multi-second sample)
+            sampler.cancel()
             for task in [main, *self._tasks]:
                 task.cancel()
             await asyncio.gather(main, *self._tasks, return_exceptions=True)
-            sampler.cancel()
             self.stats.loop_lag_s.extend(self._lags)  # a run shorter than a report period too
             self._lags.clear()
             if refill is not None:

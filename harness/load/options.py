@@ -198,6 +198,11 @@ def bench_config(
     start_at = parse_start_at(load.start_at) if load.start_at is not None else None
     wl = load.build_workload()
     duration = parse_duration(load.duration, "--duration") if load.duration else None
+    if duration is not None and duration <= 0:
+        raise CbbenchError(f"--duration must be longer than 0, got {load.duration!r}")
+    described = load.describe()
+    if load.num_requests is not None and len(wl) < load.num_requests:  # said, not silent
+        described["num_requests_asked"] = load.num_requests
     concurrency = load.concurrency
     if not wl.open_loop and concurrency is None:
         concurrency = len(wl)  # no rate, no cap, no timestamps: all at once, as vLLM does
@@ -220,7 +225,7 @@ def bench_config(
         extensions=client.extensions,
         extra_body=client.extra_body,
         text_prompts=client.text_prompts,
-        load=load.describe(),
+        load=described,
         command=list(command or []),
         live=live,
         http_client=client.http_client,

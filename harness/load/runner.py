@@ -11,6 +11,7 @@ summary, run.json) share the one try/finally that keeps every finished request o
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import signal
 import threading
@@ -18,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import numpy as np
 from cbbench.harness.client import aio
 from cbbench.harness.client.api import ClientConfig, probe_server
@@ -29,10 +31,12 @@ from cbbench.harness.conclusions.run_summary import (
 )
 from cbbench.harness.console.live import LiveStats, LiveView, print_summary
 from cbbench.harness.console.outcome import outcome_lines, worker_timing_lines
-from cbbench.harness.errors import CbbenchError
+from cbbench.harness.errors import CbbenchError, resource_hint
 from cbbench.harness.load.cache import check_agent_endpoint, prepare_cache
 from cbbench.harness.load.cache_options import CacheOptions
+from cbbench.harness.load.context_fit import CHAT_OVERHEAD_TOKENS, fit_to_context
 from cbbench.harness.load.loadgen import Job, WorkerPlan, run_worker
+from cbbench.harness.load.sample_clock import SampleClock
 from cbbench.harness.load.sessions import CAP_UNITS
 from cbbench.harness.load.shards import (
     Shard,
@@ -45,11 +49,12 @@ from cbbench.harness.load.shards import (
     split_jobs,
     unix_s_at,
 )
-from cbbench.harness.load.text_fit import fit_text_prompts
+from cbbench.harness.load.text_fit import _Tokenize, fit_text_prompts
 from cbbench.harness.load.workers import run_workers
 from cbbench.harness.results.agent_summary import add_cache_summaries, cache_lines
 from cbbench.harness.results.efficiency import add_telemetry_figures
 from cbbench.harness.results.environment import environment
+from cbbench.harness.results.integrity import RECORDS_KEY, record_counts
 from cbbench.harness.results.outcome import FirstFailures, all_failed, stopped_answering
 from cbbench.harness.results.records import RECORD_SCHEMA_VERSION, RequestRecord
 from cbbench.harness.results.run_folder import RunWriter
@@ -109,6 +114,21 @@ class BenchResult:
     failure: str | None = None
 
 
+def graph_cap(cfg: BenchConfig, console: Console) -> BenchConfig:
+    """An agent graph's calls run in parallel within a session: --concurrency counts calls
+    in flight (said in one line), not sessions."""
+    graph = any(r.graph is not None for r in cfg.workload.requests)
+    if not graph or not cfg.concurrency or cfg.cap_unit != "sessions":
+        return cfg
+    console.print(
+        f"--concurrency {cfg.concurrency} counts calls in flight: an agent graph's calls run in "
+        "parallel within a session; a session starts when a call slot is free (or by the "
+        "arrival process); --cap-unit does not apply",
+        highlight=False,
+    )
+    return dataclasses.replace(cfg, cap_unit="requests")
+
+
 def _now_iso() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
 
@@ -132,6 +152,7 @@ def _jobs(wl: Workload, warmup: int) -> tuple[list[Job], list[Job]]:
             think_s=r.think_s,
             text=r.text,
             agent=None if is_warmup else r.agent,
+            graph=None if is_warmup else r.graph,
             **session,
         )
 
@@ -150,13 +171,16 @@ def _plans(cfg: BenchConfig, client: ClientConfig) -> list[WorkerPlan]:
     warm_parts = deal(warm, n)
     plans = []
     for w in range(n):
+        slots = share(concurrency, n, w)
+        if slots is not None:  # never more slots (nor connections) than requests to hold
+            slots = min(slots, max(1, len(parts[w]), len(warm_parts[w])))
         plans.append(
             WorkerPlan(
                 worker=w,
                 jobs=parts[w],
                 warmup_jobs=warm_parts[w],
                 client=client,
-                concurrency=share(concurrency, n, w),
+                concurrency=slots,
                 duration_s=cfg.duration_s,
                 seed=cfg.workload.prompt_seed,
                 prefix_block_size=cfg.workload.prefix_block_size,
@@ -196,6 +220,7 @@ def _run_inprocess(
             handled = False
 
         async def wait_t0() -> int:
+            on_event("ready", None)  # the samplers start: before t0, out of the window
             t0 = time.monotonic_ns() if start_at is None else monotonic_ns_at(start_at)
             on_event("t0", t0)
             return t0
@@ -211,6 +236,18 @@ def _run_inprocess(
 
 
 WORKER_TIMING_KEYS = ("loop_lag_s", "cpu", "timestamp_source", "send_window_s", "read_delay_s")
+
+
+def _safe(count):
+    """A /tokenize count that answers None instead of raising (no such route, a timeout)."""
+
+    def safe(text: str) -> int | None:
+        try:
+            return count(text)
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    return safe
 
 
 def _run_meta(cfg: BenchConfig, name: str, engine: dict, model: str, workers: int) -> dict:
@@ -280,10 +317,20 @@ def run_bench(
             f"(each of the {cfg.shard.count} shards needs >= 1)"
         )
     check_agent_endpoint(cfg.endpoint, cfg.workload)
+    cfg = graph_cap(cfg, console)
     engine = probe_server(cfg.base_url, cfg.api_key)
     model = cfg.model or (engine["models"][0] if engine["models"] else None)
     if not model:
         raise CbbenchError(f"{cfg.base_url}/v1/models lists no model; pass --model")
+    fitted = None  # requests that cannot fit the server's context: clamped or skipped
+    if isinstance(engine.get("max_model_len"), int) and cfg.endpoint != "embeddings":
+        overhead = CHAT_OVERHEAD_TOKENS if is_conversational(cfg.endpoint) else 0
+        count = None
+        if any(r.agent is not None for r in cfg.workload.requests):  # tools: the server's count
+            count = _safe(_Tokenize(cfg.base_url, model, cfg.api_key, 10.0).count)
+        cfg.workload, fitted = fit_to_context(
+            cfg.workload, engine["max_model_len"], overhead, count
+        )
     name = cfg.name or f"{cfg.workload.name.replace('/', '_')}"
     run_dir = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(Path(name).name)
     if (run_dir / "requests.jsonl").exists():
@@ -297,7 +344,10 @@ def run_bench(
         timeout_s=cfg.timeout_s,
         extensions=cfg.extensions,
         extra_body=cfg.extra_body,
-        max_connections=shard_share(cfg.concurrency, cfg.shard) or max(1, len(cfg.workload)),
+        max_connections=min(
+            shard_share(cfg.concurrency, cfg.shard) or len(cfg.workload),
+            max(1, len(cfg.workload), cfg.warmup),
+        ),
         collect_server_times=cfg.collect_server_times,
         http_client=cfg.http_client,
         kernel_timestamps=cfg.kernel_timestamps,
@@ -307,6 +357,8 @@ def run_bench(
     )
     plans = _plans(cfg, client)
     meta = {**_run_meta(cfg, name, engine, model, len(plans)), **fit_text_prompts(cfg, plans)}
+    if cfg.concurrency is not None:  # what --concurrency could hold: at most every request
+        meta["load"]["max_in_flight"] = sum(p.concurrency or 0 for p in plans)
     meta["cache"] = prepare_cache(  # flush, prime (prompts built as the workers build them)
         cfg.cache, client, cfg.workload, cfg.text_prompts, cfg.tokenizer, plans[0].text_fit
     )
@@ -314,6 +366,16 @@ def run_bench(
         meta["shard"] = shard_meta(cfg.shard, cfg.workload.requests, cfg.concurrency, plans)
     writer = RunWriter(run_dir, secrets=(cfg.api_key,))
     writer.write_run(meta)
+    if fitted is not None and fitted.changed:  # said, and kept in run.json
+        meta["load"]["context_fit"] = fitted.to_dict()
+        writer.write_run(meta)
+    asked = cfg.load.get("num_requests_asked")
+    if asked:
+        console.print(
+            f"note: --num-requests {asked}, but {cfg.workload.name} holds "
+            f"{len(cfg.workload)} requests: sending {len(cfg.workload)}",
+            highlight=False, markup=False, soft_wrap=True,
+        )  # fmt: skip
     records: list[RequestRecord] = []
     planned = sum(len(p.jobs) for p in plans)
     live = LiveStats(planned, samplers)
@@ -337,16 +399,30 @@ def run_bench(
             live.on_sample(payload)
             for s in observers:
                 s.on_sample(payload)
+        elif kind == "ready":  # warmed up and connected; t0 comes next
+            start_samplers()
         elif kind == "t0":
+            if not started and samplers:  # stopped before "ready": started here, as before
+                start_samplers()
+            sample_clock.set_t0(payload)
             live.on_t0()
             clock = meta["clock"]
             clock["t0_unix_s"] = cfg.start_at if cfg.start_at is not None else unix_s_at(payload)
             clock["late_start_s"] = max(0, time.monotonic_ns() - payload) / 1e9
-            for s in samplers:
-                s.start(payload, writer.add_sample)
-                started.append(s)
+
+    sample_clock = SampleClock(writer.add_sample)
+
+    def start_samplers() -> None:
+        """Every sampler up before t0 (sample_clock.py): their start-up is not measured."""
+        if started:
+            return
+        anchor = sample_clock.start()
+        for s in samplers:
+            s.start(anchor, sample_clock.add)
+            started.append(s)
 
     worker_stats: dict[int, dict] = {}
+    crash: BaseException | None = None
     try:
         with LiveView(live, console, enabled=cfg.live):
             if len(plans) == 1:
@@ -357,11 +433,19 @@ def run_bench(
                     worker_stats = run_workers(plans, on_event, stop_flag, cfg.start_at)
                 finally:
                     signal.signal(signal.SIGINT, previous)
+    except BaseException as exc:  # run.json says how the run ended, then the error goes on
+        crash = exc
+        raise
     finally:
         for s in started:
             s.stop()
+        # a watch (sweep's) that stopped the run names why: stopped, not interrupted
+        watched = next((s.stop_reason for s in started if getattr(s, "stop_reason", None)), None)
+        # bench's saturation watch (harness/conclusions/saturation_watch.py) likewise
         saturated = next((s.found for s in observers if s.found and s.found["stopped"]), None)
-        interrupted = stop_flag.is_set() and first.verdict is None and saturated is None
+        interrupted = (
+            stop_flag.is_set() and first.verdict is None and watched is None and saturated is None
+        )
         client_samples: dict = {"loop_lag_s": [], "cpu": []}
         for st in worker_stats.values():
             client_samples["loop_lag_s"] += st.get("loop_lag_s", [])
@@ -411,8 +495,19 @@ def run_bench(
         scheduler = next((r.extra["scheduler"] for r in records if "scheduler" in r.extra), None)
         if scheduler:
             meta["target"]["scheduler"] = scheduler
+        meta[RECORDS_KEY] = record_counts(records)  # what requests.jsonl holds (integrity.py)
+        status = "interrupted" if interrupted else "complete"
+        if crash is not None and not isinstance(crash, KeyboardInterrupt):
+            status, meta["error"] = "failed", f"{crash}{resource_hint(crash)}"
+        elif saturated:
+            status = OVER_SATURATED
+        elif watched:
+            status, summary["stopped_by_watch"] = "stopped-early", watched
+        elif not interrupted and not summary["counts"]["total"]:
+            status = "empty"  # nothing measured: never "complete" with 0 records
+            failure = failure or "no measured request finished: nothing was sent"
         meta.update(
-            status="interrupted" if interrupted else OVER_SATURATED if saturated else "complete",
+            status=status,
             ended_at=_now_iso(),
             interrupted=interrupted,
             summary=summary,
@@ -422,7 +517,9 @@ def run_bench(
     print_summary(out, summary, f"cbbench bench: {name}")
     for line in [*worker_timing_lines(summary), *cache_lines(summary)]:
         out.print(line, highlight=False, soft_wrap=True)  # whole lines, not cut mid-phrase
-    for line in outcome_lines(summary, interrupted=interrupted, planned=planned):
+    if fitted is not None and fitted.changed:
+        out.print(f"note: {fitted.line()}", highlight=False, markup=False, soft_wrap=True)
+    for line in outcome_lines(summary, interrupted=interrupted, planned=planned, stopped=watched):
         out.print(line, highlight=False, markup=False, soft_wrap=True)
     for line in conclusion_lines(summary):
         out.print(line, highlight=False, markup=False, soft_wrap=True)

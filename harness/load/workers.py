@@ -137,6 +137,7 @@ def run_workers(
             elif kind == "done":
                 done[msg[1]] = msg[2]
         if len(ready) == len(procs) and not go.is_set():
+            on_event("ready", None)  # the samplers start: before t0, out of the window
             t0 = time.monotonic_ns() + T0_MARGIN_NS
             t0_value.value = t0 if start_at is None else monotonic_ns_at(start_at)
             on_event("t0", int(t0_value.value))

@@ -168,6 +168,8 @@ class RunCollector:
             return self.meta.get("summary", {})
         for s in self.samplers:
             s.stop()
+        if status == "complete" and not any(not r.warmup for r in self.records):
+            status = "empty"  # stopped before any test ran: never "complete" with 0 records
         summary = self.write(status, **load)
         self.closed = True
         self.writer.close()

@@ -320,6 +320,9 @@ class LocustRun:
             runner = self.env.runner
             workers = getattr(runner, "worker_index_max", 0) if self.role == "master" else 0
             self.collector.close("complete", locust_workers=workers)
+            if self.collector.meta.get("status") == "empty":
+                print("cbbench locust: no request finished (stopped before any test ran): "
+                      "run.json says status 'empty'", flush=True)  # fmt: skip
             print(f"cbbench locust: run folder {self.collector.run_dir}", flush=True)
 
     # -- users (local and worker) -------------------------------------------------------

@@ -88,7 +88,13 @@ class LocustSettings:
 
 def load_workload_for(settings: LocustSettings) -> Workload:
     """The workload exactly as `cbbench bench` would load it from the same flags."""
-    return settings.load_options().build_workload()
+    wl = settings.load_options().build_workload()
+    if any(r.graph is not None for r in wl.requests):
+        raise CbbenchError(
+            f"{wl.name}: agent graphs (calls that fan out and join) run with cbbench bench; "
+            "a Locust user sends one call at a time"
+        )
+    return wl
 
 
 def workload_digest(wl: Workload) -> str:

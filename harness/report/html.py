@@ -15,6 +15,7 @@ from typing import Any
 from cbbench.harness.report import plots
 from cbbench.harness.report.agent_table import agent_html
 from cbbench.harness.report.experts import expert_section
+from cbbench.harness.report.graph_report import graph_html
 from cbbench.harness.report.replicas import replica_section
 from cbbench.harness.report.rigor import repeat_groups, repeats_section, window_section
 from cbbench.harness.report.runs import (
@@ -35,6 +36,7 @@ from cbbench.harness.report.table import (
     fmt,
     fmt_column,
     shown_columns,
+    slo_seconds,
 )
 
 CSS = """
@@ -57,6 +59,8 @@ svg .axes rect{fill:none;stroke:#999}svg .axes line{stroke:#eee}
 .finding details{margin:4px 0}.finding summary{cursor:pointer;color:#555}
 #summary th{white-space:normal;vertical-align:bottom;min-width:3.5em}
 #summary th,#summary td{padding:3px 5px}
+#config{table-layout:fixed;width:100%}#config th:first-child{width:22%}
+#config td{white-space:normal;overflow-wrap:anywhere;vertical-align:top}
 """
 
 
@@ -95,8 +99,8 @@ def _columns_table(
         f"<th>{escape(c.title)}{' (ms)' if c.unit == 'ms' else ''}</th>" for c in columns
     )
     body = []
-    best = {c.key: best_index([r.get(c.key) for r in rows], c.better) for c in columns}
     text = {c.key: fmt_column([r.get(c.key) for r in rows], c.unit) for c in columns}
+    best = {c.key: best_index([r.get(c.key) for r in rows], c.better, text[c.key]) for c in columns}
     for i, lr in enumerate(runs):
         cells = "".join(
             f"<td{' class=best' if i in best[c.key] else ''}>{escape(text[c.key][i])}</td>"
@@ -115,7 +119,14 @@ def _percentile_tables(runs: list[LoadedRun], rows: list[dict]) -> str:
         if m == "ttfo" and all(r.get("ttfo.p50") is None for r in rows):
             continue  # no run reasoned: TTFO is TTFT
         head = "".join(f"<th>{k}</th>" for k in STAT_KEYS) + "<th>count</th>"
-        best = {k: best_index([r.get(f"{m}.{k}") for r in rows], "low") for k in STAT_KEYS}
+        best = {
+            k: best_index(
+                [r.get(f"{m}.{k}") for r in rows],
+                "low",
+                [fmt(r.get(f"{m}.{k}"), "ms") for r in rows],
+            )
+            for k in STAT_KEYS
+        }
         body = []
         for i, (lr, row) in enumerate(zip(runs, rows, strict=True)):
             cells = "".join(
@@ -161,6 +172,30 @@ def _config_table(runs: list[LoadedRun]) -> str:
     )
 
 
+def _slo_note(runs: list[LoadedRun]) -> str:
+    """The SLO goodput was counted against, said once ('goodput: requests within TTFT 500 ms
+    and TPOT 50 ms'); per run when they differ; runs without one are named, since their
+    goodput cell is empty for that reason."""
+
+    def said(slo: dict[str, float]) -> str:
+        return " and ".join(f"{k.upper()} {v * 1e3:g} ms" for k, v in slo.items())
+
+    slos = {escape(lr.label): slo_seconds(lr.meta) for lr in runs}
+    given = {k: v for k, v in slos.items() if v}
+    missing = [k for k, v in slos.items() if not v]
+    parts = []
+    if len({said(v) for v in given.values()}) == 1:
+        parts.append(f"Goodput: requests within {said(next(iter(given.values())))}")
+    elif given:
+        parts.append("Goodput: requests within " + "; ".join(
+            f"{said(v)} ({k})" for k, v in given.items()))  # fmt: skip
+    if missing:
+        who = "" if not given else " for " + ", ".join(missing)
+        parts.append(f"goodput needs an SLO (<code>--slo</code>){who}")
+    text = "; ".join(parts)
+    return text[0].upper() + text[1:] + "." if text else ""
+
+
 def render(
     runs: list[LoadedRun], samples: list[RunSamples], rows: list[dict], diagnosis: str = ""
 ) -> str:
@@ -184,6 +219,10 @@ def render(
     )
     warn_html = "".join(f'<p class="warn">Not comparable: {escape(w)}</p>' for w in warnings)
     warn_html += "".join(
+        f'<p class="warn">Read with care: {escape(w)}</p>'
+        for w in comparability_warnings(runs, "caution")
+    )
+    warn_html += "".join(
         f'<p class="warn">Incomplete: {escape(w)}</p>' for w in trust_warnings(runs)
     )
     warn_html += "".join(f'<p class="warn">Timing: {escape(w)}</p>' for w in timing_warnings(runs))
@@ -191,9 +230,9 @@ def render(
         (
             "Summary",
             _summary_table(runs, rows)
-            + '<p class="muted">★ best value per column (KV usage and GPU utilization are not'
-            " ranked: neither more nor less is better in itself). Latencies in ms. Goodput needs"
-            " an SLO (<code>--slo</code>).</p>",
+            + '<p class="muted">★ the one best value per column (none for a tie or a difference'
+            " below the printed precision; KV usage and GPU utilization are not ranked: neither"
+            f" more nor less is better in itself). Latencies in ms. {_slo_note(runs)}</p>",
         ),
         *([("Diagnosis", diagnosis)] if diagnosis else []),
         ("Steady-state window", window_section(runs)),
@@ -233,6 +272,8 @@ def render(
         sections.append(("Expert load", experts))
     if agent_html(runs):
         sections.append(("Agent sessions", agent_html(runs)))
+    if graph_html(runs):
+        sections.append(("Agent graphs", graph_html(runs)))
     sections += [
         (
             "Timelines",

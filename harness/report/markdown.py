@@ -5,6 +5,7 @@ from __future__ import annotations
 from html import escape
 
 from cbbench.harness.report.agent_table import agent_markdown
+from cbbench.harness.report.graph_report import graph_markdown
 from cbbench.harness.report.rigor import rigor_markdown
 from cbbench.harness.report.runs import (
     LoadedRun,
@@ -68,6 +69,8 @@ def render_markdown(runs: list[LoadedRun], rows: list[dict]) -> str:
     lines = ["### cbbench report", ""]
     for w in comparability_warnings(runs):
         lines.append(f"- **Not comparable:** {md_text(w)}")
+    for w in comparability_warnings(runs, "caution"):
+        lines.append(f"- **Read with care:** {md_text(w)}")
     for w in trust_warnings(runs):
         lines.append(f"- **Incomplete:** {md_text(w)}")
     for w in timing_warnings(runs):
@@ -79,8 +82,8 @@ def render_markdown(runs: list[LoadedRun], rows: list[dict]) -> str:
     head = ["run"] + [c.title + (" (ms)" if c.unit == "ms" else "") for c in cols]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" + "---:|" * len(cols))
-    best = {c.key: best_index([r.get(c.key) for r in rows], c.better) for c in cols}
     text = {c.key: fmt_column([r.get(c.key) for r in rows], c.unit) for c in cols}
+    best = {c.key: best_index([r.get(c.key) for r in rows], c.better, text[c.key]) for c in cols}
     for i, lr in enumerate(runs):
         name = md_text(lr.label) + (" **SIMULATED**" if lr.simulated else "")
         cells = [f"**{text[c.key][i]}**" if i in best[c.key] else text[c.key][i] for c in cols]
@@ -98,5 +101,6 @@ def render_markdown(runs: list[LoadedRun], rows: list[dict]) -> str:
             ]
             lines.append("| " + " | ".join([md_text(lr.label), *cells]) + " |")
     lines += agent_markdown(runs)
+    lines += graph_markdown(runs)
     lines += ["", "Best value per column in **bold**; latencies in ms."]
     return "\n".join(lines) + "\n"

@@ -156,14 +156,17 @@ def scatter_chart(runs: list[LoadedRun], samples: list[RunSamples]) -> str:
 
 
 def session_charts(runs: list[LoadedRun]) -> list[str]:
-    """Multi-turn runs: TTFT by turn (p50 solid, p90 dashed) and prefix-cache hits by turn;
-    empty when no run has sessions."""
+    """Multi-turn runs: TTFT by turn (p50 solid, p90 dashed) and prefix-cache hits by turn
+    (an agent graph's calls by their step, their depth in the graph + 1); empty when no run
+    has sessions."""
     ttft, hits = [], []
     for i, lr in enumerate(runs):
         by_turn: dict[int, list] = {}
         for r in lr.run.records:
             if r.session_id is not None and r.ok and not r.warmup:
-                by_turn.setdefault(r.turn or 1, []).append(r)
+                g = r.extra.get("graph")  # an agent graph's call: its step (depth + 1)
+                step = int(g.get("depth") or 0) + 1 if isinstance(g, dict) else r.turn or 1
+                by_turn.setdefault(step, []).append(r)
         if not by_turn:
             continue
         turns = sorted(by_turn)

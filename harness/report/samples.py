@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from cbbench.harness.results.agent_summary import session_makespans
+from cbbench.harness.results.graph_summary import graph_makespans, graph_session_success
 from cbbench.harness.results.run_folder import Run
 from cbbench.harness.results.summary import measured_window_s, output_tokens
 
@@ -39,6 +40,8 @@ class RunSamples:
     cost_per_hour: float | None = None  # the run's --cost-per-hour (summed over replicas)
     # agent sessions: one per finished session (results/agent_summary.py); empty otherwise
     makespan: np.ndarray = field(default_factory=lambda: np.empty(0))
+    # agent graphs: 1 per session that answered every call, 0 per one that did not
+    session_ok: np.ndarray = field(default_factory=lambda: np.empty(0))
     # first answer token (reasoning excluded); a record from before TTFO was recorded: its TTFT
     ttfo: np.ndarray = field(default_factory=lambda: np.empty(0))
     reasoning_tokens: int = 0  # of all ok requests: 0 = the run did not reason (TTFO = TTFT)
@@ -97,7 +100,10 @@ def extract(run: Run) -> RunSamples:
         n_errors=len(measured) - len(ok),
         window_s=window,
         cost_per_hour=_price(run.meta),
-        makespan=np.asarray(session_makespans(measured), dtype=np.float64),
+        makespan=np.asarray(
+            session_makespans(measured) + graph_makespans(measured), dtype=np.float64
+        ),
+        session_ok=np.asarray(graph_session_success(measured), dtype=np.float64),
         ttfo=_arr([_ttfo(r) for r in ok]),
         reasoning_tokens=sum(r.reasoning_tokens or 0 for r in ok),
     )

@@ -185,14 +185,21 @@ def kv_fields(lr: LoadedRun) -> dict[str, Any]:
     }
 
 
-def best_index(values: list[Any], better: str | None) -> set[int]:
-    """Indices holding the best value (ties all marked); none with fewer than two values."""
+def best_index(values: list[Any], better: str | None, shown: list[str] | None = None) -> set[int]:
+    """The index of the one best value, as a set; empty when fewer than two values, when the
+    best is tied, or when another value prints the same (`shown`: the cells as printed), a
+    difference below the printed precision being no difference a reader can see."""
     nums = [(i, v) for i, v in enumerate(values) if isinstance(v, (int, float))]
     if better is None or len(nums) < 2:
         return set()
     pick = max if better == "high" else min
     best = pick(v for _, v in nums)
-    return {i for i, v in nums if v == best}
+    winners = [i for i, v in nums if v == best]
+    if len(winners) > 1:
+        return set()
+    if shown is not None and sum(shown[i] == shown[winners[0]] for i, _ in nums) > 1:
+        return set()
+    return set(winners)
 
 
 def fmt(value: Any, unit: str = "") -> str:

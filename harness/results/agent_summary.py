@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from cbbench.harness.results.graph_summary import graph_lines, graph_summary
 from cbbench.harness.results.records import RequestRecord
 from cbbench.workloads.stats import describe
 
@@ -134,6 +135,9 @@ def add_cache_summaries(
     agents = agent_summary(records)
     if agents is not None:
         summary["agent"] = agents
+    graphs = graph_summary(records)
+    if graphs is not None:
+        summary["graph"] = graphs
 
 
 def _pct(x: float | None) -> str:
@@ -171,4 +175,4 @@ def cache_lines(summary: dict) -> list[str]:
             f"(not in any latency) p50 {_s(tw['p50'])}; step hit rate "
             f"{_pct(ag['prefix_cache_hit_rate'])}"
         )
-    return out
+    return [*out, *graph_lines(summary)]

@@ -73,6 +73,12 @@ def worker_timing(measured: Sequence[RequestRecord], workers: dict) -> dict:
         can_merge = late is not None and late > gap and merged >= MERGED_SHARE
         receive = None if late is None else late if stamps != "kernel" or can_merge else 0.0
         bound = None if receive is None else (window["p99"] or 0.0) + receive
+        # kernel stamps: each request's own bound (its send window + how much earlier than
+        # its read's stamp its first token may have come), request-weighted like the error
+        per_request = request_bound_p99(ok) if stamps == "kernel" else None
+        if per_request is not None:
+            bound = per_request if bound is None else max(bound, per_request)
+        cpu = describe_array(np.asarray(st.get("cpu", []), float))
         rows.append(
             {
                 "worker": int(w),
@@ -82,10 +88,12 @@ def worker_timing(measured: Sequence[RequestRecord], workers: dict) -> dict:
                 "send_lag_s": describe_array(np.asarray([r.send_lag_s for r in recs], float)),
                 "send_window_s": window,
                 "read_delay_s": delay,
-                "cpu": describe_array(np.asarray(st.get("cpu", []), float)),
+                "cpu": cpu,
                 "timing_bound_s": bound,
                 "merged_share": merged,
                 "timing_bound_terms_s": {"send": window["p99"] or 0.0, "receive": receive},
+                "request_bound_s": per_request,
+                "stall": stall_cause(late, gap, cpu),
             }
         )
     known = [x["timing_bound_s"] for x in rows if x["timing_bound_s"] is not None]
@@ -100,6 +108,30 @@ def worker_timing(measured: Sequence[RequestRecord], workers: dict) -> dict:
         "timing_bound_reference_s": figure,  # the judged-against figure's value
         "timing_bound_exceeded": figure is not None and worst is not None and worst > limit,
     }
+
+
+def request_bound_p99(ok: Sequence[RequestRecord]) -> float | None:
+    """p99 over requests of each one's bound on its TTFT error (`stamp_bound_s`, the raw
+    client with kernel stamps: its send window, plus, when its first token shared a read
+    with a later event, the time from the previous read (or the send) to that read's
+    stamp; response.py). Each request's error is at most its bound, so the p99 of the
+    errors is at most this, however a stall fell. None when no request has one."""
+    bounds = [r.extra["stamp_bound_s"] for r in ok if "stamp_bound_s" in r.extra]
+    return float(np.percentile(bounds, 99)) if bounds else None
+
+
+def stall_cause(late: float | None, gap: float, cpu: dict) -> str | None:
+    """Which resource ran out when a worker's loop read late (p99 lateness over a token
+    gap, or 5 ms): its own CPU (the worker used CPU_LIMIT of a core or more: its loop was
+    busy) or a core to run on (it used less: runnable, waiting for a CPU the machine's
+    other processes held). None: no stall worth a cause."""
+    if late is None or late <= min(gap, 0.005):
+        return None
+    share = cpu.get("p90") if cpu.get("count") else None
+    if share is not None and share >= CPU_LIMIT:
+        return f"client CPU: the loop was busy ({share * 100:.0f}% of a core, p90)"
+    used = "" if share is None else f"; it used {share * 100:.0f}% of a core, p90"
+    return f"a CPU core: the worker waited to run while its loop was {late * 1e3:.1f} ms late{used}"
 
 
 def merged_share(ok: Sequence[RequestRecord]) -> float:

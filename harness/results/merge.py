@@ -56,6 +56,7 @@ SAME = (
     (("target", "endpoint"), "endpoint"),
     (("clock", "start_at_unix_s"), "--start-at"),
 )
+START_SKEW_LIMIT_S = 0.25  # shards without one --start-at: t0s further apart are refused
 _ABSOLUTE = ("scheduled_s", "ready_s", "sent_s", "first_token_s", "last_token_s", "end_s")
 _CONNECTION_COUNTS = ("opened", "prewarmed", "reused", "closed_by_server", "retried", "user_reads")
 
@@ -142,11 +143,28 @@ def _connections(records: list[RequestRecord], shard_summaries: list[dict]) -> d
     return out
 
 
+def start_skew(runs: list[Run], t0s: list[float | None], ref_t0: float | None) -> str | None:
+    """Each late shard's real start offset ("shard 1/2 +3.70 s") when shards without one
+    --start-at started more than START_SKEW_LIMIT_S apart; None when they did not."""
+    if ref_t0 is None or _get(runs[0].meta, ("clock", "start_at_unix_s")) is not None:
+        return None
+    late = [
+        (run.meta["shard"], t0 - ref_t0)
+        for run, t0 in zip(runs, t0s, strict=True)
+        if t0 is not None and t0 - ref_t0 > 0
+    ]
+    if not late or max(d for _, d in late) <= START_SKEW_LIMIT_S:
+        return None
+    offsets = ", ".join(f"shard {sh['index']}/{sh['count']} +{d:.2f} s" for sh, d in late)
+    return f"started after the first shard: {offsets}"
+
+
 def merge_runs(
     out_dir: str | Path,
     run_dirs: list[str | Path],
     *,
     allow_missing: bool = False,
+    allow_start_skew: bool = False,
     name: str | None = None,
     command: list[str] | None = None,
 ) -> MergeResult:
@@ -159,6 +177,13 @@ def merge_runs(
     runs, missing = _check_shards([load_run(d) for d in run_dirs], allow_missing)
     t0s = [_get(r.meta, ("clock", "t0_unix_s")) for r in runs]
     ref_t0 = min((t for t in t0s if t is not None), default=None)
+    skew = start_skew(runs, t0s, ref_t0)
+    if skew and not allow_start_skew:
+        raise CbbenchError(
+            f"the shards started apart without a common --start-at ({skew}): their loads "
+            "overlapped only in part, so the merged rate and concurrency are not the run's; "
+            "rerun them with one --start-at, or pass --allow-start-skew to merge them anyway"
+        )
 
     records: list[RequestRecord] = []
     timeseries: list[dict] = []
@@ -270,6 +295,7 @@ def merge_runs(
         interrupted=interrupted,
         timestamp_source=summary["timestamp_source"],
         merged={
+            "start_skew": skew,  # shards started apart (with --allow-start-skew), or None
             "shards": count,
             "merged": [r["shard"] for r in rows],
             "missing": missing,

@@ -52,6 +52,16 @@ def incomplete_reason(meta: dict[str, Any]) -> str | None:
             "was stopped over-saturated (its queue grew without bound); it holds only the "
             "requests that finished before the stop"
         )
+    if status == "stopped-early":
+        why = (meta.get("summary") or {}).get("stopped_by_watch")
+        return "was stopped early" + (f" ({why})" if why else "") + (
+            "; it holds only the requests that finished"
+        )
+    if status == "failed":
+        why = meta.get("error")
+        return "failed before it finished" + (f" ({why})" if why else "")
+    if status == "empty":
+        return "holds no measured request (nothing was sent or finished)"
     if status == "stopped":
         return (
             "was stopped in Locust's web UI and Locust had not quit when run.json was last "

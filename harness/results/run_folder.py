@@ -97,10 +97,18 @@ class RunWriter:
 
     def __init__(self, run_dir: str | Path, secrets: tuple[str | None, ...] = ()) -> None:
         self.dir = Path(run_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
         self.secrets = tuple(s for s in secrets if s)
-        self.requests = JsonlAppender(self.dir / REQUESTS_FILE, secrets=self.secrets)
-        self.timeseries = JsonlAppender(self.dir / TIMESERIES_FILE, secrets=self.secrets)
+        try:
+            if self.dir.exists() and not self.dir.is_dir():
+                raise CbbenchError(f"{self.dir}: a file, not a folder: give --out a folder")
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self.requests = JsonlAppender(self.dir / REQUESTS_FILE, secrets=self.secrets)
+            self.timeseries = JsonlAppender(self.dir / TIMESERIES_FILE, secrets=self.secrets)
+        except OSError as exc:  # /proc/x, a file on the way, no permission, a full disk
+            where = exc.filename or self.dir
+            raise CbbenchError(
+                f"{self.dir}: cannot write the run folder here ({where}: {exc.strerror})"
+            ) from None
 
     def add_record(self, record: RequestRecord) -> None:
         self.requests.write(record.__dict__)  # written at once: no copy (`to_dict`) needed
@@ -122,9 +130,14 @@ class RunWriter:
 
 def read_jsonl(path: Path) -> list[dict]:
     """Read a JSONL file; a torn *last* line is dropped, a bad line elsewhere is an error."""
+    return read_jsonl_torn(path)[0]
+
+
+def read_jsonl_torn(path: Path) -> tuple[list[dict], bool]:
+    """`read_jsonl`, and whether its last line was torn (dropped: the run folder says so)."""
     if not path.exists():
-        return []
-    lines = path.read_text(encoding="utf-8").splitlines()
+        return [], False
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     out: list[dict] = []
     for i, line in enumerate(lines, 1):
         if not line.strip():
@@ -133,9 +146,9 @@ def read_jsonl(path: Path) -> list[dict]:
             out.append(json.loads(line))
         except json.JSONDecodeError as exc:
             if i == len(lines):
-                break
+                return out, True
             raise CbbenchError(f"{path}:{i}: not valid JSON ({exc.msg})") from None
-    return out
+    return out, False
 
 
 @dataclass
@@ -144,6 +157,7 @@ class Run:
     meta: dict[str, Any]
     records: list[RequestRecord]
     timeseries: list[dict]
+    torn: bool = False  # requests.jsonl's last line was torn (dropped)
 
     @property
     def name(self) -> str:
@@ -172,9 +186,11 @@ def load_run(run_dir: str | Path) -> Run:
             raise CbbenchError(f"{d / RUN_FILE}: expected a JSON object")
         meta = redact_meta(meta)  # runs written before redaction: never print their keys
     records = []
-    for i, row in enumerate(read_jsonl(req), 1):
+    rows, torn = read_jsonl_torn(req)
+    for i, row in enumerate(rows, 1):
         try:
             records.append(RequestRecord.from_dict(row))
         except TypeError as exc:
             raise CbbenchError(f"{req}: record {i}: {exc}") from None
-    return Run(dir=d, meta=meta, records=records, timeseries=read_jsonl(d / TIMESERIES_FILE))
+    ts = read_jsonl(d / TIMESERIES_FILE)
+    return Run(dir=d, meta=meta, records=records, timeseries=ts, torn=torn)

@@ -14,9 +14,17 @@ from collections.abc import Sequence
 from typing import TypedDict
 
 import numpy as np
-from cbbench.harness.errors import CbbenchError
 from cbbench.harness.results.client_timing import client_bound_reasons, worker_timing
 from cbbench.harness.results.records import RequestRecord
+from cbbench.harness.results.slo import (  # noqa: F401 - re-exported: commands import them here
+    SLO_GRAMMAR,
+    SLO_HELP,
+    SLO_KEYS,
+    SLO_STATS,
+    parse_duration,
+    parse_slo,
+    slo_key,
+)
 from cbbench.harness.results.session_summary import session_summary
 from cbbench.workloads.stats import describe_array
 
@@ -90,43 +98,6 @@ class RunSummary(TypedDict, total=False):
     server_stopped_answering: str
     stopped_early: str  # the first requests all failed with one client error (outcome.py)
     worker_crashes: list
-
-
-SLO_KEYS = ("ttft", "ttfo", "tpot", "e2e")
-_UNITS = {"ms": 1e-3, "us": 1e-6, "s": 1.0, "m": 60.0}
-
-
-def parse_duration(text: str, what: str) -> float:
-    """'200ms' -> 0.2. A duration always carries a unit: a bare number is refused, naming the
-    two readings it could have (`--slo ttft=200` was once read as 200 seconds)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(ms|us|s|m)?\s*", text)
-    if not m:
-        raise CbbenchError(f"{what}: {text!r} is not a duration (e.g. 200ms, 1.5s)")
-    if not m.group(2):
-        n = m.group(1)
-        raise CbbenchError(f"{what}: {text.strip()!r} has no unit: write {n}ms or {n}s")
-    return float(m.group(1)) * _UNITS[m.group(2)]
-
-
-def parse_slo(text: str | None) -> dict[str, float]:
-    """'ttft=200ms,tpot=50ms,e2e=10s' -> {'ttft': 0.2, 'tpot': 0.05, 'e2e': 10.0} (seconds);
-    `ttfo` (first answer token) as `ttft`."""
-    if not text:
-        return {}
-    out: dict[str, float] = {}
-    for part in text.split(","):
-        key, sep, value = part.partition("=")
-        key = key.strip().lower()
-        if not sep and ":" in part:  # vLLM's spelling belongs to --goodput (milliseconds)
-            k, _, v = part.partition(":")
-            raise CbbenchError(
-                f"--slo: {part!r}: write {k.strip()}={v.strip()}ms, or --goodput {part.strip()} "
-                "(vLLM's spelling, milliseconds)"
-            )
-        if not sep or key not in SLO_KEYS:
-            raise CbbenchError(f"--slo: {part!r}: expected one of {', '.join(SLO_KEYS)}=DURATION")
-        out[key] = parse_duration(value, f"--slo {key}")
-    return out
 
 
 _COLUMNS = (
@@ -285,9 +256,18 @@ def _rate(x: float, dur: float) -> float | None:
     return None if np.isnan(dur) else x / dur
 
 
+_UUID = re.compile(r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
+# an id: a run of letters, digits, '_' or '-' with a digit in it, 8 or more long
+# (req_8f3a2b9c, chatcmpl-3f2a91d0, 0x7f3a...), or a long hex run
+_ID = re.compile(r"\b(?=[\w-]*\d)(?=[\w-]*[A-Za-z])[\w-]{8,}\b|\b[0-9a-fA-F]{12,}\b")
+
+
 def reason_key(msg: str | None) -> str:
-    """The grouping key of an error message: numbers (ports, ids, lengths) made N."""
-    return re.sub(r"\d+(\.\d+)?", "N", msg or "unknown")[:120]
+    """The grouping key of an error message: request ids and UUIDs made ID, numbers (ports,
+    lengths, times; not an HTTP status) made N, so 35 identical 429s with 35 request ids are one group."""
+    text = _UUID.sub("ID", msg or "unknown")
+    text = _ID.sub("ID", text)
+    return re.sub(r"(?<!HTTP )\d+(\.\d+)?", "N", text)[:120]  # a status stays itself
 
 
 def errors_by_reason(failed: Sequence[RequestRecord], top: int = 10) -> dict[str, int]:
@@ -307,6 +287,20 @@ def _share(reasoning: np.ndarray, out: np.ndarray) -> float | None:
     known = ~np.isnan(reasoning)
     total = float(out[known].sum())
     return float(reasoning[known].sum()) / total if known.any() and total > 0 else None
+
+
+def meets_slo(r: RequestRecord, slo: dict[str, float]) -> bool:
+    """Whether one finished request counts toward goodput: `_goodput`'s rule, per record (a
+    failure misses; an undefined TPOT does not; a stream that never answered misses TTFO)."""
+    if r.status != "ok":
+        return False
+    for key, bound in slo.items():
+        v = getattr(r, f"{key}_s", None)
+        if key == "ttfo" and v is None and r.ttft_s is not None:
+            return False
+        if v is not None and not v <= bound:
+            return False
+    return True
 
 
 def _goodput(slo, ttft, tpot, e2e, n_measured: int, dur: float, ttfo=None) -> dict:

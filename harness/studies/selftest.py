@@ -89,10 +89,14 @@ def per_worker(records, client: dict) -> list[dict]:
             "read_delay_ms_p99": _ms((w.get("read_delay_s") or {}).get("p99")),
             "send_window_ms_p99": _ms(w["send_window_s"]["p99"]),
             "bound_ms": _ms(w["timing_bound_s"]),
+            "stall": w.get("stall"),
         }
         for key in ("ttft", "itl"):
             row[f"{key}_error_ms_p50"] = _pct(err[key], 50)
             row[f"{key}_error_ms_p99"] = _pct(err[key], 99)
+        # the bound covers the measured TTFT error (what it bounds), or by how much it did not
+        ttft99, bound = row["ttft_error_ms_p99"], row["bound_ms"]
+        row["bound_covers_ttft"] = None if ttft99 is None or bound is None else bound >= ttft99
         measured = [row["ttft_error_ms_p99"], row["itl_error_ms_p99"]]
         row["error_exceeds"] = any(v is not None and abs(v) > limit_ms for v in measured)
         row["bound_exceeds"] = row["bound_ms"] is not None and row["bound_ms"] > limit_ms

@@ -2,15 +2,19 @@
 meet every SLO, found by bracketing (doubling or halving the rate) and then bisection
 (geometric midpoints), with repeat runs near the boundary.
 
-Noise on a shared machine only ever makes a level look worse, so a level that misses is run
-again (up to `repeats` runs in all) and counts as meeting the SLO when any of its runs does;
-passing levels are not repeated, so the repeats land where the misses are: at the boundary
-(and at the first rates tried, when those are above it). The answer is the highest
-passing rate `lo` with the interval [lo, hi) to the lowest failing one; the search stops once
-hi / lo <= 1 + precision, or when the budget of requests or time would be exceeded.
+Only levels it can judge count (harness/sweep/capacity_level.py): a level too short to
+judge is run again with the requests it needs (up to the budget); one that still cannot be
+judged ends the search, saying what it needs; it never counts as met.
 
-The search only sees `measure(rate, attempt) -> Trial`, so it runs the same against a real
-server (`cbbench sweep --find-max-rate`) and against a model in unit tests.
+The rule over repeats (REPEAT_RULE): noise on a shared machine only ever makes a level look
+worse, so a level whose first run meets the SLO is met; a level whose first run misses is run
+again, up to `repeats` runs in all, and is met when a majority of those runs meet it
+(`repeats` 3: 2 of 3). The answer is the highest met rate `lo` with the interval [lo, hi) to
+the lowest missed one; the search stops once hi / lo <= 1 + precision, or when the budget of
+requests or time would be exceeded.
+
+The search only sees `measure(rate, attempt, requests) -> Trial`, so it runs the same against
+a real server (`cbbench sweep --find-max-rate`) and against a model in unit tests.
 """
 
 from __future__ import annotations
@@ -22,18 +26,29 @@ from dataclasses import asdict, dataclass, field
 
 from cbbench.harness.errors import CbbenchError
 
+REPEAT_RULE = "a level is met when its first run is, else when most of its runs are"
+
 
 @dataclass
 class Trial:
     rate: float  # offered requests/s
     attempt: int  # 0 = first run at this rate
-    goodput_fraction: float | None  # requests meeting every SLO / requests measured
+    goodput_fraction: float | None  # requests meeting every SLO / requests that finished
     achieved_rps: float | None = None
     requests: int = 0
     run: str | None = None  # run folder name, when measured on a server
+    state: str | None = None  # met | missed | undecided (capacity_level); None: by goodput
+    why: str = ""  # what decided the state
+    needed_requests: int | None = None  # undecided: the requests a level here needs
+
+    def verdict(self, goodput: float) -> str:
+        if self.state is not None:
+            return self.state
+        ok = self.goodput_fraction is not None and self.goodput_fraction >= goodput
+        return "met" if ok else "missed"
 
     def meets(self, goodput: float) -> bool:
-        return self.goodput_fraction is not None and self.goodput_fraction >= goodput
+        return self.verdict(goodput) == "met"
 
 
 @dataclass
@@ -43,7 +58,7 @@ class CapacityConfig:
     min_rate: float = 0.01
     max_rate: float = 1000.0
     precision: float = 0.1  # stop when hi / lo <= 1 + precision
-    repeats: int = 2  # runs of a missing level (any pass counts)
+    repeats: int = 3  # runs of a level whose first run missed (REPEAT_RULE)
     requests_per_level: int = 40
     max_requests: int = 1000
     max_time_s: float = 600.0
@@ -68,12 +83,15 @@ class CapacityResult:
     stopped: str = ""  # why the search ended
     requests: int = 0
     wall_s: float = 0.0
+    undecided: str | None = None  # the level it could not judge, and what that needs
 
     def to_dict(self) -> dict:
         return {
             "max_rate": self.max_rate,
             "interval": list(self.interval),
             "stopped": self.stopped,
+            "undecided": self.undecided,
+            "rule": REPEAT_RULE,
             "requests": self.requests,
             "wall_s": round(self.wall_s, 2),
             "trials": [asdict(t) for t in self.trials],
@@ -81,7 +99,7 @@ class CapacityResult:
 
 
 def find_max_rate(
-    measure: Callable[[float, int], Trial],
+    measure: Callable[[float, int, int], Trial],
     cfg: CapacityConfig,
     on_trial: Callable[[Trial], None] | None = None,
 ) -> CapacityResult:
@@ -91,32 +109,55 @@ def find_max_rate(
     lo: float | None = None
     hi: float | None = None
 
-    def budget_left(runs: int) -> str | None:
-        if res.requests + runs * cfg.requests_per_level > cfg.max_requests:
+    def budget_left(requests: int) -> str | None:
+        if res.requests + requests > cfg.max_requests:
             return f"request budget ({cfg.max_requests}) reached"
         spent = time.monotonic() - t0
-        per_run = spent / max(1, len(res.trials))
-        if spent + runs * per_run > cfg.max_time_s:
+        per_request = spent / max(1, res.requests)
+        if spent + requests * per_request > cfg.max_time_s:
             return f"time budget ({cfg.max_time_s:g} s) reached"
         return None
 
     def level(rate: float) -> bool | None:
-        """Run a level; a miss is repeated (up to `repeats` runs, any pass counts): misses
-        happen at the boundary, and one slow moment must not move it. None when the budget
-        stops it."""
-        for attempt in range(cfg.repeats):
-            why = budget_left(1)
+        """Met (True) or missed (False) by REPEAT_RULE over the runs it can judge; a run too
+        short to judge is run again, longer. None: the search stops (budget, or a level it
+        cannot judge: `res.undecided` says what it needs)."""
+        need = cfg.repeats // 2 + 1
+        met = missed = attempt = 0
+        n = cfg.requests_per_level
+        while True:
+            why = budget_left(n)
             if why:
                 res.stopped = why
+                if n > cfg.requests_per_level:  # it was lengthening: say for what
+                    res.undecided = (
+                        f"rate {rate:.4g}/s: a level there needs {n} requests to be judged, "
+                        f"more than the budget leaves; raise --max-requests or --max-time"
+                    )
                 return None
-            trial = measure(rate, attempt)
+            trial = measure(rate, attempt, n)
             res.trials.append(trial)
             res.requests += trial.requests
             if on_trial:
                 on_trial(trial)
-            if trial.meets(cfg.goodput):
+            state = trial.verdict(cfg.goodput)
+            if state == "undecided":
+                wanted = trial.needed_requests
+                if wanted is not None and wanted > n:
+                    n = wanted  # lengthened: the same run again, long enough to judge
+                    continue
+                res.undecided = f"rate {rate:.4g}/s: {trial.why or 'could not be judged'}"
+                res.stopped = "cannot decide"
+                return None
+            if state == "met" and attempt == 0:
+                return True  # noise only hurts: a first pass needs no confirmation
+            met += state == "met"
+            missed += state != "met"
+            if met >= need:
                 return True
-        return False
+            if missed > cfg.repeats - need:
+                return False
+            attempt += 1
 
     rate = cfg.start_rate
     while True:  # bracket: double while passing, halve while failing

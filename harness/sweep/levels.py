@@ -101,6 +101,10 @@ class SaturationWatch:
     def summary(self) -> dict:
         return {"stopped_early": self.reason}
 
+    @property
+    def stop_reason(self) -> str | None:  # the runner: stopped by a watch, not Ctrl-C
+        return None if self.reason is None else f"over-saturated: {self.reason}"
+
     def _read(self) -> None:
         rows, self._offsets[REQUESTS_FILE] = _tail_jsonl(
             self.run_dir / REQUESTS_FILE, self._offsets[REQUESTS_FILE]

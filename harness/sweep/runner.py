@@ -1,5 +1,5 @@
 """`cbbench sweep` as a library call: one benchmark per load level into one folder (for
-`cbbench report` curves), or the SLO capacity search (harness/sweep/capacity.py).
+`cbbench report` curves); the SLO capacity search on a server is capacity_run.py.
 
     index = run_sweep(SweepOptions(base_url=..., out=Path(...), rates=[1, 2, 4]))
 
@@ -22,8 +22,9 @@ from pathlib import Path
 
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.load.options import ClientOptions, LoadOptions, bench_config
+from cbbench.harness.sweep.capacity_level import SloWatch, judge_capacity_level
 from cbbench.harness.sweep.levels import Level, SaturationWatch, auto_rates
-from cbbench.harness.sweep.verdict import SUSTAINED, judge_level
+from cbbench.harness.sweep.verdict import SUSTAINED, judge_closed_level, judge_level
 from cbbench.harness.telemetry import TelemetryOptions, build_samplers
 
 SWEEP_FILE = "sweep.json"
@@ -50,7 +51,7 @@ class SweepOptions:
     start_rate: float = 1.0
     max_rate: float = 1000.0
     precision: float = 0.1
-    repeats: int = 2
+    repeats: int = 3  # capacity.REPEAT_RULE
     max_requests: int = 2000
     max_time_s: float = 1800.0
 
@@ -61,14 +62,23 @@ class SweepOptions:
         return "rates" if self.rates else "concurrency" if self.concurrency else "auto"
 
 
-def run_level(opts: SweepOptions, level: Level, seed_offset: int = 0) -> dict:
-    """One level: a bench run into OUT/<level name>; its row of sweep.json."""
+def run_level(
+    opts: SweepOptions,
+    level: Level,
+    seed_offset: int = 0,
+    num_requests: int | None = None,
+    capacity: tuple[dict, float] | None = None,
+) -> dict:
+    """One level: a bench run into OUT/<level name>; its row of sweep.json. `capacity`:
+    (SLO, goodput) of the capacity search: the level is watched and judged by the SLO
+    (capacity_level.py) rather than by the over-saturation watch."""
     from cbbench.harness.load.runner import run_bench
     from rich.console import Console
 
     load = dataclasses.replace(
         opts.load, rate=level.rate, concurrency=level.concurrency, duration=None,
         seed=(opts.load.seed or 0) + seed_offset,
+        num_requests=num_requests or opts.load.num_requests,
     )  # fmt: skip
     name = f"{Path(str(opts.load.workload)).name}-{level.name}"
     cfg = bench_config(
@@ -77,20 +87,34 @@ def run_level(opts: SweepOptions, level: Level, seed_offset: int = 0) -> dict:
     )  # fmt: skip
     cfg.load = {**cfg.load, "sweep_level": level.name}
     samplers = list(build_samplers(opts.telemetry, cfg.base_url))
-    watch = SaturationWatch(Path(cfg.out_dir), len(cfg.workload), opts.level_timeout_s)
+    planned = len(cfg.workload)
+    if capacity is not None:
+        watch = SloWatch(Path(cfg.out_dir), capacity[0], planned, capacity[1], opts.level_timeout_s)
+    else:
+        watch = SaturationWatch(Path(cfg.out_dir), planned, opts.level_timeout_s)
     console = Console(stderr=True) if opts.live else Console(file=io.StringIO())
     t = time.monotonic()
     try:
         result = run_bench(cfg, [*samplers, watch], console=console)
     except KeyboardInterrupt:
-        if watch.reason is None:
+        if watch.stop_reason is None:
             raise
         raise CbbenchError(
-            f"{cfg.out_dir}: level stopped while finishing ({watch.reason})"
+            f"{cfg.out_dir}: level stopped while finishing ({watch.stop_reason})"
         ) from None
     s = result.summary
     open_loop = level.rate is not None and not math.isinf(level.rate)
-    verdict = judge_level(result.records, level.rate) if open_loop else None
+    if open_loop:
+        verdict = judge_level(result.records, level.rate)
+    elif level.concurrency is not None:
+        verdict = judge_closed_level(result.records, level.concurrency)
+    else:
+        verdict = None
+    judged = None
+    if capacity is not None and open_loop:
+        judged = judge_capacity_level(
+            result.records, level.rate, capacity[0], capacity[1], planned, watch.stop_reason
+        ).to_dict()
     return {
         "name": level.name,
         "load": level.describe(),
@@ -107,9 +131,10 @@ def run_level(opts: SweepOptions, level: Level, seed_offset: int = 0) -> dict:
         "completed": (s.get("counts") or {}).get("completed"),
         "requests": (s.get("counts") or {}).get("total"),
         "goodput_fraction": (s.get("goodput") or {}).get("fraction"),
-        "stopped_early": watch.reason,
+        "stopped_early": watch.stop_reason,
         "verdict": None if verdict is None else verdict.to_dict(),
-        "interrupted": result.interrupted and watch.reason is None,  # the user's Ctrl-C
+        "capacity": judged,  # the capacity search's judgement of the level
+        "interrupted": result.interrupted,  # the user's Ctrl-C (a watch's stop is not)
         "wall_s": round(time.monotonic() - t, 3),
     }
 
@@ -153,12 +178,12 @@ def _check(opts: SweepOptions) -> None:
 
 
 def run_sweep(opts: SweepOptions) -> dict:
-    """Every level in turn (or the capacity search); returns sweep.json's content, whose
+    """Every level in turn; returns sweep.json's content, whose
     "status" says whether Ctrl-C stopped it (finished levels are kept)."""
     _check(opts)
     out = opts.out
     if opts.find_max_rate:
-        return find_max_rate(opts)
+        raise CbbenchError("the capacity search is capacity_run.find_max_rate, not run_sweep")
     if opts.rates:
         plan = [Level(f"rate-{r:g}", rate=r) for r in opts.rates]
     elif opts.concurrency:
@@ -208,9 +233,10 @@ def run_sweep(opts: SweepOptions) -> dict:
 
 
 def _verdict_cell(lv: dict) -> str:
-    if lv.get("rate") is None:
-        return ""
     v = lv.get("verdict")
+    if lv.get("rate") is None:  # closed loop: judged only for length (verdict.judge_closed_level)
+        need = (v or {}).get("needed_requests")
+        return f"too short to judge (needs {need} requests)" if (v or {}).get("too_short") else ""
     ok = _sustained(lv)
     if ok is None:
         need = (v or {}).get("needed_requests")
@@ -231,18 +257,25 @@ def print_sweep(index: dict, folder: Path | None = None) -> Path | None:
     t = Table(title=f"cbbench sweep ({index['mode']}, {index['status']})")
     reasoned = any(lv.get("reasoning_tokens") for lv in index["levels"])
     ttfo_cols = ("TTFO p50 (ms)", "TTFO p99 (ms)") if reasoned else ()
-    cols = ("level", "req/s", "output tok/s", "TTFT p50 (ms)", "TTFT p99 (ms)", *ttfo_cols)
+    slo = any(lv.get("goodput_fraction") is not None for lv in index["levels"])
+    good_cols = ("goodput",) if slo else ()  # the share of requests meeting --slo
+    cols = ("level", "req/s", "output tok/s", *good_cols, "TTFT p50 (ms)", "TTFT p99 (ms)",
+            *ttfo_cols)  # fmt: skip
     for col in (*cols, "verdict", "note"):
         t.add_column(col, justify="left" if col in ("level", "verdict", "note") else "right")
 
     def ms(v):
         return "–" if v is None else f"{v * 1e3:.1f}"
 
+    def pct(v):
+        return "–" if v is None else f"{v:.0%}"
+
     for lv in index["levels"]:
         t.add_row(
             lv["load"],
             "–" if lv["request_throughput"] is None else f"{lv['request_throughput']:.2f}",
             "–" if lv["output_throughput"] is None else f"{lv['output_throughput']:.1f}",
+            *((pct(lv.get("goodput_fraction")),) if slo else ()),
             ms(lv["ttft_p50_s"]),
             ms(lv["ttft_p99_s"]),
             *((ms(lv.get("ttfo_p50_s")), ms(lv.get("ttfo_p99_s"))) if reasoned else ()),
@@ -272,81 +305,3 @@ def _judged_below(index: dict) -> bool:
     return any(
         lv.get("rate") and lv["rate"] > top and _sustained(lv) is None for lv in index["levels"]
     )
-
-
-def find_max_rate(opts: SweepOptions) -> dict:
-    """--find-max-rate: the capacity search of harness.capacity, one run folder per trial."""
-    from cbbench.harness.results.summary import parse_slo
-    from cbbench.harness.sweep.capacity import CapacityConfig, Trial
-    from cbbench.harness.sweep.capacity import find_max_rate as search
-
-    out = opts.out
-    slo = opts.client.slo
-    if not parse_slo(slo):
-        raise CbbenchError("--find-max-rate needs --slo, e.g. --slo ttft=200ms,tpot=50ms")
-    cfg = CapacityConfig(
-        goodput=opts.goodput,
-        start_rate=opts.start_rate,
-        max_rate=opts.max_rate,
-        min_rate=min(opts.start_rate, 0.01),
-        precision=opts.precision,
-        repeats=opts.repeats,
-        requests_per_level=opts.load.num_requests,
-        max_requests=opts.max_requests,
-        max_time_s=opts.max_time_s,
-    )
-    cfg.validate()
-    out.mkdir(parents=True, exist_ok=True)
-    index: dict = {
-        "kind": "sweep",
-        "mode": "find-max-rate",
-        "workload": opts.load.workload,
-        "slo": slo,
-        "goodput": opts.goodput,
-        "runs": [],
-        "levels": [],
-    }
-
-    def measure(rate: float, attempt: int) -> Trial:
-        name = f"rate-{rate:.4g}" + (f"-repeat{attempt}" if attempt else "")
-        print(
-            f"capacity search: rate {rate:.4g}/s" + (f" (repeat {attempt})" if attempt else ""),
-            file=sys.stderr,
-        )
-        lv = run_level(opts, Level(name, rate=float(f"{rate:.4g}")), seed_offset=attempt)
-        index["runs"].append(name)
-        index["levels"].append(lv)
-        _write_index(out, index)
-        if lv["interrupted"]:
-            raise KeyboardInterrupt
-        good = lv["goodput_fraction"]
-        if lv["stopped_early"]:
-            good = 0.0  # clearly over-saturated: stopped before it finished
-        print(f"  goodput {'–' if good is None else f'{good:.0%}'}", file=sys.stderr)
-        return Trial(rate, attempt, good, lv["request_throughput"], lv["requests"] or 0, name)
-
-    status = "complete"
-    try:
-        res = search(measure, cfg)
-        index["capacity"] = res.to_dict()
-    except KeyboardInterrupt:
-        status = "interrupted"
-    index["status"] = status
-    index["saturation"] = saturation(index["levels"])
-    _write_index(out, index)
-    return index
-
-
-def print_capacity(index: dict) -> None:
-    cap = index.get("capacity")
-    if cap:
-        lo, hi = cap["interval"]
-        if lo is None:
-            print(f"no rate met the SLO ({cap['stopped']})")
-        else:
-            upper = f"{hi:.3g}" if hi is not None else "?"
-            print(
-                f"max rate meeting {index['slo']} for {index['goodput']:.0%} of requests: "
-                f"{lo:.3g} req/s (interval [{lo:.3g}, {upper}); {cap['stopped']}; "
-                f"{cap['requests']} requests, {cap['wall_s']:.0f} s)"
-            )

@@ -17,7 +17,11 @@ high rate look like a server that could not keep up, even when the server was id
 - too short to judge: fewer than MIN_LEVEL_REQUESTS completed, or a planned arrival span
   ((n - 1) / r, so that the advice holds whatever the draw) shorter than SPAN_LATENCIES
   unloaded latencies (the drain then dominates the window, and one long
-  request moves the verdict). The verdict says how many requests the level needed.
+  request moves the verdict), or a level that looks sustained but whose span is shorter than
+  STEADY_LATENCIES of its own (loaded) latencies (one to fill up, one at a steady state): by
+  Little's law it holds rate x latency requests in flight there, and it ended before (a
+  continuous batcher takes 40 requests at 17/s into one batch and keeps its TTFT low, then
+  misses at 400). The verdict says how many requests the level needed.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from cbbench.harness.results.records import RequestRecord
 SUSTAINED = 0.9  # achieved / sent rate above which a rate level is sustained
 MIN_LEVEL_REQUESTS = 20  # completed requests below which no level is judged
 SPAN_LATENCIES = 3.0  # arrival span / unloaded latency below which a level is too short
+STEADY_LATENCIES = 2.0  # ... / its own latency: one to fill up to a steady state, one in it
 
 
 @dataclass
@@ -100,4 +105,33 @@ def judge_level(records: Sequence[RequestRecord], rate: float) -> LevelVerdict:
     sustained = None
     if too_short is None:
         sustained = sent is not None and achieved is not None and achieved >= SUSTAINED * sent
+    loaded = _median([r.e2e_s for r in ok]) or 0.0  # the level's own latency
+    if sustained and planned_span < STEADY_LATENCIES * loaded:  # ended before a steady state
+        need = max(need, math.ceil(STEADY_LATENCIES * rate * loaded) + 1)
+        too_short = (
+            f"too short to judge: {n} requests at {rate:g}/s arrive over {planned_span:.2f} s, "
+            f"less than {STEADY_LATENCIES:g}x the level's own latency {loaded:.2f} s (median "
+            f"E2E): it ended before reaching a steady state ({rate * loaded:.0f} in flight); "
+            f"needs --num-requests {need} or more"
+        )
+        sustained = None
     return LevelVerdict(n, sent, achieved, unloaded, need, sustained, too_short)
+
+
+def judge_closed_level(records: Sequence[RequestRecord], concurrency: int) -> LevelVerdict:
+    """A closed-loop level at `concurrency` is too short to judge when fewer than
+    MIN_LEVEL_REQUESTS completed, or when each slot served fewer than SPAN_LATENCIES
+    requests: the ramp-up (every slot starting at once) and the drain (slots emptying one by
+    one) are then most of the window. `sustained` stays None: a closed loop offers no rate."""
+    ok = [r for r in records if r.ok and not r.warmup and r.end_s]
+    n = len(ok)
+    need = max(MIN_LEVEL_REQUESTS, math.ceil(SPAN_LATENCIES * concurrency))
+    too_short = None
+    if n < need:
+        per_slot = n / concurrency
+        too_short = (
+            f"too short to judge: {n} completed requests"
+            + (f", {per_slot:.1f} per slot of {concurrency}" if n >= MIN_LEVEL_REQUESTS else "")
+            + f"; needs --num-requests {need} or more"
+        )
+    return LevelVerdict(n, None, None, None, need, None, too_short)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import repeat
 
 from cbbench.reference_engine.core.sequence import Sequence
 
@@ -22,7 +23,7 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-@dataclass
+@dataclass(slots=True)
 class KVBlock:
     block_id: int
     ref_count: int = 0
@@ -162,8 +163,27 @@ class BlockManager:
         """Grow seq.block_table to hold `num_tokens` tokens, first adopting `computed_blocks`
         (prefix hits; only onto an empty table). Returns False, changing nothing, when fewer
         than `watermark` blocks would stay free."""
-        if not computed_blocks and num_tokens <= len(seq.block_table) * self.block_size:
-            return True  # the common decode case: the last block has room
+        table = seq.block_table
+        if not computed_blocks:  # a running sequence grows (the hot path: inlined)
+            num_new = -(-num_tokens // self.block_size) - len(table)
+            if num_new <= 0:
+                return True  # the common decode case: the last block has room
+            blocks = self.blocks
+            num_fresh = self.num_blocks - len(blocks)
+            if num_fresh + len(self._free) - num_new < watermark:
+                return False
+            for _ in range(num_new):
+                if num_fresh:
+                    num_fresh -= 1
+                    bid = len(blocks)
+                    blocks.append(KVBlock(bid, 1))
+                    table.append(bid)
+                else:
+                    table.append(self._pop_free())
+            used = len(blocks) - len(self._free)
+            if used > self.peak_used:
+                self.peak_used = used
+            return True
         computed = list(computed_blocks)
         assert not computed or not seq.block_table
         if not self.can_allocate(seq, num_tokens, computed, watermark):
@@ -177,6 +197,31 @@ class BlockManager:
         for _ in range(self.blocks_for(num_tokens) - len(seq.block_table)):
             seq.block_table.append(self._pop_free())
         self.peak_used = max(self.peak_used, self.num_used_blocks)
+        return True
+
+    def grow(self, seqs: list[Sequence], num_tokens: list[int]) -> bool:
+        """allocate_slots(seq, n) for each pair, in order, all or nothing: False, changing
+        nothing, when the pool cannot give every block (a decode step's block boundaries
+        in one call)."""
+        bs = self.block_size
+        counts = [-(-n // bs) - len(s.block_table) for s, n in zip(seqs, num_tokens, strict=True)]
+        total = sum(counts)
+        blocks = self.blocks
+        start = len(blocks)
+        num_fresh = self.num_blocks - start
+        if num_fresh + len(self._free) < total:
+            return False
+        if total <= num_fresh and total == len(seqs):  # one fresh block each: ids in a run
+            blocks.extend(map(KVBlock, range(start, start + total), repeat(1)))
+            for seq, bid in zip(seqs, range(start, start + total), strict=True):
+                seq.block_table.append(bid)
+        else:
+            for seq, n in zip(seqs, counts, strict=True):
+                for _ in range(n):
+                    seq.block_table.append(self._pop_free())
+        used = len(blocks) - len(self._free)
+        if used > self.peak_used:
+            self.peak_used = used
         return True
 
     def trim(self, seq: Sequence, num_tokens: int) -> None:

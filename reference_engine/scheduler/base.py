@@ -62,6 +62,11 @@ class Scheduler(ABC):
     def running(self) -> list[Sequence]:
         """Sequences that hold a batch slot and are not finished."""
 
+    def resync(self) -> None:
+        """Sequences were advanced without schedule() (the simulator's event skipping): a
+        policy that keeps state between steps rebuilds it."""
+        return None
+
     def holders(self) -> list[Sequence]:
         """Every sequence holding KV blocks (static/dynamic: finished members too)."""
         return self.running()

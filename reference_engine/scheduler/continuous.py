@@ -39,6 +39,7 @@ from cbbench.reference_engine.scheduler.adaptive_limit import AdaptiveLimit
 from cbbench.reference_engine.scheduler.base import Scheduler, SchedulerOutput
 from cbbench.reference_engine.scheduler.expert_balance import ExpertBalancer
 from cbbench.reference_engine.scheduler.queues import RequestQueue, SortKey, priority_key
+from cbbench.reference_engine.scheduler.running_batch import RunningBatch
 
 FORCED: SortKey = (float("-inf"),)
 
@@ -51,10 +52,9 @@ class ContinuousScheduler(Scheduler):
         cfg = self.config.continuous
         if cfg.policy == "priority":
             self.waiting = RequestQueue(priority_key(cfg.aging_rate))
-        # running sequence -> its rank (forced first, then the queue key); keys are static
-        self._running: dict[Sequence, tuple] = {}
-        # _running sorted by rank, kept until a sequence joins or leaves (ranks are static)
-        self._order: list[Sequence] | None = None
+        # the running sequences by rank (forced first, then the queue key; ranks are static),
+        # with their plain decode chunks and when each must next be looked at
+        self._running = RunningBatch()
         self._forced: set[Sequence] = set()  # admitted by max_queue_wait: preempted last
         self.watermark_blocks = int(cfg.watermark * self.block_manager.num_blocks)
         spec = self.config.speculative
@@ -88,6 +88,7 @@ class ContinuousScheduler(Scheduler):
     def schedule(self, now: float) -> SchedulerOutput:
         cfg = self.config.continuous
         bm = self.block_manager
+        bs = bm.block_size
         max_tokens = cfg.max_num_batched_tokens
         budget = max_tokens
         chunks: list[ScheduledChunk] = []  # one per sequence: a victim's is taken out
@@ -106,7 +107,7 @@ class ContinuousScheduler(Scheduler):
             candidates = [s for s in self._running if not (spare_forced and s in self._forced)]
             if not candidates:
                 return None
-            victim = max(candidates, key=self._running.__getitem__)
+            victim = max(candidates, key=self._running.rank.__getitem__)
             nonlocal budget
             if victim.status is SequenceStatus.RUNNING:  # scheduled already? (rare path)
                 for i, c in enumerate(chunks):
@@ -118,35 +119,15 @@ class ContinuousScheduler(Scheduler):
             preempted.append(victim)
             return victim
 
-        # 1. running sequences, most important first. The hot loop of a decode step: one
-        # token each, and a new KV block only every block_size tokens (checked inline).
-        if self._order is None:
-            self._order = sorted(self._running, key=self._running.__getitem__)
-        bs = bm.block_size
-        lookahead = self.num_lookahead
-        running = SequenceStatus.RUNNING
-        for seq in self._order:
-            if budget == 0:
-                break
-            if seq.status is not running:
-                continue  # preempted as a victim above
-            computed = seq.num_computed_tokens
-            n = len(seq.token_ids) - computed
-            assert n >= 1, f"{seq.request_id} is running with nothing to compute"
-            la = self._lookahead(seq, budget) if lookahead and n == 1 else 0  # a decode
-            if n > budget:
-                n = budget
-            need = computed + n + la
-            if need > len(seq.block_table) * bs:
-                while not bm.allocate_slots(seq, need):
-                    if preempt_worst() is seq:
-                        break
-                else:
-                    chunks.append(ScheduledChunk(seq, n, la))
-                    budget -= n + la
-                continue
-            chunks.append(ScheduledChunk(seq, n, la))
-            budget -= n + la
+        # 1. running sequences, most important first: the due ones only when that decides
+        # the same as the full loop (running_batch.py), else every one
+        due = self._running.next_tick()
+        fast = self._decide_due(due, budget) if self._running.synced else None
+        if fast is not None:
+            chunks, used = fast
+            budget -= used
+        else:
+            budget = self._decide_all(budget, chunks, preempt_worst)
 
         # 2. waiting sequences
         num_prefills = 0
@@ -194,8 +175,7 @@ class ContinuousScheduler(Scheduler):
                 if seq.metrics.first_scheduled_time is None:
                     seq.metrics.first_scheduled_time = now
                     seq.metrics.num_cached_tokens = num_cached
-                self._running[seq] = self._rank(seq)
-                self._order = None
+                self._running.add(seq, self._rank(seq))
                 if load is not None:
                     ExpertBalancer.add(load, balancer.share(seq))  # type: ignore[union-attr]
                 chunks.append(ScheduledChunk(seq, n))
@@ -212,6 +192,97 @@ class ContinuousScheduler(Scheduler):
         assert len(self._running) <= cfg.max_num_seqs
         return out
 
+    def _decide_all(self, budget: int, chunks: list[ScheduledChunk], preempt_worst) -> int:
+        """Step 1 over every running sequence (appending to `chunks`); returns the budget
+        left. The hot loop of a decode step when the due-only path cannot decide: one token
+        each, and a new KV block only every block_size tokens (checked inline)."""
+        bm = self.block_manager
+        bs = bm.block_size
+        lookahead = self.num_lookahead
+        running = SequenceStatus.RUNNING
+        complete = True  # every running sequence got all it lacks, nobody preempted
+        for seq in list(self._running.order):
+            if budget == 0:
+                complete = False
+                break
+            if seq.status is not running:
+                continue  # preempted as a victim above
+            computed = seq.num_computed_tokens
+            n = len(seq.token_ids) - computed
+            assert n >= 1, f"{seq.request_id} is running with nothing to compute"
+            la = self._lookahead(seq, budget) if lookahead and n == 1 else 0  # a decode
+            if n > budget:
+                n = budget
+                complete = False
+            need = computed + n + la
+            if need > len(seq.block_table) * bs:
+                while not bm.allocate_slots(seq, need):
+                    complete = False
+                    if preempt_worst() is seq:
+                        break
+                else:
+                    chunks.append(ScheduledChunk(seq, n, la))
+                    budget -= n + la
+                continue
+            chunks.append(ScheduledChunk(seq, n, la))
+            budget -= n + la
+        if complete and not lookahead:  # the due-only path can take over from here
+            # a decode: when its next token opens a block; a prefill chunk: next step
+            self._running.resync(
+                [
+                    (c.seq, len(c.seq.block_table) * bs - c.seq.num_tokens + 1)
+                    if c.num_tokens == 1
+                    else (c.seq, 1)
+                    for c in chunks
+                ]
+            )
+        else:
+            self._running.resync(None)
+        return budget
+
+    def _decide_due(
+        self, due: list[Sequence], budget: int
+    ) -> tuple[list[ScheduledChunk], int] | None:
+        """Step 1 from the due sequences alone: every other running sequence decodes one
+        token with room in its blocks (the due steps say so), so it gets its plain chunk.
+        None, having changed nothing, when the budget cannot hold every sequence's tokens
+        or the pool every block: the full loop then decides (the budget cut, preemption)."""
+        rb = self._running
+        bm = self.block_manager
+        bs = bm.block_size
+        demand = len(rb) - len(due)
+        grow: list[Sequence] = []  # in rank order, as the full loop allocates
+        needs: list[int] = []
+        prefills: list[tuple[Sequence, int]] = []
+        steps: list[int] = []  # until each must be looked at again
+        for seq in due:
+            num_tokens = len(seq.token_ids)
+            n = num_tokens - seq.num_computed_tokens
+            assert n >= 1, f"{seq.request_id} is running with nothing to compute"
+            demand += n
+            room = len(seq.block_table) * bs - num_tokens
+            if room < 0:  # its last token opens a block (or several, for a prefill chunk)
+                grow.append(seq)
+                needs.append(num_tokens)
+                room %= bs
+            if n == 1:  # a decode: again when its next token no longer fits
+                steps.append(room + 1)
+            else:  # a prefill chunk: again next step
+                prefills.append((seq, n))
+                steps.append(1)
+        if demand > budget or (grow and not bm.grow(grow, needs)):
+            return None  # (the due steps set are rebuilt by the full loop)
+        rb.look_at_each(due, steps)
+        chunks = rb.plain.copy()
+        for seq, n in prefills:
+            chunks[rb.index(seq)] = ScheduledChunk(seq, n)
+        return chunks, demand
+
+    def resync(self) -> None:
+        """Sequences were advanced without schedule() (event skipping): the next step looks
+        at every running sequence."""
+        self._running.resync(None)
+
     def _overdue(self, now: float) -> Sequence | None:
         limit = self.config.continuous.max_queue_wait_s
         if limit is None:
@@ -222,8 +293,7 @@ class ContinuousScheduler(Scheduler):
         return None
 
     def _preempt(self, seq: Sequence) -> None:
-        del self._running[seq]  # a forced sequence stays forced: the order must not flip
-        self._order = None
+        self._running.remove(seq)  # a forced sequence stays forced: the order must not flip
         self.block_manager.free(seq, finished=False)
         seq.num_computed_tokens = 0
         seq.num_draft_computed = 0
@@ -234,8 +304,7 @@ class ContinuousScheduler(Scheduler):
 
     # --- engine callbacks -------------------------------------------------------------
     def finish(self, seq: Sequence) -> None:
-        del self._running[seq]
-        self._order = None
+        self._running.remove(seq)
         self._forced.discard(seq)
         self.block_manager.free(seq)
 
@@ -243,8 +312,7 @@ class ContinuousScheduler(Scheduler):
         if seq in self.waiting:
             self.waiting.remove(seq)
         elif seq in self._running:
-            del self._running[seq]
-            self._order = None
+            self._running.remove(seq)
         self._forced.discard(seq)
         self.block_manager.free(seq)
 

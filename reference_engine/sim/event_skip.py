@@ -119,10 +119,7 @@ def plan_skip(
     sched = engine.scheduler
     name = sched.name
     if name == "continuous":
-        order = sched._order  # type: ignore[attr-defined]
-        if order is None:
-            order = sorted(sched._running, key=sched._running.__getitem__)  # type: ignore[attr-defined]
-        running = list(order)
+        running = list(sched._running.order)  # type: ignore[attr-defined]
         cfg = engine.config.continuous
         if len(running) > cfg.max_num_batched_tokens:
             return None  # the budget cuts the batch: who runs changes step to step
@@ -364,6 +361,7 @@ def take_steps(
         first_gap = gap0
     ex.modeled_gap_s = host_step
     engine.num_steps += k
+    sched.resync()  # sequences advanced without schedule()
     last = seqs if not finished else [s for r, s in enumerate(seqs) if taken[r] == k]
     engine._last_chunks = [ScheduledChunk(s, 1) for s in last]
     engine.last_step_window = (t_start, t)

@@ -11,6 +11,7 @@ from cbbench.harness.diagnose.rules import (
     client_bound,
     errors,
     expert_imbalance,
+    fanout_queue,
     hol_blocking,
     kv_pressure,
     length_skew,
@@ -38,5 +39,6 @@ RULES: tuple[Rule, ...] = (
     replica_imbalance.RULE,
     expert_imbalance.RULE,
     agent_cache.RULE,
+    fanout_queue.RULE,
     reasoning_wait.RULE,
 )

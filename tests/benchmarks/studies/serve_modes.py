@@ -118,6 +118,8 @@ class _Stamps:
     def __init__(self) -> None:
         self.sent_ns = self.last_ns = 0
         self.status = 0
+        self.send_window_ns: int | None = None
+        self.user_read = False
 
     def sent(self, t: int, connect_ns: int | None, reused: bool | None) -> None:
         self.sent_ns = t
