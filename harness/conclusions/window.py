@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 from cbbench.harness.errors import CbbenchError
+from cbbench.harness.results.integrity import RECORDS_KEY, record_counts
 from cbbench.harness.results.records import RequestRecord
 from cbbench.harness.results.run_folder import Run
 from cbbench.harness.results.summary import output_tokens, summarize
@@ -270,7 +271,8 @@ def windowed_run(run: Run, spec: str | tuple[float, float]) -> tuple[Run, Window
         for r in run.records
         if r.warmup or (r.sent_s is not None and w.start_s <= r.sent_s < w.end_s)
     ]
-    return dataclasses.replace(run, meta={**run.meta, "summary": summary}, records=keep), w
+    meta = {**run.meta, "summary": summary, RECORDS_KEY: record_counts(keep)}  # the part kept
+    return dataclasses.replace(run, meta=meta, records=keep), w
 
 
 def same_kind(base_meta: dict, cand_meta: dict, given: str | None) -> tuple[object, str | None]:

@@ -363,6 +363,8 @@ def run_gate(
     from cbbench.harness.conclusions.window import same_kind, windowed_run
     from cbbench.harness.report.samples import extract
 
+    bs, cs = extract(base), extract(cand)  # the whole runs are checked, then windowed
+    check_inputs(base, cand, bs, cs, policy, allow_incomplete, allow_incomparable)
     spec, note = same_kind(base.meta, cand.meta, window)
     notes = [note] if note else []
     if spec != "all":
@@ -374,10 +376,8 @@ def run_gate(
                          "compared the whole runs")  # fmt: skip
         else:
             base, cand = wb, wc
+            bs, cs = extract(base), extract(cand)
             notes.append(f"compared {w1.label()} (baseline) with {w2.label()} (candidate)")
-
-    bs, cs = extract(base), extract(cand)
-    check_inputs(base, cand, bs, cs, policy, allow_incomplete, allow_incomparable)
     results = [judge(rule, bs, cs, policy) for rule in with_ttfo(policy.rules, bs, cs)]
     return GateResult(
         results, policy, str(base.dir), str(cand.dir), differences(base.meta, cand.meta), notes
