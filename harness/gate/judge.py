@@ -365,6 +365,7 @@ def run_gate(
 
     bs, cs = extract(base), extract(cand)  # the whole runs are checked, then windowed
     check_inputs(base, cand, bs, cs, policy, allow_incomplete, allow_incomparable)
+    whole = (bs, cs)  # errors count wherever they happened: ramp-up and drain too
     spec, note = same_kind(base.meta, cand.meta, window)
     notes = [note] if note else []
     if spec != "all":
@@ -378,7 +379,10 @@ def run_gate(
             base, cand = wb, wc
             bs, cs = extract(base), extract(cand)
             notes.append(f"compared {w1.label()} (baseline) with {w2.label()} (candidate)")
-    results = [judge(rule, bs, cs, policy) for rule in with_ttfo(policy.rules, bs, cs)]
+    results = [
+        judge(rule, *(whole if rule.metric == "error_rate" else (bs, cs)), policy)
+        for rule in with_ttfo(policy.rules, bs, cs)
+    ]
     return GateResult(
         results, policy, str(base.dir), str(cand.dir), differences(base.meta, cand.meta), notes
     )
