@@ -43,7 +43,10 @@ def load_repeats(path: str | Path, allow_incomplete: bool = False) -> list[dict]
     except (OSError, json.JSONDecodeError) as exc:
         raise CbbenchError(f"{d / REPEATS_FILE}: not a valid repeats index ({exc})") from None
     metas = []
+    excluded = set(index.get("excluded") or [])  # stopped repeats: on disk, out of the intervals
     for name in index.get("runs", []):
+        if name in excluded:
+            continue
         run_json = d / str(name) / "run.json"
         try:
             meta = json.loads(run_json.read_text(encoding="utf-8"))

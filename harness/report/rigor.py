@@ -80,20 +80,30 @@ def repeat_groups(runs: list[LoadedRun]) -> dict[str, list[LoadedRun]]:
     return groups
 
 
-def _method(folder: str) -> str:
+def _index(folder: str) -> dict:
     try:
-        return json.loads((Path(folder) / REPEATS_FILE).read_text(encoding="utf-8"))["method"]
-    except (OSError, ValueError, KeyError):
-        return "t-interval over run means"
+        index = json.loads((Path(folder) / REPEATS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return index if isinstance(index, dict) else {}
+
+
+def _method(folder: str) -> str:
+    return _index(folder).get("method") or "t-interval over run means"
 
 
 def repeat_lines(runs: list[LoadedRun]) -> list[tuple[str, list[list[str]], list[str]]]:
     """Per repeats folder: (title, rows of figure/mean/interval/CV, comparison lines)."""
-    groups = repeat_groups(runs)
+    groups, left_out = {}, {}
+    for folder, members in repeat_groups(runs).items():
+        excluded = set(_index(folder).get("excluded") or [])  # failed or over-saturated
+        groups[folder] = [lr for lr in members if lr.run.dir.name not in excluded]
+        left_out[folder] = excluded
     out = []
     figs = {k: p for k, p, _, _ in FIGURES}
     first = next(iter(groups.values()), None)
     for folder, members in groups.items():
+        excluded = left_out[folder]
         summaries = [lr.meta.get("summary") or {} for lr in members]
         agg = aggregate(summaries)
         rows = []
@@ -117,6 +127,8 @@ def repeat_lines(runs: list[LoadedRun]) -> list[tuple[str, list[list[str]], list
                         + ("cannot tell apart" if d.verdict == "cannot tell" else d.verdict)
                     )
         title = f"{folder}: {len(members)} repeats ({_method(folder)})"
+        if excluded:
+            title += f"; {', '.join(sorted(excluded))} stopped, left out"
         out.append((title, rows, lines))
     return out
 
