@@ -81,7 +81,7 @@ def _write_json(path: Path, obj: dict) -> None:
 def _one(cfg: BenchConfig, rigor: RigorOptions, samplers_for: Callable, console) -> BenchResult:
     arrivals = [r.arrival_s for r in cfg.workload.requests]
     watch = SaturationWatch(arrivals if cfg.concurrency is None else None, rigor.on_saturation)
-    result = run_bench(cfg, [*samplers_for(cfg), watch], console=console)
+    result = run_bench(cfg, [*samplers_for(cfg), watch], console=console)  # None: its own
     if result.failure and not result.interrupted:
         print(f"cbbench bench: error: {result.failure}", file=sys.stderr)
     return result
@@ -108,6 +108,7 @@ def run_rigorous(
     """One run, or `rigor.repeats` of them into one folder; the exit code (worst run's)."""
     from rich.console import Console
 
+    given = console  # run_bench's own default: the live view and notes on stderr
     console = console or Console()
     cfg.window = parse_window(rigor.window)
     if rigor.repeats < 1:
@@ -116,7 +117,7 @@ def run_rigorous(
         raise CbbenchError("--model-class and --min-duration go with --scenario mlperf-server")
     min_d = apply_scenario(cfg, rigor) if rigor.scenario else None
     if rigor.repeats == 1:
-        result = _one(cfg, rigor, samplers_for, console)
+        result = _one(cfg, rigor, samplers_for, given)
         code = exit_code(result.summary, result.interrupted, result.failure)
         if min_d is not None and not _mlperf(result, rigor, min_d, console) and code in (0, 3):
             code = mlperf.EXIT_INVALID
@@ -136,7 +137,7 @@ def run_rigorous(
             index["reset"].append(None)  # the server offers no reset: the repeats share a cache
         one = dataclasses.replace(cfg, out_dir=out / f"repeat-{i}", name=f"{name}-repeat-{i}")
         console.print(f"repeat {i} of {rigor.repeats}", highlight=False)
-        result = _one(one, rigor, samplers_for, console)
+        result = _one(one, rigor, samplers_for, given)
         if min_d is not None and not _mlperf(result, rigor, min_d, console):
             code = max(code, mlperf.EXIT_INVALID)
         index["runs"].append(f"repeat-{i}")
