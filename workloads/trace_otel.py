@@ -2,10 +2,11 @@
 
 A trace's LLM spans (`otel_spans.llm_kind`) become the calls of a session; other spans (tool
 runs, agent invocations) are skipped and counted by reason. The graph:
-- causal edges: an `assistant` message of a call's input that equals another call's output
-  (its text, or its tool call ids) makes that call a predecessor, and the turn is replayed
-  with what the server answered for it (`GraphCall.live`); an OTLP span link to another LLM
-  span is a causal edge too;
+- causal edges: an `assistant` message of a call's input that equals the output of a call
+  that started before it (its text, or its tool call ids) makes that call a predecessor (the
+  latest such one that had ended, where several match), and the turn is replayed with what
+  the server answered for it (`GraphCall.live`); a span link to another LLM span is a causal
+  edge too (links can make a cycle: an error);
 - temporal edges, the fallback for a call with no causal one: the calls that ended last
   before it started (those ending within TOGETHER_NS of the latest, all of them);
 - a cycle is an error naming a span on it; then the transitive reduction keeps only direct
@@ -103,10 +104,11 @@ def _session_graph(
                 continue
             text, call_ids = _output_keys(msg)
             found = set(by_text.get(text, ()) if text else ()) | set(by_calls.get(call_ids, ()))
-            producers = sorted(found - {i})
+            # a call started after this one cannot have written its input (the same short
+            # "OK" later on); of the rest, the latest that ended before this one started
+            producers = sorted(j for j in found - {i} if by_id[j].start_ns < s.start_ns)
             if not producers:
                 continue
-            # equal outputs (a short "OK"): the latest that ended before this call started
             done = [j for j in producers if by_id[j].end_ns <= s.start_ns]
             j = max(done or producers, key=lambda j: (by_id[j].end_ns, j))
             after[i].add(j)

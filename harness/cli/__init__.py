@@ -34,6 +34,7 @@ COMMAND_MODULES: list[str] = [
     "cbbench.harness.cli.merge",
     "cbbench.harness.cli.locust",
     "cbbench.harness.cli.export",
+    "cbbench.harness.cli.import_",
     "cbbench.harness.cli.selftest",
     "cbbench.harness.cli.workload",
     "cbbench.harness.cli.report",
@@ -60,7 +61,9 @@ COMMAND_HELP: dict[str, str] = {
     "bench": "replay a workload against an OpenAI-compatible server and record every request",
     "merge": "merge the run folders of `bench --shard I/N` hosts into one run folder",
     "locust": "load through Locust: web UI or headless, distributed workers, same run folder",
-    "export": "write a run's per-request records as CSV or Parquet",
+    "export": "write a run's records as CSV or Parquet, or it as an llm-d benchmark report",
+    "import": "read another tool's results (vllm bench, guidellm, AIPerf, inference-perf, "
+    "llm-d benchmark report) into a run folder",
     "selftest": "measure the client's own ceiling and timing error locally",
     "workload": "list, show and convert workloads (presets, traces, specs)",
     "report": "compare run folders in one self-contained HTML report (and Markdown)",
@@ -77,7 +80,7 @@ COMMAND_HELP: dict[str, str] = {
 
 
 def command_name(module: str) -> str:
-    return module.rsplit(".", 1)[1].replace("_", "-")
+    return module.rsplit(".", 1)[1].rstrip("_").replace("_", "-")  # import_ -> import
 
 
 # User-caused errors: one clear line and a non-zero exit, never a traceback.

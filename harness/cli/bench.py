@@ -212,6 +212,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_load_args(p)
     add_rigor_args(p)  # --window, --on-saturation, --repeats, --scenario (docs/rigor.md)
     TelemetryOptions.add_args(p)
+    p.add_argument(
+        "--benchmark-report",
+        metavar="PATH",
+        help="also write the run as an llm-d benchmark report v0.2.1 (.json or .yaml)",
+    )
     p.set_defaults(func=run)
 
 
@@ -241,5 +246,25 @@ def run(args: argparse.Namespace) -> int:
     if rigor.scenario and args.num_requests is None:  # enough queries, cut at the duration
         args.num_requests = scenario_queries(rigor, args.rate)
     cfg = config_from_args(args)
+    if getattr(args, "benchmark_report", None):  # before the run, not after it
+        from cbbench.harness.results.formats.export import check_path
+
+        if rigor.repeats > 1:
+            from cbbench.harness.errors import CbbenchError
+
+            raise CbbenchError(
+                "--benchmark-report exports one run: with --repeats, export each repeat "
+                "(cbbench export)"
+            )
+        check_path(args.benchmark_report)
     telemetry = TelemetryOptions.from_args(args)
-    return run_rigorous(cfg, rigor, lambda c: list(build_samplers(telemetry, c.base_url)))
+    code, run_dir = run_rigorous(cfg, rigor, lambda c: list(build_samplers(telemetry, c.base_url)))
+    if getattr(args, "benchmark_report", None):
+        from cbbench.harness.results.formats.export import export_benchmark_reports
+
+        for line in export_benchmark_reports(run_dir, args.benchmark_report):
+            if line.startswith("warning: "):  # exported anyway: the reader must know
+                print(f"cbbench bench: {line}", file=sys.stderr)
+            else:
+                print(line)
+    return code

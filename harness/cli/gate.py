@@ -123,6 +123,8 @@ def print_table(gate) -> None:
     console = Console(highlight=False, soft_wrap=True)
     if console.is_terminal:
         console.print(t, markup=True)
+        if gate.note:  # once, under the table (the Markdown below carries it too)
+            console.print(gate.note, markup=False, highlight=False)
     else:  # a CI log or a file: Markdown, one line a rule, never wrapped mid-phrase
         print(markdown(gate, escape_html=False), end="")
     for note in gate.notes:  # which windows were compared (harness/conclusions/window.py)
@@ -188,6 +190,8 @@ def markdown(gate, escape_html: bool = True) -> str:
     lines += ["", "A rule fails only when its whole interval lies beyond the limit."]
     if unsure:
         lines.append("'cannot tell': the interval straddles the limit; more repeats narrow it.")
+    if gate.note:
+        lines += ["", cell(gate.note)]
     return "\n".join(lines) + "\n"
 
 

@@ -21,57 +21,21 @@ estimate does, it is reported as `noisy` and passes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 from cbbench.harness.errors import CbbenchError
+from cbbench.harness.gate.aggregates import gate_on_aggregates
 from cbbench.harness.gate.policy import COST, LATENCY, SESSION_SUCCESS, Policy, Rule
+from cbbench.harness.gate.verdict import GateResult, RuleResult, _verdict
 from cbbench.harness.report.samples import RunSamples
-from cbbench.harness.results.comparability import (
-    Difference,
-    differences,
-    incomparable,
-    summary_line,
-)
+from cbbench.harness.results.comparability import differences, incomparable, summary_line
+from cbbench.harness.results.formats.imported import is_aggregate_only
 from cbbench.harness.results.integrity import damage
 from cbbench.harness.results.outcome import incomplete_reason
 from cbbench.harness.results.run_folder import Run
 
 CHUNK_ELEMENTS = 4_000_000  # bounds the (resamples x values) weight matrix in memory
-
-
-@dataclass
-class RuleResult:
-    rule: Rule
-    baseline: float | None  # the statistic on each run (seconds, 1/s or a fraction)
-    candidate: float | None
-    estimate: float  # candidate/baseline for relative rules, else the candidate value
-    low: float  # confidence interval of `estimate`
-    high: float
-    bound: float  # the limit `estimate` is held against
-    verdict: str  # "pass" | "noisy" | "fail" | "n/a"
-    note: str = ""
-
-    @property
-    def failed(self) -> bool:
-        return self.verdict == "fail"
-
-
-@dataclass
-class GateResult:
-    results: list[RuleResult]
-    policy: Policy
-    baseline: str
-    candidate: str
-    # what differs between the runs (results/comparability.py); incomparable ones only when
-    # the gate was told --allow-incomparable
-    differences: list[Difference] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # which window was compared, and why
-    method: str = "bootstrap CI"  # how the intervals were made (repeated.py: over run means)
-
-    @property
-    def passed(self) -> bool:
-        return not any(r.failed for r in self.results)
 
 
 class _Sample:
@@ -200,22 +164,6 @@ def _interval(draws: np.ndarray, confidence: float) -> tuple[float, float]:
     a = (1.0 - confidence) / 2.0 * 100.0
     lo, hi = np.percentile(draws, [a, 100.0 - a])
     return float(lo), float(hi)
-
-
-def _verdict(rule: Rule, estimate: float, low: float, high: float) -> tuple[str, float]:
-    if rule.limit == "max_increase":
-        bound = 1.0 + rule.value
-        beyond_all, beyond_point = low > bound, estimate > bound
-    elif rule.limit == "max_decrease":
-        bound = 1.0 - rule.value
-        beyond_all, beyond_point = high < bound, estimate < bound
-    elif rule.limit == "max":
-        bound = rule.value
-        beyond_all, beyond_point = low > bound, estimate > bound
-    else:
-        bound = rule.value
-        beyond_all, beyond_point = high < bound, estimate < bound
-    return ("fail" if beyond_all else "noisy" if beyond_point else "pass"), bound
 
 
 def _session_success(
@@ -363,6 +311,15 @@ def run_gate(
     from cbbench.harness.conclusions.window import same_kind, windowed_run
     from cbbench.harness.report.samples import extract
 
+    if is_aggregate_only(base.meta) or is_aggregate_only(cand.meta):
+        if not allow_incomplete:
+            for run, which in ((base, "baseline"), (cand, "candidate")):
+                reason = incomplete_reason(run.meta)
+                if reason:
+                    raise CbbenchError(
+                        f"{run.dir}: the {which} {reason}; rerun it, or pass --allow-incomplete"
+                    )
+        return gate_on_aggregates(base, cand, policy, allow_incomparable)
     bs, cs = extract(base), extract(cand)  # the whole runs are checked, then windowed
     check_inputs(base, cand, bs, cs, policy, allow_incomplete, allow_incomparable)
     whole = (bs, cs)  # errors count wherever they happened: ramp-up and drain too
@@ -384,5 +341,6 @@ def run_gate(
         for rule in with_ttfo(policy.rules, bs, cs)
     ]
     return GateResult(
-        results, policy, str(base.dir), str(cand.dir), differences(base.meta, cand.meta), notes
-    )
+        results, policy, str(base.dir), str(cand.dir), differences(base.meta, cand.meta),
+        notes=notes,
+    )  # fmt: skip

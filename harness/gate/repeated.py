@@ -24,8 +24,8 @@ from cbbench.harness.conclusions.repeats import (
 )
 from cbbench.harness.conclusions.window import run_lead
 from cbbench.harness.errors import CbbenchError
-from cbbench.harness.gate.judge import GateResult, RuleResult
 from cbbench.harness.gate.policy import LATENCY, Policy, Rule
+from cbbench.harness.gate.verdict import GateResult, RuleResult
 from cbbench.harness.results.outcome import incomplete_reason
 
 SUMMARY_KEYS = {"queue": "server_queue_s"}  # a metric whose summary block is named otherwise

@@ -2,7 +2,7 @@
 figure's mean, t-interval and CV), the over-saturation watch, and `--scenario mlperf-*`
 (a Poisson schedule cut after its minimum duration, then the MLPerf verdict).
 
-    code = run_rigorous(cfg, RigorOptions(repeats=5), samplers_for)
+    code, folder = run_rigorous(cfg, RigorOptions(repeats=5), samplers_for)
 """
 
 from __future__ import annotations
@@ -104,8 +104,9 @@ def _mlperf(result: BenchResult, rigor: RigorOptions, min_d: float, console) -> 
 def run_rigorous(
     cfg: BenchConfig, rigor: RigorOptions, samplers_for: Callable[[BenchConfig], list],
     console=None,
-) -> int:  # fmt: skip
-    """One run, or `rigor.repeats` of them into one folder; the exit code (worst run's)."""
+) -> tuple[int, Path]:  # fmt: skip
+    """One run, or `rigor.repeats` of them into one folder: the exit code (the worst run's)
+    and the run folder (the repeats folder)."""
     from rich.console import Console
 
     given = console  # run_bench's own default: the live view and notes on stderr
@@ -121,7 +122,7 @@ def run_rigorous(
         code = exit_code(result.summary, result.interrupted, result.failure)
         if min_d is not None and not _mlperf(result, rigor, min_d, console) and code in (0, 3):
             code = mlperf.EXIT_INVALID
-        return code
+        return code, result.run_dir
     name = cfg.name or cfg.workload.name.replace("/", "_")
     out = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(Path(name).name)
     if (out / REPEATS_FILE).exists() or (out / "requests.jsonl").exists():
@@ -156,7 +157,7 @@ def run_rigorous(
     for line in repeat_lines(index):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
     console.print(f"repeats folder: {out}")
-    return code
+    return code, out
 
 
 def repeat_lines(index: dict) -> list[str]:

@@ -24,6 +24,7 @@ import numpy as np
 from cbbench.harness.client import aio
 from cbbench.harness.client.api import ClientConfig, probe_server
 from cbbench.harness.client.endpoints import is_conversational
+from cbbench.harness.client.server_info import server_identity
 from cbbench.harness.conclusions.run_summary import (
     OVER_SATURATED,
     add_run_conclusions,
@@ -357,6 +358,7 @@ def run_bench(
     )
     plans = _plans(cfg, client)
     meta = {**_run_meta(cfg, name, engine, model, len(plans)), **fit_text_prompts(cfg, plans)}
+    meta["environment"]["server"] = server_identity(cfg.base_url, engine, cfg.api_key)
     if cfg.concurrency is not None:  # what --concurrency could hold: at most every request
         meta["load"]["max_in_flight"] = sum(p.concurrency or 0 for p in plans)
     meta["cache"] = prepare_cache(  # flush, prime (prompts built as the workers build them)

@@ -16,6 +16,7 @@ from cbbench.harness.report import plots
 from cbbench.harness.report.agent_table import agent_html
 from cbbench.harness.report.experts import expert_section
 from cbbench.harness.report.graph_report import graph_html
+from cbbench.harness.report.provenance import grouped
 from cbbench.harness.report.replicas import replica_section
 from cbbench.harness.report.rigor import repeat_groups, repeats_section, window_section
 from cbbench.harness.report.runs import (
@@ -79,6 +80,12 @@ def json_for_script(obj: Any) -> str:
 def _name_cell(lr: LoadedRun) -> str:
     sim = ' <span class="sim">SIMULATED</span>' if lr.simulated else ""
     return f'<td class="name">{escape(lr.label)}{sim}</td>'
+
+
+def _lines(lines: list[str]) -> str:
+    if not lines:
+        return ""
+    return '<ul class="muted">' + "".join(f"<li>{escape(x)}</li>" for x in lines) + "</ul>"
 
 
 def _summary_table(runs: list[LoadedRun], rows: list[dict]) -> str:
@@ -210,13 +217,16 @@ def render(
         if n_sim
         else ""
     )
+    common, own = grouped(runs)
     run_list = "".join(
         f"<li>{escape(lr.label)}{' <span class=sim>SIMULATED</span>' if lr.simulated else ''}"
         f" — workload <code>{escape(str(workload_identity(lr.meta)[0]))}</code>, seed "
         f"<code>{escape(str(workload_identity(lr.meta)[1]))}</code>"
-        f"{', ' + escape(load_level(lr.meta)) if load_level(lr.meta) else ''}</li>"
-        for lr in runs
+        f"{', ' + escape(load_level(lr.meta)) if load_level(lr.meta) else ''}{_lines(mine)}</li>"
+        for lr, mine in zip(runs, own, strict=True)
     )
+    if common:
+        run_list += f"<li>all runs{_lines(common)}</li>"
     warn_html = "".join(f'<p class="warn">Not comparable: {escape(w)}</p>' for w in warnings)
     warn_html += "".join(
         f'<p class="warn">Read with care: {escape(w)}</p>'

@@ -6,6 +6,7 @@ from html import escape
 
 from cbbench.harness.report.agent_table import agent_markdown
 from cbbench.harness.report.graph_report import graph_markdown
+from cbbench.harness.report.provenance import grouped
 from cbbench.harness.report.rigor import rigor_markdown
 from cbbench.harness.report.runs import (
     LoadedRun,
@@ -77,6 +78,10 @@ def render_markdown(runs: list[LoadedRun], rows: list[dict]) -> str:
         lines.append(f"- **Timing:** {md_text(w)}")
     if any(lr.simulated for lr in runs):
         lines.append("- Runs marked **SIMULATED** come from the simulator, not a measured server.")
+    common, own = grouped(runs)
+    lines += [f"- all runs: {md_text(line)}" for line in common]
+    for lr, mine in zip(runs, own, strict=True):
+        lines += [f"- {md_text(lr.label)}: {md_text(line)}" for line in mine]
     if lines[-1] != "":
         lines.append("")
     head = ["run"] + [c.title + (" (ms)" if c.unit == "ms" else "") for c in cols]
