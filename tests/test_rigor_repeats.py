@@ -87,6 +87,11 @@ def test_gate_cannot_tell_two_configurations_2_percent_apart_on_a_10_percent_noi
     ttft = [r for r in gate.results if r.rule.metric == "ttft"]
     assert ttft and all(r.verdict == "cannot tell" for r in ttft), [r.note for r in ttft]
     assert all("cannot be told apart" in r.note for r in ttft)
+    md = tmp_path / "report.md"  # the report reads the repeats folders the same way
+    assert main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "--no-html",
+                 "--markdown", str(md)]) == 0  # fmt: skip
+    text = md.read_text()
+    assert "5 repeats" in text and "ttft_p50" in text and "cannot tell apart" in text
 
 
 @pytest.mark.slow  # 10 trials x 5 repeats (~50 runs)
