@@ -54,43 +54,77 @@ class Slope:
     n: int
 
 
+class OnlineSlope:
+    """Least-squares slope of y on x from running sums: O(1) per point and per question, so a
+    watch that asks after every finished request stays O(n) over a run (x shifted by its first
+    value, against cancellation)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.x0: float | None = None
+        self.sx = self.sy = self.sxx = self.sxy = self.syy = 0.0
+        self.lo = math.inf  # the x range seen
+        self.hi = -math.inf
+
+    def add(self, x: float, y: float) -> None:
+        if self.x0 is None:
+            self.x0 = x
+        self.lo, self.hi = min(self.lo, x), max(self.hi, x)
+        x -= self.x0
+        self.n += 1
+        self.sx += x
+        self.sy += y
+        self.sxx += x * x
+        self.sxy += x * y
+        self.syy += y * y
+
+    @property
+    def span(self) -> float:
+        return self.hi - self.lo if self.n else 0.0
+
+    def slope(self, confidence: float = CONFIDENCE) -> Slope | None:
+        n = self.n
+        if n < 3:
+            return None
+        sxx = self.sxx - self.sx * self.sx / n
+        if sxx <= 1e-12 * max(1.0, self.sxx):
+            return None
+        sxy = self.sxy - self.sx * self.sy / n
+        syy = self.syy - self.sy * self.sy / n
+        b = sxy / sxx
+        ssr = max(0.0, syy - b * sxy)
+        se = math.sqrt(ssr / (n - 2) / sxx)
+        return Slope(b, b - t_ppf(confidence, n - 2) * se, n)
+
+
 def slope(xs: Sequence[float], ys: Sequence[float], confidence: float = CONFIDENCE) -> Slope | None:
     """Least-squares slope of ys on xs with the lower end of its one-sided t-interval."""
-    n = len(xs)
-    if n < 3:
-        return None
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    if sxx <= 0:
-        return None
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
-    a = my - b * mx
-    ssr = sum((y - a - b * x) ** 2 for x, y in zip(xs, ys, strict=True))
-    se = math.sqrt(ssr / (n - 2) / sxx)
-    return Slope(b, b - t_ppf(confidence, n - 2) * se, n)
+    fit = OnlineSlope()
+    for x, y in zip(xs, ys, strict=True):
+        fit.add(x, y)
+    return fit.slope(confidence)
 
 
 def growth_verdict(
-    sent_s: Sequence[float], ttft_s: Sequence[float], times: Sequence[float],
-    in_flight: Sequence[float], elapsed_s: float,
-) -> str | None:  # fmt: skip
-    """Rule 1 on (send time, TTFT) of completed requests and an in-flight series."""
-    if len(ttft_s) < MIN_POINTS or elapsed_s < MIN_SECONDS:
+    ttft: OnlineSlope, in_flight: OnlineSlope, early_ttft_s: float, elapsed_s: float
+) -> str | None:
+    """Rule 1: `ttft` fits TTFT on send time (completed requests), `in_flight` requests in
+    flight on time; `early_ttft_s` is the median TTFT of the first WINDOW requests sent."""
+    if ttft.n < MIN_POINTS or elapsed_s < MIN_SECONDS:
         return None
-    st, sf = slope(sent_s, ttft_s), slope(times, in_flight)
+    st, sf = ttft.slope(), in_flight.slope()
     if st is None or sf is None or st.low <= 0 or sf.low <= 0:
         return None
-    span = max(sent_s) - min(sent_s)
-    by_send = sorted(zip(sent_s, ttft_s, strict=True))
-    early = statistics.median(t for _, t in by_send[:WINDOW])
-    if st.value * span < max(MIN_RISE_S, early):
+    span = ttft.span
+    if st.value * span < max(MIN_RISE_S, early_ttft_s):
         return None
     pct = f"{CONFIDENCE:.0%}"
-    fitted_end = early + st.value * span
+    fitted_end = early_ttft_s + st.value * span
     return (
-        f"queue growing: TTFT from {early * 1e3:.0f} ms to {fitted_end * 1e3:.0f} ms (fitted) "
-        f"over {span:.1f} s of sends, its slope above 0 with {pct} confidence ({st.n} "
-        f"requests), and requests in flight growing {sf.value:.2f}/s (>= {sf.low:.2f}/s)"
+        f"queue growing: TTFT from {early_ttft_s * 1e3:.0f} ms to {fitted_end * 1e3:.0f} ms "
+        f"(fitted) over {span:.1f} s of sends, its slope above 0 with {pct} confidence "
+        f"({st.n} requests), and requests in flight growing {sf.value:.2f}/s (>= "
+        f"{sf.low:.2f}/s)"
     )
 
 
@@ -120,15 +154,16 @@ def waiting_growth(waiting: Sequence[float]) -> str | None:
 
 
 def verdict(
-    sent_s: Sequence[float], ttft_s: Sequence[float], times: Sequence[float],
-    in_flight: Sequence[float], waiting: Sequence[float], elapsed_s: float,
-    offered_rps: float | None, served_rps: float | None,
+    ttft: OnlineSlope, in_flight: OnlineSlope, early_ttft_s: float, ttft_s: Sequence[float],
+    waiting: Sequence[float], elapsed_s: float, offered_rps: float | None,
+    served_rps: float | None,
 ) -> str | None:  # fmt: skip
-    """The rule (module doc): why the run is over-saturated, or None."""
+    """The rule (module doc): why the run is over-saturated, or None. `ttft_s`: TTFTs in
+    completion order (rule 2), `waiting`: the server's gauge samples (rule 3)."""
     if offered_rps is not None and (served_rps or 0.0) >= SERVED_SHARE * offered_rps:
         return None
     return (
-        growth_verdict(sent_s, ttft_s, times, in_flight, elapsed_s)
+        growth_verdict(ttft, in_flight, early_ttft_s, elapsed_s)
         or (ttft_explosion(ttft_s) if elapsed_s >= MIN_SECONDS else None)
         or waiting_growth(waiting)
     )

@@ -10,12 +10,14 @@ flight, and an all-at-once burst queues by design.
 from __future__ import annotations
 
 import bisect
+import statistics
 from collections.abc import Callable, Sequence
 
 from cbbench.harness.conclusions import saturation
 from cbbench.harness.results.records import RequestRecord
 
 ON_SATURATION = ("stop", "continue")
+CHECK_EVERY_S = 0.1  # run time between two checks of the rule (each is O(1) but rules 2, 3)
 
 
 class SaturationWatch:
@@ -31,11 +33,12 @@ class SaturationWatch:
         self.stop_run = on_saturation == "stop"
         self.found: dict | None = None  # the verdict, once seen
         self._stop: Callable[[], None] | None = None
-        self._sent: list[float] = []
+        self._fit_ttft = saturation.OnlineSlope()  # TTFT on send time
+        self._fit_flight = saturation.OnlineSlope()  # requests in flight on time
+        self._first_sent: list[tuple[float, float]] = []  # (sent, TTFT) of the earliest sent
         self._ttft: list[float] = []  # in completion order
-        self._times: list[float] = []
-        self._in_flight: list[float] = []
         self._waiting: list[float] = []
+        self._checked = -1.0  # when the rule was last asked (run time)
         self._done = 0
         self._since: float | None = None  # since when every check found the rule true
 
@@ -53,18 +56,21 @@ class SaturationWatch:
             return
         self._done += 1
         now = r.end_s
-        self._times.append(now)
-        self._in_flight.append(bisect.bisect_right(self.arrivals, now) - self._done)
+        self._fit_flight.add(now, bisect.bisect_right(self.arrivals, now) - self._done)
         if r.ok and r.ttft_s is not None and r.sent_s is not None:
-            self._sent.append(r.sent_s)
+            self._fit_ttft.add(r.sent_s, r.ttft_s)
             self._ttft.append(r.ttft_s)
-        if now <= 0:
+            bisect.insort(self._first_sent, (r.sent_s, r.ttft_s))
+            del self._first_sent[saturation.WINDOW :]  # only the earliest few are needed
+        if now <= 0 or now - self._checked < CHECK_EVERY_S:
             return
+        self._checked = now
         sent = bisect.bisect_right(self.arrivals, now)  # offered: over the sending span
         offered = sent / max(1e-9, min(now, self.arrivals[-1]))
         served = self._done / now
+        early = statistics.median(t for _, t in self._first_sent) if self._first_sent else 0.0
         reason = saturation.verdict(
-            self._sent, self._ttft, self._times, self._in_flight, self._waiting, now,
+            self._fit_ttft, self._fit_flight, early, self._ttft, self._waiting, now,
             offered, served,
         )  # fmt: skip
         if reason is None:
