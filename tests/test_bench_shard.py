@@ -155,7 +155,7 @@ def shards(tmp_path_factory):
 
 
 def _merge_cli(out: Path, *dirs: Path, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    argv = [*CLI, "merge", str(out), *map(str, dirs), *extra]
+    argv = [*CLI, "merge", "--out", str(out), *map(str, dirs), *extra]
     return subprocess.run(argv, capture_output=True, text=True, timeout=60)
 
 

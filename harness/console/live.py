@@ -301,6 +301,19 @@ def _caption(summary: dict, c: dict) -> str:
             f"{ms(s['ttft_turn1_s'])}, later turns {ms(s['ttft_later_turns_s'])}; history p50 "
             f"{num(s['history_len']['p50'], '.0f')} tokens; prefix-cache hits {num(hit, '.1%')}"
         )
+    if summary.get("phases"):  # a disaggregated server's split of each request
+        ph = summary["phases"]
+
+        def p50(key: str) -> str:
+            d = ph.get(key) or {}
+            return "-" if d.get("p50") is None else f"{d['p50'] * 1e3:.1f}"
+
+        lines.append(
+            f"P/D phases p50 (ms, {ph['requests']} requests): prefill queue "
+            f"{p50('prefill_queue_s')}, prefill {p50('prefill_s')}, KV transfer "
+            f"{p50('kv_transfer_s')} ({num(ph['kv_transfer_bytes']['mean'], ',.0f')} B/request), "
+            f"decode queue {p50('decode_queue_s')}, decode {p50('decode_s')}"
+        )
     if summary.get("total_reasoning_tokens"):
         lines.append(
             f"reasoning: {summary['total_reasoning_tokens']} tokens, "

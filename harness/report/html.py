@@ -16,6 +16,7 @@ from cbbench.harness.report import plots
 from cbbench.harness.report.agent_table import agent_html
 from cbbench.harness.report.experts import expert_section
 from cbbench.harness.report.graph_report import graph_html
+from cbbench.harness.report.phase_table import phase_html
 from cbbench.harness.report.provenance import grouped
 from cbbench.harness.report.replicas import replica_section
 from cbbench.harness.report.rigor import repeat_groups, repeats_section, window_section
@@ -284,6 +285,8 @@ def render(
         sections.append(("Agent sessions", agent_html(runs)))
     if graph_html(runs):
         sections.append(("Agent graphs", graph_html(runs)))
+    if phase_html(runs):
+        sections.append(("Per-phase server times", phase_html(runs)))
     sections += [
         (
             "Timelines",

@@ -6,6 +6,7 @@ from html import escape
 
 from cbbench.harness.report.agent_table import agent_markdown
 from cbbench.harness.report.graph_report import graph_markdown
+from cbbench.harness.report.phase_table import phase_markdown
 from cbbench.harness.report.provenance import grouped
 from cbbench.harness.report.rigor import rigor_markdown
 from cbbench.harness.report.runs import (
@@ -107,5 +108,6 @@ def render_markdown(runs: list[LoadedRun], rows: list[dict]) -> str:
             lines.append("| " + " | ".join([md_text(lr.label), *cells]) + " |")
     lines += agent_markdown(runs)
     lines += graph_markdown(runs)
+    lines += phase_markdown(runs)
     lines += ["", "Best value per column in **bold**; latencies in ms."]
     return "\n".join(lines) + "\n"

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import TypedDict
 
 import numpy as np
+from cbbench.harness.results.phases import phase_summary
 from cbbench.harness.results.client_timing import client_bound_reasons, worker_timing
 from cbbench.harness.results.records import RequestRecord
 from cbbench.harness.results.slo import (  # noqa: F401 - re-exported: commands import them here
@@ -86,6 +87,7 @@ class RunSummary(TypedDict, total=False):
     client_bound: bool
     client_bound_reason: str | None
     sessions: dict
+    phases: dict  # P/D servers: prefill queue, prefill, transfer, decode queue, decode
     sim: dict  # a replay's step statistics (SimResult.summary())
     embedding_inputs: int  # --endpoint embeddings: inputs embedded (requests x batch)
     embedding_input_throughput: float | None  # inputs/s
@@ -249,6 +251,9 @@ def summarize(
     sessions = session_summary(records)
     if sessions is not None:
         summary["sessions"] = sessions
+    phases = phase_summary(ok_recs)  # a disaggregated server's per-phase times
+    if phases is not None:
+        summary["phases"] = phases
     return summary
 
 

@@ -56,12 +56,26 @@ class PlanSpace:
     routers: list[str] = field(default_factory=lambda: ["least-outstanding"])
     # "off", "ngram:K" (prompt lookup, K drafts a step), "draft:MODEL:K" (a draft model)
     speculative: list[str] = field(default_factory=lambda: ["off"])
+    # prefill/decode disaggregation (router/pd_sim.py): "aggregated", "disaggregated"; a
+    # disaggregated point is P prefill workers (each value searched) and D decode workers
+    # (bisection over decode_min..decode_max, like replicas); None: up to max_replicas
+    modes: list[str] = field(default_factory=lambda: ["aggregated"])
+    prefill: list[int] | None = None
+    decode_min: int = 1
+    decode_max: int | None = None
+    kv_link: list[str] = field(default_factory=lambda: ["same-node"])
+
+    def prefill_counts(self) -> list[int]:
+        return self.prefill or list(range(1, self.max_replicas))
+
+    def decode_range(self) -> tuple[int, int]:
+        return self.decode_min, self.decode_max or self.max_replicas
 
     def configs(self) -> list[dict[str, Any]]:
         dims = itertools.product(self.schedulers, self.max_num_seqs,
                                  self.max_num_batched_tokens, self.chunked_prefill,
                                  self.kv_cache_dtype, self.routers, self.speculative)  # fmt: skip
-        out = []
+        out: list[dict[str, Any]] = []
         for sched, mns, mnbt, chunked, kv, router, spec in dims:
             if sched != "continuous" and (mnbt, chunked, spec) != (
                 self.max_num_batched_tokens[0],
@@ -72,7 +86,16 @@ class PlanSpace:
             out.append({"scheduler": sched, "max_num_seqs": mns, "max_num_batched_tokens": mnbt,
                         "chunked_prefill": chunked, "kv_cache_dtype": kv, "router": router,
                         "speculative": spec if sched == "continuous" else "off"})  # fmt: skip
-        return out
+        if "aggregated" not in self.modes:
+            out_agg: list[dict[str, Any]] = []
+        else:
+            out_agg = out
+        if "disaggregated" not in self.modes:
+            return out_agg
+        pd = [{**c, "mode": "disaggregated", "prefill": p, "kv_link": link}
+              for c in out if c["scheduler"] == "continuous" and c["router"] == self.routers[0]
+              for link in self.kv_link for p in self.prefill_counts()]  # fmt: skip
+        return out_agg + pd
 
 
 def parse_speculative(value: str) -> tuple[str, str | None, int] | None:
@@ -97,7 +120,22 @@ SPACE_KEYS = {
     "kv_cache_dtype": "auto,bf16,fp8,int8",
     "router": ",".join(POLICY_NAMES),
     "speculative": "off,ngram:K,draft:MODEL:K",
+    "mode": "aggregated,disaggregated",
+    "prefill": "prefill workers: 1..4, 1.., or 1,2",
+    "decode": "decode workers, by bisection: 1..16, 1..",
+    "kv_link": "same-node,cross-node,loopback",
 }
+
+
+def _counts(value: str) -> tuple[int, int | None]:
+    """'1..4' / '1-4' -> (1, 4); '1..' -> (1, None); '3' -> (3, 3)."""
+    v = value.strip().replace("..", "-")
+    lo, sep, hi = v.partition("-")
+    a = int(lo)
+    b = (int(hi) if hi else None) if sep else a
+    if a < 1 or (b is not None and b < a):
+        raise ValueError(value)
+    return a, b
 
 
 def parse_space(text: str | None, base: PlanSpace | None = None) -> PlanSpace:
@@ -120,6 +158,26 @@ def parse_space(text: str | None, base: PlanSpace | None = None) -> PlanSpace:
                 for v in vals:
                     parse_speculative(v)
                 sp.speculative = vals
+            elif key == "mode":
+                if any(v not in ("aggregated", "disaggregated") for v in vals):
+                    raise ValueError
+                sp.modes = vals
+            elif key == "prefill":
+                if len(vals) > 1:
+                    sp.prefill = sorted({int(v) for v in vals})
+                    if sp.prefill[0] < 1:
+                        raise ValueError
+                else:
+                    lo, hi = _counts(value)
+                    sp.prefill = list(range(lo, hi + 1)) if hi is not None else None
+                    if hi is None and lo > 1:
+                        sp.prefill = list(range(lo, sp.max_replicas))
+            elif key == "decode":
+                sp.decode_min, sp.decode_max = _counts(value)
+            elif key == "kv_link":
+                if any(v not in SPACE_KEYS["kv_link"].split(",") for v in vals):
+                    raise ValueError
+                sp.kv_link = vals
             elif key == "chunked_prefill":
                 if any(v not in ("on", "off") for v in vals):
                     raise ValueError

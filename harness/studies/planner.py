@@ -32,7 +32,9 @@ from cbbench.harness.studies.plan_space import PlanSpace, Slo, parse_speculative
 from cbbench.reference_engine.config.options import SIM_DEFAULTS, build_engine_config
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution.cost_model import get_hardware
+from cbbench.reference_engine.execution.kv_link import get_link
 from cbbench.reference_engine.router.cluster_sim import simulate_cluster
+from cbbench.reference_engine.router.pd_sim import simulate_pd
 from cbbench.reference_engine.router.registry import make_policy
 from cbbench.reference_engine.sim.intervals import Interval, interval_for
 from cbbench.workloads import load_workload, with_arrivals
@@ -72,6 +74,15 @@ class Point:
     binding_ratio: float  # its high / target
     goodput_share: float
     num_steps: int
+    prefill: int = 0  # disaggregated: prefill workers (`replicas` are the decode workers)
+
+    @property
+    def workers(self) -> int:
+        return self.replicas + self.prefill
+
+    @property
+    def mode(self) -> str:
+        return self.config.get("mode", "aggregated")
 
 
 @dataclass
@@ -139,8 +150,12 @@ def _simulate(opts: PlanOptions, model: str, requests, c: dict[str, Any], replic
     configuration simulated with every step `factor` times as long."""
     hw = opts.hardware if factor == 1.0 else f"{opts.hardware}@{factor!r}"
     cfg = _engine_config(c, model, hw, wl_seed, opts.spec_acceptance_rate)
-    res = simulate_cluster(requests, cfg, replicas, make_policy(c["router"]), seed=wl_seed,
-                           prefix_block_size=prefix_block_size, event_skip=True)  # fmt: skip
+    if c.get("mode") == "disaggregated":  # P prefill + `replicas` decode workers
+        res = simulate_pd(requests, cfg, c["prefill"], replicas, get_link(c["kv_link"]),
+                          seed=wl_seed, prefix_block_size=prefix_block_size)  # fmt: skip
+    else:
+        res = simulate_cluster(requests, cfg, replicas, make_policy(c["router"]), seed=wl_seed,
+                               prefix_block_size=prefix_block_size, event_skip=True)  # fmt: skip
     s = res.summary()
     figs = {}
     for slo in opts.slos:
@@ -177,9 +192,10 @@ def evaluate(opts: PlanOptions, model: str, requests, c: dict[str, Any], replica
     vs = set(verdicts.values())
     verdict = MISSES if MISSES in vs else CLOSE if CLOSE in vs else MEETS
     binding = max(opts.slos, key=lambda x: high[x.name] / x.target_s)
-    return Point(c, replicas, replicas * opts.price_per_replica_hour, pred, low, high,
-                 verdicts, verdict, binding.name, high[binding.name] / binding.target_s,
-                 good, steps)  # fmt: skip
+    prefill = c.get("prefill", 0) if c.get("mode") == "disaggregated" else 0
+    return Point(c, replicas, (replicas + prefill) * opts.price_per_replica_hour, pred, low,
+                 high, verdicts, verdict, binding.name, high[binding.name] / binding.target_s,
+                 good, steps, prefill)  # fmt: skip
 
 
 def _goodput(reqs, slos: list[Slo]) -> float:
@@ -197,6 +213,13 @@ def search_config(opts: PlanOptions, model: str, requests, c: dict[str, Any], bo
     (the cheapest count found so far) when given. Returns every point evaluated."""
     sp = opts.space
     lo, hi = sp.min_replicas, sp.max_replicas
+    if c.get("mode") == "disaggregated":  # bisection over decode workers, P fixed
+        lo, hi = sp.decode_range()
+        hi = min(hi, sp.max_replicas - c["prefill"])
+        if bound is not None:
+            bound -= c["prefill"]  # the bound counts every worker
+        if hi < lo:
+            return []
     if bound is not None:  # equal cost still competes on the binding SLO's margin
         hi = min(hi, bound)
         if hi < lo:
@@ -220,6 +243,10 @@ def search_config(opts: PlanOptions, model: str, requests, c: dict[str, Any], bo
         else:
             lo = mid + 1
     return points
+
+
+def _mode(c: dict[str, Any]) -> str:
+    return c.get("mode", "aggregated")
 
 
 def frontier(points: list[Point]) -> list[Point]:
@@ -250,7 +277,7 @@ def plan(opts: PlanOptions, on_progress: Callable[[int, int], None] | None = Non
     source = "fit" if (hw.fit or {}).get("interval") else "assumed"
     configs = opts.space.configs()
     points: list[Point] = []
-    bound: int | None = None
+    bounds: dict[str, int] = {}  # per mode: each mode keeps a frontier of its own
     searched = 0
     refused: list[str] = []  # why the engine refused a configuration, one per refusal
     interrupted = False
@@ -260,19 +287,20 @@ def plan(opts: PlanOptions, on_progress: Callable[[int, int], None] | None = Non
         for i in range(0, len(configs), max(1, opts.jobs)):
             wave = configs[i : i + max(1, opts.jobs)]
             if pool is None:
-                results = [search_config(opts, model, wl.requests, c, bound, *args) for c in wave]
+                results = [search_config(opts, model, wl.requests, c, bounds.get(_mode(c)), *args)
+                           for c in wave]  # fmt: skip
             else:
-                futs = [pool.submit(search_config, opts, model, wl.requests, c, bound, *args)
-                        for c in wave]  # fmt: skip
+                futs = [pool.submit(search_config, opts, model, wl.requests, c,
+                                    bounds.get(_mode(c)), *args) for c in wave]  # fmt: skip
                 results = [f.result() for f in futs]
-            for pts in results:
+            for c, pts in zip(wave, results, strict=True):
                 if pts and isinstance(pts[0], str):
                     refused.append(pts[0])
                     continue
                 points.extend(pts)
-                meets = [p.replicas for p in pts if p.verdict == MEETS]
+                meets = [p.workers for p in pts if p.verdict == MEETS]
                 if meets:
-                    bound = min(meets) if bound is None else min(bound, min(meets))
+                    bounds[_mode(c)] = min(meets + [bounds.get(_mode(c), 1 << 30)])
             searched += len(wave)
             if on_progress is not None:
                 on_progress(searched, len(configs))

@@ -48,6 +48,7 @@ __all__ = [
     "kv_blocks_for_memory",
 ]
 
+ROLES = ("both", "prefill", "decode")
 EXECUTORS = ("real", "sim")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 # vLLM's --kv-cache-dtype names; the same tuple as kernels/kv_quant.py KV_CACHE_DTYPES (tested)
@@ -107,6 +108,17 @@ class EngineConfig:
     enable_prefix_caching: bool = field(
         default=False,
         metadata=flag("--enable-prefix-caching", "reuse KV blocks of shared prompt prefixes"),
+    )
+    # prefill/decode disaggregation (engine/disagg.py, docs/disaggregation.md)
+    role: str = field(
+        default="both",
+        metadata=flag(
+            "--role",
+            "both serves whole requests; prefill runs prompts and ships their KV; decode "
+            "continues requests from a prefill worker's KV (behind `cbbench route --prefill "
+            "--decode`)",
+            choices=ROLES,
+        ),
     )
     # "real" (ModelRunner) | "sim" (SimExecutor, virtual clock)
     executor: str = field(
@@ -211,6 +223,13 @@ class EngineConfig:
         if self.scheduler not in SCHEDULERS:
             raise EngineError(
                 f"scheduler must be one of {', '.join(SCHEDULERS)}, got {self.scheduler!r}"
+            )
+        if self.role not in ROLES:
+            raise EngineError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
+        if self.role != "both" and (self.scheduler != "continuous" or self.executor != "real"):
+            raise EngineError(
+                f"--role {self.role} needs --scheduler continuous and --executor real (the KV "
+                f"that travels lives in the real executor's paged cache)"
             )
         if self.executor not in EXECUTORS:
             raise EngineError(

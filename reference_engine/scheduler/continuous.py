@@ -155,8 +155,11 @@ class ContinuousScheduler(Scheduler):
                 and (len(self._running) < cfg.max_num_seqs or preempt_worst(spare_forced=True))
             ):
                 break
-            computed_blocks = bm.get_computed_blocks(seq)
-            num_cached = len(computed_blocks) * bs
+            if seq.num_external_tokens:  # its prompt's KV arrives from a prefill worker
+                computed_blocks, num_cached = [], seq.num_external_tokens
+            else:
+                computed_blocks = bm.get_computed_blocks(seq)
+                num_cached = len(computed_blocks) * bs
             need = seq.num_tokens - num_cached
             if not cfg.enable_chunked_prefill and need > budget:
                 break
@@ -174,7 +177,7 @@ class ContinuousScheduler(Scheduler):
                 seq.num_computed_tokens = num_cached
                 if seq.metrics.first_scheduled_time is None:
                     seq.metrics.first_scheduled_time = now
-                    seq.metrics.num_cached_tokens = num_cached
+                    seq.metrics.num_cached_tokens = 0 if seq.num_external_tokens else num_cached
                 self._running.add(seq, self._rank(seq))
                 if load is not None:
                     ExpertBalancer.add(load, balancer.share(seq))  # type: ignore[union-attr]

@@ -64,6 +64,8 @@ class SamplingFields(_Strict):
     priority: int = Field(0, ge=-INT32, le=INT32)
     return_token_ids: bool = False
     user: Text | None = None
+    # prefill/decode disaggregation (server/disagg.py): which hop this request is
+    kv_transfer_params: dict[str, Any] | None = None
 
     def stop_strings(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
