@@ -15,6 +15,12 @@ Each step, with a token budget of `max_num_batched_tokens`:
    and the most important sequence always progresses: no preemption ping-pong.
 A sequence that finishes frees its slot and blocks at once, so the next step refills it.
 
+Step 1 usually looks only at the running sequences that changed (scheduler/running_batch.py):
+the others decode one token with room in their blocks and get last step's chunk again. It
+falls back to the loop over every running sequence whenever that could decide differently
+(the budget cannot hold every sequence, the pool cannot give every block, lookahead), and
+tests/test_sched_due_only.py holds the two to the same schedules.
+
 Adaptive limit (`--max-num-seqs auto`, scheduler/adaptive_limit.py): before each step the
 controller reads KV usage, the preemptions of the last step and the queue, and moves the
 limit that step 2 admits within (max_num_seqs stays the ceiling). A lowered limit preempts
