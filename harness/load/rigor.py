@@ -53,8 +53,14 @@ def apply_scenario(cfg: BenchConfig, rigor: RigorOptions) -> float:
     mlperf.limits(rigor.model_class, rigor.scenario)  # a class without the variant: one line
     min_d = _min_duration(rigor)
     reqs = cfg.workload.requests
-    if not reqs or reqs[0].arrival_s is None or (cfg.load or {}).get("arrival") == "constant":
+    if not reqs or reqs[0].arrival_s is None:
         raise CbbenchError(f"--scenario {rigor.scenario}: give --rate (Poisson arrivals, req/s)")
+    load = cfg.load or {}
+    if load.get("arrival") == "constant" or load.get("burstiness") not in (None, 1.0):
+        raise CbbenchError(
+            f"--scenario {rigor.scenario}: MLPerf's queries arrive as a Poisson process; drop "
+            "--arrival constant and --burstiness"
+        )
     if cfg.concurrency is not None:
         raise CbbenchError(
             f"--scenario {rigor.scenario}: queries arrive open loop; drop --concurrency"
