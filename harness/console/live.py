@@ -12,6 +12,7 @@ import numpy as np
 from cbbench.harness.results.efficiency import efficiency_line
 from cbbench.harness.results.records import RequestRecord
 from cbbench.harness.results.replica_figures import imbalance_line
+from cbbench.harness.results.time_split import time_split_line
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -369,7 +370,8 @@ def _caption(summary: dict, c: dict) -> str:
                 f"{name}: server queue p50 {q['p50'] * 1e3:.1f} ms, p99 {q['p99'] * 1e3:.1f} ms"
                 f"{width}{capped}, estimated from the server's histogram"
             )
-    for line in (efficiency_line(summary), imbalance_line(summary)):
+    for line in (efficiency_line(summary), imbalance_line(summary),
+                 time_split_line(summary.get("server_timing"))):  # fmt: skip
         if line:
             lines.append(line)
     conn = summary.get("connections") or {}

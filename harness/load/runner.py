@@ -62,6 +62,7 @@ from cbbench.harness.results.run_folder import RunWriter
 from cbbench.harness.results.summary import RunSummary, summarize
 from cbbench.harness.telemetry.adapters import QUEUE_TIME
 from cbbench.harness.telemetry.queue_time import bound_by_records
+from cbbench.harness.telemetry.server_settings import read_server_settings
 from cbbench.workloads.spec import Workload
 from cbbench.workloads.stats import describe_array
 from rich.console import Console
@@ -360,6 +361,9 @@ def run_bench(
     )
     plans = _plans(cfg, client)
     meta = {**_run_meta(cfg, name, engine, model, len(plans)), **fit_text_prompts(cfg, plans)}
+    # the batching settings the server says it runs (calibrate --from-run replays with them)
+    prom = next((s.url for s in samplers if isinstance(getattr(s, "url", None), str)), None)
+    meta["target"]["server_settings"] = read_server_settings(prom, engine)
     meta["environment"]["server"] = server_identity(cfg.base_url, engine, cfg.api_key)
     if cfg.concurrency is not None:  # what --concurrency could hold: at most every request
         meta["load"]["max_in_flight"] = sum(p.concurrency or 0 for p in plans)

@@ -40,6 +40,7 @@ from cbbench.harness.report.table import (
     shown_columns,
     slo_seconds,
 )
+from cbbench.harness.report.time_split_section import time_split_html
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222}
@@ -283,6 +284,8 @@ def render(
         sections.append(("Expert load", experts))
     if agent_html(runs):
         sections.append(("Agent sessions", agent_html(runs)))
+    if time_split_html(runs):
+        sections.append(("Where the time went (the server's own times)", time_split_html(runs)))
     if graph_html(runs):
         sections.append(("Agent graphs", graph_html(runs)))
     if phase_html(runs):

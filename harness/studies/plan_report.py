@@ -40,6 +40,8 @@ def serve_flags(p: Point, model: str) -> str:
         flags.append(f"--speculative-method {method} --num-speculative-tokens {k}")
         if draft:
             flags.append(f"--speculative-model {draft}")
+    if c.get("tp", 1) > 1:  # the simulator's: the reference engine serves one device
+        flags.append(f"--tensor-parallel-size {c['tp']} --executor sim")
     if p.replicas > 1 and p.mode != "disaggregated":  # N engines behind the router
         flags.append(f"--replicas {p.replicas} --router {c['router']}")
     return " ".join(flags)
@@ -56,6 +58,8 @@ def vllm_flags(p: Point, model: str) -> str:
              "--enable-chunked-prefill" if c["chunked_prefill"] else "--no-enable-chunked-prefill"]  # fmt: skip
     if c["kv_cache_dtype"] in ("fp8", "int8"):
         flags.append("--kv-cache-dtype fp8")  # vLLM's quantized KV cache
+    if c.get("tp", 1) > 1:
+        flags.append(f"--tensor-parallel-size {c['tp']}")
     spec = parse_speculative(c.get("speculative", "off"))
     if spec is not None:
         method, draft, k = spec
@@ -88,6 +92,8 @@ def describe_config(p: Point, keys: set[str] | None = None) -> str:
     spec = c.get("speculative", "off")
     if spec != "off" or (keys is not None and show("speculative")):
         parts.append(f"spec={spec}")
+    if c.get("tp", 1) > 1 or (keys is not None and show("tp")):
+        parts.append(f"tp={c.get('tp', 1)}")
     if p.replicas > 1 and show("router") and p.mode != "disaggregated":
         parts.append(c["router"])
     if p.mode == "disaggregated":
@@ -101,7 +107,8 @@ def varying_dims(res: PlanResult) -> set[str]:
     dims = {"scheduler": sp.schedulers, "max_num_seqs": sp.max_num_seqs,
             "max_num_batched_tokens": sp.max_num_batched_tokens,
             "chunked_prefill": sp.chunked_prefill, "kv_cache_dtype": sp.kv_cache_dtype,
-            "router": sp.routers, "speculative": sp.speculative}  # fmt: skip
+            "router": sp.routers, "speculative": sp.speculative,
+            "tp": sp.tensor_parallel}  # fmt: skip
     return {k for k, v in dims.items() if len(v) > 1}
 
 
@@ -151,9 +158,8 @@ def frontier_table(res: PlanResult, points: list[Point] | None = None, mode: str
 def print_plan(res: PlanResult, console: Console, out: Path | None) -> None:
     o = res.options
     slos = ", ".join(f"{s.name} <= {_s(s.target_s)}" for s in o.slos)
-    band = ("the fit's prediction interval" if res.interval_source == "fit"
-            else "an ASSUMED +-10 % interval (the hardware carries no fit residuals)")  # fmt: skip
-    console.print(f"plan: SLO {slos}; {band}; ${o.price_per_replica_hour:g} per replica-hour; "
+    band = res.interval_source
+    console.print(f"plan: SLO {slos}; {band}; ${o.price_per_replica_hour:g} per GPU-hour; "
                   f"{res.searched} of {res.total} configurations, {len(res.points)} points "
                   "simulated", highlight=False, soft_wrap=True)  # fmt: skip
     fixed = fixed_dims(res)
@@ -306,7 +312,7 @@ def html_page(res: PlanResult) -> str:
         "border-bottom:1px solid #ddd}</style></head><body>"
         f"<h1>SIMULATED capacity plan: {html.escape(o.workload)} at {_rate(o.rate)}</h1>"
         f"<p>SLO {slos}; hardware {html.escape(o.hardware)} ({html.escape(res.model)}); "
-        f"${o.price_per_replica_hour:g} per replica-hour; interval: {res.interval_source}; "
+        f"${o.price_per_replica_hour:g} per GPU-hour; interval: {html.escape(res.interval_source)}; "
         f"{res.searched} of {res.total} configurations searched"
         f"{' (interrupted)' if res.interrupted else ''}.</p>{svg}{chosen}"
         "<h2>Pareto frontier</h2><table><tr><th>replicas</th><th>configuration</th>"

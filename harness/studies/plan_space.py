@@ -70,13 +70,16 @@ class PlanSpace:
 
     def decode_range(self) -> tuple[int, int]:
         return self.decode_min, self.decode_max or self.max_replicas
+    # GPUs per replica: integers, or "auto" (the fewest of 1, 2, 4, 8 the model fits)
+    tensor_parallel: list[int | str] = field(default_factory=lambda: ["auto"])
 
     def configs(self) -> list[dict[str, Any]]:
         dims = itertools.product(self.schedulers, self.max_num_seqs,
                                  self.max_num_batched_tokens, self.chunked_prefill,
-                                 self.kv_cache_dtype, self.routers, self.speculative)  # fmt: skip
-        out: list[dict[str, Any]] = []
-        for sched, mns, mnbt, chunked, kv, router, spec in dims:
+                                 self.kv_cache_dtype, self.routers, self.speculative,
+                                 self.tensor_parallel)  # fmt: skip
+        out = []
+        for sched, mns, mnbt, chunked, kv, router, spec, tp in dims:
             if sched != "continuous" and (mnbt, chunked, spec) != (
                 self.max_num_batched_tokens[0],
                 self.chunked_prefill[0],
@@ -85,7 +88,8 @@ class PlanSpace:
                 continue  # token budget, chunking, speculation: continuous batching's only
             out.append({"scheduler": sched, "max_num_seqs": mns, "max_num_batched_tokens": mnbt,
                         "chunked_prefill": chunked, "kv_cache_dtype": kv, "router": router,
-                        "speculative": spec if sched == "continuous" else "off"})  # fmt: skip
+                        "speculative": spec if sched == "continuous" else "off",
+                        "tp": tp})  # fmt: skip
         if "aggregated" not in self.modes:
             out_agg: list[dict[str, Any]] = []
         else:
@@ -124,6 +128,7 @@ SPACE_KEYS = {
     "prefill": "prefill workers: 1..4, 1.., or 1,2",
     "decode": "decode workers, by bisection: 1..16, 1..",
     "kv_link": "same-node,cross-node,loopback",
+    "tp": "auto or GPUs per replica, e.g. 1,2,4,8",
 }
 
 
@@ -152,6 +157,10 @@ def parse_space(text: str | None, base: PlanSpace | None = None) -> PlanSpace:
             if key == "replicas":
                 lo, _, hi = value.partition("-")
                 sp.min_replicas, sp.max_replicas = int(lo), int(hi or lo)
+            elif key == "tp":
+                sp.tensor_parallel = ["auto" if v == "auto" else int(v) for v in vals]
+                if any(v != "auto" and v < 1 for v in sp.tensor_parallel):
+                    raise ValueError
             elif key in ("max_num_seqs", "max_num_batched_tokens"):
                 setattr(sp, key, [int(v) for v in vals])
             elif key == "speculative":
@@ -192,7 +201,8 @@ def parse_space(text: str | None, base: PlanSpace | None = None) -> PlanSpace:
     empty = [k for k, v in (("scheduler", sp.schedulers), ("max_num_seqs", sp.max_num_seqs),
              ("max_num_batched_tokens", sp.max_num_batched_tokens),
              ("chunked_prefill", sp.chunked_prefill), ("kv_cache_dtype", sp.kv_cache_dtype),
-             ("router", sp.routers), ("speculative", sp.speculative)) if not v]  # fmt: skip
+             ("router", sp.routers), ("speculative", sp.speculative),
+             ("tp", sp.tensor_parallel)) if not v]  # fmt: skip
     if sp.min_replicas < 1 or sp.max_replicas < sp.min_replicas:
         empty.append(f"replicas ({sp.min_replicas}-{sp.max_replicas})")
     if any(v < 1 for v in sp.max_num_seqs + sp.max_num_batched_tokens):

@@ -7,7 +7,8 @@ max_num_batched_tokens, chunked prefill, KV dtype, router policy), on the event-
 path (reference_engine/sim/event_skip.py), and returns every point searched.
 
 Each point's figures carry the simulator's prediction interval (sim/intervals.py, from the
-hardware fit's residuals; a preset without them gets an assumed +-ASSUMED_BAND, said so),
+hardware fit's residuals, else the error the hardware was measured with, else "error unknown"
+and the band measured elsewhere, intervals.error_of; said on screen),
 and each SLO gets a verdict from it: "meets" (the interval's top is within the target),
 "misses" (its bottom is above it) or "too close to call". The binding metric is the SLO
 whose interval top is nearest its target (the largest top / target).
@@ -36,10 +37,11 @@ from cbbench.reference_engine.execution.kv_link import get_link
 from cbbench.reference_engine.router.cluster_sim import simulate_cluster
 from cbbench.reference_engine.router.pd_sim import simulate_pd
 from cbbench.reference_engine.router.registry import make_policy
-from cbbench.reference_engine.sim.intervals import Interval, interval_for
+from cbbench.reference_engine.sim import intervals
+from cbbench.reference_engine.sim.intervals import error_of, interval_for
 from cbbench.workloads import load_workload, with_arrivals
 
-ASSUMED_BAND = 0.10  # relative error assumed where the hardware carries no fit residuals
+UNMEASURED_BAND = intervals.UNMEASURED_BAND  # a preset nothing measured (intervals.ELSEWHERE)
 MEETS, MISSES, CLOSE = "meets", "misses", "too close to call"
 
 
@@ -89,7 +91,7 @@ class Point:
 class PlanResult:
     options: PlanOptions
     model: str
-    interval_source: str  # "fit" or "assumed"
+    interval_source: str  # where the interval comes from, in words (intervals.error_of)
     points: list[Point]
     chosen: Point | None
     frontier: list[Point]
@@ -132,7 +134,8 @@ def resolve_model(opts: PlanOptions) -> str:
 def _engine_config(c: dict[str, Any], model: str, hardware: str, seed: int,
                    acceptance: float = 0.7):  # fmt: skip
     settings = {"model": model, "hardware": hardware, "batch_size": c["max_num_seqs"],
-                "kv_cache_dtype": c["kv_cache_dtype"], "seed": seed}  # fmt: skip
+                "kv_cache_dtype": c["kv_cache_dtype"], "seed": seed,
+                "tensor_parallel_size": c.get("tp", 1)}  # fmt: skip
     if c["scheduler"] == "continuous":
         settings.update(max_num_batched_tokens=c["max_num_batched_tokens"],
                         enable_chunked_prefill=c["chunked_prefill"])  # fmt: skip
@@ -171,12 +174,11 @@ def evaluate(opts: PlanOptions, model: str, requests, c: dict[str, Any], replica
     interval's bounds are simulated too, every step as much slower (faster) as the fit's
     interval allows, so that queueing carries a step-time error into TTFT as it would on a
     real server (more than in proportion near saturation)."""
+    hw = get_hardware(opts.hardware)
+    c = with_tensor_parallel([c], model, hw)[0]
     args = (opts, model, requests, c, replicas, wl_seed, prefix_block_size)
     pred, good, steps = _simulate(*args)
-    hw = get_hardware(opts.hardware)
-    iv = interval_for(hw.fit or {}, max(1, steps // replicas)) or Interval(
-        -ASSUMED_BAND, ASSUMED_BAND
-    )
+    iv = interval_for(hw.fit or {}, max(1, steps // replicas)) or error_of(hw)[0]
     high, good_high, _ = _simulate(*args, factor=max(1.0 + iv.high, 1.0))
     low, good_low, _ = _simulate(*args, factor=min(max(1.0 + iv.low, 0.05), 1.0))
     verdicts = {}
@@ -193,8 +195,9 @@ def evaluate(opts: PlanOptions, model: str, requests, c: dict[str, Any], replica
     verdict = MISSES if MISSES in vs else CLOSE if CLOSE in vs else MEETS
     binding = max(opts.slos, key=lambda x: high[x.name] / x.target_s)
     prefill = c.get("prefill", 0) if c.get("mode") == "disaggregated" else 0
-    return Point(c, replicas, (replicas + prefill) * opts.price_per_replica_hour, pred, low,
-                 high, verdicts, verdict, binding.name, high[binding.name] / binding.target_s,
+    gpus = (replicas + prefill) * c.get("tp", 1)  # --price is per GPU-hour
+    return Point(c, replicas, gpus * opts.price_per_replica_hour, pred, low, high,
+                 verdicts, verdict, binding.name, high[binding.name] / binding.target_s,
                  good, steps, prefill)  # fmt: skip
 
 
@@ -212,7 +215,10 @@ def search_config(opts: PlanOptions, model: str, requests, c: dict[str, Any], bo
     """Bisection on replicas for one configuration: the fewest that meet, at most `bound`
     (the cheapest count found so far) when given. Returns every point evaluated."""
     sp = opts.space
+    c = with_tensor_parallel([c], model, get_hardware(opts.hardware))[0]
     lo, hi = sp.min_replicas, sp.max_replicas
+    if bound is not None:  # GPUs -> workers of this configuration's size
+        bound //= c.get("tp", 1)
     if c.get("mode") == "disaggregated":  # bisection over decode workers, P fixed
         lo, hi = sp.decode_range()
         hi = min(hi, sp.max_replicas - c["prefill"])
@@ -274,8 +280,8 @@ def plan(opts: PlanOptions, on_progress: Callable[[int, int], None] | None = Non
     elif all(r.arrival_s is None for r in wl.requests):
         raise CbbenchError(f"--workload {opts.workload} has no arrival times: give --rate")
     hw = get_hardware(opts.hardware)
-    source = "fit" if (hw.fit or {}).get("interval") else "assumed"
-    configs = opts.space.configs()
+    source = error_of(hw)[2]
+    configs = with_tensor_parallel(opts.space.configs(), model, hw)
     points: list[Point] = []
     bounds: dict[str, int] = {}  # per mode: each mode keeps a frontier of its own
     searched = 0
@@ -298,7 +304,7 @@ def plan(opts: PlanOptions, on_progress: Callable[[int, int], None] | None = Non
                     refused.append(pts[0])
                     continue
                 points.extend(pts)
-                meets = [p.workers for p in pts if p.verdict == MEETS]
+                meets = [p.workers * p.config.get("tp", 1) for p in pts if p.verdict == MEETS]
                 if meets:
                     bounds[_mode(c)] = min(meets + [bounds.get(_mode(c), 1 << 30)])
             searched += len(wave)
@@ -313,3 +319,26 @@ def plan(opts: PlanOptions, on_progress: Callable[[int, int], None] | None = Non
     chosen = min(ok, key=lambda p: (p.cost_per_hour, p.binding_ratio)) if ok else None
     return PlanResult(opts, model, source, points, chosen, frontier(points), searched,
                       len(configs), interrupted, refused)  # fmt: skip
+
+
+def with_tensor_parallel(configs: list[dict[str, Any]], model: str, hw) -> list[dict[str, Any]]:
+    """`tp` "auto" resolved to the fewest GPUs of 1, 2, 4, 8 whose memory holds the model and
+    some KV cache (a model that fits one GPU gets 1); duplicates dropped."""
+    from cbbench.reference_engine.execution.cost_model import min_tensor_parallel
+    from cbbench.reference_engine.model.config import resolve_model_config
+
+    auto = None
+    out, seen = [], set()
+    for c in configs:
+        if c.get("tp") == "auto":
+            if auto is None:
+                mc = resolve_model_config(model, shape_only=True)
+                fitted = (hw.fit or {}).get("tensor_parallel_size")
+                auto = fitted or (1 if hw.linear is not None or hw.steps else
+                                  min_tensor_parallel(mc, hw, mc.torch_dtype) or 8)  # fmt: skip
+            c = {**c, "tp": auto}
+        key = tuple(sorted(c.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out

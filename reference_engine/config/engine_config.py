@@ -163,6 +163,15 @@ class EngineConfig:
             "layers data-parallel); each layer waits for its slowest device",
         ),
     )
+    # the simulator: a replica of this many GPUs, weights and KV heads sharded (cost_model.py)
+    tensor_parallel_size: int = field(
+        default=1,
+        metadata=flag(
+            "--tensor-parallel-size",
+            "simulator: GPUs per replica, weights and KV heads split over them, two "
+            "all-reduces a layer priced from the hardware's link (vLLM's flag)",
+        ),
+    )
     attention_backend: str = field(
         default="auto",
         metadata=flag("--attention-backend", "attention kernels", choices=ATTENTION_BACKENDS),
@@ -267,6 +276,13 @@ class EngineConfig:
             raise EngineError(f"max_waiting must be >= 1, got {self.max_waiting}")
         if self.sim_expert_skew < 0:
             raise EngineError(f"sim_expert_skew must be >= 0, got {self.sim_expert_skew}")
+        if self.tensor_parallel_size < 1:
+            raise EngineError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.tensor_parallel_size > 1 and self.executor != "sim":
+            raise EngineError(
+                f"--tensor-parallel-size {self.tensor_parallel_size}: the simulator's only "
+                "(the reference engine runs on one device); use --executor sim"
+            )
         if self.sim_expert_topics < 1 or self.expert_parallel < 1:
             raise EngineError(
                 f"sim_expert_topics and expert_parallel must be >= 1, got "

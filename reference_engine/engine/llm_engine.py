@@ -100,7 +100,7 @@ class LLMEngine(StepUpdate, KVTransferMixin):
     # --- construction -----------------------------------------------------------------
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
-        mc = resolve_model_config(config.model)
+        mc = resolve_model_config(config.model, shape_only=config.executor == "sim")
         max_model_len = config.max_model_len or mc.max_position_embeddings
         if max_model_len > mc.max_position_embeddings:
             raise EngineError(
@@ -115,7 +115,8 @@ class LLMEngine(StepUpdate, KVTransferMixin):
             moe = MoeSimSettings(config.sim_expert_skew, config.sim_expert_topics,
                                  config.expert_parallel, config.seed)  # fmt: skip
             cost = CostModel(mc, get_hardware(config.hardware), dtype, config.block_size, moe,
-                             kv_cache_dtype=config.kv_cache_dtype)  # fmt: skip
+                             kv_cache_dtype=config.kv_cache_dtype,
+                             tensor_parallel=config.tensor_parallel_size)  # fmt: skip
             num_blocks = sim_num_kv_blocks(config, cost)
             executor: Executor = SimExecutor(mc, cost, seed=config.seed, moe=moe)
         else:

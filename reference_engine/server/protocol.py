@@ -139,10 +139,15 @@ def cbbench_info(
     num_cached_tokens: int,
     num_draft_tokens: int = 0,
     num_accepted_tokens: int = 0,
+    prefill_time_s: float | None = None,
+    decode_time_s: float | None = None,
 ) -> dict[str, Any]:
     """The `cbbench` field of a final chunk or a non-streaming body: what the server saw
-    (speculative decoding: draft tokens the target scored for this request, and accepted)."""
+    (speculative decoding: draft tokens the target scored for this request, and accepted;
+    first scheduled -> first token, and first token -> finished, on the engine's clock)."""
     return {
+        "prefill_time_s": prefill_time_s,
+        "decode_time_s": decode_time_s,
         "queue_time_s": queue_time_s,
         "scheduler": scheduler,
         "num_preemptions": num_preemptions,

@@ -116,6 +116,8 @@ class Generation:
             num_cached_tokens=m.num_cached_tokens if m is not None else 0,
             num_draft_tokens=m.num_draft_tokens if m is not None else 0,
             num_accepted_tokens=m.num_accepted_tokens if m is not None else 0,
+            prefill_time_s=_span(m.first_scheduled_time, m.first_token_time) if m else None,
+            decode_time_s=_span(m.first_token_time, m.finished_time) if m else None,
         )
 
 
@@ -236,3 +238,7 @@ class ResponseShaper:
             "usage": self._usage(),
             "cbbench": gen.cbbench_field(),
         }
+
+
+def _span(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else b - a
