@@ -96,25 +96,32 @@ ALLOWED: dict[str, set[str] | str] = {
     "reference_engine": {"kernels", "workloads"},
     # the harness: workload -> load -> client -> results -> report / gate
     "harness.results": {"workloads"},
+    "harness.conclusions": {"harness.results", "workloads"},
     "harness.telemetry": set(),
     "harness.client": {"harness.results"},
     "harness.console": {"harness.results"},
     "harness.diagnose": {"harness.results"},
-    "harness.report": {"harness.diagnose", "harness.results"},
-    "harness.gate": {"harness.report", "harness.results"},
+    "harness.report": {"harness.conclusions", "harness.diagnose", "harness.results"},
+    "harness.gate": {"harness.conclusions", "harness.report", "harness.results"},
     "harness.servers": {
         "harness.client",
         "reference_engine.server.lifeline",  # stdlib-only: launched children die with it
     },
     "harness.load": {
         "harness.client",
+        "harness.conclusions",
         "harness.console",
         "harness.results",
         "harness.telemetry",
         "workloads",
         "reference_engine.server.lifeline",  # stdlib-only: children die with their parent
     },
-    "harness.sweep": {"harness.load", "harness.results", "harness.telemetry"},
+    "harness.sweep": {
+        "harness.conclusions",
+        "harness.load",
+        "harness.results",
+        "harness.telemetry",
+    },
     "harness.probe": {
         "harness.client",
         "harness.load",

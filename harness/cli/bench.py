@@ -8,6 +8,7 @@ import sys
 from cbbench.harness.client.endpoints import ENDPOINTS
 from cbbench.harness.client.stream_kinds import REASONING_PARSERS
 from cbbench.harness.load.cache_options import add_cache_args
+from cbbench.harness.load.rigor_options import add_rigor_args
 from cbbench.harness.load.vllm_compat import RANDOM_INPUT_LEN, RANDOM_OUTPUT_LEN
 from cbbench.harness.results.slo import SLO_HELP
 from cbbench.harness.telemetry import TelemetryOptions
@@ -209,6 +210,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
     )
     add_load_args(p)
+    add_rigor_args(p)  # --window, --on-saturation, --repeats, --scenario (docs/rigor.md)
     TelemetryOptions.add_args(p)
     p.add_argument(
         "--benchmark-report",
@@ -236,25 +238,33 @@ def config_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from cbbench.harness.load.runner import run_bench
-    from cbbench.harness.results.outcome import exit_code
+    from cbbench.harness.load.rigor import run_rigorous, scenario_queries
+    from cbbench.harness.load.rigor_options import RigorOptions
     from cbbench.harness.telemetry import build_samplers
 
+    rigor = RigorOptions.from_args(args)
+    if rigor.scenario and args.num_requests is None:  # enough queries, cut at the duration
+        args.num_requests = scenario_queries(rigor, args.rate)
     cfg = config_from_args(args)
     if getattr(args, "benchmark_report", None):  # before the run, not after it
         from cbbench.harness.results.formats.export import check_path
 
+        if rigor.repeats > 1:
+            from cbbench.harness.errors import CbbenchError
+
+            raise CbbenchError(
+                "--benchmark-report exports one run: with --repeats, export each repeat "
+                "(cbbench export)"
+            )
         check_path(args.benchmark_report)
-    samplers = list(build_samplers(TelemetryOptions.from_args(args), cfg.base_url))
-    result = run_bench(cfg, samplers)
+    telemetry = TelemetryOptions.from_args(args)
+    code, run_dir = run_rigorous(cfg, rigor, lambda c: list(build_samplers(telemetry, c.base_url)))
     if getattr(args, "benchmark_report", None):
         from cbbench.harness.results.formats.export import export_benchmark_reports
 
-        for line in export_benchmark_reports(result.run_dir, args.benchmark_report):
+        for line in export_benchmark_reports(run_dir, args.benchmark_report):
             if line.startswith("warning: "):  # exported anyway: the reader must know
                 print(f"cbbench bench: {line}", file=sys.stderr)
             else:
                 print(line)
-    if result.failure and not result.interrupted:
-        print(f"cbbench bench: error: {result.failure}", file=sys.stderr)
-    return exit_code(result.summary, result.interrupted, result.failure)
+    return code

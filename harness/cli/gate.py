@@ -10,8 +10,15 @@ from pathlib import Path
 
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.gate.policy import LATENCY, THROUGHPUT
+from cbbench.harness.load.rigor_options import add_window_arg
 
-VERDICT_STYLE = {"pass": "green", "noisy": "yellow", "fail": "bold red", "n/a": "dim"}
+VERDICT_STYLE = {
+    "pass": "green",
+    "noisy": "yellow",
+    "cannot tell": "yellow",
+    "fail": "bold red",
+    "n/a": "dim",
+}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,6 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "rate, concurrency), workload or model (default: refuse them, exit 2, naming the "
         "differences)",
     )
+    add_window_arg(p, default=None)  # the same kind on both sides (docs/rigor.md)
     p.set_defaults(func=run)
 
 
@@ -95,10 +103,7 @@ def print_table(gate) -> None:
     from rich.table import Table
 
     conf = f"{gate.policy.confidence:.0%}"
-    t = Table(
-        title=f"cbbench gate ({gate.policy.source}, {conf} bootstrap CI, "
-        f"{gate.policy.resamples} resamples)"
-    )
+    t = Table(title=f"cbbench gate ({_method(gate)})")
     for col in ("rule", "baseline", "candidate", "change", f"{conf} CI", "limit", "verdict"):
         t.add_column(
             col, justify="left" if col in ("rule", "verdict") else "right", no_wrap=col != "verdict"
@@ -122,16 +127,31 @@ def print_table(gate) -> None:
             console.print(gate.note, markup=False, highlight=False)
     else:  # a CI log or a file: Markdown, one line a rule, never wrapped mid-phrase
         print(markdown(gate, escape_html=False), end="")
+    for note in gate.notes:  # which windows were compared (harness/conclusions/window.py)
+        console.print(note, markup=False, soft_wrap=True)
     failed = [r for r in gate.results if r.failed]
+    unsure = [r for r in gate.results if r.verdict == "cannot tell"]
     skipped = sum(r.verdict == "n/a" for r in gate.results)
     judged = len(gate.results) - skipped
     tail = f", {skipped} not applicable" if skipped else ""
     console.print(
         f"[bold red]REGRESSION: {len(failed)} of {judged} rules failed{tail}[/]"
         if failed
+        else f"[yellow]CANNOT TELL: {len(unsure)} of {judged} rules; the two configurations "
+        "are not distinguishable at this confidence (more --repeats narrow the intervals)[/]"
+        if unsure
         else f"[green]PASS: {judged} rules{tail}[/]",
         soft_wrap=True,
     )
+
+
+def _method(gate) -> str:
+    """How the intervals were made: a bootstrap over one run's requests, or (repeats
+    folders) Welch's t-interval over the run means."""
+    conf = f"{gate.policy.confidence:.0%}"
+    if gate.method == "bootstrap CI":
+        return f"{gate.policy.source}, {conf} bootstrap CI, {gate.policy.resamples} resamples"
+    return f"{gate.policy.source}, {conf} {gate.method}"
 
 
 def markdown(gate, escape_html: bool = True) -> str:
@@ -142,11 +162,12 @@ def markdown(gate, escape_html: bool = True) -> str:
         return text.replace("<", "&lt;").replace(">", "&gt;") if escape_html else text
 
     conf = f"{gate.policy.confidence:.0%}"
-    head = "PASS" if gate.passed else "REGRESSION"
+    unsure = any(r.verdict == "cannot tell" for r in gate.results)
+    head = "REGRESSION" if not gate.passed else "CANNOT TELL" if unsure else "PASS"
     lines = [
         f"### cbbench gate: {head}",
         "",
-        f"{gate.policy.source}, {conf} bootstrap CI, {gate.policy.resamples} resamples",
+        _method(gate),
         "",
         f"| rule | baseline | candidate | change | {conf} CI | limit | verdict |",
         "|---|---:|---:|---:|---:|---:|---|",
@@ -166,7 +187,9 @@ def markdown(gate, escape_html: bool = True) -> str:
             verdict,
         ]
         lines.append("| " + " | ".join(cell(x) for x in row) + " |")
-    lines += ["", "A rule fails only when its whole bootstrap interval lies beyond the limit."]
+    lines += ["", "A rule fails only when its whole interval lies beyond the limit."]
+    if unsure:
+        lines.append("'cannot tell': the interval straddles the limit; more repeats narrow it.")
     if gate.note:
         lines += ["", cell(gate.note)]
     return "\n".join(lines) + "\n"
@@ -213,17 +236,30 @@ def _write(path: str, text: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from cbbench.harness.gate.judge import run_gate
     from cbbench.harness.gate.policy import DEFAULT_POLICY, load_policy
+    from cbbench.harness.gate.repeated import is_repeats, run_repeated_gate
     from cbbench.harness.results.integrity import trust_problems
     from cbbench.harness.results.run_folder import load_run
 
     policy = load_policy(args.policy) if args.policy else DEFAULT_POLICY
-    base, cand = load_run(args.baseline), load_run(args.candidate)
-    if args.allow_incomplete:  # judged anyway: say on what
-        for which, r in (("baseline", base), ("candidate", cand)):
-            for problem in trust_problems(r):
-                print(f"cbbench gate: warning: the {which} is {problem}", file=sys.stderr)
-    gate = run_gate(base, cand, policy, args.allow_incomplete, args.allow_incomparable)
-    print_differences(gate)
+    if is_repeats(args.baseline) != is_repeats(args.candidate):
+        raise CbbenchError("compare a --repeats folder with a --repeats folder, a run with a run")
+    if is_repeats(args.baseline):  # judged on the run means (harness/gate/repeated.py)
+        if args.window is not None:
+            raise CbbenchError(
+                "--window: repeats folders are judged on the figures each run led with "
+                "(set it on `bench --repeats`)"
+            )
+        gate = run_repeated_gate(args.baseline, args.candidate, policy, args.allow_incomplete)
+    else:
+        base, cand = load_run(args.baseline), load_run(args.candidate)
+        if args.allow_incomplete:  # judged anyway: say on what
+            for which, r in (("baseline", base), ("candidate", cand)):
+                for problem in trust_problems(r):
+                    print(f"cbbench gate: warning: the {which} is {problem}", file=sys.stderr)
+        gate = run_gate(
+            base, cand, policy, args.allow_incomplete, args.allow_incomparable, window=args.window
+        )
+        print_differences(gate)
     print_table(gate)
     if args.junit:
         _write(args.junit, junit(gate))

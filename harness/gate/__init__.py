@@ -2,5 +2,5 @@
 baseline and a candidate run with bootstrap confidence intervals (`judge`).
 
 Layer: gate (reads run folders, writes verdicts).
-Imports: results, report.
+Imports: conclusions, results, report.
 """

@@ -301,10 +301,14 @@ def run_gate(
     policy: Policy,
     allow_incomplete: bool = False,
     allow_incomparable: bool = False,
+    window: str | None = None,
 ) -> GateResult:
     """`allow_incomplete`: judge killed or interrupted runs too (on the requests they hold);
     `allow_incomparable`: judge runs that differ in endpoint, load shape, workload or model
-    (results/comparability.py), which otherwise is an error."""
+    (results/comparability.py), which otherwise is an error. `window`: steady, all or
+    START:END for both runs; None: what both runs led with (the same kind on both sides,
+    harness/conclusions/window.py)."""
+    from cbbench.harness.conclusions.window import same_kind, windowed_run
     from cbbench.harness.report.samples import extract
 
     if is_aggregate_only(base.meta) or is_aggregate_only(cand.meta):
@@ -316,9 +320,27 @@ def run_gate(
                         f"{run.dir}: the {which} {reason}; rerun it, or pass --allow-incomplete"
                     )
         return gate_on_aggregates(base, cand, policy, allow_incomparable)
-    bs, cs = extract(base), extract(cand)
+    bs, cs = extract(base), extract(cand)  # the whole runs are checked, then windowed
     check_inputs(base, cand, bs, cs, policy, allow_incomplete, allow_incomparable)
-    results = [judge(rule, bs, cs, policy) for rule in with_ttfo(policy.rules, bs, cs)]
+    whole = (bs, cs)  # errors count wherever they happened: ramp-up and drain too
+    spec, note = same_kind(base.meta, cand.meta, window)
+    notes = [note] if note else []
+    if spec != "all":
+        wb, w1 = windowed_run(base, spec)
+        wc, w2 = windowed_run(cand, spec)
+        small = min(sum(r.ok for r in x.records if not r.warmup) for x in (wb, wc))
+        if w1 is None or w2 is None or small < policy.min_requests:
+            notes.append(f"no {spec} window in both runs with {policy.min_requests} requests: "
+                         "compared the whole runs")  # fmt: skip
+        else:
+            base, cand = wb, wc
+            bs, cs = extract(base), extract(cand)
+            notes.append(f"compared {w1.label()} (baseline) with {w2.label()} (candidate)")
+    results = [
+        judge(rule, *(whole if rule.metric == "error_rate" else (bs, cs)), policy)
+        for rule in with_ttfo(policy.rules, bs, cs)
+    ]
     return GateResult(
-        results, policy, str(base.dir), str(cand.dir), differences(base.meta, cand.meta)
-    )
+        results, policy, str(base.dir), str(cand.dir), differences(base.meta, cand.meta),
+        notes=notes,
+    )  # fmt: skip

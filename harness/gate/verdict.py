@@ -18,7 +18,7 @@ class RuleResult:
     low: float  # confidence interval of `estimate`
     high: float
     bound: float  # the limit `estimate` is held against
-    verdict: str  # "pass" | "noisy" | "fail" | "n/a"
+    verdict: str  # "pass" | "noisy" | "fail" | "n/a" | "cannot tell" (repeats, repeated.py)
     note: str = ""
 
     @property
@@ -36,6 +36,8 @@ class GateResult:
     # the gate was told --allow-incomparable
     differences: list[Difference] = field(default_factory=list)
     note: str = ""  # said once under the table (e.g. why there are no intervals)
+    notes: list[str] = field(default_factory=list)  # which window was compared, and why
+    method: str = "bootstrap CI"  # how the intervals were made (repeated.py: over run means)
 
     @property
     def passed(self) -> bool:

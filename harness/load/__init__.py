@@ -6,5 +6,5 @@ workers and hosts (`shards`), GC control in the measured phase (`heap`), and one
 run end to end (`runner`).
 
 Layer: load (above the client, below sweeps, probe and Locust).
-Imports: client, console, results, telemetry, workloads, reference_engine.server.lifeline (stdlib-only, shared).
+Imports: client, conclusions, console, results, telemetry, workloads, reference_engine.server.lifeline (stdlib-only, shared).
 """

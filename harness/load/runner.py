@@ -25,6 +25,11 @@ from cbbench.harness.client import aio
 from cbbench.harness.client.api import ClientConfig, probe_server
 from cbbench.harness.client.endpoints import is_conversational
 from cbbench.harness.client.server_info import server_identity
+from cbbench.harness.conclusions.run_summary import (
+    OVER_SATURATED,
+    add_run_conclusions,
+    conclusion_lines,
+)
 from cbbench.harness.console.live import LiveStats, LiveView, print_summary
 from cbbench.harness.console.outcome import outcome_lines, worker_timing_lines
 from cbbench.harness.errors import CbbenchError, resource_hint
@@ -99,6 +104,7 @@ class BenchConfig:
     cache: CacheOptions = field(default_factory=CacheOptions)  # --flush-cache, --prime, header
     embeddings_batch: int = 1  # --endpoint embeddings: inputs per request
     reasoning_parser: str = "auto"  # --reasoning-parser: where reasoning is in a stream
+    window: str | tuple[float, float] = "steady"  # --window: the figures the summary leads with
 
 
 @dataclass
@@ -299,6 +305,8 @@ def run_bench(
     cfg: BenchConfig, samplers: list | None = None, console: Console | None = None
 ) -> BenchResult:
     samplers = list(samplers or [])
+    observers = [s for s in samplers if hasattr(s, "on_record")]  # the saturation watch: fed
+    samplers = [s for s in samplers if not hasattr(s, "on_record")]  # records, not started
     out = console or Console()  # the final table: stdout
     console = console or Console(stderr=True)  # the live view: stderr
     if cfg.workers < 1:
@@ -380,6 +388,8 @@ def run_bench(
     planned = sum(len(p.jobs) for p in plans)
     live = LiveStats(planned, samplers)
     stop_flag = threading.Event()
+    for s in observers:
+        s.bind_stop(stop_flag.set)
     started: list = []
     first = FirstFailures(planned + sum(len(p.warmup_jobs) for p in plans))
 
@@ -388,11 +398,15 @@ def run_bench(
             writer.add_record(payload)
             records.append(payload)
             live.on_record(payload)
+            for s in observers:
+                s.on_record(payload)
             if first.add(payload):  # the same client error every time: stop sending
                 stop_flag.set()
         elif kind == "sample":
             writer.add_sample(payload)
             live.on_sample(payload)
+            for s in observers:
+                s.on_sample(payload)
         elif kind == "ready":  # warmed up and connected; t0 comes next
             start_samplers()
         elif kind == "t0":
@@ -435,7 +449,11 @@ def run_bench(
             s.stop()
         # a watch (sweep's) that stopped the run names why: stopped, not interrupted
         watched = next((s.stop_reason for s in started if getattr(s, "stop_reason", None)), None)
-        interrupted = stop_flag.is_set() and first.verdict is None and watched is None
+        # bench's saturation watch (harness/conclusions/saturation_watch.py) likewise
+        saturated = next((s.found for s in observers if s.found and s.found["stopped"]), None)
+        interrupted = (
+            stop_flag.is_set() and first.verdict is None and watched is None and saturated is None
+        )
         client_samples: dict = {"loop_lag_s": [], "cpu": []}
         for st in worker_stats.values():
             client_samples["loop_lag_s"] += st.get("loop_lag_s", [])
@@ -469,6 +487,7 @@ def run_bench(
             summary["stopped_early"] = stopped_early
         if not interrupted:
             failure = failure or stopped_early or all_failed(summary)
+        add_run_conclusions(summary, records, cfg.window, cfg.slo, observers)
         crashed = [st["crashed"] for st in worker_stats.values() if "crashed" in st]
         if crashed:
             summary["worker_crashes"] = crashed
@@ -488,6 +507,8 @@ def run_bench(
         status = "interrupted" if interrupted else "complete"
         if crash is not None and not isinstance(crash, KeyboardInterrupt):
             status, meta["error"] = "failed", f"{crash}{resource_hint(crash)}"
+        elif saturated:
+            status = OVER_SATURATED
         elif watched:
             status, summary["stopped_by_watch"] = "stopped-early", watched
         elif not interrupted and not summary["counts"]["total"]:
@@ -508,6 +529,8 @@ def run_bench(
     if fitted is not None and fitted.changed:
         out.print(f"note: {fitted.line()}", highlight=False, markup=False, soft_wrap=True)
     for line in outcome_lines(summary, interrupted=interrupted, planned=planned, stopped=watched):
+        out.print(line, highlight=False, markup=False, soft_wrap=True)
+    for line in conclusion_lines(summary):
         out.print(line, highlight=False, markup=False, soft_wrap=True)
     out.print(f"run folder: {run_dir}")
     return BenchResult(run_dir, summary, interrupted, records, meta, failure)

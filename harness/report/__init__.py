@@ -1,7 +1,7 @@
 """cbbench.harness.report: HTML and Markdown reports comparing run folders.
 
 Layer: report (run folders -> HTML and Markdown).
-Imports: diagnose, results.
+Imports: conclusions, diagnose, results.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from cbbench.harness.report.graph_report import graph_html
 from cbbench.harness.report.phase_table import phase_html
 from cbbench.harness.report.provenance import grouped
 from cbbench.harness.report.replicas import replica_section
+from cbbench.harness.report.rigor import repeat_groups, repeats_section, window_section
 from cbbench.harness.report.runs import (
     LoadedRun,
     comparability_warnings,
@@ -246,6 +247,8 @@ def render(
             f" more nor less is better in itself). Latencies in ms. {_slo_note(runs)}</p>",
         ),
         *([("Diagnosis", diagnosis)] if diagnosis else []),
+        ("Steady-state window", window_section(runs)),
+        *([("Repeated runs", repeats_section(runs))] if repeat_groups(runs) else []),
         ("Latency percentiles", _percentile_tables(runs, rows)),
         (
             "Latency distributions",

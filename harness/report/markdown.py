@@ -8,6 +8,7 @@ from cbbench.harness.report.agent_table import agent_markdown
 from cbbench.harness.report.graph_report import graph_markdown
 from cbbench.harness.report.phase_table import phase_markdown
 from cbbench.harness.report.provenance import grouped
+from cbbench.harness.report.rigor import rigor_markdown
 from cbbench.harness.report.runs import (
     LoadedRun,
     comparability_warnings,
@@ -94,6 +95,7 @@ def render_markdown(runs: list[LoadedRun], rows: list[dict]) -> str:
         name = md_text(lr.label) + (" **SIMULATED**" if lr.simulated else "")
         cells = [f"**{text[c.key][i]}**" if i in best[c.key] else text[c.key][i] for c in cols]
         lines.append("| " + " | ".join([name, *cells]) + " |")
+    lines += rigor_markdown(runs)  # before the deltas: their rows close the page's tables
     if len(runs) > 1:
         by_key = {c.key: c for c in SUMMARY_COLUMNS}
         lines += ["", f"Deltas vs **{md_text(runs[0].label)}**:", ""]

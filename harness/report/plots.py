@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from cbbench.harness.conclusions.window import in_flight, steady_window
 from cbbench.harness.report.runs import LoadedRun, load_level
 from cbbench.harness.report.samples import RunSamples
 from cbbench.harness.report.svg import PALETTE, Series, chart, color, downsample_minmax
@@ -115,7 +116,27 @@ def timeline_charts(runs: list[LoadedRun], samples: list[RunSamples]) -> list[st
             xs, ys = downsample_minmax(t, n, TIMELINE_POINTS)
             series.append(Series(lr.label, xs, ys, color(i), mode="step"))
     out.append(chart("completed requests", series, "time since start (s)", "requests done"))
+    out.append(in_flight_chart(runs))
     return out
+
+
+def in_flight_chart(runs: list[LoadedRun]) -> str:
+    """Requests in flight over time, each run's steady-state window shaded (the rule:
+    harness/conclusions/window.py)."""
+    series, bands = [], []
+    for i, lr in enumerate(runs):
+        recs = [r for r in lr.run.records if not r.warmup and r.sent_s is not None and r.end_s]
+        if not recs:
+            continue
+        t = np.unique(np.r_[[r.sent_s for r in recs], [r.end_s for r in recs]])
+        n = in_flight(recs, t)
+        xs, ys = downsample_minmax(t, n, TIMELINE_POINTS)
+        series.append(Series(lr.label, xs, ys, color(i), mode="step"))
+        w = steady_window(lr.run.records)
+        if w is not None:
+            bands.append((w.start_s, w.end_s, color(i), f"{lr.label}: {w.label()}"))
+    title = "requests in flight (shaded: steady window)"
+    return chart(title, series, "time since start (s)", "in flight", bands=bands)
 
 
 def scatter_chart(runs: list[LoadedRun], samples: list[RunSamples]) -> str:

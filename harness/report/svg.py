@@ -90,7 +90,9 @@ def chart(
     width: int = 580,
     height: int = 320,
     y_range: tuple[float, float] | None = None,
+    bands: list[tuple[float, float, str, str]] | None = None,
 ) -> str:
+    """`bands`: (x from, x to, color, label) shaded behind the series (a steady window)."""
     pad_l, pad_r, pad_t = 64, 16, 30
     legended = [s for s in series if s.legend]
     legend_rows = math.ceil(len(legended) / 3)
@@ -147,6 +149,13 @@ def chart(
         f'<text transform="translate(14 {pad_t + ph / 2}) rotate(-90)" class="yl">'
         f"{escape(y_label)}</text></g>"
     )
+    for a, b, band_color, label in bands or []:
+        xa, xb = sx(max(a, x0)), sx(min(b, x1))
+        parts.append(
+            f'<rect class="window" x="{xa:.1f}" y="{pad_t}" width="{max(0.0, xb - xa):.1f}" '
+            f'height="{ph}" fill="{band_color}" fill-opacity="0.12"><title>{escape(label)}'
+            "</title></rect>"
+        )
     for s in series:
         pts = [
             (sx(float(x)), sy(float(y)), i)

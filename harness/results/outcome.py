@@ -25,6 +25,7 @@ EXIT_OK = 0  # every measured request completed
 EXIT_FAILED = 1  # none completed, stopped early on a client error, or the server went away
 EXIT_BAD_INPUT = 2  # a flag, workload or server address the run could not start with
 EXIT_SOME_FAILED = 3  # the run finished; some requests failed (their reasons are printed)
+EXIT_SATURATED = 4  # stopped over-saturated (--on-saturation stop); finished requests kept
 EXIT_INTERRUPTED = 130  # Ctrl-C; the requests that finished are kept
 EARLY_STOP_AFTER = 5  # this many first answers, all the same client error: stop
 CLIENT_ERROR_KINDS = ("http_4xx",)
@@ -46,6 +47,11 @@ def incomplete_reason(meta: dict[str, Any]) -> str | None:
         )
     if status == "interrupted":
         return "was interrupted (Ctrl-C); it holds only the requests that finished"
+    if status == "over-saturated":
+        return (
+            "was stopped over-saturated (its queue grew without bound); it holds only the "
+            "requests that finished before the stop"
+        )
     if status == "stopped-early":
         why = (meta.get("summary") or {}).get("stopped_by_watch")
         return "was stopped early" + (f" ({why})" if why else "") + (
@@ -140,6 +146,8 @@ def exit_code(summary: RunSummary, interrupted: bool, failure: str | None) -> in
     """What a finished `bench` run exits with (see the EXIT_* constants)."""
     if interrupted:
         return EXIT_INTERRUPTED
+    if (summary.get("over_saturated") or {}).get("stopped"):
+        return EXIT_SATURATED
     counts = summary.get("counts") or {}
     if failure or (counts.get("total") and not counts.get("completed")):
         return EXIT_FAILED

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import signal
@@ -44,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 from cbbench.harness.client import aio
 from cbbench.harness.client.h1conn import SO_TIMESTAMPNS, kernel_timestamps_supported
 from cbbench.harness.servers.fake_conn import HIGH_WATER, Pacer, ServerConn
+from cbbench.harness.servers.fake_load import LoadModel, LoadState
 from cbbench.harness.servers.launcher import ServerHandle, ready_line, start_server
 from cbbench.reference_engine.server.lifeline import die_with_launcher
 
@@ -76,6 +78,7 @@ class FakeServerConfig:
     default: Behavior = field(default_factory=Behavior)
     rules: dict[int, Behavior] = field(default_factory=dict)
     drop_reused: int = 0  # close the first N requests that come on a kept-alive connection
+    load: LoadModel = field(default_factory=LoadModel)  # capacity, noise, warm-up (fake_load)
 
     def behavior(self, index: int | None) -> Behavior:
         return self.rules.get(index, self.default) if index is not None else self.default
@@ -85,6 +88,8 @@ class FakeServerConfig:
             {
                 "default": asdict(self.default),
                 "rules": {k: asdict(v) for k, v in self.rules.items()},
+                "drop_reused": self.drop_reused,
+                "load": asdict(self.load),
             }
         )
 
@@ -95,6 +100,7 @@ class FakeServerConfig:
             default=Behavior(**d.get("default", {})),
             rules={int(k): Behavior(**v) for k, v in d.get("rules", {}).items()},
             drop_reused=int(d.get("drop_reused", 0)),
+            load=LoadModel(**d.get("load", {})),
         )
 
 
@@ -130,6 +136,8 @@ class FakeServer:
         self._listener: socket.socket | None = None
         self._conns: set[ServerConn] = set()
         self._pacer: Pacer | None = None
+        self.load = LoadState(self.config.load)
+        self.cache_resets = 0
         why = kernel_timestamps_supported() if kernel_timestamps else None
         if why:
             _log.warning(
@@ -212,13 +220,23 @@ class FakeServer:
             return await self._json(conn, 200, data)
         if method == "GET" and path == "/health":
             return await self._json(conn, 200, {})
+        if method == "POST" and path == "/reset_prefix_cache":  # vLLM's name
+            self.cache_resets += 1
+            self.load.reset()
+            return await self._json(conn, 200, {})
         if method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
             self.requests_seen += 1
             try:
                 req = json.loads(body)
             except ValueError:
                 return await self._error(conn, 400, "invalid JSON body")
-            b = self.config.behavior(_request_index(headers))
+            index = _request_index(headers)
+            b = self.config.behavior(index)
+            if self.config.load.active:  # capacity, noise, warm-up: this request's timing
+                max_tokens = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
+                chunks = -(-max(1, max_tokens - b.short_by) // b.tokens_per_chunk)
+                ttft, itl = self.load.plan(index, arrived[0] / 1e9, b.ttft_s, b.itl_s, chunks)
+                b = dataclasses.replace(b, ttft_s=ttft, itl_s=itl)
             if b.hang_s:
                 await asyncio.sleep(b.hang_s)
             if b.status != 200:

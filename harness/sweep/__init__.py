@@ -4,5 +4,5 @@ watch; `runner`: the library call behind `cbbench sweep`), and the SLO capacity 
 `capacity_run`: the search on a server).
 
 Layer: sweep (many runs of the load layer).
-Imports: load, results, telemetry.
+Imports: conclusions, load, results, telemetry.
 """

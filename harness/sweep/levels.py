@@ -12,19 +12,13 @@ import json
 import math
 import os
 import signal
-import statistics
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from cbbench.harness.conclusions import saturation
 from cbbench.harness.results.run_folder import REQUESTS_FILE, TIMESERIES_FILE
-
-WINDOW = 10  # requests compared at the start and the end of a level
-TTFT_GROWTH = 5.0  # late median TTFT / early median TTFT that counts as exploding
-MIN_LATE_TTFT_S = 0.2  # ... and only when the late median is at least this long
-WAITING_GROWTH = 2.0  # server waiting queue: late / early
-MIN_WAITING = 8  # ... and at least this many waiting
 
 
 @dataclass
@@ -129,22 +123,9 @@ class SaturationWatch:
         ]
 
     def verdict(self) -> str | None:
-        """Why the level is clearly over-saturated, or None."""
-        if len(self._ttft) >= 2 * WINDOW:
-            early = statistics.median(self._ttft[:WINDOW])
-            late = statistics.median(self._ttft[-WINDOW:])
-            if late >= MIN_LATE_TTFT_S and late > TTFT_GROWTH * max(early, 1e-6):
-                return (
-                    f"TTFT exploding: median of the last {WINDOW} requests {late * 1e3:.0f} ms, "
-                    f"of the first {WINDOW} {early * 1e3:.0f} ms"
-                )
-        w = self._waiting
-        if len(w) >= 12:
-            third = len(w) // 3
-            early, late = max(w[:third]), min(w[-third:])
-            if late >= MIN_WAITING and late >= WAITING_GROWTH * max(early, 1.0):
-                return f"server waiting queue growing: {early:.0f} -> {late:.0f} requests"
-        return None
+        """Why the level is clearly over-saturated, or None: the shared rule
+        (harness/conclusions/saturation.py), the one `bench` stops by."""
+        return saturation.ttft_explosion(self._ttft) or saturation.waiting_growth(self._waiting)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.poll_s):

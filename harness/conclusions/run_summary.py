@@ -1,0 +1,37 @@
+"""What one run's summary says beyond its whole-run figures: the steady window's figures beside
+them (window.py) and the over-saturation verdict (saturation_watch.py); the lines `bench`
+prints for them."""
+
+from __future__ import annotations
+
+from cbbench.harness.conclusions.window import add_window_summary, window_line
+from cbbench.harness.results.records import RequestRecord
+
+OVER_SATURATED = "over-saturated"  # run.json status of a run the watch stopped
+
+
+def add_run_conclusions(
+    summary: dict, records: list[RequestRecord], window, slo: dict | None, observers: list
+) -> None:
+    found = next((o.found for o in observers if getattr(o, "found", None)), None)
+    add_window_summary(summary, records, window, slo, steady=found is None)
+    if found is not None:
+        summary["over_saturated"] = found
+
+
+def conclusion_lines(summary: dict) -> list[str]:
+    lines = []
+    w = window_line(summary)
+    if w:
+        lines.append(w)
+    sat = summary.get("over_saturated")
+    if sat:
+        kept = (summary.get("counts") or {}).get("total", 0)
+        if sat.get("stopped"):
+            lines.append(
+                f"{sat['line']}: stopped ({sat['reason']}); the {kept} requests that finished "
+                "are kept (--on-saturation continue runs on)"
+            )
+        else:
+            lines.append(f"{sat['line']}: {sat['reason']} (--on-saturation continue: ran on)")
+    return lines
