@@ -140,14 +140,8 @@ def test_malformed_traces_end_in_one_line_naming_span_and_fault(tmp_path, capsys
     unreadable["spans"][0]["start_time"] = "yesterday"
     err = _one_line_error(capsys, _write(tmp_path, "time2.json", unreadable))
     assert "span orch: bad timestamps: start time 'yesterday'" in err
-    cycle = _fanout()  # orch quotes sub1's answer, sub1 quotes orch's: a cycle
-    attrs = cycle["spans"][0]["attributes"]
-    attrs["gen_ai.input.messages"] = json.dumps(
-        [
-            {"role": "user", "content": "go"},
-            {"role": "assistant", "content": "step 1 done: findings 1"},
-        ]
-    )
+    cycle = _fanout()  # orch links to sub1, which quotes orch's answer: a cycle
+    cycle["spans"][0]["links"] = [{"trace_id": "fan-out-1", "span_id": "sub1"}]
     err = _one_line_error(capsys, _write(tmp_path, "cycle.json", cycle))
     assert "a cycle in the call graph" in err and ("span orch" in err or "span sub1" in err)
     with pytest.raises(WorkloadError, match="no LLM spans"):
@@ -269,3 +263,43 @@ def test_a_spec_file_times_trace_sessions_by_an_arrival_process(tmp_path):
     assert [r.graph.after for r in wl.requests] == [
         r.graph.after for r in load_workload(str(FIXTURES)).requests
     ]
+
+
+def test_collector_jsonl_and_the_details_event_read_as_the_same_chain(tmp_path):
+    """The collector's file exporter writes one OTLP object a line; newer instrumentations may
+    put the messages on a `gen_ai.client.inference.operation.details` span event."""
+    chain = json.loads((FIXTURES / "chain.json").read_text())
+    spans = chain["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    second = spans[3]  # c000000000000002: its messages on the event instead
+    moved = [a for a in second["attributes"] if a["key"].startswith("gen_ai.input")]
+    second["attributes"] = [a for a in second["attributes"] if a not in moved]
+    second["events"] = [{"name": "gen_ai.client.inference.operation.details", "attributes": moved}]
+    lines = []
+    for part in (spans[:3], spans[3:]):
+        obj = copy.deepcopy(chain)
+        obj["resourceSpans"][0]["scopeSpans"][0]["spans"] = part
+        lines.append(json.dumps(obj))
+    path = tmp_path / "export.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    got, want = (
+        load_workload(str(path)).requests,
+        load_workload(str(FIXTURES / "chain.json")).requests,
+    )
+    assert [(r.graph.after, r.graph.live, r.graph.messages, r.think_s) for r in got] == [
+        (r.graph.after, r.graph.live, r.graph.messages, r.think_s) for r in want
+    ]
+
+
+def test_a_quote_of_a_later_calls_answer_is_no_edge(tmp_path):
+    """The orchestrator's input holds text equal to a sub-agent's later answer (a repeated
+    phrase): a call that started later cannot have written it, so no edge and no cycle."""
+    trace = _fanout()
+    trace["spans"][0]["attributes"]["gen_ai.input.messages"] = json.dumps(
+        [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": "step 1 done: findings 1"},
+        ]
+    )
+    wl = load_workload(str(_write(tmp_path, "quote.json", trace)))
+    assert [r.graph.after for r in wl.requests] == [(), (0,), (0,), (0,)]
+    assert wl.requests[0].graph.live == ()

@@ -135,3 +135,18 @@ def test_fanout_queue_rule_fires_when_siblings_wait_for_each_other(tmp_path):
     assert sorted(r.scheduled_s for r in firsts) == arrivals  # sessions arrive by the process
     assert all(r.sent_s >= r.scheduled_s for r in firsts)
     assert json.dumps(f.to_dict())
+
+
+def test_context_fit_skips_a_call_with_every_call_that_needs_its_answer():
+    from cbbench.harness.load.context_fit import fit_to_context
+
+    wl = load_workload("agent-graph", seed=1, num_requests=60)
+    fitted, fit = fit_to_context(wl, 1400, 16)  # the preset's long prompts: some calls overflow
+    assert fit.skipped and fit.sessions_cut
+    kept = {r.index: r for r in fitted.requests}
+    for r in fitted.requests:
+        assert all(p in kept for p in r.graph.after)  # nothing waits on a call not sent
+        assert all(src in kept for _, src in r.graph.live)
+        assert r.graph.calls == sum(q.session_id == r.session_id for q in fitted.requests)
+    reducers = [r for r in wl.requests if r.graph.name == "reducer"]
+    assert any(r.index not in kept for r in reducers)  # the join needs every branch

@@ -170,3 +170,34 @@ def test_cli_text_json_strict_and_report_section(provoked, capsys, tmp_path: Pat
     assert "triton" in page  # every engine's fix in the HTML
     text = md.read_text()
     assert "#### Diagnosis" in text and "`hol-blocking`" in text and "&#x27;" not in text
+
+
+def test_rules_read_their_own_evidence(demo, provoked, tmp_path: Path) -> None:
+    """Issue 51: no advice the run's own evidence contradicts. The dynamic demo run (KV mostly
+    free: dynamic reserves prompt + max_tokens) gets no smaller --max-model-len; a continuous
+    server with 2 slots and short requests behind long ones is not head-of-line blocked by
+    request-level batching (it is told nothing about --scheduler continuous)."""
+    dynamic = findings(demo["dynamic"])["hol-blocking"]
+    assert dynamic.values["kv_usage_mean"] < 0.5
+    assert "--max-model-len" not in dynamic.fixes["cbbench"]
+    assert "--scheduler continuous" in dynamic.fixes["cbbench"]
+    static = findings(demo["static"])["hol-blocking"]
+    assert "--max-model-len" in static.fixes["cbbench"]  # its reservations filled the pool
+
+
+    # the provoked head-of-line run's request times, on a server whose run.json says it is
+    # continuous (iteration-level): the rule must not name request-level batching there
+    import json
+    import shutil
+
+    src = provoked("hol-blocking")
+    assert "hol-blocking" in findings(src)
+    run = tmp_path / "said-continuous"
+    shutil.copytree(src, run)
+    meta = json.loads((run / "run.json").read_text())
+    meta["target"]["scheduler"] = "continuous"
+    (run / "run.json").write_text(json.dumps(meta))
+    found = findings(run)
+    assert "hol-blocking" not in found, found["hol-blocking"].evidence
+    for f in found.values():
+        assert "--scheduler continuous" not in f.fixes["cbbench"], f.rule

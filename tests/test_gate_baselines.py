@@ -51,8 +51,10 @@ def test_real_cpu_rerun_passes_the_tolerant_gate(tmp_path: Path, capsys) -> None
     assert "PASS: 4 rules" in capsys.readouterr().out
 
 
-def test_tolerant_gate_still_fails_a_gross_regression(tmp_path: Path) -> None:
-    """The CPU policy is wide, not blind: the baseline made 6x slower fails it."""
+@pytest.mark.parametrize("factor", [4, 6])
+def test_tolerant_gate_still_fails_a_gross_regression(tmp_path: Path, factor: int) -> None:
+    """The CPU policy is wide, not blind: the baseline made 6x slower fails it, and 4x (which
+    the old +400 % let through; issue 51 measured the noise, results/baselines/gate-cpu.toml)."""
     from cbbench.harness.results.run_folder import RunWriter
 
     base = load_run(BASELINES / "cpu-tiny-continuous")
@@ -60,7 +62,7 @@ def test_tolerant_gate_still_fails_a_gross_regression(tmp_path: Path) -> None:
     for r in base.records:
         for name in ("ttft_s", "e2e_s", "tpot_s", "last_token_s", "end_s"):
             if getattr(r, name, None) is not None:
-                setattr(r, name, getattr(r, name) * 6)
+                setattr(r, name, getattr(r, name) * factor)
         w.add_record(r)
     w.write_run({k: v for k, v in base.meta.items() if k != "summary"})
     w.close()

@@ -48,12 +48,12 @@ def test_missing_and_malformed_runs(base: Path, tmp_path: Path, capsys) -> None:
 def test_mismatched_runs(base: Path, tmp_path: Path, capsys) -> None:
     other_seed = write_run(tmp_path / "seed", n=60, seed=1, workload_seed=8, max_output=8)
     err = gate_error(capsys, "--baseline", str(base), "--candidate", str(other_seed))
-    assert "workload seed mismatch: baseline 7, candidate 8" in err
+    assert "not comparable: workload seed: baseline 7, candidate 8" in err
     other_wl = write_run(tmp_path / "wl", n=60, seed=1, workload="long-docs", max_output=8)
     err = gate_error(capsys, "--baseline", str(base), "--candidate", str(other_wl))
-    assert "workload mismatch" in err and "'long-docs'" in err
+    assert "not comparable: workload: baseline" in err and "candidate long-docs" in err
     sim = write_run(tmp_path / "sim", n=60, seed=1, meta={"simulated": True}, max_output=8)
-    assert "only the candidate is SIMULATED" in gate_error(
+    assert "measured or simulated: baseline measured, candidate simulated" in gate_error(
         capsys, "--baseline", str(base), "--candidate", str(sim)
     )
     few = write_run(tmp_path / "few", n=60, seed=1, errors=50, max_output=8)

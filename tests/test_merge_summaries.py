@@ -45,8 +45,7 @@ def _shards(url: str, tmp_path, spec: dict, *flags: str) -> list:
 
 
 def _merge(tmp_path, dirs, monkeypatch, capsys) -> tuple[dict, str]:
-    # the shards ran one after the other (no --start-at): merged anyway, as the test is about
-    # the summaries (a real N-host run starts its shards together)
+    # the shards ran one after the other, not side by side: merging them is asked for
     argv = ["merge", str(tmp_path / "merged"), *map(str, dirs), "--allow-start-skew"]
     monkeypatch.setattr(sys, "argv", ["cbbench", *argv])
     capsys.readouterr()

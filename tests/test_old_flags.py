@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 
 import pytest
 from cbbench.harness.cli import build_parser, main
@@ -347,3 +349,149 @@ def test_calibrate_grid_flag_rejects_bad_list(capsys) -> None:
     assert main(["calibrate", "--model", "tiny", "--batch-sizes", "1,x"]) == 2
     err = capsys.readouterr().err
     assert "--batch-sizes" in err and "Traceback" not in err
+
+
+# Issue 51: one spelling per concept. (command, argv with the old spelling, the new flag it
+# is the old spelling of, the parsed dest and the value it must hold)
+RENAMED = [
+    ("route", ["route", "--replica", "http://127.0.0.1:9", "--policy", "round-robin"],
+     "--router", "router_policy", "round-robin"),
+    ("sweep", ["sweep", "--base-url", "http://127.0.0.1:9", "--rates", "1", "--out", "o",
+               "--goodput", "0.9"],
+     "--goodput-share", "goodput", 0.9),
+    ("plan", ["plan", "--slo", "ttft=1s", "--hardware", "h100", "--price", "1", "--goodput",
+              "95%"], "--goodput-share", "goodput_share", "95%"),
+    # a coefficient of variation of 2 is the gamma shape 1/4
+    ("workload", ["workload", "show", "chat", "--cv", "2"], "--burstiness", "burstiness", 0.25),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("command", "argv", "new", "dest", "value"), RENAMED)
+def test_old_spellings_parse_and_say_they_are_old(command, argv, new, dest, value) -> None:
+    from cbbench.harness.cli.parsing import old_spelling_notes
+
+    ns = build_parser().parse_args(argv)
+    assert getattr(ns, dest) == value
+    old = argv[argv.index(new) if new in argv else -2]
+    notes = old_spelling_notes(f"cbbench {command}", argv)
+    assert notes == [
+        f"cbbench {command}: note: {old} is the old spelling of {new} (still accepted)"
+    ]
+    assert old_spelling_notes(f"cbbench {command}", [a if a != old else new for a in argv]) == []
+
+
+def test_old_spelling_note_is_printed_once_on_stderr(tmp_path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "cbbench.harness.cli", "workload", "show", "chat", "--arrival",
+         "gamma", "--rate", "4", "--cv", "2", "--num-requests", "50", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    note = "cbbench workload: note: --cv is the old spelling of --burstiness (still accepted)"
+    assert proc.stderr.strip() == note
+    new = subprocess.run(
+        [sys.executable, "-m", "cbbench.harness.cli", "workload", "show", "chat", "--arrival",
+         "gamma", "--rate", "4", "--burstiness", "0.25", "--num-requests", "50", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert new.stdout == proc.stdout and new.stderr == ""  # the same arrivals
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["serve", "--port", "x"], "cbbench serve: error: argument --port: invalid int value: 'x'"),
+        (["bench", "--base-url", "http://127.0.0.1:9", "--concurrency", "many"],
+         "cbbench bench: error: argument --concurrency"),
+        (["run", "--schedulers", "static,foo"], "cbbench run: error: --schedulers: unknown foo"),
+        (["serve", "--max-queue-delay", "soon"], "expected a duration such as 50ms"),
+        (["--no-such-flag"], "cbbench: error: unrecognized arguments: --no-such-flag"),
+    ],
+)  # fmt: skip
+def test_errors_are_one_line_and_a_hint(argv, message) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "cbbench.harness.cli", *argv],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) <= 2 and message in lines[0], proc.stderr
+    assert "usage:" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_durations_take_units_and_a_setting_of_another_scheduler_is_said(tmp_path) -> None:
+    from cbbench.reference_engine.config.options import inapplicable
+
+    sub = _subparsers()
+    for text, seconds in (("50ms", 0.05), ("0.05s", 0.05), ("0.05", 0.05), ("1m", 60.0)):
+        ns = sub["serve"].parse_args(["--max-queue-delay", text])
+        assert ns.max_queue_delay == pytest.approx(seconds)
+    # every duration flag takes units; a bare number keeps its old meaning, seconds
+    for argv, dest, seconds in (
+        (["bench", "--base-url", "x", "--timeout", "10m"], "timeout", 600.0),
+        (["bench", "--base-url", "x", "--timeout", "30"], "timeout", 30.0),
+        (["route", "--replica", "x", "--poll-interval", "250ms"], "poll_interval", 0.25),
+        (["probe", "--base-url", "http://x", "--max-time", "2m"], "max_time", 120.0),
+        (["sweep", "--base-url", "x", "--rates", "1", "--out", "o", "--level-timeout", "90s"],
+         "level_timeout", 90.0),
+    ):  # fmt: skip
+        assert getattr(build_parser().parse_args(argv), dest) == pytest.approx(seconds), argv
+    said = inapplicable({"max_queue_delay": 0.05, "batch_size": 4}, ["continuous"])
+    assert said == [
+        "--max-queue-delay is a dynamic scheduler setting: it does not apply to --scheduler "
+        "continuous"
+    ]
+    assert inapplicable({"max_queue_delay": 0.05}, ["dynamic"]) == []
+    # the real command says it as it starts, and says a simulated model is one (it announced
+    # "8030.3M params, float32, cpu" as if llama-3-8b's weights were loaded)
+    from tests.process_support import kill, readline_within
+
+    log = tmp_path / "serve.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cbbench.harness.cli", "serve", "--executor", "sim",
+             "--model", "llama-3-8b", "--max-queue-delay", "50ms", "--port", "0",
+             "--no-engine-process"],
+            stdout=subprocess.PIPE, stderr=err, text=True,
+        )  # fmt: skip
+        try:
+            assert "ready at http://127.0.0.1:" in readline_within(proc, 120, "cbbench serve")
+        finally:
+            kill(proc)
+    said = log.read_text()
+    assert "warning: --max-queue-delay is a dynamic scheduler setting" in said
+    assert "llama-3-8b (SIMULATED, no weights loaded: 8030.3M-parameter shape" in said
+    assert "float32, cpu" not in said
+
+
+def test_one_slo_grammar_for_bench_and_plan() -> None:
+    from cbbench.harness.results.summary import parse_slo
+    from cbbench.harness.studies.plan_space import Slo, parse_slos
+
+    text = "ttft=500ms,tpot_p99=50ms"
+    assert parse_slo(text) == {"ttft": 0.5, "tpot": 0.05}  # goodput: each request within
+    assert parse_slos(text) == [Slo("ttft", "max", 0.5), Slo("tpot", "p99", 0.05)]
+    from cbbench.harness.errors import CbbenchError
+
+    for bad in ("ttft=500", "latency=1s", "ttft_p42=1s"):
+        with pytest.raises(CbbenchError) as a:
+            parse_slo(bad)
+        with pytest.raises(CbbenchError) as b:
+            parse_slos(bad)
+        assert str(a.value) == str(b.value)  # the same words on every command
+
+
+def test_merge_takes_out_as_every_command_does(tmp_path) -> None:
+    """`merge --out OUT DIR...`; the old `merge OUT DIR...` still works and says it is old."""
+    cli = [sys.executable, "-m", "cbbench.harness.cli", "merge"]
+    new = subprocess.run([*cli, "--out", str(tmp_path / "m"), str(tmp_path / "nope")],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    old = subprocess.run([*cli, str(tmp_path / "m"), str(tmp_path / "nope")],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert new.returncode == old.returncode == 2
+    assert "note" not in new.stderr and "nope" in new.stderr.splitlines()[-1]
+    assert old.stderr.splitlines()[0] == (
+        "cbbench merge: note: `merge OUT DIR...` is the old form of `merge --out OUT DIR...` "
+        "(still accepted)"
+    )
+    assert old.stderr.splitlines()[-1] == new.stderr.splitlines()[-1]

@@ -97,7 +97,14 @@ def test_verdict_helpers_on_hand_made_records() -> None:
     recs = [_rec(i, 0.2) for i in range(8)]
     assert prefix_caching(recs, "FRRFRFRF", 0.01).value == "off"
     recs = [_rec(i, 0.0105) for i in range(8)]  # the long prefill costs nothing: cannot tell
-    assert prefix_caching(recs, "FRRFRFRF", 0.01).value == "unknown"
+    v = prefix_caching(recs, "FRRFRFRF", 0.01)
+    assert v.value == "unknown" and "too cheap" in v.text
+    # issue 51: a 30 ms prefill under a 400 ms batch-fill wait is not "cheap": the wait masks it
+    recs = [_rec(i, 0.43) for i in range(8)]
+    v = prefix_caching(recs, "FRRFRFRF", 0.40)
+    assert v.value == "unknown" and "cheap" not in v.text
+    assert "the long prefill (30.0 ms) is under 10 % of TTFT p50 430 ms" in v.text
+    assert "batch-fill delay" in v.text
 
 
 def _level(c: int, ttft: float, tpot: float, n_out: int = 16) -> tuple[int, list[RequestRecord]]:

@@ -50,8 +50,9 @@ def test_not_comparable_and_simulated_are_flagged(tmp_path: Path) -> None:
     )
     rep = build_report([a, b, c])
     html, md = rep.html(), rep.markdown()
-    assert "Not comparable: runs use different workloads" in html
-    assert "runs use different workload seeds" in html
+    assert "Not comparable: workload differs (a: " in html
+    assert "workload seed differs (a: 7, b: 9, c: 7)" in html
+    assert "Not comparable: measured or simulated differs" in html
     assert html.count('class="sim"') >= 2  # in the run list and in the tables
     assert "**Not comparable:**" in md and "**SIMULATED**" in md
     same = build_report([a, write_run(tmp_path / "a2", n=30, seed=2, max_output=8)])

@@ -28,7 +28,11 @@ document.body.setAttribute('data-check',JSON.stringify({
  inner:window.innerWidth,right:s.getBoundingClientRect().right,
  scroll:box.scrollWidth,client:box.clientWidth,findings:f.length,
  closed:document.querySelectorAll('.finding details:not([open])').length,
- tallest:Math.max(...f.map(x=>x.getBoundingClientRect().height)),rows:rows}));});
+ tallest:Math.max(...f.map(x=>x.getBoundingClientRect().height)),rows:rows,
+ config:(()=>{const t=document.querySelector('#config');return {right:t.getBoundingClientRect()
+ .right,scroll:t.parentElement.scrollWidth,client:t.parentElement.clientWidth};})(),
+ star:document.querySelectorAll('td.best').length,
+ note:[...document.querySelectorAll('p.muted')].map(p=>p.innerText).join(' ')}));});
 </script>"""
 
 
@@ -73,6 +77,23 @@ def test_summary_table_fits_1400_px(report) -> None:
     _, c = report
     assert c["inner"] == WIDTH
     assert c["scroll"] <= c["client"] and c["right"] <= c["inner"], c
+
+
+def test_configuration_table_fits_1400_px(report) -> None:
+    """Issue 51: the configuration table (the command line, the workload spec as JSON)
+    overflowed 1,400 px; long values now wrap inside their cell."""
+    _, c = report
+    assert c["config"]["scroll"] <= c["config"]["client"], c["config"]
+    assert c["config"]["right"] <= c["inner"], c["config"]
+
+
+def test_footnote_says_the_slo_or_why_goodput_is_empty(report) -> None:
+    """Neither run had an SLO: the footnote names the runs whose goodput it cannot fill, and
+    claims no star for a tie (error rates and such equal across both runs)."""
+    _, c = report
+    assert "goodput needs an SLO (--slo) for" not in c["note"]  # neither had one: said once
+    assert "Goodput needs an SLO (--slo)." in c["note"]
+    assert "none for a tie or a difference below the printed precision" in c["note"]
 
 
 def test_fix_tables_are_collapsed(report) -> None:

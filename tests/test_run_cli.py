@@ -110,7 +110,8 @@ def test_engine_flags_forward_what_was_given():
 @pytest.mark.parametrize(
     "argv, needle",
     [
-        (["--schedulers", "static,fast"], "--scheduler: unknown fast"),
+        (["--schedulers", "static,fast"], "--schedulers: unknown fast"),  # the flag typed
+        (["--scheduler", "static,fast"], "--scheduler: unknown fast"),
         (["--batch-size", "0"], "--batch-size"),
         (["--slo", "ttft=soon"], "--slo"),
         (["--workload", "no-such-workload"], "no-such-workload"),
@@ -121,6 +122,36 @@ def test_run_bad_input_is_one_line(tmp_path, capsys, argv, needle):
     err = capsys.readouterr().err.strip()
     assert needle in err and "Traceback" not in err and len(err.splitlines()) == 1
     assert not (tmp_path / "x").exists()  # nothing written for a run that never started
+
+
+def test_run_that_fails_to_start_leaves_no_folder(tmp_path, capsys):
+    """Issue 51: a server that cannot start (CUDA asked of a CPU torch) fails the run in one
+    line, and the folder made for it (which held only workload.json) is gone."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here: the server would start")
+    out = tmp_path / "x"
+    assert main(["run", "--device", "cuda", "--num-requests", "4", "--out", str(out)]) == 2
+    cap = capsys.readouterr()
+    err = cap.err.strip()
+    assert "CUDA is not available" in err and len(err.splitlines()) == 1
+    assert not out.exists()
+    # piped, the opening line stays whole (it wrapped at 80 columns mid-phrase)
+    assert any(
+        line.startswith("cbbench run: 4 requests of run-demo against the reference engine")
+        and line.endswith(f"once per scheduler: static, dynamic, continuous; results in {out}")
+        for line in cap.out.splitlines()
+    ), cap.out
+
+
+def test_run_demo_is_a_workload_name(tmp_path):
+    """`run-demo`, the name `cbbench run` prints and records, is a workload every command takes."""
+    from cbbench.workloads import load_workload
+
+    wl = load_workload("run-demo", seed=0, num_requests=8)
+    assert wl.name == "run-demo" and len(wl) == 8
+    assert RUN_WORKLOAD["num_requests"] == 256 and RUN_WORKLOAD["name"] == "run-demo"
 
 
 def test_run_ctrl_c_keeps_finished_requests(tmp_path):

@@ -152,9 +152,11 @@ def test_no_driver_says_so_once_and_records_nothing(nvml, reason, caplog) -> Non
         sampler.stop()
         sampler.stop()
     assert samples == [] and sampler.latest() == {}
-    assert [r.getMessage() for r in caplog.records] == [
-        f"gpu metrics: {reason}; GPU metrics are not recorded"
-    ]
+    # no driver is a machine without a GPU: not a warning on every run (issue 51), the
+    # summary says it once; a driver with no GPU it can see is worth one
+    said = [r.getMessage() for r in caplog.records]
+    quiet = reason.startswith("no NVIDIA driver")
+    assert said == ([] if quiet else [f"gpu metrics: {reason}; GPU metrics are not recorded"])
     summary = sampler.summary()
     assert summary == {"available": False, "reason": reason, "unavailable": list(SUMMARY_FIELDS)}
 

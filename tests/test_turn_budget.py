@@ -61,3 +61,53 @@ def test_a_lone_caller_passes_at_once():
         return budget._left
 
     assert asyncio.run(main()) >= 1
+
+
+def test_a_burst_of_sends_goes_out_a_batch_per_turn():
+    """A closed loop's start (every stream sends at once) is paced: at most SENDS_PER_TURN
+    writes per turn of the loop, so the sockets are read in between (#57)."""
+    import time
+
+    from cbbench.harness.client.api import SENDS_PER_TURN, ClientConfig, OpenAIClient
+    from cbbench.harness.results.records import RequestRecord
+    from servers.fake import Behavior, FakeServerConfig, threaded
+
+    n = 3 * SENDS_PER_TURN + 5
+
+    async def main(url: str) -> list:
+        loop = asyncio.get_running_loop()
+        client = OpenAIClient(ClientConfig(base_url=url, model="m"), time.monotonic_ns())
+        assert client.pool is not None
+        turn = [0]
+        done = asyncio.Event()
+
+        def tick() -> None:
+            turn[0] += 1
+            if not done.is_set():
+                loop.call_soon(tick)
+
+        sent_in: list[int] = []
+        send_request = client.pool.send_request
+
+        async def counted(*args, **kwargs):
+            sent_in.append(turn[0])
+            return await send_request(*args, **kwargs)
+
+        client.pool.send_request = counted
+        loop.call_soon(tick)
+        try:
+            recs = [RequestRecord(id=f"r{i}", index=i, prompt_len=2, output_len=2) for i in range(n)]
+            await asyncio.gather(*(client.send(r, [1, 2]) for r in recs))
+        finally:
+            done.set()
+            await client.aclose()
+        assert all(r.ok for r in recs)
+        return sent_in
+
+    with threaded(FakeServerConfig(Behavior(itl_s=0.0))) as srv:
+        sent_in = asyncio.run(main(srv.url))
+    per_turn: dict[int, int] = {}
+    for t in sent_in:
+        per_turn[t] = per_turn.get(t, 0) + 1
+    assert len(sent_in) == n and max(per_turn.values()) <= SENDS_PER_TURN
+    assert len(per_turn) >= 4

@@ -21,6 +21,7 @@ from typing import Any
 from cbbench.workloads.errors import WorkloadError
 
 LLM_OPERATIONS = ("chat", "text_completion", "generate_content")
+DETAILS_EVENT = "gen_ai.client.inference.operation.details"  # may hold the messages instead
 
 
 @dataclass
@@ -101,15 +102,36 @@ def _span(raw: dict, where: str) -> Span:
         for lk in raw.get("links") or []
         if isinstance(lk, dict) and lk.get("spanId", lk.get("span_id"))
     ]
+    attrs = _attrs(raw.get("attributes"))
+    for ev in raw.get("events") or []:  # content recorded on the details event instead
+        if isinstance(ev, dict) and ev.get("name") == DETAILS_EVENT:
+            attrs = {**_attrs(ev.get("attributes")), **attrs}
     return Span(
         id=sid,
         trace=str(raw.get("traceId", raw.get("trace_id")) or ""),
         name=str(raw.get("name") or ""),
         start_ns=start,
         end_ns=end,
-        attrs=_attrs(raw.get("attributes")),
+        attrs=attrs,
         links=links,
     )
+
+
+def load_objects(text: str, where: str) -> list[Any]:
+    """A trace file's JSON: one object, or one per line (the collector's file exporter)."""
+    try:
+        return [json.loads(text)]
+    except json.JSONDecodeError as exc:
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        if len(lines) < 2:
+            raise WorkloadError(f"{where}: not a readable JSON trace: {exc}") from None
+    out = []
+    for n, line in enumerate(lines, start=1):
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise WorkloadError(f"{where}:{n}: not valid JSON: {exc.msg}") from None
+    return out
 
 
 def read_spans(obj: Any, where: str) -> list[Span]:

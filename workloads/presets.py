@@ -45,6 +45,17 @@ PRESETS: dict[str, Preset] = {
             settings={"batch_size": 4, "hardware": "steps"},
         ),
         Preset(
+            "run-demo",
+            "`cbbench run`'s default: 256 requests, outputs lognormal (median 128, sigma 0.9, "
+            "8-1024), prompts lognormal (median 64, 8-512), all at once",
+            {
+                "num_requests": 256,
+                "prompt": {"dist": "lognormal", "median": 64, "sigma": 0.6, "min": 8, "max": 512},
+                "output": {"dist": "lognormal", "median": 128, "sigma": 0.9, "min": 8, "max": 1024},
+            },
+            has_arrivals=False,
+        ),
+        Preset(
             "uniform",
             "200 requests, every prompt 256 and every output 256 tokens",
             {
@@ -123,9 +134,19 @@ PRESETS: dict[str, Preset] = {
             # prompt + output fit an 8k context (llama-3-8b, the simulator's default model)
             {
                 "num_requests": 200,
-                "prompt": {"dist": "lognormal", "median": 128, "sigma": 0.8, "min": 16, "max": 1024},
+                "prompt": {
+                    "dist": "lognormal",
+                    "median": 128,
+                    "sigma": 0.8,
+                    "min": 16,
+                    "max": 1024,
+                },
                 "output": {
-                    "dist": "lognormal", "median": 1024, "sigma": 1.0, "min": 32, "max": 7168,
+                    "dist": "lognormal",
+                    "median": 1024,
+                    "sigma": 1.0,
+                    "min": 32,
+                    "max": 7168,
                 },
             },  # fmt: skip
             has_arrivals=False,

@@ -2,10 +2,11 @@
 
 A trace's LLM spans (`otel_spans.llm_kind`) become the calls of a session; other spans (tool
 runs, agent invocations) are skipped and counted by reason. The graph:
-- causal edges: an `assistant` message of a call's input that equals another call's output
-  (its text, or its tool call ids) makes that call a predecessor, and the turn is replayed
-  with what the server answered for it (`GraphCall.live`); an OTLP span link to another LLM
-  span is a causal edge too;
+- causal edges: an `assistant` message of a call's input that equals the output of a call
+  that started before it (its text, or its tool call ids) makes that call a predecessor (the
+  latest such one that had ended, where several match), and the turn is replayed with what
+  the server answered for it (`GraphCall.live`); a span link to another LLM span is a causal
+  edge too (links can make a cycle: an error);
 - temporal edges, the fallback for a call with no causal one: the calls that ended last
   before it started (those ending within TOGETHER_NS of the latest, all of them);
 - a cycle is an error naming a span on it; then the transitive reduction keeps only direct
@@ -25,27 +26,49 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
 from cbbench.workloads.errors import WorkloadError
 from cbbench.workloads.graph import GraphCall, depths, topo_order, transitive_reduction
-from cbbench.workloads.otel_spans import LLMCall, Span, llm_call, llm_kind, read_spans
+from cbbench.workloads.otel_spans import (
+    LLMCall,
+    Span,
+    llm_call,
+    llm_kind,
+    load_objects,
+    read_spans,
+)
 from cbbench.workloads.spec import RequestSpec, Workload
 
 TOGETHER_NS = 1_000_000  # predecessors ending within 1 ms of each other ended together
-OTEL_KEYS = ("resourceSpans", "spans")
+OTEL_KEY = re.compile(r'(?<!\\)"(resourceSpans|spans)"\s*:\s*\[')  # a key holding a list
+SUFFIXES = (".json", ".jsonl")  # .jsonl: the collector's file exporter, an object a line
 
 
 def is_otel_trace(path: Path) -> bool:
-    """A .json file whose top level holds `resourceSpans` or `spans`, or a folder of them."""
+    """A .json/.jsonl file of objects holding a `resourceSpans` or `spans` list (a key: the
+    name unescaped, a colon and a list, never text inside a string), or a folder of them."""
     if path.is_dir():
-        return any(is_otel_trace(p) for p in sorted(path.glob("*.json")))
-    if path.suffix.lower() != ".json":
+        return any(is_otel_trace(p) for p in _candidates(path))
+    suffix = path.suffix.lower()
+    if suffix not in SUFFIXES or not path.is_file():
         return False
     with open(path, encoding="utf-8", errors="replace") as f:
-        head = f.read(1 << 16)
-    return head.lstrip().startswith("{") and any(f'"{k}"' in head for k in OTEL_KEYS)
+        if suffix == ".json":
+            head = f.read(1 << 16)
+            return head.lstrip().startswith("{") and OTEL_KEY.search(head) is not None
+        line = f.readline()  # .jsonl: the first object's own keys
+        while line and not line.strip():
+            line = f.readline()
+    try:
+        first = json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(first, dict) and any(
+        isinstance(first.get(k), list) for k in ("resourceSpans", "spans")
+    )
 
 
 def _words(text: str) -> int:
@@ -81,10 +104,11 @@ def _session_graph(
                 continue
             text, call_ids = _output_keys(msg)
             found = set(by_text.get(text, ()) if text else ()) | set(by_calls.get(call_ids, ()))
-            producers = sorted(found - {i})
+            # a call started after this one cannot have written its input (the same short
+            # "OK" later on); of the rest, the latest that ended before this one started
+            producers = sorted(j for j in found - {i} if by_id[j].start_ns < s.start_ns)
             if not producers:
                 continue
-            # equal outputs (a short "OK"): the latest that ended before this call started
             done = [j for j in producers if by_id[j].end_ns <= s.start_ns]
             j = max(done or producers, key=lambda j: (by_id[j].end_ns, j))
             after[i].add(j)
@@ -124,11 +148,15 @@ def _stable_topo(ids: list[str], after: dict[str, set[str]], rank: dict[str, int
     return out
 
 
+def _candidates(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.suffix.lower() in SUFFIXES and p.is_file())
+
+
 def _files(path: Path) -> list[Path]:
     if path.is_dir():
-        files = sorted(p for p in path.glob("*.json") if p.is_file())
+        files = [p for p in _candidates(path) if is_otel_trace(p)]
         if not files:
-            raise WorkloadError(f"{path}: no .json trace files in this folder")
+            raise WorkloadError(f"{path}: no OpenTelemetry trace files (.json, .jsonl) here")
         return files
     return [path]
 
@@ -144,10 +172,10 @@ def read_otel(
     for f in _files(path):
         where = str(f)
         try:
-            obj = json.loads(f.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            text = f.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
             raise WorkloadError(f"{where}: not a readable JSON trace: {exc}") from None
-        spans = read_spans(obj, where)
+        spans = [sp for obj in load_objects(text, where) for sp in read_spans(obj, where)]
         n_spans += len(spans)
         traces: dict[str, list[Span]] = {}
         for s in spans:

@@ -16,6 +16,11 @@ import argparse
 import importlib
 import sys
 
+from cbbench.harness.cli.parsing import (
+    CommandParser,
+    describe_commands,
+    print_old_spelling_notes,
+)
 from cbbench.reference_engine.server.lifeline import die_with_launcher
 
 # Subcommand modules, in the order `cbbench --help` lists them.
@@ -29,6 +34,7 @@ COMMAND_MODULES: list[str] = [
     "cbbench.harness.cli.merge",
     "cbbench.harness.cli.locust",
     "cbbench.harness.cli.export",
+    "cbbench.harness.cli.import_",
     "cbbench.harness.cli.selftest",
     "cbbench.harness.cli.workload",
     "cbbench.harness.cli.report",
@@ -47,14 +53,17 @@ COMMAND_MODULES: list[str] = [
 COMMAND_HELP: dict[str, str] = {
     "version": "print cbbench's version and its key dependencies",
     "run": "the demo: static vs dynamic vs continuous batching on the reference engine",
-    "reproduce": "regenerate the seeds' figures: seed-demo timeline, static vs continuous gains",
+    "reproduce": "regenerate the seeds' figures: seed-demo timeline, static vs continuous gains "
+    "(about 26 min on 2 CPU cores; --sim-only 3 min)",
     "compare-engines": "reference engine vs transformers (static, continuous) vs vLLM on CPU: "
     "tokens/s",
     "quality": "accuracy of bf16/fp16 weights and quantized KV caches vs fp32",
     "bench": "replay a workload against an OpenAI-compatible server and record every request",
     "merge": "merge the run folders of `bench --shard I/N` hosts into one run folder",
     "locust": "load through Locust: web UI or headless, distributed workers, same run folder",
-    "export": "write a run's per-request records as CSV or Parquet",
+    "export": "write a run's records as CSV or Parquet, or it as an llm-d benchmark report",
+    "import": "read another tool's results (vllm bench, guidellm, AIPerf, inference-perf, "
+    "llm-d benchmark report) into a run folder",
     "selftest": "measure the client's own ceiling and timing error locally",
     "workload": "list, show and convert workloads (presets, traces, specs)",
     "report": "compare run folders in one self-contained HTML report (and Markdown)",
@@ -71,7 +80,7 @@ COMMAND_HELP: dict[str, str] = {
 
 
 def command_name(module: str) -> str:
-    return module.rsplit(".", 1)[1].replace("_", "-")
+    return module.rsplit(".", 1)[1].rstrip("_").replace("_", "-")  # import_ -> import
 
 
 # User-caused errors: one clear line and a non-zero exit, never a traceback.
@@ -97,7 +106,7 @@ def build_parser(only: str | None = "") -> argparse.ArgumentParser:
     """The parser. By default every command module is imported and registered; with `only`
     set, just that one is (the others are listed by name and help, and `only=None` imports
     none: enough for `cbbench --help`)."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="cbbench",
         description="Benchmark LLM inference servers; compare static, dynamic and continuous batching.",
     )
@@ -109,6 +118,7 @@ def build_parser(only: str | None = "") -> argparse.ArgumentParser:
             sub.add_parser(name, help=COMMAND_HELP[name], add_help=False)
         else:
             importlib.import_module(module).register(sub)
+    describe_commands(parser)
     return parser
 
 
@@ -122,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    print_old_spelling_notes(f"cbbench {args.command}", argv)
     errors = _user_error_types()
     try:
         return int(args.func(args) or 0)
@@ -131,13 +142,16 @@ def main(argv: list[str] | None = None) -> int:
     except errors as exc:  # type: ignore[misc]
         print(f"cbbench {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:  # out of file descriptors (EMFILE): one line, not a traceback
+    except OSError as exc:  # out of file descriptors (EMFILE), or a path the user gave
         from cbbench.harness.errors import resource_hint
 
-        if not resource_hint(exc):
+        if resource_hint(exc):
+            print(f"cbbench {args.command}: error: {exc}{resource_hint(exc)}", file=sys.stderr)
+            return 1
+        if exc.filename is None:
             raise
-        print(f"cbbench {args.command}: error: {exc}{resource_hint(exc)}", file=sys.stderr)
-        return 1
+        print(f"cbbench {args.command}: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

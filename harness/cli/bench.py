@@ -9,7 +9,9 @@ from cbbench.harness.client.endpoints import ENDPOINTS
 from cbbench.harness.client.stream_kinds import REASONING_PARSERS
 from cbbench.harness.load.cache_options import add_cache_args
 from cbbench.harness.load.vllm_compat import RANDOM_INPUT_LEN, RANDOM_OUTPUT_LEN
+from cbbench.harness.results.slo import SLO_HELP
 from cbbench.harness.telemetry import TelemetryOptions
+from cbbench.reference_engine.config.options import seconds_arg
 
 
 def add_load_args(p: argparse.ArgumentParser) -> None:
@@ -102,9 +104,7 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
         "--seed", type=int, default=None, help="workload seed (default: the spec file's, else 0)"
     )
     slo = p.add_mutually_exclusive_group()
-    slo.add_argument(
-        "--slo", help="goodput SLOs with units, e.g. ttft=200ms,tpot=50ms,e2e=10s (default: none)"
-    )
+    slo.add_argument("--slo", help=SLO_HELP + " (default: none)")
     slo.add_argument(
         "--goodput",
         nargs="+",
@@ -137,10 +137,11 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--timeout",
-        type=float,
-        metavar="SECONDS",
+        type=seconds_arg,
+        metavar="DURATION",
         default=600.0,
-        help="seconds a request may take before it is failed as a timeout (default: 600)",
+        help="how long a request may take before it is failed as a timeout (10m, 90s; a bare "
+        "number is seconds; default: 600s)",
     )
     p.add_argument("--no-stream", action="store_true", help="non-streaming requests (no TTFT/ITL)")
     p.add_argument(
@@ -197,7 +198,7 @@ def add_reasoning_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--chat-template-kwargs",
         metavar="JSON",
-        help='chat: sent as chat_template_kwargs, e.g. \'{"enable_thinking": false}\' (Qwen3)',
+        help="chat: sent as chat_template_kwargs, e.g. '{\"enable_thinking\": false}' (Qwen3)",
     )
 
 
@@ -209,6 +210,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_load_args(p)
     TelemetryOptions.add_args(p)
+    p.add_argument(
+        "--benchmark-report",
+        metavar="PATH",
+        help="also write the run as an llm-d benchmark report v0.2.1 (.json or .yaml)",
+    )
     p.set_defaults(func=run)
 
 
@@ -235,8 +241,20 @@ def run(args: argparse.Namespace) -> int:
     from cbbench.harness.telemetry import build_samplers
 
     cfg = config_from_args(args)
+    if getattr(args, "benchmark_report", None):  # before the run, not after it
+        from cbbench.harness.results.formats.export import check_path
+
+        check_path(args.benchmark_report)
     samplers = list(build_samplers(TelemetryOptions.from_args(args), cfg.base_url))
     result = run_bench(cfg, samplers)
+    if getattr(args, "benchmark_report", None):
+        from cbbench.harness.results.formats.export import export_benchmark_reports
+
+        for line in export_benchmark_reports(result.run_dir, args.benchmark_report):
+            if line.startswith("warning: "):  # exported anyway: the reader must know
+                print(f"cbbench bench: {line}", file=sys.stderr)
+            else:
+                print(line)
     if result.failure and not result.interrupted:
         print(f"cbbench bench: error: {result.failure}", file=sys.stderr)
     return exit_code(result.summary, result.interrupted, result.failure)

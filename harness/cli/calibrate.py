@@ -53,7 +53,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--scale", type=float, default=1.0, help="fit workloads' size factor (default 1.0)"
     )
     p.add_argument("--name", default=None, help="hardware name in the JSON")
-    p.add_argument("--out", default=None, help="JSON path (default: calibration-MODEL-cpu.json)")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="JSON path (default: calibration-MODEL-cpu.json); the fit's table goes beside it "
+        "as X.md (and X-validation.md with --validate)",
+    )
     p.add_argument(
         "--validate",
         action="store_true",
@@ -152,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
         raise EngineError("--fit only goes with --validate (it checks an existing fit)")
     if args.draws is not None and not randomly:
         raise EngineError("--draws only goes with --validate-random")
-    console = Console()
+    console = Console(soft_wrap=True)
     log = lambda s: console.print(s, highlight=False)  # noqa: E731
     checks = []
     if args.validate:

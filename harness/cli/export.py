@@ -1,7 +1,9 @@
-"""`cbbench export RUN --csv PATH | --parquet PATH`: a run's records as a table (pandas).
+"""`cbbench export RUN --csv PATH | --parquet PATH | --benchmark-report PATH`.
 
-One row per request; list fields (token_times_s, itl_s, stream_flags) and `extra` are kept as JSON text in
-CSV, as lists/structs in Parquet.
+CSV / Parquet: a run's records as a table (pandas), one row per request; list fields
+(token_times_s, itl_s, stream_flags) and `extra` are kept as JSON text in CSV, as
+lists/structs in Parquet. `--benchmark-report`: the run as an llm-d benchmark report v0.2.1
+(JSON, or YAML by the suffix); a sweep folder gives one report per load level.
 """
 
 from __future__ import annotations
@@ -17,15 +19,32 @@ from cbbench.harness.results.run_folder import load_run
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="write a run's per-request records as CSV or Parquet")
-    p.add_argument("run", help="run folder (holds requests.jsonl)")
+    p = sub.add_parser(
+        "export",
+        help="write a run's records as CSV or Parquet, or it as an llm-d benchmark report",
+    )
+    p.add_argument("run", help="run folder (holds requests.jsonl); a sweep folder for reports")
     fmt = p.add_mutually_exclusive_group(required=True)
     fmt.add_argument("--csv", help="output CSV path")
     fmt.add_argument("--parquet", help="output Parquet path (needs pyarrow)")
+    fmt.add_argument(
+        "--benchmark-report",
+        metavar="PATH",
+        help="llm-d benchmark report v0.2.1, JSON or YAML by suffix (.json, .yaml)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.benchmark_report:
+        from cbbench.harness.results.formats.export import export_benchmark_reports
+
+        for line in export_benchmark_reports(args.run, args.benchmark_report):
+            if line.startswith("warning: "):  # exported anyway: the reader must know
+                print(f"cbbench export: {line}", file=sys.stderr)
+            else:
+                print(line)
+        return 0
     run_ = load_run(args.run)
     for problem in trust_problems(run_):  # exported anyway: the reader must know
         print(f"cbbench export: warning: {args.run} is {problem}", file=sys.stderr)
@@ -42,7 +61,10 @@ def run(args: argparse.Namespace) -> int:
         try:
             import pyarrow  # noqa: F401
         except ImportError:
-            raise CbbenchError("--parquet needs pyarrow (pip install pyarrow)") from None
+            raise CbbenchError(
+                "--parquet needs pyarrow, which cbbench does not install: pip install "
+                "'pyarrow>=14' (or write --csv)"
+            ) from None
         if "extra" in df:  # free-form dicts have no fixed Parquet schema: keep them as JSON
             df["extra"] = df["extra"].map(lambda v: json.dumps(v, separators=(",", ":")))
         df.to_parquet(out, index=False)

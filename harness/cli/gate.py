@@ -20,7 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="fail CI on a statistically clear regression between two runs",
         description="Judge every policy rule with a seeded bootstrap confidence interval over "
         "the per-request records; a rule fails only when the whole interval is beyond its "
-        "limit. Exit 0 pass, 1 regression, 2 unusable or mismatched input.",
+        "limit. Runs that are not comparable (another endpoint, streaming mode, load shape, "
+        "workload or model) are refused. Exit 0 pass, 1 regression, 2 unusable or "
+        "incomparable input.",
     )
     p.add_argument("--baseline", required=True, metavar="RUN", help="baseline run folder")
     p.add_argument("--candidate", required=True, metavar="RUN", help="candidate run folder")
@@ -32,7 +34,31 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="judge runs that were killed or interrupted (default: refuse them, exit 2)",
     )
+    p.add_argument(
+        "--allow-incomparable",
+        action="store_true",
+        help="judge runs that differ in endpoint, streaming, load shape (open/closed loop, "
+        "rate, concurrency), workload or model (default: refuse them, exit 2, naming the "
+        "differences)",
+    )
     p.set_defaults(func=run)
+
+
+def print_differences(gate) -> None:
+    """Before the table: a judged pair that is not comparable (--allow-incomparable) says so on
+    stderr, one line; other differences (the server or scheduler compared) one line on stdout."""
+    from cbbench.harness.results.comparability import INCOMPARABLE, summary_line
+
+    bad = [d for d in gate.differences if d.severity == INCOMPARABLE]
+    rest = [d for d in gate.differences if d.severity != INCOMPARABLE]
+    if bad:
+        print(
+            "cbbench gate: warning: not comparable, judged anyway (--allow-incomparable): "
+            + summary_line(bad),
+            file=sys.stderr,
+        )
+    if rest:
+        print("runs differ in " + summary_line(rest))
 
 
 def fmt_value(metric: str, v: float | None) -> str:
@@ -89,32 +115,47 @@ def print_table(gate) -> None:
             fmt_limit(r),
             f"[{style}]{r.verdict}[/]" + (f" ({r.note})" if r.note else ""),
         )
-    console = Console(highlight=False)
-    console.width = max(console.width, 150)  # CI logs are not terminals: keep rows on one line
-    console.print(t, markup=True)
+    console = Console(highlight=False, soft_wrap=True)
+    if console.is_terminal:
+        console.print(t, markup=True)
+        if gate.note:  # once, under the table (the Markdown below carries it too)
+            console.print(gate.note, markup=False, highlight=False)
+    else:  # a CI log or a file: Markdown, one line a rule, never wrapped mid-phrase
+        print(markdown(gate, escape_html=False), end="")
     failed = [r for r in gate.results if r.failed]
+    skipped = sum(r.verdict == "n/a" for r in gate.results)
+    judged = len(gate.results) - skipped
+    tail = f", {skipped} not applicable" if skipped else ""
     console.print(
-        f"[bold red]REGRESSION: {len(failed)} of {len(gate.results)} rules failed[/]"
+        f"[bold red]REGRESSION: {len(failed)} of {judged} rules failed{tail}[/]"
         if failed
-        else f"[green]PASS: {len(gate.results)} rules[/]"
+        else f"[green]PASS: {judged} rules{tail}[/]",
+        soft_wrap=True,
     )
 
 
-def markdown(gate) -> str:
+def markdown(gate, escape_html: bool = True) -> str:
+    """The table as Markdown: for a PR comment (`<`, `>` escaped) or a log (as typed)."""
+
     def cell(text: str) -> str:
-        return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+        text = text.replace("|", "\\|")
+        return text.replace("<", "&lt;").replace(">", "&gt;") if escape_html else text
 
     conf = f"{gate.policy.confidence:.0%}"
     head = "PASS" if gate.passed else "REGRESSION"
     lines = [
         f"### cbbench gate: {head}",
         "",
+        f"{gate.policy.source}, {conf} bootstrap CI, {gate.policy.resamples} resamples",
+        "",
         f"| rule | baseline | candidate | change | {conf} CI | limit | verdict |",
         "|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in gate.results:
         est, ci = fmt_change(r)
-        verdict = f"**{r.verdict}**" if r.failed else r.verdict
+        verdict = (f"**{r.verdict}**" if r.failed else r.verdict) + (
+            f" ({r.note})" if r.note else ""
+        )
         row = [
             r.rule.title,
             fmt_value(r.rule.metric, r.baseline),
@@ -126,6 +167,8 @@ def markdown(gate) -> str:
         ]
         lines.append("| " + " | ".join(cell(x) for x in row) + " |")
     lines += ["", "A rule fails only when its whole bootstrap interval lies beyond the limit."]
+    if gate.note:
+        lines += ["", cell(gate.note)]
     return "\n".join(lines) + "\n"
 
 
@@ -179,7 +222,8 @@ def run(args: argparse.Namespace) -> int:
         for which, r in (("baseline", base), ("candidate", cand)):
             for problem in trust_problems(r):
                 print(f"cbbench gate: warning: the {which} is {problem}", file=sys.stderr)
-    gate = run_gate(base, cand, policy, args.allow_incomplete)
+    gate = run_gate(base, cand, policy, args.allow_incomplete, args.allow_incomparable)
+    print_differences(gate)
     print_table(gate)
     if args.junit:
         _write(args.junit, junit(gate))

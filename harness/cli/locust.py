@@ -17,8 +17,10 @@ import sys
 
 from cbbench.harness.cli.bench import add_reasoning_args
 from cbbench.harness.errors import CbbenchError
+from cbbench.harness.results.slo import SLO_HELP
 from cbbench.harness.results.summary import parse_duration, parse_slo
 from cbbench.harness.telemetry import TelemetryOptions
+from cbbench.reference_engine.config.options import seconds_arg
 
 DEFAULT_WEB_PORT = 8089
 DEFAULT_MASTER_PORT = 5557
@@ -51,11 +53,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument(
         "--pacing", help="Locust constant_pacing: at most one request per user per DURATION"
     )
-    g.add_argument("--slo", help="goodput SLOs, e.g. ttft=200ms,tpot=50ms,e2e=10s")
+    g.add_argument("--slo", help=SLO_HELP)
     g.add_argument("--tokenizer", help="tokenizer.json (or its folder): exact-length text prompts")
     g.add_argument("--text-prompts", action="store_true", help="send text, not token ids")
     g.add_argument("--api-key", help="sent as a Bearer token")
-    g.add_argument("--timeout", type=float, default=600.0, help="per-request limit in seconds")
+    g.add_argument(
+        "--timeout", type=seconds_arg, default=600.0, help="per-request limit (600s; 10m)"
+    )
     g.add_argument("--no-stream", action="store_true", help="non-streaming requests")
     g.add_argument("--no-extensions", action="store_true", help="plain OpenAI request body")
     g.add_argument("--extra-body", help="JSON object merged into every request body")

@@ -1,10 +1,12 @@
-"""`cbbench merge OUT DIR...`: the shard run folders of one N-host run (`cbbench bench --shard
+"""`cbbench merge --out OUT DIR...`: the shard run folders of one N-host run (`cbbench bench --shard
 I/N`) into one run folder, its summary recomputed from the merged records."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from cbbench.harness.errors import CbbenchError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -13,7 +15,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="merge the run folders of `bench --shard I/N` hosts into one run folder",
         description=__doc__,
     )
-    p.add_argument("out", metavar="OUT", help="the merged run folder (must not hold a run)")
+    p.add_argument(
+        "--out",
+        metavar="OUT",
+        help="the merged run folder (must not hold a run); the old form `merge OUT DIR...` "
+        "still works",
+    )
     p.add_argument("dirs", metavar="DIR", nargs="+", help="one run folder per shard")
     p.add_argument(
         "--allow-missing",
@@ -37,11 +44,20 @@ def run(args: argparse.Namespace) -> int:
     from cbbench.harness.results.merge import merge_runs
     from rich.console import Console
 
+    if args.out is None:  # the old form: merge OUT DIR...
+        if len(args.dirs) < 2:
+            raise CbbenchError("give the merged folder: --out OUT DIR...")
+        args.out, args.dirs = args.dirs[0], args.dirs[1:]
+        print(
+            "cbbench merge: note: `merge OUT DIR...` is the old form of `merge --out OUT "
+            "DIR...` (still accepted)",
+            file=sys.stderr,
+        )
     res = merge_runs(
         args.out, args.dirs, allow_missing=args.allow_missing, name=args.name, command=sys.argv,
         allow_start_skew=args.allow_start_skew,
     )  # fmt: skip
-    out = Console()
+    out = Console(soft_wrap=True)
     count = res.meta["merged"]["shards"]
     if res.missing:
         names = ", ".join(f"{i}/{count}" for i in res.missing)

@@ -10,6 +10,8 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
+from cbbench.harness.cli.parsing import old_spelling
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -25,12 +27,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="requests/s (Poisson arrivals), or several (10,20,40): a plan per rate; "
                         "default: the trace's own arrival times")  # fmt: skip
     p.add_argument("--slo", required=True,
-                   help="METRIC_STAT=DURATION,...: ttft|ttfo|tpot|e2e and mean|p50|p90|p95|p99|max, "
-                        "e.g. ttft_p99=2s,tpot_p99=100ms")  # fmt: skip
-    p.add_argument("--goodput", default=None, metavar="SHARE",
+                   help="METRIC[_STAT]=DURATION,... as bench's: ttft|ttfo|tpot|e2e and "
+                        "mean|p50|p90|p95|p99|max, e.g. ttft_p99=2s,tpot_p99=100ms; a bare "
+                        "METRIC (ttft=2s) is every request within it (the max)")  # fmt: skip
+    p.add_argument("--goodput-share", default=None, metavar="SHARE",
                    help="also require this share of requests within every --slo target, as a "
-                        "request-level bound (0.95 or 95%%); unlike bench's vLLM-style "
-                        "--goodput KEY:MS, the targets are --slo's")  # fmt: skip
+                        "request-level bound (0.95 or 95%%), as sweep's")  # fmt: skip
+    old_spelling(p, "--goodput", "--goodput-share")
     p.add_argument("--hardware", required=True,
                    help="a preset (h100, a100, ...) or a `cbbench calibrate` JSON fit")  # fmt: skip
     p.add_argument("--model", default=None, help="default: the fit's model, else llama-3-8b")
@@ -59,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.jobs < 1 or (args.num_requests is not None and args.num_requests < 1):
         raise CbbenchError("--jobs and --num-requests must be >= 1")
-    share = None if args.goodput is None else goodput_share(args.goodput)
+    share = None if args.goodput_share is None else goodput_share(args.goodput_share)
     if not 0 <= args.spec_acceptance_rate <= 1:
         raise CbbenchError(
             f"--spec-acceptance-rate must be in [0, 1], got {args.spec_acceptance_rate}"
@@ -75,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed, jobs=args.jobs, goodput_share=share,
         spec_acceptance_rate=args.spec_acceptance_rate,
     )  # fmt: skip
-    console = Console()
+    console = Console(soft_wrap=True)
     total = len(opts.space.configs())
     out = Path(args.out) if args.out else None
     for rate in rates:
@@ -100,10 +103,12 @@ def goodput_share(text: str) -> float:
         v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
     except ValueError:
         raise CbbenchError(
-            f"--goodput {text!r}: plan's --goodput is the share of requests within every --slo "
-            f"target (e.g. 0.95 or 95%); put the targets in --slo (ttft_p99=200ms,...)"
+            f"--goodput-share {text!r}: the share of requests within every --slo target (e.g. "
+            f"0.95 or 95%); put the targets in --slo (ttft_p99=200ms,...)"
         ) from None
     if not 0 < v <= 1:
         hint = f" (did you mean {v / 100:g}?)" if 1 < v <= 100 else ""
-        raise CbbenchError(f"--goodput must be a share in (0, 1] or a percentage, got {text}{hint}")
+        raise CbbenchError(
+            f"--goodput-share must be a share in (0, 1] or a percentage, got {text}{hint}"
+        )
     return v

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from cbbench.reference_engine.config.options import seconds_arg
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     from cbbench.harness.probe import PHASES
@@ -23,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="model name (default: the first one /v1/models lists)")
     p.add_argument("--api-key", help="sent as a Bearer token")
     p.add_argument("--max-requests", type=int, default=400, help="request budget (default 400)")
-    p.add_argument("--max-time", type=float, default=180.0, help="time budget, s (default 180)")
+    p.add_argument("--max-time", type=seconds_arg, default=180.0, help="time budget (default 3m)")
     p.add_argument(
         "--phases",
         default=",".join(PHASES),

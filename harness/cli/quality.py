@@ -111,4 +111,4 @@ def _print_table(args: argparse.Namespace, data: list[dict]) -> None:
         table.add_row(weights, r["kv_cache_dtype"], f"{r['greedy_agreement']:.4f}",
                       f"{r['logprob_diff_mean']:.3e}", f"{r['logprob_diff_max']:.3e}",
                       f"{r['kl_mean']:.3e}", f"{r['kl_max']:.3e}", f"{r['top1_prob_mean']:.3f}")  # fmt: skip
-    emit_table(Console(), table)
+    emit_table(Console(soft_wrap=True), table)

@@ -40,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
     if args.no_html and not args.markdown:
         raise CbbenchError("--no-html needs --markdown FILE")
     report = build_report(args.runs)
+    for warning in report.comparability_warnings():
+        print(f"cbbench report: warning: not comparable: {warning}", file=sys.stderr)
     for warning in report.trust_warnings():
         print(f"cbbench report: warning: {warning}", file=sys.stderr)
     if not args.no_html:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cbbench.harness.cli.parsing import old_spelling
 from cbbench.harness.servers.launcher import ready_line
 from cbbench.reference_engine.router.options import add_router_args, router_options_from_args
 
@@ -28,7 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="URL",
         help="a replica's base URL (repeat the flag), e.g. http://10.0.0.2:8000",
     )
-    add_router_args(p)
+    add_router_args(p, policy_flag="--router")  # serve --replicas' and sim's name
+    old_spelling(p, "--policy", "--router")
     h = p.add_argument_group("HTTP")
     h.add_argument("--host", default="127.0.0.1")
     h.add_argument("--port", type=int, default=8000, help="0 = an ephemeral port")

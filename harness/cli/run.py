@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from cbbench.harness.errors import CbbenchError
+from cbbench.harness.results.slo import SLO_HELP
 from cbbench.reference_engine.config.engine_config import KV_CACHE_DTYPES
 from cbbench.reference_engine.config.options import (
     add_engine_args,
@@ -47,7 +48,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--num-requests", type=int, default=None, help="first N requests")
     p.add_argument(
-        "--schedulers", dest="scheduler", default=None, help="same as --scheduler (comma list)"
+        "--schedulers",
+        dest="scheduler",
+        action=_Schedulers,
+        default=None,
+        help="same as --scheduler (comma list)",
     )
     p.add_argument(
         "--concurrency",
@@ -58,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--rate", type=float, default=None, help="open loop: Poisson arrivals at R req/s"
     )
-    p.add_argument("--slo", default=DEFAULT_SLO, help=f"goodput SLOs (default {DEFAULT_SLO})")
+    p.add_argument("--slo", default=DEFAULT_SLO, help=f"{SLO_HELP} (default {DEFAULT_SLO})")
     p.add_argument(
         "--temperature",
         type=float,
@@ -95,12 +100,22 @@ def kv_cache_dtypes(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+class _Schedulers(argparse.Action):
+    """--schedulers: the value, and which spelling was typed (an error names that one)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.scheduler_flag = option_string
+
+
 def run_options(args: argparse.Namespace):
     """The typed options of the parsed flags."""
     from cbbench.harness.studies.run_demo import RunOptions
 
     engine = engine_settings(args)
-    names = scheduler_names(engine.pop("scheduler", None))
+    names = scheduler_names(
+        engine.pop("scheduler", None), flag=getattr(args, "scheduler_flag", "--scheduler")
+    )
     seed = engine.pop("seed", 0)
     dtypes = kv_cache_dtypes(engine["kv_cache_dtype"]) if "kv_cache_dtype" in engine else []
     if len(dtypes) == 1:  # one value: the engine setting, as on every other command
@@ -134,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     opts = run_options(args)
-    console = Console()
+    console = Console(soft_wrap=True)
     res = run_demo(opts, console)
     if res.summaries:
         from cbbench.harness.results.compare import comparison_table, emit_table

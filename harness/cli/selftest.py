@@ -94,7 +94,7 @@ def run_compare(args: argparse.Namespace) -> int:
             f"{c.wall_s:.2f}",
             f"{c.requests_per_cpu_s:.0f}",
         )
-    console = Console(width=max(Console().width, 120))
+    console = Console(width=max(Console(soft_wrap=True).width, 120))
     console.print(table)
 
     def x(r: float | None) -> str:
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         raise CbbenchError("selftest: --itl-ms must be >= 0")
     if args.compare:
         return run_compare(args)
-    console = Console(width=max(Console().width, 190))
+    console = Console(width=max(Console(soft_wrap=True).width, 190))
     table = Table(
         title=f"cbbench selftest: local server, {args.itl_ms:g} ms between tokens, "
         f"{args.tokens} tokens/request, {args.http_client} client; errors vs the server's log "

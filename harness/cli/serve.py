@@ -11,7 +11,12 @@ import argparse
 import sys
 
 from cbbench.harness.servers.launcher import READY_PREFIX
-from cbbench.reference_engine.config.options import add_engine_args, engine_config_from_args
+from cbbench.reference_engine.config.options import (
+    add_engine_args,
+    engine_config_from_args,
+    engine_settings,
+    inapplicable,
+)
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.router.options import add_router_args, router_options_from_args
 from cbbench.reference_engine.server.reasoning import ReasoningOptions
@@ -23,8 +28,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve",
         help="serve the reference engine over an OpenAI-compatible HTTP API",
-        description="Serve the reference engine: /v1/completions, /v1/chat/completions, "
-        "/v1/models, /health, /metrics (Prometheus, vLLM names).",
+        description="Serve the reference engine over HTTP: POST /v1/completions, "
+        "/v1/chat/completions, /v1/responses, /v1/messages (Anthropic), /v1/embeddings, "
+        "/tokenize, /reset_prefix_cache (vLLM's name; SGLang's /flush_cache); GET /v1/models, "
+        "/health, /metrics (Prometheus, vLLM names). docs/serving.md",
     )
     add_engine_args(p)
     h = p.add_argument_group("HTTP")
@@ -106,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
     if warning:
         print(f"cbbench serve: {warning}", file=sys.stderr, flush=True)
     config = engine_config_from_args(args)
+    for line in inapplicable(engine_settings(args), [config.scheduler]):
+        print(f"cbbench serve: warning: {line}", file=sys.stderr, flush=True)
     reasoning = ReasoningOptions.from_args(args)
     try:
         sock = bind_socket(args.host, args.port)
@@ -133,9 +142,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"cbbench serve: --api-rt-priority ignored: {why}", file=sys.stderr, flush=True)
 
     info = stack.engine_info
+    if info["executor"] == "sim":  # no weights, no device: step times from the cost model
+        what = (
+            f"SIMULATED, no weights loaded: {info['num_params'] / 1e6:.1f}M-parameter shape, "
+            f"step times from the cost model of {config.hardware}"
+        )
+    else:
+        what = f"{info['num_params'] / 1e6:.1f}M params, {info['dtype']}, {info['device']}"
     print(
-        f"cbbench serve: {stack.model_name} ({info['num_params'] / 1e6:.1f}M params, "
-        f"{info['dtype']}, {info['device']}), scheduler {info['scheduler']}, executor "
+        f"cbbench serve: {stack.model_name} ({what}), scheduler {info['scheduler']}, executor "
         f"{info['executor']}, attention backend {info['attention_backend'] or 'none'}, "
         f"{info['num_kv_blocks']} KV blocks x {info['block_size']} tokens, engine in "
         f"{'its own process' if info['engine_process'] else 'the API process'}, chat template "
@@ -182,7 +197,9 @@ def _run_replicas(args: argparse.Namespace) -> int:
     from cbbench.harness.studies.replicas import ReplicaSetOptions, serve_replicas
     from cbbench.reference_engine.server.runner import bind_warning
 
-    engine_config_from_args(args)  # bad engine flags: one error here, not N from children
+    config = engine_config_from_args(args)  # bad engine flags: one error here, not N children's
+    for line in inapplicable(engine_settings(args), [config.scheduler]):
+        print(f"cbbench serve: warning: {line}", file=sys.stderr, flush=True)
     warning = bind_warning(args.host, args.api_key)
     if warning:
         print(f"cbbench serve: {warning}", file=sys.stderr, flush=True)

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     from cbbench.harness.studies.simulation import SimOptions, print_study, simulate
     from rich.console import Console
 
-    console = Console()
+    console = Console(soft_wrap=True)
     if args.spec_sweep is not None:
         return _spec_sweep(args, console)
     if args.replicas is not None:

@@ -9,8 +9,11 @@ import sys
 from pathlib import Path
 
 from cbbench.harness.cli.bench import add_reasoning_args
+from cbbench.harness.cli.parsing import old_spelling
+from cbbench.harness.results.slo import SLO_HELP
 from cbbench.harness.sweep.levels import parse_list
 from cbbench.harness.telemetry import TelemetryOptions
+from cbbench.reference_engine.config.options import seconds_arg
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,21 +37,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     levels.add_argument(
         "--find-max-rate",
         action="store_true",
-        help="SLO capacity search: the highest rate whose goodput meets --goodput (needs --slo)",
+        help="SLO capacity search: the highest rate whose goodput meets --goodput-share (needs --slo)",
     )
     p.add_argument("--out", required=True, help="sweep folder (one run folder per level)")
     p.add_argument("--num-requests", type=int, default=50, help="requests per level (default 50)")
     p.add_argument("--between", type=int, default=4, help="--auto: rates in between (default 4)")
     p.add_argument(
-        "--level-timeout", type=float, default=300.0, help="seconds per level at most (300)"
+        "--level-timeout", type=seconds_arg, default=300.0, help="per level at most (300s)"
     )
     p.add_argument("--max-levels", type=int, default=12, help="levels at most (default 12)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--endpoint", choices=ENDPOINTS, default="completions")
     p.add_argument("--model", help="model name (default: the first one /v1/models lists)")
-    p.add_argument("--slo", help="goodput SLOs, e.g. ttft=200ms,tpot=50ms,e2e=10s")
+    p.add_argument("--slo", help=SLO_HELP)
     p.add_argument("--warmup", type=int, default=0, help="warmup requests per level")
-    p.add_argument("--timeout", type=float, default=600.0, help="per-request limit in seconds")
+    p.add_argument(
+        "--timeout", type=seconds_arg, default=600.0, help="per-request limit (600s; 10m)"
+    )
     p.add_argument("--api-key", help="sent as a Bearer token")
     p.add_argument("--no-live", action="store_true", help="no live view per level")
     p.add_argument(
@@ -58,7 +63,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="arrival process of rate levels (default poisson)",
     )
     c = p.add_argument_group("capacity search (--find-max-rate)")
-    c.add_argument("--goodput", type=float, default=0.95, help="share meeting the SLO (0.95)")
+    c.add_argument(
+        "--goodput-share",
+        dest="goodput",
+        type=float,
+        default=0.95,
+        help="share of requests meeting every --slo target (0.95), as plan's",
+    )
+    old_spelling(p, "--goodput", "--goodput-share")
     c.add_argument("--start-rate", type=float, default=1.0, help="first rate tried (1 req/s)")
     c.add_argument("--max-rate", type=float, default=1000.0, help="highest rate tried")
     c.add_argument("--precision", type=float, default=0.1, help="stop at hi/lo <= 1+this (0.1)")
@@ -67,7 +79,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="runs of a level whose first run missed; met when most of them meet (default 3)",
     )  # fmt: skip
     c.add_argument("--max-requests", type=int, default=2000, help="request budget (2000)")
-    c.add_argument("--max-time", type=float, default=1800.0, help="time budget, s (1800)")
+    c.add_argument("--max-time", type=seconds_arg, default=1800.0, help="time budget (30m)")
     add_reasoning_args(p)
     TelemetryOptions.add_args(p)
     p.set_defaults(func=run)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 import numpy as np
+from cbbench.harness.cli.parsing import old_spelling
+from cbbench.harness.errors import CbbenchError
 from cbbench.workloads import (
     ARRIVAL_KINDS,
     PRESETS,
@@ -23,6 +26,17 @@ from rich.table import Table
 BAR_WIDTH = 40
 
 
+def _shape_of_cv(cv: float) -> float:
+    """The old --cv (coefficient of variation of the gaps) as a gamma shape: CV = 1/sqrt(k)."""
+    return 1.0 / (cv * cv) if cv > 0 else float("inf")
+
+
+def _cv_of_shape(shape: float) -> float:
+    if not shape > 0:
+        raise CbbenchError(f"--burstiness must be > 0, got {shape:g}")
+    return 1.0 / math.sqrt(shape)
+
+
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", metavar="SPEC", help="preset name, trace file or TOML/JSON spec file")
     p.add_argument("--seed", type=int, default=None, help="seed (default: the spec's, else 0)")
@@ -37,7 +51,14 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
         help="replace the arrival times (default: keep the spec's)",
     )
     p.add_argument("--rate", type=float, default=None, help="requests/s for constant/poisson/gamma")
-    p.add_argument("--cv", type=float, default=1.0, help="gamma burstiness (CV of gaps)")
+    p.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="gamma arrivals' shape as bench's --burstiness (vLLM's): 1 = Poisson, < 1 "
+        "burstier (default 1)",
+    )
+    old_spelling(p, "--cv", "--burstiness", convert=_shape_of_cv)
     p.add_argument("--time-scale", type=float, default=1.0, help="replay: 2 = twice as fast")
     p.add_argument("--target-rate", type=float, default=None, help="replay: rescale to this req/s")
     p.add_argument("--ramp-up", type=float, default=0.0, help="seconds to ramp the rate up from 0")
@@ -64,7 +85,7 @@ def load_from_args(args: argparse.Namespace) -> Workload:
             wl,
             args.arrival,
             rate=args.rate,
-            cv=args.cv,
+            cv=_cv_of_shape(args.burstiness),
             seed=wl.seed,
             time_scale=args.time_scale,
             target_rate=args.target_rate,
@@ -125,7 +146,7 @@ def run_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     console.print(f"requests: {summary['count']:,}")
     if not summary["count"]:
         return 0
@@ -183,7 +204,7 @@ def run_list(args: argparse.Namespace) -> int:
             "trace timestamps" if p.has_arrivals else "none (all at once)",
             p.description,
         )
-    Console().print(table)
+    Console(soft_wrap=True).print(table)
     return 0
 
 

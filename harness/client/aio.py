@@ -53,10 +53,17 @@ class TurnBudget:
         self._waiters: collections.deque[asyncio.Future] = collections.deque()
         self._armed = False
 
-    async def wait(self) -> None:
+    def take(self) -> bool:
+        """A pass now if this turn has one left and nobody waits (no coroutine: the common
+        case costs a call); False: `await wait()`."""
         if self._left > 0 and not self._waiters:
             self._left -= 1
             self._arm()
+            return True
+        return False
+
+    async def wait(self) -> None:
+        if self.take():
             return
         fut = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)

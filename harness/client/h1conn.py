@@ -27,6 +27,7 @@ _ANC_SIZE = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 0
 
 class Sink(Protocol):
     send_window_ns: int | None  # set by H1Pool: sent stamp -> the write returned
+    user_read: bool  # set by SockConn before each read: stamped in user space, not by the kernel
 
     def sent(self, t: int, connect_ns: int | None, reused: bool | None) -> None: ...
     def head(self, status: int, header) -> None: ...
@@ -331,6 +332,8 @@ class SockConn(Conn):
             else:
                 stats.kernel_reads += 1
                 stats.read_delay_ns.append(now - t)
+            if self.sink is not None:  # its bound may not take the stamp as exact (response.py)
+                self.sink.user_read = t is now
             self.feed(data, t)
             if len(data) < READ_SIZE:
                 return  # drained: spare the syscall that would say EAGAIN

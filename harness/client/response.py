@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import re
 import time
 from collections.abc import Callable
 
@@ -132,6 +133,7 @@ class Response:
         "send_window_ns",
         "first_slack_ns",
         "last_read_ns",
+        "user_read",
     )
 
     def __init__(
@@ -164,6 +166,7 @@ class Response:
         # later event (or part of one) shared its read (docs/timing.md "a bound per request")
         self.first_slack_ns = 0
         self.last_read_ns: int | None = None  # the previous read's stamp
+        self.user_read = False  # this read was stamped in user space (no kernel stamp came)
 
     def sent(self, t: int, connect_ns: int | None = None, reused: bool | None = None) -> None:
         """The request was written at `t` (ns); the transport says what the connection cost."""
@@ -264,10 +267,12 @@ class Response:
             kinds.n += one_ids - synced
             k_read += one_ids
         if k_read:
-            if not self.chunks and (first_at < n_events - 1 or self.parser.pending):
-                # a later event, or part of one, came in the same read: the kernel's stamp
-                # is the last segment's, and the first token came after the previous read
-                # (or the send) at the earliest
+            if not self.chunks and (
+                first_at < n_events - 1 or self.parser.pending or self.user_read
+            ):
+                # a later event, or part of one, came in the same read (the kernel's stamp
+                # is the last segment's), or the read has no kernel stamp: the first token
+                # came after the previous read (or the send) at the earliest
                 lower = max(self.sent_ns or self.attempt_ns, self.last_read_ns or 0)
                 self.first_slack_ns = max(0, t - lower)
             self.chunks.append((t, k_read))
@@ -534,4 +539,14 @@ def error_message(text: str) -> str:
             return str(msg)[:ERROR_TEXT_LIMIT]
     except (ValueError, AttributeError):
         pass
-    return text.strip()[:ERROR_TEXT_LIMIT] or "(empty body)"
+    if _HTML.match(text):  # a web server's or proxy's error page, not an API's error
+        head = _TITLE.search(text) or _H1.search(text)
+        words = " ".join(_TAGS.sub(" ", head.group(1) if head else "").split())
+        return f"an HTML page{f' ({words[:80]!r})' if words else ''}: not an OpenAI-compatible API"
+    return " ".join(text.split())[:ERROR_TEXT_LIMIT] or "(empty body)"
+
+
+_HTML = re.compile(r"\s*(<!doctype html|<html|<head|<body|<\?xml)", re.IGNORECASE)
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+_H1 = re.compile(r"<h1[^>]*>(.*?)</h1>", re.IGNORECASE | re.DOTALL)
+_TAGS = re.compile(r"<[^>]+>")

@@ -21,47 +21,21 @@ estimate does, it is reported as `noisy` and passes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 from cbbench.harness.errors import CbbenchError
+from cbbench.harness.gate.aggregates import gate_on_aggregates
 from cbbench.harness.gate.policy import COST, LATENCY, SESSION_SUCCESS, Policy, Rule
-from cbbench.harness.report.runs import workload_identity
+from cbbench.harness.gate.verdict import GateResult, RuleResult, _verdict
 from cbbench.harness.report.samples import RunSamples
+from cbbench.harness.results.comparability import differences, incomparable, summary_line
+from cbbench.harness.results.formats.imported import is_aggregate_only
 from cbbench.harness.results.integrity import damage
 from cbbench.harness.results.outcome import incomplete_reason
 from cbbench.harness.results.run_folder import Run
 
 CHUNK_ELEMENTS = 4_000_000  # bounds the (resamples x values) weight matrix in memory
-
-
-@dataclass
-class RuleResult:
-    rule: Rule
-    baseline: float | None  # the statistic on each run (seconds, 1/s or a fraction)
-    candidate: float | None
-    estimate: float  # candidate/baseline for relative rules, else the candidate value
-    low: float  # confidence interval of `estimate`
-    high: float
-    bound: float  # the limit `estimate` is held against
-    verdict: str  # "pass" | "noisy" | "fail" | "n/a"
-    note: str = ""
-
-    @property
-    def failed(self) -> bool:
-        return self.verdict == "fail"
-
-
-@dataclass
-class GateResult:
-    results: list[RuleResult]
-    policy: Policy
-    baseline: str
-    candidate: str
-
-    @property
-    def passed(self) -> bool:
-        return not any(r.failed for r in self.results)
 
 
 class _Sample:
@@ -192,22 +166,6 @@ def _interval(draws: np.ndarray, confidence: float) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def _verdict(rule: Rule, estimate: float, low: float, high: float) -> tuple[str, float]:
-    if rule.limit == "max_increase":
-        bound = 1.0 + rule.value
-        beyond_all, beyond_point = low > bound, estimate > bound
-    elif rule.limit == "max_decrease":
-        bound = 1.0 - rule.value
-        beyond_all, beyond_point = high < bound, estimate < bound
-    elif rule.limit == "max":
-        bound = rule.value
-        beyond_all, beyond_point = low > bound, estimate > bound
-    else:
-        bound = rule.value
-        beyond_all, beyond_point = high < bound, estimate < bound
-    return ("fail" if beyond_all else "noisy" if beyond_point else "pass"), bound
-
-
 def _session_success(
     rule: Rule, base: RunSamples, cand: RunSamples, rng, n: int, confidence: float
 ) -> RuleResult:
@@ -272,6 +230,12 @@ def judge(rule: Rule, base: RunSamples, cand: RunSamples, policy: Policy) -> Rul
         q = rule.quantile
         b_point, c_point = bs.point(q), cs.point(q)
         b_draws, c_draws = bs.draws(q, rng, n), cs.draws(q, rng, n)
+    elif rule.metric in ("output_throughput", COST) and not (
+        base.output_tokens.sum() or cand.output_tokens.sum()
+    ):
+        nan = math.nan
+        note = "does not apply: no tokens generated (embeddings)"
+        return RuleResult(rule, None, None, nan, nan, nan, nan, "n/a", note)
     elif rule.metric == COST:
         b_point, b_draws = _cost_boot(base, "baseline", rng, n)
         c_point, c_draws = _cost_boot(cand, "candidate", rng, n)
@@ -298,6 +262,7 @@ def check_inputs(
     cs: RunSamples,
     policy: Policy,
     allow_incomplete: bool = False,
+    allow_incomparable: bool = False,
 ) -> None:
     """Unusable or mismatched inputs: one clear error (exit 2)."""
     for run, s, which in ((base, bs, "baseline"), (cand, cs, "candidate")):
@@ -314,14 +279,11 @@ def check_inputs(
             )
         if s.window_s <= 0:
             raise CbbenchError(f"{run.dir}: {which} has no request timings (sent_s/last_token_s)")
-    (bn, bseed), (cn, cseed) = workload_identity(base.meta), workload_identity(cand.meta)
-    if bn is not None and cn is not None and bn != cn:
-        raise CbbenchError(f"workload mismatch: baseline ran {bn!r}, candidate ran {cn!r}")
-    if bseed is not None and cseed is not None and bseed != cseed:
-        raise CbbenchError(f"workload seed mismatch: baseline {bseed}, candidate {cseed}")
-    if bool(base.meta.get("simulated")) != bool(cand.meta.get("simulated")):
-        which = "baseline" if base.meta.get("simulated") else "candidate"
-        raise CbbenchError(f"only the {which} is SIMULATED: compare simulated with simulated")
+    diffs = incomparable(differences(base.meta, cand.meta))
+    if diffs and not allow_incomparable:
+        raise CbbenchError(
+            f"not comparable: {summary_line(diffs)} (--allow-incomparable judges them anyway)"
+        )
 
 
 def with_ttfo(rules: tuple[Rule, ...], bs: RunSamples, cs: RunSamples) -> tuple[Rule, ...]:
@@ -333,11 +295,30 @@ def with_ttfo(rules: tuple[Rule, ...], bs: RunSamples, cs: RunSamples) -> tuple[
     return (*rules, *twins)
 
 
-def run_gate(base: Run, cand: Run, policy: Policy, allow_incomplete: bool = False) -> GateResult:
-    """`allow_incomplete`: judge killed or interrupted runs too (on the requests they hold)."""
+def run_gate(
+    base: Run,
+    cand: Run,
+    policy: Policy,
+    allow_incomplete: bool = False,
+    allow_incomparable: bool = False,
+) -> GateResult:
+    """`allow_incomplete`: judge killed or interrupted runs too (on the requests they hold);
+    `allow_incomparable`: judge runs that differ in endpoint, load shape, workload or model
+    (results/comparability.py), which otherwise is an error."""
     from cbbench.harness.report.samples import extract
 
+    if is_aggregate_only(base.meta) or is_aggregate_only(cand.meta):
+        if not allow_incomplete:
+            for run, which in ((base, "baseline"), (cand, "candidate")):
+                reason = incomplete_reason(run.meta)
+                if reason:
+                    raise CbbenchError(
+                        f"{run.dir}: the {which} {reason}; rerun it, or pass --allow-incomplete"
+                    )
+        return gate_on_aggregates(base, cand, policy, allow_incomparable)
     bs, cs = extract(base), extract(cand)
-    check_inputs(base, cand, bs, cs, policy, allow_incomplete)
+    check_inputs(base, cand, bs, cs, policy, allow_incomplete, allow_incomparable)
     results = [judge(rule, bs, cs, policy) for rule in with_ttfo(policy.rules, bs, cs)]
-    return GateResult(results, policy, str(base.dir), str(cand.dir))
+    return GateResult(
+        results, policy, str(base.dir), str(cand.dir), differences(base.meta, cand.meta)
+    )

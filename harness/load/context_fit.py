@@ -96,6 +96,9 @@ def fit_to_context(
         if r.session_id is None:
             kept[r.index] = _fit_one(r, fixed(r), max_model_len, overhead, fit)
     for turns in sessions.values():
+        if any(r.graph is not None for r in turns):  # each call sends its whole context
+            _fit_graph(turns, max_model_len, overhead, tokens, fit, kept)
+            continue
         history = 0
         for k, r in enumerate(sorted(turns, key=lambda t: t.turn or 0)):
             fitted = _fit_one(r, history + fixed(r), max_model_len, overhead, fit)
@@ -118,6 +121,45 @@ def fit_to_context(
             "with a longer context"
         )
     return dataclasses.replace(wl, requests=requests), fit
+
+
+def _fit_graph(
+    calls: list[RequestSpec],
+    limit: int,
+    overhead: int,
+    tokens: Callable[[str], int],
+    fit: ContextFit,
+    kept: dict[int, RequestSpec | None],
+) -> None:
+    """An agent graph's calls: each sends its recorded messages, the live answers of the
+    calls it quotes (at most their output_len) and its tools; a call that cannot fit is
+    skipped with every call after it that needs its answer; the session's call count follows."""
+    out = {r.index: r.output_len for r in calls}
+    gone: set[int] = set()
+    fitted: dict[int, RequestSpec | None] = {}
+    for r in sorted(calls, key=lambda c: c.index):  # predecessors come first
+        g = r.graph
+        assert g is not None, "a graph session mixes in a call without its graph"
+        if gone & set(g.after) or any(src in gone for _, src in g.live):
+            fitted[r.index] = None
+            gone.add(r.index)
+            fit.skipped += 1
+            continue
+        extra = sum(out[src] for _, src in g.live) + (tokens(g.tools) if g.tools else 0)
+        n_messages = g.messages.count('"role"')
+        one = _fit_one(r, extra + overhead * max(0, n_messages - 1), limit, overhead, fit)
+        fitted[r.index] = one
+        if one is None:
+            gone.add(r.index)
+        else:
+            out[r.index] = one.output_len
+    if gone:
+        fit.sessions_cut += 1
+    left = sum(one is not None for one in fitted.values())
+    for index, one in fitted.items():
+        if one is not None and gone:
+            one = dataclasses.replace(one, graph=dataclasses.replace(one.graph, calls=left))
+        kept[index] = one
 
 
 def _fit_one(

@@ -23,6 +23,7 @@ import numpy as np
 from cbbench.harness.client import aio
 from cbbench.harness.client.api import ClientConfig, probe_server
 from cbbench.harness.client.endpoints import is_conversational
+from cbbench.harness.client.server_info import server_identity
 from cbbench.harness.console.live import LiveStats, LiveView, print_summary
 from cbbench.harness.console.outcome import outcome_lines, worker_timing_lines
 from cbbench.harness.errors import CbbenchError, resource_hint
@@ -331,6 +332,7 @@ def run_bench(
     )
     plans = _plans(cfg, client)
     meta = {**_run_meta(cfg, name, engine, model, len(plans)), **fit_text_prompts(cfg, plans)}
+    meta["environment"]["server"] = server_identity(cfg.base_url, engine, cfg.api_key)
     if cfg.concurrency is not None:  # what --concurrency could hold: at most every request
         meta["load"]["max_in_flight"] = sum(p.concurrency or 0 for p in plans)
     meta["cache"] = prepare_cache(  # flush, prime (prompts built as the workers build them)

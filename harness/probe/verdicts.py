@@ -259,10 +259,12 @@ def prefix_caching(records: list[RequestRecord], pattern: str, short_ttft_s: flo
     if any(isinstance(c, int) and c > 0 for c in cached):
         ev.append(f"the server reported cached prompt tokens on repeats: {cached}")
     nums = {"ttft_fresh_p50_s": f50, "ttft_repeat_p50_s": r50, "prefill_cost_s": cost}
-    if cost < 0.005 or cost < 0.1 * f50:
-        return Verdict(
-            "prefix_caching", "unknown", "a long prefill is too cheap here to tell", 0.2, ev, nums
-        )
+    if cost < 0.005 or cost < 0.1 * f50:  # too cheap, or masked by the rest of TTFT
+        why = (f"a long prefill is too cheap here ({_ms(cost)} over a short prompt's TTFT)"
+               if cost < 0.005 else f"the long prefill ({_ms(cost)}) is under 10 % of TTFT p50 "
+               f"{_ms(f50)}; the rest, also a short prompt's wait ({_ms(short_ttft_s)}: queueing "
+               "or a batch-fill delay), masks what a cache saves")  # fmt: skip
+        return Verdict("prefix_caching", "unknown", f"cannot tell: {why}", 0.2, ev, nums)
     saved = (f50 - r50) / cost  # share of the prefill cost a repeat avoids
     faster = float(np.mean([r < f for r in rep for f in fresh]))  # type: ignore[operator]
     nums.update(saved_fraction=saved, repeat_faster_pairs=faster)

@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cbbench.harness.report.runs import LoadedRun, load_runs, timing_warnings, trust_warnings
+from cbbench.harness.report.runs import (
+    LoadedRun,
+    comparability_warnings,
+    load_runs,
+    timing_warnings,
+    trust_warnings,
+)
 from cbbench.harness.report.samples import RunSamples, extract
 from cbbench.harness.report.table import summary_row
 
@@ -19,6 +25,10 @@ class Report:
     samples: list[RunSamples]
     rows: list[dict]
     diagnoses: list = field(default_factory=list)  # harness.diagnose.Diagnosis, one per run
+
+    def comparability_warnings(self) -> list[str]:
+        """Why these runs should not be compared side by side (results/comparability.py)."""
+        return comparability_warnings(self.runs)
 
     def trust_warnings(self) -> list[str]:
         """Runs killed, interrupted, or whose server stopped answering, and runs whose timing

@@ -16,6 +16,7 @@ from cbbench.harness.report import plots
 from cbbench.harness.report.agent_table import agent_html
 from cbbench.harness.report.experts import expert_section
 from cbbench.harness.report.graph_report import graph_html
+from cbbench.harness.report.provenance import grouped
 from cbbench.harness.report.replicas import replica_section
 from cbbench.harness.report.runs import (
     LoadedRun,
@@ -35,6 +36,7 @@ from cbbench.harness.report.table import (
     fmt,
     fmt_column,
     shown_columns,
+    slo_seconds,
 )
 
 CSS = """
@@ -57,6 +59,8 @@ svg .axes rect{fill:none;stroke:#999}svg .axes line{stroke:#eee}
 .finding details{margin:4px 0}.finding summary{cursor:pointer;color:#555}
 #summary th{white-space:normal;vertical-align:bottom;min-width:3.5em}
 #summary th,#summary td{padding:3px 5px}
+#config{table-layout:fixed;width:100%}#config th:first-child{width:22%}
+#config td{white-space:normal;overflow-wrap:anywhere;vertical-align:top}
 """
 
 
@@ -77,6 +81,12 @@ def _name_cell(lr: LoadedRun) -> str:
     return f'<td class="name">{escape(lr.label)}{sim}</td>'
 
 
+def _lines(lines: list[str]) -> str:
+    if not lines:
+        return ""
+    return '<ul class="muted">' + "".join(f"<li>{escape(x)}</li>" for x in lines) + "</ul>"
+
+
 def _summary_table(runs: list[LoadedRun], rows: list[dict]) -> str:
     """Two tables, so that each fits 1,400 px: the run's figures (load, latency, errors), then
     the server's (KV cache, GPU, batch, energy, cost, replicas) when a run has them."""
@@ -95,8 +105,8 @@ def _columns_table(
         f"<th>{escape(c.title)}{' (ms)' if c.unit == 'ms' else ''}</th>" for c in columns
     )
     body = []
-    best = {c.key: best_index([r.get(c.key) for r in rows], c.better) for c in columns}
     text = {c.key: fmt_column([r.get(c.key) for r in rows], c.unit) for c in columns}
+    best = {c.key: best_index([r.get(c.key) for r in rows], c.better, text[c.key]) for c in columns}
     for i, lr in enumerate(runs):
         cells = "".join(
             f"<td{' class=best' if i in best[c.key] else ''}>{escape(text[c.key][i])}</td>"
@@ -115,7 +125,14 @@ def _percentile_tables(runs: list[LoadedRun], rows: list[dict]) -> str:
         if m == "ttfo" and all(r.get("ttfo.p50") is None for r in rows):
             continue  # no run reasoned: TTFO is TTFT
         head = "".join(f"<th>{k}</th>" for k in STAT_KEYS) + "<th>count</th>"
-        best = {k: best_index([r.get(f"{m}.{k}") for r in rows], "low") for k in STAT_KEYS}
+        best = {
+            k: best_index(
+                [r.get(f"{m}.{k}") for r in rows],
+                "low",
+                [fmt(r.get(f"{m}.{k}"), "ms") for r in rows],
+            )
+            for k in STAT_KEYS
+        }
         body = []
         for i, (lr, row) in enumerate(zip(runs, rows, strict=True)):
             cells = "".join(
@@ -161,6 +178,30 @@ def _config_table(runs: list[LoadedRun]) -> str:
     )
 
 
+def _slo_note(runs: list[LoadedRun]) -> str:
+    """The SLO goodput was counted against, said once ('goodput: requests within TTFT 500 ms
+    and TPOT 50 ms'); per run when they differ; runs without one are named, since their
+    goodput cell is empty for that reason."""
+
+    def said(slo: dict[str, float]) -> str:
+        return " and ".join(f"{k.upper()} {v * 1e3:g} ms" for k, v in slo.items())
+
+    slos = {escape(lr.label): slo_seconds(lr.meta) for lr in runs}
+    given = {k: v for k, v in slos.items() if v}
+    missing = [k for k, v in slos.items() if not v]
+    parts = []
+    if len({said(v) for v in given.values()}) == 1:
+        parts.append(f"Goodput: requests within {said(next(iter(given.values())))}")
+    elif given:
+        parts.append("Goodput: requests within " + "; ".join(
+            f"{said(v)} ({k})" for k, v in given.items()))  # fmt: skip
+    if missing:
+        who = "" if not given else " for " + ", ".join(missing)
+        parts.append(f"goodput needs an SLO (<code>--slo</code>){who}")
+    text = "; ".join(parts)
+    return text[0].upper() + text[1:] + "." if text else ""
+
+
 def render(
     runs: list[LoadedRun], samples: list[RunSamples], rows: list[dict], diagnosis: str = ""
 ) -> str:
@@ -175,14 +216,21 @@ def render(
         if n_sim
         else ""
     )
+    common, own = grouped(runs)
     run_list = "".join(
         f"<li>{escape(lr.label)}{' <span class=sim>SIMULATED</span>' if lr.simulated else ''}"
         f" — workload <code>{escape(str(workload_identity(lr.meta)[0]))}</code>, seed "
         f"<code>{escape(str(workload_identity(lr.meta)[1]))}</code>"
-        f"{', ' + escape(load_level(lr.meta)) if load_level(lr.meta) else ''}</li>"
-        for lr in runs
+        f"{', ' + escape(load_level(lr.meta)) if load_level(lr.meta) else ''}{_lines(mine)}</li>"
+        for lr, mine in zip(runs, own, strict=True)
     )
+    if common:
+        run_list += f"<li>all runs{_lines(common)}</li>"
     warn_html = "".join(f'<p class="warn">Not comparable: {escape(w)}</p>' for w in warnings)
+    warn_html += "".join(
+        f'<p class="warn">Read with care: {escape(w)}</p>'
+        for w in comparability_warnings(runs, "caution")
+    )
     warn_html += "".join(
         f'<p class="warn">Incomplete: {escape(w)}</p>' for w in trust_warnings(runs)
     )
@@ -191,9 +239,9 @@ def render(
         (
             "Summary",
             _summary_table(runs, rows)
-            + '<p class="muted">★ best value per column (KV usage and GPU utilization are not'
-            " ranked: neither more nor less is better in itself). Latencies in ms. Goodput needs"
-            " an SLO (<code>--slo</code>).</p>",
+            + '<p class="muted">★ the one best value per column (none for a tie or a difference'
+            " below the printed precision; KV usage and GPU utilization are not ranked: neither"
+            f" more nor less is better in itself). Latencies in ms. {_slo_note(runs)}</p>",
         ),
         *([("Diagnosis", diagnosis)] if diagnosis else []),
         ("Latency percentiles", _percentile_tables(runs, rows)),

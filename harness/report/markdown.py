@@ -6,6 +6,7 @@ from html import escape
 
 from cbbench.harness.report.agent_table import agent_markdown
 from cbbench.harness.report.graph_report import graph_markdown
+from cbbench.harness.report.provenance import grouped
 from cbbench.harness.report.runs import (
     LoadedRun,
     comparability_warnings,
@@ -68,19 +69,25 @@ def render_markdown(runs: list[LoadedRun], rows: list[dict]) -> str:
     lines = ["### cbbench report", ""]
     for w in comparability_warnings(runs):
         lines.append(f"- **Not comparable:** {md_text(w)}")
+    for w in comparability_warnings(runs, "caution"):
+        lines.append(f"- **Read with care:** {md_text(w)}")
     for w in trust_warnings(runs):
         lines.append(f"- **Incomplete:** {md_text(w)}")
     for w in timing_warnings(runs):
         lines.append(f"- **Timing:** {md_text(w)}")
     if any(lr.simulated for lr in runs):
         lines.append("- Runs marked **SIMULATED** come from the simulator, not a measured server.")
+    common, own = grouped(runs)
+    lines += [f"- all runs: {md_text(line)}" for line in common]
+    for lr, mine in zip(runs, own, strict=True):
+        lines += [f"- {md_text(lr.label)}: {md_text(line)}" for line in mine]
     if lines[-1] != "":
         lines.append("")
     head = ["run"] + [c.title + (" (ms)" if c.unit == "ms" else "") for c in cols]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" + "---:|" * len(cols))
-    best = {c.key: best_index([r.get(c.key) for r in rows], c.better) for c in cols}
     text = {c.key: fmt_column([r.get(c.key) for r in rows], c.unit) for c in cols}
+    best = {c.key: best_index([r.get(c.key) for r in rows], c.better, text[c.key]) for c in cols}
     for i, lr in enumerate(runs):
         name = md_text(lr.label) + (" **SIMULATED**" if lr.simulated else "")
         cells = [f"**{text[c.key][i]}**" if i in best[c.key] else text[c.key][i] for c in cols]

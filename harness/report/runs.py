@@ -134,39 +134,60 @@ def trust_warnings(runs: list[LoadedRun]) -> list[str]:
 
 
 def timing_warnings(runs: list[LoadedRun]) -> list[str]:
-    """Runs where a load-generator worker's bound on its p99 timing error exceeds the limit
-    (summary client.timing_bound_s, harness/results/client_timing.py: a material share of the
-    run's TTFT p50): their latencies may be off by that much."""
-    out = []
-    for lr in runs:
-        client = (lr.meta.get("summary") or {}).get("client") or {}
-        if client.get("timing_bound_exceeded"):
-            out.append(
-                f"{lr.label}: a load-generator worker's timing error bound "
-                f"{client['timing_bound_s'] * 1e3:.2f} ms exceeds "
-                f"{client['timing_bound_limit_s'] * 1e3:.2f} ms, a material share of "
-                f"{client.get('timing_bound_judged_against') or 'its latencies'} (more workers, "
-                "cores or hosts)"
-            )
-    return out
+    """At most one line: runs whose load-generator timing error bound (summary
+    client.timing_bound_s, harness/results/client_timing.py) is a material share of the figure
+    it is judged against (TTFT p50) and, when runs are compared, could also reorder them (the
+    bounds of two runs exceed the gap between their figures): only then does it change what a
+    reader concludes. A timing bound that no comparison turns on is still in run.json."""
+
+    def client(lr: LoadedRun) -> dict:
+        return (lr.meta.get("summary") or {}).get("client") or {}
+
+    flagged = [lr for lr in runs if client(lr).get("timing_bound_exceeded")]
+    if len(runs) > 1:
+
+        def could_reorder(lr: LoadedRun) -> bool:
+            c = client(lr)
+            fig, bound = c.get("timing_bound_reference_s"), c.get("timing_bound_s") or 0.0
+            if fig is None:
+                return True
+            for other in runs:
+                o = client(other)
+                ofig = o.get("timing_bound_reference_s")
+                if other is lr or ofig is None:
+                    continue
+                if abs(fig - ofig) <= bound + (o.get("timing_bound_s") or 0.0):
+                    return True
+            return False
+
+        flagged = [lr for lr in flagged if could_reorder(lr)]
+    if not flagged:
+        return []
+    parts = []
+    for lr in flagged:
+        c = client(lr)
+        fig = c.get("timing_bound_reference_s")
+        of = f" of {c.get('timing_bound_judged_against') or 'its latencies'} " + (
+            f"{fig * 1e3:.2f} ms" if fig is not None else ""
+        )
+        parts.append(f"{lr.label} {c['timing_bound_s'] * 1e3:.2f} ms{of.rstrip()}")
+    which = "the comparison" if len(runs) > 1 else "its latencies"
+    return [
+        "a load-generator worker's timing error bound is a material share of the figures, "
+        f"enough to change {which}: " + "; ".join(parts) + " (more workers, cores or hosts)"
+    ]
 
 
-def comparability_warnings(runs: list[LoadedRun]) -> list[str]:
-    """Reasons the runs should not be compared side by side (different workloads or seeds)."""
-    ids = {lr.label: workload_identity(lr.meta) for lr in runs}
-    warnings = []
-    names = {n for n, _ in ids.values()}
-    seeds = {repr(s) for _, s in ids.values()}
-    if len(names) > 1:
-        listed = ", ".join(f"{k}: {n or 'unknown'}" for k, (n, _) in ids.items())
-        warnings.append(f"runs use different workloads ({listed})")
-    if len(seeds) > 1:
-        listed = ", ".join(f"{k}: {s}" for k, (_, s) in ids.items())
-        warnings.append(f"runs use different workload seeds ({listed})")
-    sims = {lr.simulated for lr in runs}
-    if len(sims) > 1:
-        warnings.append("simulated and measured runs are mixed")
-    return warnings
+def comparability_warnings(runs: list[LoadedRun], severity: str = "incomparable") -> list[str]:
+    """Why the runs should not be compared side by side (results/comparability.py: another
+    endpoint, streaming mode, load shape, workload, seed, lengths or model, simulated mixed
+    with measured); `severity="caution"`: what to read with care (request count, duration).
+    Runs of a sweep differ in load level by design: that is not reported for them."""
+    from cbbench.harness.results.comparability import LOAD_ASPECTS, among
+
+    skip = LOAD_ASPECTS if any(lr.in_sweep for lr in runs) else ()
+    found = among([(lr.label, lr.meta) for lr in runs], skip=skip)
+    return [text for sev, text in found if sev == severity]
 
 
 def flatten(meta: dict[str, Any], prefix: str = "", skip: tuple[str, ...] = ()) -> dict[str, str]:

@@ -12,6 +12,7 @@ from cbbench.harness.report.replicas import imbalance_fields
 from cbbench.harness.report.runs import LoadedRun
 from cbbench.harness.report.samples import LATENCY_METRICS, RunSamples, extract
 from cbbench.harness.results.compare import kv_dtype_label, kv_pool, preemptions
+from cbbench.harness.results.formats.imported import is_aggregate_only
 from cbbench.harness.results.summary import SLO_KEYS, summarize
 
 LATENCY_TITLES = {
@@ -127,20 +128,26 @@ def summary_row(lr: LoadedRun, s: RunSamples | None = None) -> dict[str, Any]:
     """The run's numbers via `summary.summarize` (the same as bench prints), over the same
     measured window the gate uses."""
     s = s or extract(lr.run)
-    summ = summarize(lr.run.records, s.window_s or None, slo_seconds(lr.meta) or None)
+    if is_aggregate_only(lr.meta):  # imported without per-request data: the tool's figures
+        summ = lr.meta.get("summary") or {}
+        counts = summ.get("counts") or {}
+        n_ok, n_total = counts.get("completed", 0), counts.get("total", 0)
+    else:
+        summ = summarize(lr.run.records, s.window_s or None, slo_seconds(lr.meta) or None)
+        n_ok, n_total = s.n_ok, s.n_total
     good = summ.get("goodput")
     row: dict[str, Any] = {
-        "requests": f"{s.n_ok}/{s.n_total}",
+        "requests": f"{n_ok}/{n_total}",
         "request_throughput": summ["request_throughput"],
         "output_throughput": summ["output_throughput"],
         "goodput": good.get("requests_per_s") if isinstance(good, dict) else None,
-        "error_rate": summ["error_rate"] if s.n_total else None,
-        "errors": s.n_errors,
+        "error_rate": summ.get("error_rate") if n_total else None,
+        "errors": n_total - n_ok,
     }
     reasoned = bool(summ.get("total_reasoning_tokens"))
     for m in LATENCY_METRICS:
         key = "server_queue_s" if m == "queue" else f"{m}_s"
-        for k, v in summ[key].items():
+        for k, v in (summ.get(key) or {}).items():
             row[f"{m}.{k}"] = v if m != "ttfo" or reasoned else None
     row["reasoning_share"] = summ.get("reasoning_share") if reasoned else None
     for k, v in _series_stats(lr.run.timeseries, "kv_usage", 1.0).items():
@@ -185,14 +192,21 @@ def kv_fields(lr: LoadedRun) -> dict[str, Any]:
     }
 
 
-def best_index(values: list[Any], better: str | None) -> set[int]:
-    """Indices holding the best value (ties all marked); none with fewer than two values."""
+def best_index(values: list[Any], better: str | None, shown: list[str] | None = None) -> set[int]:
+    """The index of the one best value, as a set; empty when fewer than two values, when the
+    best is tied, or when another value prints the same (`shown`: the cells as printed), a
+    difference below the printed precision being no difference a reader can see."""
     nums = [(i, v) for i, v in enumerate(values) if isinstance(v, (int, float))]
     if better is None or len(nums) < 2:
         return set()
     pick = max if better == "high" else min
     best = pick(v for _, v in nums)
-    return {i for i, v in nums if v == best}
+    winners = [i for i, v in nums if v == best]
+    if len(winners) > 1:
+        return set()
+    if shown is not None and sum(shown[i] == shown[winners[0]] for i, _ in nums) > 1:
+        return set()
+    return set(winners)
 
 
 def fmt(value: Any, unit: str = "") -> str:

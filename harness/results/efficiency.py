@@ -93,8 +93,8 @@ def efficiency_line(summary: dict) -> str | None:
             + (f"{per:,.2f} J/request, " if per is not None else "")
             + f"{e['output_tokens_per_j']:,.3f} output tok/J"
         )
-    elif e.get("note"):
-        parts.append(f"energy: {e['note']}")
+    # no reading (a CPU-only machine): said once, in run.json's efficiency.energy.note, not
+    # on every run's terminal (a GPU that fails to answer is the sampler's own warning)
     c = eff.get("cost")
     if c and c.get("usd_per_1m_output_tokens") is not None:
         parts.append(

@@ -1,7 +1,9 @@
 """Where a run happened, for run.json: cbbench and library versions, Python, OS, CPU, GPU.
 
-The GPU comes from NVML (nvidia-ml-py) when a driver is there; without one the key is absent,
-never zero or a guess.
+The GPUs come from NVML (nvidia-ml-py): model, memory, driver, one entry each. A host without
+one says so once: `gpus` is empty and `gpu` tells why (no NVML library, no driver, no
+device), never zero or a guess. The server's own word (`server`, harness/client/server_info.py)
+is added by the commands that talk to one.
 """
 
 from __future__ import annotations
@@ -29,12 +31,20 @@ def cpu_model() -> str | None:
     return platform.processor() or None
 
 
+_NO_GPU: list[str] = []  # why the last gpus() call found none
+
+
 def gpus() -> list[dict] | None:
+    _NO_GPU.clear()
     try:
         import pynvml
-
+    except ImportError:
+        _NO_GPU.append("no GPU found: nvidia-ml-py (NVML) is not installed")
+        return None
+    try:
         pynvml.nvmlInit()
-    except Exception:  # no library, no driver, no device: all mean "no NVIDIA GPU here"
+    except Exception as exc:  # no library, no driver, no device: all mean "no NVIDIA GPU here"
+        _NO_GPU.append(f"no GPU found: NVML could not start ({type(exc).__name__}: {exc})")
         return None
     try:
         out = []
@@ -52,8 +62,11 @@ def gpus() -> list[dict] | None:
         driver = pynvml.nvmlSystemGetDriverVersion()
         for g in out:
             g["driver"] = driver.decode() if isinstance(driver, bytes) else driver
+        if not out:
+            _NO_GPU.append("no GPU found: NVML sees 0 devices")
         return out
-    except Exception:
+    except Exception as exc:
+        _NO_GPU.append(f"no GPU found: NVML failed ({type(exc).__name__})")
         return None
     finally:
         pynvml.nvmlShutdown()
@@ -70,6 +83,17 @@ def environment() -> dict:
         "libraries": {n: _version(n) for n in ("httpx", "numpy", "pandas", "rich", "torch")},
     }
     found = gpus()
-    if found:
-        env["gpus"] = found
+    env["gpus"] = found or []
+    if not found:
+        env["gpu"] = _NO_GPU[0] if _NO_GPU else "no GPU found"
     return env
+
+
+def gpu_line(env: dict) -> str:
+    """One line for a report header: the GPUs, or why there are none."""
+    found = env.get("gpus") or []
+    if found:
+        mem = found[0].get("memory_total_bytes")
+        size = f", {mem / 2**30:.0f} GiB" if mem else ""
+        return f"{len(found)} x {found[0].get('name')}{size}, driver {found[0].get('driver')}"
+    return env.get("gpu") or "not recorded"

@@ -97,10 +97,18 @@ class RunWriter:
 
     def __init__(self, run_dir: str | Path, secrets: tuple[str | None, ...] = ()) -> None:
         self.dir = Path(run_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
         self.secrets = tuple(s for s in secrets if s)
-        self.requests = JsonlAppender(self.dir / REQUESTS_FILE, secrets=self.secrets)
-        self.timeseries = JsonlAppender(self.dir / TIMESERIES_FILE, secrets=self.secrets)
+        try:
+            if self.dir.exists() and not self.dir.is_dir():
+                raise CbbenchError(f"{self.dir}: a file, not a folder: give --out a folder")
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self.requests = JsonlAppender(self.dir / REQUESTS_FILE, secrets=self.secrets)
+            self.timeseries = JsonlAppender(self.dir / TIMESERIES_FILE, secrets=self.secrets)
+        except OSError as exc:  # /proc/x, a file on the way, no permission, a full disk
+            where = exc.filename or self.dir
+            raise CbbenchError(
+                f"{self.dir}: cannot write the run folder here ({where}: {exc.strerror})"
+            ) from None
 
     def add_record(self, record: RequestRecord) -> None:
         self.requests.write(record.__dict__)  # written at once: no copy (`to_dict`) needed

@@ -14,9 +14,17 @@ from collections.abc import Sequence
 from typing import TypedDict
 
 import numpy as np
-from cbbench.harness.errors import CbbenchError
 from cbbench.harness.results.client_timing import client_bound_reasons, worker_timing
 from cbbench.harness.results.records import RequestRecord
+from cbbench.harness.results.slo import (  # noqa: F401 - re-exported: commands import them here
+    SLO_GRAMMAR,
+    SLO_HELP,
+    SLO_KEYS,
+    SLO_STATS,
+    parse_duration,
+    parse_slo,
+    slo_key,
+)
 from cbbench.harness.results.session_summary import session_summary
 from cbbench.workloads.stats import describe_array
 
@@ -90,43 +98,6 @@ class RunSummary(TypedDict, total=False):
     server_stopped_answering: str
     stopped_early: str  # the first requests all failed with one client error (outcome.py)
     worker_crashes: list
-
-
-SLO_KEYS = ("ttft", "ttfo", "tpot", "e2e")
-_UNITS = {"ms": 1e-3, "us": 1e-6, "s": 1.0, "m": 60.0}
-
-
-def parse_duration(text: str, what: str) -> float:
-    """'200ms' -> 0.2. A duration always carries a unit: a bare number is refused, naming the
-    two readings it could have (`--slo ttft=200` was once read as 200 seconds)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(ms|us|s|m)?\s*", text)
-    if not m:
-        raise CbbenchError(f"{what}: {text!r} is not a duration (e.g. 200ms, 1.5s)")
-    if not m.group(2):
-        n = m.group(1)
-        raise CbbenchError(f"{what}: {text.strip()!r} has no unit: write {n}ms or {n}s")
-    return float(m.group(1)) * _UNITS[m.group(2)]
-
-
-def parse_slo(text: str | None) -> dict[str, float]:
-    """'ttft=200ms,tpot=50ms,e2e=10s' -> {'ttft': 0.2, 'tpot': 0.05, 'e2e': 10.0} (seconds);
-    `ttfo` (first answer token) as `ttft`."""
-    if not text:
-        return {}
-    out: dict[str, float] = {}
-    for part in text.split(","):
-        key, sep, value = part.partition("=")
-        key = key.strip().lower()
-        if not sep and ":" in part:  # vLLM's spelling belongs to --goodput (milliseconds)
-            k, _, v = part.partition(":")
-            raise CbbenchError(
-                f"--slo: {part!r}: write {k.strip()}={v.strip()}ms, or --goodput {part.strip()} "
-                "(vLLM's spelling, milliseconds)"
-            )
-        if not sep or key not in SLO_KEYS:
-            raise CbbenchError(f"--slo: {part!r}: expected one of {', '.join(SLO_KEYS)}=DURATION")
-        out[key] = parse_duration(value, f"--slo {key}")
-    return out
 
 
 _COLUMNS = (

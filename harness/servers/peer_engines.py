@@ -143,6 +143,16 @@ def _collect(manager, ids: set[str], timeout_s: float = 600.0) -> dict[str, int]
     return got
 
 
+# The transformers cbbench accepts (pyproject's test extra): >= 5 for its ContinuousBatchingManager
+# (hf-continuous), < 5.25 because 5.25 requires Hugging Face's `kernels` package, whose import
+# name is this repository's kernels/ folder (run from the repo root, it imports ours and fails)
+TRANSFORMERS_REQUIREMENT = "transformers>=5,<5.25"
+
+
+def transformers_install_hint() -> str:
+    return f"pip install '{TRANSFORMERS_REQUIREMENT}'"
+
+
 def transformers_available() -> bool:
     return importlib.util.find_spec("transformers") is not None
 

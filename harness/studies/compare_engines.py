@@ -163,7 +163,7 @@ def compare_engines(opts: CompareOptions, console: Console | None = None) -> dic
     if opts.threads < 0:
         raise CbbenchError(f"--threads must be >= 0, got {opts.threads}")
     with torch_threads(opts.threads):
-        return _run(opts, names, console or Console())
+        return _run(opts, names, console or Console(soft_wrap=True))
 
 
 @contextlib.contextmanager
@@ -216,8 +216,8 @@ def _run(args: CompareOptions, names: list[str], console: Console) -> dict:
     wl = load_workload(spec, seed=args.seed, num_requests=args.num_requests)
     if any(n.startswith("hf-") for n in names) and not peers.transformers_available():
         raise CbbenchError(
-            "--engines hf-static/hf-continuous need transformers: pip install 'transformers>=5' "
-            "(or choose --engines reference,vllm)"
+            "--engines hf-static/hf-continuous need transformers: "
+            f"{peers.transformers_install_hint()} (or choose --engines reference,vllm)"
         )
     if "vllm" in names and not peers.vllm_available(args.vllm_python):
         where = args.vllm_python or "this Python"

@@ -12,6 +12,7 @@ from pathlib import Path
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.studies.plan_space import parse_speculative
 from cbbench.harness.studies.planner import CLOSE, MEETS, MISSES, PlanResult, Point
+from cbbench.reference_engine.model.config import hf_model_id
 from rich.console import Console
 from rich.table import Table
 
@@ -48,7 +49,8 @@ def vllm_flags(p: Point, model: str) -> str:
     c = p.config
     if c["scheduler"] != "continuous":
         return f"(vLLM batches continuously only: no equivalent of {c['scheduler']} batching)"
-    flags = [f"vllm serve {model} --max-num-seqs {c['max_num_seqs']}",
+    model_id = hf_model_id(model) or f"HF_FOLDER_OF_{model.upper()}"  # no public checkpoint
+    flags = [f"vllm serve {model_id} --max-num-seqs {c['max_num_seqs']}",
              f"--max-num-batched-tokens {c['max_num_batched_tokens']}",
              "--enable-chunked-prefill" if c["chunked_prefill"] else "--no-enable-chunked-prefill"]  # fmt: skip
     if c["kv_cache_dtype"] in ("fp8", "int8"):
@@ -58,7 +60,7 @@ def vllm_flags(p: Point, model: str) -> str:
         method, draft, k = spec
         conf = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3}
         if draft:
-            conf = {"model": draft, "num_speculative_tokens": k}
+            conf = {"model": hf_model_id(draft) or draft, "num_speculative_tokens": k}
         flags.append(f"--speculative-config '{json.dumps(conf)}'")
     return " ".join(flags)
 

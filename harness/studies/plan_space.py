@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import itertools
-import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cbbench.harness.errors import CbbenchError
-from cbbench.harness.results.summary import parse_duration
+from cbbench.harness.results.slo import SLO_GRAMMAR, parse_duration, slo_key
 from cbbench.reference_engine.router.registry import POLICY_NAMES
 
 METRICS = ("ttft", "ttfo", "tpot", "e2e")  # ttfo = ttft in the simulator (no reasoning)
@@ -28,17 +27,16 @@ class Slo:
 
 
 def parse_slos(text: str) -> list[Slo]:
-    """'ttft_p99=2s,tpot_p99=100ms' -> [Slo('ttft', 'p99', 2.0), Slo('tpot', 'p99', 0.1)]."""
+    """'ttft_p99=2s,tpot_p99=100ms' -> [Slo('ttft', 'p99', 2.0), Slo('tpot', 'p99', 0.1)];
+    bench's grammar (results/summary.py): a bare metric (`ttft=2s`) is a per-request target,
+    every request within it, i.e. the maximum."""
     out = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
         key, sep, value = part.partition("=")
-        m = re.fullmatch(r"(ttft|ttfo|tpot|e2e)_(mean|p50|p90|p95|p99|max)", key.strip().lower())
-        if not sep or m is None:
-            raise CbbenchError(
-                f"--slo: {part!r}: expected METRIC_STAT=DURATION, METRIC one of "
-                f"{', '.join(METRICS)}, STAT one of {', '.join(STATS)} (e.g. ttft_p99=2s)"
-            )
-        out.append(Slo(m.group(1), m.group(2), parse_duration(value, f"--slo {key}")))
+        if not sep:
+            raise CbbenchError(f"--slo: {part!r}: expected {SLO_GRAMMAR}")
+        metric, stat = slo_key(key, part)
+        out.append(Slo(metric, stat or "max", parse_duration(value, f"--slo {key.strip()}")))
     if not out:
         raise CbbenchError("--slo: give at least one, e.g. ttft_p99=2s,tpot_p99=100ms")
     return out

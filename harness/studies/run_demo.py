@@ -22,7 +22,7 @@ from cbbench.harness.results.compare import kv_pool
 from cbbench.harness.results.summary import RunSummary, parse_slo
 from cbbench.reference_engine.config.engine_config import KV_CACHE_DTYPES, SCHEDULERS
 from cbbench.reference_engine.config.options import FLAGS, SIM_DEFAULTS, engine_argv
-from cbbench.workloads.presets import preset_settings
+from cbbench.workloads.presets import PRESETS, preset_settings
 from rich.console import Console
 
 DEFAULT_SLO = "ttft=10s,tpot=100ms"
@@ -30,11 +30,8 @@ DEFAULT_SLO = "ttft=10s,tpot=100ms"
 # that all three schedulers finish in about two minutes on 2 CPU cores with the tiny model.
 RUN_WORKLOAD: dict = {
     "name": "run-demo",
-    "description": "mixed lengths for `cbbench run`: 256 requests, outputs lognormal (median "
-    "128, sigma 0.9, 8-1024), prompts lognormal (median 64, 8-512), all at once",
-    "num_requests": 256,
-    "prompt": {"dist": "lognormal", "median": 64, "sigma": 0.6, "min": 8, "max": 512},
-    "output": {"dist": "lognormal", "median": 128, "sigma": 0.9, "min": 8, "max": 1024},
+    "description": PRESETS["run-demo"].description,
+    **PRESETS["run-demo"].spec,
 }
 # Fewer requests than this many batches of B cannot show the schedulers apart: the first
 # batch's start and the last one's drain are then a large share of the run, and static's
@@ -205,13 +202,35 @@ def serve_settings(opts: RunOptions, scheduler: str, run: Variant | None = None)
 
 def run_demo(opts: RunOptions, console: Console | None = None) -> RunDemoResult:
     """Every scheduler in turn; then the HTML report over their run folders."""
-    console = console or Console()
+    console = console or Console(soft_wrap=True)
     opts.check()
     if opts.workload:  # a bad spec fails before any folder is made
         from cbbench.workloads import load_workload
 
         load_workload(opts.workload, seed=opts.seed, num_requests=opts.num_requests)
+    existed = opts.out is not None and Path(opts.out).exists()
     parent = parent_dir(opts.out)
+    try:
+        return _run_in(opts, parent, console)
+    except BaseException:
+        if not existed:  # a run that failed before any run folder: no folder left behind
+            _remove_if_empty(parent)
+        raise
+
+
+def _remove_if_empty(parent: Path) -> None:
+    """Remove the run's parent folder if it holds nothing but the workload written into it."""
+    try:
+        left = list(parent.iterdir())
+        if all(p.name == "workload.json" for p in left):
+            for p in left:
+                p.unlink()
+            parent.rmdir()
+    except OSError:
+        pass
+
+
+def _run_in(opts: RunOptions, parent: Path, console: Console) -> RunDemoResult:
     spec = workload_spec(opts, parent)
     from cbbench.workloads import load_workload
 

@@ -289,7 +289,7 @@ def engine_configs(
 
 def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
     """Replay the workload once per scheduler; write run folders when `opts.out` is set."""
-    console = console or Console()
+    console = console or Console(soft_wrap=True)
     wl = load_sim_workload(opts, console)
     # flags given > the preset's own settings (seed-demo: B = 4, hardware steps) > defaults
     defaults = {**opts.engine_defaults, **preset_settings(opts.workload)}

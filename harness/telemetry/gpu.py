@@ -19,6 +19,7 @@ from types import ModuleType
 
 from cbbench.harness.errors import CbbenchError
 
+NO_DRIVER = "no NVIDIA driver"
 log = logging.getLogger(__name__)
 
 # Per-sample fields; utilizations are NVML percentages (0-100).
@@ -84,7 +85,12 @@ class GpuSampler:
         assert self._thread is None, "a sampler starts once"
         self._t0_ns, self._sink = t0_ns, sink
         if not self._open():
-            log.warning("gpu metrics: %s; GPU metrics are not recorded", self.unavailable_reason)
+            # no driver at all is a machine without a GPU: run.json says so once (telemetry
+            # gpu.reason); a driver that fails is worth a warning
+            quiet = (self.unavailable_reason or "").startswith(NO_DRIVER)
+            (log.info if quiet else log.warning)(
+                "gpu metrics: %s; GPU metrics are not recorded", self.unavailable_reason
+            )
             return
         self._thread = threading.Thread(target=self._loop, name="cbbench-gpu-metrics")
         self._thread.daemon = True
@@ -196,7 +202,7 @@ class GpuSampler:
         try:
             self._nvml.nvmlInit()
         except self._nvml.NVMLError as exc:
-            self.unavailable_reason = f"no NVIDIA driver ({exc})"
+            self.unavailable_reason = f"{NO_DRIVER} ({exc})"
             return False
         return True
 

@@ -164,7 +164,12 @@ class ServerMetricsSampler:
             else:
                 scrape = parse_metrics(text)  # full: detection and the window's first scrape
         except Exception as exc:  # noqa: BLE001 - any bad answer is a counted failure
-            self._fail(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+            status = getattr(getattr(exc, "response", None), "status_code", None)
+            if status is not None:  # httpx's text is two lines with a link: the status says it
+                self._fail(f"HTTP {status} (the server exports no Prometheus metrics here)")
+            else:  # one line, whatever the exception's text
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                self._fail(f"{type(exc).__name__}: {first}" if first else type(exc).__name__)
             return
         with self._lock:
             if self.adapter is None:

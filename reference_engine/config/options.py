@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -69,6 +70,8 @@ class EngineFlag:
     def help_text(self, default: Any = dataclasses.MISSING) -> str:
         d = self.default if default is dataclasses.MISSING else default
         unit = f" [{self.unit}]" if self.unit else ""
+        if self.unit == "s":
+            unit += " (or with a unit: 50ms, 2s)"
         if self.kind == "bool":
             shown = "on" if d else "off"
         elif d is None or d == ():
@@ -148,7 +151,26 @@ def _csv_ints(text: str) -> tuple[int, ...]:
         ) from None
 
 
+_SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}
+
+
+def seconds_arg(text: str) -> float:
+    """A duration flag: `50ms`, `0.05s`, `2m`; a bare number keeps the flag's unit, seconds."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(us|ms|s|m)?\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"expected a duration such as 50ms or 0.05s, got {text!r}")
+    return float(m.group(1)) * _SECONDS[m.group(2) or "s"]
+
+
 _TYPES = {"int": int, "float": float, "str": str, "ints": _csv_ints}
+
+
+def _flag_type(f: EngineFlag):
+    if f.auto:
+        return _int_or_auto
+    if f.kind == "float" and f.unit == "s":
+        return seconds_arg
+    return _TYPES[f.kind]
 
 
 def auto_ceiling(value: str, name: str) -> int | None:
@@ -216,7 +238,7 @@ def add_engine_args(
             f.name,
             *f.aliases,
             dest=f.dest,
-            type=_int_or_auto if f.auto else _TYPES[f.kind],
+            type=_flag_type(f),
             choices=f.choices,
             default=None,
             metavar=f.metavar,
@@ -230,20 +252,39 @@ def engine_settings(ns: argparse.Namespace) -> dict[str, Any]:
     return {d: getattr(ns, d) for d in FLAGS if getattr(ns, d, None) is not None}
 
 
+def inapplicable(settings: Mapping[str, Any], schedulers: Iterable[str]) -> list[str]:
+    """Flags given that belong to a scheduler none of `schedulers` is ('--max-queue-delay is
+    a dynamic scheduler setting'): said, not silently ignored. B (--batch-size) is every
+    policy's default size, so it always applies."""
+    chosen = set(schedulers)
+    out = []
+    for dest in settings:
+        f = FLAGS.get(dest)
+        if f is None or f.section not in SCHEDULERS or f.section in chosen or dest == "batch_size":
+            continue
+        out.append(
+            f"{f.name} is a {f.section} scheduler setting: it does not apply to "
+            f"--scheduler {','.join(sorted(chosen))}"
+        )
+    return out
+
+
 def command_defaults(ns: argparse.Namespace) -> dict[str, Any]:
     return dict(getattr(ns, _DEFAULTS_DEST, None) or {})
 
 
-def scheduler_names(text: str | None, default: Iterable[str] = SCHEDULERS) -> list[str]:
-    """`--scheduler a,b` -> ["a", "b"] (EngineError naming the unknown ones)."""
+def scheduler_names(
+    text: str | None, default: Iterable[str] = SCHEDULERS, flag: str = "--scheduler"
+) -> list[str]:
+    """`--scheduler a,b` -> ["a", "b"] (EngineError naming the unknown ones and `flag`, the
+    spelling the user typed)."""
     if text is None:
         return list(default)
     names = [s.strip() for s in text.split(",") if s.strip()]
     bad = [s for s in names if s not in SCHEDULERS]
     if bad or not names:
         raise EngineError(
-            f"--scheduler: unknown {', '.join(bad) or repr(text)} "
-            f"(choose from {', '.join(SCHEDULERS)})"
+            f"{flag}: unknown {', '.join(bad) or repr(text)} (choose from {', '.join(SCHEDULERS)})"
         )
     return list(dict.fromkeys(names))
 

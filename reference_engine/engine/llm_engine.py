@@ -148,6 +148,11 @@ class LLMEngine(StepUpdate):
         if config.device.startswith("cuda"):
             import torch
 
+            if not torch.cuda.is_available():  # a CPU build of torch, or no driver
+                raise EngineError(
+                    f"--device {config.device}: CUDA is not available to torch "
+                    f"{torch.__version__} (a CPU build, or no NVIDIA driver); use --device cpu"
+                )
             free, _ = torch.cuda.mem_get_info(torch.device(config.device))
             return max(1, int((free * 0.85 - weights) // per_block))
         # CPU: enough for every slot at full length, capped

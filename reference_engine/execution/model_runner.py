@@ -108,7 +108,10 @@ class ModelRunner:
         if quantization is not None and self.device.type != "cpu":  # int8 weights: a CPU kernel
             raise EngineError(f"--quantization {quantization}: CPU only, not device {device!r}")
         if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise EngineError(f"device {device!r}: CUDA is not available to torch")
+            raise EngineError(
+                f"--device {device}: CUDA is not available to torch {torch.__version__} (a CPU "
+                "build, or no NVIDIA driver); use --device cpu"
+            )
         try:
             self.backend = get_attention_backend(attention_backend, self.device)
         except ValueError as exc:

@@ -305,6 +305,29 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# The public Hugging Face checkpoint of each preset's shape: what `vllm serve` and other
+# engines take as the model id (plan prints it). The test shapes (tiny, small, tiny-moe,
+# small-moe) have none.
+HF_IDS: dict[str, str] = {
+    "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B-Instruct",
+    # Llama 3's shape: 8192 positions, no rope scaling (3.1 has 131072 and llama3 scaling)
+    "llama-3-8b": "meta-llama/Meta-Llama-3-8B-Instruct",
+    "llama-3.2-1b": "meta-llama/Llama-3.2-1B-Instruct",
+    "llama-2-7b": "meta-llama/Llama-2-7b-chat-hf",
+    "mistral-7b": "mistralai/Mistral-7B-Instruct-v0.2",  # 32768 positions, rope theta 1e6
+    "mixtral-8x7b": "mistralai/Mixtral-8x7B-Instruct-v0.1",
+    "qwen1.5-moe-a2.7b": "Qwen/Qwen1.5-MoE-A2.7B-Chat",
+}
+
+
+def hf_model_id(model: str) -> str | None:
+    """The model id another engine takes for `model`: a preset's HF id, a path or id as
+    given; None for a preset with no public checkpoint."""
+    if model in PRESETS:
+        return HF_IDS.get(model)
+    return model
+
+
 def resolve_model_config(model: str | ModelConfig) -> ModelConfig:
     """A preset name, an HF folder or its config.json, or a ModelConfig."""
     if isinstance(model, ModelConfig):

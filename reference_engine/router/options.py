@@ -10,6 +10,7 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cbbench.reference_engine.config.options import seconds_arg
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.router.breaker import BreakerSettings
 from cbbench.reference_engine.router.registry import POLICY_NAMES
@@ -49,6 +50,7 @@ class RouterOptions:
             self.breaker_window,
             self.breaker_cooldown_s,
         )
+
     session_header: str = SESSION_HEADER  # session-affinity: the header naming the session
 
     def validate(self) -> None:
@@ -72,8 +74,9 @@ class RouterOptions:
             raise EngineError(f"--retries must be 0 or 1, got {self.retries}")
 
 
-def add_router_args(p: argparse.ArgumentParser, policy_flag: str = "--policy") -> None:
-    """The router's flags (`cbbench route --policy`, `cbbench serve --replicas N --router`)."""
+def add_router_args(p: argparse.ArgumentParser, policy_flag: str = "--router") -> None:
+    """The router's flags (`cbbench route --router`, `cbbench serve --replicas N --router`; the
+    old `route --policy` is registered by the command)."""
     g = p.add_argument_group("router")
     g.add_argument(
         policy_flag,
@@ -90,17 +93,19 @@ def add_router_args(p: argparse.ArgumentParser, policy_flag: str = "--policy") -
     )
     g.add_argument(
         "--poll-interval",
-        type=float,
+        type=seconds_arg,
         default=POLL_INTERVAL_S,
-        metavar="S",
-        help=f"read each replica's /health and /metrics every S seconds (default {POLL_INTERVAL_S})",
+        metavar="DURATION",
+        help="read each replica's /health and /metrics this often (250ms, 1s; a bare number is "
+        f"seconds; default {POLL_INTERVAL_S:g}s)",
     )
     g.add_argument(
         "--upstream-timeout",
-        type=float,
+        type=seconds_arg,
         default=UPSTREAM_TIMEOUT_S,
-        metavar="S",
-        help=f"give up on a replica that sends nothing for S seconds: 504 (default {UPSTREAM_TIMEOUT_S:g})",
+        metavar="DURATION",
+        help="give up on a replica that sends nothing this long: 504 (a bare number is seconds; "
+        f"default {UPSTREAM_TIMEOUT_S:g}s)",
     )
     b = p.add_argument_group("circuit breaker and retry (docs/router.md)")
     b.add_argument(
@@ -128,11 +133,11 @@ def add_router_args(p: argparse.ArgumentParser, policy_flag: str = "--policy") -
     )
     b.add_argument(
         "--breaker-cooldown",
-        type=float,
+        type=seconds_arg,
         default=BREAKER_COOLDOWN_S,
-        metavar="S",
-        help="probe a replica taken out after S seconds; back in rotation on a good answer "
-        f"(doubled after each failed probe, up to 8x; default {BREAKER_COOLDOWN_S:g})",
+        metavar="DURATION",
+        help="probe a replica taken out after this long; back in rotation on a good answer "
+        f"(doubled after each failed probe, up to 8x; default {BREAKER_COOLDOWN_S:g}s)",
     )
     b.add_argument(
         "--retries",

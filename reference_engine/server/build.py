@@ -10,6 +10,8 @@ Two ways to drive the engine, same HTTP app on top:
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +78,7 @@ def build_stack(
         vocab_size = model_config.vocab_size
         engine = AsyncEngine(llm_engine, metrics)
     info = {**info, "engine_process": engine_process}
+    info["config"] = json.loads(json.dumps(dataclasses.asdict(config), default=str))  # whole
     metrics.set_cache_config(info)
     body_parser = BodyParser(max_model_len)
     try:

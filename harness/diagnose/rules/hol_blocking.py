@@ -16,7 +16,12 @@ import heapq
 import numpy as np
 from cbbench.harness.diagnose.base import Finding, Rule, RunView, ms, pct
 from cbbench.harness.diagnose.fixes import fixes_for
-from cbbench.harness.diagnose.slots import admitted_s, held_slots, iteration_level
+from cbbench.harness.diagnose.slots import (
+    RUN_TO_COMPLETION,
+    admitted_s,
+    held_slots,
+    iteration_level,
+)
 
 SHORT = 0.5  # a request is short next to one with at least 1/SHORT times its output tokens
 MIN_CANDIDATES = 4
@@ -99,6 +104,11 @@ def _held(v: RunView) -> tuple[list[str], dict] | None:
 
 
 def _arrivals(v: RunView) -> tuple[list[str], dict] | None:
+    if iteration_level(v):
+        # an iteration-level server (its scheduler or engine says so) refills a slot at the
+        # next step: a short request behind a long one there waited for a full batch (the
+        # batch-cap and kv-pressure rules' finding), not for request-level batching
+        return None
     recs = [
         r
         for r in v.ok
@@ -190,9 +200,28 @@ def check(v: RunView) -> Finding | None:
         title=title,
         cause=cause,
         evidence=evidence,
-        fixes=fixes_for("hol-blocking"),
+        fixes=_fixes(v, values),
         values=values,
     )
+
+
+def _fixes(v: RunView, values: dict) -> dict[str, str]:
+    """The reference engine's fix from this run's own evidence: --scheduler continuous only
+    where the server is not already continuous, a smaller --max-model-len only where static's
+    reservations held the memory (not at a KV pool mostly free)."""
+    fixes = fixes_for("hol-blocking")
+    if v.scheduler not in RUN_TO_COMPLETION:
+        return fixes  # unknown: the general advice, which names both
+    parts = [
+        "cbbench serve --scheduler continuous (continuous batching: a finished request's slot "
+        "is refilled at the next step)"
+    ]
+    reserved = values.get("kv_reserved_share")
+    if v.scheduler == "static" and reserved is not None and reserved >= RESERVED:
+        parts.append("a smaller --max-model-len (static reserves it for every slot)")
+    parts.append("cap long requests' max_tokens")
+    fixes["cbbench"] = "; or ".join(parts)
+    return fixes
 
 
 RULE = Rule(

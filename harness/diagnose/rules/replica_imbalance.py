@@ -26,7 +26,7 @@ FIXES = {
     "tgi": "no router of its own: a least-connections load balancer in front of the replicas",
     "triton": "no router of its own: a least-connections load balancer; equal instance "
     "counts per model on each server",
-    "cbbench": "cbbench route / serve --replicas: --policy least-outstanding or kv-aware "
+    "cbbench": "cbbench route / serve --replicas: --router least-outstanding or kv-aware "
     "(round-robin is blind to load; prefix-affinity trades balance for cache hits); "
     "a replica that answers badly leaves rotation (--breaker-failures)",
 }

@@ -119,6 +119,7 @@ class _Stamps:
         self.sent_ns = self.last_ns = 0
         self.status = 0
         self.send_window_ns: int | None = None
+        self.user_read = False
 
     def sent(self, t: int, connect_ns: int | None, reused: bool | None) -> None:
         self.sent_ns = t
