@@ -102,6 +102,12 @@ def provoke(scenario: str, root: Path) -> Path:
         arrivals = [0.0] * 4 + [0.3 + 0.35 * k for k in range(6)]
         server = ["--no-enable-chunked-prefill", "--max-num-batched-tokens", "2048"]
         wl, conc = workload("stall", lengths, arrivals), None
+    elif scenario == "pd-interference":
+        # 6 decode streams; a 1200-token prompt every 0.5 s among them, chunked 256 at a time
+        lengths = [(16, 160)] * 6 + [(1200, 2)] * 6
+        arrivals = [0.1 * k for k in range(6)] + [0.4 + 0.5 * k for k in range(6)]
+        server = ["--max-num-batched-tokens", "256"]
+        wl, conc = workload("pd", lengths, arrivals), None
     elif scenario == "client-bound":
         n = 200
         hw = hardware_file(root, c0=0.001, c_seq=0.00001)

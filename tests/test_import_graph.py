@@ -42,8 +42,14 @@ ALLOWED: dict[str, set[str] | str] = {
     # the engine, bottom up
     "reference_engine.config": set(),
     "reference_engine.core": set(),
+    "reference_engine.kv_transfer": set(),
     "reference_engine.model": {"kernels"},
-    "reference_engine.execution": {"reference_engine.core", "reference_engine.model", "kernels"},
+    "reference_engine.execution": {
+        "reference_engine.core",
+        "reference_engine.kv_transfer",
+        "reference_engine.model",
+        "kernels",
+    },
     "reference_engine.scheduler": {"reference_engine.config", "reference_engine.core"},
     "reference_engine.spec_decode": {
         "reference_engine.config",
@@ -54,6 +60,7 @@ ALLOWED: dict[str, set[str] | str] = {
     "reference_engine.engine": {
         "reference_engine.config",
         "reference_engine.core",
+        "reference_engine.kv_transfer",
         "reference_engine.execution",
         "reference_engine.model",
         "reference_engine.scheduler",
@@ -70,12 +77,14 @@ ALLOWED: dict[str, set[str] | str] = {
     "reference_engine.server": {
         "reference_engine.config",
         "reference_engine.core",
+        "reference_engine.kv_transfer",
         "reference_engine.engine",
         "reference_engine.model",
     },
     "reference_engine.router": {
         "reference_engine.config",
         "reference_engine.core",
+        "reference_engine.kv_transfer",
         "reference_engine.engine",
         "reference_engine.execution",
         "reference_engine.model",

@@ -32,9 +32,11 @@ def test_slo_and_space_parsing():
     assert (sp.min_replicas, sp.max_replicas) == (2, 6)
     # static has no token budget or chunking: one entry per max_num_seqs
     assert sum(c["scheduler"] == "static" for c in sp.configs()) == len(sp.max_num_seqs)
-    for bad in ("ttft=2s", "ttft_p99", "queue_p99=1s", "ttft_p99=fast"):
+    for bad in ("ttft=2", "ttft_p99", "queue_p99=1s", "ttft_p99=fast", "ttft_p42=1s"):
         with pytest.raises(CbbenchError):
             plan_space.parse_slos(bad)
+    # bench's grammar (issue 51): a bare metric is every request within it, the max
+    assert [(s.name, s.target_s) for s in plan_space.parse_slos("ttft=2s")] == [("ttft_max", 2.0)]
     for bad in ("max_num_seqs=x", "router=nearest", "colour=red", "chunked_prefill=maybe"):
         with pytest.raises(CbbenchError):
             plan_space.parse_space(bad)
@@ -141,12 +143,12 @@ def test_cli_prints_frontier_flags_and_writes_html(tmp_path, capsys):
         (["--slo", "ttft_p99=1s", "--space", "max_num_seqs="], "the search space is empty"),
         (["--slo", "ttft_p99=1s", "--space", "replicas=4-2"], "the search space is empty"),
         (["--slo", "ttft_p99=1s", "--model", "tiny", "--hardware", "FIT"], "was fitted on"),
-        (["--slo", "tpot=1s"], "--slo"),
+        (["--slo", "tpot_p42=1s"], "--slo"),
         (["--slo", "ttft_p99=1s", "--rate", "0"], "--rate must be > 0"),
         (["--slo", "ttft_p99=1s", "--rate", "fast"], "--rate: 'fast' is not a number"),
         # bench's vLLM-style --goodput is not plan's share; a percentage without the % sign
-        (["--slo", "ttft_p99=1s", "--goodput", "ttft:200"], "put the targets in --slo"),
-        (["--slo", "ttft_p99=1s", "--goodput", "95"], "did you mean 0.95?"),
+        (["--slo", "ttft_p99=1s", "--goodput-share", "ttft:200"], "put the targets in --slo"),
+        (["--slo", "ttft_p99=1s", "--goodput-share", "95"], "did you mean 0.95?"),
         (["--slo", "ttft_p99=1s", "--hardware", "a100@0"], "after @ give a factor > 0"),
         (
             ["--slo", "ttft_p99=1s", "--space", "max_num_seqs=16;speculative=draft:nosuch:3"],
@@ -215,7 +217,7 @@ def test_interval_bounds_are_simulated_so_queueing_widens_them():
     args = (wl.requests, c)
     idle, busy = (planner.evaluate(opts, "llama-3-8b", *args, r, wl.prompt_seed, wl.prefix_block_size)
                   for r in (4, 1))  # fmt: skip
-    band = 1.0 + planner.ASSUMED_BAND  # a100 carries no fit residuals
+    band = 1.0 + planner.UNMEASURED_BAND  # a100: never measured, error unknown
     ttft = "ttft_p99"
     assert idle.high[ttft] / idle.predicted[ttft] == pytest.approx(band, rel=0.05)
     assert busy.high[ttft] / busy.predicted[ttft] > 1.3 * band  # 1.56 when written

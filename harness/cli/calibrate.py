@@ -59,17 +59,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="JSON path (default: calibration-MODEL-cpu.json); the fit's table goes beside it "
         "as X.md (and X-validation.md with --validate)",
     )
-    p.add_argument(
-        "--validate",
-        action="store_true",
-        help="then compare simulated vs real on the held-out workload",
-    )
+    p.add_argument("--validate", action="store_true",
+                   help="then compare simulated vs real on the held-out workload")  # fmt: skip
     p.add_argument(
         "--fit",
         default=None,
         metavar="HARDWARE",
         help="with --validate: check this fitted hardware (a calibrate JSON or cpu-measured), "
-        "do not refit",
+        "do not refit; with --check-run: any hardware, a preset too",
     )
     p.add_argument(
         "--validate-requests",
@@ -103,7 +100,34 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="keep repeating a grid point up to this many seconds (0.3; 30 runs at most)",
     )
+    f = p.add_argument_group("from bench runs (any server: docs/fitting-any-server.md)")
+    f.add_argument("--from-run", nargs="+", default=None, metavar="RUN",
+                   help="fit the step model to these bench run folders instead of the engine")
+    f.add_argument("--server-config", default=None, metavar="KEY=VALUE,...", help="batching "
+                   "settings the runs lack: max_num_seqs, max_num_batched_tokens, block_size, ...")
+    f.add_argument("--holdout", type=float, default=0.5, help="share of each run's requests "
+                   "(the last sent) held back to measure the fit's error (default 0.5)")
+    f.add_argument("--server-ttft", action="store_true", help="fit TTFT to the server's own "
+                   "(vLLM's per-request metrics); the rest (HTTP, network) measured")
+    f.add_argument("--check-run", nargs="+", default=[], metavar="RUN", help="then predict "
+                   "these runs and compare (with --fit HW alone: check a preset or fit on them)")
     p.set_defaults(func=run)
+
+
+def _from_run(args: argparse.Namespace) -> int:
+    from cbbench.harness.studies import run_calibration as rc
+    from rich.console import Console
+
+    console, dtype = Console(), args.dtype or "bfloat16"
+    if not args.from_run:
+        rc.check_runs(args.check_run, args.fit, args.server_config, args.model, dtype, console)
+        return 0
+    c = rc.calibrate_from_runs(args.from_run, args.server_config, args.model, dtype, args.name,
+                               args.holdout, args.check_run, server_ttft=args.server_ttft,
+                               log=lambda m: console.print(m, highlight=False, soft_wrap=True))  # fmt: skip
+    rc.print_calibration(c, console)
+    rc.save(c, Path(args.out or f"calibration-{Path(args.from_run[0]).name}.json"), console)
+    return 0
 
 
 GRID_FLAGS = ("batch_sizes", "context_lens", "prefill_lens", "repeats", "min_time")
@@ -138,6 +162,11 @@ def run(args: argparse.Namespace) -> int:
     from cbbench.reference_engine.sim.validation import held_out
     from rich.console import Console
 
+    if args.from_run or (args.check_run and args.fit):  # --fit: a preset or fit checked on runs
+        return _from_run(args)
+    if args.server_config or args.check_run or args.server_ttft:
+        raise EngineError("--server-config, --server-ttft, --check-run go with --from-run "
+                          "(--check-run also with --fit HARDWARE)")  # fmt: skip
     for dest in ("model", "dtype", "device"):
         setattr(args, dest, engine_value(args, dest))
     grid = grid_options(args)

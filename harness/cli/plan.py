@@ -37,12 +37,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hardware", required=True,
                    help="a preset (h100, a100, ...) or a `cbbench calibrate` JSON fit")  # fmt: skip
     p.add_argument("--model", default=None, help="default: the fit's model, else llama-3-8b")
-    p.add_argument("--price", type=float, required=True, help="$ per replica-hour")
+    p.add_argument("--price", type=float, required=True, help="$ per GPU-hour (a replica of --space tp=N GPUs costs N times it)")
     p.add_argument("--space", default=None,
                    help="KEY=VALUES;... over the default space, KEY one of replicas (1-32), "
                         "scheduler, max_num_seqs, max_num_batched_tokens, chunked_prefill "
                         "(on,off), kv_cache_dtype, router, speculative (off,ngram:K,"
-                        "draft:MODEL:K)")  # fmt: skip
+                        "draft:MODEL:K), tp (auto or GPUs per replica, e.g. 1,2,4,8)")  # fmt: skip
     p.add_argument("--spec-acceptance-rate", type=float, default=0.7,
                    help="for speculative configurations in --space (speculative=off,ngram:4): "
                         "each draft token's acceptance probability, which the simulator cannot "

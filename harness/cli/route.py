@@ -25,9 +25,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--replica",
         action="append",
-        required=True,
+        default=None,
         metavar="URL",
         help="a replica's base URL (repeat the flag), e.g. http://10.0.0.2:8000",
+    )
+    p.add_argument(
+        "--prefill",
+        nargs="+",
+        default=None,
+        metavar="URL",
+        help="P/D disaggregation: prefill workers (`cbbench serve --role prefill`); each "
+        "request goes to one, then to a --decode worker (docs/disaggregation.md)",
+    )
+    p.add_argument(
+        "--decode",
+        nargs="+",
+        default=None,
+        metavar="URL",
+        help="P/D disaggregation: decode workers (`cbbench serve --role decode`), picked by "
+        "KV headroom",
     )
     add_router_args(p, policy_flag="--router")  # serve --replicas' and sim's name
     old_spelling(p, "--policy", "--router")
@@ -49,7 +65,11 @@ def run(args: argparse.Namespace) -> int:
     warning = bind_warning(args.host, args.api_key)
     if warning:
         print(f"cbbench route: {warning}", file=sys.stderr, flush=True)
-    opts = router_options_from_args(args, args.replica)
+    if not args.replica and not args.prefill:
+        from cbbench.reference_engine.errors import EngineError
+
+        raise EngineError("cbbench route needs --replica URLs, or --prefill and --decode URLs")
+    opts = router_options_from_args(args, args.replica or [])
 
     def ready(url: str, router) -> None:
         for r in router.pool.replicas:

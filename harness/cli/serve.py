@@ -79,13 +79,28 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="start N engine servers (each its own process on an ephemeral 127.0.0.1 port) "
         "and a router in front of them on --host/--port",
     )
+    r.add_argument(
+        "--prefill-replicas",
+        type=int,
+        default=None,
+        metavar="P",
+        help="P/D disaggregation: start P `--role prefill` and --decode-replicas D `--role "
+        "decode` servers and the P/D router in front (docs/disaggregation.md)",
+    )
+    r.add_argument(
+        "--decode-replicas",
+        type=int,
+        default=None,
+        metavar="D",
+        help="P/D disaggregation: the number of decode workers (with --prefill-replicas)",
+    )
     ReasoningOptions.add_args(p)
     add_router_args(p, policy_flag="--router")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.replicas is not None:
+    if args.replicas is not None or args.prefill_replicas or args.decode_replicas:
         return _run_replicas(args)
     from cbbench.reference_engine.server.app import DEFAULT_MAX_BODY_BYTES
     from cbbench.reference_engine.server.build import build_stack
@@ -203,18 +218,27 @@ def _run_replicas(args: argparse.Namespace) -> int:
     warning = bind_warning(args.host, args.api_key)
     if warning:
         print(f"cbbench serve: {warning}", file=sys.stderr, flush=True)
-    opts = ReplicaSetOptions(args.replicas, _replica_argv(args), router_options_from_args(args, []))
+    opts = ReplicaSetOptions(
+        args.replicas or 0,
+        _replica_argv(args),
+        router_options_from_args(args, []),
+        num_prefill=args.prefill_replicas or 0,
+        num_decode=args.decode_replicas or 0,
+    )
+    opts.validate()
+    names = [name for name, _ in opts.children()]
 
     def replica(i: int, handle) -> None:
         print(
-            f"cbbench serve: replica r{i} (pid {handle.process.pid}) at {handle.base_url}",
+            f"cbbench serve: replica {names[i]} (pid {handle.process.pid}) at {handle.base_url}",
             file=sys.stderr,
             flush=True,
         )
 
     def ready(url: str, router) -> None:
         print(
-            f"cbbench serve: router ({router.policy.name}) over {args.replicas} replicas",
+            f"cbbench serve: router ({router.policy.name}) over {len(names)} replicas"
+            + (f" ({opts.num_prefill} prefill, {opts.num_decode} decode)" if opts.num_prefill else ""),
             file=sys.stderr,
             flush=True,
         )

@@ -65,6 +65,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with --replicas: routing policies to compare, comma-separated (default all: "
         "round-robin,least-outstanding,kv-aware,prefix-affinity)",
     )
+    p.add_argument(
+        "--prefill-replicas",
+        type=int,
+        default=None,
+        metavar="P",
+        help="with --decode-replicas: P prefill + D decode workers against P + D aggregated "
+        "replicas, side by side (docs/disaggregation.md)",
+    )
+    p.add_argument("--decode-replicas", type=int, default=None, metavar="D",
+                   help="decode workers of the P/D comparison")  # fmt: skip
+    p.add_argument("--kv-link", default="same-node",
+                   help="the P/D comparison's KV link: same-node, cross-node, loopback or "
+                        "bandwidth_gbps=B,latency_ms=L (default same-node)")  # fmt: skip
     add_engine_args(p, defaults=SIM_DEFAULTS)
     p.set_defaults(func=run)
 
@@ -78,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
         return _spec_sweep(args, console)
     if args.replicas is not None:
         return _cluster(args, console)
+    if args.prefill_replicas is not None or args.decode_replicas is not None:
+        return _pd(args, console)
     settings = engine_settings(args)
     names = scheduler_names(settings.pop("scheduler", None))
     seed = settings.pop("seed", None)
@@ -149,4 +164,22 @@ def _cluster(args: argparse.Namespace, console) -> int:
     )
     opts = ClusterOptions(sim, args.replicas, policy_names(args.router))
     print_cluster_study(simulate_cluster_study(opts, console), console)
+    return 0
+
+
+def _pd(args: argparse.Namespace, console) -> int:
+    from cbbench.harness.studies.pd_compare import PDCompareOptions, pd_compare, print_pd_compare
+    from cbbench.harness.studies.simulation import SimOptions
+
+    settings = engine_settings(args)
+    settings.pop("scheduler", None)
+    seed = settings.pop("seed", None)
+    sim = SimOptions(
+        workload=args.workload, schedulers=["continuous"], engine=settings, seed=seed,
+        num_requests=args.num_requests, rate=args.rate, drop_too_long=args.drop_too_long,
+        out=Path(args.out) if args.out else None, command=list(sys.argv),
+    )  # fmt: skip
+    opts = PDCompareOptions(sim, args.prefill_replicas or 0, args.decode_replicas or 0,
+                            args.kv_link)  # fmt: skip
+    print_pd_compare(opts, pd_compare(opts, console), console)
     return 0

@@ -40,6 +40,7 @@ from collections.abc import Callable
 import httpx
 from cbbench.harness.client import fast_events, http1
 from cbbench.harness.client.reply import Reply
+from cbbench.harness.client.server_timing import server_times
 from cbbench.harness.client.sse import SSEParser
 from cbbench.harness.client.stream_kinds import USAGE_REASONING_ABOVE_TOTAL, StreamKinds
 from cbbench.harness.results.records import RequestRecord
@@ -325,6 +326,10 @@ def _apply(
         raise RequestFailed("server_error", f"error in stream: {str(msg)[:ERROR_TEXT_LIMIT]}")
     if "cbbench" in obj:
         state["cbbench"] = obj["cbbench"]
+    if "metrics" in obj:  # vLLM's per-request times (server_timing.py)
+        state["metrics"] = obj["metrics"]
+    if "timings" in obj:  # llama.cpp's
+        state["timings"] = obj["timings"]
     usage = get("usage")
     k_usage = _usage(usage, state) if usage else None
     if not choices:
@@ -429,7 +434,13 @@ def finish(rec: RequestRecord, resp: Response, t0_ns: int, end_ns: int) -> None:
     if "cbbench" in state and isinstance(state["cbbench"], dict):
         info = dict(state["cbbench"])
         rec.server_queue_s = info.pop("queue_time_s", None)
+        info.pop("prefill_time_s", None), info.pop("decode_time_s", None)
         rec.extra.update(info)
+    times = server_times(state)
+    if times is not None:
+        rec.extra["server_timing"] = times
+        if rec.server_queue_s is None:
+            rec.server_queue_s = times["queue_s"]
     if "cached_tokens" in state:
         rec.extra.setdefault("num_cached_tokens", state["cached_tokens"])
     if resp.sends is not None:  # the server's clock is ours (CLOCK_MONOTONIC, one host)

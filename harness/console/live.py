@@ -12,6 +12,7 @@ import numpy as np
 from cbbench.harness.results.efficiency import efficiency_line
 from cbbench.harness.results.records import RequestRecord
 from cbbench.harness.results.replica_figures import imbalance_line
+from cbbench.harness.results.time_split import time_split_line
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -301,6 +302,19 @@ def _caption(summary: dict, c: dict) -> str:
             f"{ms(s['ttft_turn1_s'])}, later turns {ms(s['ttft_later_turns_s'])}; history p50 "
             f"{num(s['history_len']['p50'], '.0f')} tokens; prefix-cache hits {num(hit, '.1%')}"
         )
+    if summary.get("phases"):  # a disaggregated server's split of each request
+        ph = summary["phases"]
+
+        def p50(key: str) -> str:
+            d = ph.get(key) or {}
+            return "-" if d.get("p50") is None else f"{d['p50'] * 1e3:.1f}"
+
+        lines.append(
+            f"P/D phases p50 (ms, {ph['requests']} requests): prefill queue "
+            f"{p50('prefill_queue_s')}, prefill {p50('prefill_s')}, KV transfer "
+            f"{p50('kv_transfer_s')} ({num(ph['kv_transfer_bytes']['mean'], ',.0f')} B/request), "
+            f"decode queue {p50('decode_queue_s')}, decode {p50('decode_s')}"
+        )
     if summary.get("total_reasoning_tokens"):
         lines.append(
             f"reasoning: {summary['total_reasoning_tokens']} tokens, "
@@ -356,7 +370,8 @@ def _caption(summary: dict, c: dict) -> str:
                 f"{name}: server queue p50 {q['p50'] * 1e3:.1f} ms, p99 {q['p99'] * 1e3:.1f} ms"
                 f"{width}{capped}, estimated from the server's histogram"
             )
-    for line in (efficiency_line(summary), imbalance_line(summary)):
+    for line in (efficiency_line(summary), imbalance_line(summary),
+                 time_split_line(summary.get("server_timing"))):  # fmt: skip
         if line:
             lines.append(line)
     conn = summary.get("connections") or {}

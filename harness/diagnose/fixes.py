@@ -163,6 +163,23 @@ FIXES: dict[str, dict[str, str]] = {
         "cbbench": "cbbench serve --max-num-batched-tokens 256 (chunked prefill is on by "
         "default: a smaller step budget splits prompts finer); --max-prefills-per-step 1",
     },
+    "pd-interference": {
+        "vllm": "disaggregate: prefill and decode instances with --kv-transfer-config "
+        "'{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}' behind vLLM's "
+        "disaggregated proxy (or llm-d's P/D; Dynamo: prefill workers `python -m dynamo.vllm "
+        "--is-prefill-worker` beside the decode workers); else chunk finer: lower "
+        "--max-num-batched-tokens (chunked prefill is on in V1)",
+        "sglang": "--disaggregation-mode prefill / decode workers (--disaggregation-"
+        "transfer-backend mooncake|nixl) behind sglang-router --pd-disaggregation; else "
+        "--chunked-prefill-size 512",
+        "tgi": "no P/D mode: lower --max-batch-prefill-tokens; route long prompts to their own "
+        "replicas",
+        "triton": "TensorRT-LLM disaggregated serving (context and generation servers, "
+        "trtllm-serve disaggregated); else enable_chunked_context with a smaller max_num_tokens",
+        "cbbench": "cbbench serve --prefill-replicas 1 --decode-replicas 1 (`cbbench plan "
+        "--space 'mode=aggregated,disaggregated;prefill=1..;decode=1..'` sizes P:D); else "
+        "--max-num-batched-tokens 128 (chunk finer)",
+    },
     "length-skew": {
         "vllm": "cap --max-model-len; reject or truncate over-long prompts at the gateway; "
         "give long requests a lower priority (--scheduling-policy priority)",

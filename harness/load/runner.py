@@ -56,6 +56,7 @@ from cbbench.harness.results.run_folder import RunWriter
 from cbbench.harness.results.summary import RunSummary, summarize
 from cbbench.harness.telemetry.adapters import QUEUE_TIME
 from cbbench.harness.telemetry.queue_time import bound_by_records
+from cbbench.harness.telemetry.server_settings import read_server_settings
 from cbbench.workloads.spec import Workload
 from cbbench.workloads.stats import describe_array
 from rich.console import Console
@@ -84,6 +85,8 @@ class BenchConfig:
     load: dict = field(default_factory=dict)  # load flags as given (rate, burstiness), for run.json
     command: list[str] = field(default_factory=list)
     live: bool = True
+    # False: the caller judges the timing bound once over several runs (cbbench run)
+    timing_warning: bool = True
     collect_server_times: bool = False
     http_client: str = "raw"
     prewarm: bool = True  # open the connections (up to the concurrency) before t0
@@ -332,6 +335,9 @@ def run_bench(
     )
     plans = _plans(cfg, client)
     meta = {**_run_meta(cfg, name, engine, model, len(plans)), **fit_text_prompts(cfg, plans)}
+    # the batching settings the server says it runs (calibrate --from-run replays with them)
+    prom = next((s.url for s in samplers if isinstance(getattr(s, "url", None), str)), None)
+    meta["target"]["server_settings"] = read_server_settings(prom, engine)
     meta["environment"]["server"] = server_identity(cfg.base_url, engine, cfg.api_key)
     if cfg.concurrency is not None:  # what --concurrency could hold: at most every request
         meta["load"]["max_in_flight"] = sum(p.concurrency or 0 for p in plans)
@@ -479,7 +485,8 @@ def run_bench(
         writer.close()
     print_summary(out, summary, f"cbbench bench: {name}")
     for line in [*worker_timing_lines(summary), *cache_lines(summary)]:
-        out.print(line, highlight=False, soft_wrap=True)  # whole lines, not cut mid-phrase
+        if cfg.timing_warning or not line.startswith("TIMING BOUND"):
+            out.print(line, highlight=False, soft_wrap=True)  # whole lines, not cut mid-phrase
     if fitted is not None and fitted.changed:
         out.print(f"note: {fitted.line()}", highlight=False, markup=False, soft_wrap=True)
     for line in outcome_lines(summary, interrupted=interrupted, planned=planned, stopped=watched):

@@ -16,6 +16,7 @@ from cbbench.harness.report import plots
 from cbbench.harness.report.agent_table import agent_html
 from cbbench.harness.report.experts import expert_section
 from cbbench.harness.report.graph_report import graph_html
+from cbbench.harness.report.phase_table import phase_html
 from cbbench.harness.report.provenance import grouped
 from cbbench.harness.report.replicas import replica_section
 from cbbench.harness.report.runs import (
@@ -38,6 +39,7 @@ from cbbench.harness.report.table import (
     shown_columns,
     slo_seconds,
 )
+from cbbench.harness.report.time_split_section import time_split_html
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222}
@@ -279,8 +281,12 @@ def render(
         sections.append(("Expert load", experts))
     if agent_html(runs):
         sections.append(("Agent sessions", agent_html(runs)))
+    if time_split_html(runs):
+        sections.append(("Where the time went (the server's own times)", time_split_html(runs)))
     if graph_html(runs):
         sections.append(("Agent graphs", graph_html(runs)))
+    if phase_html(runs):
+        sections.append(("Per-phase server times", phase_html(runs)))
     sections += [
         (
             "Timelines",

@@ -6,6 +6,7 @@ from html import escape
 
 from cbbench.harness.report.agent_table import agent_markdown
 from cbbench.harness.report.graph_report import graph_markdown
+from cbbench.harness.report.phase_table import phase_markdown
 from cbbench.harness.report.provenance import grouped
 from cbbench.harness.report.runs import (
     LoadedRun,
@@ -14,6 +15,7 @@ from cbbench.harness.report.runs import (
     trust_warnings,
 )
 from cbbench.harness.report.table import SUMMARY_COLUMNS, Column, best_index, fmt_column
+from cbbench.harness.report.time_split_section import time_split_lines
 
 MD_KEYS = (
     "request_throughput",
@@ -105,5 +107,9 @@ def render_markdown(runs: list[LoadedRun], rows: list[dict]) -> str:
             lines.append("| " + " | ".join([md_text(lr.label), *cells]) + " |")
     lines += agent_markdown(runs)
     lines += graph_markdown(runs)
+    lines += phase_markdown(runs)
+    split = time_split_lines(runs)
+    if split:
+        lines += ["", *(f"- {md_text(label)}: {md_text(line)}" for label, line in split)]
     lines += ["", "Best value per column in **bold**; latencies in ms."]
     return "\n".join(lines) + "\n"

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import TypedDict
 
 import numpy as np
+from cbbench.harness.results.phases import phase_summary
 from cbbench.harness.results.client_timing import client_bound_reasons, worker_timing
 from cbbench.harness.results.records import RequestRecord
 from cbbench.harness.results.slo import (  # noqa: F401 - re-exported: commands import them here
@@ -26,6 +27,7 @@ from cbbench.harness.results.slo import (  # noqa: F401 - re-exported: commands 
     slo_key,
 )
 from cbbench.harness.results.session_summary import session_summary
+from cbbench.harness.results.time_split import time_split
 from cbbench.workloads.stats import describe_array
 
 
@@ -86,6 +88,8 @@ class RunSummary(TypedDict, total=False):
     client_bound: bool
     client_bound_reason: str | None
     sessions: dict
+    phases: dict  # P/D servers: prefill queue, prefill, transfer, decode queue, decode
+    server_timing: dict  # where the time went (results/time_split.py), from the server's times
     sim: dict  # a replay's step statistics (SimResult.summary())
     embedding_inputs: int  # --endpoint embeddings: inputs embedded (requests x batch)
     embedding_input_throughput: float | None  # inputs/s
@@ -246,9 +250,15 @@ def summarize(
     reasons = client_bound_reasons(open_loop_lag, loop_lag, client_stats, stamps)
     summary["client_bound"] = bool(reasons)
     summary["client_bound_reason"] = "; ".join(reasons) or None
+    split = time_split(ok_recs)
+    if split is not None:
+        summary["server_timing"] = split
     sessions = session_summary(records)
     if sessions is not None:
         summary["sessions"] = sessions
+    phases = phase_summary(ok_recs)  # a disaggregated server's per-phase times
+    if phases is not None:
+        summary["phases"] = phases
     return summary
 
 

@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 
 from cbbench.harness.errors import CbbenchError
+from cbbench.harness.studies.plan_pd import frontiers_by_mode, pd_serve_lines, workers_text
 from cbbench.harness.studies.plan_space import parse_speculative
 from cbbench.harness.studies.planner import CLOSE, MEETS, MISSES, PlanResult, Point
 from cbbench.reference_engine.model.config import hf_model_id
@@ -39,7 +40,9 @@ def serve_flags(p: Point, model: str) -> str:
         flags.append(f"--speculative-method {method} --num-speculative-tokens {k}")
         if draft:
             flags.append(f"--speculative-model {draft}")
-    if p.replicas > 1:  # N engine processes behind the router, one command
+    if c.get("tp", 1) > 1:  # the simulator's: the reference engine serves one device
+        flags.append(f"--tensor-parallel-size {c['tp']} --executor sim")
+    if p.replicas > 1 and p.mode != "disaggregated":  # N engines behind the router
         flags.append(f"--replicas {p.replicas} --router {c['router']}")
     return " ".join(flags)
 
@@ -55,6 +58,8 @@ def vllm_flags(p: Point, model: str) -> str:
              "--enable-chunked-prefill" if c["chunked_prefill"] else "--no-enable-chunked-prefill"]  # fmt: skip
     if c["kv_cache_dtype"] in ("fp8", "int8"):
         flags.append("--kv-cache-dtype fp8")  # vLLM's quantized KV cache
+    if c.get("tp", 1) > 1:
+        flags.append(f"--tensor-parallel-size {c['tp']}")
     spec = parse_speculative(c.get("speculative", "off"))
     if spec is not None:
         method, draft, k = spec
@@ -87,8 +92,12 @@ def describe_config(p: Point, keys: set[str] | None = None) -> str:
     spec = c.get("speculative", "off")
     if spec != "off" or (keys is not None and show("speculative")):
         parts.append(f"spec={spec}")
-    if p.replicas > 1 and show("router"):
+    if c.get("tp", 1) > 1 or (keys is not None and show("tp")):
+        parts.append(f"tp={c.get('tp', 1)}")
+    if p.replicas > 1 and show("router") and p.mode != "disaggregated":
         parts.append(c["router"])
+    if p.mode == "disaggregated":
+        parts.append(f"P/D {p.prefill}:{p.replicas} over {c['kv_link']}")
     return " ".join(parts) or "-"
 
 
@@ -98,7 +107,8 @@ def varying_dims(res: PlanResult) -> set[str]:
     dims = {"scheduler": sp.schedulers, "max_num_seqs": sp.max_num_seqs,
             "max_num_batched_tokens": sp.max_num_batched_tokens,
             "chunked_prefill": sp.chunked_prefill, "kv_cache_dtype": sp.kv_cache_dtype,
-            "router": sp.routers, "speculative": sp.speculative}  # fmt: skip
+            "router": sp.routers, "speculative": sp.speculative,
+            "tp": sp.tensor_parallel}  # fmt: skip
     return {k for k, v in dims.items() if len(v) > 1}
 
 
@@ -128,18 +138,19 @@ def binding_text(p: Point) -> str:
     return f"{b} {_s(p.predicted[b])} [{_s(p.low[b])}, {_s(p.high[b])}]"
 
 
-def frontier_table(res: PlanResult) -> Table:
+def frontier_table(res: PlanResult, points: list[Point] | None = None, mode: str = "") -> Table:
     o = res.options
-    t = Table(title=f"SIMULATED Pareto frontier, cost vs the binding SLO: {o.workload} at "
-                    f"{_rate(o.rate)}, {o.hardware} ({res.model})")  # fmt: skip
+    what = f"{mode} " if mode else ""
+    t = Table(title=f"SIMULATED {what}Pareto frontier, cost vs the binding SLO: {o.workload} "
+                    f"at {_rate(o.rate)}, {o.hardware} ({res.model})")  # fmt: skip
     for col in ("replicas", "configuration", "$/hour", "binding SLO [interval]", "top/target",
                 "verdict"):  # fmt: skip
         t.add_column(
             col, justify="right" if col in ("replicas", "$/hour", "top/target") else "left"
         )
     vary = varying_dims(res)
-    for p in res.frontier:
-        t.add_row(str(p.replicas), describe_config(p, vary), f"{p.cost_per_hour:.2f}",
+    for p in res.frontier if points is None else points:
+        t.add_row(workers_text(p), describe_config(p, vary), f"{p.cost_per_hour:.2f}",
                   binding_text(p), f"{p.binding_ratio:.2f}", p.verdict)  # fmt: skip
     return t
 
@@ -147,9 +158,8 @@ def frontier_table(res: PlanResult) -> Table:
 def print_plan(res: PlanResult, console: Console, out: Path | None) -> None:
     o = res.options
     slos = ", ".join(f"{s.name} <= {_s(s.target_s)}" for s in o.slos)
-    band = ("the fit's prediction interval" if res.interval_source == "fit"
-            else "an ASSUMED +-10 % interval (the hardware carries no fit residuals)")  # fmt: skip
-    console.print(f"plan: SLO {slos}; {band}; ${o.price_per_replica_hour:g} per replica-hour; "
+    band = res.interval_source
+    console.print(f"plan: SLO {slos}; {band}; ${o.price_per_replica_hour:g} per GPU-hour; "
                   f"{res.searched} of {res.total} configurations, {len(res.points)} points "
                   "simulated", highlight=False, soft_wrap=True)  # fmt: skip
     fixed = fixed_dims(res)
@@ -163,7 +173,12 @@ def print_plan(res: PlanResult, console: Console, out: Path | None) -> None:
     if res.refused:
         console.print(f"skipped {len(res.refused)} configurations the engine refuses, e.g. "
                       f"{res.refused[0]}", highlight=False, soft_wrap=True)  # fmt: skip
-    console.print(frontier_table(res))
+    by_mode = frontiers_by_mode(res)
+    if len(by_mode) > 1:  # aggregated and disaggregated: one frontier each
+        for mode, pts in by_mode.items():
+            console.print(frontier_table(res, pts, mode))
+    else:
+        console.print(frontier_table(res))
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "plan.json").write_text(json.dumps(res.to_json(), indent=2), encoding="utf-8")
@@ -175,17 +190,22 @@ def print_plan(res: PlanResult, console: Console, out: Path | None) -> None:
         return
     if p is None:
         best = min(res.points, key=lambda x: x.binding_ratio, default=None)
-        closest = (f"; the closest, {best.replicas} x {describe_config(best)}, predicts "
+        closest = (f"; the closest, {workers_text(best)} x {describe_config(best)}, predicts "
                    f"{binding_text(best)} ({best.verdict})") if best else ""  # fmt: skip
         raise CbbenchError(
             f"no configuration in the space meets {slos}{closest}: widen the space "
             f"(--space replicas=1-{o.space.max_replicas * 2}, larger max_num_seqs) or relax "
             "the SLO"
         )
-    console.print(f"chosen: {p.replicas} x {describe_config(p)}, ${p.cost_per_hour:.2f}/hour: "
+    console.print(f"chosen: {workers_text(p)} x {describe_config(p)}, ${p.cost_per_hour:.2f}/hour: "
                   f"{p.verdict} ({'; '.join(f'{k} {v}' for k, v in p.verdicts.items())}); "
                   f"binding {binding_text(p)}", highlight=False, markup=False,
                   soft_wrap=True)  # fmt: skip
+    if p.mode == "disaggregated":
+        lines = pd_serve_lines(p, res.model, serve_flags(p, res.model), vllm_flags(p, res.model))
+        for line in lines:
+            console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
+        return
     console.print(f"  {serve_flags(p, res.model)}", highlight=False, soft_wrap=True)
     times = f"  (x{p.replicas}, behind a router)" if p.replicas > 1 else ""
     console.print(f"  {vllm_flags(p, res.model)}{times}", highlight=False, soft_wrap=True)
@@ -239,7 +259,7 @@ def frontier_svg(res: PlanResult) -> str:
     line = " ".join(f"{sx(p.cost_per_hour):.1f},{sy(p.binding_ratio):.1f}" for p in res.frontier)
     parts.append(f'<polyline points="{line}" fill="none" stroke="#0969da"/>')
     for p in pts:
-        tip = html.escape(f"{p.replicas} x {describe_config(p)}: {binding_text(p)}, {p.verdict}")
+        tip = html.escape(f"{workers_text(p)} x {describe_config(p)}: {binding_text(p)}, {p.verdict}")
         parts.append(f'<circle cx="{sx(p.cost_per_hour):.1f}" cy="{sy(p.binding_ratio):.1f}" '
                      f'r="4" fill="{colour.get(p.verdict, "#888")}"><title>{tip}</title></circle>')  # fmt: skip
     if res.chosen is not None:
@@ -272,7 +292,7 @@ def html_page(res: PlanResult) -> str:
     frontier table and the chosen configuration's flags."""
     svg = frontier_svg(res)
     rows = "".join(
-        f"<tr><td>{p.replicas}</td><td>{html.escape(describe_config(p))}</td>"
+        f"<tr><td>{workers_text(p)}</td><td>{html.escape(describe_config(p))}</td>"
         f"<td>{p.cost_per_hour:.2f}</td><td>{html.escape(binding_text(p))}</td>"
         f"<td>{p.verdict}</td></tr>"
         for p in res.frontier
@@ -281,7 +301,7 @@ def html_page(res: PlanResult) -> str:
     chosen = "<p>No configuration in the space meets the SLOs.</p>"
     if res.chosen is not None:
         p = res.chosen
-        chosen = (f"<h2>Chosen: {p.replicas} x {html.escape(describe_config(p))}, "
+        chosen = (f"<h2>Chosen: {workers_text(p)} x {html.escape(describe_config(p))}, "
                   f"${p.cost_per_hour:.2f}/hour ({p.verdict})</h2>"
                   f"<pre>{html.escape(serve_flags(p, res.model))}\n"
                   f"{html.escape(vllm_flags(p, res.model))}</pre>")  # fmt: skip
@@ -292,7 +312,7 @@ def html_page(res: PlanResult) -> str:
         "border-bottom:1px solid #ddd}</style></head><body>"
         f"<h1>SIMULATED capacity plan: {html.escape(o.workload)} at {_rate(o.rate)}</h1>"
         f"<p>SLO {slos}; hardware {html.escape(o.hardware)} ({html.escape(res.model)}); "
-        f"${o.price_per_replica_hour:g} per replica-hour; interval: {res.interval_source}; "
+        f"${o.price_per_replica_hour:g} per GPU-hour; interval: {html.escape(res.interval_source)}; "
         f"{res.searched} of {res.total} configurations searched"
         f"{' (interrupted)' if res.interrupted else ''}.</p>{svg}{chosen}"
         "<h2>Pareto frontier</h2><table><tr><th>replicas</th><th>configuration</th>"

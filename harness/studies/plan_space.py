@@ -56,13 +56,30 @@ class PlanSpace:
     routers: list[str] = field(default_factory=lambda: ["least-outstanding"])
     # "off", "ngram:K" (prompt lookup, K drafts a step), "draft:MODEL:K" (a draft model)
     speculative: list[str] = field(default_factory=lambda: ["off"])
+    # prefill/decode disaggregation (router/pd_sim.py): "aggregated", "disaggregated"; a
+    # disaggregated point is P prefill workers (each value searched) and D decode workers
+    # (bisection over decode_min..decode_max, like replicas); None: up to max_replicas
+    modes: list[str] = field(default_factory=lambda: ["aggregated"])
+    prefill: list[int] | None = None
+    decode_min: int = 1
+    decode_max: int | None = None
+    kv_link: list[str] = field(default_factory=lambda: ["same-node"])
+
+    def prefill_counts(self) -> list[int]:
+        return self.prefill or list(range(1, self.max_replicas))
+
+    def decode_range(self) -> tuple[int, int]:
+        return self.decode_min, self.decode_max or self.max_replicas
+    # GPUs per replica: integers, or "auto" (the fewest of 1, 2, 4, 8 the model fits)
+    tensor_parallel: list[int | str] = field(default_factory=lambda: ["auto"])
 
     def configs(self) -> list[dict[str, Any]]:
         dims = itertools.product(self.schedulers, self.max_num_seqs,
                                  self.max_num_batched_tokens, self.chunked_prefill,
-                                 self.kv_cache_dtype, self.routers, self.speculative)  # fmt: skip
+                                 self.kv_cache_dtype, self.routers, self.speculative,
+                                 self.tensor_parallel)  # fmt: skip
         out = []
-        for sched, mns, mnbt, chunked, kv, router, spec in dims:
+        for sched, mns, mnbt, chunked, kv, router, spec, tp in dims:
             if sched != "continuous" and (mnbt, chunked, spec) != (
                 self.max_num_batched_tokens[0],
                 self.chunked_prefill[0],
@@ -71,8 +88,18 @@ class PlanSpace:
                 continue  # token budget, chunking, speculation: continuous batching's only
             out.append({"scheduler": sched, "max_num_seqs": mns, "max_num_batched_tokens": mnbt,
                         "chunked_prefill": chunked, "kv_cache_dtype": kv, "router": router,
-                        "speculative": spec if sched == "continuous" else "off"})  # fmt: skip
-        return out
+                        "speculative": spec if sched == "continuous" else "off",
+                        "tp": tp})  # fmt: skip
+        if "aggregated" not in self.modes:
+            out_agg: list[dict[str, Any]] = []
+        else:
+            out_agg = out
+        if "disaggregated" not in self.modes:
+            return out_agg
+        pd = [{**c, "mode": "disaggregated", "prefill": p, "kv_link": link}
+              for c in out if c["scheduler"] == "continuous" and c["router"] == self.routers[0]
+              for link in self.kv_link for p in self.prefill_counts()]  # fmt: skip
+        return out_agg + pd
 
 
 def parse_speculative(value: str) -> tuple[str, str | None, int] | None:
@@ -97,7 +124,23 @@ SPACE_KEYS = {
     "kv_cache_dtype": "auto,bf16,fp8,int8",
     "router": ",".join(POLICY_NAMES),
     "speculative": "off,ngram:K,draft:MODEL:K",
+    "mode": "aggregated,disaggregated",
+    "prefill": "prefill workers: 1..4, 1.., or 1,2",
+    "decode": "decode workers, by bisection: 1..16, 1..",
+    "kv_link": "same-node,cross-node,loopback",
+    "tp": "auto or GPUs per replica, e.g. 1,2,4,8",
 }
+
+
+def _counts(value: str) -> tuple[int, int | None]:
+    """'1..4' / '1-4' -> (1, 4); '1..' -> (1, None); '3' -> (3, 3)."""
+    v = value.strip().replace("..", "-")
+    lo, sep, hi = v.partition("-")
+    a = int(lo)
+    b = (int(hi) if hi else None) if sep else a
+    if a < 1 or (b is not None and b < a):
+        raise ValueError(value)
+    return a, b
 
 
 def parse_space(text: str | None, base: PlanSpace | None = None) -> PlanSpace:
@@ -114,12 +157,36 @@ def parse_space(text: str | None, base: PlanSpace | None = None) -> PlanSpace:
             if key == "replicas":
                 lo, _, hi = value.partition("-")
                 sp.min_replicas, sp.max_replicas = int(lo), int(hi or lo)
+            elif key == "tp":
+                sp.tensor_parallel = ["auto" if v == "auto" else int(v) for v in vals]
+                if any(v != "auto" and v < 1 for v in sp.tensor_parallel):
+                    raise ValueError
             elif key in ("max_num_seqs", "max_num_batched_tokens"):
                 setattr(sp, key, [int(v) for v in vals])
             elif key == "speculative":
                 for v in vals:
                     parse_speculative(v)
                 sp.speculative = vals
+            elif key == "mode":
+                if any(v not in ("aggregated", "disaggregated") for v in vals):
+                    raise ValueError
+                sp.modes = vals
+            elif key == "prefill":
+                if len(vals) > 1:
+                    sp.prefill = sorted({int(v) for v in vals})
+                    if sp.prefill[0] < 1:
+                        raise ValueError
+                else:
+                    lo, hi = _counts(value)
+                    sp.prefill = list(range(lo, hi + 1)) if hi is not None else None
+                    if hi is None and lo > 1:
+                        sp.prefill = list(range(lo, sp.max_replicas))
+            elif key == "decode":
+                sp.decode_min, sp.decode_max = _counts(value)
+            elif key == "kv_link":
+                if any(v not in SPACE_KEYS["kv_link"].split(",") for v in vals):
+                    raise ValueError
+                sp.kv_link = vals
             elif key == "chunked_prefill":
                 if any(v not in ("on", "off") for v in vals):
                     raise ValueError
@@ -134,7 +201,8 @@ def parse_space(text: str | None, base: PlanSpace | None = None) -> PlanSpace:
     empty = [k for k, v in (("scheduler", sp.schedulers), ("max_num_seqs", sp.max_num_seqs),
              ("max_num_batched_tokens", sp.max_num_batched_tokens),
              ("chunked_prefill", sp.chunked_prefill), ("kv_cache_dtype", sp.kv_cache_dtype),
-             ("router", sp.routers), ("speculative", sp.speculative)) if not v]  # fmt: skip
+             ("router", sp.routers), ("speculative", sp.speculative),
+             ("tp", sp.tensor_parallel)) if not v]  # fmt: skip
     if sp.min_replicas < 1 or sp.max_replicas < sp.min_replicas:
         empty.append(f"replicas ({sp.min_replicas}-{sp.max_replicas})")
     if any(v < 1 for v in sp.max_num_seqs + sp.max_num_batched_tokens):

@@ -7,7 +7,8 @@ max_num_batched_tokens, chunked prefill, KV dtype, router policy), on the event-
 path (reference_engine/sim/event_skip.py), and returns every point searched.
 
 Each point's figures carry the simulator's prediction interval (sim/intervals.py, from the
-hardware fit's residuals; a preset without them gets an assumed +-ASSUMED_BAND, said so),
+hardware fit's residuals, else the error the hardware was measured with, else "error unknown"
+and the band measured elsewhere, intervals.error_of; said on screen),
 and each SLO gets a verdict from it: "meets" (the interval's top is within the target),
 "misses" (its bottom is above it) or "too close to call". The binding metric is the SLO
 whose interval top is nearest its target (the largest top / target).
@@ -32,12 +33,15 @@ from cbbench.harness.studies.plan_space import PlanSpace, Slo, parse_speculative
 from cbbench.reference_engine.config.options import SIM_DEFAULTS, build_engine_config
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution.cost_model import get_hardware
+from cbbench.reference_engine.execution.kv_link import get_link
 from cbbench.reference_engine.router.cluster_sim import simulate_cluster
+from cbbench.reference_engine.router.pd_sim import simulate_pd
 from cbbench.reference_engine.router.registry import make_policy
-from cbbench.reference_engine.sim.intervals import Interval, interval_for
+from cbbench.reference_engine.sim import intervals
+from cbbench.reference_engine.sim.intervals import error_of, interval_for
 from cbbench.workloads import load_workload, with_arrivals
 
-ASSUMED_BAND = 0.10  # relative error assumed where the hardware carries no fit residuals
+UNMEASURED_BAND = intervals.UNMEASURED_BAND  # a preset nothing measured (intervals.ELSEWHERE)
 MEETS, MISSES, CLOSE = "meets", "misses", "too close to call"
 
 
@@ -72,13 +76,22 @@ class Point:
     binding_ratio: float  # its high / target
     goodput_share: float
     num_steps: int
+    prefill: int = 0  # disaggregated: prefill workers (`replicas` are the decode workers)
+
+    @property
+    def workers(self) -> int:
+        return self.replicas + self.prefill
+
+    @property
+    def mode(self) -> str:
+        return self.config.get("mode", "aggregated")
 
 
 @dataclass
 class PlanResult:
     options: PlanOptions
     model: str
-    interval_source: str  # "fit" or "assumed"
+    interval_source: str  # where the interval comes from, in words (intervals.error_of)
     points: list[Point]
     chosen: Point | None
     frontier: list[Point]
@@ -121,7 +134,8 @@ def resolve_model(opts: PlanOptions) -> str:
 def _engine_config(c: dict[str, Any], model: str, hardware: str, seed: int,
                    acceptance: float = 0.7):  # fmt: skip
     settings = {"model": model, "hardware": hardware, "batch_size": c["max_num_seqs"],
-                "kv_cache_dtype": c["kv_cache_dtype"], "seed": seed}  # fmt: skip
+                "kv_cache_dtype": c["kv_cache_dtype"], "seed": seed,
+                "tensor_parallel_size": c.get("tp", 1)}  # fmt: skip
     if c["scheduler"] == "continuous":
         settings.update(max_num_batched_tokens=c["max_num_batched_tokens"],
                         enable_chunked_prefill=c["chunked_prefill"])  # fmt: skip
@@ -139,8 +153,12 @@ def _simulate(opts: PlanOptions, model: str, requests, c: dict[str, Any], replic
     configuration simulated with every step `factor` times as long."""
     hw = opts.hardware if factor == 1.0 else f"{opts.hardware}@{factor!r}"
     cfg = _engine_config(c, model, hw, wl_seed, opts.spec_acceptance_rate)
-    res = simulate_cluster(requests, cfg, replicas, make_policy(c["router"]), seed=wl_seed,
-                           prefix_block_size=prefix_block_size, event_skip=True)  # fmt: skip
+    if c.get("mode") == "disaggregated":  # P prefill + `replicas` decode workers
+        res = simulate_pd(requests, cfg, c["prefill"], replicas, get_link(c["kv_link"]),
+                          seed=wl_seed, prefix_block_size=prefix_block_size)  # fmt: skip
+    else:
+        res = simulate_cluster(requests, cfg, replicas, make_policy(c["router"]), seed=wl_seed,
+                               prefix_block_size=prefix_block_size, event_skip=True)  # fmt: skip
     s = res.summary()
     figs = {}
     for slo in opts.slos:
@@ -156,12 +174,11 @@ def evaluate(opts: PlanOptions, model: str, requests, c: dict[str, Any], replica
     interval's bounds are simulated too, every step as much slower (faster) as the fit's
     interval allows, so that queueing carries a step-time error into TTFT as it would on a
     real server (more than in proportion near saturation)."""
+    hw = get_hardware(opts.hardware)
+    c = with_tensor_parallel([c], model, hw)[0]
     args = (opts, model, requests, c, replicas, wl_seed, prefix_block_size)
     pred, good, steps = _simulate(*args)
-    hw = get_hardware(opts.hardware)
-    iv = interval_for(hw.fit or {}, max(1, steps // replicas)) or Interval(
-        -ASSUMED_BAND, ASSUMED_BAND
-    )
+    iv = interval_for(hw.fit or {}, max(1, steps // replicas)) or error_of(hw)[0]
     high, good_high, _ = _simulate(*args, factor=max(1.0 + iv.high, 1.0))
     low, good_low, _ = _simulate(*args, factor=min(max(1.0 + iv.low, 0.05), 1.0))
     verdicts = {}
@@ -177,9 +194,11 @@ def evaluate(opts: PlanOptions, model: str, requests, c: dict[str, Any], replica
     vs = set(verdicts.values())
     verdict = MISSES if MISSES in vs else CLOSE if CLOSE in vs else MEETS
     binding = max(opts.slos, key=lambda x: high[x.name] / x.target_s)
-    return Point(c, replicas, replicas * opts.price_per_replica_hour, pred, low, high,
+    prefill = c.get("prefill", 0) if c.get("mode") == "disaggregated" else 0
+    gpus = (replicas + prefill) * c.get("tp", 1)  # --price is per GPU-hour
+    return Point(c, replicas, gpus * opts.price_per_replica_hour, pred, low, high,
                  verdicts, verdict, binding.name, high[binding.name] / binding.target_s,
-                 good, steps)  # fmt: skip
+                 good, steps, prefill)  # fmt: skip
 
 
 def _goodput(reqs, slos: list[Slo]) -> float:
@@ -196,7 +215,17 @@ def search_config(opts: PlanOptions, model: str, requests, c: dict[str, Any], bo
     """Bisection on replicas for one configuration: the fewest that meet, at most `bound`
     (the cheapest count found so far) when given. Returns every point evaluated."""
     sp = opts.space
+    c = with_tensor_parallel([c], model, get_hardware(opts.hardware))[0]
     lo, hi = sp.min_replicas, sp.max_replicas
+    if bound is not None:  # GPUs -> workers of this configuration's size
+        bound //= c.get("tp", 1)
+    if c.get("mode") == "disaggregated":  # bisection over decode workers, P fixed
+        lo, hi = sp.decode_range()
+        hi = min(hi, sp.max_replicas - c["prefill"])
+        if bound is not None:
+            bound -= c["prefill"]  # the bound counts every worker
+        if hi < lo:
+            return []
     if bound is not None:  # equal cost still competes on the binding SLO's margin
         hi = min(hi, bound)
         if hi < lo:
@@ -220,6 +249,10 @@ def search_config(opts: PlanOptions, model: str, requests, c: dict[str, Any], bo
         else:
             lo = mid + 1
     return points
+
+
+def _mode(c: dict[str, Any]) -> str:
+    return c.get("mode", "aggregated")
 
 
 def frontier(points: list[Point]) -> list[Point]:
@@ -247,10 +280,10 @@ def plan(opts: PlanOptions, on_progress: Callable[[int, int], None] | None = Non
     elif all(r.arrival_s is None for r in wl.requests):
         raise CbbenchError(f"--workload {opts.workload} has no arrival times: give --rate")
     hw = get_hardware(opts.hardware)
-    source = "fit" if (hw.fit or {}).get("interval") else "assumed"
-    configs = opts.space.configs()
+    source = error_of(hw)[2]
+    configs = with_tensor_parallel(opts.space.configs(), model, hw)
     points: list[Point] = []
-    bound: int | None = None
+    bounds: dict[str, int] = {}  # per mode: each mode keeps a frontier of its own
     searched = 0
     refused: list[str] = []  # why the engine refused a configuration, one per refusal
     interrupted = False
@@ -260,19 +293,20 @@ def plan(opts: PlanOptions, on_progress: Callable[[int, int], None] | None = Non
         for i in range(0, len(configs), max(1, opts.jobs)):
             wave = configs[i : i + max(1, opts.jobs)]
             if pool is None:
-                results = [search_config(opts, model, wl.requests, c, bound, *args) for c in wave]
+                results = [search_config(opts, model, wl.requests, c, bounds.get(_mode(c)), *args)
+                           for c in wave]  # fmt: skip
             else:
-                futs = [pool.submit(search_config, opts, model, wl.requests, c, bound, *args)
-                        for c in wave]  # fmt: skip
+                futs = [pool.submit(search_config, opts, model, wl.requests, c,
+                                    bounds.get(_mode(c)), *args) for c in wave]  # fmt: skip
                 results = [f.result() for f in futs]
-            for pts in results:
+            for c, pts in zip(wave, results, strict=True):
                 if pts and isinstance(pts[0], str):
                     refused.append(pts[0])
                     continue
                 points.extend(pts)
-                meets = [p.replicas for p in pts if p.verdict == MEETS]
+                meets = [p.workers * p.config.get("tp", 1) for p in pts if p.verdict == MEETS]
                 if meets:
-                    bound = min(meets) if bound is None else min(bound, min(meets))
+                    bounds[_mode(c)] = min(meets + [bounds.get(_mode(c), 1 << 30)])
             searched += len(wave)
             if on_progress is not None:
                 on_progress(searched, len(configs))
@@ -285,3 +319,26 @@ def plan(opts: PlanOptions, on_progress: Callable[[int, int], None] | None = Non
     chosen = min(ok, key=lambda p: (p.cost_per_hour, p.binding_ratio)) if ok else None
     return PlanResult(opts, model, source, points, chosen, frontier(points), searched,
                       len(configs), interrupted, refused)  # fmt: skip
+
+
+def with_tensor_parallel(configs: list[dict[str, Any]], model: str, hw) -> list[dict[str, Any]]:
+    """`tp` "auto" resolved to the fewest GPUs of 1, 2, 4, 8 whose memory holds the model and
+    some KV cache (a model that fits one GPU gets 1); duplicates dropped."""
+    from cbbench.reference_engine.execution.cost_model import min_tensor_parallel
+    from cbbench.reference_engine.model.config import resolve_model_config
+
+    auto = None
+    out, seen = [], set()
+    for c in configs:
+        if c.get("tp") == "auto":
+            if auto is None:
+                mc = resolve_model_config(model, shape_only=True)
+                fitted = (hw.fit or {}).get("tensor_parallel_size")
+                auto = fitted or (1 if hw.linear is not None or hw.steps else
+                                  min_tensor_parallel(mc, hw, mc.torch_dtype) or 8)  # fmt: skip
+            c = {**c, "tp": auto}
+        key = tuple(sorted(c.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out

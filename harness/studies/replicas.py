@@ -26,12 +26,28 @@ class ReplicaSetOptions:
     replica_argv: Sequence[str]  # `cbbench serve` flags of each replica (not --host/--port)
     router: RouterOptions  # its `replicas` are filled in with the children's URLs
     ready_timeout_s: float = 180.0
+    # P/D disaggregation: this many `--role prefill` and `--role decode` children instead
+    # (num_replicas 0), the router's P/D dispatch in front (router/pd.py)
+    num_prefill: int = 0
+    num_decode: int = 0
+
+    def children(self) -> list[tuple[str, list[str]]]:
+        """(name, `cbbench serve` flags) of each child."""
+        if not self.num_prefill:
+            return [(f"r{i}", list(self.replica_argv)) for i in range(self.num_replicas)]
+        return [(f"p{i}", [*self.replica_argv, "--role", "prefill"])
+                for i in range(self.num_prefill)] + [
+                (f"d{i}", [*self.replica_argv, "--role", "decode"])
+                for i in range(self.num_decode)]  # fmt: skip
 
     def validate(self) -> None:
-        if not 1 <= self.num_replicas <= MAX_REPLICAS:
-            raise CbbenchError(
-                f"--replicas must be in [1, {MAX_REPLICAS}], got {self.num_replicas}"
-            )
+        if bool(self.num_prefill) != bool(self.num_decode):
+            raise CbbenchError("--prefill-replicas and --decode-replicas go together")
+        if self.num_prefill and self.num_replicas:
+            raise CbbenchError("give --replicas N, or --prefill-replicas P --decode-replicas D")
+        n = self.num_prefill + self.num_decode if self.num_prefill else self.num_replicas
+        if not 1 <= n <= MAX_REPLICAS:
+            raise CbbenchError(f"--replicas must be in [1, {MAX_REPLICAS}], got {n}")
 
 
 def replica_command(argv: Sequence[str]) -> list[str]:
@@ -43,18 +59,20 @@ def replica_command(argv: Sequence[str]) -> list[str]:
 
 def start_replicas(opts: ReplicaSetOptions) -> list[ServerHandle]:
     """Start every replica at once and wait for all; on any failure stop the others."""
-    handles: list[ServerHandle | None] = [None] * opts.num_replicas
+    children = opts.children()
+    handles: list[ServerHandle | None] = [None] * len(children)
     errors: list[BaseException] = []
 
     def one(i: int) -> None:
+        name, argv = children[i]
         try:
             handles[i] = start_server(
-                replica_command(opts.replica_argv), opts.ready_timeout_s, name=f"replica r{i}"
+                replica_command(argv), opts.ready_timeout_s, name=f"replica {name}"
             )
         except BaseException as exc:  # reported below, after every thread ended
             errors.append(exc)
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(opts.num_replicas)]
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(children))]
     for t in threads:
         t.start()
     for t in threads:
@@ -76,12 +94,18 @@ def serve_replicas(
     from cbbench.reference_engine.router.serve import serve_router
 
     opts.validate()
-    opts.router.validate()
     handles = start_replicas(opts)
     try:
         for i, h in enumerate(handles):
             on_replica(i, h)
-        opts.router.replicas = [h.base_url for h in handles]
+        urls = [h.base_url for h in handles]
+        if opts.num_prefill:
+            opts.router.prefill, opts.router.decode = (
+                urls[: opts.num_prefill],
+                urls[opts.num_prefill :],
+            )
+        else:
+            opts.router.replicas = urls
         serve_router(opts.router, on_ready)
     finally:
         for h in handles:

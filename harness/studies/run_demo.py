@@ -20,6 +20,7 @@ from typing import Any
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.results.compare import kv_pool
 from cbbench.harness.results.summary import RunSummary, parse_slo
+from cbbench.harness.studies.run_demo_after import remove_if_only_workload, timing_note
 from cbbench.reference_engine.config.engine_config import KV_CACHE_DTYPES, SCHEDULERS
 from cbbench.reference_engine.config.options import FLAGS, SIM_DEFAULTS, engine_argv
 from cbbench.workloads.presets import PRESETS, preset_settings
@@ -214,20 +215,8 @@ def run_demo(opts: RunOptions, console: Console | None = None) -> RunDemoResult:
         return _run_in(opts, parent, console)
     except BaseException:
         if not existed:  # a run that failed before any run folder: no folder left behind
-            _remove_if_empty(parent)
+            remove_if_only_workload(parent)
         raise
-
-
-def _remove_if_empty(parent: Path) -> None:
-    """Remove the run's parent folder if it holds nothing but the workload written into it."""
-    try:
-        left = list(parent.iterdir())
-        if all(p.name == "workload.json" for p in left):
-            for p in left:
-                p.unlink()
-            parent.rmdir()
-    except OSError:
-        pass
 
 
 def _run_in(opts: RunOptions, parent: Path, console: Console) -> RunDemoResult:
@@ -292,6 +281,7 @@ def run_measured(opts: RunOptions, spec: str, parent: Path, console: Console) ->
                     name=name,
                     command=list(opts.command),
                     live=opts.live,
+                    timing_warning=False,  # judged once over the runs, below
                     load={"rate": opts.rate, "scheduler": scheduler, "engine_flags": flags},
                     extra_body={}
                     if opts.temperature is None
@@ -316,6 +306,7 @@ def run_measured(opts: RunOptions, spec: str, parent: Path, console: Console) ->
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: remaining schedulers skipped[/yellow]")
         result.interrupted = True
+    timing_note(result.run_dirs, console)
     return result
 
 

@@ -71,9 +71,10 @@ class SimStudy:
 def fit_static_batch(cfg: EngineConfig, console: Console) -> EngineConfig:
     """Static batching reserves max_model_len per slot: shrink B to what the KV pool holds
     (what a static server must do) and say so, rather than fail."""
-    mc = resolve_model_config(cfg.model)
+    mc = resolve_model_config(cfg.model, shape_only=True)
     dtype = mc.torch_dtype if cfg.dtype == "auto" else cfg.dtype
-    cost = CostModel(mc, get_hardware(cfg.hardware), dtype, kv_cache_dtype=cfg.kv_cache_dtype)
+    cost = CostModel(mc, get_hardware(cfg.hardware), dtype, kv_cache_dtype=cfg.kv_cache_dtype,
+                     tensor_parallel=cfg.tensor_parallel_size)  # fmt: skip
     blocks = sim_num_kv_blocks(cfg, cost)
     max_len = cfg.max_model_len or mc.max_position_embeddings
     fits = blocks // cdiv(max_len, cfg.block_size)
@@ -235,7 +236,7 @@ def load_sim_workload(opts: SimOptions, console: Console) -> Workload:
         settings = {**opts.engine_defaults, **opts.engine}
         limit = (
             settings.get("max_model_len")
-            or resolve_model_config(settings.get("model", "tiny")).max_position_embeddings
+            or resolve_model_config(settings.get("model", "tiny"), True).max_position_embeddings
         )
         kept = tuple(r for r in wl.requests if r.prompt_len + r.output_len <= limit)
         console.print(
@@ -364,20 +365,23 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
 
 
 def print_interval(console: Console, name: str, hw, res: SimResult) -> None:
-    """A calibrated fit's prediction interval for this run (reference_engine/sim/intervals.py)."""
-    from cbbench.reference_engine.sim.intervals import interval_for
+    """This run's interval (reference_engine/sim/intervals.py): a calibrated fit's from its
+    residuals, else from the error the hardware was measured with; or "error unknown"."""
+    from cbbench.reference_engine.sim.intervals import error_of, interval_for
 
     iv = interval_for(hw.fit, len(res.steps)) if hw.linear is not None else None
     s = res.summary()
-    if iv is None or not s["output_throughput"]:
+    if hw.steps or not s["output_throughput"]:
         return
+    words = f"{iv.level:.0%} prediction interval from the fit's residuals" if iv else ""
+    if iv is None:
+        iv, kind, words = error_of(hw)
+        if kind == "unknown":
+            return console.print(f"  {name}: {words}", highlight=False, soft_wrap=True)
     lo, hi = iv.throughput(s["output_throughput"])
     p_lo, p_hi = iv.latency(s["e2e_s"]["p99"])
-    console.print(
-        f"  {name}: {iv.level:.0%} prediction interval from the fit's residuals: "
-        f"{lo:.1f}-{hi:.1f} output tok/s, p99 E2E {p_lo:.2f}-{p_hi:.2f} s",
-        highlight=False, soft_wrap=True,
-    )
+    console.print(f"  {name}: {words}: {lo:.1f}-{hi:.1f} output tok/s, p99 E2E "
+                  f"{p_lo:.2f}-{p_hi:.2f} s", highlight=False, soft_wrap=True)  # fmt: skip
 
 
 def print_study(study: SimStudy, console: Console) -> None:

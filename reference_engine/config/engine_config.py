@@ -48,6 +48,7 @@ __all__ = [
     "kv_blocks_for_memory",
 ]
 
+ROLES = ("both", "prefill", "decode")
 EXECUTORS = ("real", "sim")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 # vLLM's --kv-cache-dtype names; the same tuple as kernels/kv_quant.py KV_CACHE_DTYPES (tested)
@@ -108,6 +109,17 @@ class EngineConfig:
         default=False,
         metadata=flag("--enable-prefix-caching", "reuse KV blocks of shared prompt prefixes"),
     )
+    # prefill/decode disaggregation (engine/disagg.py, docs/disaggregation.md)
+    role: str = field(
+        default="both",
+        metadata=flag(
+            "--role",
+            "both serves whole requests; prefill runs prompts and ships their KV; decode "
+            "continues requests from a prefill worker's KV (behind `cbbench route --prefill "
+            "--decode`)",
+            choices=ROLES,
+        ),
+    )
     # "real" (ModelRunner) | "sim" (SimExecutor, virtual clock)
     executor: str = field(
         default="real",
@@ -149,6 +161,15 @@ class EngineConfig:
             "--expert-parallel",
             "simulator, MoE models: devices the experts are spread over (attention and dense "
             "layers data-parallel); each layer waits for its slowest device",
+        ),
+    )
+    # the simulator: a replica of this many GPUs, weights and KV heads sharded (cost_model.py)
+    tensor_parallel_size: int = field(
+        default=1,
+        metadata=flag(
+            "--tensor-parallel-size",
+            "simulator: GPUs per replica, weights and KV heads split over them, two "
+            "all-reduces a layer priced from the hardware's link (vLLM's flag)",
         ),
     )
     attention_backend: str = field(
@@ -212,6 +233,13 @@ class EngineConfig:
             raise EngineError(
                 f"scheduler must be one of {', '.join(SCHEDULERS)}, got {self.scheduler!r}"
             )
+        if self.role not in ROLES:
+            raise EngineError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
+        if self.role != "both" and (self.scheduler != "continuous" or self.executor != "real"):
+            raise EngineError(
+                f"--role {self.role} needs --scheduler continuous and --executor real (the KV "
+                f"that travels lives in the real executor's paged cache)"
+            )
         if self.executor not in EXECUTORS:
             raise EngineError(
                 f"executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}"
@@ -248,6 +276,13 @@ class EngineConfig:
             raise EngineError(f"max_waiting must be >= 1, got {self.max_waiting}")
         if self.sim_expert_skew < 0:
             raise EngineError(f"sim_expert_skew must be >= 0, got {self.sim_expert_skew}")
+        if self.tensor_parallel_size < 1:
+            raise EngineError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.tensor_parallel_size > 1 and self.executor != "sim":
+            raise EngineError(
+                f"--tensor-parallel-size {self.tensor_parallel_size}: the simulator's only "
+                "(the reference engine runs on one device); use --executor sim"
+            )
         if self.sim_expert_topics < 1 or self.expert_parallel < 1:
             raise EngineError(
                 f"sim_expert_topics and expert_parallel must be >= 1, got "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from cbbench.reference_engine.core.spec_decode_stats import SpecDecodeStats
@@ -51,6 +51,7 @@ class RequestOutput:
     metrics: RequestMetrics
     logprobs: list[TokenLogprob] | None = None  # one per new token, when params.logprobs
     embedding: list[float] | None = None  # params.embed: the pooled prompt (pooling.py)
+    kv_transfer: Any = None  # a prefill worker's finished request: its KVPayload
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from cbbench.reference_engine.core.outputs import RequestMetrics
 from cbbench.reference_engine.sampling_params import SamplingParams
@@ -34,6 +35,13 @@ class Sequence:
     # a token in stop_token_ids once min_tokens are out, or num_tokens reaching max_num_tokens
     stop_token_ids: frozenset[int] = frozenset()
     max_num_tokens: int = 0  # prompt + max_tokens (0: resolved from sampling_params)
+    # P/D disaggregation (kv_transfer/): a prefill worker ships the prompt's KV when it
+    # finishes (kv_export); a decode worker's sequence starts with the prompt's KV arriving
+    # from it: the leading `num_external_tokens` are computed once the payload (kv_import)
+    # is copied into the blocks admission gives it
+    kv_export: bool = False
+    kv_import: Any = None  # a KVPayload until loaded
+    num_external_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not self.token_ids:

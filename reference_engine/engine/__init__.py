@@ -3,5 +3,5 @@ update); `update` applies a computed step to the sequences; `async_scheduling` b
 N+1 while step N computes.
 
 Layer: engine (on top of scheduler, execution and spec_decode).
-Imports: config, core, execution, model, scheduler, spec_decode.
+Imports: config, core, execution, kv_transfer, model, scheduler, spec_decode.
 """

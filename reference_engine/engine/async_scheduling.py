@@ -120,6 +120,8 @@ class AsyncPipeline:
         if out.is_empty:
             return None
         chunks = out.chunks
+        if e._num_importing:
+            e._load_imports(chunks)
         patches: list[tuple[int, Sequence, int]] = []
         row = 0
         for c in chunks:

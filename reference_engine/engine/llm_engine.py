@@ -18,9 +18,11 @@ from cbbench.reference_engine.core.outputs import EngineStats, RequestMetrics, R
 from cbbench.reference_engine.core.sequence import Sequence, SequenceStatus
 from cbbench.reference_engine.core.spec_decode_stats import SpecDecodeStats
 from cbbench.reference_engine.engine.async_scheduling import AsyncPipeline
+from cbbench.reference_engine.engine.disagg import KVTransferMixin
 from cbbench.reference_engine.engine.update import StepUpdate
 from cbbench.reference_engine.errors import EngineError, QueueFullError
 from cbbench.reference_engine.execution.cost_model import CostModel, get_hardware
+from cbbench.reference_engine.kv_transfer.payload import KVPayload
 from cbbench.reference_engine.model.config import ModelConfig, resolve_model_config
 from cbbench.reference_engine.sampling_params import SamplingParams
 from cbbench.reference_engine.scheduler import make_scheduler
@@ -44,7 +46,7 @@ def sim_num_kv_blocks(config: EngineConfig, cost: CostModel) -> int:
     return cost.kv_pool_blocks(config.block_size)
 
 
-class LLMEngine(StepUpdate):
+class LLMEngine(StepUpdate, KVTransferMixin):
     def __init__(
         self,
         config: EngineConfig,
@@ -77,6 +79,7 @@ class LLMEngine(StepUpdate):
         self.last_step_window = (0.0, 0.0)  # engine-clock start/end of the last step's compute
         self._last_compute_end: float | None = None  # for the step gap
         self._pipeline = AsyncPipeline(self) if config.async_scheduling else None
+        self._init_kv_transfer()
         if config.async_scheduling and hasattr(executor, "overlap_host"):
             executor.overlap_host = True  # the simulator: host work hides behind the device
 
@@ -97,7 +100,7 @@ class LLMEngine(StepUpdate):
     # --- construction -----------------------------------------------------------------
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
-        mc = resolve_model_config(config.model)
+        mc = resolve_model_config(config.model, shape_only=config.executor == "sim")
         max_model_len = config.max_model_len or mc.max_position_embeddings
         if max_model_len > mc.max_position_embeddings:
             raise EngineError(
@@ -112,7 +115,8 @@ class LLMEngine(StepUpdate):
             moe = MoeSimSettings(config.sim_expert_skew, config.sim_expert_topics,
                                  config.expert_parallel, config.seed)  # fmt: skip
             cost = CostModel(mc, get_hardware(config.hardware), dtype, config.block_size, moe,
-                             kv_cache_dtype=config.kv_cache_dtype)  # fmt: skip
+                             kv_cache_dtype=config.kv_cache_dtype,
+                             tensor_parallel=config.tensor_parallel_size)  # fmt: skip
             num_blocks = sim_num_kv_blocks(config, cost)
             executor: Executor = SimExecutor(mc, cost, seed=config.seed, moe=moe)
         else:
@@ -186,6 +190,7 @@ class LLMEngine(StepUpdate):
         """What this engine is, for start-up logs, `/v1/models` and run records."""
         return {
             "scheduler": self.config.scheduler,
+            "role": self.config.role,
             "executor": self.config.executor,
             "device": str(getattr(self.executor, "device", self.config.device)),
             "dtype": self.config.dtype,
@@ -216,7 +221,13 @@ class LLMEngine(StepUpdate):
         params: SamplingParams,
         priority: int = 0,
         arrival_time: float | None = None,
+        *,
+        kv_export: bool = False,
+        kv_import: KVPayload | None = None,
     ) -> None:
+        """`kv_export`: a prefill worker's request, its KV shipped when it finishes;
+        `kv_import`: a decode worker's, starting from that payload (engine/disagg.py)."""
+        self._check_kv_role(kv_export, kv_import)
         if request_id in self.seqs:
             raise EngineError(f"request {request_id!r}: id already in use")
         if not prompt_token_ids:
@@ -260,9 +271,17 @@ class LLMEngine(StepUpdate):
                 () if params.ignore_eos else self.model_config.eos_token_ids
             ),
             max_num_tokens=min(total, self.max_model_len),
+            kv_export=kv_export,
         )
         self._num_added += 1
         self.seqs[request_id] = seq
+        if kv_import is not None:
+            try:
+                if self._start_imported(seq, kv_import):
+                    return  # its first token ended it
+            except EngineError:
+                del self.seqs[request_id]
+                raise
         self.scheduler.add(seq)
 
     def abort_request(self, request_id: str) -> None:
@@ -273,6 +292,7 @@ class LLMEngine(StepUpdate):
             return
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = "abort"
+        self._forget_import(seq)
         self.scheduler.abort(seq)
         seq.metrics.finished_time = self.now()
 
@@ -286,7 +306,7 @@ class LLMEngine(StepUpdate):
         self.scheduler.input_closed = True
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.seqs)
+        return bool(self.seqs) or bool(self._pending_outputs)
 
     def next_wakeup(self) -> float | None:
         return self.scheduler.next_wakeup(self.now())
@@ -294,9 +314,18 @@ class LLMEngine(StepUpdate):
     def step(self) -> list[RequestOutput]:
         """One step: schedule, compute, apply; returns the outputs it produced. With
         async_scheduling they are the outputs of the step that just finished computing,
-        while the next one already computes (async_scheduling.py)."""
+        while the next one already computes (async_scheduling.py). Outputs made since the
+        last step (a decode worker's imported first tokens) come first."""
+        pending = self._take_pending() if self._pending_outputs else None
         if self._pipeline is not None and self._pipeline.usable():
-            return self._pipeline.step()
+            outputs = self._pipeline.step()
+        else:
+            outputs = self._step()
+        if self._kv_exports:
+            self._attach_exports(outputs)
+        return pending + outputs if pending else outputs
+
+    def _step(self) -> list[RequestOutput]:
         now = self.now()
         t0 = time.perf_counter()
         out = self.scheduler.schedule(now)
@@ -304,6 +333,8 @@ class LLMEngine(StepUpdate):
         if not chunks:
             self._idle_since_step()
             return []
+        if self._num_importing:
+            self._load_imports(chunks)
         sched_s = time.perf_counter() - t0  # host scheduling only, not the draft's forwards
         start = self.now()  # the device's work starts here: draft forwards, then the verify
         num_tokens = out.num_batched_tokens  # = query rows, unless lookahead slots went unused

@@ -69,6 +69,8 @@ class StepUpdate:
         seq.finish_reason = reason
         seq.metrics.finished_time = end
         del self.seqs[seq.request_id]
+        if seq.kv_export and running:  # a prefill worker's: ship the prompt's KV first
+            self._export_kv(seq)  # type: ignore[attr-defined]
         if running:
             self.scheduler.finish(seq)
         else:  # async scheduling: preempted while its last token computed

@@ -3,5 +3,5 @@
 virtual clock advanced by `cost_model`'s step time). Both sit behind `core.executor`.
 
 Layer: execution.
-Imports: core, model, kernels.
+Imports: core, kv_transfer, model, kernels.
 """

@@ -37,6 +37,13 @@ from pathlib import Path
 import numpy as np
 from cbbench.kernels.kv_layout import gather_calls, split_layout
 from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.execution.gpu_presets import (
+    EFFICIENCY_SOURCE,
+    FITTED,
+    GPU_ALIASES,
+    GPU_PRESETS,
+    LINKS,
+)
 from cbbench.reference_engine.execution.kv_cache import kv_token_bytes
 from cbbench.reference_engine.execution.moe_cost import MoeCost, MoeSimSettings
 from cbbench.reference_engine.model.config import ModelConfig
@@ -66,6 +73,10 @@ class HardwareSpec:
     linear: dict[str, float] | None = None  # fitted coefficients (LINEAR_TERMS) replace roofline
     fit: dict = field(default_factory=dict)  # how `linear` was obtained (model, error, grid)
     steps: bool = False  # one time unit per step, whatever its work (the seed-demo timeline)
+    # what a tensor-parallel all-reduce crosses between a replica's GPUs (gpu_presets.LINKS)
+    link: str | None = None
+    link_bw: float | None = None  # bytes/s one direction per GPU (None: the link's)
+    link_latency_s: float | None = None  # seconds per all-reduce (None: the link's)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -84,9 +95,8 @@ class HardwareSpec:
 
 
 HARDWARE_PRESETS: dict[str, HardwareSpec] = {
-    "a100-80g": HardwareSpec("a100-80g", peak_flops=312e12, mem_bw=2.039e12, mem_gb=80),
-    "h100-sxm": HardwareSpec("h100-sxm", peak_flops=989e12, mem_bw=3.35e12, mem_gb=80),
-    "h200": HardwareSpec("h200", peak_flops=989e12, mem_bw=4.8e12, mem_gb=141),
+    **{name: HardwareSpec(name, **kw, **FITTED, fit={"efficiency": EFFICIENCY_SOURCE})
+       for name, kw in GPU_PRESETS.items()},
     # Fitted by `cbbench calibrate --validate --validate-workloads chat,uniform` (small, fp32,
     # one torch thread, the "panels" CPU linear kernel and the C++ decode attention / row ops,
     # wall clock; 4,983 whole engine steps of six fit runs, stepped in turn with the held-out
@@ -136,7 +146,7 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
     ),
     "steps": HardwareSpec("steps", peak_flops=1.0, mem_bw=1.0, mem_gb=1e6, steps=True),
 }
-HARDWARE_ALIASES = {"h100": "h100-sxm", "a100": "a100-80g"}
+HARDWARE_ALIASES = dict(GPU_ALIASES)
 
 
 def get_hardware(name: str) -> HardwareSpec:
@@ -185,6 +195,7 @@ class StepWork:
     dec_gathered: int = 0  # KV token slots copied, padding included
     dec_calls: int = 0  # attention calls (per layer)
     prefill_ctx: int = 0  # sum over prefill chunks of query tokens x context length
+    dec_kv: int = 0  # decode chunks' context tokens, unpadded (KV read by a paged kernel)
     attn_flops: float = 0.0  # the attention part of `flops`
     kv_bytes: float = 0.0  # the KV part of `bytes` (the rest: weights)
     # MoE (moe_cost.py): one sparse layer's (tokens per expert, P(active)); their FLOPs, bytes
@@ -213,6 +224,7 @@ STEP_FEATURES = {
     "c_dec_gathered": lambda w: w.dec_gathered,
     "c_dec_calls": lambda w: w.dec_calls,
     "c_pre_ctx": lambda w: w.prefill_ctx,
+    "c_dec_kv": lambda w: w.dec_kv,  # a black-box fit's decode attention (sim/run_fit.py)
     "c_mixed": lambda w: float(0 < w.num_prefill_seqs < w.num_seqs),  # prefills + decodes
 }
 
@@ -220,12 +232,14 @@ STEP_FEATURES = {
 class CostModel:
     def __init__(self, model_config: ModelConfig, hardware: HardwareSpec, dtype: str,
                  block_size: int = 16, moe: MoeSimSettings | None = None,
-                 kv_cache_dtype: str = "auto") -> None:  # fmt: skip
+                 kv_cache_dtype: str = "auto", tensor_parallel: int = 1) -> None:  # fmt: skip
         if dtype not in DTYPE_BYTES:
             raise EngineError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPE_BYTES)})")
         self.model_config = model_config
         self.hardware = hardware
         self.dtype_bytes = DTYPE_BYTES[dtype]
+        self.tp = tensor_parallel
+        self._tp_check(tensor_parallel)
         mc = model_config
         vh = mc.vocab_size * mc.hidden_size
         self.params = mc.num_params()
@@ -291,6 +305,7 @@ class CostModel:
         bs = self.block_size
         w.num_samples = samples
         w.decode_padded_ctx = len(dec_lens) * -(-longest_decode // bs) * bs
+        w.dec_kv = sum(dec_lens)
         if dec_lens:
             layout = None
             if tables is not None:
@@ -336,6 +351,9 @@ class CostModel:
         attention = max(w.attn_flops / ep / peak, w.kv_bytes / ep / bw)
         dense += self.moe.time(w, peak, bw) if self.moe is not None else 0.0
         host = hw.per_seq_overhead_s * w.num_seqs
+        if self.tp > 1:  # weights and heads sharded; two all-reduces a layer
+            return (dense / self.tp + attention / self.tp + self.allreduce_s(w.num_tokens)
+                    + hw.step_overhead_s + host), host  # fmt: skip
         return dense + attention + hw.step_overhead_s + host, host
 
     def time_of(self, w: StepWork, overlap_host: bool = False) -> float:
@@ -349,19 +367,69 @@ class CostModel:
         return self.time_of(self.work(chunks))
 
     def kv_pool_blocks(self, block_size: int) -> int:
-        """KV blocks that fit the device after the weights (simulated devices only)."""
+        """KV blocks that fit the device after the weights (simulated devices only); with
+        tensor parallelism the weights and the KV heads are split over the replica's GPUs."""
         hw = self.hardware
         if hw.steps:
             return 1 << 16
-        free = hw.mem_gb * 1e9 * hw.gpu_memory_utilization - self.device_weight_bytes
+        weights = self.device_weight_bytes / self.tp
+        free = hw.mem_gb * 1e9 * hw.gpu_memory_utilization - weights
         ep = self.moe.expert_parallel if self.moe is not None else 1  # a KV pool per device
-        n = int(ep * free // (self.kv_bytes_per_token * block_size))
+        n = int(ep * self.tp * free // (self.kv_bytes_per_token * block_size))
         if n < 1:
+            tp = f" at tensor parallel {self.tp}" if self.tp > 1 else ""
             raise EngineError(
-                f"model weights ({self.device_weight_bytes / 1e9:.1f} GB per device) do not "
-                f"leave room for a KV cache on {hw.name} ({hw.mem_gb} GB)"
+                f"model weights ({weights / 1e9:.1f} GB per device{tp}) do not leave room "
+                f"for a KV cache on {hw.name} ({hw.mem_gb} GB): raise --tensor-parallel-size"
             )
         return n
+
+    def link(self) -> tuple[float, float]:
+        """(bytes/s, seconds per all-reduce) of the link between a replica's GPUs."""
+        hw = self.hardware
+        bw, lat = LINKS.get(hw.link or "pcie4", LINKS["pcie4"])
+        return (hw.link_bw or bw), (hw.link_latency_s if hw.link_latency_s is not None else lat)
+
+    def allreduce_s(self, num_tokens: int) -> float:
+        """A step's tensor-parallel all-reduces: two a layer (after attention, after the MLP)
+        of the step's activations, ring-reduced: 2 (tp - 1) / tp of the bytes cross each
+        GPU's link, plus a latency per all-reduce."""
+        if self.tp <= 1:
+            return 0.0
+        bw, lat = self.link()
+        nbytes = num_tokens * self.model_config.hidden_size * self.dtype_bytes
+        per = lat + 2.0 * (self.tp - 1) / self.tp * nbytes / bw
+        return 2 * self.model_config.num_hidden_layers * per
+
+    def _tp_check(self, tp: int) -> None:
+        if tp < 1:
+            raise EngineError(f"tensor_parallel_size must be >= 1, got {tp}")
+        mc, hw = self.model_config, self.hardware
+        if tp > 1 and mc.num_attention_heads % tp:
+            raise EngineError(f"tensor_parallel_size {tp} does not divide the model's "
+                              f"{mc.num_attention_heads} attention heads")  # fmt: skip
+        fitted = (hw.fit or {}).get("tensor_parallel_size", 1)
+        if hw.linear is not None and tp != fitted:
+            raise EngineError(
+                f"hardware {hw.name} was fitted at tensor parallel {fitted}: a fit prices the "
+                f"steps it measured; simulate with --tensor-parallel-size {fitted}, or fit "
+                f"runs served at {tp}"
+            )  # fmt: skip
+
+
+def min_tensor_parallel(model_config: ModelConfig, hardware: HardwareSpec, dtype: str,
+                        block_size: int = 16, sizes=(1, 2, 4, 8)) -> int | None:  # fmt: skip
+    """The smallest tensor-parallel size in `sizes` whose GPUs hold the weights and some KV
+    cache (at least one max-length sequence's worth); None when none does."""
+    for tp in sizes:
+        try:
+            c = CostModel(model_config, hardware, dtype, block_size, tensor_parallel=tp)
+            need = -(-model_config.max_position_embeddings // block_size)
+            if c.kv_pool_blocks(block_size) >= min(need, 1024):
+                return tp
+        except EngineError:
+            continue
+    return None
 
 
 def nnls(A: np.ndarray, b: np.ndarray, max_iter: int = 500) -> np.ndarray:

@@ -28,6 +28,7 @@ from cbbench.reference_engine.execution.kv_cache import kv_bytes_per_block, kv_s
 from cbbench.reference_engine.execution.pooling import pooled
 from cbbench.reference_engine.execution.rejection_sampler import RejectionSampler, sample_chunks
 from cbbench.reference_engine.execution.sampler import Sampler, SampleRequest, token_logprobs
+from cbbench.reference_engine.kv_transfer.payload import KVLayout
 from cbbench.reference_engine.model.config import PRESETS, ModelConfig
 from cbbench.reference_engine.model.llama import AttentionMetadata, LlamaAttention, RMSNorm
 from cbbench.reference_engine.model.loader import (
@@ -190,6 +191,29 @@ class ModelRunner:
     @property
     def attention_backend_name(self) -> str:
         return self.backend.name
+
+    # --- KV transfer (prefill/decode roles; engine/disagg.py) -------------------------------
+    def kv_layout(self) -> KVLayout:
+        c = self.kv_cache
+        return KVLayout(c.shape[0], c.shape[3], c.shape[4], c.shape[5], str(c.dtype))
+
+    def kv_payload_bytes(self, num_blocks: int) -> int:
+        c = self.kv_cache
+        return c.shape[0] * 2 * num_blocks * c.shape[3] * c.shape[4] * c.shape[5] * c.element_size()
+
+    def export_kv(self, block_ids: list[int]) -> bytes:
+        """The blocks' K and V over all layers, in the cache's storage dtype, as bytes."""
+        idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        blocks = self.kv_cache.index_select(2, idx).contiguous().cpu()
+        return blocks.view(torch.uint8).numpy().tobytes()
+
+    def import_kv(self, block_ids: list[int], data: bytes) -> None:
+        """Write an `export_kv` payload into these blocks (same layout: checked by the caller)."""
+        c = self.kv_cache
+        shape = (c.shape[0], 2, len(block_ids), *c.shape[3:])
+        src = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(c.dtype).view(shape)
+        idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        c.index_copy_(2, idx, src.to(self.device))
 
     def expert_load(self) -> list[list[int]] | None:
         """MoE models: tokens routed to each expert of each decoder layer since the start

@@ -133,9 +133,16 @@ class ModelConfig:
 
     # --- HF config.json ---------------------------------------------------------------
     @classmethod
-    def from_hf_dict(cls, cfg: dict[str, Any], where: str = "config.json") -> ModelConfig:
+    def from_hf_dict(cls, cfg: dict[str, Any], where: str = "config.json",
+                     shape_only: bool = False) -> ModelConfig:  # fmt: skip
+        """`shape_only` (the simulator): a dense architecture the engine cannot run (Qwen3,
+        Gemma, ...) is read for its shape alone, as a Llama of the same sizes."""
         archs = cfg.get("architectures") or ["LlamaForCausalLM"]
         arch = archs[0]
+        if shape_only and arch not in SUPPORTED_ARCHITECTURES and not cfg.get("num_experts") \
+                and not cfg.get("num_local_experts"):  # fmt: skip
+            cfg = {k: v for k, v in cfg.items() if k not in ("hidden_act", "mlp_bias")}
+            arch = "LlamaForCausalLM"
         if arch not in SUPPORTED_ARCHITECTURES:
             raise EngineError(
                 f"{where}: architecture {arch!r} is not supported "
@@ -184,7 +191,7 @@ class ModelConfig:
         )
 
     @classmethod
-    def from_file(cls, path: str | Path) -> ModelConfig:
+    def from_file(cls, path: str | Path, shape_only: bool = False) -> ModelConfig:
         p = Path(path)
         try:
             cfg = json.loads(p.read_text(encoding="utf-8"))
@@ -192,7 +199,7 @@ class ModelConfig:
             raise EngineError(f"{p}: no such file") from None
         except json.JSONDecodeError as exc:
             raise EngineError(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-        return cls.from_hf_dict(cfg, where=str(p))
+        return cls.from_hf_dict(cfg, where=str(p), shape_only=shape_only)
 
     def to_hf_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -301,6 +308,24 @@ PRESETS: dict[str, dict[str, Any]] = {
         rope_theta=1000000.0,
         torch_dtype="bfloat16",
     ),
+    # served with tensor parallelism (the simulator; weights random if ever built)
+    "llama-3.1-8b": dict(
+        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
+        rope_theta=500000.0, bos_token_id=128000, eos_token_id=128001, torch_dtype="bfloat16",
+    ),
+    "llama-3.1-70b": dict(
+        vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+        num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=131072,
+        rope_theta=500000.0, bos_token_id=128000, eos_token_id=128001, torch_dtype="bfloat16",
+    ),
+    # Qwen3-32B's shape (its q/k norms are not modelled: a few thousand parameters)
+    "qwen3-32b": dict(
+        vocab_size=151936, hidden_size=5120, intermediate_size=25600, num_hidden_layers=64,
+        num_attention_heads=64, num_key_value_heads=8, head_dim=128,
+        max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        bos_token_id=151643, eos_token_id=151645, torch_dtype="bfloat16",
+    ),
     **MOE_PRESETS,
 }
 
@@ -310,6 +335,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 # small-moe) have none.
 HF_IDS: dict[str, str] = {
     "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B-Instruct",
+    "llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct",
+    "llama-3.1-70b": "meta-llama/Llama-3.1-70B-Instruct",
+    "qwen3-32b": "Qwen/Qwen3-32B",
     # Llama 3's shape: 8192 positions, no rope scaling (3.1 has 131072 and llama3 scaling)
     "llama-3-8b": "meta-llama/Meta-Llama-3-8B-Instruct",
     "llama-3.2-1b": "meta-llama/Llama-3.2-1B-Instruct",
@@ -328,8 +356,9 @@ def hf_model_id(model: str) -> str | None:
     return model
 
 
-def resolve_model_config(model: str | ModelConfig) -> ModelConfig:
-    """A preset name, an HF folder or its config.json, or a ModelConfig."""
+def resolve_model_config(model: str | ModelConfig, shape_only: bool = False) -> ModelConfig:
+    """A preset name, an HF folder or its config.json, or a ModelConfig; `shape_only`: for
+    the simulator (ModelConfig.from_hf_dict)."""
     if isinstance(model, ModelConfig):
         return model
     if model in PRESETS:
@@ -342,7 +371,7 @@ def resolve_model_config(model: str | ModelConfig) -> ModelConfig:
             f"model {model!r} is neither a preset ({', '.join(PRESETS)}) nor an HF folder "
             f"with a config.json"
         )
-    return ModelConfig.from_file(path)
+    return ModelConfig.from_file(path, shape_only=shape_only)
 
 
 def preset_config(name: str) -> ModelConfig:

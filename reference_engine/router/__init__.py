@@ -5,5 +5,5 @@ by URL (`upstream`, `app`, `metrics`, `serve`) and the same policies over N simu
 engines on one virtual clock (`cluster_sim`).
 
 Layer: router (beside the server, at the top of the engine).
-Imports: config, core, engine, execution, model, server, sim, workloads.
+Imports: config, core, engine, execution, kv_transfer, model, server, sim, workloads.
 """

@@ -32,6 +32,7 @@ from cbbench.reference_engine.router.cache_reset import reset_replicas
 from cbbench.reference_engine.router.headers import forward_headers
 from cbbench.reference_engine.router.metrics import CONTENT_TYPE, RouterMetrics
 from cbbench.reference_engine.router.options import RETRIES, SESSION_HEADER, UPSTREAM_TIMEOUT_S
+from cbbench.reference_engine.router.pd import PDPools, forward_pd
 from cbbench.reference_engine.router.policy import NoReplicaAvailable, RouteRequest, RoutingPolicy
 from cbbench.reference_engine.router.prefix import body_block_hashes
 from cbbench.reference_engine.router.upstream import Replica, ReplicaPool, junk_reason
@@ -45,6 +46,7 @@ from starlette.types import ASGIApp
 PARSE_IN_THREAD_BYTES = 256 * 1024
 # Response headers passed back from the replica (the guard adds x-cbbench-scheduler).
 PASS_HEADERS = ("content-type", "x-cbbench-queue-time-s", "cache-control")
+PD_PATHS = ("/v1/completions", "/v1/chat/completions")  # two hops; the others: decode workers
 
 
 class Router:
@@ -61,6 +63,7 @@ class Router:
         self.pool, self.policy, self.retries = pool, policy, retries
         self.session_header = session_header  # session-affinity pins a session by it
         self.metrics = RouterMetrics(pool, policy.name)
+        self.pd: PDPools | None = None  # prefill/decode pools (router/pd.py), else None
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
         timeout = httpx.Timeout(upstream_timeout_s, connect=5.0)
         self.client = httpx.AsyncClient(timeout=timeout, limits=limits)
@@ -184,9 +187,11 @@ async def _forward(router: Router, request: Request, path: str) -> Response:
             body = json.loads(raw)
     except ValueError as exc:
         return _error(400, f"invalid JSON: {exc}", "invalid_json", "invalid_request_error")
+    if router.pd is not None and path in PD_PATHS:
+        return await forward_pd(router, request, path, body, _exchange)
     stream = isinstance(body, dict) and body.get("stream") is True
     headers = forward_headers(request.headers.items(), router.pool.headers)
-    tried: set[int] = set()
+    tried: set[int] = set(router.pd.prefill) if router.pd is not None else set()
     retried_from: list[str] = []  # replicas whose failure was resent elsewhere
     failed: _Failed | None = None
     tried_last: Replica | None = None
@@ -232,6 +237,7 @@ async def _exchange(
     request: Request,
     stream: bool,
     path: str = "",
+    pd_error: str = "replica_failed",
 ) -> Response | _Failed:
     """Send, racing the client's disconnect; the replica's `load.ended()` is called once,
     when the answer is complete, abandoned or failed, and its outcome goes to the breaker."""
@@ -253,14 +259,14 @@ async def _exchange(
         if isinstance(exc, httpx.ConnectError):  # nothing reached the replica
             replica.failed += 1
             pool.mark_down(replica, f"connection refused: {exc}"[:200])
-            return _Failed(_error(502, _failed_message(replica, exc), "replica_failed"), True)
+            return _Failed(_error(502, _failed_message(replica, exc), pd_error), True)
         if isinstance(exc, httpx.TimeoutException):
             pool.answered(replica, f"timed out: {type(exc).__name__}")
             return _Failed(_error(504, _failed_message(replica, exc), "replica_timeout"))
         if not isinstance(exc, httpx.HTTPError):
             raise exc
         pool.answered(replica, _lost(exc), hard=True)
-        return _Failed(_error(502, _failed_message(replica, exc), "replica_failed"))
+        return _Failed(_error(502, _failed_message(replica, exc), pd_error))
     resp, head, chunks = work.result()
     out_headers = {k: v for k in PASS_HEADERS if (v := resp.headers.get(k)) is not None}
     out_headers["x-cbbench-replica"] = replica.name
@@ -284,7 +290,7 @@ async def _exchange(
                 resp.status_code,
             )
         return Response(head, resp.status_code, headers=out_headers)
-    relay = _relay(router, replica, resp, head, chunks, path)
+    relay = _relay(router, replica, resp, head, chunks, path, pd_error)
     return StreamingResponse(relay, resp.status_code, headers=out_headers)
 
 
@@ -317,6 +323,7 @@ async def _relay(
     first: bytes,
     chunks: AsyncIterator[bytes],
     path: str = "",
+    code: str = "replica_failed",
 ) -> AsyncIterator[bytes]:
     try:
         yield first
@@ -324,7 +331,7 @@ async def _relay(
             yield chunk
     except httpx.HTTPError as exc:  # mid-stream: the client saw tokens, no retry
         router.pool.answered(replica, _lost(exc), hard=True)
-        yield _stream_error(path, _failed_message(replica, exc))
+        yield _stream_error(path, _failed_message(replica, exc), code)
     else:
         router.pool.answered(replica, None)
     finally:
@@ -332,14 +339,14 @@ async def _relay(
         replica.load.ended()
 
 
-def _stream_error(path: str, message: str) -> bytes:
+def _stream_error(path: str, message: str, code: str = "replica_failed") -> bytes:
     """The error event that ends a stream cut mid-answer, in the route's API's shape."""
     if path == "/v1/messages":  # Anthropic's error event (its streams have no [DONE])
         return f"event: error\ndata: {json.dumps(messages_error(502, message))}\n\n".encode()
     if path == "/v1/responses":  # the Responses API's `error` event
-        ev = {"type": "error", "code": "replica_failed", "message": message}
+        ev = {"type": "error", "code": code, "message": message}
         return f"event: error\ndata: {json.dumps(ev)}\n\n".encode()
-    body = error_body(message, "server_error", None, "replica_failed")
+    body = error_body(message, "server_error", None, code)
     return f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
 
 

@@ -125,6 +125,19 @@ class RouterMetrics:
             registry=self.registry,
             buckets=ROUTING_BUCKETS,
         ).labels(policy)
+        self._pd = None  # P/D counters, made on the first P/D request
+
+    def pd_request(self, prefill: str, decode: str, kv_bytes: int) -> None:
+        """One request's two hops (router/pd.py)."""
+        if self._pd is None:
+            from prometheus_client import Counter
+
+            self._pd = Counter("cbbench:router_pd_requests", "Requests by prefill and decode "
+                               "worker.", ["prefill", "decode"], registry=self.registry)  # fmt: skip
+            self._pd_bytes = Counter("cbbench:router_pd_kv_transfer_bytes", "KV bytes moved "
+                                     "from prefill to decode workers.", registry=self.registry)  # fmt: skip
+        self._pd.labels(prefill, decode).inc()
+        self._pd_bytes.inc(kv_bytes)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -42,6 +42,9 @@ class RouterOptions:
     breaker_window: int = BREAKER_WINDOW
     breaker_cooldown_s: float = BREAKER_COOLDOWN_S
     retries: int = RETRIES  # before the first byte reached the client, on another replica
+    # prefill/decode disaggregation (router/pd.py): two pools instead of `replicas`
+    prefill: Sequence[str] = ()
+    decode: Sequence[str] = ()
 
     def breaker(self) -> BreakerSettings:
         return BreakerSettings(
@@ -54,6 +57,10 @@ class RouterOptions:
     session_header: str = SESSION_HEADER  # session-affinity: the header naming the session
 
     def validate(self) -> None:
+        if bool(self.prefill) != bool(self.decode):
+            raise EngineError("P/D routing needs both --prefill and --decode URLs")
+        if self.prefill and self.replicas:
+            raise EngineError("give either --replica URLs or --prefill/--decode pools, not both")
         if not 0 <= self.port <= 65535:
             raise EngineError(f"--port must be in [0, 65535], got {self.port}")
         if not self.poll_interval_s > 0:
@@ -153,6 +160,8 @@ def router_options_from_args(args: argparse.Namespace, replicas: Sequence[str]) 
     """The options `add_router_args` (and the command's --host/--port/--api-key) describe."""
     opts = RouterOptions(
         replicas=list(replicas),
+        prefill=list(getattr(args, "prefill", None) or ()),
+        decode=list(getattr(args, "decode", None) or ()),
         policy=args.router_policy,
         host=args.host,
         port=args.port,

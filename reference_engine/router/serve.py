@@ -16,6 +16,7 @@ from collections.abc import Callable
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.router.app import Router, create_router_app
 from cbbench.reference_engine.router.options import RouterOptions
+from cbbench.reference_engine.router.pd import PDPools
 from cbbench.reference_engine.router.registry import make_policy
 from cbbench.reference_engine.router.upstream import ReplicaPool
 from cbbench.reference_engine.server.runner import (
@@ -30,13 +31,21 @@ from cbbench.reference_engine.server.runner import (
 def build_router(opts: RouterOptions) -> tuple[Router, object]:
     opts.validate()
     key = opts.replica_api_key if opts.replica_api_key is not None else opts.api_key
+    urls, names = list(opts.replicas), None
+    if opts.prefill:  # P/D: one pool, prefill workers first (router/pd.py)
+        urls = [*opts.prefill, *opts.decode]
+        names = [f"p{i}" for i in range(len(opts.prefill))]
+        names += [f"d{i}" for i in range(len(opts.decode))]
     pool = ReplicaPool(
-        opts.replicas, key, opts.poll_interval_s, opts.breaker(), opts.upstream_timeout_s
+        urls, key, opts.poll_interval_s, opts.breaker(), opts.upstream_timeout_s, names
     )
     router = Router(
         pool, make_policy(opts.policy), opts.upstream_timeout_s, opts.retries,
         session_header=opts.session_header,
     )
+    if opts.prefill:
+        n = len(opts.prefill)
+        router.pd = PDPools(frozenset(range(n)), frozenset(range(n, len(urls))))
     return router, create_router_app(router, api_key=opts.api_key)
 
 

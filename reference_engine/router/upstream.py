@@ -151,7 +151,9 @@ class ReplicaPool:
         poll_interval_s: float = POLL_INTERVAL_S,
         breaker: BreakerSettings | None = None,
         probe_timeout_s: float = UPSTREAM_TIMEOUT_S,
+        names: Sequence[str] | None = None,
     ) -> None:
+        """`names`: one per URL (default r0, r1, ...; P/D pools: p0.., d0..)."""
         if not urls:
             raise EngineError("the router needs at least one --replica URL")
         clean = [check_url(u) for u in urls]
@@ -161,7 +163,8 @@ class ReplicaPool:
         assert poll_interval_s > 0
         settings = breaker or BreakerSettings()
         self.replicas = [
-            Replica(u, ReplicaLoad(i, f"r{i}"), breaker=CircuitBreaker(settings))
+            Replica(u, ReplicaLoad(i, names[i] if names else f"r{i}"),
+                    breaker=CircuitBreaker(settings))  # fmt: skip
             for i, u in enumerate(clean)
         ]
         self.probe_timeout_s = probe_timeout_s

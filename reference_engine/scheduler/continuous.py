@@ -15,6 +15,12 @@ Each step, with a token budget of `max_num_batched_tokens`:
    and the most important sequence always progresses: no preemption ping-pong.
 A sequence that finishes frees its slot and blocks at once, so the next step refills it.
 
+Step 1 usually looks only at the running sequences that changed (scheduler/running_batch.py):
+the others decode one token with room in their blocks and get last step's chunk again. It
+falls back to the loop over every running sequence whenever that could decide differently
+(the budget cannot hold every sequence, the pool cannot give every block, lookahead), and
+tests/test_sched_due_only.py holds the two to the same schedules.
+
 Adaptive limit (`--max-num-seqs auto`, scheduler/adaptive_limit.py): before each step the
 controller reads KV usage, the preemptions of the last step and the queue, and moves the
 limit that step 2 admits within (max_num_seqs stays the ceiling). A lowered limit preempts
@@ -155,8 +161,11 @@ class ContinuousScheduler(Scheduler):
                 and (len(self._running) < cfg.max_num_seqs or preempt_worst(spare_forced=True))
             ):
                 break
-            computed_blocks = bm.get_computed_blocks(seq)
-            num_cached = len(computed_blocks) * bs
+            if seq.num_external_tokens:  # its prompt's KV arrives from a prefill worker
+                computed_blocks, num_cached = [], seq.num_external_tokens
+            else:
+                computed_blocks = bm.get_computed_blocks(seq)
+                num_cached = len(computed_blocks) * bs
             need = seq.num_tokens - num_cached
             if not cfg.enable_chunked_prefill and need > budget:
                 break
@@ -174,7 +183,7 @@ class ContinuousScheduler(Scheduler):
                 seq.num_computed_tokens = num_cached
                 if seq.metrics.first_scheduled_time is None:
                     seq.metrics.first_scheduled_time = now
-                    seq.metrics.num_cached_tokens = num_cached
+                    seq.metrics.num_cached_tokens = 0 if seq.num_external_tokens else num_cached
                 self._running.add(seq, self._rank(seq))
                 if load is not None:
                     ExpertBalancer.add(load, balancer.share(seq))  # type: ignore[union-attr]

@@ -4,5 +4,5 @@ bodies parsed off the event loop (`body`), Prometheus metrics (`metrics`), error
 `lifeline` (children die with their parent) is stdlib-only: the harness's workers use it too.
 
 Layer: server (the top of the engine).
-Imports: config, core, engine, model.
+Imports: config, core, engine, kv_transfer, model.
 """

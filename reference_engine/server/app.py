@@ -14,15 +14,17 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.kv_transfer.connector import LoopbackConnector
 from cbbench.reference_engine.model.tokenizer import Tokenizer, encode_chat
 from cbbench.reference_engine.sampling_params import SamplingParams
 from cbbench.reference_engine.server import protocol as P
 from cbbench.reference_engine.server.async_engine import AsyncEngine, RequestStream
 from cbbench.reference_engine.server.body import BodyParser, validation_message
+from cbbench.reference_engine.server.disagg import KVHop, add_kv_routes, kv_hop, stage_export
 from cbbench.reference_engine.server.errors import (
     APIError,
     QueueFull,
@@ -60,6 +62,8 @@ class ServerState:
     created: int
     body_parser: BodyParser
     reasoning: ReasoningOptions = ReasoningOptions()
+    role: str = "both"  # --role (prefill/decode disaggregation, server/disagg.py)
+    kv: LoopbackConnector = field(default_factory=LoopbackConnector)
 
 
 def create_app(
@@ -92,7 +96,9 @@ def create_app(
         body_parser or BodyParser(max_model_len),
         reasoning or ReasoningOptions(),
     )
+    state.role = (engine_info or {}).get("role", "both")
     app.state.cbbench = state
+    add_kv_routes(app, state.kv, metrics)
     _install_error_handlers(app)
     _document_errors(app)
 
@@ -335,11 +341,13 @@ async def _admit(
     params: SamplingParams,
     body: P.SamplingFields,
     reasoning: ReasoningSplit | None,
+    hop: KVHop | None = None,
 ) -> tuple[RequestStream, Generation]:
     """Hand a request to the engine (its refusals as the API's errors) and start its
     Generation: every generating route (chat, completions, responses, messages) goes here."""
     try:
-        stream = await state.engine.add_request(request_id, prompt_ids, params, body.priority)
+        kv = hop.kv if hop is not None else {}
+        stream = await state.engine.add_request(request_id, prompt_ids, params, body.priority, **kv)
     except QueueFull as exc:
         raise APIError(429, str(exc), "rate_limit_error", None, "queue_full") from None
     except ShuttingDown as exc:
@@ -354,6 +362,7 @@ async def _admit(
         min_tokens=body.min_tokens,
         scheduler=state.scheduler,
         reasoning=reasoning,
+        hop=hop,
     )
     return stream, gen
 
@@ -364,7 +373,8 @@ async def _generate(
     params = _sampling_params(state, body, prompt_ids, chat)
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     reasoning = _reasoning(state, body, params.max_tokens) if chat else None
-    stream, gen = await _admit(state, request_id, prompt_ids, params, body, reasoning)
+    hop = await kv_hop(state.role, state.kv, body.kv_transfer_params, body.stream, state.metrics)
+    stream, gen = await _admit(state, request_id, prompt_ids, params, body, reasoning, hop)
     echo = ""
     if isinstance(body, P.CompletionRequest) and body.echo:
         echo = body.prompt if isinstance(body.prompt, str) else state.tokenizer.decode(prompt_ids)
@@ -377,7 +387,8 @@ async def _generate(
             media_type="text/event-stream",
             headers={"cache-control": "no-cache"},
         )
-    return await _collect(stream, gen, shaper, request)
+    kv = (state.kv, state.metrics) if hop.exports else None
+    return await _collect(stream, gen, shaper, request, kv)
 
 
 def _reasoning(
@@ -408,7 +419,11 @@ async def _run_to_end(stream: RequestStream, gen: Generation) -> None:
 
 
 async def _collect(
-    stream: RequestStream, gen: Generation, shaper: ResponseShaper, request: Request
+    stream: RequestStream,
+    gen: Generation,
+    shaper: ResponseShaper,
+    request: Request,
+    kv: tuple[LoopbackConnector, ServerMetrics] | None = None,
 ) -> Response:
     """Non-streaming: wait for the end, aborting the request if the client goes away."""
     work = asyncio.ensure_future(_run_to_end(stream, gen))
@@ -434,7 +449,10 @@ async def _collect(
     headers = {}
     if info["queue_time_s"] is not None:
         headers["x-cbbench-queue-time-s"] = f"{info['queue_time_s']:.6f}"
-    return JSONResponse(shaper.final_body(), headers=headers)
+    body = shaper.final_body()
+    if kv is not None:  # a prefill hop: its KV staged for the decode worker's pull
+        body["kv_transfer_params"] = stage_export(kv[0], gen.kv_transfer, gen.metrics, kv[1])
+    return JSONResponse(body, headers=headers)
 
 
 def _retrieve(task: asyncio.Future) -> None:

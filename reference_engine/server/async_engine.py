@@ -55,6 +55,7 @@ class _Add:
     sampling_params: SamplingParams
     priority: int
     stream: _Stream
+    kv: dict[str, Any] = field(default_factory=dict)  # kv_export / kv_import (disagg.py)
 
 
 @dataclass
@@ -135,12 +136,14 @@ class AsyncEngine:
         prompt_token_ids: list[int],
         sampling_params: SamplingParams,
         priority: int = 0,
+        **kv: Any,
     ) -> RequestStream:
         """Queue a request; returns once the engine accepted it. Raises QueueFull,
-        EngineError (bad request for this engine) or ShuttingDown."""
+        EngineError (bad request for this engine) or ShuttingDown. `kv`: the engine's
+        kv_export / kv_import (prefill/decode roles)."""
         queue: asyncio.Queue[Any] = asyncio.Queue()
         stream = _Stream(asyncio.get_running_loop(), queue)
-        cmd = _Add(request_id, prompt_token_ids, sampling_params, priority, stream)
+        cmd = _Add(request_id, prompt_token_ids, sampling_params, priority, stream, kv)
         with self._cv:
             if not self.accepting:
                 raise ShuttingDown(self._closing or "engine failed")
@@ -238,7 +241,8 @@ class AsyncEngine:
             return
         try:
             self.engine.add_request(
-                cmd.request_id, cmd.prompt_token_ids, cmd.sampling_params, priority=cmd.priority
+                cmd.request_id, cmd.prompt_token_ids, cmd.sampling_params, priority=cmd.priority,
+                **cmd.kv,
             )
         except QueueFullError as exc:
             cmd.stream.put(QueueFull(str(exc)))

@@ -168,13 +168,14 @@ class EngineCoreClient:
         prompt_token_ids: list[int],
         sampling_params: SamplingParams,
         priority: int = 0,
+        **kv: Any,
     ) -> RequestStream:
         queue: asyncio.Queue[Any] = asyncio.Queue()
         with self._lock:
             if not self.accepting:
                 raise ShuttingDown(self._closing or str(self.dead))
             self._streams[request_id] = _Stream(asyncio.get_running_loop(), queue)
-        self._send(["add", request_id, prompt_token_ids, sampling_params, priority])
+        self._send(["add", request_id, prompt_token_ids, sampling_params, priority, kv])
         first = await queue.get()
         if isinstance(first, BaseException):
             raise first

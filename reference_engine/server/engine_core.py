@@ -108,9 +108,11 @@ class EngineCore:
         for cmd in commands:
             kind = cmd[0]
             if kind == "add":
-                _, request_id, prompt, params, priority = cmd
+                _, request_id, prompt, params, priority, *kv = cmd
                 try:
-                    self.engine.add_request(request_id, prompt, params, priority=priority)
+                    self.engine.add_request(
+                        request_id, prompt, params, priority=priority, **(kv[0] if kv else {})
+                    )
                 except QueueFullError as exc:
                     rejected.append([request_id, "queue_full", str(exc)])
                 except EngineError as exc:

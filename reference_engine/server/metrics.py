@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from cbbench.reference_engine.core.outputs import EngineStats, RequestOutput
 from cbbench.reference_engine.core.spec_decode_stats import SpecDecodeStats
+from cbbench.reference_engine.server.kv_metrics import KVTransferMetrics
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -211,6 +212,7 @@ class ServerMetrics:
         info.labels(m, scheduler).set(1)
         self._preempted_seen = 0
         self._experts = ExpertLoadMetrics(r, m)
+        self.kv_transfer = KVTransferMetrics(r, m)  # prefill/decode roles (server/disagg.py)
 
     def set_cache_config(self, engine_info: dict) -> None:
         """`vllm:cache_config_info` (value 1; the settings as labels, vLLM's names) from the

@@ -64,6 +64,8 @@ class SamplingFields(_Strict):
     priority: int = Field(0, ge=-INT32, le=INT32)
     return_token_ids: bool = False
     user: Text | None = None
+    # prefill/decode disaggregation (server/disagg.py): which hop this request is
+    kv_transfer_params: dict[str, Any] | None = None
 
     def stop_strings(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -137,10 +139,15 @@ def cbbench_info(
     num_cached_tokens: int,
     num_draft_tokens: int = 0,
     num_accepted_tokens: int = 0,
+    prefill_time_s: float | None = None,
+    decode_time_s: float | None = None,
 ) -> dict[str, Any]:
     """The `cbbench` field of a final chunk or a non-streaming body: what the server saw
-    (speculative decoding: draft tokens the target scored for this request, and accepted)."""
+    (speculative decoding: draft tokens the target scored for this request, and accepted;
+    first scheduled -> first token, and first token -> finished, on the engine's clock)."""
     return {
+        "prefill_time_s": prefill_time_s,
+        "decode_time_s": decode_time_s,
         "queue_time_s": queue_time_s,
         "scheduler": scheduler,
         "num_preemptions": num_preemptions,

@@ -17,6 +17,7 @@ from typing import Any
 from cbbench.reference_engine.core.outputs import RequestMetrics, RequestOutput, TokenLogprob
 from cbbench.reference_engine.model.tokenizer import IncrementalDetokenizer
 from cbbench.reference_engine.server import protocol as P
+from cbbench.reference_engine.server.disagg import KVHop, decode_phases
 from cbbench.reference_engine.server.logprobs import (
     TokenText,
     chat_logprobs,
@@ -50,6 +51,8 @@ class Generation:
     metrics: RequestMetrics | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)  # when the request asked
     reasoning: ReasoningSplit | None = None  # --reasoning-parser: the output's split
+    hop: KVHop | None = None  # prefill/decode disaggregation: this request's hop
+    kv_transfer: Any = None  # a prefill hop's KVPayload, from its last output
     _scanned: int = 0  # stop strings were searched for in text[:_scanned]
 
     @property
@@ -61,6 +64,8 @@ class Generation:
         the engine is not: the caller aborts the engine request."""
         assert not self.finished, "output after the generation finished"
         self.metrics = out.metrics
+        if out.kv_transfer is not None:
+            self.kv_transfer = out.kv_transfer
         self.token_ids.extend(out.new_token_ids)
         if out.logprobs is not None:
             self.logprobs.extend(out.logprobs)
@@ -95,6 +100,15 @@ class Generation:
 
     def cbbench_field(self) -> dict:
         m = self.metrics
+        if self.hop is not None and self.hop.phases:  # a decode hop: the request's phases
+            phases = decode_phases(self.hop, m)
+            info = cbbench_info(
+                queue_time_s=phases.get("prefill_queue_s"),
+                scheduler=self.scheduler,
+                num_preemptions=m.num_preemptions if m is not None else 0,
+                num_cached_tokens=m.num_cached_tokens if m is not None else 0,
+            )
+            return {**info, "phases": phases}
         return cbbench_info(
             queue_time_s=m.queue_time if m is not None else None,
             scheduler=self.scheduler,
@@ -102,6 +116,8 @@ class Generation:
             num_cached_tokens=m.num_cached_tokens if m is not None else 0,
             num_draft_tokens=m.num_draft_tokens if m is not None else 0,
             num_accepted_tokens=m.num_accepted_tokens if m is not None else 0,
+            prefill_time_s=_span(m.first_scheduled_time, m.first_token_time) if m else None,
+            decode_time_s=_span(m.first_token_time, m.finished_time) if m else None,
         )
 
 
@@ -222,3 +238,7 @@ class ResponseShaper:
             "usage": self._usage(),
             "cbbench": gen.cbbench_field(),
         }
+
+
+def _span(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else b - a

@@ -168,7 +168,7 @@ def decode_step_time(cost: CostModel, n: int, sum_end: int, max_end: int) -> tup
             "c0": 1.0, "c_host": 1.0, "c_flops": flops, "c_bytes": nbytes, "c_tok": n,
             "c_sample": n, "c_seq": n, "c_prefill": 0, "c_dec_ctx": padded,
             "c_dec_in_place": 0, "c_dec_gathered": padded, "c_dec_calls": calls,
-            "c_pre_ctx": 0, "c_mixed": 0.0,
+            "c_pre_ctx": 0, "c_mixed": 0.0, "c_dec_kv": sum_end,
         }  # fmt: skip
         total = max(0.0, sum(c * float(feats[t]) for t, c in lin.items()))
         return total, min(total, lin.get("c_host", 0.0) + lin.get("c_seq", 0.0) * n)
@@ -176,6 +176,9 @@ def decode_step_time(cost: CostModel, n: int, sum_end: int, max_end: int) -> tup
     dense = max((flops - attn_flops - 0.0) / 1 / peak, (nbytes - kv_bytes - 0.0) / bw)
     attention = max(attn_flops / 1 / peak, kv_bytes / 1 / bw)
     host = hw.per_seq_overhead_s * n
+    if cost.tp > 1:  # CostModel._total_and_host's tensor-parallel arithmetic
+        return (dense / cost.tp + attention / cost.tp + cost.allreduce_s(n)
+                + hw.step_overhead_s + host), host  # fmt: skip
     return dense + attention + hw.step_overhead_s + host, host
 
 
@@ -218,7 +221,7 @@ def take_steps(
     bm = engine.block_manager
     bs = bm.block_size
     layout = cost.uses_layout
-    roofline = hw.linear is None and not hw.steps and not layout
+    roofline = hw.linear is None and not hw.steps and not layout and cost.tp == 1
     peak, bw = hw.peak_flops * hw.flops_efficiency, hw.mem_bw * hw.bw_efficiency
     apf, kvb, swb = cost.attn_flops_per_pair, cost.kv_bytes_per_token, cost.step_weight_bytes
     overhead, per_seq_s = hw.step_overhead_s, hw.per_seq_overhead_s

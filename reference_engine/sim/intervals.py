@@ -114,3 +114,41 @@ def run_errors(
         real = sum(times[i] / speed[min(rounds[i] // window, last)] for i in left)
         out.append(pred / real - 1.0)
     return out
+
+
+# What the project measured of spec-sheet roofline presets elsewhere: `cbbench sim` with each
+# GPU's spec sheet against real vLLM runs on two GPUs (Llama-3.1-8B, 300 ShareGPT requests at
+# ~10 req/s; issue #53's table). A preset nothing measured gets "error unknown", this said,
+# and its largest error as the band of `plan`'s verdicts.
+ELSEWHERE = ("spec-sheet presets measured elsewhere (vLLM, Llama-3.1-8B, two GPUs) were off "
+             "by TTFT +22 %/+32 %, TPOT +10 %/+24 %, E2E +13 %/+30 %")  # fmt: skip
+UNMEASURED_BAND = 0.32
+
+
+def measured_interval(fit: dict) -> Interval | None:
+    """A fit or preset that carries the error it was measured with (`measured_error`:
+    predicted / measured - 1 of TPOT and E2E means, say): real step time = simulated /
+    (1 + error), so the band is +- the largest such correction."""
+    err = fit.get("measured_error") or {}
+    vals = [float(v) for k, v in err.items() if k.endswith("_mean") and v is not None
+            and not k.startswith("ttft")]  # fmt: skip
+    if not vals:
+        return None
+    band = max(abs(1.0 / (1.0 + v) - 1.0) for v in vals)
+    return Interval(-band, band)
+
+
+def error_of(hw) -> tuple[Interval, str, str]:
+    """(interval, kind, words) for a hardware's figures: "fit" (a calibrate fit's residuals),
+    "measured" (the error it was measured with) or "unknown" (neither: ELSEWHERE's band)."""
+    fit = hw.fit or {}
+    iv = interval_for(fit, 1000) if hw.linear is not None else None
+    if iv is not None:
+        return iv, "fit", "the fit's prediction interval"
+    iv = measured_interval(fit)
+    if iv is not None:
+        where = fit.get("measured_on") or ", ".join(fit.get("runs", ())) or "its measurement"
+        return iv, "measured", f"+-{iv.high:.0%} from the error measured on {where}"
+    return (Interval(-UNMEASURED_BAND, UNMEASURED_BAND), "unknown",
+            f"error unknown for {hw.name} (never measured against a real run); {ELSEWHERE}: "
+            f"intervals use +-{UNMEASURED_BAND:.0%}")  # fmt: skip

@@ -43,7 +43,7 @@ def quiet_until(engine: LLMEngine, seqs: list[Sequence]) -> float | None:
     sum_end, max_end = sum(c0) + n, max(c0) + 1
     t = ex.clock  # type: ignore[attr-defined]
     hw = cost.hardware
-    if hw.linear is None and not hw.steps and priced is None:  # take_steps' inlined roofline
+    if hw.linear is None and not hw.steps and priced is None and cost.tp == 1:  # inlined
         peak, bw = hw.peak_flops * hw.flops_efficiency, hw.mem_bw * hw.bw_efficiency
         apf, kvb, swb = cost.attn_flops_per_pair, cost.kv_bytes_per_token, cost.step_weight_bytes
         overhead, host = hw.step_overhead_s, hw.per_seq_overhead_s * n

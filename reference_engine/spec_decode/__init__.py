@@ -38,7 +38,8 @@ def make_proposer(config: EngineConfig, executor, max_model_len: int) -> Propose
             assert spec.model is not None
             mc = resolve_model_config(spec.model)
             dtype = mc.torch_dtype if config.dtype == "auto" else config.dtype
-            draft_cost = CostModel(mc, get_hardware(config.hardware), dtype)
+            draft_cost = CostModel(mc, get_hardware(config.hardware), dtype,
+                                   tensor_parallel=config.tensor_parallel_size)  # fmt: skip
         return SimProposer(executor, spec.acceptance_rate, draft_cost, config.seed)
     if spec.method == "ngram":
         from cbbench.reference_engine.spec_decode.proposer_ngram import NgramProposer

@@ -1,0 +1,266 @@
+"""`cbbench calibrate --from-run`: fit the simulator to any server from bench run folders
+(reference_engine/sim/run_fit.py does the fit), check it on other runs, print and save.
+
+A run gives, per successful request: its send time, TTFT, E2E, prompt and output tokens;
+run.json's `target.server_settings` (what bench read from the server) gives the batching
+settings, which `--server-config KEY=VALUE,...` completes or overrides.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from cbbench.harness.errors import CbbenchError
+from cbbench.harness.results.run_folder import load_run
+from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.execution.cost_model import HardwareSpec
+from cbbench.reference_engine.model.config import resolve_model_config
+from cbbench.reference_engine.sim.run_fit import (
+    METRICS,
+    RUN_TERMS,
+    SETTINGS,
+    Observed,
+    ObservedRun,
+    Predicted,
+    RunFit,
+    _errors,
+    fit_runs,
+    simulate_run,
+)
+from rich.console import Console
+from rich.table import Table
+
+_INTS = {"max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks", "max_model_len",
+         "tensor_parallel_size"}  # fmt: skip
+
+
+def parse_server_config(text: str | None) -> dict:
+    """'max_num_seqs=16,enable_chunked_prefill=true' -> settings (names: run_fit.SETTINGS)."""
+    out: dict = {}
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        key, eq, value = part.partition("=")
+        key, value = key.strip().replace("-", "_"), value.strip()
+        if not eq or key not in SETTINGS:
+            raise CbbenchError(f"--server-config: {part.strip()!r} is not KEY=VALUE with KEY one "
+                               f"of {', '.join(SETTINGS)}")  # fmt: skip
+        if key in _INTS:
+            try:
+                out[key] = int(value)
+            except ValueError:
+                raise CbbenchError(f"--server-config: {key} wants an integer, got {value!r}") from None
+        elif value.lower() in ("true", "on", "1", "false", "off", "0"):
+            out[key] = value.lower() in ("true", "on", "1")
+        else:
+            raise CbbenchError(f"--server-config: {key} wants true or false, got {value!r}")
+    return out
+
+
+def observed(path: str, use_itl: bool = True) -> tuple[ObservedRun, dict, str | None]:
+    """A run folder's successful measured requests, its recorded server settings and model."""
+    run = load_run(path)
+    reqs, preempt = [], 0
+    for r in run.records:
+        if r.warmup or not r.ok or r.sent_s is None or r.ttft_s is None or r.e2e_s is None:
+            continue
+        out = r.output_tokens_server or r.output_tokens_client
+        prompt = r.prompt_tokens_server or r.prompt_tokens_client or r.prompt_len
+        if not out:
+            continue
+        st = r.extra.get("server_timing") or {}
+        server_ttft = None
+        if st.get("queue_s") is not None and st.get("prefill_s") is not None:
+            server_ttft = st["queue_s"] + st["prefill_s"]
+        itl = tuple(r.itl_s) if use_itl and len(r.itl_s) == int(out) - 1 else ()
+        reqs.append(Observed(r.sent_s, int(prompt), int(out), r.ttft_s, r.e2e_s, server_ttft, itl))
+        preempt += int(r.extra.get("num_preemptions") or 0)
+    if len(reqs) < 4:
+        raise CbbenchError(f"{path}: {len(reqs)} streamed successful requests; the fit needs "
+                           "at least 4 (streaming: bench without --no-stream)")  # fmt: skip
+    t0 = min(r.sent_s for r in reqs)
+    reqs = [replace(r, sent_s=r.sent_s - t0) for r in reqs]
+    target = run.meta.get("target") or {}
+    said = any("num_preemptions" in r.extra for r in run.records)
+    root = (target.get("engine") or {}).get("root")
+    # the server's /metrics series: preemptions and requests running over the run
+    series = [s for s in run.timeseries if s.get("source") == "server"]
+    total = [s["preemptions_total"] for s in series if s.get("preemptions_total") is not None]
+    if total:
+        preempt, said = int(max(total) - min(total)), True
+    running = [s["running"] for s in series if s.get("running") is not None]
+    return (ObservedRun(run.name, reqs, preempt if said else None,
+                        sum(running) / len(running) if running else None),
+            dict(target.get("server_settings") or {}), root)  # fmt: skip
+
+
+@dataclass
+class RunCalibration:
+    runs: list[ObservedRun]
+    settings: dict
+    model: str
+    fit: RunFit
+    spec: object  # HardwareSpec
+    checks: list[tuple[str, dict, dict]] = field(default_factory=list)  # name, errors, means
+
+
+def calibrate_from_runs(paths: list[str], server_config: str | None, model: str | None,
+                        dtype: str, name: str | None, holdout: float,
+                        check_paths: list[str], log=print,
+                        server_ttft: bool = False) -> RunCalibration:  # fmt: skip
+    loaded = [observed(p) for p in paths]
+    runs = [r for r, _, _ in loaded]
+    flags = parse_server_config(server_config)
+    recorded = [s for _, s, _ in loaded]
+    for p, s in zip(paths[1:], recorded[1:], strict=True):
+        differ = sorted(k for k in set(s) & set(recorded[0]) if s[k] != recorded[0][k]
+                        and k not in flags)  # fmt: skip
+        if differ:
+            raise CbbenchError(f"{p}: the server's {', '.join(differ)} differ from "
+                               f"{paths[0]}'s: fit runs of one server configuration")  # fmt: skip
+    settings = {**recorded[0], **flags}
+    model = model or loaded[0][2]
+    if not model:
+        raise CbbenchError("--from-run: the run does not name its model; pass --model "
+                           "(a preset, an HF folder or its config.json)")  # fmt: skip
+    try:
+        resolve_model_config(model)
+    except EngineError as exc:
+        raise CbbenchError(f"--model {model}: {exc} (pass --model with the served model's "
+                           "preset, HF folder or config.json)") from None  # fmt: skip
+    n = sum(len(r.requests) for r in runs)
+    log(f"fitting the step model to {n} requests of {len(runs)} run(s); server settings: "
+        + ", ".join(f"{k}={v}" for k, v in sorted(settings.items())) + f"; holding back the "
+        f"last {holdout:.0%} of each run's requests")  # fmt: skip
+    fit = fit_runs(runs, model, dtype, settings, holdout, log=log, server_ttft=server_ttft)
+    spec = hardware_from_fit(fit, name or f"fit-{Path(paths[0]).name}", model, dtype, settings,
+                             [str(p) for p in paths], holdout)  # fmt: skip
+    out = RunCalibration(runs, settings, model, fit, spec)
+    for p in check_paths:
+        run, _, _ = observed(p)
+        pred, _, _ = simulate_run(run, model, dtype, settings, fit.coef)
+        err = _errors([run], [pred], [[True] * len(run.requests)], None)
+        means = {m: (_mean([getattr(r, f"{m}_s") for r in run.requests]),
+                     _mean(getattr(pred, f"{m}_s"))) for m in METRICS}  # fmt: skip
+        out.checks.append((p, err, means))
+    spec.fit["checks"] = [{"run": p, "errors": e} for p, e, _ in out.checks]
+    return out
+
+
+def check_runs(paths: list[str], hardware: str, server_config: str | None, model: str | None,
+               dtype: str, console: Console) -> None:  # fmt: skip
+    """Predict each run with any hardware (a preset, a calibrate or --from-run JSON) and print
+    the error of the means and p99s: how far a spec-sheet preset or an old fit is off."""
+    from cbbench.reference_engine.execution.cost_model import get_hardware
+    from cbbench.reference_engine.sim.run_fit import engine_config
+    from cbbench.reference_engine.sim.simulate import simulate
+    from cbbench.workloads.spec import RequestSpec
+
+    hw = get_hardware(hardware)
+    c_req = (hw.fit or {}).get("request_overhead_s", 0.0)
+    t = Table(title=f"runs predicted on {hw.name} (relative error of the simulated figure)")
+    for col in ("run", *(f"{m.upper()} {s}" for m in METRICS for s in ("mean", "p99"))):
+        t.add_column(col, justify="right")
+    for p in paths:
+        run, recorded, root = observed(p)
+        settings = {**recorded, **parse_server_config(server_config)}
+        m = model or (hw.fit or {}).get("model") or root
+        if not m:
+            raise CbbenchError(f"{p}: the run does not name its model; pass --model")
+        reqs = [RequestSpec(i, max(1, r.prompt_len), max(1, r.output_len), arrival_s=r.sent_s + c_req)
+                for i, r in enumerate(run.requests)]  # fmt: skip
+        try:
+            res = simulate(reqs, engine_config(m, dtype, settings, hardware, reqs))
+        except EngineError as exc:
+            raise CbbenchError(f"{p}: {exc}") from None
+        pred = Predicted([r.ttft_s + c_req for r in res.requests],
+                         [r.e2e_s + c_req for r in res.requests],
+                         [r.tpot_s for r in res.requests], 0, 0, 0)  # fmt: skip
+        err = _errors([run], [pred], [[True] * len(run.requests)], None)
+        t.add_row(Path(p).name, *(_pct(err.get(f"{m}_{s}")) for m in METRICS
+                                  for s in ("mean", "p99")))  # fmt: skip
+    console.print(t)
+
+
+def _mean(vals) -> float:
+    v = [x for x in vals if x is not None]
+    return sum(v) / len(v) if v else float("nan")
+
+
+def print_calibration(c: RunCalibration, console: Console) -> None:
+    units = {"c0": "ms per step", "c_tok": "us per batched token", "c_seq": "us per sequence",
+             "c_prefill": "ms per prefill chunk", "c_dec_kv": "ns per decode context token",
+             "c_pre_ctx": "ns per prefill (query x context) pair",
+             "c_req": "ms per request outside the steps (HTTP, network)"}  # fmt: skip
+    scale = {"ms": 1e3, "us": 1e6, "ns": 1e9}
+    t = Table(title=f"step model fitted from {len(c.runs)} run(s) ({c.spec.name})")
+    for col in ("term", "value", "unit", "identified by these runs"):
+        t.add_column(col)
+    for term in (*RUN_TERMS, "c_req"):
+        unit = units[term]
+        v = c.fit.coef.get(term, 0.0) * scale[unit[:2]]
+        t.add_row(term, f"{v:.4g}", unit, c.fit.identified.get(term, "-"))
+    console.print(t)
+    e = Table(title="predicted vs measured (relative error of the simulated figure)")
+    e.add_column("requests")
+    for m in METRICS:
+        e.add_column(f"{m.upper()} mean", justify="right")
+        e.add_column(f"{m.upper()} p99", justify="right")
+    rows = [("fit part", c.fit.errors["fit"]), ("held back", c.fit.errors.get("held_back") or {}),
+            ("all", c.fit.errors["all"])]  # fmt: skip
+    rows += [(f"check: {Path(p).name}", err) for p, err, _ in c.checks]
+    for label, err in rows:
+        e.add_row(label, *(_pct(err.get(f"{m}_{s}")) for m in METRICS for s in ("mean", "p99")))
+    console.print(e)
+    for p, _, means in c.checks:
+        console.print(f"  {Path(p).name}: " + ", ".join(
+            f"{m.upper()} mean measured {mv * 1e3:.1f} ms, predicted {pv * 1e3:.1f} ms"
+            for m, (mv, pv) in means.items()), highlight=False, soft_wrap=True)  # fmt: skip
+    for run, pred in zip(c.runs, c.fit.predicted, strict=True):
+        if run.running_mean is not None:  # the reconstructed batching against the server's
+            console.print(f"  {run.name}: requests running, mean: {run.running_mean:.2f} by the "
+                          f"server's /metrics, {pred.running_mean:.2f} simulated; preemptions: "
+                          f"{run.num_preemptions}, {pred.num_preemptions} simulated",
+                          highlight=False, soft_wrap=True)  # fmt: skip
+    for note in c.fit.notes:
+        console.print(f"not identified: {note}", highlight=False, soft_wrap=True)
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:+.1%}"
+
+
+def save(c: RunCalibration, out: Path, console: Console) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(c.spec.to_dict(), indent=2) + "\n", encoding="utf-8")
+    console.print(f"saved {out}: use `cbbench sim --hardware {out} --model {c.model}` or "
+                  f"`cbbench plan --hardware {out}`")  # fmt: skip
+
+
+def hardware_from_fit(fit: RunFit, name: str, model: str, dtype: str, settings: dict,
+                      sources: list[str], holdout: float, mem_gb: float = 80.0) -> HardwareSpec:  # fmt: skip
+    """The fit as a hardware JSON for `sim` / `plan --hardware`: its coefficients, the
+    server settings it was fitted under, and its measured error (held-back requests)."""
+    linear = {t: fit.coef.get(t, 0.0) for t in RUN_TERMS}
+    measured = fit.errors.get("held_back") or fit.errors.get("all") or {}
+    if settings.get("num_kv_blocks"):  # memory sized so the simulated pool is the server's
+        from cbbench.reference_engine.execution.cost_model import CostModel
+
+        cost = CostModel(resolve_model_config(model, shape_only=True),
+                         HardwareSpec("x", 1.0, 1.0, 1.0), dtype)  # fmt: skip
+        pool = settings["num_kv_blocks"] * settings.get("block_size", 16) * cost.kv_bytes_per_token
+        mem_gb = (cost.device_weight_bytes + pool) / 1e9 + 1e-6
+    return HardwareSpec(
+        name, peak_flops=1.0, mem_bw=1.0, mem_gb=mem_gb, flops_efficiency=1.0,
+        bw_efficiency=1.0, gpu_memory_utilization=1.0, linear=linear,
+        fit={
+            "method": "from-run", "model": model, "dtype": dtype, "runs": sources,
+            "tensor_parallel_size": int(settings.get("tensor_parallel_size") or 1),
+            "server_settings": settings, "holdout": holdout,
+            "request_overhead_s": fit.coef.get("c_req", 0.0),
+            "errors": fit.errors, "measured_error": measured,
+            "identified": fit.identified, "notes": fit.notes,
+        },
+    )  # fmt: skip

@@ -1,0 +1,399 @@
+"""Fitting the simulator's step-time model to a server it does not control, from what a
+benchmark run saw of each request: when it was sent, its first and last token times and its
+prompt and output token counts.
+
+The server's batching is not visible from outside, so the simulator replays the run's
+arrivals with the server's batching settings (max_num_seqs, token budget, chunked prefill,
+KV blocks) and reconstructs it. Then, a few rounds of:
+
+1. simulate the runs with the current coefficients, recording every step's chunks;
+2. per request, two equations linear in the coefficients: its decode time (first -> last
+   token) is the sum of the features (RUN_TERMS) of the steps between its first and last
+   token, and its TTFT is a per-request overhead (`c_req`: HTTP, tokenizing, the network)
+   plus the rest of the step in progress when it arrived and every step up to its first
+   token; decode rows divided by (output - 1) (TPOT), each group scaled by its mean;
+3. non-negative least squares over the requests of the fit part, damped towards the last
+   coefficients; keep the round whose simulation matched the fit part best.
+
+The fit part is the requests sent in the first (1 - holdout) of each run; the rest is held
+back: the error on it is the fit's measured error (what `plan` / `sim` intervals use).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from cbbench.reference_engine.config.engine_config import ContinuousConfig, EngineConfig
+from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.execution.cost_model import HardwareSpec, StepWork, nnls
+from cbbench.workloads.spec import RequestSpec
+
+# what a black-box fit can see: per step, batched token, sequence, decode context token,
+# prefill (query x context) pair; the server's settings it replays the runs with
+RUN_TERMS = ("c0", "c_tok", "c_seq", "c_dec_kv", "c_pre_ctx")
+METRICS = ("ttft", "tpot", "e2e")
+SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "block_size",
+            "num_kv_blocks", "enable_prefix_caching", "max_model_len",
+            "tensor_parallel_size")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Observed:  # one measured request: times in seconds from the run's start
+    sent_s: float
+    prompt_len: int
+    output_len: int  # tokens it got
+    ttft_s: float
+    e2e_s: float
+    # where the run has them: the server's own TTFT (queue + prefill: arrival at the engine ->
+    # first token) and the client's gaps between tokens
+    server_ttft_s: float | None = None
+    itl_s: tuple[float, ...] = ()
+
+    @property
+    def tpot_s(self) -> float | None:
+        n = self.output_len
+        return (self.e2e_s - self.ttft_s) / (n - 1) if n > 1 else None
+
+
+@dataclass
+class ObservedRun:  # one run's measured requests, and what the server's series said
+    name: str
+    requests: list[Observed]
+    num_preemptions: int | None = None  # what the server said, if anything
+    running_mean: float | None = None  # the server's running-requests series, if sampled
+
+
+@dataclass
+class Predicted:  # the simulation of one run: per request (the run's order), then totals
+    ttft_s: list[float]
+    e2e_s: list[float]
+    tpot_s: list[float | None]
+    num_preemptions: int
+    max_running: int
+    budget_bound_steps: int  # steps that used the whole token budget
+    running_mean: float = 0.0  # requests running, averaged over the run's time
+
+
+@dataclass
+class RunFit:
+    coef: dict[str, float]  # RUN_TERMS and c_req
+    predicted: list[Predicted]
+    errors: dict[str, dict[str, float]]  # "fit" / "held_back" / "all" -> metric_stat -> rel err
+    rounds: list[dict] = field(default_factory=list)  # per round: coef, fit-part error
+    identified: dict[str, str] = field(default_factory=dict)  # term -> verdict
+    notes: list[str] = field(default_factory=list)  # what the runs cannot tell
+
+
+def fit_part(run: ObservedRun, holdout: float) -> list[bool]:
+    """Per request: in the fit part (sent in the first 1 - holdout of the run's sends)."""
+    order = sorted(range(len(run.requests)), key=lambda i: run.requests[i].sent_s)
+    k = max(1, round(len(order) * (1.0 - holdout)))
+    keep = set(order[:k])
+    return [i in keep for i in range(len(run.requests))]
+
+
+class _StepLog:
+    """Wraps a SimExecutor's `run`: every step's (start, end, work, [(request, samples)])."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[float, float, StepWork, list[tuple[str, bool]]]] = []
+
+    def __call__(self, ex, engine):
+        inner = ex.run
+
+        def run(step):
+            t0 = ex.clock
+            out = inner(step)
+            work = ex.cost_model.work((start, n + len(spec), s) for _, start, n, spec, s, _ in step)
+            self.steps.append((t0, ex.clock, work, [(rid, s) for rid, _, _, _, s, _ in step]))
+            return out
+
+        ex.run = run
+        return ex
+
+
+def simulate_run(
+    run: ObservedRun, model: str, dtype: str, settings: dict, coef: dict[str, float]
+) -> tuple[Predicted, _StepLog, list]:
+    """Replay the run's sends (shifted by c_req) with `coef` as the step model."""
+    from cbbench.reference_engine.sim.simulate import simulate
+
+    c_req = coef.get("c_req", 0.0)
+    reqs = [RequestSpec(i, max(1, r.prompt_len), max(1, r.output_len), arrival_s=r.sent_s + c_req)
+            for i, r in enumerate(run.requests)]  # fmt: skip
+    log = _StepLog()
+    spec = HardwareSpec("run-fit", 1.0, 1.0, 1e6, flops_efficiency=1.0, bw_efficiency=1.0,
+                        linear={t: coef.get(t, 0.0) for t in RUN_TERMS},
+                        fit={"tensor_parallel_size": int(settings.get("tensor_parallel_size") or 1)})  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        hw = Path(tmp) / "hw.json"
+        hw.write_text(json.dumps(spec.to_dict()), encoding="utf-8")
+        res = simulate(reqs, engine_config(model, dtype, settings, str(hw), reqs),
+                       wrap_executor=log)  # fmt: skip
+    pred = Predicted(
+        ttft_s=[r.ttft_s + c_req for r in res.requests],
+        e2e_s=[r.e2e_s + c_req for r in res.requests],
+        tpot_s=[r.tpot_s for r in res.requests],
+        num_preemptions=sum(r.num_preemptions for r in res.requests),
+        max_running=max((s.num_running for s in res.steps), default=0),
+        budget_bound_steps=sum(
+            s.num_batched_tokens >= settings.get("max_num_batched_tokens", 1 << 30)
+            for s in res.steps
+        ),
+        running_mean=sum(s.num_running * (s.end_s - s.start_s) for s in res.steps)
+        / max(res.duration_s, 1e-12),
+    )
+    return pred, log, res.requests
+
+
+def engine_config(model: str, dtype: str, settings: dict, hardware: str,
+                  reqs: list[RequestSpec]) -> EngineConfig:  # fmt: skip
+    """The simulated server: continuous batching with the run's settings (vLLM's defaults
+    where a setting is unknown: 256 sequences, chunked prefill with 2,048 tokens a step)."""
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        raise EngineError(f"server settings: unknown {unknown} (known: {', '.join(SETTINGS)})")
+    longest = max(r.prompt_len + r.output_len for r in reqs)
+    max_len = int(settings.get("max_model_len") or max(longest, 2))
+    budget = int(settings.get("max_num_batched_tokens") or 2048)
+    chunked = bool(settings.get("enable_chunked_prefill", True))
+    bs = int(settings.get("block_size") or 16)
+    seqs = int(settings.get("max_num_seqs") or 256)
+    blocks = settings.get("num_kv_blocks")
+    if blocks is None:  # unknown: never the bottleneck (and said so)
+        blocks = seqs * -(-max_len // bs) + 1
+    return EngineConfig(
+        model=model, dtype=dtype, scheduler="continuous", executor="sim", hardware=hardware,
+        continuous=ContinuousConfig(max_num_seqs=seqs, max_num_batched_tokens=budget,
+                                    enable_chunked_prefill=chunked),
+        block_size=bs, num_kv_blocks=int(blocks), max_model_len=max(max_len, longest),
+        enable_prefix_caching=bool(settings.get("enable_prefix_caching", False)),
+        tensor_parallel_size=int(settings.get("tensor_parallel_size") or 1),
+    )  # fmt: skip
+
+
+def _rows(run: ObservedRun, log: _StepLog, sim_reqs: list, use: list[bool], c_req: float | None):
+    """Row groups (rows, targets) for the requests in `use`: TTFT, TPOT and, where the run
+    has token times, each gap between tokens; a row: RUN_TERMS features summed over the
+    steps the measured span covers, then c_req's column. With the server's own TTFT
+    (`c_req` given: measured), the TTFT rows are the server's, without that column."""
+    feats = np.array([w.features(RUN_TERMS) for _, _, w, _ in log.steps])
+    starts = np.array([s for s, _, _, _ in log.steps])
+    ends = np.array([e for _, e, _, _ in log.steps])
+    samples: dict[str, list[int]] = {}
+    for j, (_, _, _, items) in enumerate(log.steps):
+        for rid, s in items:
+            if s:
+                samples.setdefault(rid, []).append(j)
+    csum = np.vstack([np.zeros(len(RUN_TERMS)), np.cumsum(feats, axis=0)])
+    t_rows, t_y, d_rows, d_y, g_rows, g_y = [], [], [], [], [], []
+    for i, (obs, sim) in enumerate(zip(run.requests, sim_reqs, strict=True)):
+        js = samples.get(sim.request_id, [])
+        if not use[i] or not js:
+            continue
+        first, last = js[0], js[-1]
+        # the step in progress at arrival: its remaining share; then every later step
+        k = int(np.searchsorted(ends, sim.arrival_s, side="right"))
+        row = csum[first + 1] - csum[min(k + 1, first + 1)]
+        if k <= first:
+            span = ends[k] - starts[k]
+            share = (ends[k] - max(sim.arrival_s, starts[k])) / span if span > 0 else 1.0
+            row = row + share * feats[k]
+        if c_req is not None and obs.server_ttft_s is not None:
+            t_rows.append(np.append(row, 0.0))
+            t_y.append(obs.server_ttft_s)
+        elif c_req is None:
+            t_rows.append(np.append(row, 1.0))
+            t_y.append(obs.ttft_s)
+        n = obs.output_len
+        if n > 1 and last > first:
+            d_rows.append(np.append((csum[last + 1] - csum[first + 1]) / (n - 1), 0.0))
+            d_y.append((obs.e2e_s - obs.ttft_s) / (n - 1))
+        if len(obs.itl_s) == len(js) - 1:  # one gap per token after the first
+            for k, gap in enumerate(obs.itl_s, 1):
+                g_rows.append(np.append(csum[js[k] + 1] - csum[js[k - 1] + 1], 0.0))
+                g_y.append(gap)
+    return t_rows, t_y, d_rows, d_y, g_rows, g_y
+
+
+def _solve(rows: list, ys: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """NNLS over the stacked groups, each scaled by its mean target and its size; columns
+    normalised. Returns (coefficients, scaled A, scaled b)."""
+    blocks_a, blocks_b = [], []
+    for r, y in zip(rows, ys, strict=True):
+        if not r:
+            continue
+        a, b = np.array(r), np.array(y)
+        scale = 1.0 / (max(float(b.mean()), 1e-9) * np.sqrt(len(b)))
+        blocks_a.append(a * scale)
+        blocks_b.append(b * scale)
+    A, b = np.vstack(blocks_a), np.concatenate(blocks_b)
+    norm = np.maximum(np.abs(A).max(axis=0), 1e-300)
+    x = nnls(A / norm, b) / norm
+    return x, A, b
+
+
+def _errors(runs: list[ObservedRun], preds: list[Predicted], parts: list[list[bool]],
+            which: bool | None) -> dict[str, float]:  # fmt: skip
+    """Relative errors (predicted / measured - 1) of the means and p99s of TTFT, TPOT and
+    E2E over the requests of every run whose part flag is `which` (None: all)."""
+    meas: dict[str, list[float]] = {m: [] for m in METRICS}
+    pred: dict[str, list[float]] = {m: [] for m in METRICS}
+    for run, p, part in zip(runs, preds, parts, strict=True):
+        for i, r in enumerate(run.requests):
+            if which is not None and part[i] != which:
+                continue
+            for m, mv, pv in (("ttft", r.ttft_s, p.ttft_s[i]), ("tpot", r.tpot_s, p.tpot_s[i]),
+                              ("e2e", r.e2e_s, p.e2e_s[i])):  # fmt: skip
+                if mv is not None and pv is not None:
+                    meas[m].append(mv)
+                    pred[m].append(pv)
+    out: dict[str, float] = {}
+    for m in METRICS:
+        if len(meas[m]) < 2:
+            continue
+        out[f"{m}_mean"] = float(np.mean(pred[m]) / np.mean(meas[m]) - 1.0)
+        out[f"{m}_p99"] = float(np.percentile(pred[m], 99) / np.percentile(meas[m], 99) - 1.0)
+    return out
+
+
+def _score(err: dict[str, float]) -> float:
+    """What the best round minimises: the means' errors, and half the p99s'."""
+    return sum(abs(err.get(f"{m}_mean", 0.0)) + 0.5 * abs(err.get(f"{m}_p99", 0.0))
+               for m in METRICS)  # fmt: skip
+
+
+def initial_coef(runs: list[ObservedRun]) -> dict[str, float]:
+    """A start: every step the median TPOT, prefill tokens priced from the quickest TTFTs."""
+    reqs = [r for run in runs for r in run.requests]
+    step = float(np.median([r.tpot_s for r in reqs if r.tpot_s] or [0.01]))
+    per_tok = [max(0.0, r.ttft_s - step) / max(r.prompt_len, 1) for r in reqs]
+    return {"c0": step, "c_tok": float(np.percentile(per_tok, 10))}
+
+
+def fit_runs(
+    runs: list[ObservedRun],
+    model: str,
+    dtype: str,
+    settings: dict,
+    holdout: float = 0.5,
+    rounds: int = 12,
+    damping: float = 0.5,
+    log: Callable[[str], None] | None = None,
+    server_ttft: bool = False,
+) -> RunFit:
+    """Fit RUN_TERMS (and c_req) to `runs` served with `settings` (see the module doc).
+    `server_ttft`: fit the TTFT rows to the server's own TTFT where the runs carry it, and
+    take c_req as the mean of what lies outside it (client TTFT less the server's). Off by
+    default: where the server's front end shares the machine with its engine, that outside
+    part grows with load, and the client's TTFT is what is predicted."""
+    if not runs or not any(r.requests for r in runs):
+        raise EngineError("calibration from runs: no successful requests to fit")
+    if not 0.0 <= holdout < 1.0:
+        raise EngineError(f"holdout must be in [0, 1), got {holdout}")
+    parts = [fit_part(r, holdout) for r in runs]
+    coef = initial_coef(runs)
+    # the server's own TTFT: what lies outside its steps (HTTP, network) is measured
+    outside = [r.ttft_s - r.server_ttft_s for run, part in zip(runs, parts, strict=True)
+               for r, p in zip(run.requests, part, strict=True)
+               if p and r.server_ttft_s is not None]  # fmt: skip
+    c_req = max(0.0, float(np.mean(outside))) if server_ttft and len(outside) >= 2 else None
+    if c_req is not None:
+        coef["c_req"] = c_req
+    best: tuple[float, dict, list[Predicted]] | None = None
+    history: list[dict] = []
+    last_a = last_b = None
+    for k in range(rounds):
+        sims = [simulate_run(r, model, dtype, settings, coef) for r in runs]
+        preds = [p for p, _, _ in sims]
+        err = _errors(runs, preds, parts, True)
+        history.append({"round": k, "coef": dict(coef), "fit_error": err})
+        if log:
+            log(f"  round {k + 1}: " + ", ".join(f"{m} mean {err.get(m + '_mean', 0):+.1%}"
+                                                for m in METRICS))  # fmt: skip
+        if best is None or _score(err) < best[0]:
+            best = (_score(err), dict(coef), preds)
+        groups: list[list] = [[] for _ in range(6)]
+        for r, (_, slog, sreqs), part in zip(runs, sims, parts, strict=True):
+            for g, vals in zip(groups, _rows(r, slog, sreqs, part, c_req), strict=True):
+                g.extend(vals)
+        if not groups[2] and not groups[0]:
+            raise EngineError("calibration from runs: no request of the fit part got a token")
+        x, last_a, last_b = _solve(groups[0::2], groups[1::2])
+        if c_req is not None:
+            x[-1] = c_req
+        new = dict(zip((*RUN_TERMS, "c_req"), map(float, x), strict=True))
+        moved = max(abs(new[t] - coef.get(t, 0.0)) / max(abs(new[t]), 1e-12) for t in new)
+        coef = {t: (1 - damping) * new[t] + damping * coef.get(t, 0.0) for t in new}
+        if moved < 0.01:
+            break
+    assert best is not None
+    _, coef, preds = best
+    fit = RunFit(coef, preds, {
+        "fit": _errors(runs, preds, parts, True),
+        "held_back": _errors(runs, preds, parts, False) if holdout > 0 else {},
+        "all": _errors(runs, preds, parts, None),
+    }, history)  # fmt: skip
+    if last_a is not None:
+        fit.identified = identifiability(last_a, last_b, coef)
+    if c_req is not None:
+        fit.identified["c_req"] = "measured (client TTFT less the server's own)"
+    fit.notes = what_runs_cannot_tell(runs, preds, settings)
+    return fit
+
+
+def identifiability(A: np.ndarray, b: np.ndarray, coef: dict[str, float]) -> dict[str, str]:
+    """Per term: 'not exercised' (its feature was zero throughout), 'poorly identified' (its
+    standard error over half its value, or it sits at 0 with others able to absorb it) or
+    'identified (+-X %)'."""
+    names = (*RUN_TERMS, "c_req")
+    x = np.array([coef.get(t, 0.0) for t in names])
+    resid = b - A @ x
+    dof = max(1, len(b) - int((x > 0).sum()))
+    sigma2 = float(resid @ resid) / dof
+    out: dict[str, str] = {}
+    active = x > 0
+    cov = None
+    if active.any():
+        As = A[:, active]
+        try:
+            cov = np.linalg.pinv(As.T @ As) * sigma2
+        except np.linalg.LinAlgError:
+            cov = None
+    idx = {j: i for i, j in enumerate(np.flatnonzero(active))}
+    for j, t in enumerate(names):
+        if not np.any(A[:, j]):
+            out[t] = "not exercised"
+        elif not active[j]:
+            out[t] = "0 (the fit wants none)"
+        elif cov is None:
+            out[t] = "poorly identified"
+        else:
+            rel = float(np.sqrt(max(cov[idx[j], idx[j]], 0.0))) / x[j]
+            out[t] = f"identified (+-{rel:.0%})" if rel < 0.5 else f"poorly identified (+-{rel:.0%})"
+    return out
+
+
+def what_runs_cannot_tell(runs: list[ObservedRun], preds: list[Predicted],
+                          settings: dict) -> list[str]:  # fmt: skip
+    """The settings a black-box fit takes on trust, when the runs do not exercise them."""
+    notes = []
+    said = [r.num_preemptions for r in runs if r.num_preemptions is not None]
+    if not any(p.num_preemptions for p in preds) and not any(said):
+        src = "the server's settings" if settings.get("num_kv_blocks") else "nowhere (unknown)"
+        notes.append("KV capacity: the runs never preempted, so they cannot tell how many KV "
+                     f"blocks the server has; taken from {src}")  # fmt: skip
+    seqs = settings.get("max_num_seqs")
+    top = max((p.max_running for p in preds), default=0)
+    if seqs is None or top < seqs:
+        notes.append(f"max_num_seqs: at most {top} requests ran at once, so the runs cannot "
+                     f"tell the limit ({'unknown' if seqs is None else seqs} assumed)")  # fmt: skip
+    if not any(p.budget_bound_steps for p in preds):
+        notes.append("token budget: no step filled max_num_batched_tokens, so the runs "
+                     "cannot tell it or how chunked prefill splits prompts")  # fmt: skip
+    return notes

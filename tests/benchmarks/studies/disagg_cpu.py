@@ -1,0 +1,210 @@
+"""Aggregated vs disaggregated on this CPU, measured and simulated (docs/disaggregation.md).
+
+The same trace (decode streams with long prompts arriving among them) against two
+deployments of the same CPU budget, two one-thread engines each: `cbbench serve --replicas 2`
+(least-outstanding router) and `cbbench serve --prefill-replicas 1 --decode-replicas 1`;
+then both replayed in the simulator (`router/pd_sim.py`, hardware cpu-measured, the
+loopback link). Runs alternate (A, D, A, D, ...) so a neighbour's load on a shared machine
+hits both. Prints one table: ITL p99, TTFT p50, TPOT p50 per run, their medians, and the
+simulator's figures with their error against the measured medians.
+
+    python -m tests.benchmarks.studies.disagg_cpu --repeats 2 --out /tmp/disagg
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+from cbbench.harness.load.runner import BenchConfig, run_bench
+from cbbench.harness.servers.launcher import start_server
+from cbbench.reference_engine.config.options import SIM_DEFAULTS, build_engine_config
+from cbbench.reference_engine.execution.kv_link import get_link
+from cbbench.reference_engine.router.pd_sim import simulate_pd
+from cbbench.workloads.spec import RequestSpec, Workload
+from rich.console import Console
+
+MODEL = "small"
+DEPLOYMENTS = {
+    "aggregated": ["--replicas", "2"],
+    "disaggregated": ["--prefill-replicas", "1", "--decode-replicas", "1"],
+}
+
+
+def trace(duration_s: float, stream_every_s: float, long_every_s: float, long_len: int,
+          stream_out: int) -> Workload:  # fmt: skip
+    """Decode streams (32-token prompts, `stream_out` tokens) every `stream_every_s`, and a
+    long prompt (`long_len` tokens, 4 out) every `long_every_s`, offset by half a period."""
+    reqs: list[tuple[float, int, int]] = []
+    t = 0.0
+    while t < duration_s:
+        reqs.append((t, 32, stream_out))
+        t += stream_every_s
+    t = long_every_s / 2
+    while t < duration_s:
+        reqs.append((t, long_len, 4))
+        t += long_every_s
+    reqs.sort()
+    specs = tuple(RequestSpec(i, p, o, arrival_s=a) for i, (a, p, o) in enumerate(reqs))
+    return Workload("pd-mix", 0, specs)
+
+
+def measure(mode: str, wl: Workload, out: Path, extra: list[str]) -> dict:
+    cmd = [sys.executable, "-m", "cbbench.harness.cli", "serve", "--model", MODEL,
+           "--host", "127.0.0.1", "--port", "0", *DEPLOYMENTS[mode], *extra]  # fmt: skip
+    handle = start_server(cmd, 300.0, name=f"{mode} deployment")
+    try:
+        cfg = BenchConfig(base_url=handle.base_url, workload=wl, out_dir=out, live=False,
+                          model=MODEL)  # fmt: skip
+        res = run_bench(cfg, console=Console(file=io.StringIO()))
+    finally:
+        handle.stop()
+    s = res.summary
+    return {"itl_p99": s["itl_s"]["p99"], "ttft_p50": s["ttft_s"]["p50"],
+            "tpot_p50": s["tpot_s"]["p50"], "failed": s["counts"]["failed"],
+            "phases": s.get("phases")}  # fmt: skip
+
+
+def simulate(mode: str, wl: Workload, extra: dict, link: str = "loopback") -> dict:
+    cfg = build_engine_config({"model": MODEL, **extra},
+                              SIM_DEFAULTS, scheduler="continuous")  # fmt: skip
+    p, d = (0, 2) if mode == "aggregated" else (1, 1)
+    res = simulate_pd(wl.requests, cfg, p, d, get_link(link), token_times=True,
+                      prefix_block_size=wl.prefix_block_size, seed=wl.prompt_seed)  # fmt: skip
+    s = res.summary()
+    return {
+        "itl_p99": s["itl_s"]["p99"],
+        "ttft_p50": s["ttft_s"]["p50"],
+        "tpot_p50": s["tpot_s"]["p50"],
+    }
+
+
+def fit_link(folders: list[Path]) -> str:
+    """The loopback link as measured: least squares of each request's transfer seconds on
+    its bytes (the decode workers' phases) -> 'bandwidth_gbps=B,latency_ms=L'."""
+    import numpy as np
+
+    pairs = []
+    for f in folders:
+        for line in (f / "requests.jsonl").read_text().splitlines():
+            ph = (json.loads(line).get("extra") or {}).get("phases") or {}
+            if ph.get("kv_transfer_s") is not None:
+                pairs.append((ph["kv_transfer_bytes"], ph["kv_transfer_s"]))
+    x, y = np.array(pairs, float).T
+    slope, intercept = np.polyfit(x, y, 1)
+    return (
+        f"bandwidth_gbps={1 / max(slope, 1e-12) / 1e9:.4f},latency_ms={max(intercept, 0) * 1e3:.3f}"
+    )
+
+
+def fit_speed(wl: Workload, engine: dict, tpot_p50: float, mode: str = "aggregated",
+              link: str = "loopback") -> float:  # fmt: skip
+    """The step-time factor at which the simulated aggregated TPOT p50 equals the measured
+    one (bisection on a log scale; TPOT grows with the factor, faster than in proportion
+    once queues form)."""
+    lo, hi = 0.25, 32.0
+    for _ in range(24):
+        mid = (lo * hi) ** 0.5
+        sim = simulate(mode, wl, {**engine, "hardware": f"cpu-measured@{mid:.4f}"}, link)
+        lo, hi = (mid, hi) if sim["tpot_p50"] < tpot_p50 else (lo, mid)
+    return (lo * hi) ** 0.5
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--duration", type=float, default=40.0, help="trace length, s")
+    ap.add_argument("--stream-every", type=float, default=1.0)
+    ap.add_argument("--long-every", type=float, default=2.0)
+    ap.add_argument("--long-len", type=int, default=256)
+    ap.add_argument("--stream-out", type=int, default=64)
+    ap.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=64,
+        help="both deployments' chunked-prefill budget (64)",
+    )
+    ap.add_argument("--out", default="/tmp/cbbench-disagg")
+    ap.add_argument(
+        "--from-json",
+        default=None,
+        help="reuse the measured runs of an earlier disagg_cpu.json (simulate only)",
+    )
+    args = ap.parse_args()
+    os.environ.setdefault("CBBENCH_TORCH_THREADS", "1")  # one thread an engine: same budget
+    wl = trace(args.duration, args.stream_every, args.long_every, args.long_len,
+               args.stream_out)  # fmt: skip
+    out = Path(args.out)
+    runs: dict[str, list[dict]] = {m: [] for m in DEPLOYMENTS}
+    if args.from_json:  # several: their runs pooled (folders beside each json)
+        for path in args.from_json.split(","):
+            earlier = json.loads(Path(path).read_text())
+            for m in DEPLOYMENTS:
+                runs[m] += [{**r, "dir": str(Path(path).parent / f"{m}-{k}")}
+                            for k, r in enumerate(earlier[m]["runs"])]  # fmt: skip
+    for k in range(0 if args.from_json else args.repeats):
+        for mode in DEPLOYMENTS:
+            r = measure(
+                mode,
+                wl,
+                out / f"{mode}-{k}",
+                [
+                    "--max-model-len",
+                    "2048",
+                    "--max-num-batched-tokens",
+                    str(args.max_num_batched_tokens),
+                ],
+            )
+            runs[mode].append({**r, "dir": str(out / f"{mode}-{k}")})
+            print(f"{mode} run {k}: " + json.dumps({x: r[x] for x in r if x not in ("phases", "dir")}),
+                  flush=True)  # fmt: skip
+    engine = {"max_model_len": 2048, "max_num_batched_tokens": args.max_num_batched_tokens}
+    med = {m: {k: statistics.median(r[k] for r in runs[m]) for k in ("itl_p99", "ttft_p50",
+           "tpot_p50")} for m in DEPLOYMENTS}  # fmt: skip
+    # the shared machine runs slower than the calibration's idle one: one speed factor, fit
+    # on the aggregated deployment's TPOT p50 alone, scales every simulated step; the other
+    # figures (ITL p99, TTFT p50 of both deployments) are then predictions
+    link = fit_link([Path(r["dir"]) for r in runs["disaggregated"]])
+    # the shared machine runs slower than the calibration's idle one: every simulated step is
+    # scaled by the one factor that makes the simulated aggregated TPOT p50 equal the
+    # measured one (the only figure fitted; the link is fitted on the measured transfers);
+    # ITL p99 and TTFT p50 of both deployments are predictions
+    f = fit_speed(wl, engine, med["aggregated"]["tpot_p50"])
+    factors = {m: f for m in DEPLOYMENTS}
+    print(f"\nKV link fitted on the measured transfers: {link}")
+    print(f"speed factor {f:.2f} (simulated aggregated TPOT p50 = measured)")
+    print("\n| deployment | ITL p99 (ms) | TTFT p50 (ms) | TPOT p50 (ms) |")
+    print("|---|---:|---:|---:|")
+    result: dict = {"speed_factors": factors, "link": link}
+    for mode in DEPLOYMENTS:
+        m = med[mode]
+        hw = {**engine, "hardware": f"cpu-measured@{factors[mode]:.4f}"}
+        sim = simulate(mode, wl, hw, link)
+        result[mode] = {"measured": m, "runs": runs[mode], "simulated": sim}
+        each = ", ".join(f"{r['itl_p99'] * 1e3:.0f}" for r in runs[mode])
+        print(f"| {mode} measured (median of {len(runs[mode])}; ITL p99 each: {each}) | "
+              f"{m['itl_p99'] * 1e3:.1f} | {m['ttft_p50'] * 1e3:.1f} | "
+              f"{m['tpot_p50'] * 1e3:.1f} |")  # fmt: skip
+        err = {k: sim[k] / m[k] - 1 for k in m}
+        print(f"| {mode} SIMULATED (error) | {sim['itl_p99'] * 1e3:.1f} ({err['itl_p99']:+.0%}) | "
+              f"{sim['ttft_p50'] * 1e3:.1f} ({err['ttft_p50']:+.0%}) | "
+              f"{sim['tpot_p50'] * 1e3:.1f} ({err['tpot_p50']:+.0%}) |")  # fmt: skip
+    a, d = result["aggregated"], result["disaggregated"]
+    for key in ("itl_p99", "ttft_p50"):
+        m = d["measured"][key] / a["measured"][key]
+        s = d["simulated"][key] / a["simulated"][key]
+        print(
+            f"{key}: disaggregated / aggregated = {m:.2f} measured, {s:.2f} simulated "
+            f"({s / m - 1:+.0%})"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "disagg_cpu.json").write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
