@@ -57,3 +57,12 @@ def test_a_session_is_cut_at_the_turn_that_would_overflow() -> None:
     assert (fit.skipped, fit.clamped, fit.sessions_cut) == (2, 1, 1)
     same, none = fit_to_context(Workload("s", 0, (RequestSpec(0, 10, 10),)), 128)
     assert not none.changed and same.requests[0].output_len == 10
+
+
+def test_a_workload_none_of_whose_requests_fits_is_one_clear_error() -> None:
+    import pytest
+    from cbbench.harness.errors import CbbenchError
+
+    wl = Workload("huge", 0, (RequestSpec(0, 4000, 10), RequestSpec(1, 3000, 10)))
+    with pytest.raises(CbbenchError, match="no request of huge fits the server's max_model_len"):
+        fit_to_context(wl, 2048)

@@ -11,7 +11,8 @@ to it before t0, as vLLM's benchmark filters its datasets, saying how many it ch
   reply to build on).
 
 Chat-style endpoints wrap every message in a template and agent steps resend the system
-prompt and the tools list: `overhead` tokens per turn is an estimate, the tools' and tool
+prompt and the tools list: `overhead` tokens per turn is the server's template cost of one
+message (measured through /tokenize, plus a margin; 32 where it cannot be measured), the tools' and tool
 calls' text is counted by the server's /tokenize where it has one (else a token a character); a request the server still refuses is counted as a failure, as
 before. A server that does not say its max_model_len leaves the workload as it is.
 """
@@ -23,10 +24,14 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import httpx
+from cbbench.harness.client.endpoints import is_conversational
 from cbbench.harness.errors import CbbenchError
+from cbbench.harness.load.text_fit import _Tokenize
 from cbbench.workloads.spec import RequestSpec, Workload
 
-CHAT_OVERHEAD_TOKENS = 16  # per message: role markers and the template around them
+CHAT_OVERHEAD_TOKENS = 32  # per message, when the server cannot measure its template
+TEMPLATE_MARGIN_TOKENS = 8  # ... added to the measured one (a reply's own markers)
 
 
 @dataclass
@@ -112,7 +117,8 @@ def fit_to_context(
     if not requests:
         raise CbbenchError(
             f"no request of {wl.name} fits the server's max_model_len {max_model_len}: a "
-            "workload of shorter prompts, or a server with a longer context"
+            "workload of shorter prompts (for agents docs/specs/agent-small.toml), or a server "
+            "with a longer context"
         )
     return dataclasses.replace(wl, requests=requests), fit
 
@@ -167,3 +173,36 @@ def _fit_one(
         fit.clamped += 1
         return dataclasses.replace(r, output_len=limit - context)
     return r
+
+
+def fit_for_server(
+    wl: Workload,
+    max_model_len: object,
+    endpoint: str,
+    base_url: str,
+    model: str,
+    api_key: str | None,
+) -> tuple[Workload, ContextFit | None]:
+    """`fit_to_context` for the server `bench` probed: its max_model_len (None: unknown, the
+    workload as it is), its chat template's cost a message and its count of the agent tools'
+    text, both through its /tokenize where it has one."""
+    if not isinstance(max_model_len, int) or endpoint == "embeddings":
+        return wl, None
+    tk = _Tokenize(base_url, model, api_key, 10.0)
+
+    def count(text: str | None = None, messages: list | None = None) -> int | None:
+        try:
+            return tk.count(text, messages)
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    overhead = 0
+    if is_conversational(endpoint):  # the template around a message, measured, else assumed
+        one, bare = count(messages=[{"role": "user", "content": "hello"}]), count("hello")
+        overhead = (
+            max(0, one - bare) + TEMPLATE_MARGIN_TOKENS
+            if isinstance(one, int) and isinstance(bare, int)
+            else CHAT_OVERHEAD_TOKENS
+        )
+    agents = any(r.agent is not None for r in wl.requests)
+    return fit_to_context(wl, max_model_len, overhead, count if agents else None)

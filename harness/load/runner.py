@@ -19,7 +19,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import numpy as np
 from cbbench.harness.client import aio
 from cbbench.harness.client.api import ClientConfig, probe_server
@@ -35,7 +34,7 @@ from cbbench.harness.console.outcome import outcome_lines, worker_timing_lines
 from cbbench.harness.errors import CbbenchError, resource_hint
 from cbbench.harness.load.cache import check_agent_endpoint, prepare_cache
 from cbbench.harness.load.cache_options import CacheOptions
-from cbbench.harness.load.context_fit import CHAT_OVERHEAD_TOKENS, fit_to_context
+from cbbench.harness.load.context_fit import fit_for_server
 from cbbench.harness.load.loadgen import Job, WorkerPlan, run_worker
 from cbbench.harness.load.sample_clock import SampleClock
 from cbbench.harness.load.sessions import CAP_UNITS
@@ -50,7 +49,7 @@ from cbbench.harness.load.shards import (
     split_jobs,
     unix_s_at,
 )
-from cbbench.harness.load.text_fit import _Tokenize, fit_text_prompts
+from cbbench.harness.load.text_fit import fit_text_prompts
 from cbbench.harness.load.workers import run_workers
 from cbbench.harness.results.agent_summary import add_cache_summaries, cache_lines
 from cbbench.harness.results.efficiency import add_telemetry_figures
@@ -242,18 +241,6 @@ def _run_inprocess(
 WORKER_TIMING_KEYS = ("loop_lag_s", "cpu", "timestamp_source", "send_window_s", "read_delay_s")
 
 
-def _safe(count):
-    """A /tokenize count that answers None instead of raising (no such route, a timeout)."""
-
-    def safe(text: str) -> int | None:
-        try:
-            return count(text)
-        except (httpx.HTTPError, ValueError):
-            return None
-
-    return safe
-
-
 def _run_meta(cfg: BenchConfig, name: str, engine: dict, model: str, workers: int) -> dict:
     """run.json as written at the start; the end adds status, ended_at and summary."""
     return {
@@ -326,15 +313,10 @@ def run_bench(
     model = cfg.model or (engine["models"][0] if engine["models"] else None)
     if not model:
         raise CbbenchError(f"{cfg.base_url}/v1/models lists no model; pass --model")
-    fitted = None  # requests that cannot fit the server's context: clamped or skipped
-    if isinstance(engine.get("max_model_len"), int) and cfg.endpoint != "embeddings":
-        overhead = CHAT_OVERHEAD_TOKENS if is_conversational(cfg.endpoint) else 0
-        count = None
-        if any(r.agent is not None for r in cfg.workload.requests):  # tools: the server's count
-            count = _safe(_Tokenize(cfg.base_url, model, cfg.api_key, 10.0).count)
-        cfg.workload, fitted = fit_to_context(
-            cfg.workload, engine["max_model_len"], overhead, count
-        )
+    # requests that cannot fit the server's context: clamped or skipped (context_fit.py)
+    cfg.workload, fitted = fit_for_server(
+        cfg.workload, engine.get("max_model_len"), cfg.endpoint, cfg.base_url, model, cfg.api_key
+    )
     name = cfg.name or f"{cfg.workload.name.replace('/', '_')}"
     run_dir = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(Path(name).name)
     if (run_dir / "requests.jsonl").exists():

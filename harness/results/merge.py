@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.results.agent_summary import add_cache_summaries
+from cbbench.harness.results.integrity import RECORDS_KEY, record_counts
 from cbbench.harness.results.outcome import stopped_answering
 from cbbench.harness.results.records import RequestRecord
 from cbbench.harness.results.run_folder import REQUESTS_FILE, Run, RunWriter, load_run
@@ -304,6 +305,7 @@ def merge_runs(
         summary=summary,
     )
     meta["load"].update(workers=offset, concurrency=first["shard"]["concurrency_total"])
+    meta[RECORDS_KEY] = record_counts(records)  # what the merged requests.jsonl holds
     meta["clock"] = {
         "start_at_unix_s": first["clock"].get("start_at_unix_s"),
         "t0_unix_s": ref_t0,
