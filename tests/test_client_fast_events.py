@@ -167,6 +167,26 @@ def test_hostile_events_give_the_general_paths_answer(event):
     _same_on_all_paths([whole[:40], whole[40:]])
 
 
+@pytest.mark.parametrize("bad", [b"\xff", b"\xed\xa0\x80", b"\xc0\xaf", b"\xc3\xa9"])
+def test_bytes_of_an_earlier_read_are_checked_for_utf8(bad):
+    # the read that ends an event is ASCII, the bytes that are not came in the read before:
+    # the per-read ASCII check must not let them through unchecked
+    whole = _read(_common(1), B + b',"id":"' + bad + b'"}', _common(2))
+    cut = whole.index(bad) + len(bad)
+    assert not whole[:cut].isascii() and whole[cut:].isascii()
+    state, chunks, _, err = _same_on_all_paths([whole[:cut], whole[cut:]])
+    assert (err is None) == (bad == b"\xc3\xa9")
+
+
+def test_a_stream_end_and_a_finish_reason_stop_the_typed_run():
+    final = _common(9, finish_reason="length")
+    assert fast_events.count_common([_common(1), final, _common(2)], [], 0) == 1
+    assert fast_events.count_common([b"[DONE]", _common(1)], [], 0, ascii=True) == 0
+    two = b'{"choices":[{"token_ids":[1]},{"token_ids":[1],"finish_reason":"stop"}]}'
+    assert fast_events.count_common([two], [], 0) == 1  # the first choice decides, as below
+    _same_on_all_paths([_read(two, final, b"[DONE]")])
+
+
 def test_a_session_turn_keeps_the_general_path(monkeypatch):
     """With a Reply (a session's next turn needs the text), nothing is counted typed."""
     from cbbench.harness.client.reply import Reply

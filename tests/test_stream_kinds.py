@@ -208,8 +208,8 @@ def test_the_typed_fast_path_takes_over_once_the_answer_began():
     same read is counted by msgspec's typed decode (fast_events.py), as plain streams are."""
     counted: list[int] = []
 
-    def spy(events, sends, t):
-        n = fast_events.count_common(events, sends, t)
+    def spy(events, sends, t, ascii=False):
+        n = fast_events.count_common(events, sends, t, ascii)
         counted.append(n)
         return n
 

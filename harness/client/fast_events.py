@@ -17,7 +17,9 @@ chunk with the same token and the same `t_send_ns`:
 
 - the schema needs `choices` a non-empty array of objects whose `token_ids` is `[n]`, n an
   integer in [0, 2**63) (not a bool, not a float: orjson reads larger ones as floats),
-  `finish_reason` and `prompt_token_ids` null or absent, and `usage` null or absent; `t_send_ns` an integer or absent;
+  `finish_reason` a string or null or absent (the first choice's must be null or absent:
+  checked after the decode), `prompt_token_ids` null or absent, and `usage` null or absent;
+  `t_send_ns` an integer or absent;
 - a chat `delta` may carry no `reasoning`, `reasoning_content` or `tool_calls` other than
   null: such a chunk goes to the stream classifier (`stream_kinds.py`), and the response
   handler calls `count_common` only while a bare chunk can only be an answer token;
@@ -59,7 +61,9 @@ if msgspec is not None:
 
     class _Choice(msgspec.Struct):
         token_ids: tuple[_Id]  # exactly one id
-        finish_reason: None = None
+        # a string is decoded, then refused in `count_common`: a stream's last chunk (a finish
+        # reason) would otherwise cost a validation error (an exception and its message)
+        finish_reason: str | None = None
         prompt_token_ids: None = None
         delta: _Delta | None = None
 
@@ -71,25 +75,31 @@ if msgspec is not None:
 
     _decode = msgspec.json.Decoder(_Chunk).decode
 
-    def count_common(events: list[bytes], sends: list[tuple[int, int]] | None, t: int) -> int:
+    def count_common(
+        events: list[bytes], sends: list[tuple[int, int]] | None, t: int, ascii: bool = False
+    ) -> int:
         """How many events from the start of `events` are the common chunk (one token each);
-        their `t_send_ns`, where present, go to `sends` as (t, t_send_ns)."""
+        their `t_send_ns`, where present, go to `sends` as (t, t_send_ns). `ascii`: the
+        caller saw that every event is ASCII (one check a read instead of one an event)."""
         n = 0
+        add = sends.append if sends is not None else None
         for data in events:
-            if not data.isascii():
+            if not ascii and not data.isascii():
                 try:
                     data.decode()
                 except UnicodeDecodeError:
                     break
+            if data == b"[DONE]":  # the stream's end: refused without an exception
+                break
             try:
                 chunk = _decode(data)
             except Exception:  # noqa: BLE001 - anything it refuses, the general path decides
                 break
-            if chunk.cbbench is not UNSET:
+            if chunk.cbbench is not UNSET or chunk.choices[0].finish_reason is not None:
                 break
             n += 1
-            if sends is not None and chunk.t_send_ns is not UNSET:
-                sends.append((t, chunk.t_send_ns))
+            if add is not None and chunk.t_send_ns is not UNSET:
+                add((t, chunk.t_send_ns))
         return n
 
     COUNT_COMMON: Callable[[list[bytes], list | None, int], int] | None = (

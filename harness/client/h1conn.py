@@ -70,6 +70,8 @@ class Conn:
     """One connection's HTTP/1.1 response parser and its request futures, whatever carries
     the bytes (`SockConn` or `ProtoConn`)."""
 
+    loop: asyncio.AbstractEventLoop | None = None  # the loop it is read on, once known
+
     def __init__(self, stats: PoolStats) -> None:
         self.stats = stats
         self.closed = False

@@ -204,12 +204,14 @@ class H1Pool:
         request not complete by then fails with TimeoutError: its connection's deadline is
         checked every min(1 s, timeout_s / 10) by one timer for the whole pool (`_sweep`),
         which costs less than a timer a request; so it fires up to that much late."""
-        loop = asyncio.get_running_loop()
+        conn = self._take()
+        # a kept connection knows its loop: get_running_loop costs a getpid() syscall (3.11)
+        loop = conn.loop if conn is not None and conn.loop is not None else None
+        loop = loop or asyncio.get_running_loop()
         deadline = None
         if timeout_s is not None:
             deadline = time.monotonic_ns() + int(timeout_s * 1e9)
             self._sweep_s = min(self._sweep_s, timeout_s / 10)
-        conn = self._take()
         while True:
             if conn is None:
                 if deadline is None:

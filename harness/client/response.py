@@ -193,11 +193,14 @@ class Response:
         first_at = -1  # index of the event with the response's first token, in this read
         fast = _loads if parse_json is _parse_json_fast else None  # one frame less an event
         state, reply, sends, kinds = self.state, self.reply, self.sends, self.kinds
-        events = self.parser.feed(raw)
+        parser = self.parser
+        # every event is ASCII when this read is and no earlier read's bytes are in them
+        ascii = not parser.partial and raw.isascii()
+        events = parser.feed(raw)
         typed = count_common if reply is None else None
         plain = kinds.plain  # a bare chunk can only be an answer token (stream_kinds.py)
         if typed is not None and plain:  # a read's leading common chunks
-            i = one_ids = typed(events, sends, t)
+            i = one_ids = typed(events, sends, t, ascii)
             if i:
                 first_at = 0
         n_events = len(events)
@@ -257,7 +260,7 @@ class Response:
             if k and sends is not None and "t_send_ns" in obj:
                 sends.append((t, obj["t_send_ns"]))
             if kinds.plain and not plain and typed is not None and i < n_events:
-                m = typed(events[i:], sends, t)  # the answer began: the rest of the read too
+                m = typed(events[i:], sends, t, ascii)  # the answer began: the rest too
                 if m and first_at < 0:
                     first_at = i
                 one_ids += m

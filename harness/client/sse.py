@@ -56,6 +56,11 @@ class SSEParser:
         return _events(done)
 
     @property
+    def partial(self) -> bool:
+        """Bytes of an unfinished event are held (they join the next read's first event)."""
+        return bool(self._parts) or self._cr
+
+    @property
     def pending(self) -> bytes:
         """Bytes of an event not yet terminated (non-empty at the end = a truncated stream)."""
         return b"".join(self._parts).strip()

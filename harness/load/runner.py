@@ -427,6 +427,7 @@ def run_bench(
         crash = exc
         raise
     finally:
+        writer.flush()  # every record on disk before the watches' last read and the summary
         for s in started:
             s.stop()
         # a watch (sweep's) that stopped the run names why: stopped, not interrupted
