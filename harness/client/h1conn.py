@@ -13,6 +13,7 @@ import struct
 import sys
 import time
 from array import array
+from itertools import repeat
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -254,7 +255,7 @@ def _whole_chunks(data: bytes) -> tuple[bytes, bool] | None:
         return None
     sizes, payloads = parts[0:-1:2], parts[1::2]
     try:
-        if [int(s, 16) for s in sizes] != list(map(len, payloads)):
+        if list(map(int, sizes, repeat(16, len(sizes)))) != list(map(len, payloads)):
             return None
     except ValueError:
         return None
