@@ -13,8 +13,8 @@ import struct
 import sys
 import time
 from array import array
-from itertools import repeat
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Protocol
 
 _SIZE, _DATA, _CRLF, _TRAILER = range(4)
