@@ -10,10 +10,10 @@ from pathlib import Path
 
 from cbbench.harness.cli.bench import add_reasoning_args
 from cbbench.harness.cli.parsing import old_spelling
+from cbbench.harness.durations import seconds_arg
 from cbbench.harness.results.slo import SLO_HELP
 from cbbench.harness.sweep.levels import parse_list
 from cbbench.harness.telemetry import TelemetryOptions
-from cbbench.reference_engine.config.options import seconds_arg
 
 
 def register(sub: argparse._SubParsersAction) -> None:
