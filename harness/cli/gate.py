@@ -8,6 +8,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from cbbench.harness.cli.parsing import old_spelling
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.gate.policy import LATENCY, THROUGHPUT
 from cbbench.harness.load.rigor_options import add_window_arg
@@ -33,7 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--baseline", required=True, metavar="RUN", help="baseline run folder")
     p.add_argument("--candidate", required=True, metavar="RUN", help="candidate run folder")
-    p.add_argument("--policy", metavar="TOML", help="rules file (default: the built-in policy)")
+    p.add_argument("--policy-file", dest="policy", metavar="TOML",
+                   help="rules file (default: the built-in policy; --policy: old spelling)")  # fmt: skip
+    old_spelling(p, "--policy", "--policy-file")  # --policy is the queue policy in serve/run/sim
     p.add_argument("--junit", metavar="FILE", help="also write JUnit XML (one test per rule)")
     p.add_argument("--markdown", metavar="FILE", help="also write a Markdown table")
     p.add_argument(
