@@ -18,6 +18,7 @@ from typing import Any
 from cbbench.harness.console.progress import request_progress
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.results import compare
+from cbbench.harness.results.graph_summary import graph_lines, graph_summary
 from cbbench.harness.results.records import RequestRecord
 from cbbench.harness.results.run_folder import RunWriter
 from cbbench.harness.results.summary import RunSummary, summarize
@@ -108,6 +109,7 @@ def to_records(res: SimResult, scheduler: str) -> list[RequestRecord]:
                 sent_s=r.arrival_s,
                 first_token_s=r.first_token_s,
                 last_token_s=r.finished_s,
+                end_s=r.finished_s,
                 token_times_s=list(r.token_times_s),
                 ttft_s=r.ttft_s,
                 tpot_s=r.tpot_s,
@@ -117,11 +119,13 @@ def to_records(res: SimResult, scheduler: str) -> list[RequestRecord]:
                 prompt_tokens_server=r.prompt_len,
                 output_tokens_server=len(r.token_times_s),
                 finish_reason=r.finish_reason,
+                session_id=r.session_id,
                 extra={
                     "simulated": res.simulated,
                     "scheduler": scheduler,
                     "num_preemptions": r.num_preemptions,
                     "num_cached_tokens": r.num_cached_tokens,
+                    **({"graph": dict(r.graph)} if r.graph is not None else {}),
                 },
             )
         )
@@ -196,6 +200,9 @@ def run_summary(
     records = to_records(res, scheduler) if records is None else records
     summary = summarize(records, duration_s=res.duration_s)
     summary["sim"] = res.summary()
+    graphs = graph_summary(records)  # agent-graph sessions, replayed as graphs
+    if graphs is not None:
+        summary["graph"] = {**graphs, "simulated": res.simulated}
     return summary
 
 
@@ -331,6 +338,7 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
         for name, r in results.items():
             tput = r.summary()["output_throughput"] or 0.0
             console.print(f"{name}: {len(r.steps)} steps run; {tput:.1f} output tok/s")
+            print_graph(console, name, r)
             save(name, r)
         title = (
             f"MEASURED: {any_cfg.model} on {where}, workload {opts.workload} ({len(wl)} "
@@ -351,6 +359,7 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
                 f"{tput:.1f} output tok/{'step' if steps_mode else 's'}"
             )
             print_interval(console, name, hw, results[name])
+            print_graph(console, name, results[name])
             save(name, results[name])
         title = (
             f"SIMULATED: {any_cfg.model} on {where}, workload {opts.workload} ({len(wl)} "
@@ -362,6 +371,17 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
             )
         )
     return SimStudy(opts, wl, dict(settings), results, run_dirs, title, steps_mode, timeline)
+
+
+def print_graph(console: Console, name: str, res: SimResult) -> None:
+    """Agent-graph session figures of a replay (nothing without graph calls), labelled."""
+    graph_summary_lines = graph_lines(run_summary(res, name))
+    if not graph_summary_lines:
+        return
+    label = "SIMULATED" if res.simulated else "MEASURED, offline"
+    console.print(f"  {name} ({label}): " + graph_summary_lines[0], highlight=False)
+    for line in graph_summary_lines[1:]:
+        console.print(f"  {line}", highlight=False)
 
 
 def print_interval(console: Console, name: str, hw, res: SimResult) -> None:
