@@ -138,3 +138,12 @@ def test_sim_cli_prints_and_writes_simulated_graph_metrics(tmp_path, capsys):
     g = run["summary"]["graph"]
     assert g["simulated"] is True and g["session_success"] == 1.0
     assert g["fan_out_width"]["max"] >= 2
+
+
+def test_drop_too_long_takes_the_calls_that_need_a_dropped_one(capsys):
+    # tiny's 2048 context: the preset's long calls go, and every call after one of them
+    rc = main(["sim", "--workload", "agent-graph", "--num-requests", "40", "--model", "tiny",
+               "--scheduler", "continuous", "--max-model-len", "700", "--drop-too-long"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "agent-graph calls after a skipped one" in out

@@ -28,6 +28,7 @@ from cbbench.reference_engine.core.block_manager import cdiv
 from cbbench.reference_engine.engine.llm_engine import resolve_model_config, sim_num_kv_blocks
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution.cost_model import CostModel, get_hardware
+from cbbench.reference_engine.sim.graph_calls import spliced_prompt_len
 from cbbench.reference_engine.sim.simulate import SimResult, replay, replay_interleaved
 from cbbench.workloads import load_workload, with_arrivals
 from cbbench.workloads.presets import preset_settings
@@ -245,15 +246,30 @@ def load_sim_workload(opts: SimOptions, console: Console) -> Workload:
             settings.get("max_model_len")
             or resolve_model_config(settings.get("model", "tiny"), True).max_position_embeddings
         )
-        kept = tuple(r for r in wl.requests if r.prompt_len + r.output_len <= limit)
+        by_index = {r.index: r for r in wl.requests}  # a spliced answer lengthens a graph call
+        kept = tuple(
+            r for r in wl.requests if spliced_prompt_len(r, by_index) + r.output_len <= limit
+        )
+        kept, orphaned = _without_orphans(kept)
         console.print(
             f"--drop-too-long: skipped {len(wl) - len(kept)} of {len(wl)} requests longer "
             f"than max_model_len {limit}"
+            + (f" ({orphaned} of them agent-graph calls after a skipped one)" if orphaned else "")
         )
         if not kept:
             raise CbbenchError(f"every request of {opts.workload} exceeds max_model_len {limit}")
         wl = dataclasses.replace(wl, requests=kept)
     return wl
+
+
+def _without_orphans(kept: tuple) -> tuple[tuple, int]:
+    """Agent-graph calls whose predecessor was dropped go too (nothing to wait for or splice)."""
+    have = {r.index for r in kept}
+    for r in sorted(kept, key=lambda r: r.index):  # predecessors come first
+        if r.graph is not None and any(p not in have for p in r.graph.after):
+            have.discard(r.index)
+    out = tuple(r for r in kept if r.index in have)
+    return out, len(kept) - len(out)
 
 
 def _replay(

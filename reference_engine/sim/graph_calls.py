@@ -32,6 +32,26 @@ def _words(content: object) -> int:
     return 0
 
 
+def _live_split(r: RequestSpec) -> tuple[list, dict[int, int], list[int], int]:
+    """The call's messages, its live turns, each message's words, and how many tokens its
+    recorded (not live) messages hold."""
+    assert r.graph is not None
+    messages = json.loads(r.graph.messages) if r.graph.messages else []
+    live = dict(r.graph.live)
+    words = [_words(m.get("content")) if isinstance(m, dict) else 0 for m in messages]
+    recorded_live = sum(words[pos] for pos in live if pos < len(words))
+    return messages, live, words, max(0, r.prompt_len - recorded_live)
+
+
+def spliced_prompt_len(r: RequestSpec, by_index: dict[int, RequestSpec]) -> int:
+    """The prompt a call will have in the replay, before it runs: its recorded messages
+    plus each spliced answer at its source's `max_tokens` (the simulator ignores EOS)."""
+    if r.graph is None or not r.graph.live:
+        return r.prompt_len
+    _, live, _, target = _live_split(r)
+    return max(1, target + sum(by_index[s].output_len for s in live.values() if s in by_index))
+
+
 class GraphSessions:
     """The graph sessions of a replay: `roots()` to queue first, `on_finished` releases
     the calls whose predecessors are all done (as (due time, spec) pairs)."""
@@ -95,11 +115,7 @@ class GraphSessions:
         simulated output ids (see the module docstring)."""
         if r.graph is None:
             return self.prompt_ids(r.index, r.prompt_len, r.prefix_ids)
-        messages = json.loads(r.graph.messages) if r.graph.messages else []
-        live = dict(r.graph.live)
-        words = [_words(m.get("content")) if isinstance(m, dict) else 0 for m in messages]
-        recorded_live = sum(words[pos] for pos in live if pos < len(words))
-        target = max(0, r.prompt_len - recorded_live)  # the recorded messages' tokens
+        messages, live, words, target = _live_split(r)
         plain = sum(w for pos, w in enumerate(words) if pos not in live)
         ids: list[int] = []
         for pos, m in enumerate(messages):
