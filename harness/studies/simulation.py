@@ -18,17 +18,16 @@ from typing import Any
 from cbbench.harness.console.progress import request_progress
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.results import compare
-from cbbench.harness.results.graph_summary import graph_lines, graph_summary
 from cbbench.harness.results.records import RequestRecord
 from cbbench.harness.results.run_folder import RunWriter
 from cbbench.harness.results.summary import RunSummary, summarize
+from cbbench.harness.studies.sim_graphs import drop_too_long, graph_part, print_graph
 from cbbench.reference_engine.config.engine_config import SCHEDULERS, EngineConfig
 from cbbench.reference_engine.config.options import FLAGS, SIM_DEFAULTS, build_engine_config
 from cbbench.reference_engine.core.block_manager import cdiv
 from cbbench.reference_engine.engine.llm_engine import resolve_model_config, sim_num_kv_blocks
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution.cost_model import CostModel, get_hardware
-from cbbench.reference_engine.sim.graph_calls import spliced_prompt_len
 from cbbench.reference_engine.sim.simulate import SimResult, replay, replay_interleaved
 from cbbench.workloads import load_workload, with_arrivals
 from cbbench.workloads.presets import preset_settings
@@ -201,9 +200,9 @@ def run_summary(
     records = to_records(res, scheduler) if records is None else records
     summary = summarize(records, duration_s=res.duration_s)
     summary["sim"] = res.summary()
-    graphs = graph_summary(records)  # agent-graph sessions, replayed as graphs
+    graphs = graph_part(records, res.simulated)  # agent-graph sessions, replayed as graphs
     if graphs is not None:
-        summary["graph"] = {**graphs, "simulated": res.simulated}
+        summary["graph"] = graphs
     return summary
 
 
@@ -246,30 +245,8 @@ def load_sim_workload(opts: SimOptions, console: Console) -> Workload:
             settings.get("max_model_len")
             or resolve_model_config(settings.get("model", "tiny"), True).max_position_embeddings
         )
-        by_index = {r.index: r for r in wl.requests}  # a spliced answer lengthens a graph call
-        kept = tuple(
-            r for r in wl.requests if spliced_prompt_len(r, by_index) + r.output_len <= limit
-        )
-        kept, orphaned = _without_orphans(kept)
-        console.print(
-            f"--drop-too-long: skipped {len(wl) - len(kept)} of {len(wl)} requests longer "
-            f"than max_model_len {limit}"
-            + (f" ({orphaned} of them agent-graph calls after a skipped one)" if orphaned else "")
-        )
-        if not kept:
-            raise CbbenchError(f"every request of {opts.workload} exceeds max_model_len {limit}")
-        wl = dataclasses.replace(wl, requests=kept)
+        wl = drop_too_long(wl, limit, console, opts.workload)
     return wl
-
-
-def _without_orphans(kept: tuple) -> tuple[tuple, int]:
-    """Agent-graph calls whose predecessor was dropped go too (nothing to wait for or splice)."""
-    have = {r.index for r in kept}
-    for r in sorted(kept, key=lambda r: r.index):  # predecessors come first
-        if r.graph is not None and any(p not in have for p in r.graph.after):
-            have.discard(r.index)
-    out = tuple(r for r in kept if r.index in have)
-    return out, len(kept) - len(out)
 
 
 def _replay(
@@ -354,7 +331,7 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
         for name, r in results.items():
             tput = r.summary()["output_throughput"] or 0.0
             console.print(f"{name}: {len(r.steps)} steps run; {tput:.1f} output tok/s")
-            print_graph(console, name, r)
+            print_graph(console, name, run_summary(r, name), r.simulated)
             save(name, r)
         title = (
             f"MEASURED: {any_cfg.model} on {where}, workload {opts.workload} ({len(wl)} "
@@ -375,7 +352,7 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
                 f"{tput:.1f} output tok/{'step' if steps_mode else 's'}"
             )
             print_interval(console, name, hw, results[name])
-            print_graph(console, name, results[name])
+            print_graph(console, name, run_summary(results[name], name), True)
             save(name, results[name])
         title = (
             f"SIMULATED: {any_cfg.model} on {where}, workload {opts.workload} ({len(wl)} "
@@ -387,17 +364,6 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
             )
         )
     return SimStudy(opts, wl, dict(settings), results, run_dirs, title, steps_mode, timeline)
-
-
-def print_graph(console: Console, name: str, res: SimResult) -> None:
-    """Agent-graph session figures of a replay (nothing without graph calls), labelled."""
-    graph_summary_lines = graph_lines(run_summary(res, name))
-    if not graph_summary_lines:
-        return
-    label = "SIMULATED" if res.simulated else "MEASURED, offline"
-    console.print(f"  {name} ({label}): " + graph_summary_lines[0], highlight=False)
-    for line in graph_summary_lines[1:]:
-        console.print(f"  {line}", highlight=False)
 
 
 def print_interval(console: Console, name: str, hw, res: SimResult) -> None:
