@@ -147,3 +147,18 @@ def test_drop_too_long_takes_the_calls_that_need_a_dropped_one(capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "agent-graph calls after a skipped one" in out
+
+
+def test_graph_calls_without_a_session_id_skip_as_they_step():
+    """A completion releases a graph call even where no session id is set: the skipping
+    window ends there as it does for sessions."""
+    import dataclasses
+
+    wl = with_arrivals(load_workload("agent-graph", num_requests=60), "poisson", rate=2.0, seed=0)
+    bare = [dataclasses.replace(r, session_id=None) for r in wl.requests]
+    step = replay(bare, cfg())
+    skip = replay(bare, cfg(), event_skip=True)
+    assert skip.skipped_steps > 0
+    for a, b in zip(step.requests, skip.requests, strict=True):
+        assert b.arrival_s == pytest.approx(a.arrival_s, rel=1e-9, abs=1e-12)
+        assert b.finished_s == pytest.approx(a.finished_s, rel=1e-9, abs=1e-12)

@@ -306,7 +306,8 @@ def _replay_steps(
     num_done = 0
     skipping = event_skip and not timeline and not skip_blockers(engine)
     skipped = 0
-    sessions = any(r.session_id is not None for r in requests)  # a reply sends a turn
+    # a reply sends a turn or releases a graph call: skipping windows end at completions
+    sessions = any(r.session_id is not None or r.graph is not None for r in requests)
     while arrivals.pending or engine.has_unfinished_requests():
         yield
         now = engine.now() - t0
