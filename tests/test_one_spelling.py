@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from cbbench.harness.cli import build_parser, main
