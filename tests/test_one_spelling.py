@@ -39,13 +39,14 @@ def _sub(command: str) -> argparse.ArgumentParser:
     return sub.choices[command]
 
 
+SWEEP = ["--base-url", "x", "--out", "o", "--rates", "1"]
 # every duration flag: (command, the flags it needs, the flag, its dest)
 DURATION_FLAGS = [
     ("bench", ["--base-url", "x"], "--timeout", "timeout"),
     ("bench", ["--base-url", "x"], "--metrics-interval", "metrics_interval"),
-    ("sweep", ["--base-url", "x", "--out", "o", "--rates", "1"], "--level-timeout", "level_timeout"),
-    ("sweep", ["--base-url", "x", "--out", "o", "--rates", "1"], "--max-time", "max_time"),
-    ("sweep", ["--base-url", "x", "--out", "o", "--rates", "1"], "--timeout", "timeout"),
+    ("sweep", SWEEP, "--level-timeout", "level_timeout"),
+    ("sweep", SWEEP, "--max-time", "max_time"),
+    ("sweep", SWEEP, "--timeout", "timeout"),
     ("probe", ["--base-url", "http://x"], "--max-time", "max_time"),
     ("locust", ["--base-url", "x"], "--timeout", "timeout"),
     ("calibrate", [], "--min-time", "min_time"),

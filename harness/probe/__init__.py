@@ -181,7 +181,7 @@ def _run_phases(
     lone = pr.phase("calibrate", design.calibrate(), concurrency=1, warmup=warm)
     tpot, ttft = V.pace(lone)
     pace = design.Pace(tpot, ttft, pr.max_model_len)
-    pace_info.update(tpot_s=tpot, ttft_s=ttft, lone_requests=len(V.lone(lone)))
+    pace_info.update(tpot_s=tpot, ttft_s=ttft, lone_requests=len(V._ok(lone)))
     pr.say(f"  TPOT {tpot * 1e3:.1f} ms, lone TTFT {ttft * 1e3:.1f} ms")
     burst: list[RequestRecord] = []
     batching_at: tuple[int, list[RequestRecord]] | None = None
@@ -223,8 +223,8 @@ def _run_phases(
         if one is not None:  # the concurrency-1 level is lone requests too: one pace for both
             lone = lone + one
             tpot, ttft = V.pace(lone)
-            pace_info.update(tpot_s=tpot, ttft_s=ttft, lone_requests=len(V.lone(lone)))
-            pr.say(f"  batch-1 pace over {len(V.lone(lone))} lone requests (calibration and "
+            pace_info.update(tpot_s=tpot, ttft_s=ttft, lone_requests=len(V._ok(lone)))
+            pr.say(f"  batch-1 pace over {len(V._ok(lone))} lone requests (calibration and "
                    f"concurrency 1): TPOT {tpot * 1e3:.1f} ms, lone TTFT {ttft * 1e3:.1f} ms")  # fmt: skip
         if levels:
             verdicts.append(V.max_batch(levels, tpot))

@@ -47,11 +47,6 @@ def _ms(x: float) -> str:
     return f"{x * 1e3:.0f} ms" if x >= 0.0995 else f"{x * 1e3:.1f} ms"
 
 
-def lone(records: list[RequestRecord]) -> list[RequestRecord]:
-    """The lone requests that count toward the pace (warm-ups and failures left out)."""
-    return _ok(records)
-
-
 def pace(records: list[RequestRecord]) -> tuple[float, float]:
     """(TPOT p50, TTFT p50) of lone requests (calibration, and the concurrency-1 level)."""
     ok = _ok(records)
