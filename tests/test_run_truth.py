@@ -147,7 +147,8 @@ def test_fixed_lengths_vllm_style(tmp_path, monkeypatch, capsys, flags):
         (["--workload", "prompt=8"], "give output=TOKENS too"),
         (["--goodput", "ttft=200"], "--goodput: 'ttft=200': expected KEY:MILLISECONDS"),
         (["--goodput", "ttft:fast"], "--goodput ttft: 'fast' is not a number of milliseconds"),
-        (["--duration", "5"], "--duration: '5' has no unit: write 5ms or 5s"),
+        # a bare number is seconds, as on every duration flag (tests/test_one_spelling.py)
+        (["--duration", "5x"], "--duration: '5x' is not a duration"),
     ],
 )
 def test_vllm_spellings_misused_are_one_line(tmp_path, monkeypatch, capsys, flags, message):
