@@ -22,7 +22,7 @@ def _at_repo_root(monkeypatch) -> None:
 
 def test_simulated_rerun_passes_the_default_gate(tmp_path: Path, capsys) -> None:
     out = tmp_path / "sim"
-    argv = ["sim", "--scheduler", "continuous", "--workload", WORKLOAD, "--rate", "20"]
+    argv = ["sim", "--schedulers", "continuous", "--workload", WORKLOAD, "--rate", "20"]
     assert main([*argv, "--out", str(out)]) == 0
     baseline = BASELINES / "sim-ci-small" / "continuous"
     assert load_run(baseline).meta["simulated"] is True
