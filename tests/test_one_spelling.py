@@ -139,6 +139,8 @@ def test_goodput_means_slo_targets_on_sweep_and_plan(capsys) -> None:
     assert "--slo and --goodput both set SLOs" in err
     plan = ["plan", "--hardware", "h100", "--price", "1"]
     assert "plan needs --slo (or vLLM's --goodput KEY:MS)" in one_line_error(capsys, plan)
+    err = one_line_error(capsys, [*plan, "--slo", "ttft_p99=1s,ttft_p99=2s"])
+    assert "--slo: ttft_p99 is given twice" in err
     err = one_line_error(capsys, [*plan, "--goodput", "ttft:abc"])
     assert "--goodput ttft: 'abc' is not a number of milliseconds" in err
 
