@@ -10,9 +10,11 @@ high rate look like a server that could not keep up, even when the server was id
 - served rate (`achieved_rps`): what the server delivered, completions per second over the
   level's measured window [first send + unloaded latency, last send], the part of the level
   where a server that keeps up completes requests as fast as they arrive (the ramp-up before
-  it and the drain after it are left out). It is compared with the arrivals a latency
-  earlier (`offered_window_rps`: the sends in [first send, last send - unloaded latency]), so
-  the draw of a Poisson level cancels; a server that falls behind completes fewer. A burst
+  it and the drain after it are left out). It is compared with the completions due in that
+  window (`offered_window_rps`: the requests whose send + unloaded latency falls in it, that
+  latency being the TTFT of the first quarter of the requests, sent before a backlog could
+  build, then their TPOT per output token), so the draw of a Poisson level and the lengths
+  of the requests cancel; a server that falls behind completes fewer. A burst
   that a batcher takes in at once and then works off at its own pace is served at that pace,
   whatever the send rate was;
 - sustained: served >= SUSTAINED x offered in the window (and the level was not stopped
@@ -92,11 +94,22 @@ def judge_level(
     unloaded = _median([r.e2e_s for r in early]) or 0.0
     sent = (n - 1) / span if span > 0 else None
     achieved = offered = None
+    ttft_ref = _median([r.ttft_s for r in early])
+    tpot_ref = _median([r.tpot_s for r in early])  # unloaded: a batch's stretch is the server's
+
+    def expected_end(r: RequestRecord) -> float:
+        """When the request would have ended with no backlog: its send, the early TTFT, then
+        the early TPOT per output token (a long request finishing late is not a backlog)."""
+        if ttft_ref is None or tpot_ref is None:
+            return r.sent_s + unloaded
+        tokens = r.output_tokens_server or r.output_tokens_client or 1
+        return r.sent_s + ttft_ref + (tokens - 1) * tpot_ref
+
     ws, we = first_sent + unloaded, last_sent  # the measured window (module docstring)
     if we > ws:
         done = sum(ws <= r.end_s <= we for r in ok)
-        arrived = sum(first_sent <= r.sent_s <= we - unloaded for r in ok)
-        achieved, offered = done / (we - ws), arrived / (we - ws)
+        due = sum(ws <= expected_end(r) <= we for r in ok)
+        achieved, offered = done / (we - ws), due / (we - ws)
     need = needed_requests(rate, unloaded)
     if queue_bound_s:  # the span a queue needs to show (module docstring)
         need = max(need, math.ceil(QUEUE_SPAN * queue_bound_s * rate - 1e-9) + 1)
@@ -109,7 +122,7 @@ def judge_level(
             if n >= MIN_LEVEL_REQUESTS
             else f"too short to judge: {n} completed requests"
         ) + f"; needs --num-requests {need} or more"
-    if too_short is None and queue_bound_s and planned_span < QUEUE_SPAN * queue_bound_s:
+    if too_short is None and queue_bound_s and planned_span < QUEUE_SPAN * queue_bound_s - 1e-9:
         too_short = (
             f"too short to judge: {n} requests at {rate:g}/s arrive over {planned_span:.2f} s; "
             f"a backlog growing at {1 - SUSTAINED:.0%} of the rate passes the SLO's "
