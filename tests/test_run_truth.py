@@ -79,7 +79,7 @@ def test_same_client_error_stops_early_with_the_servers_message(tmp_path, monkey
     assert "stopped early" in err and "HTTP 404: scripted failure 404" in err  # verbatim
     assert "x HTTP 404: scripted failure 404" in out  # the top reasons, digits kept
     meta = load_run(tmp_path / "r").meta
-    assert meta["status"] == "complete" and not meta["interrupted"]
+    assert meta["status"] == "stopped-early" and not meta["interrupted"]  # not complete
     summary = meta["summary"]
     assert "stopped early" in summary["stopped_early"]
     assert summary["counts"]["total"] < 30  # 60 were due over 3 s; it stopped after ~5

@@ -132,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
     opts = sweep_options(args)
     if opts.find_max_rate:
         index = find_max_rate(opts)
+        print_sweep(index, opts.out)  # the levels' table, as for any sweep (and sweep.md)
         print_capacity(index)
     else:
         index = run_sweep(opts)
