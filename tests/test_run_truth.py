@@ -174,7 +174,7 @@ def test_bench_help_gives_defaults_and_help_for_the_common_flags():
     for flag, default in (
         ("--num-requests", "the workload's own count"),
         ("--endpoint", "(default: completions)"),
-        ("--timeout", "(default: 600)"),
+        ("--timeout", "default: 600s)"),
         ("--warmup", "(default: 0)"),
         ("--workers", "(default: 1)"),
         ("--burstiness", "needs --rate"),
