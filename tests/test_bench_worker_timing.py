@@ -19,8 +19,9 @@ from servers.fake import Behavior, FakeServerConfig, threaded
 # keys the runner adds after `summarize` (pool counters, worker outcomes), or derived from the
 # workers' self-check samples that requests.jsonl does not hold
 # keys the runner adds beside `summarize`'s (prefix_cache, agent: results/agent_summary.py)
-RUNNER_KEYS = {
-    "cancelled_in_flight", "connections", "timestamp_source", "client", "prefix_cache", "agent"
+RUNNER_KEYS = {  # the runner's own parts, beside summarize's (the window: bench's rule)
+    "cancelled_in_flight", "connections", "timestamp_source", "client", "prefix_cache", "agent",
+    "steady_window", "window_figures", "lead", "lead_note",
 }
 CLIENT_SAMPLE_KEYS = {"client_bound", "client_bound_reason"}
 
