@@ -432,8 +432,11 @@ class Worker:
 
         await asyncio.gather(*(self._spawn(slot()) for _ in range(n or 1)), return_exceptions=True)
 
-    async def _sampler(self) -> None:
+    async def _sampler(self, client: OpenAIClient) -> None:
         period = SAMPLE_PERIOD_S
+        # the lag goes on the lateness record merged reads are bounded by (response.py)
+        pool = getattr(client, "pool", None)
+        late = pool.stats.lateness if pool is not None else None
         last_report = time.monotonic()
         cpu0, wall0 = time.process_time(), time.monotonic()
         lags = self._lags  # the last partial second's are kept when the run ends (`run`)
@@ -442,6 +445,8 @@ class Worker:
             await asyncio.sleep(period)
             now = time.monotonic()
             lags.append(max(0.0, now - t - period))
+            if late is not None:
+                late.note(int(t * 1e9), int(lags[-1] * 1e9), int(now * 1e9))
             if now - last_report >= REPORT_PERIOD_S:
                 cpu = (time.process_time() - cpu0) / (now - wall0)
                 self.stats.loop_lag_s.extend(lags)
@@ -466,7 +471,7 @@ class Worker:
         """The measured phase: from t0 until every job is done, the duration ends, or stop."""
         self.t0_ns = client.t0_ns = t0_ns
         cpu0 = time.process_time()
-        sampler = asyncio.ensure_future(self._sampler())
+        sampler = asyncio.ensure_future(self._sampler(client))
         refill = asyncio.ensure_future(self.ahead.refill()) if self.ahead is not None else None
         stopped = asyncio.ensure_future(self.stop.wait())
         if self.sessions:
