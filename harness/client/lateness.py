@@ -46,8 +46,17 @@ class Lateness:
         wait = now_ns - stamp_ns
         if wait > WAKE_NS and self._since:
             self.note(self._since, now_ns - self._since, now_ns)
-        elif wait > 0:
-            self.note(stamp_ns, wait, now_ns)
+            return
+        b = stamp_ns >> SHIFT
+        if wait <= 0 or b != now_ns >> SHIFT:
+            if wait > 0:
+                self.note(stamp_ns, wait, now_ns)
+            return
+        i = b % SIZE  # the common case, inline: a short wait within one bucket
+        if self._ids[i] != b:
+            self._ids[i], self._max[i] = b, wait
+        elif self._max[i] < wait:
+            self._max[i] = wait
 
     def note(self, start_ns: int, late_ns: int, end_ns: int | None = None) -> None:
         """The loop was `late_ns` late somewhere in [start_ns, end_ns] (end: start + late)."""
