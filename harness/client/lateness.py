@@ -63,8 +63,9 @@ class Lateness:
         if late_ns <= 0:
             return
         ids, mx = self._ids, self._max
-        b, last = start_ns >> SHIFT, (start_ns + late_ns if end_ns is None else end_ns) >> SHIFT
-        for b in range(b, min(last, b + SIZE - 1) + 1):
+        first = start_ns >> SHIFT
+        last = (start_ns + late_ns if end_ns is None else end_ns) >> SHIFT
+        for b in range(first, min(last, first + SIZE - 1) + 1):
             i = b % SIZE
             if ids[i] != b:
                 ids[i], mx[i] = b, late_ns
