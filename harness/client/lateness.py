@@ -23,25 +23,26 @@ BURST_NS = 1_000_000  # reads closer than this are one burst (one turn, or turns
 
 
 class Lateness:
-    __slots__ = ("_ids", "_max", "_last", "_burst", "_since")
+    __slots__ = ("_ids", "_max", "_last", "_burst", "_prev", "_since")
 
     def __init__(self) -> None:
         self._ids = array("q", [-1]) * SIZE
         self._max = array("q", [0]) * SIZE
         self._last = 0  # when the loop last read a socket (user space)
         self._burst = 0  # when this burst of reads began
-        self._since = 0  # when the burst before it began
+        self._prev = 0  # when the burst before it began
+        self._since = 0  # when the one before that began
 
     def read(self, stamp_ns: int, now_ns: int) -> None:
         """A kernel-stamped read at `now_ns` of bytes that came at `stamp_ns`. Its own wait
         is lateness; and when it waited past WAKE_NS, the loop was not idle in its poll:
-        it may have read nothing new since the burst before this one began (bytes that came
-        during that burst may have missed its poll; then a stall, a long callback), so that
-        whole stretch counts: a first token that came early in a stall
+        it may have read nothing new since two bursts back (a burst starts after its turn's
+        poll; bytes that came during the turn before missed that poll; then a stall, a long
+        callback), so that whole stretch counts: a first token that came early in a stall
         waited through it, while the reads after the stall see only their last segment's
         (short) wait."""
         if now_ns - self._last > BURST_NS:
-            self._since, self._burst = self._burst, now_ns
+            self._since, self._prev, self._burst = self._prev, self._burst, now_ns
         self._last = now_ns
         wait = now_ns - stamp_ns
         if wait > WAKE_NS and self._since:
