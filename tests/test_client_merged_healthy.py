@@ -1,7 +1,7 @@
 """The healthy counterpart of test_client_stall_bound: a server that queues each request
-300 ms and then writes its first tokens back to back. The client reads them in one read
+600 ms and then writes its first tokens back to back. The client reads them in one read
 (merged), but its loop was not late: they were sent together, so the queueing is no timing
-error. Each request's bound stays near its send window (h57's bound was the whole 300 ms
+error. Each request's bound stays near its send window (h57's bound was the whole 600 ms
 TTFT), still covers the error against the server's log, and the run prints no warning."""
 
 import io
@@ -18,7 +18,7 @@ from cbbench.workloads.spec import RequestSpec, Workload
 from rich.console import Console
 
 SERVER_SLACK_S = 0.002  # as in test_client_stall_bound (a preemption before the server's stamp)
-TTFT_S = 0.3
+TTFT_S = 0.6
 
 
 @pytest.mark.skipif(kernel_timestamps_supported() is not None, reason="needs SO_TIMESTAMPNS")
@@ -41,7 +41,7 @@ def test_tokens_sent_together_after_a_queue_bound_near_the_send_window():
         x = r.extra
         error = r.ttft_s - (x["server_send_ns"][0] - x["t_recv_ns"]) / 1e9
         assert error <= x["stamp_bound_s"] + SERVER_SLACK_S, (error, x["stamp_bound_s"])
-        # h57's slack was the whole time since the send (>= 300 ms of queueing)
+        # h57's slack was the whole time since the send (>= 600 ms of queueing)
         assert x["stamp_bound_s"] < TTFT_S / 10, x["stamp_bound_s"]
     client = res.summary["client"]
     assert client["timing_bound_s"] < TTFT_S / 10
