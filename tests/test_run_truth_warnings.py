@@ -155,3 +155,17 @@ def test_server_queue_has_one_figure_when_the_server_reports_it_per_request():
     s2["telemetry"] = {"server": histogram}
     assert "server queue (ms)" in _render(s2)
     assert "estimated from the server's histogram" not in _render(s2)
+
+
+def test_an_embeddings_run_names_only_e2e_beside_its_bound():
+    # r51 finding 13: an embeddings run printed "(TTFT, ITL, E2E ± ...)" with no TTFT or ITL
+    recs = []
+    for i in range(32):
+        r = _rec(i, 0.040)
+        r.first_token_s = r.last_token_s = r.ttft_s = None
+        r.itl_s, r.token_times_s = [], []
+        recs.append(r)
+    s = summarize(recs, None, None, _client([0.0027] * 10))
+    assert s["client"]["timing_bound_s"] is not None
+    text = _render(s)
+    assert "(E2E ± 2.80 ms: client timing error, p99)" in text and "TTFT, ITL" not in text

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Protocol
 
+from cbbench.harness.client.lateness import Lateness
+
 _SIZE, _DATA, _CRLF, _TRAILER = range(4)
 READ_SIZE = 262144
 # SO_TIMESTAMPNS(_OLD) = SCM_TIMESTAMPNS on the asm-generic ABI (x86, arm, riscv, ...); Python's
@@ -29,6 +31,8 @@ _ANC_SIZE = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 0
 class Sink(Protocol):
     send_window_ns: int | None  # set by H1Pool: sent stamp -> the write returned
     user_read: bool  # set by SockConn before each read: stamped in user space, not by the kernel
+    read_ns: int | None  # set by SockConn before each read: when the loop read it (user space)
+    lateness: Lateness | None  # set by H1Pool: how late the worker's loop was, over time
 
     def sent(self, t: int, connect_ns: int | None, reused: bool | None) -> None: ...
     def head(self, status: int, header) -> None: ...
@@ -65,6 +69,7 @@ class PoolStats:
         # per kernel-stamped read: when the loop read it - the kernel's stamp (ns); how long
         # bytes waited for the loop (not a field: kept out of the counts run.json holds)
         self.read_delay_ns = array("q")
+        self.lateness = Lateness()  # the same waits (and the loop-lag probe's) over time
 
 
 class Conn:
@@ -335,8 +340,10 @@ class SockConn(Conn):
             else:
                 stats.kernel_reads += 1
                 stats.read_delay_ns.append(now - t)
+                stats.lateness.read(t, now)
             if self.sink is not None:  # its bound may not take the stamp as exact (response.py)
                 self.sink.user_read = t is now
+                self.sink.read_ns = now
             self.feed(data, t)
             if len(data) < READ_SIZE:
                 return  # drained: spare the syscall that would say EAGAIN

@@ -39,6 +39,7 @@ from collections.abc import Callable
 
 import httpx
 from cbbench.harness.client import fast_events, http1
+from cbbench.harness.client.lateness import Lateness
 from cbbench.harness.client.reply import Reply
 from cbbench.harness.client.server_timing import server_times
 from cbbench.harness.client.sse import SSEParser
@@ -94,6 +95,24 @@ parse_json: Callable[[bytes], object] = _parse_json_fast if orjson else _parse_j
 dump_json: Callable[[object], bytes] = _dump_json_fast if orjson else _dump_json_std
 
 
+def merged_slack(resp: Response) -> int:
+    """How much earlier than its read's stamp a merged first token may have come (ns).
+
+    It came after the previous read (or the send): at most `stamp - earliest`. And the loop
+    read it late, or it would have read it alone: it came at most as early as the loop was
+    late around that read, `late` = `Lateness.worst` over [earliest, read] (every read's
+    wait, this one's too, and the loop-lag probe's lag), so `stamp - a <= read - a <= late`.
+    A loop that was never late reads events alone unless they were sent together: server
+    queueing before them is no error. (A stall only this stream waited through and the
+    100 ms probe missed is the one blind spot: docs/timing.md.)"""
+    if resp.first_merged is None:
+        return 0
+    lower, t, read = resp.first_merged
+    if resp.lateness is None or read is None:
+        return max(0, t - lower)
+    return max(0, min(t - lower, resp.lateness.worst(lower, read)))
+
+
 def use_stdlib_json(flag: bool = True) -> None:
     """Encode and decode with the stdlib (tests of the pure path, comparisons)."""
     global parse_json, dump_json, count_common
@@ -132,7 +151,9 @@ class Response:
         "kinds",
         "adapter",
         "send_window_ns",
-        "first_slack_ns",
+        "first_merged",
+        "read_ns",
+        "lateness",
         "last_read_ns",
         "user_read",
     )
@@ -163,11 +184,15 @@ class Response:
         self.connect_ns: int | None = None  # set-up of a connection opened for this request
         self.reused: bool | None = None  # sent on a connection that served a request before
         self.send_window_ns: int | None = None  # the raw client: sent stamp -> write returned
-        # how much earlier than its read's stamp the first token may have come: 0 unless a
-        # later event (or part of one) shared its read (docs/timing.md "a bound per request")
-        self.first_slack_ns = 0
+        # (earliest, stamp, read): the first token's read merged it with later bytes (or
+        # had no kernel stamp; docs/timing.md "a bound per request"); how much earlier than
+        # the stamp it may have come (`merged_slack`) is settled at the end, when the loop's
+        # lateness around it is known
+        self.first_merged: tuple[int, int, int | None] | None = None
         self.last_read_ns: int | None = None  # the previous read's stamp
         self.user_read = False  # this read was stamped in user space (no kernel stamp came)
+        self.read_ns: int | None = None  # when the loop read it (SockConn; None: unknown)
+        self.lateness: Lateness | None = None  # the worker's loop lateness (H1Pool)
 
     def sent(self, t: int, connect_ns: int | None = None, reused: bool | None = None) -> None:
         """The request was written at `t` (ns); the transport says what the connection cost."""
@@ -278,7 +303,9 @@ class Response:
                 # is the last segment's), or the read has no kernel stamp: the first token
                 # came after the previous read (or the send) at the earliest
                 lower = max(self.sent_ns or self.attempt_ns, self.last_read_ns or 0)
-                self.first_slack_ns = max(0, t - lower)
+                # no kernel stamp: when it came is unknown, the loop's lateness says nothing
+                read = None if self.user_read or self.read_ns is None else self.read_ns
+                self.first_merged = (lower, t, read)
             self.chunks.append((t, k_read))
         self.last_read_ns = t
 
@@ -460,7 +487,7 @@ def finish(rec: RequestRecord, resp: Response, t0_ns: int, end_ns: int) -> None:
         )
     _reasoning(rec, resp, exact)
     if resp.send_window_ns is not None:  # a bound on this request's TTFT error (kernel stamps)
-        rec.extra["stamp_bound_s"] = (resp.send_window_ns + resp.first_slack_ns) / 1e9
+        rec.extra["stamp_bound_s"] = (resp.send_window_ns + merged_slack(resp)) / 1e9
     if resp.adapter is not None and resp.adapter.finish is not None:
         resp.adapter.finish(rec, resp)
         return

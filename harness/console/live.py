@@ -229,14 +229,19 @@ def _ms(d: dict, key: str) -> str:
     return "-" if v is None else f"{v * 1e3:.2f}"
 
 
+_TIMED = (("TTFT", "ttft_s"), ("ITL", "itl_s"), ("E2E", "e2e_s"))
+
+
 def summary_table(summary: dict, title: str = "cbbench bench", caption: bool = True) -> Table:
     """The latency table; with `caption`, its notes as the table's caption (centred, wrapped
     at the table's width). Commands pass caption=False and print `summary_lines` below it."""
     c = summary["counts"]
     # the client's timing error bound (p99), beside the figures it affects
     bound = (summary.get("client") or {}).get("timing_bound_s")
-    if bound is not None:
-        title = f"{title}\n(TTFT, ITL, E2E ± {bound * 1e3:.2f} ms: client timing error, p99)"
+    # naming only the times this run has (an embeddings run has no TTFT or ITL)
+    timed = [n for n, k in _TIMED if (summary.get(k) or {}).get("count")]
+    if bound is not None and timed:
+        title = f"{title}\n({', '.join(timed)} ± {bound * 1e3:.2f} ms: client timing error, p99)"
     t = Table(title=title)
     t.add_column("metric")
     for col in ("mean", "p50", "p90", "p99", "max", "count"):
