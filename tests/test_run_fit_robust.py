@@ -10,7 +10,6 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-import numpy as np
 import pytest
 from cbbench.reference_engine.sim.run_fit import (
     Observed,
@@ -81,7 +80,7 @@ def test_server_ttft_measures_a_load_dependent_overhead():
     for run in runs:
         load = in_flight([r.sent_s for r in run.requests], [r.e2e_s for r in run.requests])
         run.requests = [replace(r, server_ttft_s=r.ttft_s - TRUTH["c_req"]
-                                - TRUTH["c_req_load"] * x) for r, x in zip(run.requests, load)]  # fmt: skip
+                                - TRUTH["c_req_load"] * x) for r, x in zip(run.requests, load, strict=True)]  # fmt: skip
     fit = fit_runs(runs, "small", "float32", SETTINGS, holdout=0.5, server_ttft=True)
     assert fit.coef["c_req"] == pytest.approx(TRUTH["c_req"], rel=0.05)
     assert fit.coef["c_req_load"] == pytest.approx(TRUTH["c_req_load"], rel=0.05)

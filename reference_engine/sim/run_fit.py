@@ -419,6 +419,7 @@ def _match_means(runs, parts, model, dtype, settings, best, steps: int = 2):
     outputs weigh more), then c_req moved by its TTFT mean's residual. The robust loss
     sets the terms' shape and keeps a server's stalls out of it; the means (what is
     predicted) still carry the stalls' share. Kept only where it matches the fit part better."""
+
     def fit_mean(vals_of, part_vals) -> float:
         v = [x for vals, part in zip(part_vals, parts, strict=True)
              for x, q in zip(vals_of(vals), part, strict=True) if q and x is not None]  # fmt: skip
