@@ -19,10 +19,9 @@ KV blocks) and reconstructs it. Then, a few rounds of:
 The overhead outside the steps need not be constant: a front end that shares the machine
 with its engine (tokenizing, detokenizing every running stream) slows as the load grows, so
 a request's overhead is `c_req + c_req_load * in_flight`, in_flight the requests the client
-had in flight when it sent it (measured in the fitted runs; simulated when predicting).
-
-The fit part is the requests sent in the first (1 - holdout) of each run; the rest is held
-back: the error on it is the fit's measured error (what `plan` / `sim` intervals use).
+had in flight when it sent it (measured in the fitted runs; simulated when predicting). The
+fit part: the requests sent in the first (1 - holdout) of each run; the rest is held back
+(its error: the fit's measured error, what `plan` / `sim` intervals use).
 """
 
 from __future__ import annotations
@@ -37,6 +36,14 @@ import numpy as np
 from cbbench.reference_engine.config.engine_config import ContinuousConfig, EngineConfig
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution.cost_model import HardwareSpec, StepWork, nnls
+from cbbench.reference_engine.sim.run_fit_terms import (
+    fit_part,
+    identifiability,
+    in_flight,
+    overheads,
+    robust_solve,
+    what_runs_cannot_tell,
+)
 from cbbench.workloads.spec import RequestSpec
 
 # what a black-box fit can see: per step, batched token, sequence, decode context token,
@@ -44,9 +51,6 @@ from cbbench.workloads.spec import RequestSpec
 RUN_TERMS = ("c0", "c_tok", "c_seq", "c_dec_kv", "c_pre_ctx")
 OVERHEAD_TERMS = ("c_req", "c_req_load")  # per request; and per request in flight at its send
 METRICS = ("ttft", "tpot", "e2e")
-# robust weights, in robust standard deviations of the residuals (95 % efficiency if normal):
-# Huber's first (a convex start), then Tukey's bisquare (a stall far out gets no weight)
-HUBER_K, TUKEY_C = 1.345, 4.685
 SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "block_size",
             "num_kv_blocks", "enable_prefix_caching", "max_model_len",
             "tensor_parallel_size")  # fmt: skip
@@ -97,27 +101,6 @@ class RunFit:
     rounds: list[dict] = field(default_factory=list)  # per round: coef, fit-part error
     identified: dict[str, str] = field(default_factory=dict)  # term -> verdict
     notes: list[str] = field(default_factory=list)  # what the runs cannot tell
-
-
-def fit_part(run: ObservedRun, holdout: float) -> list[bool]:
-    """Per request: in the fit part (sent in the first 1 - holdout of the run's sends)."""
-    order = sorted(range(len(run.requests)), key=lambda i: run.requests[i].sent_s)
-    k = max(1, round(len(order) * (1.0 - holdout)))
-    keep = set(order[:k])
-    return [i in keep for i in range(len(run.requests))]
-
-
-def in_flight(sent: list[float], e2e: list[float]) -> np.ndarray:
-    """Per request: how many others were in flight (sent, not yet finished) at its send."""
-    s = np.asarray(sent, dtype=float)
-    ends = np.sort(s + np.asarray(e2e, dtype=float))
-    started = np.searchsorted(np.sort(s), s, side="right")  # itself included
-    done = np.searchsorted(ends, s, side="right")
-    return np.maximum(started - done - 1, 0).astype(float)
-
-
-def overheads(coef: dict[str, float], load: np.ndarray) -> np.ndarray:
-    return coef.get("c_req", 0.0) + coef.get("c_req_load", 0.0) * load
 
 
 class _StepLog:
@@ -259,37 +242,6 @@ def _rows(run: ObservedRun, log: _StepLog, sim_reqs: list, use: list[bool], meas
     return t_rows, t_y, d_rows, d_y, g_rows, g_y
 
 
-def _solve(rows: list, ys: list, irls: int = 6) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """NNLS over the stacked groups, each scaled by its mean target and its size; columns
-    normalised; robust: re-weighted `irls` times on the residuals (scale: their median
-    absolute deviation), Huber's weights for the first half, Tukey's bisquare after, so a
-    few stalls of the server (a TTFT or a gap many times the rest) do not move the step
-    terms. Returns (coefficients, scaled A, scaled b)."""
-    blocks_a, blocks_b = [], []
-    for r, y in zip(rows, ys, strict=True):
-        if not r:
-            continue
-        a, b = np.array(r), np.array(y)
-        scale = 1.0 / (max(float(b.mean()), 1e-9) * np.sqrt(len(b)))
-        blocks_a.append(a * scale)
-        blocks_b.append(b * scale)
-    A, b = np.vstack(blocks_a), np.concatenate(blocks_b)
-    norm = np.maximum(np.abs(A).max(axis=0), 1e-300)
-    w = np.ones(len(b))
-    for it in range(irls + 1):
-        x = nnls(A / norm * w[:, None], b * w) / norm
-        r = b - A @ x
-        sigma = 1.4826 * float(np.median(np.abs(r - np.median(r))))
-        if sigma <= 0:
-            break
-        u = np.abs(r) / sigma
-        if it < irls // 2:
-            w = np.sqrt(np.minimum(1.0, HUBER_K / np.maximum(u, 1e-300)))
-        else:
-            w = np.where(u < TUKEY_C, 1.0 - (u / TUKEY_C) ** 2, 0.0)  # sqrt of (1 - u²)²
-    return x, A, b
-
-
 def _errors(runs: list[ObservedRun], preds: list[Predicted], parts: list[list[bool]],
             which: bool | None) -> dict[str, float]:  # fmt: skip
     """Relative errors (predicted / measured - 1) of the means and p99s of TTFT, TPOT and
@@ -387,7 +339,7 @@ def fit_runs(
                 g.extend(vals)
         if not groups[2] and not groups[0]:
             raise EngineError("calibration from runs: no request of the fit part got a token")
-        x, last_a, last_b = _solve(groups[0::2], groups[1::2])
+        x, last_a, last_b = robust_solve(groups[0::2], groups[1::2])
         if measured:
             x[-2:] = coef["c_req"], coef["c_req_load"]
         new = dict(zip((*RUN_TERMS, *OVERHEAD_TERMS), map(float, x), strict=True))
@@ -405,7 +357,7 @@ def fit_runs(
         "all": _errors(runs, preds, parts, None),
     }, history)  # fmt: skip
     if last_a is not None:
-        fit.identified = identifiability(last_a, last_b, coef)
+        fit.identified = identifiability(last_a, last_b, coef, (*RUN_TERMS, *OVERHEAD_TERMS))
     if measured:
         for t in OVERHEAD_TERMS:
             fit.identified[t] = "measured (client TTFT less the server's own)"
@@ -442,55 +394,3 @@ def _match_means(runs, parts, model, dtype, settings, best, steps: int = 2):
         if s < out[0]:
             out = (s, dict(coef), preds)
     return out
-
-
-def identifiability(A: np.ndarray, b: np.ndarray, coef: dict[str, float]) -> dict[str, str]:
-    """Per term: 'not exercised' (its feature was zero throughout), 'poorly identified' (its
-    standard error over half its value, or it sits at 0 with others able to absorb it) or
-    'identified (+-X %)'."""
-    names = (*RUN_TERMS, *OVERHEAD_TERMS)
-    x = np.array([coef.get(t, 0.0) for t in names])
-    resid = b - A @ x
-    dof = max(1, len(b) - int((x > 0).sum()))
-    sigma2 = float(resid @ resid) / dof
-    out: dict[str, str] = {}
-    active = x > 0
-    cov = None
-    if active.any():
-        As = A[:, active]
-        try:
-            cov = np.linalg.pinv(As.T @ As) * sigma2
-        except np.linalg.LinAlgError:
-            cov = None
-    idx = {j: i for i, j in enumerate(np.flatnonzero(active))}
-    for j, t in enumerate(names):
-        if not np.any(A[:, j]):
-            out[t] = "not exercised"
-        elif not active[j]:
-            out[t] = "0 (the fit wants none)"
-        elif cov is None:
-            out[t] = "poorly identified"
-        else:
-            rel = float(np.sqrt(max(cov[idx[j], idx[j]], 0.0))) / x[j]
-            out[t] = f"identified (+-{rel:.0%})" if rel < 0.5 else f"poorly identified (+-{rel:.0%})"
-    return out
-
-
-def what_runs_cannot_tell(runs: list[ObservedRun], preds: list[Predicted],
-                          settings: dict) -> list[str]:  # fmt: skip
-    """The settings a black-box fit takes on trust, when the runs do not exercise them."""
-    notes = []
-    said = [r.num_preemptions for r in runs if r.num_preemptions is not None]
-    if not any(p.num_preemptions for p in preds) and not any(said):
-        src = "the server's settings" if settings.get("num_kv_blocks") else "nowhere (unknown)"
-        notes.append("KV capacity: the runs never preempted, so they cannot tell how many KV "
-                     f"blocks the server has; taken from {src}")  # fmt: skip
-    seqs = settings.get("max_num_seqs")
-    top = max((p.max_running for p in preds), default=0)
-    if seqs is None or top < seqs:
-        notes.append(f"max_num_seqs: at most {top} requests ran at once, so the runs cannot "
-                     f"tell the limit ({'unknown' if seqs is None else seqs} assumed)")  # fmt: skip
-    if not any(p.budget_bound_steps for p in preds):
-        notes.append("token budget: no step filled max_num_batched_tokens, so the runs "
-                     "cannot tell it or how chunked prefill splits prompts")  # fmt: skip
-    return notes
