@@ -365,7 +365,7 @@ def fit_runs(
     return fit
 
 
-def _match_means(runs, parts, model, dtype, settings, best, steps: int = 2):
+def _match_means(runs, parts, model, dtype, settings, best, steps: int = 5):
     """The best round brought to the fit part's means: the step terms scaled by the
     geometric mean of its TPOT mean's ratio and its decode time's (E2E less TTFT: the long
     outputs weigh more), then c_req moved by its TTFT mean's residual. The robust loss
@@ -382,10 +382,12 @@ def _match_means(runs, parts, model, dtype, settings, best, steps: int = 2):
     meas_dec = fit_mean(lambda run: [r.e2e_s - r.ttft_s for r in run.requests], runs)
     score, coef, preds = best
     out = best
-    for _ in range(steps):
+    for step in range(steps):
         dec = fit_mean(lambda p: [e - t for e, t in zip(p.e2e_s, p.ttft_s, strict=True)], preds)
         k = float(np.sqrt(meas_tpot / fit_mean(lambda p: p.tpot_s, preds) * meas_dec / dec))
-        coef = {t: v * k if t in RUN_TERMS else v for t, v in coef.items()} if k > 0 else coef
+        if not k > 0 or (abs(k - 1) < 0.005 and step > 0):  # converged (queueing feeds back)
+            break
+        coef = {t: v * k if t in RUN_TERMS else v for t, v in coef.items()}
         preds = [simulate_run(r, model, dtype, settings, coef)[0] for r in runs]
         shift = meas_ttft - fit_mean(lambda p: p.ttft_s, preds)
         coef = {**coef, "c_req": max(0.0, coef.get("c_req", 0.0) + shift)}
