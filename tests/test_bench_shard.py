@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from cbbench.harness.cli import main
 from cbbench.harness.client.api import ClientConfig
+from cbbench.harness.conclusions.window import add_window_summary, run_lead
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.load.options import LoadOptions
 from cbbench.harness.load.runner import BenchConfig, _plans, run_bench
@@ -42,7 +43,8 @@ N_REQ, RATE, CONC, SEED = 30, 6.0, 6, 5  # ~2 s: a client sample a second
 # keys the runner (or merge) adds beside `summarize`'s, and those derived from the workers'
 # self-check samples that requests.jsonl does not hold
 RUNNER_KEYS = {"cancelled_in_flight", "connections", "timestamp_source", "client", "shards",
-               "prefix_cache", "agent"}  # fmt: skip
+               "prefix_cache", "agent", "steady_window", "window_figures", "lead",
+               "lead_note"}  # fmt: skip
 CLIENT_SAMPLE_KEYS = {"client_bound", "client_bound_reason"}
 
 
@@ -133,7 +135,7 @@ def shards(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("shards")
     spec = _spec(tmp)
     with threaded(FakeServerConfig(Behavior(itl_s=0.002))) as srv:
-        start = time.time() + 6.0  # after three interpreters have started on 2 busy cores
+        start = time.time() + 10.0  # after three interpreters have started on 2 busy cores
         procs = [
             subprocess.Popen(
                 _bench_argv(
@@ -207,6 +209,17 @@ def test_three_shards_merge_into_one_run(shards):
     assert {k: v for k, v in summary.items() if k not in skip} == {
         k: v for k, v in again.items() if k not in skip
     }
+    # the steady window (bench --window steady, every shard's lead) is found on the merged
+    # records as on one run's, so `gate` compares merged runs over their windows
+    windowed: dict = {}
+    add_window_summary(windowed, merged.records, "steady", {"ttft": 1.0})
+    windowed = json.loads(json.dumps(windowed))  # as run.json holds it
+    assert summary["lead"] == windowed["lead"] and summary.get("lead_note") == windowed.get(
+        "lead_note"
+    )
+    assert summary["steady_window"] == windowed["steady_window"]
+    assert summary["window_figures"] == windowed["window_figures"]
+    assert all(run_lead(run.meta) == "steady" for run in parts)
     # with every worker's own samples, the client block too is what one process computes
     samples = [run.meta["shard"]["client_samples"] for run in parts]
     client = {

@@ -88,7 +88,10 @@ def test_bench_finds_the_window_after_a_known_warm_up(tmp_path: Path, capsys) ->
         argv = ["bench", "--base-url", srv.url, "--workload", "prompt=16,output=4", "--rate"]
         argv += ["40", "--arrival", "constant", "--num-requests", "240", "--out", str(out)]
         assert main([*argv, *NO_TELEMETRY]) == 0
-    assert "steady window" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    # the window's figures as a table beside the whole run's (not one line after it)
+    assert "steady window" in printed and "TTFT p99 (ms)" in printed
+    assert "(whole run " not in printed
     summary = json.loads((out / "run.json").read_text())["summary"]
     w = summary["steady_window"]
     # truth: sends after 2 s meet the steady server; in flight is level one latency later

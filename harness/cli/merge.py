@@ -38,10 +38,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from cbbench.harness.conclusions.merge_window import merge_with_window
+    from cbbench.harness.conclusions.run_summary import conclusion_lines
     from cbbench.harness.console.live import print_summary
+    from cbbench.harness.console.window_table import window_table
     from cbbench.harness.load.runner import worker_timing_lines
     from cbbench.harness.results.agent_summary import cache_lines
-    from cbbench.harness.results.merge import merge_runs
     from rich.console import Console
 
     if args.out is None:  # the old form: merge OUT DIR...
@@ -53,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
             "DIR...` (still accepted)",
             file=sys.stderr,
         )
-    res = merge_runs(
+    res = merge_with_window(
         args.out, args.dirs, allow_missing=args.allow_missing, name=args.name, command=sys.argv,
         allow_start_skew=args.allow_start_skew,
     )  # fmt: skip
@@ -65,7 +67,11 @@ def run(args: argparse.Namespace) -> int:
     if res.meta["merged"].get("start_skew"):
         print(f"cbbench merge: warning: {res.meta['merged']['start_skew']}", file=sys.stderr)
     print_summary(out, res.summary, f"cbbench merge: {res.meta['name']}")
-    for line in [*worker_timing_lines(res.summary), *cache_lines(res.summary)]:
+    windowed = window_table(res.summary)  # the merged run's steady window beside it
+    if windowed is not None:
+        out.print(windowed)
+    for line in [*worker_timing_lines(res.summary), *cache_lines(res.summary),
+                 *conclusion_lines(res.summary, window_table=windowed is not None)]:  # fmt: skip
         out.print(line, highlight=False, soft_wrap=True)
     for row in res.summary["shards"]:
         late = row["late_start_s"] or 0.0

@@ -19,10 +19,12 @@ def add_run_conclusions(
         summary["over_saturated"] = found
 
 
-def conclusion_lines(summary: dict) -> list[str]:
+def conclusion_lines(summary: dict, window_table: bool = False) -> list[str]:
+    """`window_table`: the window's figures were printed as a table (harness/console/
+    window_table.py), so the one-line form is left out; a note (no window) still prints."""
     lines = []
     w = window_line(summary)
-    if w:
+    if w and not (window_table and summary.get("window_figures")):
         lines.append(w)
     sat = summary.get("over_saturated")
     if sat:

@@ -31,6 +31,7 @@ from cbbench.harness.conclusions.run_summary import (
 )
 from cbbench.harness.console.live import LiveStats, LiveView, print_summary
 from cbbench.harness.console.outcome import outcome_lines, worker_timing_lines
+from cbbench.harness.console.window_table import window_table
 from cbbench.harness.errors import CbbenchError, resource_hint
 from cbbench.harness.load.cache import check_agent_endpoint, prepare_cache
 from cbbench.harness.load.cache_options import CacheOptions
@@ -505,6 +506,9 @@ def run_bench(
         writer.write_run(meta)
         writer.close()
     print_summary(out, summary, f"cbbench bench: {name}")
+    windowed = window_table(summary)  # the steady window beside the whole run
+    if windowed is not None:
+        out.print(windowed)
     for line in [*worker_timing_lines(summary), *cache_lines(summary)]:
         if cfg.timing_warning or not line.startswith("TIMING BOUND"):
             out.print(line, highlight=False, soft_wrap=True)  # whole lines, not cut mid-phrase
@@ -512,7 +516,7 @@ def run_bench(
         out.print(f"note: {fitted.line()}", highlight=False, markup=False, soft_wrap=True)
     for line in outcome_lines(summary, interrupted=interrupted, planned=planned, stopped=watched):
         out.print(line, highlight=False, markup=False, soft_wrap=True)
-    for line in conclusion_lines(summary):
+    for line in conclusion_lines(summary, window_table=windowed is not None):
         out.print(line, highlight=False, markup=False, soft_wrap=True)
     out.print(f"run folder: {run_dir}")
     return BenchResult(run_dir, summary, interrupted, records, meta, failure)

@@ -22,6 +22,7 @@ workers, worst timing bound, t0, how late it started, its kernel clock state).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,8 +169,11 @@ def merge_runs(
     allow_start_skew: bool = False,
     name: str | None = None,
     command: list[str] | None = None,
+    conclude: Callable[[dict, list[RequestRecord], list[dict]], None] | None = None,
 ) -> MergeResult:
-    """Merge the shard folders `run_dirs` into a new run folder `out_dir`."""
+    """Merge the shard folders `run_dirs` into a new run folder `out_dir`. `conclude(summary,
+    records, shard metas)` adds what a later layer concludes from the merged records (the
+    steady window: harness/conclusions/merge_window.py) before run.json is written."""
     out = Path(out_dir)
     if not run_dirs:
         raise CbbenchError("merge: give the shard run folders to merge")
@@ -284,6 +288,8 @@ def merge_runs(
     summary["shards"] = rows
     if missing:
         summary["shards_missing"] = missing
+    if conclude is not None:
+        conclude(summary, records, [r.meta for r in runs])
 
     meta = copy.deepcopy({k: v for k, v in first.items() if k not in ("shard", "summary")})
     count = first["shard"]["count"]

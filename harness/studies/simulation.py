@@ -21,6 +21,7 @@ from cbbench.harness.results import compare
 from cbbench.harness.results.records import RequestRecord
 from cbbench.harness.results.run_folder import RunWriter
 from cbbench.harness.results.summary import RunSummary, summarize
+from cbbench.harness.studies.sim_graphs import drop_too_long, graph_part, print_graph
 from cbbench.reference_engine.config.engine_config import SCHEDULERS, EngineConfig
 from cbbench.reference_engine.config.options import FLAGS, SIM_DEFAULTS, build_engine_config
 from cbbench.reference_engine.core.block_manager import cdiv
@@ -108,6 +109,7 @@ def to_records(res: SimResult, scheduler: str) -> list[RequestRecord]:
                 sent_s=r.arrival_s,
                 first_token_s=r.first_token_s,
                 last_token_s=r.finished_s,
+                end_s=r.finished_s,
                 token_times_s=list(r.token_times_s),
                 ttft_s=r.ttft_s,
                 tpot_s=r.tpot_s,
@@ -117,11 +119,13 @@ def to_records(res: SimResult, scheduler: str) -> list[RequestRecord]:
                 prompt_tokens_server=r.prompt_len,
                 output_tokens_server=len(r.token_times_s),
                 finish_reason=r.finish_reason,
+                session_id=r.session_id,
                 extra={
                     "simulated": res.simulated,
                     "scheduler": scheduler,
                     "num_preemptions": r.num_preemptions,
                     "num_cached_tokens": r.num_cached_tokens,
+                    **({"graph": dict(r.graph)} if r.graph is not None else {}),
                 },
             )
         )
@@ -196,6 +200,9 @@ def run_summary(
     records = to_records(res, scheduler) if records is None else records
     summary = summarize(records, duration_s=res.duration_s)
     summary["sim"] = res.summary()
+    graphs = graph_part(records, res.simulated)  # agent-graph sessions, replayed as graphs
+    if graphs is not None:
+        summary["graph"] = graphs
     return summary
 
 
@@ -238,14 +245,7 @@ def load_sim_workload(opts: SimOptions, console: Console) -> Workload:
             settings.get("max_model_len")
             or resolve_model_config(settings.get("model", "tiny"), True).max_position_embeddings
         )
-        kept = tuple(r for r in wl.requests if r.prompt_len + r.output_len <= limit)
-        console.print(
-            f"--drop-too-long: skipped {len(wl) - len(kept)} of {len(wl)} requests longer "
-            f"than max_model_len {limit}"
-        )
-        if not kept:
-            raise CbbenchError(f"every request of {opts.workload} exceeds max_model_len {limit}")
-        wl = dataclasses.replace(wl, requests=kept)
+        wl = drop_too_long(wl, limit, console, opts.workload)
     return wl
 
 
@@ -331,6 +331,7 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
         for name, r in results.items():
             tput = r.summary()["output_throughput"] or 0.0
             console.print(f"{name}: {len(r.steps)} steps run; {tput:.1f} output tok/s")
+            print_graph(console, name, run_summary(r, name), r.simulated)
             save(name, r)
         title = (
             f"MEASURED: {any_cfg.model} on {where}, workload {opts.workload} ({len(wl)} "
@@ -351,6 +352,7 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
                 f"{tput:.1f} output tok/{'step' if steps_mode else 's'}"
             )
             print_interval(console, name, hw, results[name])
+            print_graph(console, name, run_summary(results[name], name), True)
             save(name, results[name])
         title = (
             f"SIMULATED: {any_cfg.model} on {where}, workload {opts.workload} ({len(wl)} "

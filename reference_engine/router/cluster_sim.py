@@ -194,7 +194,7 @@ def simulate_cluster(
     arrivals = Arrivals(requests, PromptTokenIds(seed, prefix_block_size, id_pool(vocab)))
     recs: dict[str, ClusterRequest] = {}
     out_ids: dict[str, list[int]] = {}  # sessions' replies, until the next turn is built
-    sessions = any(r.session_id is not None for r in requests)
+    sessions = any(r.session_id is not None or r.graph is not None for r in requests)
     busy: list[tuple[float, int, int]] = []  # (clock, replica, gen) of those with work
     in_busy = [False] * num_replicas
     routing: list[float] = []

@@ -55,6 +55,8 @@ class SimRequest:
     num_preemptions: int = 0
     num_cached_tokens: int = 0
     finish_reason: str | None = None
+    session_id: str | None = None
+    graph: dict | None = None  # an agent-graph call: after, depth, calls, name, wait_s
 
     @property
     def queue_s(self) -> float | None:
@@ -304,7 +306,8 @@ def _replay_steps(
     num_done = 0
     skipping = event_skip and not timeline and not skip_blockers(engine)
     skipped = 0
-    sessions = any(r.session_id is not None for r in requests)  # a reply sends a turn
+    # a reply sends a turn or releases a graph call: skipping windows end at completions
+    sessions = any(r.session_id is not None or r.graph is not None for r in requests)
     while arrivals.pending or engine.has_unfinished_requests():
         yield
         now = engine.now() - t0
@@ -323,8 +326,9 @@ def _replay_steps(
             except EngineError as exc:
                 raise EngineError(f"workload request {spec.index}: {exc}") from None
             recs[rid] = SimRequest(
-                rid, spec.index, len(ids), spec.output_len, spec.priority, arrival
-            )
+                rid, spec.index, len(ids), spec.output_len, spec.priority, arrival,
+                session_id=spec.session_id, graph=_graph_fields(spec),
+            )  # fmt: skip
             if not arrivals.pending:  # the last arrival: no batch can fill any further
                 engine.close_input()
         if not engine.has_unfinished_requests():
@@ -408,6 +412,16 @@ def _replay_steps(
         spec_decode=engine.spec_stats,
         skipped_steps=skipped,
     )
+
+
+def _graph_fields(spec: RequestSpec) -> dict | None:
+    """What the graph session metrics read (harness/results/graph_summary.py)."""
+    g = spec.graph
+    if g is None:
+        return None
+    wait = (spec.think_s or 0.0) if g.after else 0.0
+    return {"after": list(g.after), "depth": g.depth, "calls": g.calls, "live": len(g.live),
+            "name": g.name, "wait_s": wait}  # fmt: skip
 
 
 def _finished(r: SimRequest, m, reason: str | None, t0: float) -> None:
