@@ -84,7 +84,7 @@ def test_agent_graph_on_the_reference_engine(tmp_path, capsys):
         '[[rules]]\nmetric = "makespan"\nstat = "p50"\nmax_increase = 10\n'
     )
     run = str(tmp_path / "run")
-    assert main(["gate", "--baseline", run, "--candidate", run, "--policy", str(policy)]) == 0, (
+    assert main(["gate", "--baseline", run, "--candidate", run, "--policy-file", str(policy)]) == 0, (
         capsys.readouterr().out
     )
     out = capsys.readouterr().out

@@ -39,7 +39,7 @@ def test_find_max_rate_meets_the_slo_and_20_percent_more_does_not(tmp_path: Path
     server = sim_args(hw, "--max-num-seqs", "1")
     with launch_reference_server("tiny", "continuous", "cpu", server) as srv:
         argv = ["sweep", "--base-url", srv.base_url, "--workload", str(spec), "--find-max-rate"]
-        argv += ["--slo", SLO, "--goodput", "0.95", "--arrival", "constant"]
+        argv += ["--slo", SLO, "--goodput-share", "0.95", "--arrival", "constant"]
         argv += ["--num-requests", "20", "--start-rate", "2", "--out", str(out), "--no-live"]
         argv += ["--warmup", "2"]
         assert main([*argv, "--max-time", "300"]) == 0
@@ -72,7 +72,7 @@ def test_find_max_rate_on_a_server_capped_near_6_per_s_lands_between_4_and_7_4(t
         "tiny", "continuous", "cpu", sim_args(hw, "--max-num-seqs", "1")
     ) as srv:
         argv = ["sweep", "--base-url", srv.base_url, "--workload", str(spec), "--find-max-rate"]
-        argv += ["--slo", "ttft=2s", "--goodput", "0.95", "--num-requests", "50"]
+        argv += ["--slo", "ttft=2s", "--goodput-share", "0.95", "--num-requests", "50"]
         argv += ["--out", str(out), "--no-live", "--warmup", "2", "--max-time", "400"]
         assert main(argv) == 0
     index = json.loads((out / "sweep.json").read_text())

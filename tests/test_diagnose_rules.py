@@ -71,6 +71,15 @@ def test_demo_run_to_completion_evidence(demo) -> None:
     assert "held by requests that had already finished" in text and "--max-model-len" in text
     fix = static.fixes["cbbench"]
     assert "--scheduler continuous (continuous batching" in fix and "--max-model-len" in fix
+    # the KV figure is labelled by its window, and the run's mean is the report table's number
+    from cbbench.harness.diagnose.base import pct
+    from cbbench.harness.report.table import _series_stats
+
+    table_mean = _series_stats(load_run(demo["static"]).timeseries, "kv_usage", 1.0)["mean"]
+    assert v["kv_usage_run_mean"] == pytest.approx(table_mean)
+    assert f"KV usage {pct(v['kv_usage_mean'])} on average while requests waited" in text
+    if pct(table_mean) != pct(v["kv_usage_mean"]):
+        assert f"the run's mean, as the report's table: {pct(table_mean)}" in text
     dynamic = findings(demo["dynamic"])["hol-blocking"].values
     assert dynamic["mode"] == "run-to-completion" and dynamic["idle_share"] >= 0.3
     assert dynamic["kv_usage_mean"] < 0.5  # prompt + max_tokens reserved: memory to spare

@@ -70,3 +70,20 @@ def test_held_back_names_what_was_held_back():
     assert line and line.startswith("stopped early (3 never sent, 2 cancelled in flight): ")
     assert line.endswith("HTTP 400: bad model")
     assert first.held_back(0, 1).startswith("stopped early (1 cancelled in flight): ")
+
+
+def test_a_closed_loop_stops_on_a_repeated_client_error_as_the_open_loop_does(
+    tmp_path, monkeypatch, capsys
+):
+    # r51 finding 3: `--concurrency 2` against a server answering 404 in a millisecond sent
+    # all 30 requests before the stop was polled, and run.json said "complete"
+    with threaded(FakeServerConfig(Behavior(status=404))) as srv:
+        argv = bench(srv.url, tmp_path / "r", "--workload", "mixed", "--num-requests", "60",
+                     "--concurrency", "2", "--seed", "1")  # fmt: skip
+        rc, _, err = run(argv, monkeypatch, capsys)
+    assert rc == EXIT_FAILED
+    meta = load_run(tmp_path / "r").meta
+    summary = meta["summary"]
+    held = 60 - summary["counts"]["total"] - summary["cancelled_in_flight"]
+    assert held >= 50 and f"stopped early ({held} never sent" in err, err
+    assert meta["status"] == "stopped-early"

@@ -22,7 +22,7 @@ def _at_repo_root(monkeypatch) -> None:
 
 def test_simulated_rerun_passes_the_default_gate(tmp_path: Path, capsys) -> None:
     out = tmp_path / "sim"
-    argv = ["sim", "--scheduler", "continuous", "--workload", WORKLOAD, "--rate", "20"]
+    argv = ["sim", "--schedulers", "continuous", "--workload", WORKLOAD, "--rate", "20"]
     assert main([*argv, "--out", str(out)]) == 0
     baseline = BASELINES / "sim-ci-small" / "continuous"
     assert load_run(baseline).meta["simulated"] is True
@@ -45,7 +45,7 @@ def test_real_cpu_rerun_passes_the_tolerant_gate(tmp_path: Path, capsys) -> None
         assert main([*argv, "--out", str(out)]) == 0
     baseline = BASELINES / "cpu-tiny-continuous"
     policy = BASELINES / "gate-cpu.toml"
-    gate = ["gate", "--baseline", str(baseline), "--candidate", str(out), "--policy", str(policy)]
+    gate = ["gate", "--baseline", str(baseline), "--candidate", str(out), "--policy-file", str(policy)]
     rc = main(gate)
     assert rc == 0, capsys.readouterr().out
     assert "PASS: 4 rules" in capsys.readouterr().out
@@ -68,4 +68,4 @@ def test_tolerant_gate_still_fails_a_gross_regression(tmp_path: Path, factor: in
     w.close()
     policy = BASELINES / "gate-cpu.toml"
     argv = ["gate", "--baseline", str(BASELINES / "cpu-tiny-continuous")]
-    assert main([*argv, "--candidate", str(tmp_path / "slow"), "--policy", str(policy)]) == 1
+    assert main([*argv, "--candidate", str(tmp_path / "slow"), "--policy-file", str(policy)]) == 1

@@ -116,3 +116,15 @@ def test_any_error_fails_a_zero_error_rule(tmp_path: Path) -> None:
     res = run_gate(load_run(base), load_run(cand), DEFAULT_POLICY)
     err = next(r for r in res.results if r.rule.metric == "error_rate")
     assert err.failed and err.candidate == pytest.approx(0.01)
+
+
+def test_a_rule_too_wide_to_fail_is_inconclusive_not_pass() -> None:
+    # r51 finding 14: p99 TTFT over 40 requests, [-84 %, +546 %] against +10 %: cannot fail
+    from cbbench.harness.gate.policy import Rule
+    from cbbench.harness.gate.verdict import CANNOT_TELL, inconclusive
+
+    rule = Rule(metric="ttft", stat="p99", limit="max_increase", value=0.10)
+    verdict, note = inconclusive(rule, 1.0, 0.16, 6.46, "pass", 40)
+    assert verdict == CANNOT_TELL and note.startswith("inconclusive (40 requests: too few for p99)")
+    assert inconclusive(rule, 1.0, 0.95, 1.05, "pass", 4000) == ("pass", "")  # narrow: a pass
+    assert inconclusive(rule, 1.5, 0.2, 3.0, "fail", 40)[0] == "fail"  # a fail stays a fail

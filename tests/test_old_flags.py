@@ -356,11 +356,14 @@ def test_calibrate_grid_flag_rejects_bad_list(capsys) -> None:
 RENAMED = [
     ("route", ["route", "--replica", "http://127.0.0.1:9", "--policy", "round-robin"],
      "--router", "router_policy", "round-robin"),
-    ("sweep", ["sweep", "--base-url", "http://127.0.0.1:9", "--rates", "1", "--out", "o",
-               "--goodput", "0.9"],
-     "--goodput-share", "goodput", 0.9),
-    ("plan", ["plan", "--slo", "ttft=1s", "--hardware", "h100", "--price", "1", "--goodput",
-              "95%"], "--goodput-share", "goodput_share", "95%"),
+    # sweep's and plan's --goodput now means SLO targets, as bench's (tests/test_one_spelling.py)
+    ("gate", ["gate", "--baseline", "a", "--candidate", "b", "--policy", "p.toml"],
+     "--policy-file", "policy", "p.toml"),
+    ("report", ["report", "r", "-o", "x.html"], "--out", "output", "x.html"),
+    ("report", ["report", "r", "--output", "x.html"], "--out", "output", "x.html"),
+    ("run", ["run", "--scheduler", "static,continuous"], "--schedulers", "scheduler",
+     "static,continuous"),
+    ("sim", ["sim", "--scheduler", "static"], "--schedulers", "scheduler", "static"),
     # a coefficient of variation of 2 is the gamma shape 1/4
     ("workload", ["workload", "show", "chat", "--cv", "2"], "--burstiness", "burstiness", 0.25),
 ]  # fmt: skip

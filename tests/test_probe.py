@@ -62,9 +62,20 @@ def test_probe_sees_prefix_caching_and_chunked_prefill_on(tmp_path: Path) -> Non
 
 
 def test_probe_stays_within_its_request_budget(tmp_path: Path, capsys) -> None:
-    index = probe(tmp_path, "continuous", "max-batch", budget=20)
-    # calibrate 3 + concurrency 1, 2, 4 (4 + 4 + 8) = 19; concurrency 8 (16 more) is skipped
-    assert index["requests"] == 19
+    index = probe(tmp_path, "continuous", "batching,max-batch", budget=46)
+    # calibrate 1 warm-up + 5, batching 16 + 7, concurrency 1, 2, 4 (4 + 4 + 8) = 45;
+    # concurrency 8 (16 more) is skipped
+    assert index["requests"] == 45
+    # one batch-1 pace: the calibration's lone requests and the concurrency-1 level's, pooled,
+    # and the batching verdict quotes that figure, not the calibration's alone
+    pace = index["pace"]
+    assert pace["lone_requests"] == 5 + 4
+    batching = next(v for v in index["verdicts"] if v["name"] == "batching")
+    assert f"TPOT at batch 1: {pace['tpot_s'] * 1e3:.1f} ms" in " ".join(batching["evidence"])
+    level = tmp_path / "probe-continuous" / "concurrency-1" / "requests.jsonl"
+    tpots = [r["tpot_s"] for r in map(json.loads, level.read_text().splitlines()) if r["tpot_s"]]
+    mid = sorted(tpots)[len(tpots) // 2]
+    assert 0.5 * mid <= pace["tpot_s"] <= 2 * mid, (pace, tpots)
     assert any(s.startswith("max-batch: over the budget") for s in index["skipped"])
     assert "skipped max-batch: over the budget" in capsys.readouterr().out
 
@@ -169,4 +180,6 @@ def test_ctrl_c_keeps_what_finished(tmp_path: Path) -> None:
     assert "Traceback" not in stdout
     index = json.loads((out / "probe.json").read_text())
     assert index["status"] == "interrupted" and index["pace"]["tpot_s"] > 0
-    assert (out / "calibrate" / "requests.jsonl").read_text().count("\n") == 3
+    calibration = (out / "calibrate" / "requests.jsonl").read_text().splitlines()
+    assert len(calibration) == 6  # the warm-up is kept, marked, and not counted in the pace
+    assert [json.loads(line)["warmup"] for line in calibration].count(True) == 1

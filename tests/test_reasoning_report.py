@@ -64,13 +64,13 @@ def test_export_csv_has_the_reasoning_columns(tmp_path):
 
 def test_report_table_and_cdf_show_ttfo_only_for_reasoning_runs(tmp_path):
     html = tmp_path / "r.html"
-    assert main(["report", str(_reasoning_run(tmp_path / "a", 0.3)), "-o", str(html)]) == 0
+    assert main(["report", str(_reasoning_run(tmp_path / "a", 0.3)), "--out", str(html)]) == 0
     page = html.read_text()
     assert "CDF of TTFO" in page and "TTFO p50" in page and "reasoning share" in page
     md = tmp_path / "r.md"
     assert main(["report", str(tmp_path / "a"), "--markdown", str(md), "--no-html"]) == 0
     assert "TTFO p50" in md.read_text()
-    assert main(["report", str(write_run(tmp_path / "b", n=60)), "-o", str(html)]) == 0
+    assert main(["report", str(write_run(tmp_path / "b", n=60)), "--out", str(html)]) == 0
     page = html.read_text()
     assert "TTFO" not in page and "reasoning share" not in page
     assert main(["report", str(tmp_path / "b"), "--markdown", str(md), "--no-html"]) == 0

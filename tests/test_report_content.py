@@ -63,7 +63,8 @@ def test_markdown_table_and_deltas(tmp_path: Path) -> None:
     a = write_run(tmp_path / "base", n=60, seed=1, max_output=8)
     b = write_run(tmp_path / "slow|er", n=60, seed=1, ttft_scale=1.5, errors=3, max_output=8)
     md_path, html_path = tmp_path / "r.md", tmp_path / "r.html"
-    assert main(["report", str(a), str(b), "-o", str(html_path), "--markdown", str(md_path)]) == 0
+    argv = ["report", str(a), str(b), "--out", str(html_path), "--markdown", str(md_path)]
+    assert main(argv) == 0
     md = md_path.read_text()
     tables = [ln for ln in md.splitlines() if ln.startswith("|")]
     widths = {ln.replace("\\|", "").count("|") for ln in tables[:4]}
@@ -80,7 +81,7 @@ def test_markdown_table_and_deltas(tmp_path: Path) -> None:
 def test_big_run_is_downsampled(tmp_path: Path) -> None:
     run = write_run(tmp_path / "big", n=8000, seed=1, rate=20.0, max_output=6)
     html_path = tmp_path / "big.html"
-    assert main(["report", str(run), "-o", str(html_path)]) == 0
+    assert main(["report", str(run), "--out", str(html_path)]) == 0
     html = html_path.read_text()
     assert len(html.encode()) < 800_000
     points = [int(x) for x in re.findall(r'data-points="(\d+)"', html)]
@@ -96,7 +97,7 @@ def test_bad_inputs_exit_2(tmp_path: Path, capsys) -> None:
     assert "no such run folder" in capsys.readouterr().err
     run = write_run(tmp_path / "a", n=10, seed=1, max_output=8)
     (tmp_path / "file").write_text("x")
-    assert main(["report", str(run), "-o", str(tmp_path / "file" / "r.html")]) == 2
+    assert main(["report", str(run), "--out", str(tmp_path / "file" / "r.html")]) == 2
     assert "cannot write" in capsys.readouterr().err
 
 

@@ -50,7 +50,7 @@ def report(tmp_path_factory) -> tuple[Path, dict]:
             assert main(argv) == 3  # exit 3: finished, some requests failed (the 429s)
     html = root / "r.html"
     assert (
-        main(["report", str(root / "baseline-run"), str(root / "tuned-run"), "-o", str(html)]) == 0
+        main(["report", str(root / "baseline-run"), str(root / "tuned-run"), "--out", str(html)]) == 0
     )
     probe = root / "probe.html"
     probe.write_text(html.read_text().replace("<head>", "<head>" + CHECK, 1))

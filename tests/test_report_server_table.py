@@ -35,7 +35,7 @@ def test_summary_with_server_columns_fits_1400_px(tmp_path) -> None:
                     "--no-gpu-metrics", "--out", str(tmp_path / name)]  # fmt: skip
             assert main(argv) == 0
     html = tmp_path / "r.html"
-    assert main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(html)]) == 0
+    assert main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(html)]) == 0
     probe = tmp_path / "probe.html"
     probe.write_text(html.read_text().replace("<head>", "<head>" + CHECK, 1))
     with tempfile.TemporaryDirectory() as profile:

@@ -166,7 +166,7 @@ def test_gate_on_an_aggregate_only_import_says_why_there_is_no_interval(tmp_path
         'min_requests = 5\n[[rules]]\nmetric = "ttft"\nstat = "p50"\nmax_increase = 100\n'
     )
     assert (
-        main(["gate", "--baseline", str(base), "--candidate", str(cand), "--policy", str(policy)])
+        main(["gate", "--baseline", str(base), "--candidate", str(cand), "--policy-file", str(policy)])
         == 0
     )
     assert "no confidence interval" in capsys.readouterr().out

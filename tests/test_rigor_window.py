@@ -104,7 +104,7 @@ def test_bench_finds_the_window_after_a_known_warm_up(tmp_path: Path, capsys) ->
     assert summary["ttft_s"]["mean"] > 1.05 * ttft  # the whole run carries the warm-up
 
     html = tmp_path / "report.html"
-    assert main(["report", str(out), "-o", str(html)]) == 0
+    assert main(["report", str(out), "--out", str(html)]) == 0
     page = html.read_text()
     assert 'class="window"' in page and "Steady-state window" in page
 

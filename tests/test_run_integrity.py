@@ -40,7 +40,7 @@ def test_run_json_counts_its_records(whole_run: Path) -> None:
 
 def test_every_command_says_how_many_records_are_missing(whole_run, tmp_path, capsys) -> None:
     bad = cut(whole_run, tmp_path / "cut", 11)
-    assert main(["report", str(bad), "-o", str(tmp_path / "r.html")]) == 0
+    assert main(["report", str(bad), "--out", str(tmp_path / "r.html")]) == 0
     err = capsys.readouterr().err
     assert "holds 11 of the 30 measured records" in err and "19 missing" in err, err
     assert "torn" in err
@@ -60,7 +60,7 @@ def test_every_command_says_how_many_records_are_missing(whole_run, tmp_path, ca
 
 
 def test_a_whole_run_says_nothing(whole_run, tmp_path, capsys) -> None:
-    assert main(["report", str(whole_run), "-o", str(tmp_path / "r.html")]) == 0
+    assert main(["report", str(whole_run), "--out", str(tmp_path / "r.html")]) == 0
     assert "missing" not in capsys.readouterr().err
     assert main(["diagnose", str(whole_run)]) == 0
     out = capsys.readouterr().out

@@ -121,7 +121,7 @@ def test_bench_exits_1_when_the_server_stops_answering(tmp_path, capsys):
     assert meta["status"] == "complete"  # finished: every record is kept
     assert "stopped answering" in meta["summary"]["server_stopped_answering"]
     # ... and `report` flags it.
-    assert main(["report", str(tmp_path / "r"), "-o", str(tmp_path / "r.html")]) == 0
+    assert main(["report", str(tmp_path / "r"), "--out", str(tmp_path / "r.html")]) == 0
     assert "stopped answering" in capsys.readouterr().err
     assert "Incomplete:" in (tmp_path / "r.html").read_text()
 
@@ -143,7 +143,8 @@ def runs(tmp_path) -> tuple[Path, Path]:
 def test_report_flags_a_killed_run(runs, tmp_path, capsys):
     base, killed = runs
     md = tmp_path / "r.md"
-    argv = ["report", str(base), str(killed), "-o", str(tmp_path / "r.html"), "--markdown", str(md)]
+    html = tmp_path / "r.html"
+    argv = ["report", str(base), str(killed), "--out", str(html), "--markdown", str(md)]
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert "killed: did not finish" not in err  # the label leads, then the reason

@@ -79,7 +79,7 @@ def test_same_client_error_stops_early_with_the_servers_message(tmp_path, monkey
     assert "stopped early" in err and "HTTP 404: scripted failure 404" in err  # verbatim
     assert "x HTTP 404: scripted failure 404" in out  # the top reasons, digits kept
     meta = load_run(tmp_path / "r").meta
-    assert meta["status"] == "complete" and not meta["interrupted"]
+    assert meta["status"] == "stopped-early" and not meta["interrupted"]  # not complete
     summary = meta["summary"]
     assert "stopped early" in summary["stopped_early"]
     assert summary["counts"]["total"] < 30  # 60 were due over 3 s; it stopped after ~5
@@ -147,7 +147,8 @@ def test_fixed_lengths_vllm_style(tmp_path, monkeypatch, capsys, flags):
         (["--workload", "prompt=8"], "give output=TOKENS too"),
         (["--goodput", "ttft=200"], "--goodput: 'ttft=200': expected KEY:MILLISECONDS"),
         (["--goodput", "ttft:fast"], "--goodput ttft: 'fast' is not a number of milliseconds"),
-        (["--duration", "5"], "--duration: '5' has no unit: write 5ms or 5s"),
+        # a bare number is seconds, as on every duration flag (tests/test_one_spelling.py)
+        (["--duration", "5x"], "--duration: '5x' is not a duration"),
     ],
 )
 def test_vllm_spellings_misused_are_one_line(tmp_path, monkeypatch, capsys, flags, message):
@@ -173,7 +174,7 @@ def test_bench_help_gives_defaults_and_help_for_the_common_flags():
     for flag, default in (
         ("--num-requests", "the workload's own count"),
         ("--endpoint", "(default: completions)"),
-        ("--timeout", "(default: 600)"),
+        ("--timeout", "default: 600s)"),
         ("--warmup", "(default: 0)"),
         ("--workers", "(default: 1)"),
         ("--burstiness", "needs --rate"),

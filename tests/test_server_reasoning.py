@@ -119,7 +119,7 @@ def test_bench_reports_ttfo_and_the_report_shows_it(tmp_path, field, parser):
     text = out.getvalue()
     assert "TTFO (ms)" in text and "reasoning: 48 tokens, 50.0% of output" in text
     html = tmp_path / "report.html"
-    assert main(["report", str(tmp_path / "run"), "-o", str(html)]) == 0
+    assert main(["report", str(tmp_path / "run"), "--out", str(html)]) == 0
     page = html.read_text()
     assert "CDF of TTFO" in page and "reasoning share" in page
 

@@ -46,7 +46,7 @@ def test_out_writes_one_simulated_run_folder_per_scheduler(tmp_path, capsys):
 def test_static_batch_is_shrunk_to_the_kv_pool(capsys):
     rc = main(
         ["sim", "--workload", "uniform", "--num-requests", "4", "--batch-size", "100",
-         "--scheduler", "static"]
+         "--schedulers", "static"]
     )  # fmt: skip
     assert rc == 0
     assert "static: batch size 100 -> 52" in capsys.readouterr().out
@@ -55,7 +55,7 @@ def test_static_batch_is_shrunk_to_the_kv_pool(capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--scheduler", "fifo"], "--scheduler: unknown fifo"),
+        (["--schedulers", "fifo"], "--schedulers: unknown fifo"),
         (["--hardware", "tpu"], "unknown hardware 'tpu'"),
         (["--workload", "no-such-workload"], "no-such-workload"),
         (["--model", "tiny", "--workload", "heavy-mixed"], "exceeds max_model_len"),
@@ -110,7 +110,7 @@ def test_seed_demo_with_no_flag_is_the_seeds_timeline(capsys, monkeypatch):
 
 def test_flags_beat_the_preset_settings(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
-    argv = ["sim", "--workload", "seed-demo", "--batch-size", "2", "--scheduler", "static"]
+    argv = ["sim", "--workload", "seed-demo", "--batch-size", "2", "--schedulers", "static"]
     assert main(argv) == 0
     assert "B=2" in capsys.readouterr().out
 

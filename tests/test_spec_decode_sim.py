@@ -27,7 +27,7 @@ def test_sim_runs_spec_beside_plain_continuous(capsys):
 
 
 def test_sim_spec_needs_continuous(capsys):
-    rc = main(["sim", "--scheduler", "static", "--speculative-method", "ngram"])
+    rc = main(["sim", "--schedulers", "static", "--speculative-method", "ngram"])
     err = capsys.readouterr().err
     assert rc != 0 and "continuous scheduler only" in err
 

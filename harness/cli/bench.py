@@ -7,12 +7,12 @@ import sys
 
 from cbbench.harness.client.endpoints import ENDPOINTS
 from cbbench.harness.client.stream_kinds import REASONING_PARSERS
+from cbbench.harness.durations import seconds_arg
 from cbbench.harness.load.cache_options import add_cache_args
 from cbbench.harness.load.rigor_options import add_rigor_args
 from cbbench.harness.load.vllm_compat import RANDOM_INPUT_LEN, RANDOM_OUTPUT_LEN
 from cbbench.harness.results.slo import SLO_HELP
 from cbbench.harness.telemetry import TelemetryOptions
-from cbbench.reference_engine.config.options import seconds_arg
 
 
 def add_load_args(p: argparse.ArgumentParser) -> None:
@@ -82,17 +82,22 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
         help="multi-turn workloads: --concurrency counts sessions (a slot held from the first "
         "turn to the last reply, default) or requests in flight",
     )
-    count = p.add_mutually_exclusive_group()
-    count.add_argument(
+    p.add_argument(
         "--num-requests",
         "--num-prompts",
         dest="num_requests",
         type=int,
         metavar="N",
         help="send the workload's first N requests (default: the workload's own count, "
-        "200 for the synthetic presets, every row of a trace)",
+        "200 for the synthetic presets, every row of a trace); with --duration, the run "
+        "stops at whichever comes first",
     )
-    count.add_argument("--duration", help="stop sending new requests after this long (e.g. 60s)")
+    p.add_argument(
+        "--duration",
+        metavar="DURATION",
+        help="stop sending new requests after this long (60s, 2m; a bare number is seconds); "
+        "with --num-requests, whichever comes first",
+    )
     p.add_argument(
         "--warmup",
         type=int,

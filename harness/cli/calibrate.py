@@ -25,6 +25,7 @@ import argparse
 import json
 from pathlib import Path
 
+from cbbench.harness.durations import seconds_arg
 from cbbench.reference_engine.config.options import add_engine_args, engine_value
 from cbbench.reference_engine.errors import EngineError
 
@@ -96,7 +97,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--repeats", type=int, default=None, help="min timed runs per grid point (3)")
     g.add_argument(
         "--min-time",
-        type=float,
+        type=seconds_arg,
         default=None,
         help="keep repeating a grid point up to this many seconds (0.3; 30 runs at most)",
     )

@@ -32,10 +32,36 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="PATH",
         help="llm-d benchmark report v0.2.1, JSON or YAML by suffix (.json, .yaml)",
     )
+    fmt.add_argument(
+        "--out",
+        metavar="PATH",
+        help="output path, the format from its suffix: .csv, .parquet, or .json/.yaml (the "
+        "llm-d benchmark report); the same as the flag of that format",
+    )
     p.set_defaults(func=run)
 
 
+# --out's suffix -> the format flag's dest it stands for
+SUFFIX_FORMATS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".json":
+                  "benchmark_report", ".yaml": "benchmark_report", ".yml": "benchmark_report"}  # fmt: skip
+
+
+def _format_of_out(args: argparse.Namespace) -> None:
+    """`--out x.csv` is `--csv x.csv` (and so on by suffix); an unknown suffix is one line."""
+    if not args.out:
+        return
+    dest = SUFFIX_FORMATS.get(Path(args.out).suffix.lower())
+    if dest is None:
+        raise CbbenchError(
+            f"--out {args.out}: cannot tell the format from the suffix {Path(args.out).suffix!r}"
+            f"; end it in .csv, .parquet, .json or .yaml (or give --csv/--parquet/"
+            f"--benchmark-report)"
+        )
+    setattr(args, dest, args.out)
+
+
 def run(args: argparse.Namespace) -> int:
+    _format_of_out(args)
     if args.benchmark_report:
         from cbbench.harness.results.formats.export import export_benchmark_reports
 

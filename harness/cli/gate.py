@@ -8,8 +8,10 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from cbbench.harness.cli.parsing import old_spelling
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.gate.policy import LATENCY, THROUGHPUT
+from cbbench.harness.gate.verdict import TOO_FEW
 from cbbench.harness.load.rigor_options import add_window_arg
 
 VERDICT_STYLE = {
@@ -33,7 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--baseline", required=True, metavar="RUN", help="baseline run folder")
     p.add_argument("--candidate", required=True, metavar="RUN", help="candidate run folder")
-    p.add_argument("--policy", metavar="TOML", help="rules file (default: the built-in policy)")
+    p.add_argument("--policy-file", dest="policy", metavar="TOML",
+                   help="rules file (default: the built-in policy; --policy: old spelling)")  # fmt: skip
+    old_spelling(p, "--policy", "--policy-file")  # --policy is the queue policy in serve/run/sim
     p.add_argument("--junit", metavar="FILE", help="also write JUnit XML (one test per rule)")
     p.add_argument("--markdown", metavar="FILE", help="also write a Markdown table")
     p.add_argument(
@@ -137,6 +141,10 @@ def print_table(gate) -> None:
     console.print(
         f"[bold red]REGRESSION: {len(failed)} of {judged} rules failed{tail}[/]"
         if failed
+        else f"[yellow]CANNOT TELL (inconclusive): {len(unsure)} of {judged} rules; the runs "
+        "are too small for them to fail (more requests, or --repeats, narrow the intervals); "
+        "not a pass[/]"
+        if unsure and all(TOO_FEW in r.note for r in unsure)
         else f"[yellow]CANNOT TELL: {len(unsure)} of {judged} rules; the two configurations "
         "are not distinguishable at this confidence (more --repeats narrow the intervals)[/]"
         if unsure
@@ -189,7 +197,10 @@ def markdown(gate, escape_html: bool = True) -> str:
         lines.append("| " + " | ".join(cell(x) for x in row) + " |")
     lines += ["", "A rule fails only when its whole interval lies beyond the limit."]
     if unsure:
-        lines.append("'cannot tell': the interval straddles the limit; more repeats narrow it.")
+        lines.append(
+            "'cannot tell': the interval straddles the limit, or is too wide for the rule to "
+            "fail (inconclusive: too few requests); more requests or repeats narrow it."
+        )
     if gate.note:
         lines += ["", cell(gate.note)]
     return "\n".join(lines) + "\n"

@@ -16,11 +16,11 @@ import subprocess
 import sys
 
 from cbbench.harness.cli.bench import add_reasoning_args
+from cbbench.harness.durations import seconds_arg
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.results.slo import SLO_HELP
 from cbbench.harness.results.summary import parse_duration, parse_slo
 from cbbench.harness.telemetry import TelemetryOptions
-from cbbench.reference_engine.config.options import seconds_arg
 
 DEFAULT_WEB_PORT = 8089
 DEFAULT_MASTER_PORT = 5557

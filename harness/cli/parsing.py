@@ -86,3 +86,25 @@ def old_spelling_notes(prog: str, argv: list[str]) -> list[str]:
 def print_old_spelling_notes(prog: str, argv: list[str]) -> None:
     for note in old_spelling_notes(prog, argv):
         print(note, file=sys.stderr)
+
+
+class _Schedulers(argparse.Action):
+    """--schedulers: the value, and which spelling was typed (an error names that one)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.scheduler_flag = option_string
+
+
+def schedulers_flag(parser: argparse.ArgumentParser, help: str) -> None:
+    """On a command that compares batching policies (run, sim), `--schedulers NAME[,NAME]` is
+    the one spelling, with its own default in `help`; the engine's `--scheduler` (one policy,
+    default continuous) becomes its old spelling there. Call after add_engine_args."""
+    engine = parser._option_string_actions.pop("--scheduler")
+    parser._remove_action(engine)
+    for group in parser._action_groups:
+        if engine in group._group_actions:
+            group._group_actions.remove(engine)
+    parser.add_argument("--schedulers", dest="scheduler", action=_Schedulers, default=None,
+                        metavar="NAME[,NAME]", help=help)  # fmt: skip
+    old_spelling(parser, "--scheduler", "--schedulers")

@@ -10,8 +10,6 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from cbbench.harness.cli.parsing import old_spelling
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -26,18 +24,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rate", default=None,
                    help="requests/s (Poisson arrivals), or several (10,20,40): a plan per rate; "
                         "default: the trace's own arrival times")  # fmt: skip
-    p.add_argument("--slo", required=True,
+    p.add_argument("--slo",
                    help="METRIC[_STAT]=DURATION,... as bench's: ttft|ttfo|tpot|e2e and "
                         "mean|p50|p90|p95|p99|max, e.g. ttft_p99=2s,tpot_p99=100ms; a bare "
                         "METRIC (ttft=2s) is every request within it (the max)")  # fmt: skip
     p.add_argument("--goodput-share", default=None, metavar="SHARE",
                    help="also require this share of requests within every --slo target, as a "
                         "request-level bound (0.95 or 95%%), as sweep's")  # fmt: skip
-    old_spelling(p, "--goodput", "--goodput-share")
+    p.add_argument("--goodput", nargs="+", metavar="KEY:MS",
+                   help="vLLM's spelling of bare --slo targets, in milliseconds, as bench's: "
+                        "--goodput ttft:200 tpot:50 is --slo ttft=200ms,tpot=50ms")  # fmt: skip
     p.add_argument("--hardware", required=True,
                    help="a preset (h100, a100, ...) or a `cbbench calibrate` JSON fit")  # fmt: skip
     p.add_argument("--model", default=None, help="default: the fit's model, else llama-3-8b")
-    p.add_argument("--price", type=float, required=True, help="$ per GPU-hour (a replica of --space tp=N GPUs costs N times it)")
+    p.add_argument(
+        "--price",
+        type=float,
+        required=True,
+        help="$ per GPU-hour (a replica of --space tp=N GPUs costs N times it)",
+    )
     p.add_argument("--space", default=None,
                    help="KEY=VALUES;... over the default space, KEY one of replicas (1-32), "
                         "scheduler, max_num_seqs, max_num_batched_tokens, chunked_prefill "
@@ -64,7 +69,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.jobs < 1 or (args.num_requests is not None and args.num_requests < 1):
         raise CbbenchError("--jobs and --num-requests must be >= 1")
-    share = None if args.goodput_share is None else goodput_share(args.goodput_share)
+    from cbbench.harness.load.vllm_compat import goodput_as_slo
+
+    slo, old_share = goodput_as_slo(args.goodput, args.slo)
+    if not slo:
+        raise CbbenchError("plan needs --slo (or vLLM's --goodput KEY:MS): the targets to meet")
+    text = args.goodput_share if old_share is None else old_share
+    share = None if text is None else goodput_share(text)
     if not 0 <= args.spec_acceptance_rate <= 1:
         raise CbbenchError(
             f"--spec-acceptance-rate must be in [0, 1], got {args.spec_acceptance_rate}"
@@ -74,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError:
         raise CbbenchError(f"--rate: {args.rate!r} is not a number or a list of them") from None
     opts = planner.PlanOptions(
-        workload=args.workload, rate=rates[0], slos=plan_space.parse_slos(args.slo),
+        workload=args.workload, rate=rates[0], slos=plan_space.parse_slos(slo),
         hardware=args.hardware, price_per_replica_hour=args.price, model=args.model,
         space=plan_space.parse_space(args.space), num_requests=args.num_requests,
         seed=args.seed, jobs=args.jobs, goodput_share=share,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cbbench.reference_engine.config.options import seconds_arg
+from cbbench.harness.durations import seconds_arg
 
 
 def register(sub: argparse._SubParsersAction) -> None:

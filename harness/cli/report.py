@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from cbbench.harness.cli.parsing import old_spelling
 from cbbench.harness.errors import CbbenchError
 
 
@@ -18,7 +19,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "HTML file that opens offline, and optionally a Markdown summary for a PR comment.",
     )
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders or sweep folders")
-    p.add_argument("-o", "--output", default="report.html", help="HTML file (default: report.html)")
+    p.add_argument("--out", dest="output", default="report.html",
+                   help="HTML file (default: report.html; -o/--output: old spelling)")  # fmt: skip
+    old_spelling(p, "-o", "--out")
+    old_spelling(p, "--output", "--out")
     p.add_argument("--markdown", metavar="FILE", help="also write a Markdown summary here")
     p.add_argument("--no-html", action="store_true", help="write only the Markdown summary")
     p.set_defaults(func=run)

@@ -21,6 +21,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from cbbench.harness.cli.parsing import schedulers_flag
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.results.slo import SLO_HELP
 from cbbench.reference_engine.config.engine_config import KV_CACHE_DTYPES
@@ -47,13 +48,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="preset, trace or spec file (default: run-demo, 256 mixed-length requests)",
     )
     p.add_argument("--num-requests", type=int, default=None, help="first N requests")
-    p.add_argument(
-        "--schedulers",
-        dest="scheduler",
-        action=_Schedulers,
-        default=None,
-        help="same as --scheduler (comma list)",
-    )
     p.add_argument(
         "--concurrency",
         type=int,
@@ -85,6 +79,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     kv = next(a for a in p._actions if a.dest == "kv_cache_dtype")
     kv.choices, kv.metavar = None, "DTYPE[,DTYPE...]"
     kv.help = f"{kv.help}; a comma list runs every scheduler once per dtype, side by side"
+    schedulers_flag(p, "batching policies to compare, a comma list of static, dynamic, "
+                    "continuous (default: all three; --scheduler is the old spelling)")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -100,21 +96,13 @@ def kv_cache_dtypes(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-class _Schedulers(argparse.Action):
-    """--schedulers: the value, and which spelling was typed (an error names that one)."""
-
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
-        setattr(namespace, self.dest, values)
-        namespace.scheduler_flag = option_string
-
-
 def run_options(args: argparse.Namespace):
     """The typed options of the parsed flags."""
     from cbbench.harness.studies.run_demo import RunOptions
 
     engine = engine_settings(args)
     names = scheduler_names(
-        engine.pop("scheduler", None), flag=getattr(args, "scheduler_flag", "--scheduler")
+        engine.pop("scheduler", None), flag=getattr(args, "scheduler_flag", "--schedulers")
     )
     seed = engine.pop("seed", 0)
     dtypes = kv_cache_dtypes(engine["kv_cache_dtype"]) if "kv_cache_dtype" in engine else []

@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from cbbench.harness.cli.parsing import schedulers_flag
 from cbbench.harness.errors import CbbenchError
 from cbbench.reference_engine.config.options import (
     SIM_DEFAULTS,
@@ -55,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="simulate N replicas behind a router (one --scheduler, default continuous) and "
+        help="simulate N replicas behind a router (one of --schedulers, default continuous) and "
         "compare the --router policies (docs/router.md)",
     )
     p.add_argument(
@@ -79,6 +80,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the P/D comparison's KV link: same-node, cross-node, loopback or "
                         "bandwidth_gbps=B,latency_ms=L (default same-node)")  # fmt: skip
     add_engine_args(p, defaults=SIM_DEFAULTS)
+    schedulers_flag(p, "batching policies to compare, a comma list of static, dynamic, "
+                    "continuous (default: all three; with --replicas, one: continuous)")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -94,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
     if args.prefill_replicas is not None or args.decode_replicas is not None:
         return _pd(args, console)
     settings = engine_settings(args)
-    names = scheduler_names(settings.pop("scheduler", None))
+    flag = getattr(args, "scheduler_flag", "--schedulers")
+    names = scheduler_names(settings.pop("scheduler", None), flag=flag)
     seed = settings.pop("seed", None)
     opts = SimOptions(
         workload=args.workload,

@@ -9,11 +9,10 @@ import sys
 from pathlib import Path
 
 from cbbench.harness.cli.bench import add_reasoning_args
-from cbbench.harness.cli.parsing import old_spelling
+from cbbench.harness.durations import seconds_arg
 from cbbench.harness.results.slo import SLO_HELP
 from cbbench.harness.sweep.levels import parse_list
 from cbbench.harness.telemetry import TelemetryOptions
-from cbbench.reference_engine.config.options import seconds_arg
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -50,6 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--endpoint", choices=ENDPOINTS, default="completions")
     p.add_argument("--model", help="model name (default: the first one /v1/models lists)")
     p.add_argument("--slo", help=SLO_HELP)
+    p.add_argument("--goodput", nargs="+", metavar="KEY:MS",
+                   help="vLLM's spelling of --slo, in milliseconds, as bench's: --goodput "
+                        "ttft:200 tpot:50 e2el:10000")  # fmt: skip
     p.add_argument("--warmup", type=int, default=0, help="warmup requests per level")
     p.add_argument(
         "--timeout", type=seconds_arg, default=600.0, help="per-request limit (600s; 10m)"
@@ -65,12 +67,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     c = p.add_argument_group("capacity search (--find-max-rate)")
     c.add_argument(
         "--goodput-share",
-        dest="goodput",
         type=float,
         default=0.95,
         help="share of requests meeting every --slo target (0.95), as plan's",
     )
-    old_spelling(p, "--goodput", "--goodput-share")
     c.add_argument("--start-rate", type=float, default=1.0, help="first rate tried (1 req/s)")
     c.add_argument("--max-rate", type=float, default=1000.0, help="highest rate tried")
     c.add_argument("--precision", type=float, default=0.1, help="stop at hi/lo <= 1+this (0.1)")
@@ -87,10 +87,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def sweep_options(args: argparse.Namespace):
     """The typed options of the parsed flags."""
+    from cbbench.harness.cli.plan import goodput_share
     from cbbench.harness.load.options import ClientOptions, LoadOptions, reasoning_body
+    from cbbench.harness.load.vllm_compat import goodput_as_slo
     from cbbench.harness.sweep.runner import SweepOptions
 
     extra = reasoning_body(args.endpoint, args.reasoning_effort, args.chat_template_kwargs)
+    slo, share = goodput_as_slo(args.goodput, args.slo)
 
     return SweepOptions(
         base_url=args.base_url,
@@ -100,7 +103,7 @@ def sweep_options(args: argparse.Namespace):
             arrival=args.arrival, warmup=args.warmup,
         ),
         client=ClientOptions(
-            endpoint=args.endpoint, model=args.model, slo=args.slo, api_key=args.api_key,
+            endpoint=args.endpoint, model=args.model, slo=slo, api_key=args.api_key,
             timeout_s=args.timeout, reasoning_parser=args.reasoning_parser, extra_body=extra,
         ),
         telemetry=TelemetryOptions.from_args(args),
@@ -112,7 +115,7 @@ def sweep_options(args: argparse.Namespace):
         max_levels=args.max_levels,
         live=not args.no_live,
         command=list(sys.argv),
-        goodput=args.goodput,
+        goodput=args.goodput_share if share is None else goodput_share(share),
         start_rate=args.start_rate,
         max_rate=args.max_rate,
         precision=args.precision,
@@ -129,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
     opts = sweep_options(args)
     if opts.find_max_rate:
         index = find_max_rate(opts)
+        print_sweep(index, opts.out)  # the levels' table, as for any sweep (and sweep.md)
         print_capacity(index)
     else:
         index = run_sweep(opts)

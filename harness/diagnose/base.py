@@ -148,6 +148,13 @@ class RunView:
         return a[:, 0], a[:, 1]
 
     @cached_property
+    def kv_usage_mean(self) -> float | None:
+        """KV usage averaged over every sample of the run: the figure of the report's table
+        ("KV usage mean"), so a finding quoting the run's mean says the same number."""
+        _, v = self.series("kv_usage")
+        return float(v.mean()) if v.size else None
+
+    @cached_property
     def busy_window(self) -> tuple[float, float]:
         """From the first send to the last response: the part of the run with load on."""
         starts = [r.sent_s for r in self.measured if r.sent_s is not None]

@@ -27,7 +27,7 @@ import numpy as np
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.gate.aggregates import gate_on_aggregates
 from cbbench.harness.gate.policy import COST, LATENCY, SESSION_SUCCESS, Policy, Rule
-from cbbench.harness.gate.verdict import GateResult, RuleResult, _verdict
+from cbbench.harness.gate.verdict import GateResult, RuleResult, _verdict, inconclusive
 from cbbench.harness.report.samples import RunSamples
 from cbbench.harness.results.comparability import differences, incomparable, summary_line
 from cbbench.harness.results.formats.imported import is_aggregate_only
@@ -203,7 +203,8 @@ def judge(rule: Rule, base: RunSamples, cand: RunSamples, policy: Policy) -> Rul
         draws = _boot(rng, errs.size, n, errs.size, lambda p: errs[p].mean(axis=1))
         low, high = _interval(draws, policy.confidence)
         verdict, bound = _verdict(rule, est, low, high)
-        return RuleResult(rule, base.error_rate, est, est, low, high, bound, verdict)
+        verdict, note = inconclusive(rule, est, low, high, verdict, cand.n_total)
+        return RuleResult(rule, base.error_rate, est, est, low, high, bound, verdict, note)
     if rule.metric == SESSION_SUCCESS:
         return _session_success(rule, base, cand, rng, n, policy.confidence)
     if rule.metric == "ttfo" and not (base.reasoning_tokens or cand.reasoning_tokens):
@@ -252,7 +253,12 @@ def judge(rule: Rule, base: RunSamples, cand: RunSamples, policy: Policy) -> Rul
         draws, est = c_draws, c_point
     low, high = _interval(draws, policy.confidence)
     verdict, bound = _verdict(rule, est, low, high)
-    return RuleResult(rule, b_point, c_point, est, low, high, bound, verdict)
+    if rule.metric in LATENCY:
+        size = min(bs.values.size, cs.values.size)
+    else:
+        size = min(base.n_total, cand.n_total)
+    verdict, note = inconclusive(rule, est, low, high, verdict, size)
+    return RuleResult(rule, b_point, c_point, est, low, high, bound, verdict, note)
 
 
 def check_inputs(

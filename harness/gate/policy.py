@@ -1,4 +1,4 @@
-"""Gate policies: which metrics may move how far, read from TOML (`cbbench gate --policy`).
+"""Gate policies: which metrics may move how far, read from TOML (`cbbench gate --policy-file`).
 
 ```toml
 confidence = 0.95      # two-sided bootstrap interval

@@ -3,6 +3,7 @@ point-estimate judge of aggregate-only imports (`aggregates`)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from cbbench.harness.gate.policy import Policy, Rule
@@ -18,7 +19,9 @@ class RuleResult:
     low: float  # confidence interval of `estimate`
     high: float
     bound: float  # the limit `estimate` is held against
-    verdict: str  # "pass" | "noisy" | "fail" | "n/a" | "cannot tell" (repeats, repeated.py)
+    # "pass" | "noisy" | "fail" | "n/a" | "cannot tell" (repeats, repeated.py; or a run too
+    # small for the rule to fail at all, `inconclusive`)
+    verdict: str
     note: str = ""
 
     @property
@@ -58,3 +61,33 @@ def _verdict(rule: Rule, estimate: float, low: float, high: float) -> tuple[str,
         bound = rule.value
         beyond_all, beyond_point = high < bound, estimate < bound
     return ("fail" if beyond_all else "noisy" if beyond_point else "pass"), bound
+
+
+CANNOT_TELL = "cannot tell"
+TOO_FEW = "too few for"  # the note of a rule its runs are too small to judge (inconclusive)
+
+
+def inconclusive(
+    rule: Rule, estimate: float, low: float, high: float, verdict: str, n: int
+) -> tuple[str, str]:
+    """A rule that passed (or was noisy) on an interval so wide it could not have failed is
+    `cannot tell`, never pass: its interval reaches further from the estimate, on the side
+    that would have to clear the limit, than the limit's own margin, so even a change of twice
+    the limit would not fail it (p99 TTFT over 40 requests: [-84 %, +546 %] against +10 %).
+    Returns (verdict, note); the note says how many requests and which statistic."""
+    if verdict not in ("pass", "noisy") or any(map(math.isnan, (estimate, low, high))):
+        return verdict, ""
+    if rule.limit == "max_increase":
+        wide = estimate - low >= rule.value
+    elif rule.limit == "max_decrease":
+        wide = high - estimate >= rule.value
+    elif rule.limit == "max":
+        wide = rule.value > 0 and estimate - low >= rule.value
+    else:  # an absolute floor (goodput min 0.9): twice the limit has no meaning
+        return verdict, ""
+    if not wide:
+        return verdict, ""
+    return CANNOT_TELL, (
+        f"inconclusive ({n} requests: {TOO_FEW} {rule.stat}): a change of twice the limit "
+        "would not fail it"
+    )

@@ -502,7 +502,15 @@ async def run_worker(
     stop_check: Callable[[], bool] | None = None,
 ) -> WorkerStats:
     """Warm up, wait for t0 (`await wait_t0()` -> int ns), run, emit records; returns stats."""
-    worker = Worker(plan, emit)
+    def emit_then_check(kind: str, payload) -> None:
+        """A stop decided by a record (the same client error five times) is seen at that
+        record, not at the watcher's next poll: a closed loop of 2 ms 404s would otherwise
+        send every request before the poll (r51 finding 3)."""
+        emit(kind, payload)
+        if kind == "record" and stop_check is not None and stop_check():
+            worker.stop.set()
+
+    worker = Worker(plan, emit_then_check)
     client = OpenAIClient(plan.client)
     heap = FrozenHeap()
     try:

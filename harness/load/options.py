@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from cbbench.harness.durations import parse_seconds
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.load.runner import BenchConfig
 from cbbench.harness.load.shards import parse_shard, parse_start_at
@@ -22,7 +23,7 @@ from cbbench.harness.load.vllm_compat import (
     fixed_lengths_workload,
     parse_goodput,
 )
-from cbbench.harness.results.summary import parse_duration, parse_slo
+from cbbench.harness.results.summary import parse_slo
 from cbbench.workloads.spec import Workload
 
 
@@ -57,6 +58,8 @@ class LoadOptions:
     def build_workload(self) -> Workload:
         from cbbench.workloads import load_workload, with_arrivals
 
+        if self.num_requests is not None and self.num_requests < 1:  # the flag, not the preset
+            raise CbbenchError(f"--num-requests must be >= 1, got {self.num_requests}")
         wl = load_workload(self.workload, seed=self.seed, num_requests=self.num_requests)
         if len(wl) == 0:
             raise CbbenchError(f"--workload {self.workload}: no requests")
@@ -197,7 +200,7 @@ def bench_config(
     shard = parse_shard(load.shard) if load.shard is not None else None
     start_at = parse_start_at(load.start_at) if load.start_at is not None else None
     wl = load.build_workload()
-    duration = parse_duration(load.duration, "--duration") if load.duration else None
+    duration = parse_seconds(load.duration, "--duration") if load.duration else None
     if duration is not None and duration <= 0:
         raise CbbenchError(f"--duration must be longer than 0, got {load.duration!r}")
     described = load.describe()

@@ -18,12 +18,12 @@ from cbbench.harness.conclusions import mlperf
 from cbbench.harness.conclusions.repeats import CONFIDENCE, REPEATS_FILE, aggregate
 from cbbench.harness.conclusions.saturation_watch import SaturationWatch
 from cbbench.harness.conclusions.window import parse_window
+from cbbench.harness.durations import parse_seconds
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.load.cache import flush_prefix_cache
 from cbbench.harness.load.rigor_options import RigorOptions
 from cbbench.harness.load.runner import BenchConfig, BenchResult, default_out_dir, run_bench
 from cbbench.harness.results.outcome import exit_code
-from cbbench.harness.results.summary import parse_duration
 
 METHOD = (
     "Student's t-interval over the run means (each repeat's figure is one draw), "
@@ -33,7 +33,7 @@ METHOD = (
 
 def _min_duration(rigor: RigorOptions) -> float:
     if rigor.min_duration:
-        return parse_duration(rigor.min_duration, "--min-duration")
+        return parse_seconds(rigor.min_duration, "--min-duration")
     return mlperf.MIN_DURATION_S
 
 

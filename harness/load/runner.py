@@ -494,6 +494,8 @@ def run_bench(
             status = OVER_SATURATED
         elif watched:
             status, summary["stopped_by_watch"] = "stopped-early", watched
+        elif stopped_early and not interrupted:  # the same client error: requests held back
+            status = "stopped-early"
         elif not interrupted and not summary["counts"]["total"]:
             status = "empty"  # nothing measured: never "complete" with 0 records
             failure = failure or "no measured request finished: nothing was sent"

@@ -47,6 +47,31 @@ def parse_goodput(items: list[str] | None) -> dict[str, float]:
     return out
 
 
+def goodput_as_slo(items: list[str] | None, slo: str | None) -> tuple[str | None, str | None]:
+    """sweep's and plan's `--goodput`, bench's meaning: vLLM's SLOs ('ttft:200 tpot:50', ms)
+    -> ('ttft=200ms,tpot=50ms', None), the same targets in --slo's grammar. A lone share
+    ('0.95', '95%': its meaning there before --goodput-share) -> (slo, '0.95'), read as
+    --goodput-share with a note on stderr."""
+    import sys
+
+    if not items:
+        return slo, None
+    if len(items) == 1 and ":" not in items[0]:
+        text = items[0].strip()
+        try:
+            float(text[:-1] if text.endswith("%") else text)
+        except ValueError:
+            pass
+        else:
+            print(f"note: --goodput takes SLOs (KEY:MS, e.g. ttft:200); the share is "
+                  f"--goodput-share (read as --goodput-share {text})", file=sys.stderr)  # fmt: skip
+            return slo, text
+    if slo:
+        raise CbbenchError("--slo and --goodput both set SLOs: give one of them")
+    targets = parse_goodput(items)
+    return ",".join(f"{k}={v * 1e3:g}ms" for k, v in targets.items()), None
+
+
 def fixed_lengths_workload(
     workload: str | None, input_len: int | None, output_len: int | None
 ) -> str | None:

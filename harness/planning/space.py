@@ -36,7 +36,10 @@ def parse_slos(text: str) -> list[Slo]:
         if not sep:
             raise CbbenchError(f"--slo: {part!r}: expected {SLO_GRAMMAR}")
         metric, stat = slo_key(key, part)
-        out.append(Slo(metric, stat or "max", parse_duration(value, f"--slo {key.strip()}")))
+        slo = Slo(metric, stat or "max", parse_duration(value, f"--slo {key.strip()}"))
+        if any(o.name == slo.name for o in out):  # as bench's: which one was meant?
+            raise CbbenchError(f"--slo: {slo.name} is given twice in {text!r}: give it once")
+        out.append(slo)
     if not out:
         raise CbbenchError("--slo: give at least one, e.g. ttft_p99=2s,tpot_p99=100ms")
     return out

@@ -1,7 +1,8 @@
 """`cbbench probe`: characterise a black-box OpenAI-compatible server with a short designed
 workload. Phases (each a run folder under the probe folder, plus `probe.json`):
 
-1. calibrate: three lone requests -> time per output token and a lone request's TTFT
+1. calibrate: a warm-up, then five lone requests -> time per output token and a lone
+   request's TTFT (medians; pooled with the concurrency-1 level's when max-batch runs)
 2. burst: 16 requests at once -> how many start together
 3. batching: a long request plus short ones arriving while it runs -> request- or
    iteration-level batching (and static vs dynamic from how long a lone request waits)
@@ -92,14 +93,19 @@ class Prober:
     def say(self, text: str) -> None:
         print(f"probe: {text}", file=self.log, flush=True)
 
-    def phase(self, name: str, wl: Workload, concurrency: int | None = None) -> list[RequestRecord]:
+    def phase(
+        self, name: str, wl: Workload, concurrency: int | None = None, warmup: int = 0
+    ) -> list[RequestRecord]:
+        """The records of one phase; `warmup` copies of its first requests go first, sent
+        before t0 and marked warmup (no verdict counts them)."""
         cfg = self.cfg
-        self.budget.requests += len(wl)
+        self.budget.requests += len(wl) + warmup
         bench = BenchConfig(
             base_url=cfg.base_url,
             workload=wl,
             model=self.model,
             concurrency=concurrency,
+            warmup=warmup,
             duration_s=max(1.0, self.budget.left_s()),
             out_dir=cfg.out_dir / name,
             name=f"probe-{name}",
@@ -170,12 +176,15 @@ def _run_phases(
     pr: Prober, cfg: ProbeConfig, verdicts: list[Verdict], skipped: list[str], pace_info: dict
 ) -> None:
     """Calibrate, then each selected phase within the budget; appends to `verdicts`."""
-    pr.say("calibrate: 3 lone requests")
-    tpot, ttft = V.pace(pr.phase("calibrate", design.calibrate(), concurrency=1))
+    n, warm = design.CALIBRATE, design.CALIBRATE_WARMUP
+    pr.say(f"calibrate: {n} lone requests after {warm} warm-up (medians)")
+    lone = pr.phase("calibrate", design.calibrate(), concurrency=1, warmup=warm)
+    tpot, ttft = V.pace(lone)
     pace = design.Pace(tpot, ttft, pr.max_model_len)
-    pace_info.update(tpot_s=tpot, ttft_s=ttft)
+    pace_info.update(tpot_s=tpot, ttft_s=ttft, lone_requests=len(V._ok(lone)))
     pr.say(f"  TPOT {tpot * 1e3:.1f} ms, lone TTFT {ttft * 1e3:.1f} ms")
     burst: list[RequestRecord] = []
+    batching_at: tuple[int, list[RequestRecord]] | None = None
 
     def want(name: str, n: int, est_s: float) -> bool:
         if name not in cfg.phases:
@@ -190,7 +199,7 @@ def _run_phases(
         pr.say("batching: a burst, then a long request with short ones arriving")
         burst = pr.phase("burst", design.burst())
         wl, _ = design.batching(pace)
-        verdicts.append(V.batching(pr.phase("batching", wl), burst, tpot, ttft))
+        batching_at = (len(verdicts), pr.phase("batching", wl))  # judged once the pace is final
     if "max-batch" in cfg.phases:
         levels: list[tuple[int, list[RequestRecord]]] = []
         best, flat = 0.0, 0
@@ -210,8 +219,17 @@ def _run_phases(
             best = max(best, tput)
             if flat >= 2:
                 break
+        one = next((recs for c, recs in levels if c == 1), None)
+        if one is not None:  # the concurrency-1 level is lone requests too: one pace for both
+            lone = lone + one
+            tpot, ttft = V.pace(lone)
+            pace_info.update(tpot_s=tpot, ttft_s=ttft, lone_requests=len(V._ok(lone)))
+            pr.say(f"  batch-1 pace over {len(V._ok(lone))} lone requests (calibration and "
+                   f"concurrency 1): TPOT {tpot * 1e3:.1f} ms, lone TTFT {ttft * 1e3:.1f} ms")  # fmt: skip
         if levels:
             verdicts.append(V.max_batch(levels, tpot))
+    if batching_at is not None:
+        verdicts.insert(batching_at[0], V.batching(batching_at[1], burst, tpot, ttft))
     fresh_ttft = None
     if want("prefix-cache", len(design.PREFIX_PATTERN), 8 * (ttft + 0.5)):
         pr.say(f"prefix-cache: a {pace.long_prompt}-token prompt repeated vs fresh ones")

@@ -46,9 +46,16 @@ def _wl(name: str, reqs: list[RequestSpec], block: int = 512) -> Workload:
     return Workload(name=f"probe/{name}", seed=seed, requests=tuple(reqs), prefix_block_size=block)
 
 
+CALIBRATE = 5  # lone requests whose medians are the pace, after CALIBRATE_WARMUP uncounted
+
+
+CALIBRATE_WARMUP = 1  # the first lone request pays one-off costs (allocation, kernels)
+
+
 def calibrate() -> Workload:
-    """Three lone requests, one after another (closed loop, concurrency 1)."""
-    return _wl("calibrate", [RequestSpec(i, SHORT_PROMPT, 32) for i in range(3)])
+    """CALIBRATE lone requests, one after another (closed loop, concurrency 1), the same
+    shape as the max-batch ladder's concurrency-1 level so the two agree."""
+    return _wl("calibrate", [RequestSpec(i, SHORT_PROMPT, 16) for i in range(CALIBRATE)])
 
 
 def burst() -> Workload:

@@ -48,7 +48,7 @@ def _ms(x: float) -> str:
 
 
 def pace(records: list[RequestRecord]) -> tuple[float, float]:
-    """(TPOT p50, TTFT p50) of the calibration phase."""
+    """(TPOT p50, TTFT p50) of lone requests (calibration, and the concurrency-1 level)."""
     ok = _ok(records)
     if not ok:
         from cbbench.harness.errors import CbbenchError

@@ -12,22 +12,17 @@ from __future__ import annotations
 
 import re
 
+from cbbench.harness.durations import parse_seconds
 from cbbench.harness.errors import CbbenchError
 
 SLO_KEYS = ("ttft", "ttfo", "tpot", "e2e")
-_UNITS = {"ms": 1e-3, "us": 1e-6, "s": 1.0, "m": 60.0}
 
 
 def parse_duration(text: str, what: str) -> float:
-    """'200ms' -> 0.2. A duration always carries a unit: a bare number is refused, naming the
-    two readings it could have (`--slo ttft=200` was once read as 200 seconds)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(ms|us|s|m)?\s*", text)
-    if not m:
-        raise CbbenchError(f"{what}: {text!r} is not a duration (e.g. 200ms, 1.5s)")
-    if not m.group(2):
-        n = m.group(1)
-        raise CbbenchError(f"{what}: {text.strip()!r} has no unit: write {n}ms or {n}s")
-    return float(m.group(1)) * _UNITS[m.group(2)]
+    """'200ms' -> 0.2: an SLO target always carries a unit. A bare number is refused, naming
+    the two readings it could have (`--slo ttft=200` was once read as 200 seconds, where
+    vLLM's `--goodput ttft:200` means 200 ms). The grammar is harness/durations.py's."""
+    return parse_seconds(text, what, bare=None)
 
 
 SLO_STATS = ("mean", "p50", "p90", "p95", "p99", "max")
@@ -61,6 +56,7 @@ def parse_slo(text: str | None) -> dict[str, float]:
     if not text:
         return {}
     out: dict[str, float] = {}
+    seen: dict[str, str] = {}
     for part in text.split(","):
         key, sep, value = part.partition("=")
         if not sep and ":" in part:  # vLLM's spelling belongs to --goodput (milliseconds)
@@ -72,6 +68,12 @@ def parse_slo(text: str | None) -> dict[str, float]:
         if not sep:
             raise CbbenchError(f"--slo: {part.strip()!r}: expected {SLO_GRAMMAR}")
         metric, _stat = slo_key(key, part)
+        name = key.strip().lower()
+        if name in seen:  # which one was meant? (the first used to win silently)
+            raise CbbenchError(
+                f"--slo: {name} is given twice ({seen[name]}, {part.strip()}): give it once"
+            )
+        seen[name] = part.strip()
         target = parse_duration(value, f"--slo {key.strip()}")
         out[metric] = min(target, out.get(metric, target))
     return out

@@ -11,7 +11,9 @@ worse, so a level whose first run meets the SLO is met; a level whose first run 
 again, up to `repeats` runs in all, and is met when a majority of those runs meet it
 (`repeats` 3: 2 of 3). The answer is the highest met rate `lo` with the interval [lo, hi) to
 the lowest missed one; the search stops once hi / lo <= 1 + precision, or when the budget of
-requests or time would be exceeded.
+requests or time would be exceeded. The answer is never above the highest rate the server
+served in any level (Trial.achieved_rps, verdict.py's completions per second): it is capped
+there, and `stopped` says so.
 
 The search only sees `measure(rate, attempt, requests) -> Trial`, so it runs the same against
 a real server (`cbbench sweep --find-max-rate`) and against a model in unit tests.
@@ -34,7 +36,7 @@ class Trial:
     rate: float  # offered requests/s
     attempt: int  # 0 = first run at this rate
     goodput_fraction: float | None  # requests meeting every SLO / requests that finished
-    achieved_rps: float | None = None
+    achieved_rps: float | None = None  # served: completions/s (verdict.py)
     requests: int = 0
     run: str | None = None  # run folder name, when measured on a server
     state: str | None = None  # met | missed | undecided (capacity_level); None: by goodput
@@ -192,6 +194,13 @@ def find_max_rate(
             lo = mid
         else:
             hi = mid
+    peak = max((t.achieved_rps for t in res.trials if t.achieved_rps), default=None)
+    if lo is not None and peak is not None and lo > peak:  # never above what was served
+        res.stopped += (
+            f"; capped at {peak:.3g} req/s, the most the server served in any level "
+            f"(the met rate was {lo:.4g}/s)"
+        )
+        lo = peak
     res.max_rate = lo
     res.interval = (lo, hi)
     res.wall_s = time.monotonic() - t0

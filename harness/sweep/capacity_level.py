@@ -54,6 +54,11 @@ def allowed_misses(planned: int, goodput: float) -> int:
     return math.floor((1.0 - goodput) * planned + 1e-9)
 
 
+def queue_bound(slo: dict[str, float]) -> float | None:
+    """The SLO a growing queue breaks first: TTFT, else E2E (verdict.QUEUE_SPAN)."""
+    return slo.get("ttft") or slo.get("e2e")
+
+
 def judge_capacity_level(
     records: Sequence[RequestRecord],
     rate: float,
@@ -74,7 +79,7 @@ def judge_capacity_level(
         j.state = MISSED
         j.why = f"{misses} of {n} finished requests missed the SLO; {planned} allow {allowed}"
         return j
-    verdict = judge_level(measured, rate)
+    verdict = judge_level(measured, rate, queue_bound(slo))
     if stopped:
         j.why = f"stopped before its outcome was decided ({stopped})"
         j.needed_requests = verdict.needed_requests
@@ -85,8 +90,9 @@ def judge_capacity_level(
     if verdict.sustained is False:
         j.state = MISSED
         j.why = (
-            f"not sustained: {verdict.achieved_rps:.3g} of {verdict.sent_rps:.3g} req/s "
-            "completed (the queue grows; a longer level would miss the SLO)"
+            f"not sustained: served {verdict.achieved_rps or 0:.3g} of "
+            f"{verdict.offered_window_rps or 0:.3g} req/s offered (the queue grows; a longer "
+            "level would miss the SLO)"
         )
         return j
     j.state = MET

@@ -79,8 +79,11 @@ def find_max_rate(opts: SweepOptions) -> dict:
             f"{'–' if good is None else f'{good:.0%}'} of the finished{stop}",
             file=sys.stderr,
         )
+        served = (lv.get("verdict") or {}).get("achieved_rps")  # verdict.py's served rate
+        if served is None:
+            served = lv["request_throughput"]
         return Trial(
-            rate, attempt, good, lv["request_throughput"], lv["requests"] or 0, name,
+            rate, attempt, good, served, lv["requests"] or 0, name,
             state=judged.get("state"), why=judged.get("why", ""),
             needed_requests=judged.get("needed_requests"),
         )  # fmt: skip

@@ -22,9 +22,9 @@ from pathlib import Path
 
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.load.options import ClientOptions, LoadOptions, bench_config
-from cbbench.harness.sweep.capacity_level import SloWatch, judge_capacity_level
+from cbbench.harness.sweep.capacity_level import SloWatch, judge_capacity_level, queue_bound
 from cbbench.harness.sweep.levels import Level, SaturationWatch, auto_rates
-from cbbench.harness.sweep.verdict import SUSTAINED, judge_closed_level, judge_level
+from cbbench.harness.sweep.verdict import SUSTAINED, judge_closed_level, judge_level, label
 from cbbench.harness.telemetry import TelemetryOptions, build_samplers
 
 SWEEP_FILE = "sweep.json"
@@ -105,11 +105,17 @@ def run_level(
     s = result.summary
     open_loop = level.rate is not None and not math.isinf(level.rate)
     if open_loop:
-        verdict = judge_level(result.records, level.rate)
+        bound = queue_bound(capacity[0]) if capacity is not None else None
+        verdict = judge_level(result.records, level.rate, bound)
     elif level.concurrency is not None:
         verdict = judge_closed_level(result.records, level.concurrency)
     else:
         verdict = None
+    if verdict is not None:  # one line, the table's and sweep.json's (verdict.label)
+        if watch.stop_reason or result.interrupted:  # the stop decides, not the length
+            verdict.too_short = verdict.needed_requests = None
+            verdict.sustained = False if watch.stop_reason else None
+        verdict.reason = label(verdict, watch.stop_reason, result.interrupted)
     judged = None
     if capacity is not None and open_loop:
         judged = judge_capacity_level(
@@ -150,6 +156,8 @@ def _sustained(lv: dict) -> bool | None:
     too short to judge. Rows written before verdicts fall back to completed / window."""
     if lv.get("stopped_early"):
         return False
+    if lv.get("interrupted"):
+        return None
     if lv.get("verdict") is not None:
         return lv["verdict"]["sustained"]
     return (lv.get("request_throughput") or 0) >= SUSTAINED * lv["rate"]
@@ -233,17 +241,19 @@ def run_sweep(opts: SweepOptions) -> dict:
 
 
 def _verdict_cell(lv: dict) -> str:
-    v = lv.get("verdict")
-    if lv.get("rate") is None:  # closed loop: judged only for length (verdict.judge_closed_level)
-        need = (v or {}).get("needed_requests")
-        return f"too short to judge (needs {need} requests)" if (v or {}).get("too_short") else ""
+    """The level's verdict as sweep.json states it (verdict.label: one source for both); a
+    capacity level's met/missed/undecided and why (capacity_level.py)."""
+    cap = lv.get("capacity")
+    if cap:
+        return f"{cap['state']}: {cap['why']}"
+    v = lv.get("verdict") or {}
+    if v.get("reason"):
+        return v["reason"]
+    if lv.get("rate") is None:  # rows written before reasons
+        return f"too short to judge (needs {v.get('needed_requests')} requests)" if v.get(
+            "too_short") else ""  # fmt: skip
     ok = _sustained(lv)
-    if ok is None:
-        need = (v or {}).get("needed_requests")
-        return "too short to judge" + (f" (needs {need} requests)" if need else "")
-    if ok or not v or v.get("achieved_rps") is None:
-        return "sustained" if ok else "not sustained"
-    return f"not sustained ({v['achieved_rps']:.3g} of {v['sent_rps']:.3g} req/s)"
+    return "too short to judge" if ok is None else "sustained" if ok else "not sustained"
 
 
 def print_sweep(index: dict, folder: Path | None = None) -> Path | None:
@@ -279,14 +289,15 @@ def print_sweep(index: dict, folder: Path | None = None) -> Path | None:
             ms(lv["ttft_p50_s"]),
             ms(lv["ttft_p99_s"]),
             *((ms(lv.get("ttfo_p50_s")), ms(lv.get("ttfo_p99_s"))) if reasoned else ()),
-            _verdict_cell(lv),
-            lv["stopped_early"] or "",
+            cell := _verdict_cell(lv),
+            "interrupted (Ctrl-C)" if lv.get("interrupted")
+            else "" if (lv["stopped_early"] or "") in cell else lv["stopped_early"],
         )
     path = emit_table(Console(), t, folder, SWEEP_TABLE)
     sat = index["saturation"]
     for lv in index["levels"]:
         why = (lv.get("verdict") or {}).get("too_short")
-        if why and not lv.get("stopped_early"):
+        if why and not lv.get("stopped_early") and not lv.get("interrupted"):
             print(f"{lv['load']}: {why}")
     if sat["max_sustained_rate"] is not None:
         print(

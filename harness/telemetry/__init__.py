@@ -15,6 +15,8 @@ import argparse
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from cbbench.harness.durations import duration_arg
+
 if TYPE_CHECKING:
     from cbbench.harness.telemetry.gpu import GpuSampler
     from cbbench.harness.telemetry.server_sampler import ServerMetricsSampler
@@ -37,14 +39,7 @@ def parse_gpus(text: str) -> list[int]:
     return sorted(set(gpus))
 
 
-def _interval(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0.01 <= value <= 60:  # also rejects NaN
-        raise argparse.ArgumentTypeError(f"expected seconds between 0.01 and 60, got {text!r}")
-    return value
+_interval = duration_arg(0.01, 60.0)  # harness/durations.py: 250ms, 0.5s, 1 (seconds)
 
 
 def _url(text: str) -> str:
@@ -77,8 +72,9 @@ def add_telemetry_args(parser: argparse.ArgumentParser) -> None:
         "--metrics-interval",
         type=_interval,
         default=DEFAULT_INTERVAL_S,
-        metavar="SECONDS",
-        help=f"sampling interval of the server and GPU samplers (default {DEFAULT_INTERVAL_S} s = 4 Hz)",
+        metavar="DURATION",
+        help=f"sampling interval of the server and GPU samplers, 10ms to 60s (default "
+        f"{DEFAULT_INTERVAL_S * 1e3:g}ms = 4 Hz)",
     )
     g.add_argument(
         "--gpus",

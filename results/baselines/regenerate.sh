@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 B=results/baselines
 rm -rf "$B/sim-ci-small" "$B/cpu-tiny-continuous"
-cbbench sim --scheduler continuous --workload "$B/ci-workload.toml" --rate 20 --out "$B/sim-ci-small"
+cbbench sim --schedulers continuous --workload "$B/ci-workload.toml" --rate 20 --out "$B/sim-ci-small"
 log=$(mktemp)
 cbbench serve --model tiny --scheduler continuous --host 127.0.0.1 --port 0 >"$log" 2>&1 &
 pid=$!

@@ -66,7 +66,8 @@ def _held(v: RunView) -> tuple[list[str], dict] | None:
         "waiting_mean": h.waiting_mean,
         "idle_share": h.idle_share,
         "running_drops": h.drops,
-        "kv_usage_mean": h.kv_mean,
+        "kv_usage_mean": h.kv_mean,  # while requests waited
+        "kv_usage_run_mean": v.kv_usage_mean,  # every sample: the report table's figure
         "kv_reserved_share": h.reserved_share,
     }
     if h.refill_s.size:
@@ -77,15 +78,21 @@ def _held(v: RunView) -> tuple[list[str], dict] | None:
             "ended (iteration-level batching refills a freed slot at the next step)"
         )
         values["refill_p50_s"] = r50
+    run_mean = v.kv_usage_mean
+    kv = f"KV usage {pct(h.kv_mean)} on average while requests waited" + (
+        f" (the run's mean, as the report's table: {pct(run_mean)})"
+        if run_mean is not None and pct(run_mean) != pct(h.kv_mean)
+        else ""
+    )
     if h.reserved_share is not None and h.reserved_share >= RESERVED:
         evidence.append(
-            f"KV usage mean {pct(h.kv_mean)}, of which {pct(h.reserved_share)} of the pool "
+            f"{kv}, of which {pct(h.reserved_share)} of the pool "
             f"reserved up front and never filled{RESERVES.get(v.scheduler or '', '')}: memory "
             "held, not used"
         )
     elif h.kv_mean is not None:
         evidence.append(
-            f"KV usage mean {pct(h.kv_mean)}: memory was free; the batching policy, not the "
+            f"{kv}: memory was free; the batching policy, not the "
             "KV pool, kept the waiting requests out"
         )
     pairs = [(r.server_queue_s, r.ttft_s) for r in v.ok if admitted_s(r) is not None and r.ttft_s]
