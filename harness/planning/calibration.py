@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.results.run_folder import load_run
 from cbbench.reference_engine.errors import EngineError
@@ -19,6 +20,7 @@ from cbbench.reference_engine.execution.cost_model import HardwareSpec
 from cbbench.reference_engine.model.config import resolve_model_config
 from cbbench.reference_engine.sim.run_fit import (
     METRICS,
+    OVERHEAD_TERMS,
     RUN_TERMS,
     SETTINGS,
     Observed,
@@ -154,12 +156,13 @@ def check_runs(paths: list[str], hardware: str, server_config: str | None, model
     """Predict each run with any hardware (a preset, a calibrate or --from-run JSON) and print
     the error of the means and p99s: how far a spec-sheet preset or an old fit is off."""
     from cbbench.reference_engine.execution.cost_model import get_hardware
-    from cbbench.reference_engine.sim.run_fit import engine_config
+    from cbbench.reference_engine.sim.run_fit import engine_config, in_flight, overheads
     from cbbench.reference_engine.sim.simulate import simulate
     from cbbench.workloads.spec import RequestSpec
 
     hw = get_hardware(hardware)
-    c_req = (hw.fit or {}).get("request_overhead_s", 0.0)
+    over = {"c_req": (hw.fit or {}).get("request_overhead_s", 0.0),
+            "c_req_load": (hw.fit or {}).get("request_overhead_per_in_flight_s", 0.0)}  # fmt: skip
     t = Table(title=f"runs predicted on {hw.name} (relative error of the simulated figure)")
     for col in ("run", *(f"{m.upper()} {s}" for m in METRICS for s in ("mean", "p99"))):
         t.add_column(col, justify="right")
@@ -169,15 +172,20 @@ def check_runs(paths: list[str], hardware: str, server_config: str | None, model
         m = model or (hw.fit or {}).get("model") or root
         if not m:
             raise CbbenchError(f"{p}: the run does not name its model; pass --model")
-        reqs = [RequestSpec(i, max(1, r.prompt_len), max(1, r.output_len), arrival_s=r.sent_s + c_req)
-                for i, r in enumerate(run.requests)]  # fmt: skip
-        try:
-            res = simulate(reqs, engine_config(m, dtype, settings, hardware, reqs))
-        except EngineError as exc:
-            raise CbbenchError(f"{p}: {exc}") from None
-        pred = Predicted([r.ttft_s + c_req for r in res.requests],
-                         [r.e2e_s + c_req for r in res.requests],
-                         [r.tpot_s for r in res.requests], 0, 0, 0)  # fmt: skip
+        load = np.zeros(len(run.requests))
+        for _ in range(2 if over["c_req_load"] > 0 else 1):  # the load: the simulation's own
+            extra = overheads(over, load)
+            reqs = [RequestSpec(i, max(1, r.prompt_len), max(1, r.output_len),
+                                arrival_s=r.sent_s + float(extra[i]))
+                    for i, r in enumerate(run.requests)]  # fmt: skip
+            try:
+                res = simulate(reqs, engine_config(m, dtype, settings, hardware, reqs))
+            except EngineError as exc:
+                raise CbbenchError(f"{p}: {exc}") from None
+            pred = Predicted([r.ttft_s + float(x) for r, x in zip(res.requests, extra, strict=True)],
+                             [r.e2e_s + float(x) for r, x in zip(res.requests, extra, strict=True)],
+                             [r.tpot_s for r in res.requests], 0, 0, 0)  # fmt: skip
+            load = in_flight([r.sent_s for r in run.requests], pred.e2e_s)
         err = _errors([run], [pred], [[True] * len(run.requests)], None)
         t.add_row(Path(p).name, *(_pct(err.get(f"{m}_{s}")) for m in METRICS
                                   for s in ("mean", "p99")))  # fmt: skip
@@ -193,12 +201,13 @@ def print_calibration(c: RunCalibration, console: Console) -> None:
     units = {"c0": "ms per step", "c_tok": "us per batched token", "c_seq": "us per sequence",
              "c_prefill": "ms per prefill chunk", "c_dec_kv": "ns per decode context token",
              "c_pre_ctx": "ns per prefill (query x context) pair",
-             "c_req": "ms per request outside the steps (HTTP, network)"}  # fmt: skip
+             "c_req": "ms per request outside the steps (HTTP, network)",
+             "c_req_load": "ms more per request in flight at its send"}  # fmt: skip
     scale = {"ms": 1e3, "us": 1e6, "ns": 1e9}
     t = Table(title=f"step model fitted from {len(c.runs)} run(s) ({c.spec.name})")
     for col in ("term", "value", "unit", "identified by these runs"):
         t.add_column(col)
-    for term in (*RUN_TERMS, "c_req"):
+    for term in (*RUN_TERMS, *OVERHEAD_TERMS):
         unit = units[term]
         v = c.fit.coef.get(term, 0.0) * scale[unit[:2]]
         t.add_row(term, f"{v:.4g}", unit, c.fit.identified.get(term, "-"))
@@ -260,6 +269,7 @@ def hardware_from_fit(fit: RunFit, name: str, model: str, dtype: str, settings: 
             "tensor_parallel_size": int(settings.get("tensor_parallel_size") or 1),
             "server_settings": settings, "holdout": holdout,
             "request_overhead_s": fit.coef.get("c_req", 0.0),
+            "request_overhead_per_in_flight_s": fit.coef.get("c_req_load", 0.0),
             "errors": fit.errors, "measured_error": measured,
             "identified": fit.identified, "notes": fit.notes,
         },

@@ -12,11 +12,16 @@ KV blocks) and reconstructs it. Then, a few rounds of:
    token, and its TTFT is a per-request overhead (`c_req`: HTTP, tokenizing, the network)
    plus the rest of the step in progress when it arrived and every step up to its first
    token; decode rows divided by (output - 1) (TPOT), each group scaled by its mean;
-3. non-negative least squares over the requests of the fit part, damped towards the last
-   coefficients; keep the round whose simulation matched the fit part best.
+3. non-negative least squares over the requests of the fit part, robust (Huber weights,
+   re-weighted a few times: a server's rare stalls must not move the step terms), damped
+   towards the last coefficients; keep the round whose simulation matched the fit part best.
 
-The fit part is the requests sent in the first (1 - holdout) of each run; the rest is held
-back: the error on it is the fit's measured error (what `plan` / `sim` intervals use).
+The overhead outside the steps need not be constant: a front end that shares the machine
+with its engine (tokenizing, detokenizing every running stream) slows as the load grows, so
+a request's overhead is `c_req + c_req_load * in_flight`, in_flight the requests the client
+had in flight when it sent it (measured in the fitted runs; simulated when predicting). The
+fit part: the requests sent in the first (1 - holdout) of each run; the rest is held back
+(its error: the fit's measured error, what `plan` / `sim` intervals use).
 """
 
 from __future__ import annotations
@@ -31,11 +36,20 @@ import numpy as np
 from cbbench.reference_engine.config.engine_config import ContinuousConfig, EngineConfig
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution.cost_model import HardwareSpec, StepWork, nnls
+from cbbench.reference_engine.sim.run_fit_terms import (
+    fit_part,
+    identifiability,
+    in_flight,
+    overheads,
+    robust_solve,
+    what_runs_cannot_tell,
+)
 from cbbench.workloads.spec import RequestSpec
 
 # what a black-box fit can see: per step, batched token, sequence, decode context token,
 # prefill (query x context) pair; the server's settings it replays the runs with
 RUN_TERMS = ("c0", "c_tok", "c_seq", "c_dec_kv", "c_pre_ctx")
+OVERHEAD_TERMS = ("c_req", "c_req_load")  # per request; and per request in flight at its send
 METRICS = ("ttft", "tpot", "e2e")
 SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "block_size",
             "num_kv_blocks", "enable_prefix_caching", "max_model_len",
@@ -81,20 +95,12 @@ class Predicted:  # the simulation of one run: per request (the run's order), th
 
 @dataclass
 class RunFit:
-    coef: dict[str, float]  # RUN_TERMS and c_req
+    coef: dict[str, float]  # RUN_TERMS and OVERHEAD_TERMS
     predicted: list[Predicted]
     errors: dict[str, dict[str, float]]  # "fit" / "held_back" / "all" -> metric_stat -> rel err
     rounds: list[dict] = field(default_factory=list)  # per round: coef, fit-part error
     identified: dict[str, str] = field(default_factory=dict)  # term -> verdict
     notes: list[str] = field(default_factory=list)  # what the runs cannot tell
-
-
-def fit_part(run: ObservedRun, holdout: float) -> list[bool]:
-    """Per request: in the fit part (sent in the first 1 - holdout of the run's sends)."""
-    order = sorted(range(len(run.requests)), key=lambda i: run.requests[i].sent_s)
-    k = max(1, round(len(order) * (1.0 - holdout)))
-    keep = set(order[:k])
-    return [i in keep for i in range(len(run.requests))]
 
 
 class _StepLog:
@@ -120,11 +126,24 @@ class _StepLog:
 def simulate_run(
     run: ObservedRun, model: str, dtype: str, settings: dict, coef: dict[str, float]
 ) -> tuple[Predicted, _StepLog, list]:
-    """Replay the run's sends (shifted by c_req) with `coef` as the step model."""
+    """Replay the run's sends (each shifted by its overhead) with `coef` as the step model.
+    With a load-dependent overhead, the load is the simulation's own: a first pass with the
+    constant part gives the requests in flight, the second pass uses them."""
+    load = np.zeros(len(run.requests))
+    pred, log, sim_reqs = _simulate_once(run, model, dtype, settings, coef, load)
+    if coef.get("c_req_load", 0.0) > 0:
+        load = in_flight([r.sent_s for r in run.requests], pred.e2e_s)
+        pred, log, sim_reqs = _simulate_once(run, model, dtype, settings, coef, load)
+    return pred, log, sim_reqs
+
+
+def _simulate_once(run: ObservedRun, model: str, dtype: str, settings: dict,
+                   coef: dict[str, float], load: np.ndarray) -> tuple[Predicted, _StepLog, list]:  # fmt: skip
     from cbbench.reference_engine.sim.simulate import simulate
 
-    c_req = coef.get("c_req", 0.0)
-    reqs = [RequestSpec(i, max(1, r.prompt_len), max(1, r.output_len), arrival_s=r.sent_s + c_req)
+    extra = overheads(coef, load)
+    reqs = [RequestSpec(i, max(1, r.prompt_len), max(1, r.output_len),
+                        arrival_s=r.sent_s + float(extra[i]))
             for i, r in enumerate(run.requests)]  # fmt: skip
     log = _StepLog()
     spec = HardwareSpec("run-fit", 1.0, 1.0, 1e6, flops_efficiency=1.0, bw_efficiency=1.0,
@@ -136,8 +155,8 @@ def simulate_run(
         res = simulate(reqs, engine_config(model, dtype, settings, str(hw), reqs),
                        wrap_executor=log)  # fmt: skip
     pred = Predicted(
-        ttft_s=[r.ttft_s + c_req for r in res.requests],
-        e2e_s=[r.e2e_s + c_req for r in res.requests],
+        ttft_s=[r.ttft_s + float(x) for r, x in zip(res.requests, extra, strict=True)],
+        e2e_s=[r.e2e_s + float(x) for r, x in zip(res.requests, extra, strict=True)],
         tpot_s=[r.tpot_s for r in res.requests],
         num_preemptions=sum(r.num_preemptions for r in res.requests),
         max_running=max((s.num_running for s in res.steps), default=0),
@@ -177,11 +196,13 @@ def engine_config(model: str, dtype: str, settings: dict, hardware: str,
     )  # fmt: skip
 
 
-def _rows(run: ObservedRun, log: _StepLog, sim_reqs: list, use: list[bool], c_req: float | None):
+def _rows(run: ObservedRun, log: _StepLog, sim_reqs: list, use: list[bool], measured: bool,
+          load: np.ndarray):  # fmt: skip
     """Row groups (rows, targets) for the requests in `use`: TTFT, TPOT and, where the run
     has token times, each gap between tokens; a row: RUN_TERMS features summed over the
-    steps the measured span covers, then c_req's column. With the server's own TTFT
-    (`c_req` given: measured), the TTFT rows are the server's, without that column."""
+    steps the measured span covers, then OVERHEAD_TERMS' columns (1, requests in flight at
+    the send). With the overhead `measured` (the server's own TTFT), the TTFT rows are the
+    server's, without those columns."""
     feats = np.array([w.features(RUN_TERMS) for _, _, w, _ in log.steps])
     starts = np.array([s for s, _, _, _ in log.steps])
     ends = np.array([e for _, e, _, _ in log.steps])
@@ -204,38 +225,21 @@ def _rows(run: ObservedRun, log: _StepLog, sim_reqs: list, use: list[bool], c_re
             span = ends[k] - starts[k]
             share = (ends[k] - max(sim.arrival_s, starts[k])) / span if span > 0 else 1.0
             row = row + share * feats[k]
-        if c_req is not None and obs.server_ttft_s is not None:
-            t_rows.append(np.append(row, 0.0))
+        if measured and obs.server_ttft_s is not None:
+            t_rows.append(np.append(row, [0.0, 0.0]))
             t_y.append(obs.server_ttft_s)
-        elif c_req is None:
-            t_rows.append(np.append(row, 1.0))
+        elif not measured:
+            t_rows.append(np.append(row, [1.0, load[i]]))
             t_y.append(obs.ttft_s)
         n = obs.output_len
         if n > 1 and last > first:
-            d_rows.append(np.append((csum[last + 1] - csum[first + 1]) / (n - 1), 0.0))
+            d_rows.append(np.append((csum[last + 1] - csum[first + 1]) / (n - 1), [0.0, 0.0]))
             d_y.append((obs.e2e_s - obs.ttft_s) / (n - 1))
         if len(obs.itl_s) == len(js) - 1:  # one gap per token after the first
             for k, gap in enumerate(obs.itl_s, 1):
-                g_rows.append(np.append(csum[js[k] + 1] - csum[js[k - 1] + 1], 0.0))
+                g_rows.append(np.append(csum[js[k] + 1] - csum[js[k - 1] + 1], [0.0, 0.0]))
                 g_y.append(gap)
     return t_rows, t_y, d_rows, d_y, g_rows, g_y
-
-
-def _solve(rows: list, ys: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """NNLS over the stacked groups, each scaled by its mean target and its size; columns
-    normalised. Returns (coefficients, scaled A, scaled b)."""
-    blocks_a, blocks_b = [], []
-    for r, y in zip(rows, ys, strict=True):
-        if not r:
-            continue
-        a, b = np.array(r), np.array(y)
-        scale = 1.0 / (max(float(b.mean()), 1e-9) * np.sqrt(len(b)))
-        blocks_a.append(a * scale)
-        blocks_b.append(b * scale)
-    A, b = np.vstack(blocks_a), np.concatenate(blocks_b)
-    norm = np.maximum(np.abs(A).max(axis=0), 1e-300)
-    x = nnls(A / norm, b) / norm
-    return x, A, b
 
 
 def _errors(runs: list[ObservedRun], preds: list[Predicted], parts: list[list[bool]],
@@ -287,9 +291,10 @@ def fit_runs(
     log: Callable[[str], None] | None = None,
     server_ttft: bool = False,
 ) -> RunFit:
-    """Fit RUN_TERMS (and c_req) to `runs` served with `settings` (see the module doc).
+    """Fit RUN_TERMS and OVERHEAD_TERMS to `runs` served with `settings` (module doc).
     `server_ttft`: fit the TTFT rows to the server's own TTFT where the runs carry it, and
-    take c_req as the mean of what lies outside it (client TTFT less the server's). Off by
+    measure the overhead from what lies outside it (client TTFT less the server's: its
+    constant part and its growth with the requests in flight). Off by
     default: where the server's front end shares the machine with its engine, that outside
     part grows with load, and the client's TTFT is what is predicted."""
     if not runs or not any(r.requests for r in runs):
@@ -302,9 +307,18 @@ def fit_runs(
     outside = [r.ttft_s - r.server_ttft_s for run, part in zip(runs, parts, strict=True)
                for r, p in zip(run.requests, part, strict=True)
                if p and r.server_ttft_s is not None]  # fmt: skip
-    c_req = max(0.0, float(np.mean(outside))) if server_ttft and len(outside) >= 2 else None
-    if c_req is not None:
-        coef["c_req"] = c_req
+    loads = [in_flight([r.sent_s for r in run.requests], [r.e2e_s for r in run.requests])
+             for run in runs]  # fmt: skip
+    measured = server_ttft and len(outside) >= 2
+    if measured:  # outside the engine, against the load: both measured
+        load = [x for ld, part in zip(loads, parts, strict=True)
+                for x, p in zip(ld, part, strict=True) if p]  # fmt: skip
+        a = np.column_stack([np.ones(len(outside)), load])
+        if np.ptp(load) == 0:
+            a = a[:, :1]
+        over = nnls(a, np.array(outside))
+        coef["c_req"] = float(over[0])
+        coef["c_req_load"] = float(over[1]) if len(over) > 1 else 0.0
     best: tuple[float, dict, list[Predicted]] | None = None
     history: list[dict] = []
     last_a = last_b = None
@@ -319,20 +333,23 @@ def fit_runs(
         if best is None or _score(err) < best[0]:
             best = (_score(err), dict(coef), preds)
         groups: list[list] = [[] for _ in range(6)]
-        for r, (_, slog, sreqs), part in zip(runs, sims, parts, strict=True):
-            for g, vals in zip(groups, _rows(r, slog, sreqs, part, c_req), strict=True):
+        for r, (_, slog, sreqs), part, ld in zip(runs, sims, parts, loads, strict=True):
+            rows = _rows(r, slog, sreqs, part, measured, ld)
+            for g, vals in zip(groups, rows, strict=True):
                 g.extend(vals)
         if not groups[2] and not groups[0]:
             raise EngineError("calibration from runs: no request of the fit part got a token")
-        x, last_a, last_b = _solve(groups[0::2], groups[1::2])
-        if c_req is not None:
-            x[-1] = c_req
-        new = dict(zip((*RUN_TERMS, "c_req"), map(float, x), strict=True))
+        x, last_a, last_b = robust_solve(groups[0::2], groups[1::2])
+        if measured:
+            x[-2:] = coef["c_req"], coef["c_req_load"]
+        new = dict(zip((*RUN_TERMS, *OVERHEAD_TERMS), map(float, x), strict=True))
         moved = max(abs(new[t] - coef.get(t, 0.0)) / max(abs(new[t]), 1e-12) for t in new)
         coef = {t: (1 - damping) * new[t] + damping * coef.get(t, 0.0) for t in new}
         if moved < 0.01:
             break
     assert best is not None
+    if not measured:  # the robust loss left the stalls out; the means take them back
+        best = _match_means(runs, parts, model, dtype, settings, best)
     _, coef, preds = best
     fit = RunFit(coef, preds, {
         "fit": _errors(runs, preds, parts, True),
@@ -340,60 +357,42 @@ def fit_runs(
         "all": _errors(runs, preds, parts, None),
     }, history)  # fmt: skip
     if last_a is not None:
-        fit.identified = identifiability(last_a, last_b, coef)
-    if c_req is not None:
-        fit.identified["c_req"] = "measured (client TTFT less the server's own)"
+        fit.identified = identifiability(last_a, last_b, coef, (*RUN_TERMS, *OVERHEAD_TERMS))
+    if measured:
+        for t in OVERHEAD_TERMS:
+            fit.identified[t] = "measured (client TTFT less the server's own)"
     fit.notes = what_runs_cannot_tell(runs, preds, settings)
     return fit
 
 
-def identifiability(A: np.ndarray, b: np.ndarray, coef: dict[str, float]) -> dict[str, str]:
-    """Per term: 'not exercised' (its feature was zero throughout), 'poorly identified' (its
-    standard error over half its value, or it sits at 0 with others able to absorb it) or
-    'identified (+-X %)'."""
-    names = (*RUN_TERMS, "c_req")
-    x = np.array([coef.get(t, 0.0) for t in names])
-    resid = b - A @ x
-    dof = max(1, len(b) - int((x > 0).sum()))
-    sigma2 = float(resid @ resid) / dof
-    out: dict[str, str] = {}
-    active = x > 0
-    cov = None
-    if active.any():
-        As = A[:, active]
-        try:
-            cov = np.linalg.pinv(As.T @ As) * sigma2
-        except np.linalg.LinAlgError:
-            cov = None
-    idx = {j: i for i, j in enumerate(np.flatnonzero(active))}
-    for j, t in enumerate(names):
-        if not np.any(A[:, j]):
-            out[t] = "not exercised"
-        elif not active[j]:
-            out[t] = "0 (the fit wants none)"
-        elif cov is None:
-            out[t] = "poorly identified"
-        else:
-            rel = float(np.sqrt(max(cov[idx[j], idx[j]], 0.0))) / x[j]
-            out[t] = f"identified (+-{rel:.0%})" if rel < 0.5 else f"poorly identified (+-{rel:.0%})"
+def _match_means(runs, parts, model, dtype, settings, best, steps: int = 5):
+    """The best round brought to the fit part's means: the step terms scaled by the
+    geometric mean of its TPOT mean's ratio and its decode time's (E2E less TTFT: the long
+    outputs weigh more), then c_req moved by its TTFT mean's residual. The robust loss
+    sets the terms' shape and keeps a server's stalls out of it; the means (what is
+    predicted) still carry the stalls' share. Kept only where it matches the fit part better."""
+
+    def fit_mean(vals_of, part_vals) -> float:
+        v = [x for vals, part in zip(part_vals, parts, strict=True)
+             for x, q in zip(vals_of(vals), part, strict=True) if q and x is not None]  # fmt: skip
+        return float(np.mean(v)) if v else float("nan")
+
+    meas_tpot = fit_mean(lambda run: [r.tpot_s for r in run.requests], runs)
+    meas_ttft = fit_mean(lambda run: [r.ttft_s for r in run.requests], runs)
+    meas_dec = fit_mean(lambda run: [r.e2e_s - r.ttft_s for r in run.requests], runs)
+    score, coef, preds = best
+    out = best
+    for step in range(steps):
+        dec = fit_mean(lambda p: [e - t for e, t in zip(p.e2e_s, p.ttft_s, strict=True)], preds)
+        k = float(np.sqrt(meas_tpot / fit_mean(lambda p: p.tpot_s, preds) * meas_dec / dec))
+        if not k > 0 or (abs(k - 1) < 0.005 and step > 0):  # converged (queueing feeds back)
+            break
+        coef = {t: v * k if t in RUN_TERMS else v for t, v in coef.items()}
+        preds = [simulate_run(r, model, dtype, settings, coef)[0] for r in runs]
+        shift = meas_ttft - fit_mean(lambda p: p.ttft_s, preds)
+        coef = {**coef, "c_req": max(0.0, coef.get("c_req", 0.0) + shift)}
+        preds = [simulate_run(r, model, dtype, settings, coef)[0] for r in runs]
+        s = _score(_errors(runs, preds, parts, True))
+        if s < out[0]:
+            out = (s, dict(coef), preds)
     return out
-
-
-def what_runs_cannot_tell(runs: list[ObservedRun], preds: list[Predicted],
-                          settings: dict) -> list[str]:  # fmt: skip
-    """The settings a black-box fit takes on trust, when the runs do not exercise them."""
-    notes = []
-    said = [r.num_preemptions for r in runs if r.num_preemptions is not None]
-    if not any(p.num_preemptions for p in preds) and not any(said):
-        src = "the server's settings" if settings.get("num_kv_blocks") else "nowhere (unknown)"
-        notes.append("KV capacity: the runs never preempted, so they cannot tell how many KV "
-                     f"blocks the server has; taken from {src}")  # fmt: skip
-    seqs = settings.get("max_num_seqs")
-    top = max((p.max_running for p in preds), default=0)
-    if seqs is None or top < seqs:
-        notes.append(f"max_num_seqs: at most {top} requests ran at once, so the runs cannot "
-                     f"tell the limit ({'unknown' if seqs is None else seqs} assumed)")  # fmt: skip
-    if not any(p.budget_bound_steps for p in preds):
-        notes.append("token budget: no step filled max_num_batched_tokens, so the runs "
-                     "cannot tell it or how chunked prefill splits prompts")  # fmt: skip
-    return notes

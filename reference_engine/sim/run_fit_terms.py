@@ -1,0 +1,116 @@
+"""What the from-run fit (run_fit.py) solves and says about its terms: the requests in
+flight and the overhead outside the steps, the robust non-negative least squares, which
+terms the runs identified, and what they cannot tell."""
+
+from __future__ import annotations
+
+import numpy as np
+from cbbench.reference_engine.execution.cost_model import nnls
+
+# robust weights, in robust standard deviations of the residuals (95 % efficiency if normal):
+# Huber's first (a convex start), then Tukey's bisquare (a stall far out gets no weight)
+HUBER_K, TUKEY_C = 1.345, 4.685
+
+
+def fit_part(run, holdout: float) -> list[bool]:  # run: run_fit.ObservedRun (it imports this)
+    """Per request: in the fit part (sent in the first 1 - holdout of the run's sends)."""
+    order = sorted(range(len(run.requests)), key=lambda i: run.requests[i].sent_s)
+    k = max(1, round(len(order) * (1.0 - holdout)))
+    keep = set(order[:k])
+    return [i in keep for i in range(len(run.requests))]
+
+
+def in_flight(sent: list[float], e2e: list[float]) -> np.ndarray:
+    """Per request: how many others were in flight (sent, not yet finished) at its send."""
+    s = np.asarray(sent, dtype=float)
+    ends = np.sort(s + np.asarray(e2e, dtype=float))
+    started = np.searchsorted(np.sort(s), s, side="right")  # itself included
+    done = np.searchsorted(ends, s, side="right")
+    return np.maximum(started - done - 1, 0).astype(float)
+
+
+def overheads(coef: dict[str, float], load: np.ndarray) -> np.ndarray:
+    return coef.get("c_req", 0.0) + coef.get("c_req_load", 0.0) * load
+
+
+def robust_solve(rows: list, ys: list, irls: int = 6) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """NNLS over the stacked groups, each scaled by its mean target and its size; columns
+    normalised; robust: re-weighted `irls` times on the residuals (scale: their median
+    absolute deviation), Huber's weights for the first half, Tukey's bisquare after, so a
+    few stalls of the server (a TTFT or a gap many times the rest) do not move the step
+    terms. Returns (coefficients, scaled A, scaled b)."""
+    blocks_a, blocks_b = [], []
+    for r, y in zip(rows, ys, strict=True):
+        if not r:
+            continue
+        a, b = np.array(r), np.array(y)
+        scale = 1.0 / (max(float(b.mean()), 1e-9) * np.sqrt(len(b)))
+        blocks_a.append(a * scale)
+        blocks_b.append(b * scale)
+    A, b = np.vstack(blocks_a), np.concatenate(blocks_b)
+    norm = np.maximum(np.abs(A).max(axis=0), 1e-300)
+    w = np.ones(len(b))
+    for it in range(irls + 1):
+        x = nnls(A / norm * w[:, None], b * w) / norm
+        r = b - A @ x
+        sigma = 1.4826 * float(np.median(np.abs(r - np.median(r))))
+        if sigma <= 0:
+            break
+        u = np.abs(r) / sigma
+        if it < irls // 2:
+            w = np.sqrt(np.minimum(1.0, HUBER_K / np.maximum(u, 1e-300)))
+        else:
+            w = np.where(u < TUKEY_C, 1.0 - (u / TUKEY_C) ** 2, 0.0)  # sqrt of (1 - u²)²
+    return x, A, b
+
+
+def identifiability(A: np.ndarray, b: np.ndarray, coef: dict[str, float],
+                    names: tuple[str, ...]) -> dict[str, str]:  # fmt: skip
+    """Per term: 'not exercised' (its feature was zero throughout), 'poorly identified' (its
+    standard error over half its value, or it sits at 0 with others able to absorb it) or
+    'identified (+-X %)'."""
+    x = np.array([coef.get(t, 0.0) for t in names])
+    resid = b - A @ x
+    dof = max(1, len(b) - int((x > 0).sum()))
+    sigma2 = float(resid @ resid) / dof
+    out: dict[str, str] = {}
+    active = x > 0
+    cov = None
+    if active.any():
+        As = A[:, active]
+        try:
+            cov = np.linalg.pinv(As.T @ As) * sigma2
+        except np.linalg.LinAlgError:
+            cov = None
+    idx = {j: i for i, j in enumerate(np.flatnonzero(active))}
+    for j, t in enumerate(names):
+        if not np.any(A[:, j]):
+            out[t] = "not exercised"
+        elif not active[j]:
+            out[t] = "0 (the fit wants none)"
+        elif cov is None:
+            out[t] = "poorly identified"
+        else:
+            rel = float(np.sqrt(max(cov[idx[j], idx[j]], 0.0))) / x[j]
+            out[t] = f"identified (+-{rel:.0%})" if rel < 0.5 else f"poorly identified (+-{rel:.0%})"
+    return out
+
+
+def what_runs_cannot_tell(runs: list, preds: list,  # of run_fit.ObservedRun, Predicted
+                          settings: dict) -> list[str]:  # fmt: skip
+    """The settings a black-box fit takes on trust, when the runs do not exercise them."""
+    notes = []
+    said = [r.num_preemptions for r in runs if r.num_preemptions is not None]
+    if not any(p.num_preemptions for p in preds) and not any(said):
+        src = "the server's settings" if settings.get("num_kv_blocks") else "nowhere (unknown)"
+        notes.append("KV capacity: the runs never preempted, so they cannot tell how many KV "
+                     f"blocks the server has; taken from {src}")  # fmt: skip
+    seqs = settings.get("max_num_seqs")
+    top = max((p.max_running for p in preds), default=0)
+    if seqs is None or top < seqs:
+        notes.append(f"max_num_seqs: at most {top} requests ran at once, so the runs cannot "
+                     f"tell the limit ({'unknown' if seqs is None else seqs} assumed)")  # fmt: skip
+    if not any(p.budget_bound_steps for p in preds):
+        notes.append("token budget: no step filled max_num_batched_tokens, so the runs "
+                     "cannot tell it or how chunked prefill splits prompts")  # fmt: skip
+    return notes
