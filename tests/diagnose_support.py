@@ -109,7 +109,7 @@ def provoke(scenario: str, root: Path) -> Path:
         server = ["--max-num-batched-tokens", "256"]
         wl, conc = workload("pd", lengths, arrivals), None
     elif scenario == "client-bound":
-        n = 200
+        n = 600  # all at t = 0: the client sends them behind schedule (p50 > 10 ms) however fast it is
         hw = hardware_file(root, c0=0.001, c_seq=0.00001)
         server = ["--max-num-seqs", "256"]
         wl, conc = workload("client", [(8, 2)] * n, [0.0] * n), None

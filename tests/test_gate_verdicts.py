@@ -128,3 +128,27 @@ def test_a_rule_too_wide_to_fail_is_inconclusive_not_pass() -> None:
     assert verdict == CANNOT_TELL and note.startswith("inconclusive (40 requests: too few for p99)")
     assert inconclusive(rule, 1.0, 0.95, 1.05, "pass", 4000) == ("pass", "")  # narrow: a pass
     assert inconclusive(rule, 1.5, 0.2, 3.0, "fail", 40)[0] == "fail"  # a fail stays a fail
+
+
+@pytest.mark.parametrize(
+    ("rule", "estimate", "low", "high", "expected"),
+    [
+        # a tight interval far from the limit: 8.4x the throughput [7.4x, 9.4x], may fall 70 %
+        (Rule("output_throughput", "max_decrease", 0.70), 8.39, 7.38, 9.43, "pass"),
+        # a tight interval around no change
+        (Rule("ttft", "max_increase", 0.10, "p50"), 1.0, 0.97, 1.03, "pass"),
+        # p99 over 40 requests, [-84 %, +546 %] against +10 % (r51): could not have failed
+        (Rule("ttft", "max_increase", 0.10, "p99"), 1.2, 0.16, 6.46, "cannot tell"),
+        # as wide on the side that must clear a decrease limit
+        (Rule("output_throughput", "max_decrease", 0.05), 1.0, 0.5, 1.6, "cannot tell"),
+    ],
+)
+def test_inconclusive_judges_relative_intervals_by_their_ratio(rule, estimate, low, high, expected):
+    """A relative rule's interval is wide when, in log-ratio space, its reach on the side that
+    must clear the limit is at least the limit's own: a change of twice the limit (as a ratio,
+    squared) would not fail it. Width in ratio points would call 8.4x [7.4x, 9.4x] 'too wide'."""
+    from cbbench.harness.gate.verdict import inconclusive
+
+    verdict, note = inconclusive(rule, estimate, low, high, "pass", 40)
+    assert verdict == expected
+    assert ("too few for" in note) == (expected == "cannot tell")

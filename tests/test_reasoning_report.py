@@ -38,10 +38,13 @@ def test_gate_gives_each_ttft_rule_a_ttfo_twin_when_a_run_reasoned(tmp_path):
     same = run_gate(base, load_run(_reasoning_run(tmp_path / "same", 0.3)), DEFAULT_POLICY)
     ttfo = [r for r in same.results if r.rule.metric == "ttfo"]
     n_ttft = sum(r.metric == "ttft" for r in DEFAULT_POLICY.rules)
-    assert len(ttfo) == n_ttft and all(r.verdict == "pass" for r in ttfo) and same.passed
+    # identical runs: every TTFO rule passes, or (a p99 of a few dozen requests) cannot tell
+    assert len(ttfo) == n_ttft and all(r.verdict in ("pass", "cannot tell") for r in ttfo)
+    assert sum(r.verdict == "pass" for r in ttfo) >= 1 and same.passed
     slow = run_gate(base, load_run(_reasoning_run(tmp_path / "slow", 0.9)), DEFAULT_POLICY)
     verdicts = {(r.rule.metric, r.rule.stat): r.verdict for r in slow.results}
-    assert verdicts[("ttft", "p50")] == "pass" and verdicts[("ttfo", "p50")] == "fail"
+    assert verdicts[("ttft", "p50")] in ("pass", "cannot tell")  # unchanged (60 requests)
+    assert verdicts[("ttfo", "p50")] == "fail"
     assert not slow.passed
     # runs that did not reason: no TTFO rules added
     plain = run_gate(

@@ -92,12 +92,12 @@ def screenshot_stats(png: Path) -> tuple[tuple[int, int], float, int]:
 def test_one_run_renders_without_console_errors(tmp_path: Path) -> None:
     run = write_run(tmp_path / "only", n=150, seed=1)
     html = tmp_path / "one.html"
-    assert main(["report", str(run), "-o", str(html)]) == 0
+    assert main(["report", str(run), "--out", str(html)]) == 0
     checks, console = render(html, tmp_path / "one.png")
     assert console == ""
     assert checks["errs"] == []
-    # 3 CDFs + 4 timelines + completions + scatter; no throughput curves for a single run
-    assert checks["charts"] == checks["visible"] == 9
+    # 3 CDFs + 4 timelines + in-flight + completions + scatter; no throughput curves for one run
+    assert checks["charts"] == checks["visible"] == 10  # + the in-flight timeline with the steady window
     assert checks["lines"] >= 8 and checks["dots"] >= 100
     assert checks["best"] == 0  # nothing to compare against
     size, non_white, series0 = screenshot_stats(tmp_path / "one.png")
@@ -130,7 +130,7 @@ def test_six_runs_render_and_crafted_text_stays_text(tmp_path: Path) -> None:
     assert checks["errs"] == []  # no alert() ran, no script error
     assert checks["scripts"] == 2  # the sentinel and the report's JSON data block only
     assert checks["imgs"] == 0
-    assert checks["charts"] == checks["visible"] == 12  # + 3 latency-vs-throughput curves
+    assert checks["charts"] == checks["visible"] == 13  # + 3 latency-vs-throughput curves, the in-flight timeline
     assert checks["best"] >= 10 and checks["sim"] >= 2
     size, non_white, series0 = screenshot_stats(tmp_path / "six.png")
     assert size == (WIDTH, HEIGHT) and non_white > 0.06 and series0 > 500
