@@ -19,6 +19,7 @@ import argparse
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -65,7 +66,13 @@ def main() -> int:
         text=True,
     )
     try:
-        line = server.stdout.readline()  # "cbbench fake-server: ready at URL"
+        box: list[str] = []  # "cbbench fake-server: ready at URL", within 60 s or fail
+        reader = threading.Thread(target=lambda: box.append(server.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(60)
+        line = box[0] if box else ""
+        if not line:
+            raise SystemExit("exchange_tools: the fake server printed no ready line within 60 s")
         url = line.rsplit(" ", 1)[-1].strip()
         assert url.startswith("http://127.0.0.1:"), line
         runs = run_all(args.tools, out, url, tok)
