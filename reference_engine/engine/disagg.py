@@ -5,7 +5,8 @@ token); when it finishes, before its blocks go back to the pool, the executor co
 prompt's blocks out into a KVPayload, which rides on the request's last RequestOutput.
 
 Decode side: a request added with `kv_import` starts as prompt + the prefill worker's first
-token, with the prompt's tokens "external": the scheduler admits it like any other (it waits
+token, with the prompt's tokens "external" (a server sends that token at once:
+`take_pending_outputs`): the scheduler admits it like any other (it waits
 for a slot and blocks: the decode queue), counts the prompt as computed, and before the
 step that computes it the payload is copied into the blocks it was given (vLLM's connector
 does the same between scheduling and the forward). The first token is an output at once, as
@@ -128,3 +129,9 @@ class KVTransferMixin:
     def _take_pending(self) -> list[RequestOutput]:
         out, self._pending_outputs = self._pending_outputs, []
         return out
+
+    def take_pending_outputs(self) -> list[RequestOutput]:
+        """The outputs made outside a step (imported first tokens): a server sends them as
+        soon as the request is in, not after the next step's compute (step() would return
+        them with its own outputs, a decode step late, together with the second token)."""
+        return self._take_pending() if self._pending_outputs else []

@@ -209,6 +209,9 @@ class AsyncEngine:
                 return
             for cmd in commands:
                 self._apply(cmd)
+            early = engine.take_pending_outputs()  # imported first tokens: out before the step
+            if early:
+                self._dispatch(early)
             progressed = False
             if engine.has_unfinished_requests():
                 outputs = engine.step()

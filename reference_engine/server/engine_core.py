@@ -178,6 +178,12 @@ class EngineCore:
             if shutdown:
                 outbox.send(encode({"t": "bye"}))
                 return
+            early = self.engine.take_pending_outputs()  # imported first tokens: sent at once,
+            if early:  # not a decode step later with the second (engine/disagg.py)
+                outbox.send(encode({"t": "step", "now": self.engine.now(), "outputs": early,
+                                    "stats": self.engine.get_stats(), "accepted": accepted,
+                                    "rejected": rejected}))  # fmt: skip
+                accepted, rejected = [], []
             outputs, stats, progressed = self.step()
             if outputs or accepted or rejected or progressed or commands:
                 outbox.send(

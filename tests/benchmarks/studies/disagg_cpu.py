@@ -18,6 +18,7 @@ import io
 import json
 import os
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -102,17 +103,27 @@ def fit_link(folders: list[Path]) -> str:
     )
 
 
-def fit_speed(wl: Workload, engine: dict, tpot_p50: float, mode: str = "aggregated",
-              link: str = "loopback") -> float:  # fmt: skip
-    """The step-time factor at which the simulated aggregated TPOT p50 equals the measured
-    one (bisection on a log scale; TPOT grows with the factor, faster than in proportion
-    once queues form)."""
-    lo, hi = 0.25, 32.0
-    for _ in range(24):
-        mid = (lo * hi) ** 0.5
-        sim = simulate(mode, wl, {**engine, "hardware": f"cpu-measured@{mid:.4f}"}, link)
-        lo, hi = (mid, hi) if sim["tpot_p50"] < tpot_p50 else (lo, mid)
-    return (lo * hi) ** 0.5
+def calibration(out: Path, given: str | None, recalibrate: bool, clock: str) -> str:
+    """This host's step-time model for `small` at one torch thread, as the study's engines run:
+    `cbbench calibrate` (the reference engine's own steps timed and fitted), cached in the out
+    folder so a rerun reuses it; `given` (a calibrate JSON) skips it. Nothing in it is fitted
+    on the study's outcome."""
+    if given:
+        return given
+    path = out / f"calibration-{MODEL}-cpu-1thread-{clock}.json"
+    if path.exists() and not recalibrate:
+        print(f"calibration: reusing {path} (--recalibrate to refit)", flush=True)
+        return str(path)
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "cbbench.harness.cli", "calibrate", "--model", MODEL,
+           "--threads", "1", "--clock", clock, "--out", str(path)]  # fmt: skip
+    print("calibration: " + " ".join(cmd[2:]) + " (a few minutes)", flush=True)
+    env = {**os.environ, "CBBENCH_TORCH_THREADS": "1"}
+    done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=1800)  # fmt: skip
+    if done.returncode != 0 or not path.exists():
+        sys.exit(f"calibrate failed ({done.returncode}):\n{done.stdout[-2000:]}")
+    return str(path)
 
 
 def main() -> None:
@@ -135,12 +146,19 @@ def main() -> None:
         default=None,
         help="reuse the measured runs of an earlier disagg_cpu.json (simulate only)",
     )
+    ap.add_argument("--calibration", default=None, metavar="JSON",
+                    help="a `cbbench calibrate` JSON to simulate with (default: calibrate "
+                    "once, cached in --out)")  # fmt: skip
+    ap.add_argument("--recalibrate", action="store_true", help="refit the cached calibration")
+    ap.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+                    help="calibrate's clock (wall: a quiet machine; cpu: a shared one)")  # fmt: skip
     args = ap.parse_args()
     os.environ.setdefault("CBBENCH_TORCH_THREADS", "1")  # one thread an engine: same budget
     wl = trace(args.duration, args.stream_every, args.long_every, args.long_len,
                args.stream_out)  # fmt: skip
     out = Path(args.out)
     runs: dict[str, list[dict]] = {m: [] for m in DEPLOYMENTS}
+    hw_path = calibration(out, args.calibration, args.recalibrate, args.clock)
     if args.from_json:  # several: their runs pooled (folders beside each json)
         for path in args.from_json.split(","):
             earlier = json.loads(Path(path).read_text())
@@ -166,24 +184,17 @@ def main() -> None:
     engine = {"max_model_len": 2048, "max_num_batched_tokens": args.max_num_batched_tokens}
     med = {m: {k: statistics.median(r[k] for r in runs[m]) for k in ("itl_p99", "ttft_p50",
            "tpot_p50")} for m in DEPLOYMENTS}  # fmt: skip
-    # the shared machine runs slower than the calibration's idle one: one speed factor, fit
-    # on the aggregated deployment's TPOT p50 alone, scales every simulated step; the other
-    # figures (ITL p99, TTFT p50 of both deployments) are then predictions
+    # the simulator's only inputs: this host's calibration (the engine's steps timed alone)
+    # and the link as the decode workers' own transfer records measured it
     link = fit_link([Path(r["dir"]) for r in runs["disaggregated"]])
-    # the shared machine runs slower than the calibration's idle one: every simulated step is
-    # scaled by the one factor that makes the simulated aggregated TPOT p50 equal the
-    # measured one (the only figure fitted; the link is fitted on the measured transfers);
-    # ITL p99 and TTFT p50 of both deployments are predictions
-    f = fit_speed(wl, engine, med["aggregated"]["tpot_p50"])
-    factors = {m: f for m in DEPLOYMENTS}
-    print(f"\nKV link fitted on the measured transfers: {link}")
-    print(f"speed factor {f:.2f} (simulated aggregated TPOT p50 = measured)")
+    print(f"\nhardware: {hw_path} (cbbench calibrate, 1 torch thread)")
+    print(f"KV link fitted on the measured transfers: {link}")
     print("\n| deployment | ITL p99 (ms) | TTFT p50 (ms) | TPOT p50 (ms) |")
     print("|---|---:|---:|---:|")
-    result: dict = {"speed_factors": factors, "link": link}
+    result: dict = {"hardware": hw_path, "link": link}
     for mode in DEPLOYMENTS:
         m = med[mode]
-        hw = {**engine, "hardware": f"cpu-measured@{factors[mode]:.4f}"}
+        hw = {**engine, "hardware": hw_path}
         sim = simulate(mode, wl, hw, link)
         result[mode] = {"measured": m, "runs": runs[mode], "simulated": sim}
         each = ", ".join(f"{r['itl_p99'] * 1e3:.0f}" for r in runs[mode])
