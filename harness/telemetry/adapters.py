@@ -29,6 +29,10 @@ SPEC_FIELDS = ("spec_acceptance_rate", "spec_mean_accepted_length")
 # Summary-only step timings (cbbench's engine exports them): host time to build a step, and
 # the executor's idle time between two steps.
 STEP_TIMING_FIELDS = ("scheduler_time", "step_gap")
+# Summary-only KV transfer of a disaggregated (P/D) server, over the run's window, when it
+# exports them: seconds per transfer and bytes per transfer (histograms; vLLM's NixlConnector
+# on the decode side; the reference engine's decode worker its pull seconds).
+KV_TRANSFER_FIELDS = ("kv_transfer_time", "kv_transfer_bytes")
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,8 @@ class Adapter:
     spec_accept_length_gauge: tuple[str, ...] = ()
     scheduler_time_histogram: tuple[str, ...] = ()
     step_gap_histogram: tuple[str, ...] = ()
+    kv_transfer_time_histogram: tuple[str, ...] = ()
+    kv_transfer_bytes_histogram: tuple[str, ...] = ()
 
     @property
     def sample_names(self) -> frozenset[str]:
@@ -135,7 +141,7 @@ class Adapter:
         return self.histogram(scrape, self.queue_time_histogram)
 
     def step_histogram(self, scrape: Scrape, field: str) -> Histogram | None:
-        """`field` is one of STEP_TIMING_FIELDS."""
+        """`field` is one of STEP_TIMING_FIELDS or KV_TRANSFER_FIELDS."""
         return self.histogram(scrape, getattr(self, f"{field}_histogram"))
 
     @staticmethod
@@ -164,6 +170,10 @@ VLLM = Adapter(
         "vllm:spec_decode_num_accepted_tokens_total",
     ),
     spec_acceptance_gauge=("vllm:spec_decode_draft_acceptance_rate",),  # vLLM v0
+    # NixlConnector's stats (vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py,
+    # vLLM 0.32): one observation per transfer
+    kv_transfer_time_histogram=("vllm:nixl_xfer_time_seconds",),
+    kv_transfer_bytes_histogram=("vllm:nixl_bytes_transferred",),
 )
 
 # cbbench's reference engine exports vLLM's names plus its own batching gauges.
@@ -182,6 +192,8 @@ CBBENCH = Adapter(
     spec_counters=VLLM.spec_counters,
     scheduler_time_histogram=("cbbench:scheduler_time_seconds",),
     step_gap_histogram=("cbbench:engine_step_gap_seconds",),
+    kv_transfer_time_histogram=("cbbench:kv_transfer_seconds", *VLLM.kv_transfer_time_histogram),
+    kv_transfer_bytes_histogram=VLLM.kv_transfer_bytes_histogram,
 )
 
 # SGLang's `num_retracted_reqs` is a gauge of requests retracted right now, not a count of

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import httpx
 from cbbench.harness.telemetry.adapters import (
+    KV_TRANSFER_FIELDS,
     QUEUE_TIME,
     SERVER_FIELDS,
     SPEC_FIELDS,
@@ -137,7 +138,7 @@ class ServerMetricsSampler:
         h1 = adapter.queue_histogram(last)
         if h1 is not None:
             out[QUEUE_TIME] = estimate(histogram_delta(adapter.queue_histogram(first), h1))
-        for field in STEP_TIMING_FIELDS:
+        for field in (*STEP_TIMING_FIELDS, *KV_TRANSFER_FIELDS):
             h1 = adapter.step_histogram(last, field)
             if h1 is not None:
                 out[field] = estimate(histogram_delta(adapter.step_histogram(first, field), h1))
