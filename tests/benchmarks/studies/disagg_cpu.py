@@ -141,6 +141,7 @@ def simulate(mode: str, wl: Workload, extra: dict, link: str = "loopback",
         "ttft_p50": s["ttft_s"]["p50"],
         "tpot_p50": s["tpot_s"]["p50"],
         "busy_s": [t.busy_s for t in res.replicas],  # prefill workers first
+        "phases_p50": {k: v["p50"] for k, v in s.get("phases", {}).items()},
     }
 
 
@@ -209,8 +210,9 @@ def main() -> None:
                     help="a `cbbench calibrate` JSON to simulate with (default: calibrate "
                     "once, cached in --out)")  # fmt: skip
     ap.add_argument("--recalibrate", action="store_true", help="refit the cached calibration")
-    ap.add_argument("--clock", default="wall", choices=["wall", "cpu"],
-                    help="calibrate's clock (wall: a quiet machine; cpu: a shared one)")  # fmt: skip
+    ap.add_argument("--clock", default="cpu", choices=["wall", "cpu"],
+                    help="calibrate's clock (cpu, default: a step's time on a core of its own; "
+                    "the wait for a core is measured on the deployment's engines)")  # fmt: skip
     args = ap.parse_args()
     os.environ.setdefault("CBBENCH_TORCH_THREADS", "1")  # one thread an engine: same budget
     wl = trace(args.duration, args.stream_every, args.long_every, args.long_len,
@@ -275,10 +277,18 @@ def main() -> None:
                          ("SIMULATED, calibration x measured contention", sim)):  # fmt: skip
             print(f"| {mode} {label} (error) | " + " | ".join(
                 f"{x[k] * 1e3:.1f} ({x[k] / m[k] - 1:+.0%})" for k in keys) + " |")  # fmt: skip
+        if sim["phases_p50"]:  # where a disaggregated request's time goes, p50 per phase
+            got_ph = {k: statistics.median(r["phases"][k]["p50"] for r in runs[mode])
+                      for k in sim["phases_p50"] if all(r.get("phases") for r in runs[mode])}  # fmt: skip
+            print("  phases p50 (ms), measured / simulated: " + ", ".join(
+                f"{k[:-2]} {got_ph[k] * 1e3:.0f} / {v * 1e3:.0f}"
+                for k, v in sim["phases_p50"].items() if k in got_ph and v is not None))  # fmt: skip
         cpu = [r.get("engine_cpu_s", {}) for r in runs[mode]]
         got = statistics.median(sum(c.values()) for c in cpu) if cpu else float("nan")
-        print(f"  engines' CPU: measured {got:.1f} s (median over runs), simulated busy "
-              f"{sum(alone['busy_s']):.1f} s on cores of their own")  # fmt: skip
+        roles = ["both", "both"] if mode == "aggregated" else ["prefill", "decode"]
+        want = sum(b / slow[mode].get(r, 1.0) for b, r in zip(sim["busy_s"], roles, strict=True))
+        print(f"  engines' CPU: measured {got:.1f} s (median over runs), simulated {want:.1f} s "
+              f"(the contended simulation's busy time on a core)")  # fmt: skip
     a, d = result["aggregated"], result["disaggregated"]
     for key in ("itl_p99", "ttft_p50"):
         m = d["measured"][key] / a["measured"][key]
