@@ -112,6 +112,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "(vLLM's per-request metrics); the rest (HTTP, network) measured")
     f.add_argument("--check-run", nargs="+", default=[], metavar="RUN", help="then predict "
                    "these runs and compare (with --fit HW alone: check a preset or fit on them)")
+    f.add_argument("--served-before", nargs="+", default=[], metavar="RUN", help="runs the "
+                   "server served earlier, not fitted (warm-ups): their prompts are in its prefix "
+                   "cache (docs/fitting-any-server.md)")
     p.set_defaults(func=run)
 
 
@@ -121,10 +124,12 @@ def _from_run(args: argparse.Namespace) -> int:
 
     console, dtype = Console(), args.dtype or "bfloat16"
     if not args.from_run:
-        rc.check_runs(args.check_run, args.fit, args.server_config, args.model, dtype, console)
+        rc.check_runs(args.check_run, args.fit, args.server_config, args.model, dtype, console,
+                      args.served_before)
         return 0
     c = rc.calibrate_from_runs(args.from_run, args.server_config, args.model, dtype, args.name,
                                args.holdout, args.check_run, server_ttft=args.server_ttft,
+                               served_before=args.served_before,
                                log=lambda m: console.print(m, highlight=False, soft_wrap=True))  # fmt: skip
     rc.print_calibration(c, console)
     rc.save(c, Path(args.out or f"calibration-{Path(args.from_run[0]).name}.json"), console)
@@ -165,8 +170,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.from_run or (args.check_run and args.fit):  # --fit: a preset or fit checked on runs
         return _from_run(args)
-    if args.server_config or args.check_run or args.server_ttft:
-        raise EngineError("--server-config, --server-ttft, --check-run go with --from-run "
+    if args.server_config or args.check_run or args.server_ttft or args.served_before:
+        raise EngineError("--server-config, --server-ttft, --check-run, --served-before go with --from-run "
                           "(--check-run also with --fit HARDWARE)")  # fmt: skip
     for dest in ("model", "dtype", "device"):
         setattr(args, dest, engine_value(args, dest))

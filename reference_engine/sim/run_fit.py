@@ -67,6 +67,9 @@ class Observed:  # one measured request: times in seconds from the run's start
     # first token) and the client's gaps between tokens
     server_ttft_s: float | None = None
     itl_s: tuple[float, ...] = ()
+    # prompt tokens the server served from its prefix cache (it said so, or it had seen the
+    # prompt before): the replay starts with their blocks cached, so only the rest is prefilled
+    cached_tokens: int = 0
 
     @property
     def tpot_s(self) -> float | None:
@@ -104,12 +107,17 @@ class RunFit:
 
 
 class _StepLog:
-    """Wraps a SimExecutor's `run`: every step's (start, end, work, [(request, samples)])."""
+    """Wraps a SimExecutor's `run`: every step's (start, end, work, [(request, samples)]).
+    `warm`: (prompt ids, tokens) whose leading full blocks are in the prefix cache before
+    the first step (what the server had cached from before the run)."""
 
-    def __init__(self) -> None:
+    def __init__(self, warm: list[tuple[list[int], int]] = ()) -> None:
         self.steps: list[tuple[float, float, StepWork, list[tuple[str, bool]]]] = []
+        self.warm = list(warm)
 
     def __call__(self, ex, engine):
+        for i, (ids, n) in enumerate(self.warm):
+            warm_prefix(engine.block_manager, f"warm-{i}", ids, n)
         inner = ex.run
 
         def run(step):
@@ -123,36 +131,60 @@ class _StepLog:
         return ex
 
 
+def warm_prefix(bm, request_id: str, ids: list[int], num_tokens: int) -> None:
+    """Register the full blocks of the first `num_tokens` of `ids` in `bm`'s prefix cache,
+    as a finished request that had computed them leaves them (free, cached, evictable)."""
+    from cbbench.reference_engine.core.outputs import RequestMetrics
+    from cbbench.reference_engine.core.sequence import Sequence
+    from cbbench.reference_engine.sampling_params import SamplingParams
+
+    n = min(num_tokens, len(ids) - 1) // bm.block_size * bm.block_size
+    if n <= 0 or not bm.enable_prefix_caching or bm.num_free_blocks < bm.blocks_for(n):
+        return
+    seq = Sequence(request_id, list(ids[:n]), SamplingParams(max_tokens=1), RequestMetrics(0.0))
+    assert bm.allocate_slots(seq, n)
+    seq.num_computed_tokens = n
+    bm.cache_blocks(seq)
+    bm.free(seq)
+
+
 def simulate_run(
-    run: ObservedRun, model: str, dtype: str, settings: dict, coef: dict[str, float]
+    run: ObservedRun, model: str, dtype: str, settings: dict, coef: dict[str, float],
+    hardware: str | None = None,
 ) -> tuple[Predicted, _StepLog, list]:
-    """Replay the run's sends (each shifted by its overhead) with `coef` as the step model.
+    """Replay the run's sends (each shifted by its overhead) with `coef` as the step model
+    (or, given, `hardware`: a preset or hardware JSON; `coef` then gives the overhead only).
     With a load-dependent overhead, the load is the simulation's own: a first pass with the
     constant part gives the requests in flight, the second pass uses them."""
     load = np.zeros(len(run.requests))
-    pred, log, sim_reqs = _simulate_once(run, model, dtype, settings, coef, load)
+    pred, log, sim_reqs = _simulate_once(run, model, dtype, settings, coef, load, hardware)
     if coef.get("c_req_load", 0.0) > 0:
         load = in_flight([r.sent_s for r in run.requests], pred.e2e_s)
-        pred, log, sim_reqs = _simulate_once(run, model, dtype, settings, coef, load)
+        pred, log, sim_reqs = _simulate_once(run, model, dtype, settings, coef, load, hardware)
     return pred, log, sim_reqs
 
 
 def _simulate_once(run: ObservedRun, model: str, dtype: str, settings: dict,
-                   coef: dict[str, float], load: np.ndarray) -> tuple[Predicted, _StepLog, list]:  # fmt: skip
-    from cbbench.reference_engine.sim.simulate import simulate
+                   coef: dict[str, float], load: np.ndarray,
+                   hardware: str | None = None) -> tuple[Predicted, _StepLog, list]:  # fmt: skip
+    from cbbench.reference_engine.sim.simulate import prompt_tokens, simulate
 
     extra = overheads(coef, load)
     reqs = [RequestSpec(i, max(1, r.prompt_len), max(1, r.output_len),
                         arrival_s=r.sent_s + float(extra[i]))
             for i, r in enumerate(run.requests)]  # fmt: skip
-    log = _StepLog()
+    warm = [(prompt_tokens(q, vocab_size(model)), r.cached_tokens)
+            for q, r in zip(reqs, run.requests, strict=True) if r.cached_tokens > 0]  # fmt: skip
+    if warm:  # the server said (or had seen) prefix hits: it caches prefixes
+        settings = {**settings, "enable_prefix_caching": True}
+    log = _StepLog(warm)
     spec = HardwareSpec("run-fit", 1.0, 1.0, 1e6, flops_efficiency=1.0, bw_efficiency=1.0,
                         linear={t: coef.get(t, 0.0) for t in RUN_TERMS},
                         fit={"tensor_parallel_size": int(settings.get("tensor_parallel_size") or 1)})  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         hw = Path(tmp) / "hw.json"
         hw.write_text(json.dumps(spec.to_dict()), encoding="utf-8")
-        res = simulate(reqs, engine_config(model, dtype, settings, str(hw), reqs),
+        res = simulate(reqs, engine_config(model, dtype, settings, hardware or str(hw), reqs),
                        wrap_executor=log)  # fmt: skip
     pred = Predicted(
         ttft_s=[r.ttft_s + float(x) for r, x in zip(res.requests, extra, strict=True)],
@@ -168,6 +200,12 @@ def _simulate_once(run: ObservedRun, model: str, dtype: str, settings: dict,
         / max(res.duration_s, 1e-12),
     )
     return pred, log, res.requests
+
+
+def vocab_size(model: str) -> int:
+    from cbbench.reference_engine.model.config import resolve_model_config
+
+    return resolve_model_config(model, shape_only=True).vocab_size
 
 
 def engine_config(model: str, dtype: str, settings: dict, hardware: str,

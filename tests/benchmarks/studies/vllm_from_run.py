@@ -105,7 +105,8 @@ def main() -> None:
         bench_all(out)
     cfg = f"max_num_seqs={MAX_NUM_SEQS},max_num_batched_tokens={TOKEN_BUDGET}"
     runs = ["--from-run", str(out / "cal-r1"), str(out / "cal-r2"), "--server-config", cfg,
-            "--model", str(out / "model"), "--dtype", "float32", "--check-run", str(out / "check")]
+            "--model", str(out / "model"), "--dtype", "float32", "--check-run", str(out / "check"),
+            "--served-before", str(out / "warm-a"), str(out / "warm-b")]  # their prompts: cached
     # the first half of each run fitted, the second held back (the fit's own error) ...
     cbbench("calibrate", *runs, "--out", str(out / "fit-half.json"))
     # ... and every request fitted: the prediction of the other workload at the other rate
