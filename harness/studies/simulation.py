@@ -28,6 +28,8 @@ from cbbench.reference_engine.core.block_manager import cdiv
 from cbbench.reference_engine.engine.llm_engine import resolve_model_config, sim_num_kv_blocks
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution.cost_model import CostModel, get_hardware
+from cbbench.reference_engine.sim.request_overhead import describe as describe_overhead
+from cbbench.reference_engine.sim.request_overhead import overhead_of, with_overhead
 from cbbench.reference_engine.sim.simulate import SimResult, replay, replay_interleaved
 from cbbench.workloads import load_workload, with_arrivals
 from cbbench.workloads.presets import preset_settings
@@ -252,11 +254,12 @@ def load_sim_workload(opts: SimOptions, console: Console) -> Workload:
 def _replay(
     wl: Workload, cfg: EngineConfig, timeline: bool, temperature: float = 1.0, on_progress=None
 ) -> SimResult:
+    over = overhead_of(get_hardware(cfg.hardware)) if cfg.executor == "sim" else {}
     try:
-        return replay(
-            wl.requests, cfg, prefix_block_size=wl.prefix_block_size, seed=wl.prompt_seed,
+        return with_overhead(wl.requests, over, lambda reqs: replay(
+            reqs, cfg, prefix_block_size=wl.prefix_block_size, seed=wl.prompt_seed,
             timeline=timeline, temperature=temperature, on_progress=on_progress,
-        )  # fmt: skip
+        ))  # fmt: skip
     except EngineError as exc:
         if "workload request" in str(exc):
             raise CbbenchError(f"{exc} (--drop-too-long skips such requests)") from None
@@ -305,6 +308,8 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
     b = any_cfg.static.batch_size
     timeline = opts.timeline or (opts.workload == "seed-demo" and b == 4 and steps_mode)
     run_dirs: list[Path] = []
+    if not real and (line := describe_overhead(overhead_of(hw))):
+        console.print(line, highlight=False, soft_wrap=True)
 
     def save(name: str, res: SimResult) -> None:
         if opts.out is not None:

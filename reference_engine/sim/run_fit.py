@@ -177,6 +177,10 @@ def _simulate_once(run: ObservedRun, model: str, dtype: str, settings: dict,
             for q, r in zip(reqs, run.requests, strict=True) if r.cached_tokens > 0]  # fmt: skip
     if warm:  # the server said (or had seen) prefix hits: it caches prefixes
         settings = {**settings, "enable_prefix_caching": True}
+        if settings.get("num_kv_blocks") is None:  # unknown: room for the run and the warm
+            bs = int(settings.get("block_size") or 16)
+            pool = engine_config(model, dtype, settings, "cpu", reqs).num_kv_blocks
+            settings["num_kv_blocks"] = pool + sum(n // bs for _, n in warm)
     log = _StepLog(warm)
     spec = HardwareSpec("run-fit", 1.0, 1.0, 1e6, flops_efficiency=1.0, bw_efficiency=1.0,
                         linear={t: coef.get(t, 0.0) for t in RUN_TERMS},
