@@ -118,7 +118,7 @@ def prefix_hits(paths: list[str], served_before: list[str], settings: dict,
     runs = [load_run(p) for p in [*paths, *served_before]]
     hits = cached_tokens(runs, settings)
     if log:
-        n = sum(len(h) for h in hits[: len(paths)])
+        n = sum(1 for h in hits[: len(paths)] for v in h.values() if v > 0)
         tok = sum(sum(h.values()) for h in hits[: len(paths)])
         if n:
             log(f"prefix cache: {n} requests of these runs found {tok} prompt tokens cached "
@@ -128,8 +128,8 @@ def prefix_hits(paths: list[str], served_before: list[str], settings: dict,
 
 def calibrate_from_runs(paths: list[str], server_config: str | None, model: str | None,
                         dtype: str, name: str | None, holdout: float,
-                        check_paths: list[str], log=print, server_ttft: bool = False,
-                        served_before: list[str] = ()) -> RunCalibration:  # fmt: skip
+                        check_paths: list[str], served_before: list[str] = (),
+                        server_ttft: bool = False, log=print) -> RunCalibration:  # fmt: skip
     loaded = [observed(p) for p in paths]
     flags = parse_server_config(server_config)
     recorded = [s for _, s, _ in loaded]

@@ -33,15 +33,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from cbbench.reference_engine.config.engine_config import ContinuousConfig, EngineConfig
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution.cost_model import HardwareSpec, StepWork, nnls
-from cbbench.reference_engine.sim.run_fit_terms import (
+from cbbench.reference_engine.sim.run_fit_terms import (  # noqa: F401 (SETTINGS, engine_config: re-exported)
+    SETTINGS,
+    engine_config,
     fit_part,
     identifiability,
     in_flight,
     overheads,
     robust_solve,
+    vocab_size,
+    warm_prefix,
     what_runs_cannot_tell,
 )
 from cbbench.workloads.spec import RequestSpec
@@ -51,9 +54,6 @@ from cbbench.workloads.spec import RequestSpec
 RUN_TERMS = ("c0", "c_tok", "c_seq", "c_dec_kv", "c_pre_ctx")
 OVERHEAD_TERMS = ("c_req", "c_req_load")  # per request; and per request in flight at its send
 METRICS = ("ttft", "tpot", "e2e")
-SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "block_size",
-            "num_kv_blocks", "enable_prefix_caching", "max_model_len",
-            "tensor_parallel_size")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -131,23 +131,6 @@ class _StepLog:
         return ex
 
 
-def warm_prefix(bm, request_id: str, ids: list[int], num_tokens: int) -> None:
-    """Register the full blocks of the first `num_tokens` of `ids` in `bm`'s prefix cache,
-    as a finished request that had computed them leaves them (free, cached, evictable)."""
-    from cbbench.reference_engine.core.outputs import RequestMetrics
-    from cbbench.reference_engine.core.sequence import Sequence
-    from cbbench.reference_engine.sampling_params import SamplingParams
-
-    n = min(num_tokens, len(ids) - 1) // bm.block_size * bm.block_size
-    if n <= 0 or not bm.enable_prefix_caching or bm.num_free_blocks < bm.blocks_for(n):
-        return
-    seq = Sequence(request_id, list(ids[:n]), SamplingParams(max_tokens=1), RequestMetrics(0.0))
-    assert bm.allocate_slots(seq, n)
-    seq.num_computed_tokens = n
-    bm.cache_blocks(seq)
-    bm.free(seq)
-
-
 def simulate_run(
     run: ObservedRun, model: str, dtype: str, settings: dict, coef: dict[str, float],
     hardware: str | None = None,
@@ -204,38 +187,6 @@ def _simulate_once(run: ObservedRun, model: str, dtype: str, settings: dict,
         / max(res.duration_s, 1e-12),
     )
     return pred, log, res.requests
-
-
-def vocab_size(model: str) -> int:
-    from cbbench.reference_engine.model.config import resolve_model_config
-
-    return resolve_model_config(model, shape_only=True).vocab_size
-
-
-def engine_config(model: str, dtype: str, settings: dict, hardware: str,
-                  reqs: list[RequestSpec]) -> EngineConfig:  # fmt: skip
-    """The simulated server: continuous batching with the run's settings (vLLM's defaults
-    where a setting is unknown: 256 sequences, chunked prefill with 2,048 tokens a step)."""
-    unknown = sorted(set(settings) - set(SETTINGS))
-    if unknown:
-        raise EngineError(f"server settings: unknown {unknown} (known: {', '.join(SETTINGS)})")
-    longest = max(r.prompt_len + r.output_len for r in reqs)
-    max_len = int(settings.get("max_model_len") or max(longest, 2))
-    budget = int(settings.get("max_num_batched_tokens") or 2048)
-    chunked = bool(settings.get("enable_chunked_prefill", True))
-    bs = int(settings.get("block_size") or 16)
-    seqs = int(settings.get("max_num_seqs") or 256)
-    blocks = settings.get("num_kv_blocks")
-    if blocks is None:  # unknown: never the bottleneck (and said so)
-        blocks = seqs * -(-max_len // bs) + 1
-    return EngineConfig(
-        model=model, dtype=dtype, scheduler="continuous", executor="sim", hardware=hardware,
-        continuous=ContinuousConfig(max_num_seqs=seqs, max_num_batched_tokens=budget,
-                                    enable_chunked_prefill=chunked),
-        block_size=bs, num_kv_blocks=int(blocks), max_model_len=max(max_len, longest),
-        enable_prefix_caching=bool(settings.get("enable_prefix_caching", False)),
-        tensor_parallel_size=int(settings.get("tensor_parallel_size") or 1),
-    )  # fmt: skip
 
 
 def _rows(run: ObservedRun, log: _StepLog, sim_reqs: list, use: list[bool], measured: bool,
