@@ -355,6 +355,14 @@ def fit_runs(
         for t in OVERHEAD_TERMS:
             fit.identified[t] = "measured (client TTFT less the server's own)"
     fit.notes = what_runs_cannot_tell(runs, preds, settings)
+    computed = {True: [0], False: [0]}  # prompt tokens the server computed, by part
+    for run, part in zip(runs, parts, strict=True):
+        for r, q in zip(run.requests, part, strict=True):
+            computed[q].append(r.prompt_len - r.cached_tokens)
+    if max(computed[False]) > 1.5 * max(computed[True]):
+        fit.notes.append(f"prefill: the fit part's requests computed at most {max(computed[True])} "
+                         f"prompt tokens, the held back up to {max(computed[False])}: their TTFT "
+                         "extrapolates the prefill terms")  # fmt: skip
     return fit
 
 
