@@ -11,7 +11,11 @@ KV blocks) and reconstructs it. Then, a few rounds of:
    token) is the sum of the features (RUN_TERMS) of the steps between its first and last
    token, and its TTFT is a per-request overhead (`c_req`: HTTP, tokenizing, the network)
    plus the rest of the step in progress when it arrived and every step up to its first
-   token; decode rows divided by (output - 1) (TPOT), each group scaled by its mean;
+   token; decode rows divided by (output - 1) (TPOT), each group scaled by its mean; and
+   each gap between two tokens whose steps in the replay carry no prefill chunk. A gap that
+   spans one is left out: which decode gap another request's prefill lands in depends on
+   its arrival as reconstructed (send, overhead, the server's scheduling), right to a step
+   or so; a misplaced chunk makes a short gap predicted long, a long one an "outlier";
 3. non-negative least squares over the requests of the fit part, robust (Huber weights,
    re-weighted a few times: a server's rare stalls must not move the step terms), damped
    towards the last coefficients; keep the round whose simulation matched the fit part best.
@@ -41,6 +45,7 @@ from cbbench.reference_engine.sim.run_fit_terms import (  # noqa: F401 (SETTINGS
     fit_part,
     identifiability,
     in_flight,
+    initial_coef,
     overheads,
     robust_solve,
     vocab_size,
@@ -205,6 +210,8 @@ def _rows(run: ObservedRun, log: _StepLog, sim_reqs: list, use: list[bool], meas
             if s:
                 samples.setdefault(rid, []).append(j)
     csum = np.vstack([np.zeros(len(RUN_TERMS)), np.cumsum(feats, axis=0)])
+    # steps with a prefill chunk (more tokens than sequences), cumulated
+    prefill = np.concatenate([[0], np.cumsum(feats[:, 1] > feats[:, 2])])
     t_rows, t_y, d_rows, d_y, g_rows, g_y = [], [], [], [], [], []
     for i, (obs, sim) in enumerate(zip(run.requests, sim_reqs, strict=True)):
         js = samples.get(sim.request_id, [])
@@ -230,6 +237,8 @@ def _rows(run: ObservedRun, log: _StepLog, sim_reqs: list, use: list[bool], meas
             d_y.append((obs.e2e_s - obs.ttft_s) / (n - 1))
         if len(obs.itl_s) == len(js) - 1:  # one gap per token after the first
             for k, gap in enumerate(obs.itl_s, 1):
+                if prefill[js[k] + 1] != prefill[js[k - 1] + 1]:
+                    continue  # it spans a prefill chunk: where the replay put it (module doc)
                 g_rows.append(np.append(csum[js[k] + 1] - csum[js[k - 1] + 1], [0.0, 0.0]))
                 g_y.append(gap)
     return t_rows, t_y, d_rows, d_y, g_rows, g_y
@@ -263,14 +272,6 @@ def _score(err: dict[str, float]) -> float:
     """What the best round minimises: the means' errors, and half the p99s'."""
     return sum(abs(err.get(f"{m}_mean", 0.0)) + 0.5 * abs(err.get(f"{m}_p99", 0.0))
                for m in METRICS)  # fmt: skip
-
-
-def initial_coef(runs: list[ObservedRun]) -> dict[str, float]:
-    """A start: every step the median TPOT, prefill tokens priced from the quickest TTFTs."""
-    reqs = [r for run in runs for r in run.requests]
-    step = float(np.median([r.tpot_s for r in reqs if r.tpot_s] or [0.01]))
-    per_tok = [max(0.0, r.ttft_s - step) / max(r.prompt_len, 1) for r in reqs]
-    return {"c0": step, "c_tok": float(np.percentile(per_tok, 10))}
 
 
 def fit_runs(

@@ -170,3 +170,11 @@ def warm_prefix(bm, request_id: str, ids: list[int], num_tokens: int) -> None:
     seq.num_computed_tokens = n
     bm.cache_blocks(seq)
     bm.free(seq)
+
+
+def initial_coef(runs: list) -> dict[str, float]:  # of run_fit.ObservedRun
+    """A start: every step the median TPOT, prefill tokens priced from the quickest TTFTs."""
+    reqs = [r for run in runs for r in run.requests]
+    step = float(np.median([r.tpot_s for r in reqs if r.tpot_s] or [0.01]))
+    per_tok = [max(0.0, r.ttft_s - step) / max(r.prompt_len, 1) for r in reqs]
+    return {"c0": step, "c_tok": float(np.percentile(per_tok, 10))}
