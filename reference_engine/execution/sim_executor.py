@@ -5,6 +5,7 @@ request yields the same tokens whatever the batch, the scheduler or a preemption
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 
 from cbbench.reference_engine.core.executor import ScheduledChunk
 from cbbench.reference_engine.execution.cost_model import CostModel
@@ -39,6 +40,9 @@ class SimExecutor:
         self.last_step_time = 0.0
         self._draft_time = 0.0  # speculative: draft-model time of this step (SimProposer)
         self.modeled_gap_s = 0.0  # device idle before the last step (the clock can't show it)
+        # the host's contention over time (co-located CPU workers: on a core + queued for one,
+        # over on a core), a step starting at t taking slowdown(t) times as long; None: 1
+        self.slowdown: Callable[[float], float] | None = None
 
     def now(self) -> float:
         return self.clock
@@ -116,6 +120,8 @@ class SimExecutor:
         # the device waits while the host builds the step, unless that overlaps (async)
         self.modeled_gap_s = max(0.0, host - device) if self.overlap_host else host
         self.last_step_time = self._draft_time + verify
+        if self.slowdown is not None:
+            self.last_step_time *= self.slowdown(self.clock)
         self._draft_time = 0.0
         self.clock += self.last_step_time
         return [

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from cbbench.reference_engine.config.engine_config import EngineConfig
@@ -134,10 +134,14 @@ def simulate_pd(
     prefix_block_size: int = 512,
     seed: int = 0,
     token_times: bool = False,
+    slowdown: Sequence[Callable[[float], float] | None] | None = None,
 ) -> PDResult:
     """`num_prefill` prefill and `num_decode` decode workers of `config` (the prefill pool
     may have its own, `prefill_config`), the transfer priced by `link`; `num_prefill` 0:
-    `num_decode` aggregated workers serving whole requests (least outstanding)."""
+    `num_decode` aggregated workers serving whole requests (least outstanding).
+    `slowdown`, one per worker (prefill workers first): workers sharing a host's cores, each
+    step starting at t takes slowdown(t) times its hardware's time (a measured contention
+    timeline; None: the worker has its device to itself, as on a GPU of its own)."""
     if num_decode < 1 or num_prefill < 0:
         raise EngineError(f"P/D simulation needs >= 1 decode and >= 0 prefill workers, got "
                           f"{num_prefill}:{num_decode}")  # fmt: skip
@@ -150,6 +154,8 @@ def simulate_pd(
     engines = [LLMEngine.from_config(pcfg) for _ in range(num_prefill)]
     engines += [LLMEngine.from_config(cfg) for _ in range(num_decode)]
     is_prefill = [i < num_prefill for i in range(len(engines))]
+    for e, f in zip(engines, slowdown or (), strict=False):
+        e.executor.slowdown = f  # type: ignore[attr-defined]
     totals = [ReplicaTotals() for _ in engines]
     outstanding = [0] * len(engines)
     vocab = engines[-1].model_config.vocab_size
