@@ -2,11 +2,15 @@
 
 The same trace (decode streams with long prompts arriving among them) against two
 deployments of the same CPU budget, two one-thread engines each: `cbbench serve --replicas 2`
-(least-outstanding router) and `cbbench serve --prefill-replicas 1 --decode-replicas 1`;
-then both replayed in the simulator (`router/pd_sim.py`, hardware cpu-measured, the
-loopback link). Runs alternate (A, D, A, D, ...) so a neighbour's load on a shared machine
-hits both. Prints one table: ITL p99, TTFT p50, TPOT p50 per run, their medians, and the
-simulator's figures with their error against the measured medians.
+(least-outstanding router) and `cbbench serve --prefill-replicas 1 --decode-replicas 1`.
+Runs alternate (A, D, A, D, ...) so a neighbour's load on a shared machine hits both. Then
+both are simulated (`router/pd_sim.py`) from measurements only, nothing fitted on the
+figures compared: this host's `cbbench calibrate` at one torch thread (CPU clock; run once,
+cached in --out), each engine's wait for a core (the kernel's schedstat, over the run and as
+a 0.1 s timeline), and the link from the decode workers' transfer records. Prints ITL p99,
+TTFT p50, TPOT p50 per run, their medians, each simulation with its error, the phases and
+the engines' CPU measured vs simulated, and whether the worst error is within 15 %; writes
+OUT/disagg_cpu.json. About 6 minutes with the calibration, 1 a run after it.
 
     python -m tests.benchmarks.studies.disagg_cpu --repeats 2 --out /tmp/disagg
 """
