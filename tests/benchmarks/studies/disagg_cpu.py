@@ -119,7 +119,22 @@ class _Timeline:
         self._thread.join(5.0)
 
 
-def _by_role(rows: list, engines: dict[int, str], span: int = 3) -> dict[str, list]:
+SPAN = 3  # samples a contention window spans (0.3 s)
+
+
+def load_timeline(run_dir: Path) -> dict | None:
+    """A run's contention timeline from its contention.json (None for older runs)."""
+    f = run_dir / "contention.json"
+    if not f.exists():
+        return None
+    d = json.loads(f.read_text())
+    engines = {int(p): role for p, role in d["engines"]}
+    pids = list(engines)
+    rows = [(t, {p: tuple(v) for p, v in zip(pids, vals, strict=True)}) for t, vals in d["rows"]]
+    return _by_role(rows, engines, SPAN)
+
+
+def _by_role(rows: list, engines: dict[int, str], span: int = SPAN) -> dict[str, list]:
     """Per role (a list, one per engine): [(t, slowdown)] over windows of `span` samples;
     a window where the engine ran under 5 ms gets None (idle: its average applies)."""
     out: dict[str, list] = {}
@@ -167,11 +182,14 @@ def measure(mode: str, wl: Workload, out: Path, extra: list[str]) -> dict:
         run, wait = (a - b for a, b in zip(after[p], before[p], strict=True))
         if run > 0:
             slowdown.setdefault(role, []).append((run + wait) / run)
+    (out / "contention.json").write_text(json.dumps(  # raw, for a replay with --from-json
+        {"engines": list(engines.items()), "every_s": timeline.every_s,
+         "rows": [[t, [list(x[p]) for p in engines]] for t, x in timeline.rows]}))  # fmt: skip
     s = res.summary
     return {"itl_p99": s["itl_s"]["p99"], "ttft_p50": s["ttft_s"]["p50"],
             "tpot_p50": s["tpot_s"]["p50"], "failed": s["counts"]["failed"],
             "slowdown": {r: statistics.mean(v) for r, v in slowdown.items()},
-            "timeline": _by_role(timeline.rows, engines),
+            "timeline": _by_role(timeline.rows, engines, SPAN),
             "engine_cpu_s": {r: sum(after[p][0] - before[p][0] for p in engines
                                     if engines[p] == r) for r in set(engines.values())},
             "phases": s.get("phases")}  # fmt: skip
@@ -296,8 +314,9 @@ def main() -> None:
         for path in args.from_json.split(","):
             earlier = json.loads(Path(path).read_text())
             for m in DEPLOYMENTS:
-                runs[m] += [{**r, "dir": str(Path(path).parent / f"{m}-{k}")}
-                            for k, r in enumerate(earlier[m]["runs"])]  # fmt: skip
+                for k, r in enumerate(earlier[m]["runs"]):
+                    run_dir = Path(path).parent / f"{m}-{k}"
+                    runs[m].append({**r, "dir": str(run_dir), "timeline": load_timeline(run_dir)})
     for k in range(0 if args.from_json else args.repeats):
         for mode in DEPLOYMENTS:
             shutil.rmtree(out / f"{mode}-{k}", ignore_errors=True)  # an earlier study's run
@@ -313,7 +332,7 @@ def main() -> None:
                 ],
             )
             runs[mode].append({**r, "dir": str(out / f"{mode}-{k}")})
-            print(f"{mode} run {k}: " + json.dumps({x: r[x] for x in r if x not in ("phases", "dir")}),
+            print(f"{mode} run {k}: " + json.dumps({x: r[x] for x in r if x not in ("phases", "dir", "timeline")}),
                   flush=True)  # fmt: skip
     engine = {"max_model_len": 2048, "max_num_batched_tokens": args.max_num_batched_tokens}
     med = {m: {k: statistics.median(r[k] for r in runs[m]) for k in ("itl_p99", "ttft_p50",
