@@ -26,6 +26,13 @@ READ_SIZE = 262144
 SO_TIMESTAMPNS = 35
 _GENERIC_ABI = ("x86_64", "aarch64", "arm64", "riscv64", "ppc64le", "s390x", "loongarch64")
 _ANC_SIZE = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 0
+# parsed response heads by their bytes (status, headers, keep-alive, body mode, length): a
+# server's responses repeat theirs byte for byte; a head that varies (a date, an id) is
+# parsed each time, and at most HEAD_CACHE distinct heads are kept. The headers dict is
+# shared between the responses of one head: read only (`Sink.head` gets its `get`).
+HEAD_CACHE = 256
+_HEADS: dict[bytes, tuple[int, dict[str, str], bool, str, int]] = {}
+_HEX_GET = {b"%x" % n: n for n in range(4096)}.get  # chunk size line -> size
 
 
 class Sink(Protocol):
@@ -147,7 +154,20 @@ class Conn:
                     if len(self._buf) > 65536:
                         raise BadResponse("response head larger than 64 KiB")
                     return
-                self._parse_head(self._buf[:end].decode("latin-1"))
+                head = self._buf[:end]
+                parsed = _HEADS.get(head)
+                if parsed is None:
+                    self._parse_head(head.decode("latin-1"))
+                    if len(_HEADS) < HEAD_CACHE:  # the same bytes parse the same: kept
+                        _HEADS[head] = (
+                            self.status,
+                            self.headers,
+                            self.keep_alive,
+                            self._mode,
+                            self._left,
+                        )
+                else:  # a head seen before (a server's responses share theirs, byte for byte)
+                    self.status, self.headers, self.keep_alive, self._mode, self._left = parsed
                 data, self._buf = self._buf[end + 4 :], b""
                 self._in_body = True
                 assert self.sink is not None
@@ -259,11 +279,16 @@ def _whole_chunks(data: bytes) -> tuple[bytes, bool] | None:
     if len(parts) % 2 == 0 or parts[-1]:
         return None
     sizes, payloads = parts[0:-1:2], parts[1::2]
-    try:
-        if list(map(int, sizes, repeat(16, len(sizes)))) != list(map(len, payloads)):
+    lens = list(map(len, payloads))
+    got = list(map(_HEX_GET, sizes))  # a table for the usual spelling (lowercase, < 4 KiB)
+    if got != lens:
+        if None not in got:
             return None
-    except ValueError:
-        return None
+        try:  # any other spelling: as int() reads it, as before the table
+            if list(map(int, sizes, repeat(16, len(sizes)))) != lens:
+                return None
+        except ValueError:
+            return None
     last = not sizes[-1].strip(b"0")  # "0" (or "000"): the last chunk, no trailers
     if b"" in payloads[:-1] or b"" in payloads[-1:] and not last:
         return None  # a 0-size chunk before the end: let the state machine decide
