@@ -14,9 +14,9 @@ import sys
 import time
 from array import array
 from dataclasses import dataclass
-from itertools import repeat
 from typing import Protocol
 
+from cbbench.harness.client.chunks import whole_chunks as _whole_chunks
 from cbbench.harness.client.lateness import Lateness
 
 _SIZE, _DATA, _CRLF, _TRAILER = range(4)
@@ -32,7 +32,6 @@ _ANC_SIZE = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 0
 # shared between the responses of one head: read only (`Sink.head` gets its `get`).
 HEAD_CACHE = 256
 _HEADS: dict[bytes, tuple[int, dict[str, str], bool, str, int]] = {}
-_HEX_GET = {b"%x" % n: n for n in range(4096)}.get  # chunk size line -> size
 
 
 class Sink(Protocol):
@@ -268,31 +267,6 @@ class Conn:
         assert self.done is not None
         if not self.done.done():
             self.done.set_result(None)
-
-
-def _whole_chunks(data: bytes) -> tuple[bytes, bool] | None:
-    """(the chunks' payload, whether the last chunk ended the body) when `data` is exactly a
-    run of whole chunks, each `size CRLF payload CRLF` (the body's end: `0 CRLF CRLF`);
-    None for anything else (extensions, trailers, CRLF in a payload, a partial chunk),
-    which the state machine reads. A few C-level passes instead of a loop per chunk."""
-    parts = data.split(b"\r\n")  # size, payload, size, payload, ..., b""
-    if len(parts) % 2 == 0 or parts[-1]:
-        return None
-    sizes, payloads = parts[0:-1:2], parts[1::2]
-    lens = list(map(len, payloads))
-    got = list(map(_HEX_GET, sizes))  # a table for the usual spelling (lowercase, < 4 KiB)
-    if got != lens:
-        if None not in got:
-            return None
-        try:  # any other spelling: as int() reads it, as before the table
-            if list(map(int, sizes, repeat(16, len(sizes)))) != lens:
-                return None
-        except ValueError:
-            return None
-    last = not sizes[-1].strip(b"0")  # "0" (or "000"): the last chunk, no trailers
-    if b"" in payloads[:-1] or b"" in payloads[-1:] and not last:
-        return None  # a 0-size chunk before the end: let the state machine decide
-    return b"".join(payloads), last
 
 
 class ProtoConn(Conn, asyncio.Protocol):
