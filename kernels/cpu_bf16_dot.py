@@ -71,8 +71,10 @@ def linear(
     x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, out_features: int
 ) -> torch.Tensor:
     """x [..., K] bf16 @ W^T (+ bias fp32) -> bf16 [..., out_features], fp32 accumulation."""
-    mod = load()
+    mod = _state.get("module") or load()
     assert mod is not None, f"cpu_bf16_dot: not built here ({unavailable_reason()})"
+    if x.dim() == 2 and x.dtype == torch.bfloat16 and x.is_contiguous():  # a step's rows
+        return mod.linear_bf16dp(x, panels, bias, out_features)
     x2 = x.reshape(-1, x.shape[-1])
     if x2.dtype != torch.bfloat16 or not x2.is_contiguous():
         x2 = x2.to(torch.bfloat16).contiguous()
