@@ -111,6 +111,7 @@ def test_policy_file_round_trip(base: Path, tmp_path: Path, capsys) -> None:
     assert "90% CI" in out and "CANNOT TELL (inconclusive)" in out and "PASS" not in out
     assert "too few for p99.9" in out
     assert md.read_text().startswith("### cbbench gate: CANNOT TELL")
+    assert main([*args, "--fail-on-cannot-tell"]) == 3  # a CI job that must not merge on it
     assert len(DEFAULT_POLICY.rules) == 7
 
 

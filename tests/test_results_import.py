@@ -316,3 +316,14 @@ def test_gate_holds_an_import_to_the_comparability_rule(tmp_path):
         run_gate(load_run(base), load_run(cand), POLICY)
     gate = run_gate(load_run(base), load_run(cand), POLICY, allow_incomparable=True)
     assert any(d.aspect == "endpoint" for d in gate.differences)
+
+
+def test_diagnose_on_an_aggregate_only_import_says_it_has_nothing_to_read(tmp_path, capsys):
+    out = tmp_path / "agg"
+    assert main(["import", str(FX / "vllm-bench" / "vllm-aggregate.json"), "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["diagnose", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "imported aggregate only (from vllm-bench): no per-request records" in text
+    assert "no rule saw its symptom" not in text  # not a clean bill of health
+    assert "no successful per-request record to read" in text

@@ -52,6 +52,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "rate, concurrency), workload or model (default: refuse them, exit 2, naming the "
         "differences)",
     )
+    p.add_argument(
+        "--fail-on-cannot-tell",
+        action="store_true",
+        help="exit 3 when no rule failed but one could not be told (CANNOT TELL: the runs "
+        "are too small or too noisy); default exit 0, as nothing was shown to regress",
+    )
     add_window_arg(p, default=None)  # the same kind on both sides (docs/rigor.md)
     p.set_defaults(func=run)
 
@@ -276,4 +282,6 @@ def run(args: argparse.Namespace) -> int:
         _write(args.junit, junit(gate))
     if args.markdown:
         _write(args.markdown, markdown(gate))
-    return 0 if gate.passed else 1
+    if not gate.passed:
+        return 1
+    return 3 if args.fail_on_cannot_tell and gate.undecided else 0

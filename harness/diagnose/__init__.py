@@ -53,11 +53,17 @@ def diagnose_run(run: Run, label: str | None = None, rules: tuple[Rule, ...] = R
             assert f.rule == rule.id, f"rule {rule.id} returned a finding for {f.rule}"
             findings.append(f)
     from cbbench.harness.diagnose.vitals import vitals
+    from cbbench.harness.results.formats.imported import is_aggregate_only
     from cbbench.harness.results.integrity import trust_problems
 
     failed = len(view.measured) - len(view.ok)
+    problems = trust_problems(run)
+    if is_aggregate_only(run.meta):  # nothing for a rule to read: say so, not "no findings"
+        tool = (run.meta.get("imported") or {}).get("tool") or "another tool"
+        problems.append(f"imported aggregate only (from {tool}): no per-request records, "
+                        "so no rule can check it; import the tool's per-request file")  # fmt: skip
     return Diagnosis(run, label or run.name, view.engine, view.scheduler, findings,
-                     len(view.ok), vitals(view), failed, trust_problems(run))  # fmt: skip
+                     len(view.ok), vitals(view), failed, problems)  # fmt: skip
 
 
 def select_rules(names: list[str] | None) -> tuple[Rule, ...]:

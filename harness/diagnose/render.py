@@ -29,10 +29,12 @@ def text(diags: list[Diagnosis], all_engines: bool = False) -> str:
     lines: list[str] = []
     for d in diags:
         lines.append(f"== {d.label} ({_head(d)})")
-        lines += [f"   {p} (the findings read only these)" for p in d.partial]
+        lines += [f"   {p} (the findings read only these)" for p in d.partial if d.requests]
+        lines += [f"   {p}" for p in d.partial if not d.requests]
         lines.append(f"   vitals: {vitals_line(d.vitals)}")
         if not d.findings:
-            lines.append("   no findings: no rule saw its symptom in this run")
+            lines.append("   no findings: " + ("no rule saw its symptom in this run" if d.requests
+                         else "no successful per-request record to read"))  # fmt: skip
         for i, f in enumerate(d.findings, 1):
             lines.append(f"{i}. [{f.severity}] {f.title}  ({f.rule})")
             lines.append(f"   cause: {f.cause}")

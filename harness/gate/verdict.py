@@ -46,6 +46,11 @@ class GateResult:
     def passed(self) -> bool:
         return not any(r.failed for r in self.results)
 
+    @property
+    def undecided(self) -> bool:
+        """No rule failed, but at least one could not be told (CANNOT TELL)."""
+        return self.passed and any(r.verdict == "cannot tell" for r in self.results)
+
 
 def _verdict(rule: Rule, estimate: float, low: float, high: float) -> tuple[str, float]:
     if rule.limit == "max_increase":
