@@ -17,6 +17,8 @@ Grid method (the flags of the first calibrate, still supported): --batch-sizes,
 --context-lens, --prefill-lens, --repeats, --min-time or a --device other than cpu time
 single model-runner steps over a grid of shapes instead (reference_engine/sim/calibration_grid.py);
 quicker, and it runs on cuda.
+
+Over 400 lines because one command holds three fits' flags (engine trace, grid, from-run).
 """
 
 from __future__ import annotations
@@ -112,6 +114,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "(vLLM's per-request metrics); the rest (HTTP, network) measured")
     f.add_argument("--check-run", nargs="+", default=[], metavar="RUN", help="then predict "
                    "these runs and compare (with --fit HW alone: check a preset or fit on them)")
+    f.add_argument("--served-before", nargs="+", default=[], metavar="RUN", help="warm-ups "
+                   "served earlier, not fitted: their prompts are in the server's cache")
     p.set_defaults(func=run)
 
 
@@ -121,10 +125,11 @@ def _from_run(args: argparse.Namespace) -> int:
 
     console, dtype = Console(), args.dtype or "bfloat16"
     if not args.from_run:
-        rc.check_runs(args.check_run, args.fit, args.server_config, args.model, dtype, console)
+        rc.check_runs(args.check_run, args.fit, args.server_config, args.model, dtype, console,
+                      args.served_before)  # fmt: skip
         return 0
     c = rc.calibrate_from_runs(args.from_run, args.server_config, args.model, dtype, args.name,
-                               args.holdout, args.check_run, server_ttft=args.server_ttft,
+                               args.holdout, args.check_run, args.served_before, args.server_ttft,
                                log=lambda m: console.print(m, highlight=False, soft_wrap=True))  # fmt: skip
     rc.print_calibration(c, console)
     rc.save(c, Path(args.out or f"calibration-{Path(args.from_run[0]).name}.json"), console)
@@ -165,9 +170,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.from_run or (args.check_run and args.fit):  # --fit: a preset or fit checked on runs
         return _from_run(args)
-    if args.server_config or args.check_run or args.server_ttft:
-        raise EngineError("--server-config, --server-ttft, --check-run go with --from-run "
-                          "(--check-run also with --fit HARDWARE)")  # fmt: skip
+    if args.server_config or args.check_run or args.server_ttft or args.served_before:
+        raise EngineError("--server-config, --server-ttft, --check-run, --served-before go with "
+                          "--from-run (--check-run also with --fit HARDWARE)")  # fmt: skip
     for dest in ("model", "dtype", "device"):
         setattr(args, dest, engine_value(args, dest))
     grid = grid_options(args)

@@ -12,8 +12,8 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
 from cbbench.harness.errors import CbbenchError
+from cbbench.harness.planning.seen_prompts import cached_tokens
 from cbbench.harness.results.run_folder import load_run
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution.cost_model import HardwareSpec
@@ -25,7 +25,6 @@ from cbbench.reference_engine.sim.run_fit import (
     SETTINGS,
     Observed,
     ObservedRun,
-    Predicted,
     RunFit,
     _errors,
     fit_runs,
@@ -61,8 +60,10 @@ def parse_server_config(text: str | None) -> dict:
     return out
 
 
-def observed(path: str, use_itl: bool = True) -> tuple[ObservedRun, dict, str | None]:
-    """A run folder's successful measured requests, its recorded server settings and model."""
+def observed(path: str, use_itl: bool = True,
+             cached: dict[str, int] | None = None) -> tuple[ObservedRun, dict, str | None]:  # fmt: skip
+    """A run folder's successful measured requests, its recorded server settings and model;
+    `cached`: record id -> prompt tokens the server had cached (seen_prompts.py)."""
     run = load_run(path)
     reqs, preempt = [], 0
     for r in run.records:
@@ -77,7 +78,9 @@ def observed(path: str, use_itl: bool = True) -> tuple[ObservedRun, dict, str | 
         if st.get("queue_s") is not None and st.get("prefill_s") is not None:
             server_ttft = st["queue_s"] + st["prefill_s"]
         itl = tuple(r.itl_s) if use_itl and len(r.itl_s) == int(out) - 1 else ()
-        reqs.append(Observed(r.sent_s, int(prompt), int(out), r.ttft_s, r.e2e_s, server_ttft, itl))
+        hit = min(int((cached or {}).get(r.id, 0)), int(prompt) - 1)
+        reqs.append(Observed(r.sent_s, int(prompt), int(out), r.ttft_s, r.e2e_s, server_ttft, itl,
+                             max(hit, 0)))  # fmt: skip
         preempt += int(r.extra.get("num_preemptions") or 0)
     if len(reqs) < 4:
         raise CbbenchError(f"{path}: {len(reqs)} streamed successful requests; the fit needs "
@@ -108,12 +111,26 @@ class RunCalibration:
     checks: list[tuple[str, dict, dict]] = field(default_factory=list)  # name, errors, means
 
 
+def prefix_hits(paths: list[str], served_before: list[str], settings: dict,
+                log=None) -> dict[str, dict[str, int]]:  # fmt: skip
+    """Per run path: record id -> prompt tokens the server had cached (seen_prompts.py),
+    the runs (and the warm-ups `served_before`) taken in the order they started."""
+    runs = [load_run(p) for p in [*paths, *served_before]]
+    hits = cached_tokens(runs, settings)
+    if log:
+        n = sum(1 for h in hits[: len(paths)] for v in h.values() if v > 0)
+        tok = sum(sum(h.values()) for h in hits[: len(paths)])
+        if n:
+            log(f"prefix cache: {n} requests of these runs found {tok} prompt tokens cached "
+                "(the server's count, or their prompt sent before; only the rest is prefilled)")  # fmt: skip
+    return dict(zip(paths, hits, strict=False))
+
+
 def calibrate_from_runs(paths: list[str], server_config: str | None, model: str | None,
                         dtype: str, name: str | None, holdout: float,
-                        check_paths: list[str], log=print,
-                        server_ttft: bool = False) -> RunCalibration:  # fmt: skip
+                        check_paths: list[str], served_before: list[str] = (),
+                        server_ttft: bool = False, log=print) -> RunCalibration:  # fmt: skip
     loaded = [observed(p) for p in paths]
-    runs = [r for r, _, _ in loaded]
     flags = parse_server_config(server_config)
     recorded = [s for _, s, _ in loaded]
     for p, s in zip(paths[1:], recorded[1:], strict=True):
@@ -123,6 +140,8 @@ def calibrate_from_runs(paths: list[str], server_config: str | None, model: str 
             raise CbbenchError(f"{p}: the server's {', '.join(differ)} differ from "
                                f"{paths[0]}'s: fit runs of one server configuration")  # fmt: skip
     settings = {**recorded[0], **flags}
+    hits = prefix_hits([*paths, *check_paths], list(served_before), settings, log)
+    runs = [observed(p, cached=hits.get(p))[0] for p in paths]
     model = model or loaded[0][2]
     if not model:
         raise CbbenchError("--from-run: the run does not name its model; pass --model "
@@ -141,7 +160,7 @@ def calibrate_from_runs(paths: list[str], server_config: str | None, model: str 
                              [str(p) for p in paths], holdout)  # fmt: skip
     out = RunCalibration(runs, settings, model, fit, spec)
     for p in check_paths:
-        run, _, _ = observed(p)
+        run, _, _ = observed(p, cached=hits.get(p))
         pred, _, _ = simulate_run(run, model, dtype, settings, fit.coef)
         err = _errors([run], [pred], [[True] * len(run.requests)], None)
         means = {m: (_mean([getattr(r, f"{m}_s") for r in run.requests]),
@@ -152,13 +171,10 @@ def calibrate_from_runs(paths: list[str], server_config: str | None, model: str 
 
 
 def check_runs(paths: list[str], hardware: str, server_config: str | None, model: str | None,
-               dtype: str, console: Console) -> None:  # fmt: skip
+               dtype: str, console: Console, served_before: list[str] = ()) -> None:  # fmt: skip
     """Predict each run with any hardware (a preset, a calibrate or --from-run JSON) and print
     the error of the means and p99s: how far a spec-sheet preset or an old fit is off."""
     from cbbench.reference_engine.execution.cost_model import get_hardware
-    from cbbench.reference_engine.sim.run_fit import engine_config, in_flight, overheads
-    from cbbench.reference_engine.sim.simulate import simulate
-    from cbbench.workloads.spec import RequestSpec
 
     hw = get_hardware(hardware)
     over = {"c_req": (hw.fit or {}).get("request_overhead_s", 0.0),
@@ -169,23 +185,14 @@ def check_runs(paths: list[str], hardware: str, server_config: str | None, model
     for p in paths:
         run, recorded, root = observed(p)
         settings = {**recorded, **parse_server_config(server_config)}
+        run, _, _ = observed(p, cached=prefix_hits(paths, list(served_before), settings)[p])
         m = model or (hw.fit or {}).get("model") or root
         if not m:
             raise CbbenchError(f"{p}: the run does not name its model; pass --model")
-        load = np.zeros(len(run.requests))
-        for _ in range(2 if over["c_req_load"] > 0 else 1):  # the load: the simulation's own
-            extra = overheads(over, load)
-            reqs = [RequestSpec(i, max(1, r.prompt_len), max(1, r.output_len),
-                                arrival_s=r.sent_s + float(extra[i]))
-                    for i, r in enumerate(run.requests)]  # fmt: skip
-            try:
-                res = simulate(reqs, engine_config(m, dtype, settings, hardware, reqs))
-            except EngineError as exc:
-                raise CbbenchError(f"{p}: {exc}") from None
-            pred = Predicted([r.ttft_s + float(x) for r, x in zip(res.requests, extra, strict=True)],
-                             [r.e2e_s + float(x) for r, x in zip(res.requests, extra, strict=True)],
-                             [r.tpot_s for r in res.requests], 0, 0, 0)  # fmt: skip
-            load = in_flight([r.sent_s for r in run.requests], pred.e2e_s)
+        try:
+            pred, _, _ = simulate_run(run, m, dtype, settings, over, hardware=hardware)
+        except EngineError as exc:
+            raise CbbenchError(f"{p}: {exc}") from None
         err = _errors([run], [pred], [[True] * len(run.requests)], None)
         t.add_row(Path(p).name, *(_pct(err.get(f"{m}_{s}")) for m in METRICS
                                   for s in ("mean", "p99")))  # fmt: skip

@@ -39,6 +39,7 @@ from cbbench.reference_engine.router.pd_sim import simulate_pd
 from cbbench.reference_engine.router.registry import make_policy
 from cbbench.reference_engine.sim import intervals
 from cbbench.reference_engine.sim.intervals import error_of, interval_for
+from cbbench.reference_engine.sim.request_overhead import overhead_of, with_overhead
 from cbbench.workloads import load_workload, with_arrivals
 
 UNMEASURED_BAND = intervals.UNMEASURED_BAND  # a preset nothing measured (intervals.ELSEWHERE)
@@ -153,12 +154,15 @@ def _simulate(opts: PlanOptions, model: str, requests, c: dict[str, Any], replic
     configuration simulated with every step `factor` times as long."""
     hw = opts.hardware if factor == 1.0 else f"{opts.hardware}@{factor!r}"
     cfg = _engine_config(c, model, hw, wl_seed, opts.spec_acceptance_rate)
+    over = overhead_of(get_hardware(opts.hardware))  # a from-run fit's time outside the steps
     if c.get("mode") == "disaggregated":  # P prefill + `replicas` decode workers
-        res = simulate_pd(requests, cfg, c["prefill"], replicas, get_link(c["kv_link"]),
-                          seed=wl_seed, prefix_block_size=prefix_block_size)  # fmt: skip
+        res = with_overhead(requests, over, lambda reqs: simulate_pd(
+            reqs, cfg, c["prefill"], replicas, get_link(c["kv_link"]), seed=wl_seed,
+            prefix_block_size=prefix_block_size), replicas)  # fmt: skip
     else:
-        res = simulate_cluster(requests, cfg, replicas, make_policy(c["router"]), seed=wl_seed,
-                               prefix_block_size=prefix_block_size, event_skip=True)  # fmt: skip
+        res = with_overhead(requests, over, lambda reqs: simulate_cluster(
+            reqs, cfg, replicas, make_policy(c["router"]), seed=wl_seed,
+            prefix_block_size=prefix_block_size, event_skip=True), replicas)  # fmt: skip
     s = res.summary()
     figs = {}
     for slo in opts.slos:

@@ -13,7 +13,10 @@ from cbbench.harness.errors import CbbenchError
 from cbbench.harness.planning.pd import frontiers_by_mode, pd_serve_lines, workers_text
 from cbbench.harness.planning.planner import CLOSE, MEETS, MISSES, PlanResult, Point
 from cbbench.harness.planning.space import parse_speculative
+from cbbench.reference_engine.execution.cost_model import get_hardware
 from cbbench.reference_engine.model.config import hf_model_id
+from cbbench.reference_engine.sim.request_overhead import describe as describe_overhead
+from cbbench.reference_engine.sim.request_overhead import overhead_of
 from rich.console import Console
 from rich.table import Table
 
@@ -162,6 +165,9 @@ def print_plan(res: PlanResult, console: Console, out: Path | None) -> None:
     console.print(f"plan: SLO {slos}; {band}; ${o.price_per_replica_hour:g} per GPU-hour; "
                   f"{res.searched} of {res.total} configurations, {len(res.points)} points "
                   "simulated", highlight=False, soft_wrap=True)  # fmt: skip
+    over = describe_overhead(overhead_of(get_hardware(o.hardware)))
+    if over:
+        console.print(over, highlight=False, soft_wrap=True)
     fixed = fixed_dims(res)
     if fixed:
         console.print(f"every configuration: {fixed}", highlight=False, soft_wrap=True)

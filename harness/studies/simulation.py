@@ -28,6 +28,7 @@ from cbbench.reference_engine.core.block_manager import cdiv
 from cbbench.reference_engine.engine.llm_engine import resolve_model_config, sim_num_kv_blocks
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution.cost_model import CostModel, get_hardware
+from cbbench.reference_engine.sim import request_overhead as ro
 from cbbench.reference_engine.sim.simulate import SimResult, replay, replay_interleaved
 from cbbench.workloads import load_workload, with_arrivals
 from cbbench.workloads.presets import preset_settings
@@ -252,11 +253,12 @@ def load_sim_workload(opts: SimOptions, console: Console) -> Workload:
 def _replay(
     wl: Workload, cfg: EngineConfig, timeline: bool, temperature: float = 1.0, on_progress=None
 ) -> SimResult:
-    try:
-        return replay(
-            wl.requests, cfg, prefix_block_size=wl.prefix_block_size, seed=wl.prompt_seed,
+    over = ro.overhead_of(get_hardware(cfg.hardware)) if cfg.executor == "sim" else {}
+    try:  # a from-run fit's time outside the steps: as calibrate --check-run applies it
+        return ro.with_overhead(wl.requests, over, lambda reqs: replay(
+            reqs, cfg, prefix_block_size=wl.prefix_block_size, seed=wl.prompt_seed,
             timeline=timeline, temperature=temperature, on_progress=on_progress,
-        )  # fmt: skip
+        ))  # fmt: skip
     except EngineError as exc:
         if "workload request" in str(exc):
             raise CbbenchError(f"{exc} (--drop-too-long skips such requests)") from None
@@ -305,6 +307,8 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
     b = any_cfg.static.batch_size
     timeline = opts.timeline or (opts.workload == "seed-demo" and b == 4 and steps_mode)
     run_dirs: list[Path] = []
+    if not real and (line := ro.describe(ro.overhead_of(hw))):
+        console.print(line, highlight=False, soft_wrap=True)
 
     def save(name: str, res: SimResult) -> None:
         if opts.out is not None:
@@ -354,15 +358,9 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
             print_interval(console, name, hw, results[name])
             print_graph(console, name, run_summary(results[name], name), True)
             save(name, results[name])
-        title = (
-            f"SIMULATED: {any_cfg.model} on {where}, workload {opts.workload} ({len(wl)} "
-            f"requests, seed {wl.seed}), B={b}"
-            + (
-                " — 1 time unit per step"
-                if steps_mode
-                else " — modelled step times, not measurements"
-            )
-        )
+        title = (f"SIMULATED: {any_cfg.model} on {where}, workload {opts.workload} ({len(wl)} "
+                 f"requests, seed {wl.seed}), B={b}" + (" — 1 time unit per step" if steps_mode
+                 else " — modelled step times, not measurements"))  # fmt: skip
     return SimStudy(opts, wl, dict(settings), results, run_dirs, title, steps_mode, timeline)
 
 

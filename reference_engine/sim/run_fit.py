@@ -11,7 +11,11 @@ KV blocks) and reconstructs it. Then, a few rounds of:
    token) is the sum of the features (RUN_TERMS) of the steps between its first and last
    token, and its TTFT is a per-request overhead (`c_req`: HTTP, tokenizing, the network)
    plus the rest of the step in progress when it arrived and every step up to its first
-   token; decode rows divided by (output - 1) (TPOT), each group scaled by its mean;
+   token; decode rows divided by (output - 1) (TPOT), each group scaled by its mean; and
+   each gap between two tokens whose steps in the replay carry no prefill chunk. A gap that
+   spans one is left out: which decode gap another request's prefill lands in depends on
+   its arrival as reconstructed (send, overhead, the server's scheduling), right to a step
+   or so; a misplaced chunk makes a short gap predicted long, a long one an "outlier";
 3. non-negative least squares over the requests of the fit part, robust (Huber weights,
    re-weighted a few times: a server's rare stalls must not move the step terms), damped
    towards the last coefficients; keep the round whose simulation matched the fit part best.
@@ -33,15 +37,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from cbbench.reference_engine.config.engine_config import ContinuousConfig, EngineConfig
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution.cost_model import HardwareSpec, StepWork, nnls
-from cbbench.reference_engine.sim.run_fit_terms import (
+from cbbench.reference_engine.sim.run_fit_terms import (  # noqa: F401 (SETTINGS, engine_config: re-exported)
+    SETTINGS,
+    engine_config,
     fit_part,
     identifiability,
     in_flight,
+    initial_coef,
     overheads,
     robust_solve,
+    vocab_size,
+    warm_prefix,
     what_runs_cannot_tell,
 )
 from cbbench.workloads.spec import RequestSpec
@@ -51,9 +59,6 @@ from cbbench.workloads.spec import RequestSpec
 RUN_TERMS = ("c0", "c_tok", "c_seq", "c_dec_kv", "c_pre_ctx")
 OVERHEAD_TERMS = ("c_req", "c_req_load")  # per request; and per request in flight at its send
 METRICS = ("ttft", "tpot", "e2e")
-SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "block_size",
-            "num_kv_blocks", "enable_prefix_caching", "max_model_len",
-            "tensor_parallel_size")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,9 @@ class Observed:  # one measured request: times in seconds from the run's start
     # first token) and the client's gaps between tokens
     server_ttft_s: float | None = None
     itl_s: tuple[float, ...] = ()
+    # prompt tokens the server served from its prefix cache (it said so, or it had seen the
+    # prompt before): the replay starts with their blocks cached, so only the rest is prefilled
+    cached_tokens: int = 0
 
     @property
     def tpot_s(self) -> float | None:
@@ -104,12 +112,17 @@ class RunFit:
 
 
 class _StepLog:
-    """Wraps a SimExecutor's `run`: every step's (start, end, work, [(request, samples)])."""
+    """Wraps a SimExecutor's `run`: every step's (start, end, work, [(request, samples)]).
+    `warm`: (prompt ids, tokens) whose leading full blocks are in the prefix cache before
+    the first step (what the server had cached from before the run)."""
 
-    def __init__(self) -> None:
+    def __init__(self, warm: list[tuple[list[int], int]] = ()) -> None:
         self.steps: list[tuple[float, float, StepWork, list[tuple[str, bool]]]] = []
+        self.warm = list(warm)
 
     def __call__(self, ex, engine):
+        for i, (ids, n) in enumerate(self.warm):
+            warm_prefix(engine.block_manager, f"warm-{i}", ids, n)
         inner = ex.run
 
         def run(step):
@@ -124,35 +137,46 @@ class _StepLog:
 
 
 def simulate_run(
-    run: ObservedRun, model: str, dtype: str, settings: dict, coef: dict[str, float]
+    run: ObservedRun, model: str, dtype: str, settings: dict, coef: dict[str, float],
+    hardware: str | None = None,
 ) -> tuple[Predicted, _StepLog, list]:
-    """Replay the run's sends (each shifted by its overhead) with `coef` as the step model.
+    """Replay the run's sends (each shifted by its overhead) with `coef` as the step model
+    (or, given, `hardware`: a preset or hardware JSON; `coef` then gives the overhead only).
     With a load-dependent overhead, the load is the simulation's own: a first pass with the
     constant part gives the requests in flight, the second pass uses them."""
     load = np.zeros(len(run.requests))
-    pred, log, sim_reqs = _simulate_once(run, model, dtype, settings, coef, load)
+    pred, log, sim_reqs = _simulate_once(run, model, dtype, settings, coef, load, hardware)
     if coef.get("c_req_load", 0.0) > 0:
         load = in_flight([r.sent_s for r in run.requests], pred.e2e_s)
-        pred, log, sim_reqs = _simulate_once(run, model, dtype, settings, coef, load)
+        pred, log, sim_reqs = _simulate_once(run, model, dtype, settings, coef, load, hardware)
     return pred, log, sim_reqs
 
 
 def _simulate_once(run: ObservedRun, model: str, dtype: str, settings: dict,
-                   coef: dict[str, float], load: np.ndarray) -> tuple[Predicted, _StepLog, list]:  # fmt: skip
-    from cbbench.reference_engine.sim.simulate import simulate
+                   coef: dict[str, float], load: np.ndarray,
+                   hardware: str | None = None) -> tuple[Predicted, _StepLog, list]:  # fmt: skip
+    from cbbench.reference_engine.sim.simulate import prompt_tokens, simulate
 
     extra = overheads(coef, load)
     reqs = [RequestSpec(i, max(1, r.prompt_len), max(1, r.output_len),
                         arrival_s=r.sent_s + float(extra[i]))
             for i, r in enumerate(run.requests)]  # fmt: skip
-    log = _StepLog()
+    warm = [(prompt_tokens(q, vocab_size(model)), r.cached_tokens)
+            for q, r in zip(reqs, run.requests, strict=True) if r.cached_tokens > 0]  # fmt: skip
+    if warm:  # the server said (or had seen) prefix hits: it caches prefixes
+        settings = {**settings, "enable_prefix_caching": True}
+        if settings.get("num_kv_blocks") is None:  # unknown: room for the run and the warm
+            bs = int(settings.get("block_size") or 16)
+            pool = engine_config(model, dtype, settings, "cpu", reqs).num_kv_blocks
+            settings["num_kv_blocks"] = pool + sum(n // bs for _, n in warm)
+    log = _StepLog(warm)
     spec = HardwareSpec("run-fit", 1.0, 1.0, 1e6, flops_efficiency=1.0, bw_efficiency=1.0,
                         linear={t: coef.get(t, 0.0) for t in RUN_TERMS},
                         fit={"tensor_parallel_size": int(settings.get("tensor_parallel_size") or 1)})  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         hw = Path(tmp) / "hw.json"
         hw.write_text(json.dumps(spec.to_dict()), encoding="utf-8")
-        res = simulate(reqs, engine_config(model, dtype, settings, str(hw), reqs),
+        res = simulate(reqs, engine_config(model, dtype, settings, hardware or str(hw), reqs),
                        wrap_executor=log)  # fmt: skip
     pred = Predicted(
         ttft_s=[r.ttft_s + float(x) for r, x in zip(res.requests, extra, strict=True)],
@@ -168,32 +192,6 @@ def _simulate_once(run: ObservedRun, model: str, dtype: str, settings: dict,
         / max(res.duration_s, 1e-12),
     )
     return pred, log, res.requests
-
-
-def engine_config(model: str, dtype: str, settings: dict, hardware: str,
-                  reqs: list[RequestSpec]) -> EngineConfig:  # fmt: skip
-    """The simulated server: continuous batching with the run's settings (vLLM's defaults
-    where a setting is unknown: 256 sequences, chunked prefill with 2,048 tokens a step)."""
-    unknown = sorted(set(settings) - set(SETTINGS))
-    if unknown:
-        raise EngineError(f"server settings: unknown {unknown} (known: {', '.join(SETTINGS)})")
-    longest = max(r.prompt_len + r.output_len for r in reqs)
-    max_len = int(settings.get("max_model_len") or max(longest, 2))
-    budget = int(settings.get("max_num_batched_tokens") or 2048)
-    chunked = bool(settings.get("enable_chunked_prefill", True))
-    bs = int(settings.get("block_size") or 16)
-    seqs = int(settings.get("max_num_seqs") or 256)
-    blocks = settings.get("num_kv_blocks")
-    if blocks is None:  # unknown: never the bottleneck (and said so)
-        blocks = seqs * -(-max_len // bs) + 1
-    return EngineConfig(
-        model=model, dtype=dtype, scheduler="continuous", executor="sim", hardware=hardware,
-        continuous=ContinuousConfig(max_num_seqs=seqs, max_num_batched_tokens=budget,
-                                    enable_chunked_prefill=chunked),
-        block_size=bs, num_kv_blocks=int(blocks), max_model_len=max(max_len, longest),
-        enable_prefix_caching=bool(settings.get("enable_prefix_caching", False)),
-        tensor_parallel_size=int(settings.get("tensor_parallel_size") or 1),
-    )  # fmt: skip
 
 
 def _rows(run: ObservedRun, log: _StepLog, sim_reqs: list, use: list[bool], measured: bool,
@@ -212,6 +210,8 @@ def _rows(run: ObservedRun, log: _StepLog, sim_reqs: list, use: list[bool], meas
             if s:
                 samples.setdefault(rid, []).append(j)
     csum = np.vstack([np.zeros(len(RUN_TERMS)), np.cumsum(feats, axis=0)])
+    # steps with a prefill chunk (more tokens than sequences), cumulated
+    prefill = np.concatenate([[0], np.cumsum(feats[:, 1] > feats[:, 2])])
     t_rows, t_y, d_rows, d_y, g_rows, g_y = [], [], [], [], [], []
     for i, (obs, sim) in enumerate(zip(run.requests, sim_reqs, strict=True)):
         js = samples.get(sim.request_id, [])
@@ -237,6 +237,8 @@ def _rows(run: ObservedRun, log: _StepLog, sim_reqs: list, use: list[bool], meas
             d_y.append((obs.e2e_s - obs.ttft_s) / (n - 1))
         if len(obs.itl_s) == len(js) - 1:  # one gap per token after the first
             for k, gap in enumerate(obs.itl_s, 1):
+                if prefill[js[k] + 1] != prefill[js[k - 1] + 1]:
+                    continue  # it spans a prefill chunk: where the replay put it (module doc)
                 g_rows.append(np.append(csum[js[k] + 1] - csum[js[k - 1] + 1], [0.0, 0.0]))
                 g_y.append(gap)
     return t_rows, t_y, d_rows, d_y, g_rows, g_y
@@ -270,14 +272,6 @@ def _score(err: dict[str, float]) -> float:
     """What the best round minimises: the means' errors, and half the p99s'."""
     return sum(abs(err.get(f"{m}_mean", 0.0)) + 0.5 * abs(err.get(f"{m}_p99", 0.0))
                for m in METRICS)  # fmt: skip
-
-
-def initial_coef(runs: list[ObservedRun]) -> dict[str, float]:
-    """A start: every step the median TPOT, prefill tokens priced from the quickest TTFTs."""
-    reqs = [r for run in runs for r in run.requests]
-    step = float(np.median([r.tpot_s for r in reqs if r.tpot_s] or [0.01]))
-    per_tok = [max(0.0, r.ttft_s - step) / max(r.prompt_len, 1) for r in reqs]
-    return {"c0": step, "c_tok": float(np.percentile(per_tok, 10))}
 
 
 def fit_runs(
@@ -362,6 +356,14 @@ def fit_runs(
         for t in OVERHEAD_TERMS:
             fit.identified[t] = "measured (client TTFT less the server's own)"
     fit.notes = what_runs_cannot_tell(runs, preds, settings)
+    computed = {True: [0], False: [0]}  # prompt tokens the server computed, by part
+    for run, part in zip(runs, parts, strict=True):
+        for r, q in zip(run.requests, part, strict=True):
+            computed[q].append(r.prompt_len - r.cached_tokens)
+    if max(computed[False]) > 1.5 * max(computed[True]):
+        fit.notes.append(f"prefill: the fit part's requests computed at most {max(computed[True])} "
+                         f"prompt tokens, the held back up to {max(computed[False])}: their TTFT "
+                         "extrapolates the prefill terms")  # fmt: skip
     return fit
 
 

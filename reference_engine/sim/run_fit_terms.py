@@ -5,11 +5,18 @@ terms the runs identified, and what they cannot tell."""
 from __future__ import annotations
 
 import numpy as np
+from cbbench.reference_engine.config.engine_config import ContinuousConfig, EngineConfig
+from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution.cost_model import nnls
+from cbbench.workloads.spec import RequestSpec
 
 # robust weights, in robust standard deviations of the residuals (95 % efficiency if normal):
 # Huber's first (a convex start), then Tukey's bisquare (a stall far out gets no weight)
 HUBER_K, TUKEY_C = 1.345, 4.685
+# the server's settings the fit replays the runs with
+SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "block_size",
+            "num_kv_blocks", "enable_prefix_caching", "max_model_len",
+            "tensor_parallel_size")  # fmt: skip
 
 
 def fit_part(run, holdout: float) -> list[bool]:  # run: run_fit.ObservedRun (it imports this)
@@ -114,3 +121,60 @@ def what_runs_cannot_tell(runs: list, preds: list,  # of run_fit.ObservedRun, Pr
         notes.append("token budget: no step filled max_num_batched_tokens, so the runs "
                      "cannot tell it or how chunked prefill splits prompts")  # fmt: skip
     return notes
+
+
+def vocab_size(model: str) -> int:
+    from cbbench.reference_engine.model.config import resolve_model_config
+
+    return resolve_model_config(model, shape_only=True).vocab_size
+
+
+def engine_config(model: str, dtype: str, settings: dict, hardware: str,
+                  reqs: list[RequestSpec]) -> EngineConfig:  # fmt: skip
+    """The simulated server: continuous batching with the run's settings (vLLM's defaults
+    where a setting is unknown: 256 sequences, chunked prefill with 2,048 tokens a step)."""
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        raise EngineError(f"server settings: unknown {unknown} (known: {', '.join(SETTINGS)})")
+    longest = max(r.prompt_len + r.output_len for r in reqs)
+    max_len = int(settings.get("max_model_len") or max(longest, 2))
+    budget = int(settings.get("max_num_batched_tokens") or 2048)
+    chunked = bool(settings.get("enable_chunked_prefill", True))
+    bs = int(settings.get("block_size") or 16)
+    seqs = int(settings.get("max_num_seqs") or 256)
+    blocks = settings.get("num_kv_blocks")
+    if blocks is None:  # unknown: never the bottleneck (and said so)
+        blocks = seqs * -(-max_len // bs) + 1
+    return EngineConfig(
+        model=model, dtype=dtype, scheduler="continuous", executor="sim", hardware=hardware,
+        continuous=ContinuousConfig(max_num_seqs=seqs, max_num_batched_tokens=budget,
+                                    enable_chunked_prefill=chunked),
+        block_size=bs, num_kv_blocks=int(blocks), max_model_len=max(max_len, longest),
+        enable_prefix_caching=bool(settings.get("enable_prefix_caching", False)),
+        tensor_parallel_size=int(settings.get("tensor_parallel_size") or 1),
+    )  # fmt: skip
+
+
+def warm_prefix(bm, request_id: str, ids: list[int], num_tokens: int) -> None:
+    """Register the full blocks of the first `num_tokens` of `ids` in `bm`'s prefix cache,
+    as a finished request that had computed them leaves them (free, cached, evictable)."""
+    from cbbench.reference_engine.core.outputs import RequestMetrics
+    from cbbench.reference_engine.core.sequence import Sequence
+    from cbbench.reference_engine.sampling_params import SamplingParams
+
+    n = min(num_tokens, len(ids) - 1) // bm.block_size * bm.block_size
+    if n <= 0 or not bm.enable_prefix_caching or bm.num_free_blocks < bm.blocks_for(n):
+        return
+    seq = Sequence(request_id, list(ids[:n]), SamplingParams(max_tokens=1), RequestMetrics(0.0))
+    assert bm.allocate_slots(seq, n)
+    seq.num_computed_tokens = n
+    bm.cache_blocks(seq)
+    bm.free(seq)
+
+
+def initial_coef(runs: list) -> dict[str, float]:  # of run_fit.ObservedRun
+    """A start: every step the median TPOT, prefill tokens priced from the quickest TTFTs."""
+    reqs = [r for run in runs for r in run.requests]
+    step = float(np.median([r.tpot_s for r in reqs if r.tpot_s] or [0.01]))
+    per_tok = [max(0.0, r.ttft_s - step) / max(r.prompt_len, 1) for r in reqs]
+    return {"c0": step, "c_tok": float(np.percentile(per_tok, 10))}

@@ -1,13 +1,15 @@
 """The GPU check of issue #53: a real vLLM server on GPUs as the black box.
 
 Against a vLLM server already running (any model, any --tensor-parallel-size; started with
-`--enable-per-request-metrics`), bench workload A at two rates and workload B at another,
+`--enable-per-request-metrics`, and `--enable-prompt-tokens-details` so that it says its
+prefix-cache hits: the second A run resends the first's prompts), bench workload A at two
+rates and workload B at another,
 then: the fit from the first half of each A run predicting the whole runs (targets: means
 within 5 %, p99 within 10 %), the fit of all of A predicting B, and the spec-sheet preset
 predicting every run (target 15 %). Prints the tables; everything lands under OUT.
 
     vllm serve meta-llama/Llama-3.1-8B-Instruct --max-num-seqs 128 --max-num-batched-tokens 2048 \\
-        --enable-per-request-metrics --port 8000 &
+        --enable-per-request-metrics --enable-prompt-tokens-details --port 8000 &
     python -m tests.benchmarks.gpu.from_run_check --base-url http://127.0.0.1:8000 \\
         --model llama-3.1-8b --hardware h100 --server-config max_num_seqs=128,max_num_batched_tokens=2048 \\
         --out out/gpu-from-run [--rates 4,10 --check-rate 7 --num-requests 300]

@@ -50,6 +50,7 @@ def bench_all(out: Path) -> None:
     port = _free_port()
     cmd = vllm_command(model, MAX_NUM_SEQS, MAX_MODEL_LEN, port, VLLM_PYTHON) + [
         "--max-num-batched-tokens", str(TOKEN_BUDGET), "--enable-per-request-metrics",
+        "--enable-prompt-tokens-details",  # usage says the prefix-cache hits: the fit uses them
     ]  # fmt: skip
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0", "OMP_NUM_THREADS": "1",
            "VLLM_CPU_KVCACHE_SPACE": "1"}  # fmt: skip
@@ -70,21 +71,22 @@ def bench_all(out: Path) -> None:
             if time.monotonic() > deadline:
                 raise SystemExit("vLLM not ready in 600 s")
             time.sleep(2)
-        common = ["--base-url", url, "--no-live", "--seed", "0", "--arrival", "poisson"]
+        common = ["--base-url", url, "--no-live", "--arrival", "poisson"]
         # warm the server, unrecorded: first requests pay one-time costs, and on vLLM-cpu
         # each new batch shape does for a while (TPOT fell from ~55 to ~31 ms over the first
-        # ~100 requests after a 4-request warm-up), so warm with the shapes of both workloads
+        # ~100 requests after a 4-request warm-up), so warm with the shapes of both workloads;
+        # other prompts (seed 100) than the measured runs', which the cache would serve
         for name in ("a", "b"):
-            cbbench("bench", *common, "--workload", str(out / f"spec-{name}.json"),
+            cbbench("bench", *common, "--seed", "100", "--workload", str(out / f"spec-{name}.json"),
                     "--num-requests", "32", "--rate", "inf", "--out", str(out / f"warm-{name}"))  # fmt: skip
         # the calibration runs and the held-out run close together, the held-out one between
         # the two (the machine is shared: its speed drifts)
         def bench_a(i: int) -> None:
-            cbbench("bench", *common, "--workload", str(out / "spec-a.json"), "--rate",
-                    str(RATES_A[i - 1]), "--out", str(out / f"cal-r{i}"))  # fmt: skip
+            cbbench("bench", *common, "--seed", str(i - 1), "--workload", str(out / "spec-a.json"),
+                    "--rate", str(RATES_A[i - 1]), "--out", str(out / f"cal-r{i}"))  # fmt: skip
 
         bench_a(1)
-        cbbench("bench", *common, "--workload", str(out / "spec-b.json"), "--rate", str(RATE_B),
+        cbbench("bench", *common, "--seed", "0", "--workload", str(out / "spec-b.json"), "--rate", str(RATE_B),
                 "--out", str(out / "check"))  # fmt: skip
         bench_a(2)
     finally:
@@ -105,7 +107,8 @@ def main() -> None:
         bench_all(out)
     cfg = f"max_num_seqs={MAX_NUM_SEQS},max_num_batched_tokens={TOKEN_BUDGET}"
     runs = ["--from-run", str(out / "cal-r1"), str(out / "cal-r2"), "--server-config", cfg,
-            "--model", str(out / "model"), "--dtype", "float32", "--check-run", str(out / "check")]
+            "--model", str(out / "model"), "--dtype", "float32", "--check-run", str(out / "check"),
+            "--served-before", str(out / "warm-a"), str(out / "warm-b")]  # their prompts: cached
     # the first half of each run fitted, the second held back (the fit's own error) ...
     cbbench("calibrate", *runs, "--out", str(out / "fit-half.json"))
     # ... and every request fitted: the prediction of the other workload at the other rate
