@@ -130,10 +130,12 @@ def imported_sends(path: str, run) -> tuple[dict[str, float] | None, str | None]
         return None, None
     sent, how = reconstruct(run.records, run.meta.get("load") or {})
     if sent is None:
+        where = (" (start_times: recent vllm bench serve --save-detailed files have them, older "
+                 "ones not)" if imp.get("tool") == "vllm-bench" else "")  # fmt: skip
         raise CbbenchError(
-            f"{path}: {_source(run)} has no per-request send times (vllm bench saves "
-            f"start_times from 0.10 on) and {how}; the fit will not replay invented arrivals: "
-            "rerun with a newer vllm bench (--save-detailed), or bench with cbbench")  # fmt: skip
+            f"{path}: {_source(run)} has no per-request send times{where} and {how}; the fit "
+            "will not replay invented arrivals: rerun the tool so that it saves them, or bench "
+            "with cbbench")  # fmt: skip
     return {r.id: t for r, t in zip(run.records, sent, strict=True)}, how
 
 
