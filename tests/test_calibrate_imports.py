@@ -118,3 +118,18 @@ def test_what_an_import_lacks_is_asked_for_by_name(tmp_path, capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "other tools' result files do not record them" in out
     assert "--server-config max_num_seqs=N,max_num_batched_tokens=N,block_size=N,num_kv_blocks=N" in out
+
+
+def test_a_file_naming_a_presets_checkpoint_needs_no_model(tmp_path, capsys):
+    data = parse(FX / "vllm-bench" / "vllm-detailed.json")
+    data["model_id"] = "/models/Qwen2.5-0.5B-Instruct"  # a local copy of the HF checkpoint
+    src = tmp_path / "qwen.json"
+    src.write_text(json.dumps(data))
+    run = tmp_path / "run"
+    assert main(["import", str(src), "--out", str(run)]) == 0
+    capsys.readouterr()
+    fit = tmp_path / "fit.json"
+    assert main(["calibrate", "--from-run", str(run), "--server-config", SETTINGS,
+                 "--holdout", "0.5", "--out", str(fit)]) == 0  # fmt: skip
+    assert "the preset qwen2.5-0.5b" in capsys.readouterr().out
+    assert get_hardware(str(fit)).fit["model"] == "qwen2.5-0.5b"

@@ -139,6 +139,21 @@ def imported_sends(path: str, run) -> tuple[dict[str, float] | None, str | None]
     return {r.id: t for r, t in zip(run.records, sent, strict=True)}, how
 
 
+def _preset_of(imported: dict[str, tuple[str, str | None]], log) -> str | None:
+    """The preset whose public checkpoint an imported file names as its model (vLLM bench's
+    model_id is what `--model` was: the HF id, or a local copy of it by that name)."""
+    from cbbench.reference_engine.model.config import HF_IDS
+
+    named = {str(m).rstrip("/").lower() for _, m in imported.values() if m}
+    for preset, hf in HF_IDS.items():
+        if any(n == hf.lower() or n.rsplit("/", 1)[-1] == hf.lower().rsplit("/", 1)[-1]
+               for n in named):  # fmt: skip
+            log(f"model: the file names {hf}, the checkpoint of the preset {preset}: its shape "
+                "is used (--model overrides)")  # fmt: skip
+            return preset
+    return None
+
+
 # what the simulated server assumes where a setting is neither recorded nor given
 # (run_fit_terms.engine_config: vLLM's defaults)
 _ASSUMED = {"max_num_seqs": "256", "max_num_batched_tokens": "2048", "block_size": "16",
@@ -210,7 +225,7 @@ def calibrate_from_runs(paths: list[str], server_config: str | None, model: str 
     imported = _say_imports(paths, settings, log)
     hits = prefix_hits([*paths, *check_paths], list(served_before), settings, log)
     runs = [observed(p, cached=hits.get(p))[0] for p in paths]
-    model = model or loaded[0][2]
+    model = model or loaded[0][2] or _preset_of(imported, log)
     if not model:
         named = next(iter(imported.values()), None)
         raise CbbenchError(
