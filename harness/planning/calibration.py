@@ -128,7 +128,8 @@ def imported_sends(path: str, run) -> tuple[dict[str, float] | None, str | None]
     ok = [r for r in run.records if r.ok and not r.warmup]
     if not ok or all(r.sent_s is not None for r in ok):
         return None, None
-    sent, how = reconstruct(run.records, run.meta.get("load") or {})
+    duration = (run.meta.get("summary") or {}).get("duration_s")
+    sent, how = reconstruct(run.records, run.meta.get("load") or {}, duration)
     if sent is None:
         where = (" (start_times: recent vllm bench serve --save-detailed files have them, older "
                  "ones not)" if imp.get("tool") == "vllm-bench" else "")  # fmt: skip
