@@ -86,6 +86,9 @@ def load_portable(
     """Build (once, into `state`) and return a portable extension of these sources (no
     AVX-512 needed: cpu_linear_bf16's, cpu_kv_attention's), or None with one logged reason
     kept in state["reason"]: not x86-64 Linux, no compiler or ninja, or the build failed."""
+    mod = state.get("module")  # built: no lock (every projection of a step asks)
+    if mod is not None:
+        return mod  # type: ignore[return-value]
     with lock:
         if not state:
             reason = _precheck(need_avx512=False)
@@ -108,6 +111,9 @@ def load_portable(
 
 def load() -> ModuleType | None:
     """The compiled module, or None (the reason is in `unavailable_reason()`)."""
+    mod = _state.get("module")  # built: no lock (every projection of a step asks)
+    if mod is not None:
+        return mod  # type: ignore[return-value]
     with _lock:
         if not _state:
             reason = _precheck()

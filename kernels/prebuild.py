@@ -10,10 +10,10 @@ import sys
 
 
 def main() -> int:
-    from cbbench.kernels import cpu_gemm, cpu_kv_attention, cpu_linear_bf16
+    from cbbench.kernels import cpu_bf16_dot, cpu_gemm, cpu_kv_attention, cpu_linear_bf16
 
     failed = 0
-    for mod in (cpu_gemm, cpu_linear_bf16, cpu_kv_attention):
+    for mod in (cpu_gemm, cpu_linear_bf16, cpu_kv_attention, cpu_bf16_dot):
         reason = mod.unavailable_reason()
         print(f"{mod.__name__}: {'ready' if reason is None else 'unavailable: ' + reason}")
         failed += reason is not None and reason.startswith("build failed")

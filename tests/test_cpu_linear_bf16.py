@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cbbench.kernels import cpu_gemm, cpu_linear_bf16
+from cbbench.kernels import cpu_bf16_dot, cpu_gemm, cpu_linear_bf16
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution import cpu_linear
 from cbbench.reference_engine.execution.cpu_linear import Bf16Linear, optimize_cpu_linears
@@ -100,6 +100,7 @@ def test_bf16_models_choose_the_kernel_and_keep_the_logprobs(monkeypatch):
     log-softmax closely instead of tokens."""
     if cpu_linear._onednn_ok(torch.nn.Linear(64, 64).to(torch.bfloat16)):
         monkeypatch.setattr(cpu_linear, "_onednn_ok", lambda linear: False)
+    monkeypatch.setattr(cpu_linear, "_dot_unavailable", lambda linear: "off for the test")
     monkeypatch.delenv("CBBENCH_CPU_LINEAR", raising=False)
     fast = random_model("tiny", "bfloat16", seed=4)
     assert optimize_cpu_linears(fast) == "bf16-avx2"
@@ -134,6 +135,7 @@ def test_without_the_kernel_bf16_falls_back_to_column_major(monkeypatch):
     """A machine where the kernel cannot build keeps torch's bf16 matmul; forcing it says why."""
     monkeypatch.delenv("CBBENCH_CPU_LINEAR", raising=False)
     monkeypatch.setattr(cpu_linear_bf16, "_state", {"reason": "no C++ compiler ('c++')"})
+    monkeypatch.setattr(cpu_bf16_dot, "_state", {"reason": "no C++ compiler ('c++')"})
     monkeypatch.setattr(cpu_linear, "_onednn_ok", lambda linear: False)
     assert optimize_cpu_linears(random_model("tiny", "bfloat16", seed=4)) == "column-major"
     monkeypatch.setenv("CBBENCH_CPU_LINEAR", "bf16-avx2")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cbbench.kernels import cpu_gemm, cpu_linear_bf16
+from cbbench.kernels import cpu_bf16_dot, cpu_gemm, cpu_linear_bf16
 from cbbench.reference_engine.core.executor import ScheduledChunk
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution.cpu_linear import optimize_cpu_linears
@@ -106,7 +106,8 @@ def test_cpu_linear_layouts_keep_the_logits(dtype):
     # the packed layer fails its check against F.linear and the AVX2 bf16 kernel takes over
     # where it builds, else the model keeps column-major
     avx2 = cpu_linear_bf16.load() is not None and cpu_linear_bf16.isa() in ("avx2", "avx512")
-    bf16 = ("onednn" if torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    bf16 = ("bf16-dp" if cpu_bf16_dot.isa() == "avx512bf16"
+            else "onednn" if torch.ops.mkldnn._is_mkldnn_bf16_supported()
             else "bf16-avx2" if avx2 else "column-major")  # fmt: skip
     assert impl == {"float32": fp32, "bfloat16": bf16, "float16": "column-major"}[dtype]
     assert not any(isinstance(m, torch.nn.Linear) for m in fast.modules()) or impl == "column-major"

@@ -135,3 +135,46 @@ def test_transformers_engines_load_the_asked_dtype(tmp_path):
     assert next(load_hf_model(folder).parameters()).dtype == torch.float32
     model = load_hf_model(folder, "bfloat16")
     assert hf_static(model, [Job("a", [5, 6, 7], 3)], 1)[0] == 3
+
+
+def test_both_servers_get_the_same_budget_and_the_settings_are_said(tmp_path, capsys):
+    from cbbench.harness.servers.peer_engines import vllm_command
+    from cbbench.harness.studies.compare_engines import step_budget
+
+    cmd = vllm_command(tmp_path, 8, 255, 8000, max_num_batched_tokens=step_budget())
+    assert cmd[cmd.index("--max-num-batched-tokens") + 1] == str(step_budget()) == "2048"
+    assert "--max-num-batched-tokens" not in vllm_command(tmp_path, 8, 255, 8000)
+    out = tmp_path / "cmp"
+    argv = ["compare-engines", "--model", "tiny", "--num-requests", "2", "--max-batch", "2",
+            "--engines", "reference", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    said = "max_num_seqs 2, max_num_batched_tokens 2048"
+    assert said in capsys.readouterr().out
+    doc = json.loads((out / "compare.json").read_text())
+    assert said in doc["settings"] and "1 compute thread(s) bound to core(s) 0-0" in doc["settings"]
+    engine = load_run(out / "reference").meta["target"]["engine"]  # what the server said
+    assert _find(engine, "max_num_batched_tokens") == 2048
+
+
+def test_bind_engine_binds_the_servers_children_not_the_server(tmp_path):
+    import contextlib
+    import os
+    import subprocess
+    import sys
+
+    from cbbench.harness.studies.compare_engines import bind_engine
+
+    code = "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', " \
+           "'import time; time.sleep(30)']); print(c.pid, flush=True); time.sleep(30)"
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        cores = sorted(os.sched_getaffinity(0))
+        bind_engine(parent.pid, {cores[0]})
+        assert os.sched_getaffinity(child) == {cores[0]}
+        assert os.sched_getaffinity(parent.pid) == set(cores)
+    finally:
+        parent.kill()
+        parent.wait(10)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, 9)

@@ -111,3 +111,18 @@ def test_a_burst_of_sends_goes_out_a_batch_per_turn():
         per_turn[t] = per_turn.get(t, 0) + 1
     assert len(sent_in) == n and max(per_turn.values()) <= SENDS_PER_TURN
     assert len(per_turn) >= 4
+
+
+def test_a_budget_used_again_under_a_new_loop_arms_on_that_loop():
+    """The budget keeps the loop it arms on (no getpid() a turn); a later asyncio.run (a new
+    loop, the old one closed) must arm on the new one, not call the closed one."""
+    budget = TurnBudget(2)
+
+    async def two_turns() -> list[bool]:
+        got = [budget.take(), budget.take(), budget.take()]  # the third: none left this turn
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # the budget's turn has run: a fresh one
+        return [*got, budget.take()]
+
+    assert asyncio.run(two_turns()) == [True, True, False, True]
+    assert asyncio.run(two_turns()) == [True, True, False, True]

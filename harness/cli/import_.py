@@ -48,6 +48,9 @@ def run(args: argparse.Namespace) -> int:
         )
         version = imp.version or "(version not in the file)"
         print(f"{path}: {imp.tool} {version} ({fmt}), {what} -> {folder}")
+        if any(r.sent_s is None for r in imp.records if r.ok):
+            print("  no per-request send times in the file: report and gate read it; "
+                  "calibrate --from-run rebuilds them only where the load fixes them")  # fmt: skip
     for d in runs[0].definitions if runs else []:
         print(f"  definition differs: {d}")
     return 0

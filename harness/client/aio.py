@@ -52,6 +52,9 @@ class TurnBudget:
         self._left = n
         self._waiters: collections.deque[asyncio.Future] = collections.deque()
         self._armed = False
+        # the loop it was last armed on: get_running_loop costs a getpid() syscall (3.11),
+        # and a budget arms once a turn (a client and its budgets belong to one loop)
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def take(self) -> bool:
         """A pass now if this turn has one left and nobody waits (no coroutine: the common
@@ -73,7 +76,10 @@ class TurnBudget:
     def _arm(self) -> None:
         if not self._armed:
             self._armed = True
-            asyncio.get_running_loop().call_soon(self._turn)
+            loop = self._loop
+            if loop is None or not loop.is_running():  # first use, or a new asyncio.run
+                loop = self._loop = asyncio.get_running_loop()
+            loop.call_soon(self._turn)
 
     def _turn(self) -> None:
         """Runs once in the next turn (after that turn's poll): a fresh budget, handed first

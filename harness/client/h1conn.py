@@ -14,9 +14,9 @@ import sys
 import time
 from array import array
 from dataclasses import dataclass
-from itertools import repeat
 from typing import Protocol
 
+from cbbench.harness.client.chunks import whole_chunks as _whole_chunks
 from cbbench.harness.client.lateness import Lateness
 
 _SIZE, _DATA, _CRLF, _TRAILER = range(4)
@@ -26,6 +26,12 @@ READ_SIZE = 262144
 SO_TIMESTAMPNS = 35
 _GENERIC_ABI = ("x86_64", "aarch64", "arm64", "riscv64", "ppc64le", "s390x", "loongarch64")
 _ANC_SIZE = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 0
+# parsed response heads by their bytes (status, headers, keep-alive, body mode, length): a
+# server's responses repeat theirs byte for byte; a head that varies (a date, an id) is
+# parsed each time, and at most HEAD_CACHE distinct heads are kept. The headers dict is
+# shared between the responses of one head: read only (`Sink.head` gets its `get`).
+HEAD_CACHE = 256
+_HEADS: dict[bytes, tuple[int, dict[str, str], bool, str, int]] = {}
 
 
 class Sink(Protocol):
@@ -147,7 +153,20 @@ class Conn:
                     if len(self._buf) > 65536:
                         raise BadResponse("response head larger than 64 KiB")
                     return
-                self._parse_head(self._buf[:end].decode("latin-1"))
+                head = self._buf[:end]
+                parsed = _HEADS.get(head)
+                if parsed is None:
+                    self._parse_head(head.decode("latin-1"))
+                    if len(_HEADS) < HEAD_CACHE:  # the same bytes parse the same: kept
+                        _HEADS[head] = (
+                            self.status,
+                            self.headers,
+                            self.keep_alive,
+                            self._mode,
+                            self._left,
+                        )
+                else:  # a head seen before (a server's responses share theirs, byte for byte)
+                    self.status, self.headers, self.keep_alive, self._mode, self._left = parsed
                 data, self._buf = self._buf[end + 4 :], b""
                 self._in_body = True
                 assert self.sink is not None
@@ -248,26 +267,6 @@ class Conn:
         assert self.done is not None
         if not self.done.done():
             self.done.set_result(None)
-
-
-def _whole_chunks(data: bytes) -> tuple[bytes, bool] | None:
-    """(the chunks' payload, whether the last chunk ended the body) when `data` is exactly a
-    run of whole chunks, each `size CRLF payload CRLF` (the body's end: `0 CRLF CRLF`);
-    None for anything else (extensions, trailers, CRLF in a payload, a partial chunk),
-    which the state machine reads. A few C-level passes instead of a loop per chunk."""
-    parts = data.split(b"\r\n")  # size, payload, size, payload, ..., b""
-    if len(parts) % 2 == 0 or parts[-1]:
-        return None
-    sizes, payloads = parts[0:-1:2], parts[1::2]
-    try:
-        if list(map(int, sizes, repeat(16, len(sizes)))) != list(map(len, payloads)):
-            return None
-    except ValueError:
-        return None
-    last = not sizes[-1].strip(b"0")  # "0" (or "000"): the last chunk, no trailers
-    if b"" in payloads[:-1] or b"" in payloads[-1:] and not last:
-        return None  # a 0-size chunk before the end: let the state machine decide
-    return b"".join(payloads), last
 
 
 class ProtoConn(Conn, asyncio.Protocol):

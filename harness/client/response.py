@@ -559,7 +559,7 @@ def spread(chunks: list[tuple[int, int]]) -> list[int]:
             times.append(t)
         else:
             gap = (t - prev) / k
-            times.extend(int(prev + gap * (j + 1)) for j in range(k))
+            times.extend([int(prev + gap * (j + 1)) for j in range(k)])
         prev = t
     return times
 

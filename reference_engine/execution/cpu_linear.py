@@ -15,13 +15,18 @@ every call and runs a small-M kernel at a fraction of the machine's FLOPs. Three
   or AVX-512 where the compiler targets it; compiled on first use); activations go in as fp32, the output is cast back to bf16. torch's
   own bf16 matmul on such CPUs is far slower than fp32. The bf16 default there when it builds
   and passes a self-check against F.linear in fp32 on the same bf16 weight.
+- "bf16-dp" (bf16, CPUs with AVX512-BF16): the bf16 weight packed once into 16-output panels
+  of k pairs and multiplied by `vdpbf16ps` (cbbench.kernels.cpu_bf16_dot), bf16 in, fp32
+  accumulation, bf16 out as F.linear in bf16. On `small` at 8 rows, one thread: 7.9-8.9 ms for
+  a step's linears against oneDNN's 10.5-11.3 (1 row: 6.2-7.4 vs 10.7-11.3; shared machine).
+  The bf16 default there when it builds with vdpbf16ps and passes a self-check.
 - "column-major": weights stored [in, out] and viewed as [out, in], so the matmul reads them
   contiguously without packing: 10-40% faster. The fallback when the others are missing, fail
   their self-check, or the dtype is float16.
 
 Each result equals `F.linear` up to fp32 summation order ("bf16-avx2": up to the bf16 rounding
 of its output, as F.linear in bf16 rounds too). $CBBENCH_CPU_LINEAR (or the `choice` argument)
-forces one for A/B runs: auto | panels | onednn | column-major | bf16-avx2.
+forces one for A/B runs: auto | panels | onednn | column-major | bf16-avx2 | bf16-dp.
 
 `--quantization int8` (`quantize_cpu_linears`) is not a layout but a change of the weights:
 every linear (the LM head too) becomes int8 codes with one fp32 scale per output row, run by
@@ -36,10 +41,10 @@ import os
 
 import torch
 import torch.nn.functional as F
-from cbbench.kernels import cpu_gemm, cpu_linear_bf16
+from cbbench.kernels import cpu_bf16_dot, cpu_gemm, cpu_linear_bf16
 from torch import nn
 
-CHOICES = ("auto", "panels", "onednn", "column-major", "bf16-avx2")
+CHOICES = ("auto", "panels", "onednn", "column-major", "bf16-avx2", "bf16-dp")
 BATCH_HINT = 8  # rows the oneDNN layout is tuned for: a typical decode batch on the CPU
 
 
@@ -85,6 +90,21 @@ class Bf16Linear(nn.Module):
         return y.to(x.dtype)
 
 
+class DotLinear(nn.Module):
+    """An nn.Linear whose bf16 weight lives only in cpu_bf16_dot's panels (inference only):
+    bf16 in and out, fp32 accumulation (vdpbf16ps)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.panels = cpu_bf16_dot.pack(linear.weight)
+        b = linear.bias
+        self.bias = None if b is None else b.detach().float().contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return cpu_bf16_dot.linear(x, self.panels, self.bias, self.out_features)
+
+
 class Int8Linear(nn.Module):
     """An nn.Linear quantized to int8 codes + an fp32 scale per output row, in
     cpu_linear_bf16's panels (inference only): fp32 compute, the output in the input's dtype."""
@@ -119,6 +139,29 @@ def _bf16_unavailable(linear: nn.Linear) -> str | None:
             want = F.linear(x, w, b)
             got = cpu_linear_bf16.linear(x, panels, b, linear.out_features)
             if not torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max())):
+                return "it fails the self-check against F.linear"
+    return None
+
+
+def _dot_unavailable(linear: nn.Linear) -> str | None:
+    """Why "bf16-dp" cannot run `linear` here, or None: build (once) with vdpbf16ps and check
+    it against F.linear in fp32 on the same bf16 weight and inputs, 1..20 rows."""
+    if linear.weight.dtype != torch.bfloat16:
+        return f"dtype {linear.weight.dtype} is not bfloat16"
+    if cpu_bf16_dot.load() is None:
+        return cpu_bf16_dot.unavailable_reason()
+    if not cpu_bf16_dot.fast():
+        return "the kernel was compiled without AVX512-BF16"
+    gen = torch.Generator().manual_seed(0)
+    w = linear.weight.detach().float()
+    b = None if linear.bias is None else linear.bias.detach().float()
+    with torch.inference_mode():
+        fast = DotLinear(linear)
+        for rows in (1, 3, 9, 20):
+            x = torch.randn(rows, linear.in_features, generator=gen).to(torch.bfloat16)
+            want = F.linear(x.float(), w, b)
+            got = fast(x).float()
+            if not torch.allclose(got, want, rtol=1e-2, atol=1e-2 * float(want.abs().max())):
                 return "it fails the self-check against F.linear"
     return None
 
@@ -168,6 +211,14 @@ def _choose(first: nn.Linear, choice: str) -> str:
     if choice == "panels":
         why = cpu_gemm.unavailable_reason() or f"fails the self-check or dtype {dtype} is not fp32"
         raise ValueError(f"CPU linear 'panels' is unavailable here: {why}")
+    if choice in ("auto", "bf16-dp") and dtype == torch.bfloat16:
+        why = _dot_unavailable(first)
+        if why is None:
+            return "bf16-dp"
+        if choice == "bf16-dp":
+            raise ValueError(f"CPU linear 'bf16-dp' is unavailable here: {why}")
+    if choice == "bf16-dp":
+        raise ValueError(f"CPU linear 'bf16-dp' is unavailable here: dtype {dtype} is not bfloat16")
     if choice == "bf16-avx2":
         why = _bf16_unavailable(first)
         if why is not None:
@@ -230,7 +281,7 @@ def optimize_cpu_linears(
     assert linears and all(lin.weight.device.type == "cpu" for _, _, lin in linears)
     impl = _choose(linears[0][2], choice)
     make = {"panels": PanelLinear, "onednn": PackedLinear, "column-major": _column_major,
-            "bf16-avx2": Bf16Linear}[impl]  # fmt: skip
+            "bf16-avx2": Bf16Linear, "bf16-dp": DotLinear}[impl]  # fmt: skip
     with torch.no_grad():
         for parent, name, lin in linears:
             setattr(parent, name, make(lin))

@@ -16,7 +16,13 @@ import warnings
 from dataclasses import dataclass
 
 import torch
-from cbbench.kernels import cpu_kv_attention, cpu_ops, get_attention_backend, kv_quant
+from cbbench.kernels import (
+    cpu_bf16_dot,
+    cpu_kv_attention,
+    cpu_ops,
+    get_attention_backend,
+    kv_quant,
+)
 from cbbench.reference_engine.core.executor import PLACEHOLDER, ScheduledChunk
 from cbbench.reference_engine.core.outputs import TokenLogprob
 from cbbench.reference_engine.core.sequence import Sequence
@@ -134,6 +140,11 @@ class ModelRunner:
             plain_kv = kv_cache_dtype == "auto"  # the fused write stores fp32 rows only
             if cpu_ops.available() and fp32:
                 for m in self.model.modules():  # C++ norms, and rope fused with the cache write
+                    if isinstance(m, RMSNorm) or (isinstance(m, LlamaAttention) and plain_kv):
+                        m.cpu_kernel = True
+            bf16 = self.model.model.embed_tokens.weight.dtype == torch.bfloat16
+            if bf16 and cpu_bf16_dot.fast():  # their bf16 twins (HF's rounding, one pass)
+                for m in self.model.modules():
                     if isinstance(m, RMSNorm) or (isinstance(m, LlamaAttention) and plain_kv):
                         m.cpu_kernel = True
         self.dtype = resolve_dtype(dtype, self.model_config)

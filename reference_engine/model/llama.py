@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from cbbench.kernels import AttentionBackend, cpu_ops
+from cbbench.kernels import AttentionBackend, cpu_bf16_dot, cpu_ops
 from cbbench.reference_engine.model.config import ModelConfig
 from cbbench.reference_engine.model.rope import RotaryEmbedding
 from torch import nn
@@ -38,11 +38,15 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
-        self.cpu_kernel = False  # fp32 on CPU through kernels/cpu_ops (the ModelRunner sets it)
+        # on CPU through kernels/cpu_ops (fp32) or cpu_bf16_dot (bf16): the ModelRunner sets it
+        self.cpu_kernel = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.cpu_kernel and x.dtype == torch.float32 and x.device.type == "cpu":
-            return cpu_ops.rms_norm(x, self.weight, self.eps)
+        if self.cpu_kernel and x.device.type == "cpu":
+            if x.dtype == torch.float32:
+                return cpu_ops.rms_norm(x, self.weight, self.eps)
+            if x.dtype == torch.bfloat16 and self.weight.dtype == torch.bfloat16:
+                return cpu_bf16_dot.rms_norm(x, self.weight, self.eps)  # the formula below
         if x.dtype == torch.float32:  # one fused op, bitwise equal to the formula below
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype  # HF's rounding for half types: normalise in fp32, round, then scale
@@ -65,7 +69,7 @@ class LlamaAttention(nn.Module):
             cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias
         )
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
-        self.cpu_kernel = False  # fp32 on CPU: rope + cache write in one kernels/cpu_ops call
+        self.cpu_kernel = False  # fp32 / bf16 on CPU: rope + cache write in one C++ call
 
     def forward(
         self,
@@ -79,8 +83,10 @@ class LlamaAttention(nn.Module):
         t = x.shape[0]
         qkv = self.qkv_proj(x)
         k_cache, v_cache = kv_cache[0], kv_cache[1]
-        if self.cpu_kernel and qkv.dtype == torch.float32 and qkv.device.type == "cpu":
-            q = cpu_ops.rope_and_cache(
+        fused = self.cpu_kernel and qkv.device.type == "cpu" and qkv.dtype == k_cache.dtype
+        if fused and qkv.dtype in (torch.float32, torch.bfloat16):
+            rope_and_cache = (cpu_ops if qkv.dtype == torch.float32 else cpu_bf16_dot).rope_and_cache
+            q = rope_and_cache(
                 qkv, cos, sin, k_cache, v_cache, meta.slot_mapping,
                 self.num_heads, self.num_kv_heads, self.head_dim,
             )  # fmt: skip

@@ -115,8 +115,10 @@ def what_runs_cannot_tell(runs: list, preds: list,  # of run_fit.ObservedRun, Pr
     seqs = settings.get("max_num_seqs")
     top = max((p.max_running for p in preds), default=0)
     if seqs is None or top < seqs:
+        what = ("and the server did not say it: give --server-config max_num_seqs=N"
+                if seqs is None else f"{seqs} assumed")  # fmt: skip
         notes.append(f"max_num_seqs: at most {top} requests ran at once, so the runs cannot "
-                     f"tell the limit ({'unknown' if seqs is None else seqs} assumed)")  # fmt: skip
+                     f"tell the limit ({what})")  # fmt: skip
     if not any(p.budget_bound_steps for p in preds):
         notes.append("token budget: no step filled max_num_batched_tokens, so the runs "
                      "cannot tell it or how chunked prefill splits prompts")  # fmt: skip

@@ -2,7 +2,11 @@
 
 With `--save-detailed` the file holds one entry a request in parallel lists (`start_times`
 on the client's perf_counter clock, `ttfts`, `itls`, `latencies` in seconds, `input_lens`,
-`output_lens`, `errors`): those become records. Without it, only the aggregates
+`output_lens`, `errors`): those become records. Older files (`benchmarks/benchmark_serving.py`
+before `vllm bench serve`, e.g. vLLM 0.8/0.9) save only `input_lens`, `output_lens`, `ttfts`,
+`itls`, `generated_texts`, `errors`: no send times (left None: `--from-run` reconstructs them
+only where the load determines them, harness/planning/send_times.py) and no `latencies` (the
+E2E is then the first token plus the gaps between chunks: the last chunk's time). Without it, only the aggregates
 (`mean_ttft_ms`, `median_ttft_ms`, `p99_ttft_ms`, ...) remain: an aggregate-only import.
 """
 
@@ -98,6 +102,9 @@ def read(data: dict, path: Path | None = None) -> list[Imported]:
     ttfts = data.get("ttfts") or []
     if ttfts:  # --save-detailed (start_times only from vLLM 0.10 or so on)
         imp.records = _records(data)
+        if not (data.get("latencies") or data.get("e2els")):
+            imp.definitions.append("the file has no latencies (an older vllm bench): E2E taken "
+                                   "as TTFT + the gaps between chunks, to the last chunk")  # fmt: skip
     else:
         imp.aggregate = aggregate_summary(
             total=completed + failed,
@@ -126,6 +133,8 @@ def _records(d: dict) -> list[RequestRecord]:
 
     errors, ins, outs = col("errors"), col("input_lens"), col("output_lens")
     lat, itls, queued = col("latencies"), col("itls"), col("queue_times")
+    if all(v is None for v in lat):  # older files: "e2els" in some, none in the oldest
+        lat = col("e2els")
     recs = []
     for i in range(n):
         err = errors[i] or None
@@ -145,7 +154,9 @@ def _records(d: dict) -> list[RequestRecord]:
         if not err:
             r.ttft_s = d["ttfts"][i]
             r.e2e_s = lat[i]
-        else:
-            r.end_s = r.sent_s + lat[i] if lat[i] else None
+            if r.e2e_s is None and r.ttft_s is not None and itls[i] is not None:
+                r.e2e_s = r.ttft_s + sum(itls[i])  # to the last chunk
+        elif r.sent_s is not None and lat[i]:
+            r.end_s = r.sent_s + lat[i]
         recs.append(finish_record(r, itls[i] if not err else None))
     return recs
