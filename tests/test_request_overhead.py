@@ -60,3 +60,19 @@ def test_sim_and_plan_say_the_overhead(tmp_path, capsys):
     opts0 = PlanOptions("chat", 2.0, opts.slos, fit_json(tmp_path / "zero.json", 0.0), 1.0)
     without, _, _ = _simulate(opts0, "small", reqs, c, 1, 0, 512)
     assert with_over["ttft_p99"] == pytest.approx(without["ttft_p99"] + 0.04, abs=0.003)
+
+
+def test_sim_pd_compare_pays_the_overhead_in_both_deployments(tmp_path, capsys):
+    from cbbench.harness.studies.pd_compare import PDCompareOptions, pd_compare
+    from rich.console import Console
+
+    def run(hw: str) -> dict:
+        so = SimOptions(workload="prompt=64,output=8", schedulers=["continuous"],
+                        engine={"hardware": hw, "model": "small"}, num_requests=8, rate=2.0)  # fmt: skip
+        return pd_compare(PDCompareOptions(so, 1, 1, "same-node"), Console(file=None, quiet=True))
+
+    base = run(fit_json(tmp_path / "zero.json", 0.0))
+    got = run(fit_json(tmp_path / "c_req.json", 0.03))
+    for mode in ("aggregated", "disaggregated"):  # a constant shifts every TTFT alike
+        assert got[mode]["ttft_s"]["mean"] == pytest.approx(base[mode]["ttft_s"]["mean"] + 0.03,
+                                                            abs=1e-6)  # fmt: skip

@@ -15,8 +15,10 @@ from cbbench.harness.results import compare
 from cbbench.harness.studies.simulation import SimOptions, load_sim_workload
 from cbbench.reference_engine.config.options import build_engine_config
 from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.execution.cost_model import get_hardware
 from cbbench.reference_engine.execution.kv_link import get_link
 from cbbench.reference_engine.router.pd_sim import simulate_pd
+from cbbench.reference_engine.sim import request_overhead as ro
 from cbbench.workloads.presets import preset_settings
 from rich.console import Console
 from rich.table import Table
@@ -46,14 +48,20 @@ def pd_compare(opts: PDCompareOptions, console: Console) -> dict[str, dict[str, 
         raise CbbenchError(str(exc)) from None
     out = {}
     total = opts.num_prefill + opts.num_decode
+    # a from-run fit's time outside the steps, paid per request as `sim` and `plan` pay it
+    over = ro.overhead_of(get_hardware(cfg.hardware))
+    if line := ro.describe(over):
+        console.print(line)
     for mode, p, d in (
         ("aggregated", 0, total),
         ("disaggregated", opts.num_prefill, opts.num_decode),
     ):
         with request_progress(console, mode, len(wl)):
             try:
-                res = simulate_pd(wl.requests, cfg, p, d, link, token_times=True,
-                                  prefix_block_size=wl.prefix_block_size, seed=wl.prompt_seed)  # fmt: skip
+                res = ro.with_overhead(wl.requests, over, lambda reqs, p=p, d=d: simulate_pd(
+                    reqs, cfg, p, d, link, token_times=True,
+                    prefix_block_size=wl.prefix_block_size, seed=wl.prompt_seed),
+                    d if p == 0 else 1)  # fmt: skip
             except EngineError as exc:
                 raise CbbenchError(str(exc)) from None
         out[mode] = res.summary()

@@ -30,8 +30,10 @@ from pathlib import Path
 from cbbench.harness.load.runner import BenchConfig, run_bench
 from cbbench.harness.servers.launcher import start_server
 from cbbench.reference_engine.config.options import SIM_DEFAULTS, build_engine_config
+from cbbench.reference_engine.execution.cost_model import get_hardware
 from cbbench.reference_engine.execution.kv_link import get_link
 from cbbench.reference_engine.router.pd_sim import simulate_pd
+from cbbench.reference_engine.sim.request_overhead import overhead_of, with_overhead
 from cbbench.workloads.spec import RequestSpec, Workload
 from rich.console import Console
 
@@ -222,9 +224,13 @@ def simulate(mode: str, wl: Workload, extra: dict, link: str = "loopback",
         p, d, cfg, pcfg = 0, 2, config("both"), None
     else:
         p, d, cfg, pcfg = 1, 1, config("decode"), config("prefill")
-    res = simulate_pd(wl.requests, cfg, p, d, get_link(link), token_times=True,
-                      prefill_config=pcfg, prefix_block_size=wl.prefix_block_size,
-                      seed=wl.prompt_seed, slowdown=fns)  # fmt: skip
+    # a from-run fit's time outside the steps (HTTP, tokenizing), paid per request as sim and
+    # plan pay it (zero for `cbbench calibrate`'s step-only fit)
+    over = overhead_of(get_hardware(hw))
+    res = with_overhead(wl.requests, over, lambda reqs: simulate_pd(
+        reqs, cfg, p, d, get_link(link), token_times=True, prefill_config=pcfg,
+        prefix_block_size=wl.prefix_block_size, seed=wl.prompt_seed, slowdown=fns),
+        p + d if mode == "aggregated" else 1)  # fmt: skip
     s = res.summary()
     return {
         "itl_p99": s["itl_s"]["p99"],
@@ -276,6 +282,55 @@ def calibration(out: Path, given: str | None, recalibrate: bool, clock: str) -> 
     return str(path)
 
 
+# the from-run calibration's own workload: not the study's trace (other prompt and output
+# lengths, Poisson arrivals), at two rates, against one served engine as a replica runs
+CAL_SPEC = {"prompt": {"dist": "uniform", "min": 16, "max": 320},
+            "output": {"dist": "uniform", "min": 8, "max": 96}}  # fmt: skip
+CAL_RATES = (1.0, 2.5)
+CAL_REQUESTS = 48
+
+
+def calibration_from_run(out: Path, extra: list[str], recalibrate: bool) -> str:
+    """This host's SERVED engine fitted as any server is (`cbbench calibrate --from-run`,
+    issue #53): one `cbbench serve` engine (a replica of the aggregated deployment, same
+    settings) benched on CAL_SPEC at CAL_RATES, the runs fitted. Cached in the out folder.
+    The step terms then carry what the served path adds to a step (the engine loop, IPC,
+    the API process on the other core), which `cbbench calibrate` (steps timed in-process)
+    does not see; the fit's request overhead (HTTP, tokenizing) is paid per request."""
+    path = out / f"calibration-{MODEL}-from-run.json"
+    if path.exists() and not recalibrate:
+        print(f"calibration: reusing {path} (--recalibrate to refit)", flush=True)
+        return str(path)
+    out.mkdir(parents=True, exist_ok=True)
+    spec = out / "calibration-spec.json"
+    spec.write_text(json.dumps({"num_requests": CAL_REQUESTS, **CAL_SPEC}))
+    cmd = [sys.executable, "-m", "cbbench.harness.cli", "serve", "--model", MODEL,
+           "--host", "127.0.0.1", "--port", "0", *extra]  # fmt: skip
+    handle = start_server(cmd, 300.0, name="calibration engine")
+    folders = []
+    try:
+        for k, rate in enumerate(CAL_RATES):
+            folder = out / f"calibration-run-{k}"
+            shutil.rmtree(folder, ignore_errors=True)
+            bench = [sys.executable, "-m", "cbbench.harness.cli", "bench", "--base-url",
+                     handle.base_url, "--no-live", "--seed", str(10 + k), "--arrival", "poisson",
+                     "--workload", str(spec), "--rate", str(rate), "--num-requests",
+                     str(CAL_REQUESTS), "--out", str(folder)]  # fmt: skip
+            print(f"calibration run {k}: {CAL_REQUESTS} requests at {rate}/s", flush=True)
+            subprocess.run(bench, check=True, timeout=900, stdout=subprocess.DEVNULL)
+            folders.append(str(folder))
+    finally:
+        handle.stop()
+    fit = [sys.executable, "-m", "cbbench.harness.cli", "calibrate", "--from-run", *folders,
+           "--model", MODEL, "--dtype", "float32", "--holdout", "0", "--out", str(path)]  # fmt: skip
+    done = subprocess.run(fit, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=1800)  # fmt: skip
+    print(done.stdout[-3000:], flush=True)
+    if done.returncode != 0 or not path.exists():
+        sys.exit(f"calibrate --from-run failed ({done.returncode})")
+    return str(path)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=2)
@@ -300,6 +355,9 @@ def main() -> None:
                     help="a `cbbench calibrate` JSON to simulate with (default: calibrate "
                     "once, cached in --out)")  # fmt: skip
     ap.add_argument("--recalibrate", action="store_true", help="refit the cached calibration")
+    ap.add_argument("--from-run-calibration", action="store_true",
+                    help="also fit the served engine from two benched runs of another workload "
+                    "(calibrate --from-run) and simulate with that fit")  # fmt: skip
     ap.add_argument("--clock", default="cpu", choices=["wall", "cpu"],
                     help="calibrate's clock (cpu, default: a step's time on a core of its own; "
                     "the wait for a core is measured on the deployment's engines)")  # fmt: skip
@@ -310,6 +368,10 @@ def main() -> None:
     out = Path(args.out)
     runs: dict[str, list[dict]] = {m: [] for m in DEPLOYMENTS}
     hw_path = calibration(out, args.calibration, args.recalibrate, args.clock)
+    serve_extra = ["--max-model-len", "2048", "--max-num-batched-tokens",
+                   str(args.max_num_batched_tokens)]  # fmt: skip
+    fr_path = (calibration_from_run(out, serve_extra, args.recalibrate)
+               if args.from_run_calibration else None)  # fmt: skip
     if args.from_json:  # several: their runs pooled (folders beside each json)
         for path in args.from_json.split(","):
             earlier = json.loads(Path(path).read_text())
@@ -374,6 +436,10 @@ def main() -> None:
                 ("SIMULATED, calibration x measured contention", sim)]
         if over_time:
             rows.append(("SIMULATED, calibration x contention over time", over_time))
+        if fr_path:  # the served engine fitted from runs of another workload (#53)
+            fr = simulate(mode, wl, {**engine, "hardware": fr_path}, link)
+            result[mode]["simulated_from_run"] = fr
+            rows.append(("SIMULATED, from-run fit of the served engine", fr))
         for label, x in rows:
             print(f"| {mode} {label} (error) | " + " | ".join(
                 f"{x[k] * 1e3:.1f} ({x[k] / m[k] - 1:+.0%})" for k in keys) + " |")  # fmt: skip
@@ -390,18 +456,22 @@ def main() -> None:
         print(f"  engines' CPU: measured {got:.1f} s (median over runs), simulated {want:.1f} s "
               f"(the contended simulation's busy time on a core)")  # fmt: skip
     a, d = result["aggregated"], result["disaggregated"]
-    for key in ("itl_p99", "ttft_p50"):
-        m = d["measured"][key] / a["measured"][key]
-        s = d["simulated"][key] / a["simulated"][key]
-        print(f"{key}: disaggregated / aggregated = {m:.2f} measured, {s:.2f} simulated "
-              f"({s / m - 1:+.0%}); same order: {(m < 1) == (s < 1)}")  # fmt: skip
-    for variant in ("simulated", "simulated_timeline"):
+    for variant in ("simulated", "simulated_from_run"):
+        if variant not in a:
+            continue
+        for key in ("itl_p99", "ttft_p50"):
+            m = d["measured"][key] / a["measured"][key]
+            s = d[variant][key] / a[variant][key]
+            print(f"{key}: disaggregated / aggregated = {m:.2f} measured, {s:.2f} {variant} "
+                  f"({s / m - 1:+.0%}); same order: {(m < 1) == (s < 1)}")  # fmt: skip
+    for variant in ("simulated", "simulated_timeline", "simulated_from_run"):
         if any(result[x].get(variant) is None for x in DEPLOYMENTS):
             continue
         worst = max(abs(result[x][variant][k] / result[x]["measured"][k] - 1)
                     for x in DEPLOYMENTS for k in ("itl_p99", "ttft_p50"))  # fmt: skip
         result[f"worst_error_{variant}"] = worst
-        how = "one factor a pool" if variant == "simulated" else "contention over time"
+        how = {"simulated": "one factor a pool", "simulated_timeline": "contention over time",
+               "simulated_from_run": "from-run fit of the served engine"}[variant]
         print(f"worst |error| on ITL p99 and TTFT p50 ({how}): {worst:.0%} "
               f"({'within' if worst <= 0.15 else 'NOT within'} 15 %)")
     out.mkdir(parents=True, exist_ok=True)
