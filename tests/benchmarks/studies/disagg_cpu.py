@@ -45,21 +45,26 @@ DEPLOYMENTS = {
 
 
 def trace(duration_s: float, stream_every_s: float, long_every_s: float, long_len: int,
-          stream_out: int) -> Workload:  # fmt: skip
-    """Decode streams (32-token prompts, `stream_out` tokens) every `stream_every_s`, and a
-    long prompt (`long_len` tokens, 4 out) every `long_every_s`, offset by half a period."""
+          stream_out: int, arrivals: str = "poisson", seed: int = 0) -> Workload:  # fmt: skip
+    """Decode streams (32-token prompts, `stream_out` tokens), one every `stream_every_s` on
+    average, and long prompts (`long_len` tokens, 4 out), one every `long_every_s`: Poisson
+    arrivals (seeded), or `periodic` (offset by half a period). A periodic trace lets a
+    deterministic replay place every long prompt where no stream runs (the simulated ITL
+    then has no tail at all), while the real servers' jitter makes them meet now and then:
+    the tail the comparison is about must come from collisions both sides see."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
     reqs: list[tuple[float, int, int]] = []
-    t = 0.0
-    while t < duration_s:
-        reqs.append((t, 32, stream_out))
-        t += stream_every_s
-    t = long_every_s / 2
-    while t < duration_s:
-        reqs.append((t, long_len, 4))
-        t += long_every_s
+    for every, start, plen, out in ((stream_every_s, 0.0, 32, stream_out),
+                                    (long_every_s, long_every_s / 2, long_len, 4)):  # fmt: skip
+        t = start if arrivals == "periodic" else float(rng.exponential(every))
+        while t < duration_s:
+            reqs.append((t, plen, out))
+            t += every if arrivals == "periodic" else float(rng.exponential(every))
     reqs.sort()
     specs = tuple(RequestSpec(i, p, o, arrival_s=a) for i, (a, p, o) in enumerate(reqs))
-    return Workload("pd-mix", 0, specs)
+    return Workload("pd-mix", seed, specs)
 
 
 def _engines(pid: int) -> dict[int, str]:
@@ -339,6 +344,10 @@ def main() -> None:
     ap.add_argument("--long-every", type=float, default=2.0)
     ap.add_argument("--long-len", type=int, default=256)
     ap.add_argument("--stream-out", type=int, default=64)
+    ap.add_argument("--arrivals", default="poisson", choices=["poisson", "periodic"],
+                    help="the trace's arrivals (poisson, seeded by --seed; periodic: the "
+                    "study before 6 December)")  # fmt: skip
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--max-num-batched-tokens",
         type=int,
@@ -364,7 +373,7 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("CBBENCH_TORCH_THREADS", "1")  # one thread an engine: same budget
     wl = trace(args.duration, args.stream_every, args.long_every, args.long_len,
-               args.stream_out)  # fmt: skip
+               args.stream_out, args.arrivals, args.seed)  # fmt: skip
     out = Path(args.out)
     runs: dict[str, list[dict]] = {m: [] for m in DEPLOYMENTS}
     hw_path = calibration(out, args.calibration, args.recalibrate, args.clock)
