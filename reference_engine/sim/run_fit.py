@@ -25,7 +25,12 @@ with its engine (tokenizing, detokenizing every running stream) slows as the loa
 a request's overhead is `c_req + c_req_load * in_flight`, in_flight the requests the client
 had in flight when it sent it (measured in the fitted runs; simulated when predicting). The
 fit part: the requests sent in the first (1 - holdout) of each run; the rest is held back
-(its error: the fit's measured error, what `plan` / `sim` intervals use).
+(its error: the fit's measured error, what `plan` / `sim` intervals use). Last, the step
+jitter (execution/step_jitter.py): the fitted replay's one-step decode gaps against the
+measured; the errors reported replay with it.
+
+Over 400 lines because the replay (its step log), the rounds and the jitter's samples share
+the replay's internals; what needs none of them is in run_fit_terms.py.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from cbbench.reference_engine.sim.run_fit_terms import (  # noqa: F401 (SETTINGS
     identifiability,
     in_flight,
     initial_coef,
+    jitter_ratios,
     overheads,
     robust_solve,
     vocab_size,
@@ -384,33 +390,12 @@ def fit_runs(
 
 
 def _step_jitter(runs, parts, model, dtype, settings, coef) -> tuple[dict | None, list[float]]:
-    """The fitted (deterministic) replay's one-step decode gaps of the fit part: each
-    measured gap whose span is one step without a prefill chunk over that step's time;
-    their distribution (execution/step_jitter.py) and the ratios. A step within
-    JITTER_MARGIN steps of a prefill chunk is left out."""
+    """The fitted (deterministic) replay's jitter ratios (run_fit_terms.jitter_ratios) of
+    the fit part, and their distribution (execution/step_jitter.py)."""
     ratios: list[float] = []
     for run, part in zip(runs, parts, strict=True):
         _, slog, sreqs = simulate_run(run, model, dtype, settings, coef)
-        if not slog.steps:
-            continue
-        span = np.array([e - s for s, e, _, _ in slog.steps])
-        chunk = np.array([w.num_tokens > w.num_seqs for _, _, w, _ in slog.steps])
-        # near a prefill chunk: the replay places another request's chunk right to a step
-        # or two (module doc); the server's may have landed in this gap
-        near = np.convolve(chunk, np.ones(2 * JITTER_MARGIN + 1), mode="same") > 0
-        samples: dict[str, list[int]] = {}
-        for j, (_, _, _, items) in enumerate(slog.steps):
-            for rid, s in items:
-                if s:
-                    samples.setdefault(rid, []).append(j)
-        for obs, sim, q in zip(run.requests, sreqs, part, strict=True):
-            js = samples.get(sim.request_id, [])
-            if not q or len(obs.itl_s) != len(js) - 1:
-                continue
-            for k, gap in enumerate(obs.itl_s, 1):
-                j = js[k]
-                if j - js[k - 1] == 1 and not near[j] and span[j] > 0:
-                    ratios.append(gap / span[j])
+        ratios += jitter_ratios(run, part, slog.steps, sreqs, JITTER_MARGIN)
     return fit_jitter(ratios), ratios
 
 
