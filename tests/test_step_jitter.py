@@ -114,3 +114,14 @@ def test_from_run_fit_finds_the_servers_step_jitter():
     assert itl_p99(runs, fit.coef, fit.jitter) == pytest.approx(measured, rel=0.15)
     # without it the replay's gaps have no tail of their own
     assert itl_p99(runs, fit.coef, None) < 0.75 * measured
+
+
+def test_sim_says_the_jitter(tmp_path, capsys):
+    from cbbench.harness.cli import main
+
+    args = ["sim", "--model", "small", "--workload", "prompt=16,output=8", "--num-requests", "4",
+            "--scheduler", "continuous"]  # fmt: skip
+    assert main([*args, "--hardware", fit_json(tmp_path / "j.json", TRUTH_JITTER)]) == 0
+    assert "step jitter from the fit" in capsys.readouterr().out
+    assert main([*args, "--hardware", fit_json(tmp_path / "p.json", None)]) == 0
+    assert "step jitter" not in capsys.readouterr().out

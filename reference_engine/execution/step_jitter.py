@@ -41,6 +41,16 @@ def describe(jitter: dict | None, gaps: int = 0) -> str:
             f"p99 x{quantile_of(jitter, 0.99):.2f} (mean x1.00)")  # fmt: skip
 
 
+def describe_spec(hardware) -> str | None:
+    """The line `sim` and `plan` print for a spec carrying a jitter (None: it has none)."""
+    j = (getattr(hardware, "fit", None) or {}).get("step_jitter")
+    if not j:
+        return None
+    return (f"step jitter from the fit: each step's time x a seeded draw (p50 "
+            f"x{quantile_of(j, 0.5):.2f}, p99 x{quantile_of(j, 0.99):.2f}, mean x1.00; "
+            f"from {j.get('gaps', '?')} measured gaps)")  # fmt: skip
+
+
 class StepJitter:
     """Draws a step's time factor (module doc)."""
 
