@@ -248,7 +248,7 @@ def calibrate_from_runs(paths: list[str], server_config: str | None, model: str 
     out = RunCalibration(runs, settings, model, fit, spec)
     for p in check_paths:
         run, _, _ = observed(p, cached=hits.get(p))
-        pred, _, _ = simulate_run(run, model, dtype, settings, fit.coef)
+        pred, _, _ = simulate_run(run, model, dtype, settings, fit.coef, jitter=fit.jitter)
         err = _errors([run], [pred], [[True] * len(run.requests)], None)
         means = {m: (_mean([getattr(r, f"{m}_s") for r in run.requests]),
                      _mean(getattr(pred, f"{m}_s"))) for m in METRICS}  # fmt: skip
@@ -366,5 +366,6 @@ def hardware_from_fit(fit: RunFit, name: str, model: str, dtype: str, settings: 
             "request_overhead_per_in_flight_s": fit.coef.get("c_req_load", 0.0),
             "errors": fit.errors, "measured_error": measured,
             "identified": fit.identified, "notes": fit.notes,
+            **({"step_jitter": fit.jitter} if fit.jitter else {}),
         },
     )  # fmt: skip

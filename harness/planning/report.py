@@ -14,6 +14,7 @@ from cbbench.harness.planning.pd import frontiers_by_mode, pd_serve_lines, worke
 from cbbench.harness.planning.planner import CLOSE, MEETS, MISSES, PlanResult, Point
 from cbbench.harness.planning.space import parse_speculative
 from cbbench.reference_engine.execution.cost_model import get_hardware
+from cbbench.reference_engine.execution.step_jitter import describe_spec as describe_jitter
 from cbbench.reference_engine.model.config import hf_model_id
 from cbbench.reference_engine.sim.request_overhead import describe as describe_overhead
 from cbbench.reference_engine.sim.request_overhead import overhead_of
@@ -168,6 +169,8 @@ def print_plan(res: PlanResult, console: Console, out: Path | None) -> None:
     over = describe_overhead(overhead_of(get_hardware(o.hardware)))
     if over:
         console.print(over, highlight=False, soft_wrap=True)
+    if jit := describe_jitter(get_hardware(o.hardware)):
+        console.print(jit, highlight=False, soft_wrap=True)
     fixed = fixed_dims(res)
     if fixed:
         console.print(f"every configuration: {fixed}", highlight=False, soft_wrap=True)

@@ -28,6 +28,7 @@ from cbbench.reference_engine.core.block_manager import cdiv
 from cbbench.reference_engine.engine.llm_engine import resolve_model_config, sim_num_kv_blocks
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution.cost_model import CostModel, get_hardware
+from cbbench.reference_engine.execution.step_jitter import describe_spec as describe_jitter
 from cbbench.reference_engine.sim import request_overhead as ro
 from cbbench.reference_engine.sim.simulate import SimResult, replay, replay_interleaved
 from cbbench.workloads import load_workload, with_arrivals
@@ -307,8 +308,9 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
     b = any_cfg.static.batch_size
     timeline = opts.timeline or (opts.workload == "seed-demo" and b == 4 and steps_mode)
     run_dirs: list[Path] = []
-    if not real and (line := ro.describe(ro.overhead_of(hw))):
-        console.print(line, highlight=False, soft_wrap=True)
+    for line in () if real else (ro.describe(ro.overhead_of(hw)), describe_jitter(hw)):
+        if line:  # a from-run fit's request overhead and step jitter
+            console.print(line, highlight=False, soft_wrap=True)
 
     def save(name: str, res: SimResult) -> None:
         if opts.out is not None:

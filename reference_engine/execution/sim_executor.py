@@ -10,6 +10,7 @@ from collections.abc import Callable
 from cbbench.reference_engine.core.executor import ScheduledChunk
 from cbbench.reference_engine.execution.cost_model import CostModel
 from cbbench.reference_engine.execution.moe_cost import ExpertRouting, MoeSimSettings
+from cbbench.reference_engine.execution.step_jitter import StepJitter
 from cbbench.reference_engine.model.config import ModelConfig
 
 # (request id, start, known tokens, draft tokens, samples, block table or None): one chunk,
@@ -43,6 +44,8 @@ class SimExecutor:
         # the host's contention over time (co-located CPU workers: on a core + queued for one,
         # over on a core), a step starting at t taking slowdown(t) times as long; None: 1
         self.slowdown: Callable[[float], float] | None = None
+        # a from-run fit's step jitter (step_jitter.py): each step's time times a draw
+        self.jitter = StepJitter.of(cost_model.hardware, seed)
 
     def now(self) -> float:
         return self.clock
@@ -122,6 +125,8 @@ class SimExecutor:
         self.last_step_time = self._draft_time + verify
         if self.slowdown is not None:
             self.last_step_time *= self.slowdown(self.clock)
+        if self.jitter is not None:
+            self.last_step_time *= self.jitter.draw()
         self._draft_time = 0.0
         self.clock += self.last_step_time
         return [

@@ -94,6 +94,8 @@ def skip_blockers(engine: LLMEngine) -> list[str]:
         why.append("a mixture-of-experts model (routing drawn per step)")
     elif ex.eos_probability:
         why.append("EOS draws")
+    elif ex.jitter is not None:
+        why.append("a from-run fit's step jitter (a draw per step)")
     if engine.proposer is not None or cfg.speculative.enabled:
         why.append("speculative decoding")
     if cfg.async_scheduling:

@@ -25,7 +25,12 @@ with its engine (tokenizing, detokenizing every running stream) slows as the loa
 a request's overhead is `c_req + c_req_load * in_flight`, in_flight the requests the client
 had in flight when it sent it (measured in the fitted runs; simulated when predicting). The
 fit part: the requests sent in the first (1 - holdout) of each run; the rest is held back
-(its error: the fit's measured error, what `plan` / `sim` intervals use).
+(its error: the fit's measured error, what `plan` / `sim` intervals use). Last, the step
+jitter (execution/step_jitter.py): the fitted replay's one-step decode gaps against the
+measured; the errors reported replay with it.
+
+Over 400 lines because the replay (its step log), the rounds and the jitter's samples share
+the replay's internals; what needs none of them is in run_fit_terms.py.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ from pathlib import Path
 import numpy as np
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution.cost_model import HardwareSpec, StepWork, nnls
+from cbbench.reference_engine.execution.step_jitter import describe as describe_jitter
+from cbbench.reference_engine.execution.step_jitter import fit_jitter
 from cbbench.reference_engine.sim.run_fit_terms import (  # noqa: F401 (SETTINGS, engine_config: re-exported)
     SETTINGS,
     engine_config,
@@ -46,6 +53,7 @@ from cbbench.reference_engine.sim.run_fit_terms import (  # noqa: F401 (SETTINGS
     identifiability,
     in_flight,
     initial_coef,
+    jitter_ratios,
     overheads,
     robust_solve,
     vocab_size,
@@ -59,6 +67,7 @@ from cbbench.workloads.spec import RequestSpec
 RUN_TERMS = ("c0", "c_tok", "c_seq", "c_dec_kv", "c_pre_ctx")
 OVERHEAD_TERMS = ("c_req", "c_req_load")  # per request; and per request in flight at its send
 METRICS = ("ttft", "tpot", "e2e")
+JITTER_MARGIN = 2  # steps kept clear of a prefill chunk for a gap to price the jitter
 
 
 @dataclass(frozen=True)
@@ -107,6 +116,9 @@ class RunFit:
     predicted: list[Predicted]
     errors: dict[str, dict[str, float]]  # "fit" / "held_back" / "all" -> metric_stat -> rel err
     rounds: list[dict] = field(default_factory=list)  # per round: coef, fit-part error
+    # the step jitter (execution/step_jitter.py): None where too few one-step gaps
+    jitter: dict | None = None
+    jitter_gaps: int = 0  # one-step decode gaps it was (or would have been) fitted on
     identified: dict[str, str] = field(default_factory=dict)  # term -> verdict
     notes: list[str] = field(default_factory=list)  # what the runs cannot tell
 
@@ -138,23 +150,27 @@ class _StepLog:
 
 def simulate_run(
     run: ObservedRun, model: str, dtype: str, settings: dict, coef: dict[str, float],
-    hardware: str | None = None,
+    hardware: str | None = None, jitter: dict | None = None,
 ) -> tuple[Predicted, _StepLog, list]:
     """Replay the run's sends (each shifted by its overhead) with `coef` as the step model
-    (or, given, `hardware`: a preset or hardware JSON; `coef` then gives the overhead only).
+    (or, given, `hardware`: a preset or hardware JSON; `coef` then gives the overhead only),
+    each step's time times a draw from `jitter` where given (the fit's rounds: none).
     With a load-dependent overhead, the load is the simulation's own: a first pass with the
     constant part gives the requests in flight, the second pass uses them."""
     load = np.zeros(len(run.requests))
-    pred, log, sim_reqs = _simulate_once(run, model, dtype, settings, coef, load, hardware)
+    pred, log, sim_reqs = _simulate_once(run, model, dtype, settings, coef, load, hardware,
+                                         jitter)  # fmt: skip
     if coef.get("c_req_load", 0.0) > 0:
         load = in_flight([r.sent_s for r in run.requests], pred.e2e_s)
-        pred, log, sim_reqs = _simulate_once(run, model, dtype, settings, coef, load, hardware)
+        pred, log, sim_reqs = _simulate_once(run, model, dtype, settings, coef, load, hardware,
+                                         jitter)  # fmt: skip
     return pred, log, sim_reqs
 
 
 def _simulate_once(run: ObservedRun, model: str, dtype: str, settings: dict,
                    coef: dict[str, float], load: np.ndarray,
-                   hardware: str | None = None) -> tuple[Predicted, _StepLog, list]:  # fmt: skip
+                   hardware: str | None = None,
+                   jitter: dict | None = None) -> tuple[Predicted, _StepLog, list]:  # fmt: skip
     from cbbench.reference_engine.sim.simulate import prompt_tokens, simulate
 
     extra = overheads(coef, load)
@@ -170,9 +186,10 @@ def _simulate_once(run: ObservedRun, model: str, dtype: str, settings: dict,
             pool = engine_config(model, dtype, settings, "cpu", reqs).num_kv_blocks
             settings["num_kv_blocks"] = pool + sum(n // bs for _, n in warm)
     log = _StepLog(warm)
+    tp = int(settings.get("tensor_parallel_size") or 1)
     spec = HardwareSpec("run-fit", 1.0, 1.0, 1e6, flops_efficiency=1.0, bw_efficiency=1.0,
                         linear={t: coef.get(t, 0.0) for t in RUN_TERMS},
-                        fit={"tensor_parallel_size": int(settings.get("tensor_parallel_size") or 1)})  # fmt: skip
+                        fit={"tensor_parallel_size": tp, **({"step_jitter": jitter} if jitter else {})})  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         hw = Path(tmp) / "hw.json"
         hw.write_text(json.dumps(spec.to_dict()), encoding="utf-8")
@@ -345,11 +362,16 @@ def fit_runs(
     if not measured:  # the robust loss left the stalls out; the means take them back
         best = _match_means(runs, parts, model, dtype, settings, best)
     _, coef, preds = best
+    jitter, ratios = _step_jitter(runs, parts, model, dtype, settings, coef)
+    if log:
+        log(describe_jitter(jitter, len(ratios)))
+    if jitter is not None:  # what is predicted (held back, p99s) carries it
+        preds = [simulate_run(r, model, dtype, settings, coef, jitter=jitter)[0] for r in runs]
     fit = RunFit(coef, preds, {
         "fit": _errors(runs, preds, parts, True),
         "held_back": _errors(runs, preds, parts, False) if holdout > 0 else {},
         "all": _errors(runs, preds, parts, None),
-    }, history)  # fmt: skip
+    }, history, jitter=jitter, jitter_gaps=len(ratios))  # fmt: skip
     if last_a is not None:
         fit.identified = identifiability(last_a, last_b, coef, (*RUN_TERMS, *OVERHEAD_TERMS))
     if measured:
@@ -365,6 +387,16 @@ def fit_runs(
                          f"prompt tokens, the held back up to {max(computed[False])}: their TTFT "
                          "extrapolates the prefill terms")  # fmt: skip
     return fit
+
+
+def _step_jitter(runs, parts, model, dtype, settings, coef) -> tuple[dict | None, list[float]]:
+    """The fitted (deterministic) replay's jitter ratios (run_fit_terms.jitter_ratios) of
+    the fit part, and their distribution (execution/step_jitter.py)."""
+    ratios: list[float] = []
+    for run, part in zip(runs, parts, strict=True):
+        _, slog, sreqs = simulate_run(run, model, dtype, settings, coef)
+        ratios += jitter_ratios(run, part, slog.steps, sreqs, JITTER_MARGIN)
+    return fit_jitter(ratios), ratios
 
 
 def _match_means(runs, parts, model, dtype, settings, best, steps: int = 5):

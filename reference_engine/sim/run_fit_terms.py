@@ -180,3 +180,30 @@ def initial_coef(runs: list) -> dict[str, float]:  # of run_fit.ObservedRun
     step = float(np.median([r.tpot_s for r in reqs if r.tpot_s] or [0.01]))
     per_tok = [max(0.0, r.ttft_s - step) / max(r.prompt_len, 1) for r in reqs]
     return {"c0": step, "c_tok": float(np.percentile(per_tok, 10))}
+
+
+def jitter_ratios(run, part: list[bool], steps: list, sim_reqs: list, margin: int) -> list[float]:
+    """The step jitter's samples (execution/step_jitter.py): each measured decode gap of a
+    request in `part` whose span in the replay (`steps`: run_fit._StepLog.steps) is one step
+    with no prefill chunk within `margin` steps (the replay places another request's chunk
+    right to a step or two: the server's may have landed in this gap) over that step's time."""
+    if not steps:
+        return []
+    span = np.array([e - s for s, e, _, _ in steps])
+    chunk = np.array([w.num_tokens > w.num_seqs for _, _, w, _ in steps], dtype=float)
+    near = np.convolve(chunk, np.ones(2 * margin + 1), mode="same") > 0
+    samples: dict[str, list[int]] = {}
+    for j, (_, _, _, items) in enumerate(steps):
+        for rid, s in items:
+            if s:
+                samples.setdefault(rid, []).append(j)
+    out = []
+    for obs, sim, q in zip(run.requests, sim_reqs, part, strict=True):
+        js = samples.get(sim.request_id, [])
+        if not q or len(obs.itl_s) != len(js) - 1:
+            continue
+        for k, gap in enumerate(obs.itl_s, 1):
+            j = js[k]
+            if j - js[k - 1] == 1 and not near[j] and span[j] > 0:
+                out.append(gap / span[j])
+    return out
