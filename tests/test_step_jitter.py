@@ -105,7 +105,8 @@ def itl_p99(runs, coef, jitter) -> float:
 
 def test_from_run_fit_finds_the_servers_step_jitter():
     runs = [server_run(1.0, 40, 1), server_run(3.0, 40, 2)]
-    fit = fit_runs(runs, "small", "float32", SETTINGS, holdout=0.5)
+    fit = fit_runs(runs, "small", "float32", SETTINGS, holdout=0.5, step_jitter=True)
+    assert fit_runs(runs, "small", "float32", SETTINGS, holdout=0.5).jitter is None  # opt-in
     assert fit.jitter is not None and fit.jitter_gaps >= 500
     assert quantile_of(fit.jitter, 0.99) == pytest.approx(quantile_of(TRUTH_JITTER, 0.99),
                                                           rel=0.2)  # fmt: skip

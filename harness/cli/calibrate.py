@@ -116,6 +116,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "these runs and compare (with --fit HW alone: check a preset or fit on them)")
     f.add_argument("--served-before", nargs="+", default=[], metavar="RUN", help="warm-ups "
                    "served earlier, not fitted: their prompts are in the server's cache")
+    f.add_argument("--step-jitter", action="store_true", help="also fit the server's step "
+                   "jitter (measured / predicted one-step gaps) into the hardware JSON: sim and "
+                   "plan then draw each step's time from it, so ITL and TTFT tails carry it; "
+                   "each replay is then one sample (means move by a few % between seeds)")
     p.set_defaults(func=run)
 
 
@@ -130,7 +134,7 @@ def _from_run(args: argparse.Namespace) -> int:
         return 0
     c = rc.calibrate_from_runs(args.from_run, args.server_config, args.model, dtype, args.name,
                                args.holdout, args.check_run, args.served_before, args.server_ttft,
-                               log=lambda m: console.print(m, highlight=False, soft_wrap=True))  # fmt: skip
+                               step_jitter=args.step_jitter, log=lambda m: console.print(m, highlight=False, soft_wrap=True))  # fmt: skip
     rc.print_calibration(c, console)
     rc.save(c, Path(args.out or f"calibration-{Path(args.from_run[0]).name}.json"), console)
     return 0

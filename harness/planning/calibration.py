@@ -212,7 +212,8 @@ def prefix_hits(paths: list[str], served_before: list[str], settings: dict,
 def calibrate_from_runs(paths: list[str], server_config: str | None, model: str | None,
                         dtype: str, name: str | None, holdout: float,
                         check_paths: list[str], served_before: list[str] = (),
-                        server_ttft: bool = False, log=print) -> RunCalibration:  # fmt: skip
+                        server_ttft: bool = False, step_jitter: bool = False,
+                        log=print) -> RunCalibration:  # fmt: skip
     loaded = [observed(p) for p in paths]
     flags = parse_server_config(server_config)
     recorded = [s for _, s, _ in loaded]
@@ -242,7 +243,8 @@ def calibrate_from_runs(paths: list[str], server_config: str | None, model: str 
     log(f"fitting the step model to {n} requests of {len(runs)} run(s); server settings: "
         + ", ".join(f"{k}={v}" for k, v in sorted(settings.items())) + f"; holding back the "
         f"last {holdout:.0%} of each run's requests")  # fmt: skip
-    fit = fit_runs(runs, model, dtype, settings, holdout, log=log, server_ttft=server_ttft)
+    fit = fit_runs(runs, model, dtype, settings, holdout, log=log, server_ttft=server_ttft,
+                   step_jitter=step_jitter)  # fmt: skip
     spec = hardware_from_fit(fit, name or f"fit-{Path(paths[0]).name}", model, dtype, settings,
                              [str(p) for p in paths], holdout)  # fmt: skip
     out = RunCalibration(runs, settings, model, fit, spec)

@@ -301,13 +301,16 @@ def fit_runs(
     damping: float = 0.5,
     log: Callable[[str], None] | None = None,
     server_ttft: bool = False,
+    step_jitter: bool = False,
 ) -> RunFit:
     """Fit RUN_TERMS and OVERHEAD_TERMS to `runs` served with `settings` (module doc).
     `server_ttft`: fit the TTFT rows to the server's own TTFT where the runs carry it, and
     measure the overhead from what lies outside it (client TTFT less the server's: its
     constant part and its growth with the requests in flight). Off by
     default: where the server's front end shares the machine with its engine, that outside
-    part grows with load, and the client's TTFT is what is predicted."""
+    part grows with load, and the client's TTFT is what is predicted. `step_jitter`: also
+    fit the step jitter (execution/step_jitter.py; opt-in: each jittered replay is then one
+    sample, its means a few % apart between seeds)."""
     if not runs or not any(r.requests for r in runs):
         raise EngineError("calibration from runs: no successful requests to fit")
     if not 0.0 <= holdout < 1.0:
@@ -362,8 +365,9 @@ def fit_runs(
     if not measured:  # the robust loss left the stalls out; the means take them back
         best = _match_means(runs, parts, model, dtype, settings, best)
     _, coef, preds = best
-    jitter, ratios = _step_jitter(runs, parts, model, dtype, settings, coef)
-    if log:
+    jitter, ratios = (_step_jitter(runs, parts, model, dtype, settings, coef) if step_jitter
+                      else (None, []))  # fmt: skip
+    if log and step_jitter:
         log(describe_jitter(jitter, len(ratios)))
     if jitter is not None:  # what is predicted (held back, p99s) carries it
         preds = [simulate_run(r, model, dtype, settings, coef, jitter=jitter)[0] for r in runs]

@@ -302,20 +302,34 @@ def calibration_from_run(out: Path, extra: list[str], recalibrate: bool) -> str:
     The step terms then carry what the served path adds to a step (the engine loop, IPC,
     the API process on the other core), which `cbbench calibrate` (steps timed in-process)
     does not see; the fit's request overhead (HTTP, tokenizing) is paid per request."""
-    path = out / f"calibration-{MODEL}-from-run.json"
+    path = out / f"calibration-{MODEL}-from-run-jitter.json"
     if path.exists() and not recalibrate:
         print(f"calibration: reusing {path} (--recalibrate to refit)", flush=True)
         return str(path)
     out.mkdir(parents=True, exist_ok=True)
+    folders = [out / f"calibration-run-{k}" for k in range(len(CAL_RATES))]
+    if recalibrate or not all((f / "run.json").exists() for f in folders):
+        _bench_calibration_runs(out, extra, folders)
+    fit = [sys.executable, "-m", "cbbench.harness.cli", "calibrate", "--from-run",
+           *map(str, folders), "--model", MODEL, "--dtype", "float32", "--holdout", "0",
+           "--step-jitter", "--out", str(path)]  # fmt: skip
+    done = subprocess.run(fit, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=1800)  # fmt: skip
+    print(done.stdout[-3000:], flush=True)
+    if done.returncode != 0 or not path.exists():
+        sys.exit(f"calibrate --from-run failed ({done.returncode})")
+    return str(path)
+
+
+def _bench_calibration_runs(out: Path, extra: list[str], folders: list[Path]) -> None:
+    """CAL_SPEC at CAL_RATES against one served engine with the deployments' settings."""
     spec = out / "calibration-spec.json"
     spec.write_text(json.dumps({"num_requests": CAL_REQUESTS, **CAL_SPEC}))
     cmd = [sys.executable, "-m", "cbbench.harness.cli", "serve", "--model", MODEL,
            "--host", "127.0.0.1", "--port", "0", *extra]  # fmt: skip
     handle = start_server(cmd, 300.0, name="calibration engine")
-    folders = []
     try:
-        for k, rate in enumerate(CAL_RATES):
-            folder = out / f"calibration-run-{k}"
+        for k, (rate, folder) in enumerate(zip(CAL_RATES, folders, strict=True)):
             shutil.rmtree(folder, ignore_errors=True)
             bench = [sys.executable, "-m", "cbbench.harness.cli", "bench", "--base-url",
                      handle.base_url, "--no-live", "--seed", str(10 + k), "--arrival", "poisson",
@@ -323,17 +337,8 @@ def calibration_from_run(out: Path, extra: list[str], recalibrate: bool) -> str:
                      str(CAL_REQUESTS), "--out", str(folder)]  # fmt: skip
             print(f"calibration run {k}: {CAL_REQUESTS} requests at {rate}/s", flush=True)
             subprocess.run(bench, check=True, timeout=900, stdout=subprocess.DEVNULL)
-            folders.append(str(folder))
     finally:
         handle.stop()
-    fit = [sys.executable, "-m", "cbbench.harness.cli", "calibrate", "--from-run", *folders,
-           "--model", MODEL, "--dtype", "float32", "--holdout", "0", "--out", str(path)]  # fmt: skip
-    done = subprocess.run(fit, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=1800)  # fmt: skip
-    print(done.stdout[-3000:], flush=True)
-    if done.returncode != 0 or not path.exists():
-        sys.exit(f"calibrate --from-run failed ({done.returncode})")
-    return str(path)
 
 
 def main() -> None:
