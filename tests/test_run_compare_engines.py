@@ -166,9 +166,12 @@ def test_bind_engine_binds_the_servers_children_not_the_server(tmp_path):
 
     code = "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', " \
            "'import time; time.sleep(30)']); print(c.pid, flush=True); time.sleep(30)"
+    from tests.process_support import readline_within
+
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = None
     try:
-        child = int(parent.stdout.readline())
+        child = int(readline_within(parent, 30.0, "the parent process"))
         cores = sorted(os.sched_getaffinity(0))
         bind_engine(parent.pid, {cores[0]})
         assert os.sched_getaffinity(child) == {cores[0]}
@@ -176,5 +179,6 @@ def test_bind_engine_binds_the_servers_children_not_the_server(tmp_path):
     finally:
         parent.kill()
         parent.wait(10)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(child, 9)
+        if child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, 9)
