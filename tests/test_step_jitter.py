@@ -126,3 +126,12 @@ def test_sim_says_the_jitter(tmp_path, capsys):
     assert "step jitter from the fit" in capsys.readouterr().out
     assert main([*args, "--hardware", fit_json(tmp_path / "p.json", None)]) == 0
     assert "step jitter" not in capsys.readouterr().out
+
+
+def test_step_jitter_without_runs_is_one_line(capsys):
+    from cbbench.harness.cli import main
+
+    # fitted from the runs' gaps: alone it would be ignored while the engine is calibrated
+    assert main(["calibrate", "--model", "tiny", "--step-jitter"]) == 2
+    err = capsys.readouterr().err
+    assert "--step-jitter goes with --from-run" in err and "Traceback" not in err

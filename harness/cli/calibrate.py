@@ -172,6 +172,9 @@ def run(args: argparse.Namespace) -> int:
     from cbbench.reference_engine.sim.validation import held_out
     from rich.console import Console
 
+    if args.step_jitter and not args.from_run:  # it is fitted from the runs' gaps
+        raise EngineError("--step-jitter goes with --from-run (the jitter is fitted from the "
+                          "runs' gaps between tokens)")  # fmt: skip
     if args.from_run or (args.check_run and args.fit):  # --fit: a preset or fit checked on runs
         return _from_run(args)
     if args.server_config or args.check_run or args.server_ttft or args.served_before:

@@ -302,12 +302,13 @@ def calibration_from_run(out: Path, extra: list[str], recalibrate: bool) -> str:
     The step terms then carry what the served path adds to a step (the engine loop, IPC,
     the API process on the other core), which `cbbench calibrate` (steps timed in-process)
     does not see; the fit's request overhead (HTTP, tokenizing) is paid per request."""
-    path = out / f"calibration-{MODEL}-from-run-jitter.json"
+    tag = "-".join(x.lstrip("-") for x in extra)  # the engine settings: a cache per setting
+    path = out / f"calibration-{MODEL}-from-run-jitter-{tag}.json"
     if path.exists() and not recalibrate:
         print(f"calibration: reusing {path} (--recalibrate to refit)", flush=True)
         return str(path)
     out.mkdir(parents=True, exist_ok=True)
-    folders = [out / f"calibration-run-{k}" for k in range(len(CAL_RATES))]
+    folders = [out / f"calibration-run-{tag}-{k}" for k in range(len(CAL_RATES))]
     if recalibrate or not all((f / "run.json").exists() for f in folders):
         _bench_calibration_runs(out, extra, folders)
     fit = [sys.executable, "-m", "cbbench.harness.cli", "calibrate", "--from-run",
