@@ -27,6 +27,7 @@ from cbbench.reference_engine.config.engine_config import EngineConfig
 from cbbench.reference_engine.engine.llm_engine import LLMEngine
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution.kv_link import KVLink
+from cbbench.reference_engine.execution.step_jitter import own_streams
 from cbbench.reference_engine.kv_transfer.payload import KVPayload
 from cbbench.reference_engine.router.cluster_sim import ReplicaTotals
 from cbbench.reference_engine.sampling_params import SamplingParams
@@ -153,6 +154,7 @@ def simulate_pd(
     pcfg = replace(prefill_config or config, executor="sim", role="both")
     engines = [LLMEngine.from_config(pcfg) for _ in range(num_prefill)]
     engines += [LLMEngine.from_config(cfg) for _ in range(num_decode)]
+    own_streams(engines)  # each worker its own jitter draws (step_jitter.py)
     is_prefill = [i < num_prefill for i in range(len(engines))]
     for e, f in zip(engines, slowdown or (), strict=False):
         e.executor.slowdown = f  # type: ignore[attr-defined]

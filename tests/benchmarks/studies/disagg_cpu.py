@@ -7,7 +7,7 @@ Runs alternate (A, D, A, D, ...) so a neighbour's load on a shared machine hits 
 both are simulated (`router/pd_sim.py`) from measurements only, nothing fitted on the
 figures compared: this host's `cbbench calibrate` at one torch thread (CPU clock; run once,
 cached in --out), each engine's wait for a core (the kernel's schedstat, over the run and as
-a 0.1 s timeline), and the link from the decode workers' transfer records. Prints ITL p99,
+a 0.1 s timeline), and the KV hand-off from the decode workers' phase stamps. Prints ITL p99,
 TTFT p50, TPOT p50 per run, their medians, each simulation with its error, the phases and
 the engines' CPU measured vs simulated, and whether the worst error is within 15 %; writes
 OUT/disagg_cpu.json. About 6 minutes with the calibration, 1 a run after it.
@@ -246,17 +246,33 @@ def simulate(mode: str, wl: Workload, extra: dict, link: str = "loopback",
     }
 
 
-def fit_link(folders: list[Path]) -> str:
-    """The loopback link as measured: least squares of each request's transfer seconds on
-    its bytes (the decode workers' phases) -> 'bandwidth_gbps=B,latency_ms=L'."""
+def fit_link(folders: list[Path], over: dict[str, float] | None = None) -> str:
+    """The loopback hand-off as measured: least squares of each request's hand-off seconds
+    on its KV bytes (the decode workers' phases) -> 'bandwidth_gbps=B,latency_ms=L'. With
+    `over` (a hardware's request overhead, request_overhead.py) the hand-off is all of a
+    request's TTFT its stamps do not put in prefill queue, prefill or decode queue, less
+    that overhead (the simulation pays it before the prefill worker): the KV pull and what
+    the pull's stamp leaves out (the prefill side's export, the router's second hop, the
+    decode server's front end, the import), each paid once per request as a transfer is.
+    Without it: the pull alone (`kv_transfer_s`), as before."""
     import numpy as np
+    from cbbench.reference_engine.sim.run_fit_terms import in_flight, overheads
 
     pairs = []
     for f in folders:
-        for line in (f / "requests.jsonl").read_text().splitlines():
-            ph = (json.loads(line).get("extra") or {}).get("phases") or {}
-            if ph.get("kv_transfer_s") is not None:
-                pairs.append((ph["kv_transfer_bytes"], ph["kv_transfer_s"]))
+        rows = [json.loads(x) for x in (f / "requests.jsonl").read_text().splitlines()]
+        rows = [r for r in rows if r.get("ttft_s") is not None and r.get("e2e_s") is not None]
+        load = in_flight([r["sent_s"] for r in rows], [r["e2e_s"] for r in rows])
+        paid = overheads(over, load) if over else np.zeros(len(rows))
+        for r, x in zip(rows, paid, strict=True):
+            ph = (r.get("extra") or {}).get("phases") or {}
+            if ph.get("kv_transfer_s") is None:
+                continue
+            y = ph["kv_transfer_s"]
+            if over is not None:
+                y = r["ttft_s"] - float(x) - sum(ph.get(k) or 0.0 for k in
+                                                 ("prefill_queue_s", "prefill_s", "decode_queue_s"))  # fmt: skip
+            pairs.append((ph["kv_transfer_bytes"], y))
     x, y = np.array(pairs, float).T
     slope, intercept = np.polyfit(x, y, 1)
     return (
@@ -303,7 +319,7 @@ def calibration_from_run(out: Path, extra: list[str], recalibrate: bool) -> str:
     the API process on the other core), which `cbbench calibrate` (steps timed in-process)
     does not see; the fit's request overhead (HTTP, tokenizing) is paid per request."""
     tag = "-".join(x.lstrip("-") for x in extra)  # the engine settings: a cache per setting
-    path = out / f"calibration-{MODEL}-from-run-jitter-{tag}.json"
+    path = out / f"calibration-{MODEL}-from-run-jitter-server-ttft-{tag}.json"
     if path.exists() and not recalibrate:
         print(f"calibration: reusing {path} (--recalibrate to refit)", flush=True)
         return str(path)
@@ -313,7 +329,7 @@ def calibration_from_run(out: Path, extra: list[str], recalibrate: bool) -> str:
         _bench_calibration_runs(out, extra, folders)
     fit = [sys.executable, "-m", "cbbench.harness.cli", "calibrate", "--from-run",
            *map(str, folders), "--model", MODEL, "--dtype", "float32", "--holdout", "0",
-           "--step-jitter", "--out", str(path)]  # fmt: skip
+           "--step-jitter", "--server-ttft", "--out", str(path)]  # fmt: skip
     done = subprocess.run(fit, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=1800)  # fmt: skip
     print(done.stdout[-3000:], flush=True)
@@ -416,20 +432,27 @@ def main() -> None:
            "tpot_p50")} for m in DEPLOYMENTS}  # fmt: skip
     # the simulator's only inputs: this host's calibration (the engine's steps timed alone)
     # and the link as the decode workers' own transfer records measured it
-    link = fit_link([Path(r["dir"]) for r in runs["disaggregated"]])
+    pd_dirs = [Path(r["dir"]) for r in runs["disaggregated"]]
+    pull = fit_link(pd_dirs)
+    # the hand-off (the pull and what its stamp leaves out), less each hardware's overhead
+    link = fit_link(pd_dirs, overhead_of(get_hardware(hw_path)))
+    fr_link = fit_link(pd_dirs, overhead_of(get_hardware(fr_path))) if fr_path else None
     # host contention per pool, as the kernel measured it on the engines (median over runs)
     slow = {m: {role: statistics.median(r["slowdown"][role] for r in runs[m]
                                          if role in r.get("slowdown", {}))
                 for role in {x for r in runs[m] for x in r.get("slowdown", {})}}
             for m in DEPLOYMENTS}  # fmt: skip
     print(f"\nhardware: {hw_path} (cbbench calibrate, 1 torch thread)")
-    print(f"KV link fitted on the measured transfers: {link}")
+    print(f"KV link fitted on the measured pulls alone: {pull}; on the hand-off (TTFT less "
+          f"its prefill queue, prefill, decode queue and the fit's request overhead): {link}"
+          + (f" (from-run fit: {fr_link})" if fr_link else ""))  # fmt: skip
     print("host contention (engine time on a core + queued for one) / on a core, median: "
           + "; ".join(f"{m} " + ", ".join(f"{r} {f:.2f}x" for r, f in sorted(slow[m].items()))
                       for m in DEPLOYMENTS))  # fmt: skip
     print("\n| deployment | ITL p99 (ms) | TTFT p50 (ms) | TPOT p50 (ms) |")
     print("|---|---:|---:|---:|")
-    result: dict = {"hardware": hw_path, "link": link, "slowdown": slow}
+    result: dict = {"hardware": hw_path, "link": link, "link_pull": pull,
+                    "link_from_run": fr_link, "slowdown": slow}  # fmt: skip
     keys = ("itl_p99", "ttft_p50", "tpot_p50")
     for mode in DEPLOYMENTS:
         m = med[mode]
@@ -452,7 +475,7 @@ def main() -> None:
         if over_time:
             rows.append(("SIMULATED, calibration x contention over time", over_time))
         if fr_path:  # the served engine fitted from runs of another workload (#53)
-            fr = simulate(mode, wl, {**engine, "hardware": fr_path}, link)
+            fr = simulate(mode, wl, {**engine, "hardware": fr_path}, fr_link or link)
             result[mode]["simulated_from_run"] = fr
             rows.append(("SIMULATED, from-run fit of the served engine", fr))
         for label, x in rows:
