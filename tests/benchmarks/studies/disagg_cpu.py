@@ -28,10 +28,12 @@ import sys
 from pathlib import Path
 
 from cbbench.harness.load.runner import BenchConfig, run_bench
+from cbbench.harness.planning.pd_handoff import fit_handoff_runs
 from cbbench.harness.servers.launcher import start_server
 from cbbench.reference_engine.config.options import SIM_DEFAULTS, build_engine_config
 from cbbench.reference_engine.execution.cost_model import get_hardware
 from cbbench.reference_engine.execution.kv_link import get_link
+from cbbench.reference_engine.router.options import POLL_INTERVAL_S
 from cbbench.reference_engine.router.pd_sim import simulate_pd
 from cbbench.reference_engine.sim.request_overhead import overhead_of, with_overhead
 from cbbench.workloads.spec import RequestSpec, Workload
@@ -234,7 +236,8 @@ def simulate(mode: str, wl: Workload, extra: dict, link: str = "loopback",
     over = overhead_of(get_hardware(hw))
     res = with_overhead(wl.requests, over, lambda reqs: simulate_pd(
         reqs, cfg, p, d, get_link(link), token_times=True, prefill_config=pcfg,
-        prefix_block_size=wl.prefix_block_size, seed=wl.prompt_seed, slowdown=fns),
+        prefix_block_size=wl.prefix_block_size, seed=wl.prompt_seed, slowdown=fns,
+        poll_interval_s=POLL_INTERVAL_S),
         p + d if mode == "aggregated" else 1)  # fmt: skip
     s = res.summary()
     return {
@@ -244,40 +247,6 @@ def simulate(mode: str, wl: Workload, extra: dict, link: str = "loopback",
         "busy_s": [t.busy_s for t in res.replicas],  # prefill workers first
         "phases_p50": {k: v["p50"] for k, v in s.get("phases", {}).items()},
     }
-
-
-def fit_link(folders: list[Path], over: dict[str, float] | None = None) -> str:
-    """The loopback hand-off as measured: least squares of each request's hand-off seconds
-    on its KV bytes (the decode workers' phases) -> 'bandwidth_gbps=B,latency_ms=L'. With
-    `over` (a hardware's request overhead, request_overhead.py) the hand-off is all of a
-    request's TTFT its stamps do not put in prefill queue, prefill or decode queue, less
-    that overhead (the simulation pays it before the prefill worker): the KV pull and what
-    the pull's stamp leaves out (the prefill side's export, the router's second hop, the
-    decode server's front end, the import), each paid once per request as a transfer is.
-    Without it: the pull alone (`kv_transfer_s`), as before."""
-    import numpy as np
-    from cbbench.reference_engine.sim.run_fit_terms import in_flight, overheads
-
-    pairs = []
-    for f in folders:
-        rows = [json.loads(x) for x in (f / "requests.jsonl").read_text().splitlines()]
-        rows = [r for r in rows if r.get("ttft_s") is not None and r.get("e2e_s") is not None]
-        load = in_flight([r["sent_s"] for r in rows], [r["e2e_s"] for r in rows])
-        paid = overheads(over, load) if over else np.zeros(len(rows))
-        for r, x in zip(rows, paid, strict=True):
-            ph = (r.get("extra") or {}).get("phases") or {}
-            if ph.get("kv_transfer_s") is None:
-                continue
-            y = ph["kv_transfer_s"]
-            if over is not None:
-                y = r["ttft_s"] - float(x) - sum(ph.get(k) or 0.0 for k in
-                                                 ("prefill_queue_s", "prefill_s", "decode_queue_s"))  # fmt: skip
-            pairs.append((ph["kv_transfer_bytes"], y))
-    x, y = np.array(pairs, float).T
-    slope, intercept = np.polyfit(x, y, 1)
-    return (
-        f"bandwidth_gbps={1 / max(slope, 1e-12) / 1e9:.4f},latency_ms={max(intercept, 0) * 1e3:.3f}"
-    )
 
 
 def calibration(out: Path, given: str | None, recalibrate: bool, clock: str) -> str:
@@ -431,12 +400,12 @@ def main() -> None:
     med = {m: {k: statistics.median(r[k] for r in runs[m]) for k in ("itl_p99", "ttft_p50",
            "tpot_p50")} for m in DEPLOYMENTS}  # fmt: skip
     # the simulator's only inputs: this host's calibration (the engine's steps timed alone)
-    # and the link as the decode workers' own transfer records measured it
+    # and the KV hand-off as the disaggregated requests' phase stamps measured it
     pd_dirs = [Path(r["dir"]) for r in runs["disaggregated"]]
-    pull = fit_link(pd_dirs)
+    pull = fit_handoff_runs(pd_dirs, pull_only=True)
     # the hand-off (the pull and what its stamp leaves out), less each hardware's overhead
-    link = fit_link(pd_dirs, overhead_of(get_hardware(hw_path)))
-    fr_link = fit_link(pd_dirs, overhead_of(get_hardware(fr_path))) if fr_path else None
+    link = fit_handoff_runs(pd_dirs, overhead_of(get_hardware(hw_path)))
+    fr_link = fit_handoff_runs(pd_dirs, overhead_of(get_hardware(fr_path))) if fr_path else None
     # host contention per pool, as the kernel measured it on the engines (median over runs)
     slow = {m: {role: statistics.median(r["slowdown"][role] for r in runs[m]
                                          if role in r.get("slowdown", {}))
