@@ -83,3 +83,47 @@ def test_the_hand_off_is_what_the_stamps_leave_out_less_the_overhead(tmp_path):
     assert float(pull["bandwidth_gbps"]) == pytest.approx(5.0, rel=0.01)
     with pytest.raises(CbbenchError, match="two KV sizes"):
         fit_handoff(handoff_samples(recs[:1]))
+
+
+def test_calibrate_from_run_fits_the_hand_off_of_disaggregated_runs(tmp_path, capsys):
+    from cbbench.harness.cli import main
+    from cbbench.reference_engine.execution.cost_model import get_hardware
+
+    rng = np.random.default_rng(1)
+    for k, rate in enumerate((1.0, 3.0)):  # a served engine's runs: streamed, stamped
+        folder = tmp_path / f"agg{k}"
+        folder.mkdir()
+        t, rows = 0.0, []
+        for i in range(30):
+            t += rng.exponential(1 / rate)
+            prompt, out = int(rng.integers(16, 200)), int(rng.integers(8, 40))
+            ttft = 0.01 + 0.02 + 4e-4 * prompt
+            itl = [0.02] * (out - 1)
+            rows.append({"id": f"r{i}", "index": i, "prompt_len": prompt, "output_len": out,
+                         "sent_s": t, "ttft_s": ttft, "e2e_s": ttft + sum(itl), "itl_s": itl,
+                         "first_token_s": t + ttft, "last_token_s": t + ttft + sum(itl),
+                         "output_tokens_server": out, "prompt_tokens_server": prompt,
+                         "extra": {"server_timing": {"queue_s": 0.0, "prefill_s": ttft - 0.01}}})  # fmt: skip
+        (folder / "requests.jsonl").write_text("\n".join(map(json.dumps, rows)) + "\n")
+        (folder / "run.json").write_text(json.dumps({"name": folder.name, "target": {
+            "engine": {"root": "small"}, "server_settings": {"max_num_seqs": 8}}}))  # fmt: skip
+    pd = tmp_path / "pd"
+    pd.mkdir()
+    recs = [record(i, b, 0.01, 0.030 + b / 2e9, 0.002 + b / 8e9)
+            for i, b in enumerate([1 << 20, 8 << 20] * 6)]  # fmt: skip
+    (pd / "requests.jsonl").write_text("\n".join(map(json.dumps, recs)) + "\n")
+    out = tmp_path / "fit.json"
+    assert main(["calibrate", "--from-run", str(tmp_path / "agg0"), str(tmp_path / "agg1"),
+                 "--server-ttft", "--server-config", "max_num_batched_tokens=256",
+                 "--holdout", "0", "--kv-handoff", str(pd), "--out", str(out)]) == 0  # fmt: skip
+    assert "KV hand-off from 1 disaggregated run(s)" in capsys.readouterr().out
+    spec = get_hardware(str(out))
+    assert spec.fit["request_overhead_s"] == pytest.approx(0.01, abs=0.002)
+    got = dict(kv.split("=") for kv in spec.fit["kv_link"].split(","))
+    assert float(got["latency_ms"]) == pytest.approx(30.0, abs=2.5)
+    assert float(got["bandwidth_gbps"]) == pytest.approx(2.0, rel=0.05)
+    # bad input: one line naming what, no traceback
+    assert main(["calibrate", "--from-run", str(tmp_path / "agg0"), "--kv-handoff",
+                 str(tmp_path / "nope")]) != 0  # fmt: skip
+    assert "no requests.jsonl" in capsys.readouterr().err
+    assert main(["calibrate", "--kv-handoff", str(pd)]) != 0

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 from cbbench.harness.errors import CbbenchError
+from cbbench.reference_engine.sim.request_overhead import overhead_of
 from cbbench.reference_engine.sim.run_fit_terms import in_flight, overheads
 
 OTHER_PHASES = ("prefill_queue_s", "prefill_s", "decode_queue_s")
@@ -58,8 +59,30 @@ def fit_handoff(samples: Iterable[tuple[float, float]]) -> str:
 def fit_handoff_runs(folders: Iterable[Path], over: dict[str, float] | None = None,
                      pull_only: bool = False) -> str:  # fmt: skip
     """The link of saved disaggregated runs (each folder's requests.jsonl), pooled."""
-    samples = []
+    samples, names = [], []
     for f in folders:
-        lines = (Path(f) / "requests.jsonl").read_text(encoding="utf-8").splitlines()
-        samples += handoff_samples([json.loads(x) for x in lines if x.strip()], over, pull_only)
-    return fit_handoff(samples)
+        path = Path(f) / "requests.jsonl"
+        if not path.is_file():
+            raise CbbenchError(f"{f}: no requests.jsonl (a `cbbench bench --out` run folder)")
+        names.append(str(f))
+        lines = path.read_text(encoding="utf-8").splitlines()
+        try:
+            recs = [json.loads(x) for x in lines if x.strip()]
+        except json.JSONDecodeError as exc:
+            raise CbbenchError(f"{path}: not JSON lines ({exc})") from None
+        samples += handoff_samples(recs, over, pull_only)
+    try:
+        return fit_handoff(samples)
+    except CbbenchError as exc:
+        raise CbbenchError(f"{', '.join(names)}: {exc} (a disaggregated server's runs: its "
+                           "records carry extra.phases)") from None
+
+
+def add_handoff(spec, folders: list[str]) -> str:
+    """`calibrate --from-run ... --kv-handoff RUN...`: the hand-off of those disaggregated
+    runs, less `spec`'s request overhead, saved in its fit as `kv_link`; the line printed."""
+    link = fit_handoff_runs([Path(f) for f in folders], overhead_of(spec))
+    pull = fit_handoff_runs([Path(f) for f in folders], pull_only=True)
+    spec.fit["kv_link"] = link
+    return (f"KV hand-off from {len(folders)} disaggregated run(s)' phase stamps: {link} "
+            f"(the pull's stamp alone: {pull}); simulate with --kv-link {link}")
