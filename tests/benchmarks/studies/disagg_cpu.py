@@ -294,6 +294,10 @@ def calibration_from_run(out: Path, extra: list[str], recalibrate: bool) -> str:
         return str(path)
     out.mkdir(parents=True, exist_ok=True)
     folders = [out / f"calibration-run-{tag}-{k}" for k in range(len(CAL_RATES))]
+    legacy = [out / f"calibration-run-{k}" for k in range(len(CAL_RATES))]  # before the tag
+    if not recalibrate and not all((f / "run.json").exists() for f in folders) and all(
+            (f / "run.json").exists() for f in legacy):  # fmt: skip
+        folders = legacy  # a saved study's runs: refit them, bench nothing
     if recalibrate or not all((f / "run.json").exists() for f in folders):
         _bench_calibration_runs(out, extra, folders)
     fit = [sys.executable, "-m", "cbbench.harness.cli", "calibrate", "--from-run",
