@@ -473,7 +473,7 @@ def main() -> None:
         print(f"  engines' CPU: measured {got:.1f} s (median over runs), simulated {want:.1f} s "
               f"(the contended simulation's busy time on a core)")  # fmt: skip
     a, d = result["aggregated"], result["disaggregated"]
-    for variant in ("simulated", "simulated_from_run"):
+    for variant in ("simulated", "simulated_from_run", "simulated_from_run_timeline"):
         if variant not in a:
             continue
         for key in ("itl_p99", "ttft_p50"):
