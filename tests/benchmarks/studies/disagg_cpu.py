@@ -25,6 +25,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from cbbench.harness.load.runner import BenchConfig, run_bench
@@ -205,17 +206,18 @@ def measure(mode: str, wl: Workload, out: Path, extra: list[str]) -> dict:
 
 
 def simulate(mode: str, wl: Workload, extra: dict, link: str = "loopback",
-             slowdown: dict[str, float] | None = None, timeline: dict | None = None) -> dict:  # fmt: skip
+             slowdown: dict[str, float] | None = None, timeline: dict | None = None,
+             seed: int = 0) -> dict:  # fmt: skip
     """The deployment simulated; `slowdown` (role -> factor, measured host contention) runs
     each pool's steps that many times as long (the engine's calibrated time on a core of its
-    own, times the wait for a core the kernel measured)."""
+    own, times the wait for a core the kernel measured); `seed`: the step jitter's draws."""
     hw = extra["hardware"]
     slow = slowdown or {}
 
     def config(role: str):
         f = slow.get(role, 1.0)
-        return build_engine_config({"model": MODEL, **extra, "hardware": f"{hw}@{f:.4f}"},
-                                   SIM_DEFAULTS, scheduler="continuous")  # fmt: skip
+        return replace(build_engine_config({"model": MODEL, **extra, "hardware": f"{hw}@{f:.4f}"},
+                                           SIM_DEFAULTS, scheduler="continuous"), seed=seed)  # fmt: skip
 
     roles = ["both", "both"] if mode == "aggregated" else ["prefill", "decode"]
     fns = None
@@ -362,6 +364,8 @@ def main() -> None:
     ap.add_argument("--from-run-calibration", action="store_true",
                     help="also fit the served engine from two benched runs of another workload "
                     "(calibrate --from-run) and simulate with that fit")  # fmt: skip
+    ap.add_argument("--sim-seeds", type=int, default=5,
+                    help="jitter seeds the from-run simulations take the median over (5)")
     ap.add_argument("--clock", default="cpu", choices=["wall", "cpu"],
                     help="calibrate's clock (cpu, default: a step's time on a core of its own; "
                     "the wait for a core is measured on the deployment's engines)")  # fmt: skip
@@ -448,11 +452,21 @@ def main() -> None:
         if over_time:
             rows.append(("SIMULATED, calibration x contention over time", over_time))
         if fr_path:  # the served engine fitted from runs of another workload (#53)
-            fr = simulate(mode, wl, {**engine, "hardware": fr_path}, fr_link or link)
+            # a jittered replay is one sample: the median over --sim-seeds jitter seeds
+            seeds = range(args.sim_seeds)
+            each = [simulate(mode, wl, {**engine, "hardware": fr_path}, fr_link or link,
+                             seed=k) for k in seeds]  # fmt: skip
+            fr = {**each[0], **{k: statistics.median(y[k] for y in each) for k in keys}}
             result[mode]["simulated_from_run"] = fr
-            rows.append(("SIMULATED, from-run fit of the served engine", fr))
+            result[mode]["simulated_from_run_seeds"] = [{k: y[k] for k in keys} for y in each]
+            rows.append((f"SIMULATED, from-run fit of the served engine (median of "
+                         f"{len(each)} jitter seeds)", fr))  # fmt: skip
+            print(f"  from-run fit over {len(each)} jitter seeds, {mode}: ITL p99 " + ", ".join(
+                f"{y['itl_p99'] * 1e3:.1f}" for y in each) + "; TTFT p50 " + ", ".join(
+                f"{y['ttft_p50'] * 1e3:.1f}" for y in each))  # fmt: skip
             frt = [simulate(mode, wl, {**engine, "hardware": fr_path}, fr_link or link,
-                            timeline=r["timeline"]) for r in runs[mode] if r.get("timeline")]  # fmt: skip
+                            timeline=r["timeline"], seed=k)
+                   for r in runs[mode] if r.get("timeline") for k in seeds]  # fmt: skip
             if frt:  # and each engine's wait for a core over time, as in this deployment
                 x = {k: statistics.median(y[k] for y in frt) for k in keys}
                 result[mode]["simulated_from_run_timeline"] = x
