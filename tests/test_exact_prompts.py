@@ -7,6 +7,7 @@ exact length; a server without one gets a warning with the measured mismatch."""
 from __future__ import annotations
 
 import httpx
+import pytest
 from cbbench.harness.cli import main
 from cbbench.harness.results.run_folder import load_run
 from cbbench.harness.servers import fake_server
@@ -18,17 +19,24 @@ from tests.diagnose_support import hardware_file, sim_args
 FLAGS = ["--no-live", "--no-server-metrics", "--no-gpu-metrics", "--concurrency", "8"]
 
 
-def test_chat_prompts_on_the_bundled_engine_are_exact(tmp_path, capsys) -> None:
-    hw = hardware_file(tmp_path, c0=0.001, c_seq=0.0)
+@pytest.fixture(scope="module")
+def engine_url(tmp_path_factory):
+    """One bundled engine (simulated, 1 ms steps) for the module's tests: they only read its
+    token counts, which no earlier run changes."""
+    hw = hardware_file(tmp_path_factory.mktemp("exact"), c0=0.001, c_seq=0.0)
     with launch_reference_server("tiny", "continuous", "cpu", sim_args(hw)) as srv:
-        tok = httpx.post(srv.base_url + "/tokenize", json={"prompt": "the"}, timeout=10).json()
-        assert tok["count"] == 3 and tok["max_model_len"] == 2048  # vLLM's shape, bytes here
-        chat = ["bench", "--base-url", srv.base_url, "--endpoint", "chat", "--workload", "chat",
-                "--num-requests", "40", "--out", str(tmp_path / "chat"), *FLAGS]  # fmt: skip
-        assert main(chat) == 0
-        text = ["bench", "--base-url", srv.base_url, "--text-prompts", "--workload", "mixed",
-                "--num-requests", "24", "--out", str(tmp_path / "text"), *FLAGS]  # fmt: skip
-        assert main(text) == 0
+        yield srv.base_url
+
+
+def test_chat_prompts_on_the_bundled_engine_are_exact(engine_url, tmp_path, capsys) -> None:
+    tok = httpx.post(engine_url + "/tokenize", json={"prompt": "the"}, timeout=10).json()
+    assert tok["count"] == 3 and tok["max_model_len"] == 2048  # vLLM's shape, bytes here
+    chat = ["bench", "--base-url", engine_url, "--endpoint", "chat", "--workload", "chat",
+            "--num-requests", "40", "--out", str(tmp_path / "chat"), *FLAGS]  # fmt: skip
+    assert main(chat) == 0
+    text = ["bench", "--base-url", engine_url, "--text-prompts", "--workload", "mixed",
+            "--num-requests", "24", "--out", str(tmp_path / "text"), *FLAGS]  # fmt: skip
+    assert main(text) == 0
     assert "text prompts: exact lengths" in capsys.readouterr().err
     run = load_run(tmp_path / "chat")
     fit = run.meta["text_prompts"]
@@ -68,17 +76,17 @@ def test_a_server_without_tokenize_gets_the_measured_mismatch(tmp_path, capsys, 
     assert run.meta["summary"]["prompt_token_mismatch_mean"] > 0
 
 
-def test_responses_and_messages_prompts_on_the_bundled_engine_are_exact(tmp_path, capsys):
+def test_responses_and_messages_prompts_on_the_bundled_engine_are_exact(
+    engine_url, tmp_path, capsys
+):
     # `--endpoint responses|messages` sent one-token-per-word text (+623 tokens on average on
     # the byte tokenizer, a third of the `mixed` requests past the 2,048-token context): only
     # chat asked the server's /tokenize for a fit
-    hw = hardware_file(tmp_path, c0=0.001, c_seq=0.0)
-    with launch_reference_server("tiny", "continuous", "cpu", sim_args(hw)) as srv:
-        for endpoint in ("responses", "messages"):
-            argv = ["bench", "--base-url", srv.base_url, "--endpoint", endpoint,
-                    "--workload", "mixed", "--num-requests", "12",
-                    "--out", str(tmp_path / endpoint), *FLAGS]  # fmt: skip
-            assert main(argv) == 0
+    for endpoint in ("responses", "messages"):
+        argv = ["bench", "--base-url", engine_url, "--endpoint", endpoint,
+                "--workload", "mixed", "--num-requests", "12",
+                "--out", str(tmp_path / endpoint), *FLAGS]  # fmt: skip
+        assert main(argv) == 0
     assert capsys.readouterr().err.count("text prompts: exact lengths") == 2
     for endpoint in ("responses", "messages"):
         run = load_run(tmp_path / endpoint)

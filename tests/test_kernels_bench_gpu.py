@@ -66,6 +66,9 @@ def test_decode_bytes_at_the_goal_point():
     assert decode_bytes(64, 4096, 32, 8, 128, 2) == 2**30 + 2 * 64 * 32 * 128 * 2
 
 
+# slow (suite budget, 16 s): the kernels' correctness against the oracle stays in the default run
+# (test_kernels_triton.py::test_paged_attention_matches_oracle and the cache tests there)
+@pytest.mark.slow
 def test_correctness_grid_and_report_on_cpu(tmp_path):
     from tests.benchmarks.gpu.kernels_check import GOAL
 
@@ -106,6 +109,9 @@ def test_correctness_grid_and_report_on_cpu(tmp_path):
     assert "heads 32 q / 8 kv x 128, block 16" in text
 
 
+# slow (suite budget, 14 s): the engine on the Triton path, token-identical to torch, stays in
+# the default run (test_engine_model_runner.py::test_model_over_the_triton_backend_matches_torch)
+@pytest.mark.slow
 def test_engine_check_runs_the_engine_on_triton_kernels():
     """The engine end to end on the Triton path (interpreted on CPU), token-identical to torch;
     a 16-token step budget makes the 13- and 42-token prompts (beside an 8-token one) prefill

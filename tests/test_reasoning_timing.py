@@ -77,7 +77,16 @@ def _check(
     return diff
 
 
-@pytest.mark.parametrize("field", ["reasoning", "reasoning_content", "think-tags"])
+# the three fields each stay in the default run through the independent server below; of the
+# fake server's, `reasoning_content` stays and the other two are behind `slow` (suite budget)
+@pytest.mark.parametrize(
+    "field",
+    [
+        pytest.param("reasoning", marks=pytest.mark.slow),
+        "reasoning_content",
+        pytest.param("think-tags", marks=pytest.mark.slow),
+    ],
+)
 def test_fake_server_reasoning_timed_against_its_log(tmp_path, field):
     b = Behavior(ttft_s=0.05, itl_s=0.01, reasoning_tokens=32, reasoning_field=field)
     with process(FakeServerConfig(b)) as srv:

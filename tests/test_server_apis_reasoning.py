@@ -221,21 +221,29 @@ def test_bench_reports_ttfo_and_the_servers_reasoning_tokens(server, tmp_path, e
     assert any(r.ttfo_s > r.ttft_s for r in res.records)
 
 
+@pytest.fixture(scope="module")
+def reasoning_serve():
+    """One `cbbench serve --reasoning-parser deepseek_r1` (its own process, engine process on)
+    for both endpoints below: each run reads only its own records."""
+    from cbbench.harness.servers.launcher import launch_reference_server
+
+    flags = ["--reasoning-parser", "deepseek_r1"]
+    with launch_reference_server("tiny", "continuous", "cpu", flags) as srv:
+        yield srv
+
+
 @pytest.mark.parametrize("endpoint", ["responses", "messages"])
-def test_cbbench_bench_cli_against_cbbench_serve(tmp_path, endpoint):
+def test_cbbench_bench_cli_against_cbbench_serve(reasoning_serve, tmp_path, endpoint):
     """As a user runs them: `cbbench serve --reasoning-parser deepseek_r1` (its own process,
     engine process on) and `cbbench bench --endpoint responses|messages`: the run folder's
     records hold TTFO after TTFT and the server's reasoning tokens (half of 16)."""
     from cbbench.harness.cli import main
     from cbbench.harness.results.run_folder import load_run
-    from cbbench.harness.servers.launcher import launch_reference_server
 
     out = tmp_path / "run"
-    flags = ["--reasoning-parser", "deepseek_r1"]
-    with launch_reference_server("tiny", "continuous", "cpu", flags) as srv:
-        code = main(["bench", "--base-url", srv.base_url, "--endpoint", endpoint,
-                     "--workload", "prompt=12,output=16", "--num-requests", "4",
-                     "--concurrency", "2", "--out", str(out), "--no-live"])  # fmt: skip
+    code = main(["bench", "--base-url", reasoning_serve.base_url, "--endpoint", endpoint,
+                 "--workload", "prompt=12,output=16", "--num-requests", "4",
+                 "--concurrency", "2", "--out", str(out), "--no-live"])  # fmt: skip
     assert code == 0
     recs = load_run(out).records
     assert len(recs) == 4
