@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from cbbench.harness.cli import main
 from cbbench.harness.probe.verdicts import chunked_prefill, max_batch
 from cbbench.harness.results.records import RequestRecord
@@ -32,6 +33,9 @@ def test_default_server_chunking_is_unknown_not_off(tmp_path: Path, capsys) -> N
     assert "no chunked prefill" not in capsys.readouterr().out
 
 
+# slow (suite budget, 12 s): the same server (--no-enable-chunked-prefill) and the same verdict
+# ("off") stay in the default run in test_probe.py::test_probe_names_the_batching[continuous]
+@pytest.mark.slow
 def test_chunking_off_is_still_seen_when_the_server_says_so(tmp_path: Path) -> None:
     v = _probe(tmp_path, "chunked-prefill", "--no-enable-chunked-prefill")["chunked_prefill"]
     assert v["value"] == "off", v

@@ -4,6 +4,8 @@ same as) the fp32 server's on the same prompt and weights (the weights really ar
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import openai
 from cbbench.harness.servers.launcher import launch_reference_server
 
@@ -21,8 +23,10 @@ def first_token(dtype: str) -> tuple[str, float, int]:
 
 
 def test_bf16_weights_serve_close_to_fp32() -> None:
-    tok32, lp32, n32 = first_token("float32")
-    tok16, lp16, n16 = first_token("bfloat16")
+    # the two servers start, answer and stop side by side (each in its own process)
+    with ThreadPoolExecutor(2) as pool:
+        fp32, bf16 = pool.map(first_token, ["float32", "bfloat16"])
+    (_, lp32, n32), (_, lp16, n16) = fp32, bf16
     assert n32 == n16 == 4
     assert lp16 != lp32  # bf16 weights change the numbers at all
     assert abs(lp16 - lp32) < 0.05  # tiny's logits are flat: logprobs near -log(512) = -6.2
