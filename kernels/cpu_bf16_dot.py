@@ -24,6 +24,7 @@ from cbbench.kernels import cpu_gemm
 NAME = "cbbench_cpu_bf16dp_kernels"
 SOURCES = [cpu_gemm.CSRC / "cpu_bf16_dot.cpp"]
 PANEL = 16  # outputs per panel, as in the C++ source
+GROUP = 3  # panels per micro-kernel call (kNP)
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "module" or "reason", set once
@@ -61,8 +62,23 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return w.view(p, PANEL, k2, 2).permute(0, 2, 1, 3).contiguous()
 
 
+def pack_grouped(weight: torch.Tensor) -> torch.Tensor:
+    """W [N, K] -> [ceil(N/48), ceil(K/2), 3, 16, 2] bf16: `pack`'s panels in groups of the
+    micro-kernel's three, a k pair of the three side by side, so the kernel reads the weight
+    as one stream (zero panels pad the last group)."""
+    panels = pack(weight)
+    p, k2 = panels.shape[:2]
+    g = -(-p // GROUP)
+    padded = torch.zeros(g * GROUP, k2, PANEL, 2, dtype=torch.bfloat16)
+    padded[:p] = panels
+    return padded.view(g, GROUP, k2, PANEL, 2).permute(0, 2, 1, 3, 4).contiguous()
+
+
 def unpack(panels: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
-    """panels -> W [out_features, in_features] bf16 (exact; for checks)."""
+    """panels (`pack` or `pack_grouped`) -> W [out_features, in_features] bf16 (exact)."""
+    if panels.dim() == 5:
+        g, k2 = panels.shape[:2]
+        panels = panels.permute(0, 2, 1, 3, 4).reshape(g * GROUP, k2, PANEL, 2)
     p, k2, _, _ = panels.shape
     w = panels.permute(0, 2, 1, 3).reshape(p * PANEL, k2 * 2)
     return w[:out_features, :in_features]

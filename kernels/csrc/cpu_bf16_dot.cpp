@@ -62,14 +62,21 @@ inline __m512 widen16(const uint16_t* p) {  // 16 bf16 -> fp32 (exact)
 #endif
 
 // Rows 0..MR-1 of x (bf16, row stride K) times panels p0..p0+np-1 -> y (bf16, row stride N).
+// Panel p0 + j's k pair t starts at w + at(j) + t * step (`at` / `step` from the layout).
 template <int MR>
 void micro(const uint16_t* x, int64_t K, const uint16_t* w, int64_t K2, int64_t p0, int np,
-           const float* bias, uint16_t* y, int64_t N) {
+           const float* bias, uint16_t* y, int64_t N, bool grouped) {
+  // plain [P, K2, 16, 2]: a panel's pairs are contiguous; grouped [P/3, K2, 3, 16, 2]: the
+  // k pair of a group's three panels is one 192-byte run, the weight one stream
+  const int64_t step = grouped ? kNP * 2 * kPanel : 2 * kPanel;
+  auto at = [&](int64_t j) {
+    return grouped ? (p0 / kNP) * K2 * step + j * 2 * kPanel : (p0 + j) * K2 * step;
+  };
   const int64_t n0 = p0 * kPanel;
   alignas(64) float acc[kMR][kNP * kPanel];
 #if defined(CBB_BF16DP)
   const uint16_t* wp[kNP];
-  for (int j = 0; j < kNP; ++j) wp[j] = w + (p0 + (j < np ? j : 0)) * K2 * 2 * kPanel;
+  for (int j = 0; j < kNP; ++j) wp[j] = w + at(j < np ? j : 0);
   const uint16_t *w0 = wp[0], *w1 = wp[1], *w2 = wp[2];
   const int64_t full = K / 2;  // whole pairs; an odd K's last pair is built below
 #define CBB_DECL(i) __m512 c##i##0 = _mm512_setzero_ps(), c##i##1 = c##i##0, c##i##2 = c##i##0;
@@ -90,7 +97,7 @@ void micro(const uint16_t* x, int64_t K, const uint16_t* w, int64_t K2, int64_t 
     return v;
   };
   for (int64_t j = 0; j < full; ++j) {
-    const int64_t o = j * 2 * kPanel;
+    const int64_t o = j * step;
     const __m512bh v0 = (__m512bh)_mm512_loadu_si512(w0 + o);
     const __m512bh v1 = (__m512bh)_mm512_loadu_si512(w1 + o);
     const __m512bh v2 = (__m512bh)_mm512_loadu_si512(w2 + o);
@@ -98,7 +105,7 @@ void micro(const uint16_t* x, int64_t K, const uint16_t* w, int64_t K2, int64_t 
     CBB_DOT(4, CBB_PAIR) CBB_DOT(5, CBB_PAIR) CBB_DOT(6, CBB_PAIR) CBB_DOT(7, CBB_PAIR)
   }
   if (K % 2) {  // the last k alone: x's high half zero (the weight's is zero padding too)
-    const int64_t o = full * 2 * kPanel;
+    const int64_t o = full * step;
     const __m512bh v0 = (__m512bh)_mm512_loadu_si512(w0 + o);
     const __m512bh v1 = (__m512bh)_mm512_loadu_si512(w1 + o);
     const __m512bh v2 = (__m512bh)_mm512_loadu_si512(w2 + o);
@@ -127,15 +134,14 @@ void micro(const uint16_t* x, int64_t K, const uint16_t* w, int64_t K2, int64_t 
     }
   }
 #else
-  const int64_t K2x = K2 * 2;
   for (int i = 0; i < MR; ++i)
     for (int c = 0; c < kNP * kPanel; ++c) acc[i][c] = 0.f;
   for (int j = 0; j < np; ++j) {
-    const uint16_t* panel = w + (p0 + j) * K2x * kPanel;
+    const uint16_t* panel = w + at(j);
     for (int i = 0; i < MR; ++i)
       for (int64_t k = 0; k < K; ++k) {
         const float xv = bf2f(x[i * K + k]);
-        const uint16_t* row = panel + (k / 2) * 2 * kPanel + (k % 2);
+        const uint16_t* row = panel + (k / 2) * step + (k % 2);
         for (int64_t c = 0; c < kPanel; ++c) acc[i][j * kPanel + c] += xv * bf2f(row[2 * c]);
       }
   }
@@ -201,7 +207,7 @@ inline __m512 exp16(__m512 x0) {
 #endif
 
 using MicroFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, int,
-                         const float*, uint16_t*, int64_t);
+                         const float*, uint16_t*, int64_t, bool);
 
 MicroFn pick(int mr) {
   switch (mr) {
@@ -228,10 +234,15 @@ at::Tensor linear_bf16dp(const at::Tensor& x_in, const at::Tensor& panels,
               "linear_bf16dp: x must be a contiguous bf16 or fp32 [M, K] tensor");
   // fp32 x is rounded to bf16 first (as x.to(torch.bfloat16)): the attention's fp32 output
   const at::Tensor x = x_in.scalar_type() == at::kFloat ? to_bf16(x_in) : x_in;
-  TORCH_CHECK(panels.dim() == 4 && panels.scalar_type() == at::kBFloat16 &&
-                  panels.is_contiguous() && panels.size(2) == kPanel && panels.size(3) == 2,
-              "linear_bf16dp: panels must be contiguous bf16 [P, K2, 16, 2]");
-  const int64_t M = x.size(0), K = x.size(1), P = panels.size(0), K2 = panels.size(1);
+  const bool grouped = panels.dim() == 5;  // [ceil(P / 3), K2, 3, 16, 2]
+  TORCH_CHECK((panels.dim() == 4 || (grouped && panels.size(2) == kNP)) &&
+                  panels.scalar_type() == at::kBFloat16 && panels.is_contiguous() &&
+                  panels.size(-2) == kPanel && panels.size(-1) == 2,
+              "linear_bf16dp: panels must be contiguous bf16 [P, K2, 16, 2] or [G, K2, 3, 16, 2]");
+  const int64_t M = x.size(0), K = x.size(1), K2 = panels.size(1);
+  const int64_t P = grouped ? (N + kPanel - 1) / kPanel : panels.size(0);
+  TORCH_CHECK(!grouped || panels.size(0) == (P + kNP - 1) / kNP, "linear_bf16dp: N=", N,
+              " needs ", (P + kNP - 1) / kNP, " groups of panels, got ", panels.size(0));
   TORCH_CHECK(K2 == (K + 1) / 2, "linear_bf16dp: x has K=", K, ", panels ", K2, " pairs");
   TORCH_CHECK(N >= 1 && (N + kPanel - 1) / kPanel == P, "linear_bf16dp: N=", N, " needs ",
               (N + kPanel - 1) / kPanel, " panels, got ", P);
@@ -262,7 +273,7 @@ at::Tensor linear_bf16dp(const at::Tensor& x_in, const at::Tensor& panels,
       const int np = static_cast<int>(std::min<int64_t>(kNP, P - p0));
       for (int64_t m = 0; m < M; m += kMR) {
         const int mr = static_cast<int>(std::min<int64_t>(kMR, M - m));
-        pick(mr)(xp + m * K, K, wp, K2, p0, np, b, yp + m * N, N);
+        pick(mr)(xp + m * K, K, wp, K2, p0, np, b, yp + m * N, N, grouped);
         if (rp) add_residual(yp + m * N, rp + m * N, mr, N, p0 * kPanel,
                              std::min<int64_t>(N, (p0 + np) * kPanel));
       }

@@ -91,13 +91,13 @@ class Bf16Linear(nn.Module):
 
 
 class DotLinear(nn.Module):
-    """An nn.Linear whose bf16 weight lives only in cpu_bf16_dot's panels (inference only):
-    bf16 in and out, fp32 accumulation (vdpbf16ps)."""
+    """An nn.Linear whose bf16 weight lives only in cpu_bf16_dot's grouped panels (inference
+    only): bf16 in and out, fp32 accumulation (vdpbf16ps)."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.panels = cpu_bf16_dot.pack(linear.weight)
+        self.panels = cpu_bf16_dot.pack_grouped(linear.weight)  # one stream: ~1 ms a B=8 step
         b = linear.bias
         self.bias = None if b is None else b.detach().float().contiguous()
 
