@@ -18,14 +18,17 @@ attention; prefill chunks go through the attention backend as before.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from cbbench.kernels import AttentionBackend, cpu_bf16_dot, cpu_gemm
+from torch import nn
 
-if TYPE_CHECKING:
-    from cbbench.reference_engine.model.llama import AttentionMetadata, LlamaDecoderLayer
+# llama.py imports this module: its LlamaDecoderLayer and AttentionMetadata are `nn.Module`
+# and `Any` here (no import cycle)
+LlamaDecoderLayer = nn.Module
+AttentionMetadata = Any
 
 
 def bf16_layer(
