@@ -138,6 +138,7 @@ def simulate_pd(
     token_times: bool = False,
     slowdown: Sequence[Callable[[float], float] | None] | None = None,
     poll_interval_s: float | None = None,
+    decode_overhead: dict[str, float] | None = None,
 ) -> PDResult:
     """`num_prefill` prefill and `num_decode` decode workers of `config` (the prefill pool
     may have its own, `prefill_config`), the transfer priced by `link`; `num_prefill` 0:
@@ -148,7 +149,11 @@ def simulate_pd(
     `poll_interval_s`: the router reads each worker's running + waiting every that many
     seconds (the served router's `--poll-interval`) and takes the larger of that read and
     its own in-flight count (router/policy.py: ReplicaLoad), so a request that ended since
-    the last read still counts; None: the exact count at the arrival."""
+    the last read still counts; None: the exact count at the arrival.
+    `decode_overhead` (a from-run fit's `c_req`, `c_req_load`: one server's front end): the
+    decode server's API, paid by each request on its second server hop, after the link and
+    before the decode worker (`c_req + c_req_load x` the decode servers' mean outstanding
+    requests); None where the link is a measured hand-off, which holds it already."""
     if num_decode < 1 or num_prefill < 0:
         raise EngineError(f"P/D simulation needs >= 1 decode and >= 0 prefill workers, got "
                           f"{num_prefill}:{num_decode}")  # fmt: skip
@@ -264,8 +269,13 @@ def simulate_pd(
                     r.prefill_start_s, r.prefill_end_s = m.first_scheduled_time, m.first_token_time
                     r.kv_bytes = -(-r.prompt_len // block) * block * per_token
                     assert link is not None and r.prefill_end_s is not None
-                    heapq.heappush(transfers, (r.prefill_end_s + link.transfer_s(r.kv_bytes),
-                                   next(counter), o.request_id, o.new_token_ids[-1]))  # fmt: skip
+                    hop = 0.0
+                    if decode_overhead:  # the decode server's front end, at its load
+                        load = sum(outstanding[j] for j in decodes) / len(decodes)
+                        hop = (decode_overhead.get("c_req", 0.0)
+                               + decode_overhead.get("c_req_load", 0.0) * load)  # fmt: skip
+                    heapq.heappush(transfers, (r.prefill_end_s + link.transfer_s(r.kv_bytes)
+                                   + hop, next(counter), o.request_id, o.new_token_ids[-1]))  # fmt: skip
                 continue
             r.num_tokens += len(o.new_token_ids)
             if token_times:
