@@ -281,10 +281,15 @@ def test_the_servers_own_stream_takes_the_compiled_path():
     assert len(a.extra["server_send_ns"]) == len(b.extra["server_send_ns"]) == 24
 
 
+def _env(extra: dict) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "CBBENCH_NO_CREAD"}
+    return {**env, **extra}
+
+
 def _child(code: str, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", code],
-        env={**os.environ, **env},
+        env=_env(env),
         capture_output=True,
         text=True,
         timeout=60,
@@ -309,7 +314,7 @@ def test_a_failed_build_falls_back_with_one_line_and_the_same_results(tmp_path):
     # `python -m ... cread` retries (and fails again, exit 1, one line saying why)
     retry = subprocess.run(
         [sys.executable, "-m", "cbbench.harness.client.cread"],
-        env={**os.environ, **env},
+        env=_env(env),
         capture_output=True,
         text=True,
         timeout=60,
@@ -318,6 +323,7 @@ def test_a_failed_build_falls_back_with_one_line_and_the_same_results(tmp_path):
 
 
 def test_a_fresh_build_in_an_empty_folder_is_used(tmp_path):
+    require_compiled()
     code = "from cbbench.harness.client import cread; print(cread.SCAN is not None)"
     t0 = time.monotonic()
     out = _child(code, {"CBBENCH_KERNEL_DIR": str(tmp_path)})

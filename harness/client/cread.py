@@ -34,7 +34,7 @@ PREFIX = "cbbench client: "
 _reason: str | None = None
 
 
-def _compiler() -> list[str]:
+def compiler() -> list[str]:
     cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
     return shlex.split(cc)
 
@@ -47,7 +47,7 @@ def build_folder() -> Path:
 
 def build_key() -> str:
     h = hashlib.sha256()
-    for part in (sys.version, sysconfig.get_paths()["include"], *_compiler(), *CFLAGS):
+    for part in (sys.version, sysconfig.get_paths()["include"], *compiler(), *CFLAGS):
         h.update(part.encode() + b"\0")
     h.update(SOURCE.read_bytes())
     return h.hexdigest()[:16]
@@ -64,7 +64,7 @@ def _build(so: Path, failed: Path) -> None:
     """Compile to a private file, then rename it into place (atomic: workers may race)."""
     so.parent.mkdir(parents=True, exist_ok=True)
     tmp = so.with_name(f"{so.name}.{os.getpid()}.tmp")
-    cmd = [*_compiler(), *CFLAGS, f"-I{sysconfig.get_paths()['include']}", str(SOURCE), "-o"]
+    cmd = [*compiler(), *CFLAGS, f"-I{sysconfig.get_paths()['include']}", str(SOURCE), "-o"]
     try:
         out = subprocess.run([*cmd, str(tmp)], capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as exc:
