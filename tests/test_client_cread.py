@@ -309,6 +309,11 @@ def test_a_failed_build_falls_back_with_one_line_and_the_same_results(tmp_path):
     assert first.stdout.startswith("None True build failed")
     again = _child(code, env)  # remembered: no second attempt, no second note
     assert cread.PREFIX not in again.stderr and "build failed before" in again.stdout
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    odd = _child(code, {"CBBENCH_KERNEL_DIR": str(blocked)})  # a cache it cannot write
+    assert odd.returncode == 0 and odd.stdout.startswith("None True unavailable"), odd.stdout
+    assert [ln for ln in odd.stderr.splitlines() if ln.startswith(cread.PREFIX)], odd.stderr
     off = _child(code, {"CBBENCH_NO_CREAD": "1"})
     assert off.stdout.startswith("None True off"), off.stdout
     # `python -m ... cread` retries (and fails again, exit 1, one line saying why)

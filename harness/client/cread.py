@@ -28,7 +28,9 @@ from pathlib import Path
 
 NAME = "_cbbench_cread"
 SOURCE = Path(__file__).parent / "csrc" / "cread.c"
-CFLAGS = ("-O2", "-fPIC", "-shared", "-std=c99", "-fno-strict-aliasing")
+CFLAGS = ("-O2", "-fPIC", "-shared", "-fno-strict-aliasing") + (
+    ("-undefined", "dynamic_lookup") if sys.platform == "darwin" else ()
+)
 PREFIX = "cbbench client: "
 
 _reason: str | None = None
@@ -102,19 +104,23 @@ def load(retry: bool = False):  # noqa: ANN201
                 _build(so, failed)
             except RuntimeError as exc:
                 _reason = f"build failed: {exc}"
-                failed.write_text(str(exc) + "\n")
-                print(
-                    f"{PREFIX}the compiled read path did not build ({exc}); using the Python "
-                    f"path (slower, same results; `python -m cbbench.harness.client.cread` "
-                    "retries)",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                _note(f"did not build ({exc})")
+                failed.write_text(str(exc) + "\n")  # remembered: no retry per process
                 return None
         return _import(so)
-    except (OSError, ImportError) as exc:
+    except (OSError, ImportError) as exc:  # a folder it cannot write, a module it cannot load
         _reason = f"unavailable: {type(exc).__name__}: {exc}"
+        _note(f"is unavailable ({type(exc).__name__}: {exc})")
         return None
+
+
+def _note(what: str) -> None:
+    print(
+        f"{PREFIX}the compiled read path {what}; using the Python path (slower, same results; "
+        "`python -m cbbench.harness.client.cread` retries)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def reason() -> str | None:
