@@ -120,6 +120,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "jitter (measured / predicted one-step gaps) into the hardware JSON: sim and "
                    "plan then draw each step's time from it, so ITL and TTFT tails carry it; "
                    "each replay is then one sample (means move by a few % between seeds)")
+    f.add_argument("--kv-handoff", nargs="+", default=[], metavar="RUN", help="disaggregated "
+                   "bench runs: also fit the KV hand-off from their phase stamps (TTFT less "
+                   "prefill queue, prefill, decode queue and this fit's request overhead, on KV "
+                   "bytes), printed and saved as fit.kv_link (for `cbbench sim --kv-link`)")
     p.set_defaults(func=run)
 
 
@@ -136,6 +140,10 @@ def _from_run(args: argparse.Namespace) -> int:
                                args.holdout, args.check_run, args.served_before, args.server_ttft,
                                step_jitter=args.step_jitter, log=lambda m: console.print(m, highlight=False, soft_wrap=True))  # fmt: skip
     rc.print_calibration(c, console)
+    if args.kv_handoff:
+        from cbbench.harness.planning.pd_handoff import add_handoff
+
+        console.print(add_handoff(c.spec, args.kv_handoff), highlight=False, soft_wrap=True)
     rc.save(c, Path(args.out or f"calibration-{Path(args.from_run[0]).name}.json"), console)
     return 0
 
@@ -175,6 +183,9 @@ def run(args: argparse.Namespace) -> int:
     if args.step_jitter and not args.from_run:  # it is fitted from the runs' gaps
         raise EngineError("--step-jitter goes with --from-run (the jitter is fitted from the "
                           "runs' gaps between tokens)")  # fmt: skip
+    if args.kv_handoff and not args.from_run:  # less the fit's overhead: a fit is made
+        raise EngineError("--kv-handoff goes with --from-run (the hand-off is the TTFT less "
+                          "the phases and the fitted request overhead)")  # fmt: skip
     if args.from_run or (args.check_run and args.fit):  # --fit: a preset or fit checked on runs
         return _from_run(args)
     if args.server_config or args.check_run or args.server_ttft or args.served_before:

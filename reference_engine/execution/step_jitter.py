@@ -4,7 +4,10 @@ fitted step time, kept as its empirical distribution (QUANTILES quantiles, scale
 1.0 so the means the fit matched stay matched). A hardware spec carrying it (`fit
 ["step_jitter"]`: only from-run fits do) makes the simulator multiply every step's time by
 a draw from it (inverse CDF, linear between the quantiles), from a generator seeded by the
-replay's seed: the same seed gives the same run."""
+replay's seed: the same seed gives the same run. The workers of one cluster or P/D replay
+each draw from a stream of their own (`own_streams`: the seed and the worker's index), as
+separate hosts' or processes' jitter is: one shared seed would give every worker the same
+sequence of draws, its slow steps at the same step counts."""
 
 from __future__ import annotations
 
@@ -54,11 +57,14 @@ def describe_spec(hardware) -> str | None:
 class StepJitter:
     """Draws a step's time factor (module doc)."""
 
-    def __init__(self, jitter: dict, seed: int = 0) -> None:
+    def __init__(self, jitter: dict, seed: int = 0, stream: int = 0) -> None:
         self.q = np.asarray(jitter["quantiles"], dtype=float)
         assert len(self.q) >= 2 and np.all(np.diff(self.q) >= 0), "quantiles must ascend"
         self.p = np.linspace(0.0, 1.0, len(self.q))
-        self.rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, 56])
+        self.jitter, self.seed = jitter, seed
+        # stream 0 (a lone engine, a cluster's first worker) keeps the single-engine draws
+        key = [int(seed) & 0xFFFFFFFF, 56] + ([int(stream)] if stream else [])
+        self.rng = np.random.default_rng(key)
         self._buf: list[float] = []
 
     @classmethod
@@ -71,3 +77,12 @@ class StepJitter:
         if not self._buf:
             self._buf = np.interp(self.rng.random(_BLOCK), self.p, self.q)[::-1].tolist()
         return self._buf.pop()
+
+
+def own_streams(engines) -> None:
+    """Each simulated worker of a cluster draws its jitter from a stream of its own (its
+    index in `engines`), not the seed's one sequence every worker would repeat."""
+    for i, e in enumerate(engines):
+        j = getattr(e.executor, "jitter", None)
+        if j is not None:
+            e.executor.jitter = StepJitter(j.jitter, j.seed, stream=i)

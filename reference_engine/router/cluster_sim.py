@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from cbbench.reference_engine.config.engine_config import EngineConfig
 from cbbench.reference_engine.engine.llm_engine import LLMEngine
 from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.execution.step_jitter import own_streams
 from cbbench.reference_engine.router.policy import ReplicaLoad, RouteRequest, RoutingPolicy
 from cbbench.reference_engine.router.prefix import token_block_hashes
 from cbbench.reference_engine.sampling_params import SamplingParams
@@ -184,6 +185,7 @@ def simulate_cluster(
     wall0 = time.perf_counter()
     cfg = replace(config, executor="sim")
     engines = [LLMEngine.from_config(cfg) for _ in range(num_replicas)]
+    own_streams(engines)  # each replica its own jitter draws (step_jitter.py)
     for e in engines:
         assert e.now() == 0.0, "every simulated clock starts at 0"
     loads = [ReplicaLoad(i, f"r{i}") for i in range(num_replicas)]

@@ -18,6 +18,7 @@ asked, every token's time (ITL). Every number is SIMULATED.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from collections.abc import Callable, Sequence
@@ -27,6 +28,7 @@ from cbbench.reference_engine.config.engine_config import EngineConfig
 from cbbench.reference_engine.engine.llm_engine import LLMEngine
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution.kv_link import KVLink
+from cbbench.reference_engine.execution.step_jitter import own_streams
 from cbbench.reference_engine.kv_transfer.payload import KVPayload
 from cbbench.reference_engine.router.cluster_sim import ReplicaTotals
 from cbbench.reference_engine.sampling_params import SamplingParams
@@ -135,13 +137,18 @@ def simulate_pd(
     seed: int = 0,
     token_times: bool = False,
     slowdown: Sequence[Callable[[float], float] | None] | None = None,
+    poll_interval_s: float | None = None,
 ) -> PDResult:
     """`num_prefill` prefill and `num_decode` decode workers of `config` (the prefill pool
     may have its own, `prefill_config`), the transfer priced by `link`; `num_prefill` 0:
     `num_decode` aggregated workers serving whole requests (least outstanding).
     `slowdown`, one per worker (prefill workers first): workers sharing a host's cores, each
     step starting at t takes slowdown(t) times its hardware's time (a measured contention
-    timeline; None: the worker has its device to itself, as on a GPU of its own)."""
+    timeline; None: the worker has its device to itself, as on a GPU of its own).
+    `poll_interval_s`: the router reads each worker's running + waiting every that many
+    seconds (the served router's `--poll-interval`) and takes the larger of that read and
+    its own in-flight count (router/policy.py: ReplicaLoad), so a request that ended since
+    the last read still counts; None: the exact count at the arrival."""
     if num_decode < 1 or num_prefill < 0:
         raise EngineError(f"P/D simulation needs >= 1 decode and >= 0 prefill workers, got "
                           f"{num_prefill}:{num_decode}")  # fmt: skip
@@ -153,11 +160,14 @@ def simulate_pd(
     pcfg = replace(prefill_config or config, executor="sim", role="both")
     engines = [LLMEngine.from_config(pcfg) for _ in range(num_prefill)]
     engines += [LLMEngine.from_config(cfg) for _ in range(num_decode)]
+    own_streams(engines)  # each worker its own jitter draws (step_jitter.py)
     is_prefill = [i < num_prefill for i in range(len(engines))]
     for e, f in zip(engines, slowdown or (), strict=False):
         e.executor.slowdown = f  # type: ignore[attr-defined]
     totals = [ReplicaTotals() for _ in engines]
     outstanding = [0] * len(engines)
+    # each worker's outstanding count over time, for the router's last read (poll_interval_s)
+    history: list[tuple[list[float], list[int]]] = [([0.0], [0]) for _ in engines]
     vocab = engines[-1].model_config.vocab_size
     arrivals = Arrivals(requests, PromptTokenIds(seed, prefix_block_size, id_pool(vocab)))
     per_token = engines[-1].executor.cost_model.kv_bytes_per_token  # type: ignore[attr-defined]
@@ -169,10 +179,25 @@ def simulate_pd(
     prefills = range(num_prefill)
     decodes = range(num_prefill, len(engines))
 
-    def pick(pool: range, by_kv: bool) -> int:
+    def count(i: int, delta: int, t: float) -> None:
+        outstanding[i] += delta
+        if poll_interval_s:
+            ts, ns = history[i]
+            ts.append(max(t, ts[-1]))
+            ns.append(outstanding[i])
+
+    def seen(i: int, t: float) -> int:
+        """The router's count of worker i at t: max(its own, the worker's at the last read)."""
+        if not poll_interval_s:
+            return outstanding[i]
+        ts, ns = history[i]
+        read = (t // poll_interval_s) * poll_interval_s
+        return max(outstanding[i], ns[bisect.bisect_right(ts, read) - 1])
+
+    def pick(pool: range, by_kv: bool, t: float) -> int:
         def key(i: int) -> tuple:
             bm = engines[i].block_manager
-            return (bm.num_used_blocks / bm.num_blocks if by_kv else 0.0, outstanding[i], i)
+            return (bm.num_used_blocks / bm.num_blocks if by_kv else 0.0, seen(i, t), i)
 
         return min(pool, key=key)
 
@@ -184,7 +209,7 @@ def simulate_pd(
             e.add_request(rid, ids, params, arrival_time=t, **kv)
         except EngineError as exc:
             raise EngineError(f"workload request {recs[rid].index}: {exc}") from None
-        outstanding[i] += 1
+        count(i, 1, t)
         totals[i].requests += 1
 
     while arrivals.pending or transfers or any(e.has_unfinished_requests() for e in engines):
@@ -195,7 +220,7 @@ def simulate_pd(
         if t_xfer is not None and t_xfer <= t_step and (t_arr is None or t_xfer <= t_arr):
             t, _, rid, first = heapq.heappop(transfers)
             r = recs[rid]
-            i = pick(decodes, by_kv=True)
+            i = pick(decodes, by_kv=True, t=t)
             r.decode_worker, r.transfer_end_s = i, t
             payload = KVPayload(None, r.prompt_len, first, None)  # type: ignore[arg-type]
             add(i, rid, prompts.pop(rid), SamplingParams(max_tokens=r.output_len,
@@ -206,12 +231,12 @@ def simulate_pd(
                 rid = f"req-{spec.index}"
                 recs[rid] = PDRequest(spec.index, len(ids), spec.output_len, t)
                 if num_prefill:
-                    i = pick(prefills, by_kv=False)
+                    i = pick(prefills, by_kv=False, t=t)
                     recs[rid].prefill_worker = i
                     prompts[rid] = ids
                     add(i, rid, ids, SamplingParams(max_tokens=1, ignore_eos=True), t)
                 else:
-                    i = pick(decodes, by_kv=False)
+                    i = pick(decodes, by_kv=False, t=t)
                     recs[rid].decode_worker = i
                     add(i, rid, ids, SamplingParams(max_tokens=spec.output_len,
                         ignore_eos=True), t)  # fmt: skip
@@ -235,7 +260,7 @@ def simulate_pd(
             m = o.metrics
             if is_prefill[i]:
                 if o.finished:
-                    outstanding[i] -= 1
+                    count(i, -1, m.finished_time or end)
                     r.prefill_start_s, r.prefill_end_s = m.first_scheduled_time, m.first_token_time
                     r.kv_bytes = -(-r.prompt_len // block) * block * per_token
                     assert link is not None and r.prefill_end_s is not None
@@ -249,7 +274,7 @@ def simulate_pd(
             if r.first_token_s is None:
                 r.first_token_s = m.first_token_time
             if o.finished:
-                outstanding[i] -= 1
+                count(i, -1, m.finished_time or end)
                 r.decode_start_s = m.first_scheduled_time
                 if num_prefill == 0:
                     r.prefill_start_s = m.first_scheduled_time

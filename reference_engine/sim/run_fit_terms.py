@@ -186,7 +186,12 @@ def jitter_ratios(run, part: list[bool], steps: list, sim_reqs: list, margin: in
     """The step jitter's samples (execution/step_jitter.py): each measured decode gap of a
     request in `part` whose span in the replay (`steps`: run_fit._StepLog.steps) is one step
     with no prefill chunk within `margin` steps (the replay places another request's chunk
-    right to a step or two: the server's may have landed in this gap) over that step's time."""
+    right to a step or two: the server's may have landed in this gap), and which no other
+    request's measured prefill window (its send -> its first token: where the server's chunk
+    and its front end's work for it must lie) overlaps, over that step's time. So the jitter
+    is a decode-only step's: a chunk the replay misplaced by more than `margin` steps (its
+    front end slower than the fit's mean) would otherwise count as jitter and price it into
+    every step, a decode-only worker's too (issue #56: p99 x3.1 where those steps have 1.6)."""
     if not steps:
         return []
     span = np.array([e - s for s, e, _, _ in steps])
@@ -197,13 +202,21 @@ def jitter_ratios(run, part: list[bool], steps: list, sim_reqs: list, margin: in
         for rid, s in items:
             if s:
                 samples.setdefault(rid, []).append(j)
+    opens = np.array([r.sent_s for r in run.requests], dtype=float)
+    closes = opens + np.array([r.ttft_s for r in run.requests], dtype=float)
     out = []
-    for obs, sim, q in zip(run.requests, sim_reqs, part, strict=True):
+    for n, (obs, sim, q) in enumerate(zip(run.requests, sim_reqs, part, strict=True)):
         js = samples.get(sim.request_id, [])
         if not q or len(obs.itl_s) != len(js) - 1:
             continue
+        ends = obs.sent_s + obs.ttft_s + np.cumsum(obs.itl_s)
         for k, gap in enumerate(obs.itl_s, 1):
             j = js[k]
-            if j - js[k - 1] == 1 and not near[j] and span[j] > 0:
+            if j - js[k - 1] != 1 or near[j] or span[j] <= 0:
+                continue
+            t0, t1 = ends[k - 1] - gap, ends[k - 1]
+            hit = (opens < t1) & (closes > t0)
+            hit[n] = False
+            if not hit.any():
                 out.append(gap / span[j])
     return out

@@ -7,7 +7,7 @@ Runs alternate (A, D, A, D, ...) so a neighbour's load on a shared machine hits 
 both are simulated (`router/pd_sim.py`) from measurements only, nothing fitted on the
 figures compared: this host's `cbbench calibrate` at one torch thread (CPU clock; run once,
 cached in --out), each engine's wait for a core (the kernel's schedstat, over the run and as
-a 0.1 s timeline), and the link from the decode workers' transfer records. Prints ITL p99,
+a 0.1 s timeline), and the KV hand-off from the decode workers' phase stamps. Prints ITL p99,
 TTFT p50, TPOT p50 per run, their medians, each simulation with its error, the phases and
 the engines' CPU measured vs simulated, and whether the worst error is within 15 %; writes
 OUT/disagg_cpu.json. About 6 minutes with the calibration, 1 a run after it.
@@ -25,13 +25,16 @@ import shutil
 import statistics
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from cbbench.harness.load.runner import BenchConfig, run_bench
+from cbbench.harness.planning.pd_handoff import fit_handoff_runs
 from cbbench.harness.servers.launcher import start_server
 from cbbench.reference_engine.config.options import SIM_DEFAULTS, build_engine_config
 from cbbench.reference_engine.execution.cost_model import get_hardware
 from cbbench.reference_engine.execution.kv_link import get_link
+from cbbench.reference_engine.router.options import POLL_INTERVAL_S
 from cbbench.reference_engine.router.pd_sim import simulate_pd
 from cbbench.reference_engine.sim.request_overhead import overhead_of, with_overhead
 from cbbench.workloads.spec import RequestSpec, Workload
@@ -203,17 +206,19 @@ def measure(mode: str, wl: Workload, out: Path, extra: list[str]) -> dict:
 
 
 def simulate(mode: str, wl: Workload, extra: dict, link: str = "loopback",
-             slowdown: dict[str, float] | None = None, timeline: dict | None = None) -> dict:  # fmt: skip
+             slowdown: dict[str, float] | None = None, timeline: dict | None = None,
+             seed: int = 0, base: float = 1.0) -> dict:  # fmt: skip
     """The deployment simulated; `slowdown` (role -> factor, measured host contention) runs
     each pool's steps that many times as long (the engine's calibrated time on a core of its
-    own, times the wait for a core the kernel measured)."""
+    own, times the wait for a core the kernel measured); `seed`: the step jitter's draws;
+    `base`: the hardware's own wait for a core (its steps carry it), the timeline divided by it."""
     hw = extra["hardware"]
     slow = slowdown or {}
 
     def config(role: str):
         f = slow.get(role, 1.0)
-        return build_engine_config({"model": MODEL, **extra, "hardware": f"{hw}@{f:.4f}"},
-                                   SIM_DEFAULTS, scheduler="continuous")  # fmt: skip
+        return replace(build_engine_config({"model": MODEL, **extra, "hardware": f"{hw}@{f:.4f}"},
+                                           SIM_DEFAULTS, scheduler="continuous"), seed=seed)  # fmt: skip
 
     roles = ["both", "both"] if mode == "aggregated" else ["prefill", "decode"]
     fns = None
@@ -224,7 +229,8 @@ def simulate(mode: str, wl: Workload, extra: dict, link: str = "loopback",
             series = timeline[r][seen[r]]
             seen[r] += 1
             known = [f for _, f in series if f is not None] or [1.0]
-            fns.append(_step_fn(series, statistics.mean(known)))
+            fns.append(_step_fn([(t, None if f is None else f / base) for t, f in series],
+                                statistics.mean(known) / base))  # fmt: skip
     if mode == "aggregated":
         p, d, cfg, pcfg = 0, 2, config("both"), None
     else:
@@ -234,7 +240,8 @@ def simulate(mode: str, wl: Workload, extra: dict, link: str = "loopback",
     over = overhead_of(get_hardware(hw))
     res = with_overhead(wl.requests, over, lambda reqs: simulate_pd(
         reqs, cfg, p, d, get_link(link), token_times=True, prefill_config=pcfg,
-        prefix_block_size=wl.prefix_block_size, seed=wl.prompt_seed, slowdown=fns),
+        prefix_block_size=wl.prefix_block_size, seed=wl.prompt_seed, slowdown=fns,
+        poll_interval_s=POLL_INTERVAL_S),
         p + d if mode == "aggregated" else 1)  # fmt: skip
     s = res.summary()
     return {
@@ -244,24 +251,6 @@ def simulate(mode: str, wl: Workload, extra: dict, link: str = "loopback",
         "busy_s": [t.busy_s for t in res.replicas],  # prefill workers first
         "phases_p50": {k: v["p50"] for k, v in s.get("phases", {}).items()},
     }
-
-
-def fit_link(folders: list[Path]) -> str:
-    """The loopback link as measured: least squares of each request's transfer seconds on
-    its bytes (the decode workers' phases) -> 'bandwidth_gbps=B,latency_ms=L'."""
-    import numpy as np
-
-    pairs = []
-    for f in folders:
-        for line in (f / "requests.jsonl").read_text().splitlines():
-            ph = (json.loads(line).get("extra") or {}).get("phases") or {}
-            if ph.get("kv_transfer_s") is not None:
-                pairs.append((ph["kv_transfer_bytes"], ph["kv_transfer_s"]))
-    x, y = np.array(pairs, float).T
-    slope, intercept = np.polyfit(x, y, 1)
-    return (
-        f"bandwidth_gbps={1 / max(slope, 1e-12) / 1e9:.4f},latency_ms={max(intercept, 0) * 1e3:.3f}"
-    )
 
 
 def calibration(out: Path, given: str | None, recalibrate: bool, clock: str) -> str:
@@ -293,6 +282,18 @@ CAL_SPEC = {"prompt": {"dist": "uniform", "min": 16, "max": 320},
             "output": {"dist": "uniform", "min": 8, "max": 96}}  # fmt: skip
 CAL_RATES = (1.0, 2.5)
 CAL_REQUESTS = 48
+CAL_CONTENTION = "engine_contention.json"  # in each calibration run's folder
+
+
+def calibration_contention(out: Path, extra: list[str]) -> float | None:
+    """The from-run calibration engine's own wait for a core (mean over its runs): the
+    from-run fit's steps carry it, so the deployment's timeline is taken relative to it.
+    None where the runs did not record it (before 6 December, v56)."""
+    tag = "-".join(x.lstrip("-") for x in extra)
+    found = [json.loads(f.read_text())["slowdown"] for k in range(len(CAL_RATES))
+             for f in (out / f"calibration-run-{tag}-{k}" / CAL_CONTENTION,
+                       out / f"calibration-run-{k}" / CAL_CONTENTION) if f.exists()]  # fmt: skip
+    return statistics.mean(found) if found else None
 
 
 def calibration_from_run(out: Path, extra: list[str], recalibrate: bool) -> str:
@@ -303,17 +304,21 @@ def calibration_from_run(out: Path, extra: list[str], recalibrate: bool) -> str:
     the API process on the other core), which `cbbench calibrate` (steps timed in-process)
     does not see; the fit's request overhead (HTTP, tokenizing) is paid per request."""
     tag = "-".join(x.lstrip("-") for x in extra)  # the engine settings: a cache per setting
-    path = out / f"calibration-{MODEL}-from-run-jitter-{tag}.json"
+    path = out / f"calibration-{MODEL}-from-run-jitter-server-ttft-{tag}.json"
     if path.exists() and not recalibrate:
         print(f"calibration: reusing {path} (--recalibrate to refit)", flush=True)
         return str(path)
     out.mkdir(parents=True, exist_ok=True)
     folders = [out / f"calibration-run-{tag}-{k}" for k in range(len(CAL_RATES))]
+    legacy = [out / f"calibration-run-{k}" for k in range(len(CAL_RATES))]  # before the tag
+    if not recalibrate and not all((f / "run.json").exists() for f in folders) and all(
+            (f / "run.json").exists() for f in legacy):  # fmt: skip
+        folders = legacy  # a saved study's runs: refit them, bench nothing
     if recalibrate or not all((f / "run.json").exists() for f in folders):
         _bench_calibration_runs(out, extra, folders)
     fit = [sys.executable, "-m", "cbbench.harness.cli", "calibrate", "--from-run",
            *map(str, folders), "--model", MODEL, "--dtype", "float32", "--holdout", "0",
-           "--step-jitter", "--out", str(path)]  # fmt: skip
+           "--step-jitter", "--server-ttft", "--out", str(path)]  # fmt: skip
     done = subprocess.run(fit, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=1800)  # fmt: skip
     print(done.stdout[-3000:], flush=True)
@@ -330,6 +335,7 @@ def _bench_calibration_runs(out: Path, extra: list[str], folders: list[Path]) ->
            "--host", "127.0.0.1", "--port", "0", *extra]  # fmt: skip
     handle = start_server(cmd, 300.0, name="calibration engine")
     try:
+        engines = list(_engines(handle.process.pid))
         for k, (rate, folder) in enumerate(zip(CAL_RATES, folders, strict=True)):
             shutil.rmtree(folder, ignore_errors=True)
             bench = [sys.executable, "-m", "cbbench.harness.cli", "bench", "--base-url",
@@ -337,7 +343,13 @@ def _bench_calibration_runs(out: Path, extra: list[str], folders: list[Path]) ->
                      "--workload", str(spec), "--rate", str(rate), "--num-requests",
                      str(CAL_REQUESTS), "--out", str(folder)]  # fmt: skip
             print(f"calibration run {k}: {CAL_REQUESTS} requests at {rate}/s", flush=True)
+            before = [_schedstat(p) for p in engines]
             subprocess.run(bench, check=True, timeout=900, stdout=subprocess.DEVNULL)
+            after = [_schedstat(p) for p in engines]
+            run = sum(y[0] - x[0] for x, y in zip(before, after, strict=True))
+            wait = sum(y[1] - x[1] for x, y in zip(before, after, strict=True))
+            if run > 0:  # the calibration engine's own wait for a core, as measure() reads it
+                (folder / CAL_CONTENTION).write_text(json.dumps({"slowdown": (run + wait) / run}))
     finally:
         handle.stop()
 
@@ -373,6 +385,8 @@ def main() -> None:
     ap.add_argument("--from-run-calibration", action="store_true",
                     help="also fit the served engine from two benched runs of another workload "
                     "(calibrate --from-run) and simulate with that fit")  # fmt: skip
+    ap.add_argument("--sim-seeds", type=int, default=5,
+                    help="jitter seeds the from-run simulations take the median over (5)")
     ap.add_argument("--clock", default="cpu", choices=["wall", "cpu"],
                     help="calibrate's clock (cpu, default: a step's time on a core of its own; "
                     "the wait for a core is measured on the deployment's engines)")  # fmt: skip
@@ -387,6 +401,7 @@ def main() -> None:
                    str(args.max_num_batched_tokens)]  # fmt: skip
     fr_path = (calibration_from_run(out, serve_extra, args.recalibrate)
                if args.from_run_calibration else None)  # fmt: skip
+    cal_wait = calibration_contention(out, serve_extra) if fr_path else None
     if args.from_json:  # several: their runs pooled (folders beside each json)
         for path in args.from_json.split(","):
             earlier = json.loads(Path(path).read_text())
@@ -415,21 +430,28 @@ def main() -> None:
     med = {m: {k: statistics.median(r[k] for r in runs[m]) for k in ("itl_p99", "ttft_p50",
            "tpot_p50")} for m in DEPLOYMENTS}  # fmt: skip
     # the simulator's only inputs: this host's calibration (the engine's steps timed alone)
-    # and the link as the decode workers' own transfer records measured it
-    link = fit_link([Path(r["dir"]) for r in runs["disaggregated"]])
+    # and the KV hand-off as the disaggregated requests' phase stamps measured it
+    pd_dirs = [Path(r["dir"]) for r in runs["disaggregated"]]
+    pull = fit_handoff_runs(pd_dirs, pull_only=True)
+    # the hand-off (the pull and what its stamp leaves out), less each hardware's overhead
+    link = fit_handoff_runs(pd_dirs, overhead_of(get_hardware(hw_path)))
+    fr_link = fit_handoff_runs(pd_dirs, overhead_of(get_hardware(fr_path))) if fr_path else None
     # host contention per pool, as the kernel measured it on the engines (median over runs)
     slow = {m: {role: statistics.median(r["slowdown"][role] for r in runs[m]
                                          if role in r.get("slowdown", {}))
                 for role in {x for r in runs[m] for x in r.get("slowdown", {})}}
             for m in DEPLOYMENTS}  # fmt: skip
     print(f"\nhardware: {hw_path} (cbbench calibrate, 1 torch thread)")
-    print(f"KV link fitted on the measured transfers: {link}")
+    print(f"KV link fitted on the measured pulls alone: {pull}; on the hand-off (TTFT less "
+          f"its prefill queue, prefill, decode queue and the fit's request overhead): {link}"
+          + (f" (from-run fit: {fr_link})" if fr_link else ""))  # fmt: skip
     print("host contention (engine time on a core + queued for one) / on a core, median: "
           + "; ".join(f"{m} " + ", ".join(f"{r} {f:.2f}x" for r, f in sorted(slow[m].items()))
                       for m in DEPLOYMENTS))  # fmt: skip
     print("\n| deployment | ITL p99 (ms) | TTFT p50 (ms) | TPOT p50 (ms) |")
     print("|---|---:|---:|---:|")
-    result: dict = {"hardware": hw_path, "link": link, "slowdown": slow}
+    result: dict = {"hardware": hw_path, "link": link, "link_pull": pull,
+                    "link_from_run": fr_link, "slowdown": slow}  # fmt: skip
     keys = ("itl_p99", "ttft_p50", "tpot_p50")
     for mode in DEPLOYMENTS:
         m = med[mode]
@@ -452,9 +474,27 @@ def main() -> None:
         if over_time:
             rows.append(("SIMULATED, calibration x contention over time", over_time))
         if fr_path:  # the served engine fitted from runs of another workload (#53)
-            fr = simulate(mode, wl, {**engine, "hardware": fr_path}, link)
+            # a jittered replay is one sample: the median over --sim-seeds jitter seeds
+            seeds = range(args.sim_seeds)
+            each = [simulate(mode, wl, {**engine, "hardware": fr_path}, fr_link or link,
+                             seed=k) for k in seeds]  # fmt: skip
+            fr = {**each[0], **{k: statistics.median(y[k] for y in each) for k in keys}}
             result[mode]["simulated_from_run"] = fr
-            rows.append(("SIMULATED, from-run fit of the served engine", fr))
+            result[mode]["simulated_from_run_seeds"] = [{k: y[k] for k in keys} for y in each]
+            rows.append((f"SIMULATED, from-run fit of the served engine (median of "
+                         f"{len(each)} jitter seeds)", fr))  # fmt: skip
+            print(f"  from-run fit over {len(each)} jitter seeds, {mode}: ITL p99 " + ", ".join(
+                f"{y['itl_p99'] * 1e3:.1f}" for y in each) + "; TTFT p50 " + ", ".join(
+                f"{y['ttft_p50'] * 1e3:.1f}" for y in each))  # fmt: skip
+            frt = [simulate(mode, wl, {**engine, "hardware": fr_path}, fr_link or link,
+                            timeline=r["timeline"], seed=k, base=cal_wait or 1.0)
+                   for r in runs[mode] if r.get("timeline") for k in seeds]  # fmt: skip
+            if frt:  # and each engine's wait for a core over time, as in this deployment
+                x = {k: statistics.median(y[k] for y in frt) for k in keys}
+                result[mode]["simulated_from_run_timeline"] = x
+                rows.append(("SIMULATED, from-run fit x contention over time" + (
+                    f" / the calibration engine's {cal_wait:.2f}x" if cal_wait else
+                    " (upper bound: the calibration engine's own wait not recorded)"), x))  # fmt: skip
         for label, x in rows:
             print(f"| {mode} {label} (error) | " + " | ".join(
                 f"{x[k] * 1e3:.1f} ({x[k] / m[k] - 1:+.0%})" for k in keys) + " |")  # fmt: skip
@@ -471,7 +511,7 @@ def main() -> None:
         print(f"  engines' CPU: measured {got:.1f} s (median over runs), simulated {want:.1f} s "
               f"(the contended simulation's busy time on a core)")  # fmt: skip
     a, d = result["aggregated"], result["disaggregated"]
-    for variant in ("simulated", "simulated_from_run"):
+    for variant in ("simulated", "simulated_from_run", "simulated_from_run_timeline"):
         if variant not in a:
             continue
         for key in ("itl_p99", "ttft_p50"):
@@ -479,14 +519,16 @@ def main() -> None:
             s = d[variant][key] / a[variant][key]
             print(f"{key}: disaggregated / aggregated = {m:.2f} measured, {s:.2f} {variant} "
                   f"({s / m - 1:+.0%}); same order: {(m < 1) == (s < 1)}")  # fmt: skip
-    for variant in ("simulated", "simulated_timeline", "simulated_from_run"):
+    for variant in ("simulated", "simulated_timeline", "simulated_from_run",
+                    "simulated_from_run_timeline"):
         if any(result[x].get(variant) is None for x in DEPLOYMENTS):
             continue
         worst = max(abs(result[x][variant][k] / result[x]["measured"][k] - 1)
                     for x in DEPLOYMENTS for k in ("itl_p99", "ttft_p50"))  # fmt: skip
         result[f"worst_error_{variant}"] = worst
         how = {"simulated": "one factor a pool", "simulated_timeline": "contention over time",
-               "simulated_from_run": "from-run fit of the served engine"}[variant]
+               "simulated_from_run": "from-run fit of the served engine",
+               "simulated_from_run_timeline": "from-run fit x contention over time"}[variant]
         print(f"worst |error| on ITL p99 and TTFT p50 ({how}): {worst:.0%} "
               f"({'within' if worst <= 0.15 else 'NOT within'} 15 %)")
     out.mkdir(parents=True, exist_ok=True)
