@@ -5,9 +5,11 @@ Each worker is its own simulated `LLMEngine` with its own scheduler. A request a
 the prefill worker with the fewest outstanding requests and runs its prompt there (one
 token asked); when that token is out, its KV (the cost model's bytes per token over the
 prompt's whole blocks, so the KV dtype counts) crosses the link (`execution/kv_link.py`:
-latency + bytes / bandwidth), then enters the decode worker with the most KV headroom as an
+latency + bytes / bandwidth; plus the decode server's front end where a fit prices one and
+the link is not the measured hand-off that holds it: sim/pd_link.py), then enters the decode worker with the most KV headroom as an
 imported request (engine/disagg.py: it waits for a slot and blocks, its prompt counted as
-computed, its first token out on arrival) and decodes there. Events are taken in time
+computed, its first token out on arrival; its copy-in charged to the step that admits it,
+execution/kv_import.py) and decodes there. Events are taken in time
 order: an arrival or a transfer's end is handled once every busy worker's clock has reached
 it, else the busy worker with the earliest clock runs one step.
 
