@@ -238,6 +238,58 @@ def test_one_read_agrees_with_the_python_pieces(events, spell, end):
                 assert n == 0
 
 
+def _times_reference(chunks, t0):
+    tt = [(t - t0) / 1e9 for t in response.spread(chunks)]
+    return tt, [b - a for a, b in zip(tt, tt[1:], strict=False)]
+
+
+STAMP = st.one_of(st.integers(0, 2**53 - 1), st.integers(20 * 10**12, 20 * 10**12 + 10**10))
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    STAMP,
+    st.lists(
+        st.tuples(
+            st.one_of(st.integers(0, 10**6), st.integers(0, 2**41)),
+            st.one_of(st.integers(1, 3), st.integers(1, 300)),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+)
+def test_finish_token_times_in_c_are_the_python_floats(t0, steps):
+    """finish's C token times and gaps: bit for bit the floats of spread + the list loops
+    (int / int, int + float, truncation), or None outside [0, 2**53) where Python decides."""
+    require_compiled()
+    t, chunks = t0, []
+    for dt, k in steps:
+        t += dt
+        chunks.append((t, k))
+    got = cread.TIMES(chunks, t0)
+    if t >= 2**53:
+        assert got is None
+        return
+    assert got == _times_reference(chunks, t0)
+    later = min(t0 + 5, 2**53 - 1)  # a stamp before t0
+    assert cread.TIMES(chunks, later) == _times_reference(chunks, later)
+
+
+def test_finish_token_times_in_c_refuse_what_python_decides():
+    require_compiled()
+    for chunks, t0 in (
+        ([(5, 0)], 0),  # no tokens in a read
+        ([(5, 1), (7, -1)], 0),
+        ([(2**53, 1)], 0),
+        ([(5, 1)], -1),
+        ([(5.0, 1)], 0),
+        ([(5, 1, 0)], 0),
+        ([(True, 1)], 0),
+        ([(5, 2**31)], 0),
+    ):
+        assert cread.TIMES(chunks, t0) is None, chunks
+
+
 def test_the_servers_own_stream_takes_the_compiled_path():
     """The fake server's stream (an event a chunk, the common chunk with t_send_ns): every
     body read goes through one C call and the record is the Python path's."""

@@ -28,7 +28,7 @@ from pathlib import Path
 
 NAME = "_cbbench_cread"
 SOURCE = Path(__file__).parent / "csrc" / "cread.c"
-CFLAGS = ("-O2", "-fPIC", "-shared", "-fno-strict-aliasing") + (
+CFLAGS = ("-O2", "-fPIC", "-shared", "-fno-strict-aliasing", "-ffp-contract=off") + (
     ("-undefined", "dynamic_lookup") if sys.platform == "darwin" else ()
 )
 PREFIX = "cbbench client: "
@@ -131,6 +131,7 @@ def reason() -> str | None:
 _module = load()
 SCAN: Callable | None = _module.scan if _module is not None else None  # one read, one call
 COUNT: Callable | None = _module.count if _module is not None else None  # common chunks
+TIMES: Callable | None = _module.times if _module is not None else None  # token times, gaps
 
 
 def main() -> int:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import operator
 import re
 import time
 from collections.abc import Callable
@@ -126,14 +127,16 @@ def use_stdlib_json(flag: bool = True) -> None:
 count_common = fast_events.COUNT_COMMON  # the common chunk's typed decode (msgspec), or None
 _scan = cread.SCAN  # the compiled read path (framing, SSE split, common chunks), or None
 _count = cread.COUNT  # its common-chunk count over a list of events
+_times = cread.TIMES  # finish's token times and gaps in one C call (= spread + the loops)
+_second = operator.itemgetter(1)
 _decode = True  # the compiled path decodes the common chunk (off: use_stdlib_json)
 
 
 def use_compiled_read(flag: bool = True) -> bool:
     """Read chunked bodies through the compiled path (when built) or not (tests of both
     paths, comparisons); whether it is in use now."""
-    global _scan, _count
-    _scan, _count = (cread.SCAN, cread.COUNT) if flag else (None, None)
+    global _scan, _count, _times
+    _scan, _count, _times = (cread.SCAN, cread.COUNT, cread.TIMES) if flag else (None,) * 3
     return _scan is not None
 
 
@@ -531,7 +534,7 @@ def finish(rec: RequestRecord, resp: Response, t0_ns: int, end_ns: int) -> None:
         rec.extra["recv_minus_send_s"] = [(t - ts) / 1e9 for t, ts in resp.sends]
         rec.extra["server_send_ns"] = [ts for _, ts in resp.sends]
         rec.extra["sent_ns"] = resp.sent_ns
-    n_streamed = sum(k for _, k in chunks) if chunks else 0
+    n_streamed = sum(map(_second, chunks)) if chunks else 0
     rec.output_tokens_client = n_streamed
     exact = "ids_total" in state  # the stream carried token ids: its count is exact
     if exact and rec.output_tokens_server is not None and rec.output_tokens_server != n_streamed:
@@ -545,9 +548,13 @@ def finish(rec: RequestRecord, resp: Response, t0_ns: int, end_ns: int) -> None:
     if resp.adapter is not None and resp.adapter.finish is not None:
         resp.adapter.finish(rec, resp)
         return
+    itl = None
     if chunks:
-        times = spread(chunks)
-        rec.token_times_s = [(t - t0_ns) / 1e9 for t in times]
+        got = _times(chunks, t0_ns) if _times is not None else None
+        if got is not None:  # the same floats as the lines below, from C
+            rec.token_times_s, itl = got
+        else:
+            rec.token_times_s = [(t - t0_ns) / 1e9 for t in spread(chunks)]
         rec.first_token_s = rec.token_times_s[0]
         rec.last_token_s = rec.token_times_s[-1]
     if not rec.ok or rec.sent_s is None or not chunks:
@@ -558,7 +565,7 @@ def finish(rec: RequestRecord, resp: Response, t0_ns: int, end_ns: int) -> None:
     if resp.stream:
         rec.ttft_s = rec.first_token_s - rec.sent_s
         tt = rec.token_times_s
-        rec.itl_s = [b - a for a, b in zip(tt, tt[1:], strict=False)]
+        rec.itl_s = itl if itl is not None else list(map(operator.sub, tt[1:], tt))
         n = n_streamed if exact else (rec.output_tokens_server or n_streamed)
         if n > 1:
             rec.tpot_s = (rec.e2e_s - rec.ttft_s) / (n - 1)

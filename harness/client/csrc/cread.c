@@ -536,11 +536,81 @@ static PyObject *count(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     return PyLong_FromSsize_t(i - (start < 0 ? 0 : start));
 }
 
+/* times(chunks, t0) -> (token_times_s, itl_s), or None: response.spread, then
+   `(t - t0) / 1e9` per token and the gaps, in one pass with Python's float operations in
+   Python's order (int / int and int + float as CPython does them for values below 2**53;
+   the build turns FMA contraction off). None (the Python code decides) when a time or t0 is
+   outside [0, 2**53), a count outside [1, 2**31), or an item is not a pair of ints. */
+#define EXACT ((int64_t)1 << 53)
+
+static PyObject *times(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyLong_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "times(chunks: list, t0: int)");
+        return NULL;
+    }
+    PyObject *chunks = args[0];
+    Py_ssize_t m = PyList_GET_SIZE(chunks), n = 0;
+    int overflow = 0;
+    long long t0 = PyLong_AsLongLongAndOverflow(args[1], &overflow);
+    if (m == 0 || overflow || t0 < 0 || t0 >= EXACT) Py_RETURN_NONE;
+    for (Py_ssize_t c = 0; c < m; c++) {  /* check every pair first: no partial work */
+        PyObject *it = PyList_GET_ITEM(chunks, c);
+        if (!PyTuple_CheckExact(it) || PyTuple_GET_SIZE(it) != 2) Py_RETURN_NONE;
+        PyObject *a = PyTuple_GET_ITEM(it, 0), *b = PyTuple_GET_ITEM(it, 1);
+        if (!PyLong_CheckExact(a) || !PyLong_CheckExact(b)) Py_RETURN_NONE;
+        long long t = PyLong_AsLongLongAndOverflow(a, &overflow);
+        if (overflow || t < 0 || t >= EXACT) Py_RETURN_NONE;
+        long long k = PyLong_AsLongLongAndOverflow(b, &overflow);
+        if (overflow || k < 1 || k >= ((long long)1 << 31)) Py_RETURN_NONE;
+        n += (Py_ssize_t)k;
+    }
+    PyObject *tt = PyList_New(n), *itl = PyList_New(n > 0 ? n - 1 : 0);
+    if (tt == NULL || itl == NULL) goto fail;
+    Py_ssize_t i = 0;
+    long long prev = 0;
+    double last = 0.0;
+    for (Py_ssize_t c = 0; c < m; c++) {
+        PyObject *it = PyList_GET_ITEM(chunks, c);
+        long long t = PyLong_AsLongLong(PyTuple_GET_ITEM(it, 0));
+        long long k = PyLong_AsLongLong(PyTuple_GET_ITEM(it, 1));
+        double gap = c == 0 || k == 1 ? 0.0 : (double)(t - prev) / (double)k;
+        for (long long j = 0; j < k; j++) {
+            long long at = t;  /* the first read's tokens and a one-token read: its stamp */
+            if (c > 0 && k != 1) {
+                double step = gap * (double)(j + 1);
+                at = (long long)((double)prev + step);
+            }
+            double s = (double)(at - t0) / 1e9;
+            PyObject *v = PyFloat_FromDouble(s);
+            if (v == NULL) goto fail;
+            PyList_SET_ITEM(tt, i, v);
+            if (i > 0) {
+                PyObject *d = PyFloat_FromDouble(s - last);
+                if (d == NULL) goto fail;
+                PyList_SET_ITEM(itl, i - 1, d);
+            }
+            last = s;
+            i++;
+        }
+        prev = t;
+    }
+    PyObject *out = PyTuple_Pack(2, tt, itl);
+    Py_DECREF(tt);
+    Py_DECREF(itl);
+    return out;
+fail:
+    Py_XDECREF(tt);
+    Py_XDECREF(itl);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"count", (PyCFunction)(void (*)(void))count, METH_FASTCALL,
      "count(events, start, sends, t) -> the common chunks from events[start] on"},
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
      "scan(data, decode, sends, t) -> None | (last, payload, n_common, ascii)"},
+    {"times", (PyCFunction)(void (*)(void))times, METH_FASTCALL,
+     "times(chunks, t0) -> None | (token_times_s, itl_s)"},
     {NULL, NULL, 0, NULL},
 };
 
