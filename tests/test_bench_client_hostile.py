@@ -1,7 +1,8 @@
 """The client against servers that misbehave on purpose (tests/servers/scripted.py): a huge
 event, token counts that disagree with `usage`, junk token ids, a stream that ends without
 `[DONE]`. Every client transport (raw asyncio, httpx, the Locust user's blocking one) shares
-one response handler, so each case runs on all three where it applies.
+one response handler, so each case runs on all three where it applies; the raw one both through
+its compiled read path (harness/client/cread.py) and without it ("raw-python").
 """
 
 import asyncio
@@ -11,6 +12,7 @@ import logging
 import time
 
 import pytest
+from cbbench.harness.client import response
 from cbbench.harness.client.api import ClientConfig, OpenAIClient
 from cbbench.harness.client.sse import SSEParser
 from cbbench.harness.console.live import summary_table
@@ -22,7 +24,7 @@ from cbbench.workloads.spec import RequestSpec, Workload
 from rich.console import Console
 from servers.scripted import scripted, sse, stream_response
 
-TRANSPORTS = pytest.mark.parametrize("transport", ["raw", "httpx", "sync"])
+TRANSPORTS = pytest.mark.parametrize("transport", ["raw", "raw-python", "httpx", "sync"])
 
 
 def _send(url: str, transport: str, output_len: int = 8) -> RequestRecord:
@@ -36,13 +38,18 @@ def _send(url: str, transport: str, output_len: int = 8) -> RequestRecord:
             client.close()
 
     async def go() -> RequestRecord:
-        client = OpenAIClient(ClientConfig(**cfg, http_client=transport), time.monotonic_ns())
+        http = transport.removesuffix("-python")
+        client = OpenAIClient(ClientConfig(**cfg, http_client=http), time.monotonic_ns())
         try:
             return await client.send(rec, [1, 2, 3])
         finally:
             await client.aclose()
 
-    return asyncio.run(go())
+    response.use_compiled_read(transport != "raw-python")
+    try:
+        return asyncio.run(go())
+    finally:
+        response.use_compiled_read(True)
 
 
 def test_sse_parser_keeps_an_unfinished_event_without_copying_it():

@@ -1,7 +1,8 @@
 """The typed decode of the common SSE chunk (harness/client/fast_events.py, msgspec) counts
 exactly what the general path counts: the same tokens, the same server send times, the same
 failure, on the server's own chunks and on hostile ones. Each case runs the response handler
-with and without msgspec, on orjson and on the stdlib (an install without orjson)."""
+with and without msgspec, on orjson and on the stdlib (an install without orjson), and through
+the raw client's compiled read path (harness/client/cread.py: each read framed as a chunk)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ from cbbench.harness.results.records import RequestRecord
 from cbbench.harness.servers.fake_server import MODEL_ID, _chunk
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from read_paths import feed, require_compiled
 from servers.fake import Behavior, FakeServerConfig, threaded
 
-PATHS = ("msgspec", "orjson", "msgspec+stdlib", "stdlib")
+PATHS = ("msgspec", "orjson", "msgspec+stdlib", "stdlib", "compiled", "compiled+stdlib")
 
 # the fake server's hot-path chunk, byte for byte as it writes it (a template + t_send_ns)
 SERVER = json.dumps(_chunk("text_completion", False, False, 1, True, None))[:-1].encode()
@@ -38,6 +40,14 @@ def _common(t_send: int | None = 7, **choice) -> bytes:
 def _use(path: str) -> None:
     response.use_stdlib_json(path.endswith("stdlib"))
     response.count_common = fast_events.count_common if "msgspec" in path else None
+    if path.startswith("compiled"):
+        require_compiled()
+    response.use_compiled_read(path.startswith("compiled"))
+
+
+def _reset() -> None:
+    response.use_stdlib_json(False)
+    response.use_compiled_read(True)
 
 
 def _outcome(path: str, reads: list[bytes], reply=None):
@@ -51,12 +61,15 @@ def _outcome(path: str, reads: list[bytes], reply=None):
         err = None
         try:
             for i, raw in enumerate(reads):
-                r.data(raw, 1000 + i)
+                if path.startswith("compiled"):
+                    feed(r, raw, 1000 + i)
+                else:
+                    r.data(raw, 1000 + i)
         except Exception as e:  # noqa: BLE001 - compared across paths, kind and message
             err = (type(e).__name__, getattr(e, "kind", None), str(e))
         return r.state, r.chunks, r.sends, err
     finally:
-        response.use_stdlib_json(False)
+        _reset()
 
 
 def _read(*events: bytes) -> bytes:
@@ -64,9 +77,9 @@ def _read(*events: bytes) -> bytes:
 
 
 def _same_on_all_paths(reads: list[bytes]):
-    typed, plain, typed_std, std = (_outcome(p, reads) for p in PATHS)
-    assert typed == plain
-    assert typed_std == std
+    typed, plain, typed_std, std, compiled, compiled_std = (_outcome(p, reads) for p in PATHS)
+    assert typed == plain == compiled
+    assert typed_std == std == compiled_std
     return typed
 
 
@@ -279,7 +292,7 @@ def test_a_real_stream_gives_the_same_record_on_each_path(path):
         with threaded(FakeServerConfig(Behavior())) as srv:
             r = _send(srv.url)
     finally:
-        response.use_stdlib_json(False)
+        _reset()
     assert r.ok, r.error
     assert r.output_tokens_client == r.output_tokens_server == 12
     assert len(r.token_times_s) == 12 and r.prompt_tokens_server == 3

@@ -124,3 +124,16 @@ def test_forcing_bf16_dp_on_fp32_is_a_one_line_error(monkeypatch):
     lin = torch.nn.Linear(32, 32)
     with pytest.raises(ValueError, match="'bf16-dp' is unavailable here: dtype torch.float32"):
         optimize_cpu_linears(torch.nn.Sequential(lin))
+
+
+@needs_kernel
+@pytest.mark.parametrize(("rows", "n_out", "k_in"), [(1, 1, 2), (8, 100, 77), (9, 96, 512)])
+def test_grouped_panels_give_the_same_projection(rows, n_out, k_in):
+    gen = torch.Generator().manual_seed(n_out + k_in)
+    w = torch.randn(n_out, k_in, generator=gen).to(torch.bfloat16)
+    x = torch.randn(rows, k_in, generator=gen).to(torch.bfloat16)
+    grouped = cpu_bf16_dot.pack_grouped(w)
+    assert grouped.shape == (-(-n_out // 48), -(-k_in // 2), 3, 16, 2)
+    assert torch.equal(cpu_bf16_dot.unpack(grouped, n_out, k_in), w)
+    want = cpu_bf16_dot.linear(x, cpu_bf16_dot.pack(w), None, n_out)
+    assert torch.equal(cpu_bf16_dot.linear(x, grouped, None, n_out), want)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from cbbench.harness.client.api import ClientConfig, OpenAIClient
 from cbbench.harness.load.loadgen import Job, Worker, WorkerPlan
-from cbbench.harness.load.lookahead import RECORD_BYTES, Lookahead, Prepared
+from cbbench.harness.load.lookahead import RECORD_BYTES, TOP_UP, Lookahead, Prepared
 from cbbench.harness.results.records import RequestRecord
 from cbbench.workloads.tokens import PromptTokenIds
 
@@ -54,6 +54,31 @@ def test_take_in_order_builds_each_job_once_and_refill_tops_up():
     assert got == list(range(40))
     assert sorted(built) == list(range(40))  # nothing built twice, nothing skipped
     assert la.built_ahead + la.built_late == 40 and la.built_ahead > 8  # the refill ran
+
+
+def test_refill_keeps_the_buffer_near_half_not_full():
+    """Falling to half builds TOP_UP more, not back up to full: a timed run that ends leaves
+    few requests built for nothing; under steady takes it never falls below half."""
+
+    async def go():
+        cap = 4 * TOP_UP
+        la, built = _lookahead(20 * cap, max_items=cap)
+        la.fill()
+        refill = asyncio.ensure_future(la.refill())
+        lowest = cap
+        for i in range(6 * cap):
+            la.take(J(i))
+            lowest = min(lowest, len(la))
+            await asyncio.sleep(0)
+        for _ in range(4 * TOP_UP // 8):  # let it finish a top-up
+            await asyncio.sleep(0)
+        refill.cancel()
+        return la, cap, lowest
+
+    la, cap, lowest = asyncio.run(go())
+    assert cap // 2 - 8 <= lowest  # a take a turn, 8 builds a turn: never far below half
+    assert cap // 2 <= len(la) <= cap // 2 + TOP_UP  # was: back up to `cap`
+    assert la.built_late == 0
 
 
 def test_a_job_taken_before_it_was_built_is_built_then_and_not_again():

@@ -113,3 +113,22 @@ def test_bench_finds_the_window_after_a_known_warm_up(tmp_path: Path, capsys) ->
     assert "compared steady window" in capsys.readouterr().out
     assert main(["gate", "--baseline", str(out), "--candidate", str(out), "--window", "all"]) == 0
     assert "compared steady window" not in capsys.readouterr().out
+
+
+def test_a_run_shorter_than_the_smoothing_kernel_has_no_crash() -> None:
+    # 10 requests sent over 12 ms, each 5 ms long: the kernel (at least 4 grid steps of
+    # 10 ms) is longer than the grid; np.convolve(mode="same") then returned the kernel's length
+    recs = [
+        RequestRecord(
+            id=str(i), index=i, prompt_len=1, output_len=2, sent_s=i * 0.0013,
+            first_token_s=i * 0.0013 + 0.002, end_s=i * 0.0013 + 0.005,
+            last_token_s=i * 0.0013 + 0.005, ttft_s=0.002, e2e_s=0.005, tpot_s=0.003,
+            output_tokens_client=2,
+        )
+        for i in range(10)
+    ]  # fmt: skip
+    w = steady_window(recs)
+    assert w is None or w.start_s >= 0
+    summary: dict = {}
+    add_window_summary(summary, recs, "steady")
+    assert summary["lead"] == "all"

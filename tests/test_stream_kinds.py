@@ -1,7 +1,8 @@
 """The stream classifier (harness/client/stream_kinds.py) and the response handler around it:
 reasoning in `reasoning`, `reasoning_content` or inline `<think>` tags is told from the answer
 and tool-call tokens on every parsing path (msgspec, orjson, stdlib), TTFO is timed from the
-first answer token, and bad input is flagged, never raised."""
+first answer token, and bad input is flagged, never raised. "compiled": each event a chunk read
+through the raw client's compiled read path (harness/client/cread.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import pytest
 from cbbench.harness.client import fast_events, response
 from cbbench.harness.client.stream_kinds import StreamKinds
 from cbbench.harness.results.records import RequestRecord
+from read_paths import feed, require_compiled
 
-PATHS = ("msgspec", "orjson", "stdlib")
+PATHS = ("msgspec", "orjson", "stdlib", "compiled")
 
 
 def _delta(i: int, ids: bool = True, **delta) -> bytes:
@@ -33,6 +35,9 @@ def _run(path: str, events: list[bytes], mode: str = "auto", gap_ns: int = 10_00
     """Each event its own read, `gap_ns` apart, the first 50 ms after the send."""
     response.use_stdlib_json(path == "stdlib")
     response.count_common = fast_events.count_common if path == "msgspec" else None
+    if path == "compiled":
+        require_compiled()
+    read = feed if path == "compiled" else response.Response.data
     try:
         rec = RequestRecord(id="c", index=0, prompt_len=3, output_len=64)
         r = response.Response(rec, True, False, None, mode)
@@ -40,9 +45,9 @@ def _run(path: str, events: list[bytes], mode: str = "auto", gap_ns: int = 10_00
         r.sent(0)
         t = 50_000_000
         for e in events:
-            r.data(b"data: " + e + b"\n\n", t)
+            read(r, b"data: " + e + b"\n\n", t)
             t += gap_ns
-        r.data(b"data: [DONE]\n\n", t)
+        read(r, b"data: [DONE]\n\n", t)
         r.end(t)
         response.finish(rec, r, 0, t)
         return rec

@@ -123,7 +123,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--kv-handoff", nargs="+", default=[], metavar="RUN", help="disaggregated "
                    "bench runs: also fit the KV hand-off from their phase stamps (TTFT less "
                    "prefill queue, prefill, decode queue and this fit's request overhead, on KV "
-                   "bytes), printed and saved as fit.kv_link (for `cbbench sim --kv-link`)")
+                   "bytes), printed and saved as fit.kv_link (sim and plan's default P/D link)")
     p.set_defaults(func=run)
 
 

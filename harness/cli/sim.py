@@ -76,9 +76,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--decode-replicas", type=int, default=None, metavar="D",
                    help="decode workers of the P/D comparison")  # fmt: skip
-    p.add_argument("--kv-link", default="same-node",
-                   help="the P/D comparison's KV link: same-node, cross-node, loopback or "
-                        "bandwidth_gbps=B,latency_ms=L (default same-node)")  # fmt: skip
+    p.add_argument("--kv-link", default=None,
+                   help="the P/D comparison's KV link: same-node, cross-node, loopback, "
+                        "bandwidth_gbps=B,latency_ms=L or fit (the --hardware JSON's measured "
+                        "fit.kv_link; the default when it has one, else same-node)")  # fmt: skip
     add_engine_args(p, defaults=SIM_DEFAULTS)
     schedulers_flag(p, "batching policies to compare, a comma list of static, dynamic, "
                     "continuous (default: all three; with --replicas, one: continuous)")  # fmt: skip

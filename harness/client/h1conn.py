@@ -210,6 +210,14 @@ class Conn:
 
     def _chunked(self, data: bytes, t: int) -> None:
         if self._cstate == _SIZE and not self._buf and data[-2:] == b"\r\n":
+            sink = self.sink
+            read = getattr(sink, "read_chunked", None)  # the compiled read path (cread.py)
+            if read is not None:
+                last = read(data, t)
+                if last is not None:  # None: it took nothing, the Python path reads it
+                    if last:
+                        self._finish()
+                    return
             whole = _whole_chunks(data)
             if whole is not None:  # the common case: the read is a run of whole chunks
                 body, last = whole

@@ -33,12 +33,13 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import operator
 import re
 import time
 from collections.abc import Callable
 
 import httpx
-from cbbench.harness.client import fast_events, http1
+from cbbench.harness.client import cread, fast_events, http1
 from cbbench.harness.client.lateness import Lateness
 from cbbench.harness.client.reply import Reply
 from cbbench.harness.client.server_timing import server_times
@@ -115,7 +116,8 @@ def merged_slack(resp: Response) -> int:
 
 def use_stdlib_json(flag: bool = True) -> None:
     """Encode and decode with the stdlib (tests of the pure path, comparisons)."""
-    global parse_json, dump_json, count_common
+    global parse_json, dump_json, count_common, _decode
+    _decode = not flag  # the compiled path's decode too (its framing and split stay)
     pure = flag or orjson is None
     parse_json = _parse_json_std if pure else _parse_json_fast
     dump_json = _dump_json_std if pure else _dump_json_fast
@@ -123,6 +125,19 @@ def use_stdlib_json(flag: bool = True) -> None:
 
 
 count_common = fast_events.COUNT_COMMON  # the common chunk's typed decode (msgspec), or None
+_scan = cread.SCAN  # the compiled read path (framing, SSE split, common chunks), or None
+_count = cread.COUNT  # its common-chunk count over a list of events
+_times = cread.TIMES  # finish's token times and gaps in one C call (= spread + the loops)
+_second = operator.itemgetter(1)
+_decode = True  # the compiled path decodes the common chunk (off: use_stdlib_json)
+
+
+def use_compiled_read(flag: bool = True) -> bool:
+    """Read chunked bodies through the compiled path (when built) or not (tests of both
+    paths, comparisons); whether it is in use now."""
+    global _scan, _count, _times
+    _scan, _count, _times = (cread.SCAN, cread.COUNT, cread.TIMES) if flag else (None,) * 3
+    return _scan is not None
 
 
 class RequestFailed(Exception):
@@ -214,20 +229,56 @@ class Response:
         if not (self.stream and self.status < 400):
             self.body.append(raw)
             return
-        k_read = one_ids = synced = i = 0
-        first_at = -1  # index of the event with the response's first token, in this read
-        fast = _loads if parse_json is _parse_json_fast else None  # one frame less an event
-        state, reply, sends, kinds = self.state, self.reply, self.sends, self.kinds
         parser = self.parser
         # every event is ASCII when this read is and no earlier read's bytes are in them
         ascii = not parser.partial and raw.isascii()
         events = parser.feed(raw)
+        typed = count_common if self.reply is None else None
+        n = 0
+        if typed is not None and self.kinds.plain:  # a read's leading common chunks
+            n = typed(events, self.sends, t, ascii)
+        self._events(events, n, 0, n, t, ascii, None)
+
+    def read_chunked(self, raw: bytes, t: int) -> bool | None:
+        """A read of the chunked body, `raw` still framed, through the compiled read path
+        (`cread.py`: framing, SSE split and the leading common chunks in one C call): whether
+        the body's last chunk came, or None when it took nothing (no compiled path, not its
+        case), and the Python path (`chunks.py`, then `data`) reads `raw` as before."""
+        if _scan is None or not (self.stream and self.status < 400) or self.parser.partial:
+            return None
+        decode = _decode and self.reply is None and self.kinds.plain
+        got = _scan(raw, decode, self.sends, t)
+        if got is None:
+            return None
+        last, payload, n, ascii = got
+        if type(payload) is bytes:  # framed, but not the simple SSE shape: sse.py splits it
+            if payload:
+                self.data(payload, t)
+        else:  # the events after its `n` leading common chunks
+            self._events(payload, 0, n, n, t, ascii, _count if _decode else None)
+        return last
+
+    def _events(
+        self,
+        events: list[bytes],
+        i: int,
+        base: int,
+        one_ids: int,
+        t: int,
+        ascii: bool,
+        compiled: Callable | None,
+    ) -> None:
+        """A read's events from `events[i]` on, after `one_ids` common chunks counted by a
+        typed decode; `events` begins `base` events into the read (the compiled path hands
+        over only the events after the ones it counted). `compiled`: the compiled count of
+        common chunks (`cread.COUNT`), else msgspec's counts them once the answer began."""
+        k_read = synced = 0
+        # index of the event with the response's first token, in this read
+        first_at = 0 if one_ids else -1
+        fast = _loads if parse_json is _parse_json_fast else None  # one frame less an event
+        state, reply, sends, kinds = self.state, self.reply, self.sends, self.kinds
         typed = count_common if reply is None else None
         plain = kinds.plain  # a bare chunk can only be an answer token (stream_kinds.py)
-        if typed is not None and plain:  # a read's leading common chunks
-            i = one_ids = typed(events, sends, t, ascii)
-            if i:
-                first_at = 0
         n_events = len(events)
         while i < n_events:
             data = events[i]
@@ -272,7 +323,7 @@ class Response:
                     ):
                         one_ids += 1
                         if first_at < 0:
-                            first_at = i - 1
+                            first_at = base + i - 1
                         if sends is not None and "t_send_ns" in obj:
                             sends.append((t, obj["t_send_ns"]))
                         continue
@@ -281,13 +332,19 @@ class Response:
             k = _apply(obj, state, True, kinds, reply)
             k_read += k
             if k and first_at < 0:
-                first_at = i - 1
+                first_at = base + i - 1
             if k and sends is not None and "t_send_ns" in obj:
                 sends.append((t, obj["t_send_ns"]))
-            if kinds.plain and not plain and typed is not None and i < n_events:
-                m = typed(events[i:], sends, t, ascii)  # the answer began: the rest too
+            if kinds.plain and not plain and reply is None and i < n_events:
+                m = (  # the answer began: the rest too
+                    compiled(events, i, sends, t)
+                    if compiled is not None
+                    else typed(events[i:], sends, t, ascii)
+                    if typed is not None
+                    else 0
+                )
                 if m and first_at < 0:
-                    first_at = i
+                    first_at = base + i
                 one_ids += m
                 i += m
             plain = kinds.plain
@@ -297,7 +354,7 @@ class Response:
             k_read += one_ids
         if k_read:
             if not self.chunks and (
-                first_at < n_events - 1 or self.parser.pending or self.user_read
+                first_at < base + n_events - 1 or self.parser.pending or self.user_read
             ):
                 # a later event, or part of one, came in the same read (the kernel's stamp
                 # is the last segment's), or the read has no kernel stamp: the first token
@@ -477,7 +534,7 @@ def finish(rec: RequestRecord, resp: Response, t0_ns: int, end_ns: int) -> None:
         rec.extra["recv_minus_send_s"] = [(t - ts) / 1e9 for t, ts in resp.sends]
         rec.extra["server_send_ns"] = [ts for _, ts in resp.sends]
         rec.extra["sent_ns"] = resp.sent_ns
-    n_streamed = sum(k for _, k in chunks) if chunks else 0
+    n_streamed = sum(map(_second, chunks)) if chunks else 0
     rec.output_tokens_client = n_streamed
     exact = "ids_total" in state  # the stream carried token ids: its count is exact
     if exact and rec.output_tokens_server is not None and rec.output_tokens_server != n_streamed:
@@ -491,9 +548,13 @@ def finish(rec: RequestRecord, resp: Response, t0_ns: int, end_ns: int) -> None:
     if resp.adapter is not None and resp.adapter.finish is not None:
         resp.adapter.finish(rec, resp)
         return
+    itl = None
     if chunks:
-        times = spread(chunks)
-        rec.token_times_s = [(t - t0_ns) / 1e9 for t in times]
+        got = _times(chunks, t0_ns) if _times is not None else None
+        if got is not None:  # the same floats as the lines below, from C
+            rec.token_times_s, itl = got
+        else:
+            rec.token_times_s = [(t - t0_ns) / 1e9 for t in spread(chunks)]
         rec.first_token_s = rec.token_times_s[0]
         rec.last_token_s = rec.token_times_s[-1]
     if not rec.ok or rec.sent_s is None or not chunks:
@@ -504,7 +565,7 @@ def finish(rec: RequestRecord, resp: Response, t0_ns: int, end_ns: int) -> None:
     if resp.stream:
         rec.ttft_s = rec.first_token_s - rec.sent_s
         tt = rec.token_times_s
-        rec.itl_s = [b - a for a, b in zip(tt, tt[1:], strict=False)]
+        rec.itl_s = itl if itl is not None else list(map(operator.sub, tt[1:], tt))
         n = n_streamed if exact else (rec.output_tokens_server or n_streamed)
         if n > 1:
             rec.tpot_s = (rec.e2e_s - rec.ttft_s) / (n - 1)

@@ -108,7 +108,8 @@ def steady_window(records: list[RequestRecord]) -> Window | None:
     grid = np.arange(first, end_all + step, step)
     raw = in_flight(rs, grid)
     e2e = float(np.median([r.end_s - r.sent_s for r in rs]))
-    k = max(1, int(round(max(e2e, 4 * step) / step)))
+    # no longer than the grid: np.convolve(mode="same") returns the longer operand's length
+    k = min(len(grid), max(1, int(round(max(e2e, 4 * step) / step))))
     kernel = np.ones(k) / k
     smooth = np.convolve(raw, kernel, mode="same")
     # edges: average only over the grid points that exist

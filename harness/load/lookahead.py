@@ -5,7 +5,8 @@ costs what depends on the moment only: take it, stamp it, write it.
 
 The buffer holds at most `max_items` requests and `max_bytes` of encoded requests, whichever
 comes first, so a long or open-ended workload keeps a bounded memory. Before t0 it is filled
-(`fill`); during the run `refill` tops it up when it falls to half, BUILD_PER_TURN requests per
+(`fill`); during the run `refill` builds TOP_UP more whenever it falls to half (so it stays near
+half: a run that ends holds few requests built for nothing), BUILD_PER_TURN requests per
 turn of the event loop (a turn to wake up costs about as much as building one), so building
 never holds a send back by more than ~30 us (~100 us when a turn starts a PREFETCH batch). A request
 taken before it was built is built on the spot (the old path). Session turns (built from the
@@ -25,6 +26,7 @@ MAX_ITEMS = 16_384
 MAX_BYTES = 64 * 2**20
 PREFETCH = 64  # requests whose prompt ids are drawn in one batch (`prefetch`)
 BUILD_PER_TURN = 8  # refill: requests built a turn of the event loop (~3 us each)
+TOP_UP = 256  # refill: requests built each time the buffer falls to half
 RECORD_BYTES = 2048  # a RequestRecord and its Prepared, ~2 KB (tracemalloc)
 
 
@@ -101,14 +103,19 @@ class Lookahead:
         return p
 
     async def refill(self) -> None:
-        """Run alongside the load: when the buffer falls to half, build back up to full, one
-        request per turn of the event loop. Cancel it when the run ends."""
+        """Run alongside the load: when the buffer falls to half, build TOP_UP more (or up to
+        full), BUILD_PER_TURN per turn of the event loop; again while takes keep it at half.
+        Building back up to full instead left up to half the buffer built for nothing when a
+        timed run ended (~8,400 of 47,652 builds in a 20 s selftest). Cancel it when the run
+        ends."""
         while self._next < len(self._jobs):
             await self._low.wait()
             self._low.clear()
-            while self._next < len(self._jobs) and not self._full():
+            built = 0
+            while self._next < len(self._jobs) and not self._full() and built < TOP_UP:
                 for _ in range(BUILD_PER_TURN):
                     self._build_next()
+                    built += 1
                     if self._next >= len(self._jobs) or self._full():
                         break
                 await asyncio.sleep(0)

@@ -105,6 +105,16 @@ def observed(path: str, use_itl: bool = True,
             dict(target.get("server_settings") or {}), root)  # fmt: skip
 
 
+def served_device(path: str) -> str | None:
+    """The device a run's server computed on, where its run.json says (the reference
+    engine's `target.engine.cbbench.device`); None for a foreign server or an import."""
+    try:
+        meta = json.loads((Path(path) / "run.json").read_text(encoding="utf-8"))
+        return str(meta["target"]["engine"]["cbbench"]["device"]).split(":")[0] or None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _source(run) -> str:
     imp = run.meta.get("imported") or {}
     version = f" {imp['version']}" if imp.get("version") else ""
@@ -247,6 +257,8 @@ def calibrate_from_runs(paths: list[str], server_config: str | None, model: str 
                    step_jitter=step_jitter)  # fmt: skip
     spec = hardware_from_fit(fit, name or f"fit-{Path(paths[0]).name}", model, dtype, settings,
                              [str(p) for p in paths], holdout)  # fmt: skip
+    if device := served_device(paths[0]):  # what prices a P/D import's copy (kv_import.py)
+        spec.fit["device"] = device
     out = RunCalibration(runs, settings, model, fit, spec)
     for p in check_paths:
         run, _, _ = observed(p, cached=hits.get(p))

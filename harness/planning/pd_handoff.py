@@ -85,4 +85,6 @@ def add_handoff(spec, folders: list[str]) -> str:
     pull = fit_handoff_runs([Path(f) for f in folders], pull_only=True)
     spec.fit["kv_link"] = link
     return (f"KV hand-off from {len(folders)} disaggregated run(s)' phase stamps: {link} "
-            f"(the pull's stamp alone: {pull}); `cbbench sim --kv-link {link}` simulates with it")
+            f"(the pull's stamp alone: {pull}); saved as fit.kv_link: `cbbench sim "
+            "--prefill-replicas` and `plan`'s P/D link unless another is given (the request "
+            "overhead then paid once: the hand-off holds the decode server's)")

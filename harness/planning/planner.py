@@ -39,6 +39,7 @@ from cbbench.reference_engine.router.pd_sim import simulate_pd
 from cbbench.reference_engine.router.registry import make_policy
 from cbbench.reference_engine.sim import intervals
 from cbbench.reference_engine.sim.intervals import error_of, interval_for
+from cbbench.reference_engine.sim.pd_link import resolve_link
 from cbbench.reference_engine.sim.request_overhead import overhead_of, with_overhead
 from cbbench.workloads import load_workload, with_arrivals
 
@@ -154,11 +155,14 @@ def _simulate(opts: PlanOptions, model: str, requests, c: dict[str, Any], replic
     configuration simulated with every step `factor` times as long."""
     hw = opts.hardware if factor == 1.0 else f"{opts.hardware}@{factor!r}"
     cfg = _engine_config(c, model, hw, wl_seed, opts.spec_acceptance_rate)
-    over = overhead_of(get_hardware(opts.hardware))  # a from-run fit's time outside the steps
+    hw = get_hardware(opts.hardware)
+    over = overhead_of(hw)  # a from-run fit's time outside the steps
     if c.get("mode") == "disaggregated":  # P prefill + `replicas` decode workers
+        link = resolve_link(c["kv_link"], hw)  # the decode hop's overhead unless measured in it
         res = with_overhead(requests, over, lambda reqs: simulate_pd(
-            reqs, cfg, c["prefill"], replicas, get_link(c["kv_link"]), seed=wl_seed,
-            prefix_block_size=prefix_block_size), replicas)  # fmt: skip
+            reqs, cfg, c["prefill"], replicas, get_link(link.spec), seed=wl_seed,
+            prefix_block_size=prefix_block_size, decode_overhead=link.decode_overhead(over)),
+            replicas)  # fmt: skip
     else:
         res = with_overhead(requests, over, lambda reqs: simulate_cluster(
             reqs, cfg, replicas, make_policy(c["router"]), seed=wl_seed,
@@ -285,7 +289,12 @@ def plan(opts: PlanOptions, on_progress: Callable[[int, int], None] | None = Non
         raise CbbenchError(f"--workload {opts.workload} has no arrival times: give --rate")
     hw = get_hardware(opts.hardware)
     source = error_of(hw)[2]
-    configs = with_tensor_parallel(opts.space.configs(), model, hw)
+    try:  # the space's links as specs: the fit's measured hand-off where it names it
+        configs = [{**c, "kv_link": resolve_link(c["kv_link"], hw).spec} if "kv_link" in c else c
+                   for c in opts.space.configs()]  # fmt: skip
+    except EngineError as exc:
+        raise CbbenchError(f"--space kv_link: {exc}") from None
+    configs = with_tensor_parallel(configs, model, hw)
     points: list[Point] = []
     bounds: dict[str, int] = {}  # per mode: each mode keeps a frontier of its own
     searched = 0

@@ -14,8 +14,10 @@ from cbbench.harness.planning.pd import frontiers_by_mode, pd_serve_lines, worke
 from cbbench.harness.planning.planner import CLOSE, MEETS, MISSES, PlanResult, Point
 from cbbench.harness.planning.space import parse_speculative
 from cbbench.reference_engine.execution.cost_model import get_hardware
+from cbbench.reference_engine.execution.kv_import import describe as describe_import
 from cbbench.reference_engine.execution.step_jitter import describe_spec as describe_jitter
 from cbbench.reference_engine.model.config import hf_model_id
+from cbbench.reference_engine.sim.pd_link import resolve_link
 from cbbench.reference_engine.sim.request_overhead import describe as describe_overhead
 from cbbench.reference_engine.sim.request_overhead import overhead_of
 from rich.console import Console
@@ -171,6 +173,12 @@ def print_plan(res: PlanResult, console: Console, out: Path | None) -> None:
         console.print(over, highlight=False, soft_wrap=True)
     if jit := describe_jitter(get_hardware(o.hardware)):
         console.print(jit, highlight=False, soft_wrap=True)
+    hw = get_hardware(o.hardware)
+    links = sorted({p.config["kv_link"] for p in res.points if p.config.get("mode") == "disaggregated"})
+    for link in links:  # which link the disaggregated points used and where it came from
+        console.print(resolve_link(link, hw).line(overhead_of(hw)), highlight=False, soft_wrap=True)
+    if links:
+        console.print(describe_import(hw), highlight=False, soft_wrap=True)
     fixed = fixed_dims(res)
     if fixed:
         console.print(f"every configuration: {fixed}", highlight=False, soft_wrap=True)

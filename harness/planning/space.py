@@ -66,7 +66,8 @@ class PlanSpace:
     prefill: list[int] | None = None
     decode_min: int = 1
     decode_max: int | None = None
-    kv_link: list[str] = field(default_factory=lambda: ["same-node"])
+    # None: the hardware fit's measured hand-off (fit.kv_link) if any, else same-node
+    kv_link: list[str] | None = None
 
     def prefill_counts(self) -> list[int]:
         return self.prefill or list(range(1, self.max_replicas))
@@ -101,7 +102,7 @@ class PlanSpace:
             return out_agg
         pd = [{**c, "mode": "disaggregated", "prefill": p, "kv_link": link}
               for c in out if c["scheduler"] == "continuous" and c["router"] == self.routers[0]
-              for link in self.kv_link for p in self.prefill_counts()]  # fmt: skip
+              for link in (self.kv_link or [None]) for p in self.prefill_counts()]  # fmt: skip
         return out_agg + pd
 
 
@@ -130,7 +131,7 @@ SPACE_KEYS = {
     "mode": "aggregated,disaggregated",
     "prefill": "prefill workers: 1..4, 1.., or 1,2",
     "decode": "decode workers, by bisection: 1..16, 1..",
-    "kv_link": "same-node,cross-node,loopback",
+    "kv_link": "same-node,cross-node,loopback,fit (the --hardware JSON's measured fit.kv_link)",
     "tp": "auto or GPUs per replica, e.g. 1,2,4,8",
 }
 
@@ -187,7 +188,7 @@ def parse_space(text: str | None, base: PlanSpace | None = None) -> PlanSpace:
             elif key == "decode":
                 sp.decode_min, sp.decode_max = _counts(value)
             elif key == "kv_link":
-                if any(v not in SPACE_KEYS["kv_link"].split(",") for v in vals):
+                if any(v not in ("same-node", "cross-node", "loopback", "fit") for v in vals):
                     raise ValueError
                 sp.kv_link = vals
             elif key == "chunked_prefill":

@@ -15,10 +15,12 @@ from cbbench.harness.results import compare
 from cbbench.harness.studies.simulation import SimOptions, load_sim_workload
 from cbbench.reference_engine.config.options import build_engine_config
 from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.execution import kv_import
 from cbbench.reference_engine.execution.cost_model import get_hardware
 from cbbench.reference_engine.execution.kv_link import get_link
 from cbbench.reference_engine.router.pd_sim import simulate_pd
 from cbbench.reference_engine.sim import request_overhead as ro
+from cbbench.reference_engine.sim.pd_link import resolve_link
 from cbbench.workloads.presets import preset_settings
 from rich.console import Console
 from rich.table import Table
@@ -31,7 +33,7 @@ class PDCompareOptions:
     sim: SimOptions  # workload, engine settings, seed, --out
     num_prefill: int
     num_decode: int
-    link: str = "same-node"
+    link: str | None = None  # None: the hardware fit's measured hand-off, else same-node
 
 
 def pd_compare(opts: PDCompareOptions, console: Console) -> dict[str, dict[str, Any]]:
@@ -42,16 +44,22 @@ def pd_compare(opts: PDCompareOptions, console: Console) -> dict[str, dict[str, 
     wl = load_sim_workload(so, console)
     defaults = {**so.engine_defaults, **preset_settings(so.workload)}
     try:
-        link = get_link(opts.link)
         cfg = build_engine_config({**so.engine, "seed": wl.seed}, defaults, scheduler="continuous")
+        hw = get_hardware(cfg.hardware)
+        pd_link = resolve_link(opts.link, hw)
+        link = get_link(pd_link.spec)
     except EngineError as exc:
         raise CbbenchError(str(exc)) from None
+    opts.link = pd_link.spec
     out = {}
     total = opts.num_prefill + opts.num_decode
     # a from-run fit's time outside the steps, paid per request as `sim` and `plan` pay it
-    over = ro.overhead_of(get_hardware(cfg.hardware))
+    over = ro.overhead_of(hw)
     if line := ro.describe(over):
         console.print(line)
+    console.print(pd_link.line(over), highlight=False)
+    console.print(kv_import.describe(hw), highlight=False)
+    hop = pd_link.decode_overhead(over)
     for mode, p, d in (
         ("aggregated", 0, total),
         ("disaggregated", opts.num_prefill, opts.num_decode),
@@ -60,11 +68,14 @@ def pd_compare(opts: PDCompareOptions, console: Console) -> dict[str, dict[str, 
             try:
                 res = ro.with_overhead(wl.requests, over, lambda reqs, p=p, d=d: simulate_pd(
                     reqs, cfg, p, d, link, token_times=True,
-                    prefix_block_size=wl.prefix_block_size, seed=wl.prompt_seed),
+                    prefix_block_size=wl.prefix_block_size, seed=wl.prompt_seed,
+                    decode_overhead=hop),
                     d if p == 0 else 1)  # fmt: skip
             except EngineError as exc:
                 raise CbbenchError(str(exc)) from None
         out[mode] = res.summary()
+        if p:
+            out[mode]["link_source"] = pd_link.source
     return out
 
 

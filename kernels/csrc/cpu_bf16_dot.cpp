@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
@@ -53,15 +54,29 @@ inline uint16_t f2bf(float f) {  // round to nearest even; NaN stays a (quiet) N
   return static_cast<uint16_t>(bits >> 16);
 }
 
+#if defined(CBB_BF16DP)
+inline __m512 widen16(const uint16_t* p) {  // 16 bf16 -> fp32 (exact)
+  return _mm512_castsi512_ps(_mm512_slli_epi32(
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+#endif
+
 // Rows 0..MR-1 of x (bf16, row stride K) times panels p0..p0+np-1 -> y (bf16, row stride N).
+// Panel p0 + j's k pair t starts at w + at(j) + t * step (`at` / `step` from the layout).
 template <int MR>
 void micro(const uint16_t* x, int64_t K, const uint16_t* w, int64_t K2, int64_t p0, int np,
-           const float* bias, uint16_t* y, int64_t N) {
+           const float* bias, uint16_t* y, int64_t N, bool grouped) {
+  // plain [P, K2, 16, 2]: a panel's pairs are contiguous; grouped [P/3, K2, 3, 16, 2]: the
+  // k pair of a group's three panels is one 192-byte run, the weight one stream
+  const int64_t step = grouped ? kNP * 2 * kPanel : 2 * kPanel;
+  auto at = [&](int64_t j) {
+    return grouped ? (p0 / kNP) * K2 * step + j * 2 * kPanel : (p0 + j) * K2 * step;
+  };
   const int64_t n0 = p0 * kPanel;
   alignas(64) float acc[kMR][kNP * kPanel];
 #if defined(CBB_BF16DP)
   const uint16_t* wp[kNP];
-  for (int j = 0; j < kNP; ++j) wp[j] = w + (p0 + (j < np ? j : 0)) * K2 * 2 * kPanel;
+  for (int j = 0; j < kNP; ++j) wp[j] = w + at(j < np ? j : 0);
   const uint16_t *w0 = wp[0], *w1 = wp[1], *w2 = wp[2];
   const int64_t full = K / 2;  // whole pairs; an odd K's last pair is built below
 #define CBB_DECL(i) __m512 c##i##0 = _mm512_setzero_ps(), c##i##1 = c##i##0, c##i##2 = c##i##0;
@@ -82,7 +97,7 @@ void micro(const uint16_t* x, int64_t K, const uint16_t* w, int64_t K2, int64_t 
     return v;
   };
   for (int64_t j = 0; j < full; ++j) {
-    const int64_t o = j * 2 * kPanel;
+    const int64_t o = j * step;
     const __m512bh v0 = (__m512bh)_mm512_loadu_si512(w0 + o);
     const __m512bh v1 = (__m512bh)_mm512_loadu_si512(w1 + o);
     const __m512bh v2 = (__m512bh)_mm512_loadu_si512(w2 + o);
@@ -90,7 +105,7 @@ void micro(const uint16_t* x, int64_t K, const uint16_t* w, int64_t K2, int64_t 
     CBB_DOT(4, CBB_PAIR) CBB_DOT(5, CBB_PAIR) CBB_DOT(6, CBB_PAIR) CBB_DOT(7, CBB_PAIR)
   }
   if (K % 2) {  // the last k alone: x's high half zero (the weight's is zero padding too)
-    const int64_t o = full * 2 * kPanel;
+    const int64_t o = full * step;
     const __m512bh v0 = (__m512bh)_mm512_loadu_si512(w0 + o);
     const __m512bh v1 = (__m512bh)_mm512_loadu_si512(w1 + o);
     const __m512bh v2 = (__m512bh)_mm512_loadu_si512(w2 + o);
@@ -119,15 +134,14 @@ void micro(const uint16_t* x, int64_t K, const uint16_t* w, int64_t K2, int64_t 
     }
   }
 #else
-  const int64_t K2x = K2 * 2;
   for (int i = 0; i < MR; ++i)
     for (int c = 0; c < kNP * kPanel; ++c) acc[i][c] = 0.f;
   for (int j = 0; j < np; ++j) {
-    const uint16_t* panel = w + (p0 + j) * K2x * kPanel;
+    const uint16_t* panel = w + at(j);
     for (int i = 0; i < MR; ++i)
       for (int64_t k = 0; k < K; ++k) {
         const float xv = bf2f(x[i * K + k]);
-        const uint16_t* row = panel + (k / 2) * 2 * kPanel + (k % 2);
+        const uint16_t* row = panel + (k / 2) * step + (k % 2);
         for (int64_t c = 0; c < kPanel; ++c) acc[i][j * kPanel + c] += xv * bf2f(row[2 * c]);
       }
   }
@@ -137,8 +151,63 @@ void micro(const uint16_t* x, int64_t K, const uint16_t* w, int64_t K2, int64_t 
 #endif
 }
 
+
+// x [M, K] fp32 -> bf16, round to nearest even (x.to(torch.bfloat16)).
+at::Tensor to_bf16(const at::Tensor& x) {
+  at::Tensor y = at::empty(x.sizes(), x.options().dtype(at::kBFloat16));
+  const float* xp = x.data_ptr<float>();
+  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
+  const int64_t n = x.numel();
+  int64_t i = 0;
+#if defined(CBB_BF16DP)
+  for (; i + 16 <= n; i += 16) {
+    const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(xp + i));
+    std::memcpy(yp + i, &h, sizeof h);
+  }
+#endif
+  for (; i < n; ++i) yp[i] = f2bf(xp[i]);
+  return y;
+}
+
+// y[i, n0:n1] = bf16(y + r) for rows 0..mr-1 (row stride N): torch's bf16 residual add, fused
+// into the projection while its outputs are still in cache.
+void add_residual(uint16_t* y, const uint16_t* r, int mr, int64_t N, int64_t n0, int64_t n1) {
+  for (int i = 0; i < mr; ++i) {
+    int64_t n = n0;
+#if defined(CBB_BF16DP)
+    for (; n + 16 <= n1; n += 16) {
+      const __m512 a = widen16(y + i * N + n), b = widen16(r + i * N + n);
+      const __m256bh h = _mm512_cvtneps_pbh(_mm512_add_ps(a, b));
+      std::memcpy(y + i * N + n, &h, sizeof h);
+    }
+#endif
+    for (; n < n1; ++n) y[i * N + n] = f2bf(bf2f(y[i * N + n]) + bf2f(r[i * N + n]));
+  }
+}
+
+#if defined(CBB_BF16DP)
+// exp(x) for fp32 lanes (Cephes' range reduction and polynomial, ~1 ulp; the final scaling
+// by 2^n under- and overflows to 0 and inf as expf does; NaN stays NaN): silu's exp(-g).
+inline __m512 exp16(__m512 x0) {
+  const __mmask16 nan = _mm512_cmp_ps_mask(x0, x0, _CMP_UNORD_Q);
+  __m512 x = _mm512_min_ps(_mm512_max_ps(x0, _mm512_set1_ps(-104.f)), _mm512_set1_ps(89.f));
+  const __m512 fx = _mm512_roundscale_ps(
+      _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.f)));
+  return _mm512_mask_mov_ps(_mm512_scalef_ps(y, fx), nan, x0);
+}
+#endif
+
 using MicroFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, int,
-                         const float*, uint16_t*, int64_t);
+                         const float*, uint16_t*, int64_t, bool);
 
 MicroFn pick(int mr) {
   switch (mr) {
@@ -157,14 +226,23 @@ MicroFn pick(int mr) {
 
 // x [M, K] bf16, panels [ceil(N/16), ceil(K/2), 16, 2] bf16 (from `pack`), bias [N] fp32 or
 // None -> y [M, N] bf16.
-at::Tensor linear_bf16dp(const at::Tensor& x, const at::Tensor& panels,
-                         const c10::optional<at::Tensor>& bias, int64_t N) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
-              "linear_bf16dp: x must be a contiguous bf16 [M, K] tensor");
-  TORCH_CHECK(panels.dim() == 4 && panels.scalar_type() == at::kBFloat16 &&
-                  panels.is_contiguous() && panels.size(2) == kPanel && panels.size(3) == 2,
-              "linear_bf16dp: panels must be contiguous bf16 [P, K2, 16, 2]");
-  const int64_t M = x.size(0), K = x.size(1), P = panels.size(0), K2 = panels.size(1);
+at::Tensor linear_bf16dp(const at::Tensor& x_in, const at::Tensor& panels,
+                         const c10::optional<at::Tensor>& bias, int64_t N,
+                         const c10::optional<at::Tensor>& residual) {
+  TORCH_CHECK(x_in.dim() == 2 && x_in.is_contiguous() &&
+                  (x_in.scalar_type() == at::kBFloat16 || x_in.scalar_type() == at::kFloat),
+              "linear_bf16dp: x must be a contiguous bf16 or fp32 [M, K] tensor");
+  // fp32 x is rounded to bf16 first (as x.to(torch.bfloat16)): the attention's fp32 output
+  const at::Tensor x = x_in.scalar_type() == at::kFloat ? to_bf16(x_in) : x_in;
+  const bool grouped = panels.dim() == 5;  // [ceil(P / 3), K2, 3, 16, 2]
+  TORCH_CHECK((panels.dim() == 4 || (grouped && panels.size(2) == kNP)) &&
+                  panels.scalar_type() == at::kBFloat16 && panels.is_contiguous() &&
+                  panels.size(-2) == kPanel && panels.size(-1) == 2,
+              "linear_bf16dp: panels must be contiguous bf16 [P, K2, 16, 2] or [G, K2, 3, 16, 2]");
+  const int64_t M = x.size(0), K = x.size(1), K2 = panels.size(1);
+  const int64_t P = grouped ? (N + kPanel - 1) / kPanel : panels.size(0);
+  TORCH_CHECK(!grouped || panels.size(0) == (P + kNP - 1) / kNP, "linear_bf16dp: N=", N,
+              " needs ", (P + kNP - 1) / kNP, " groups of panels, got ", panels.size(0));
   TORCH_CHECK(K2 == (K + 1) / 2, "linear_bf16dp: x has K=", K, ", panels ", K2, " pairs");
   TORCH_CHECK(N >= 1 && (N + kPanel - 1) / kPanel == P, "linear_bf16dp: N=", N, " needs ",
               (N + kPanel - 1) / kPanel, " panels, got ", P);
@@ -173,6 +251,13 @@ at::Tensor linear_bf16dp(const at::Tensor& x, const at::Tensor& panels,
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == N,
                 "linear_bf16dp: bias must be contiguous fp32 [N]");
     b = bias->data_ptr<float>();
+  }
+  const uint16_t* rp = nullptr;
+  if (residual.has_value() && residual->defined()) {
+    TORCH_CHECK(residual->scalar_type() == at::kBFloat16 && residual->is_contiguous() &&
+                    residual->dim() == 2 && residual->size(0) == M && residual->size(1) == N,
+                "linear_bf16dp: residual must be contiguous bf16 [M, N]");
+    rp = reinterpret_cast<const uint16_t*>(residual->data_ptr<at::BFloat16>());
   }
   at::Tensor y = at::empty({M, N}, x.options());
   if (M == 0) return y;
@@ -188,7 +273,9 @@ at::Tensor linear_bf16dp(const at::Tensor& x, const at::Tensor& panels,
       const int np = static_cast<int>(std::min<int64_t>(kNP, P - p0));
       for (int64_t m = 0; m < M; m += kMR) {
         const int mr = static_cast<int>(std::min<int64_t>(kMR, M - m));
-        pick(mr)(xp + m * K, K, wp, K2, p0, np, b, yp + m * N, N);
+        pick(mr)(xp + m * K, K, wp, K2, p0, np, b, yp + m * N, N, grouped);
+        if (rp) add_residual(yp + m * N, rp + m * N, mr, N, p0 * kPanel,
+                             std::min<int64_t>(N, (p0 + np) * kPanel));
       }
     }
   });
@@ -246,7 +333,8 @@ __attribute__((optimize("fp-contract=off"))) static void rotate_bf16(
 // [NB, BS, Hkv, D] bf16, slots [T] int64 (< 0: padding, not written) -> rotated q [T, Hq, D].
 at::Tensor rope_and_cache_bf16(const at::Tensor& qkv, const at::Tensor& cos,
                                const at::Tensor& sin, at::Tensor& k_cache, at::Tensor& v_cache,
-                               const at::Tensor& slots, int64_t Hq, int64_t Hkv, int64_t D) {
+                               const at::Tensor& slots, int64_t Hq, int64_t Hkv, int64_t D,
+                               bool q_float) {
   TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == at::kBFloat16 && qkv.is_contiguous() &&
                   qkv.size(1) == (Hq + 2 * Hkv) * D,
               "rope_and_cache_bf16: qkv must be contiguous bf16 [T, (Hq + 2 Hkv) * D]");
@@ -270,11 +358,13 @@ at::Tensor rope_and_cache_bf16(const at::Tensor& qkv, const at::Tensor& cos,
   for (int64_t t = 0; t < T; ++t)
     TORCH_CHECK(sp[t] < num_slots, "rope_and_cache_bf16: slot ", sp[t],
                 " outside the cache of ", num_slots);
-  auto q = at::empty({T, Hq, D}, qkv.options());
+  // q_float: q widened to fp32 (exact; as q.float() for the attention kernel's fp32 query)
+  auto q = at::empty({T, Hq, D}, qkv.options().dtype(q_float ? at::kFloat : at::kBFloat16));
   const auto* in = reinterpret_cast<const uint16_t*>(qkv.data_ptr<at::BFloat16>());
   const float* cp = cos.data_ptr<float>();
   const float* snp = sin.data_ptr<float>();
-  auto* qp = reinterpret_cast<uint16_t*>(q.data_ptr<at::BFloat16>());
+  auto* qp = q_float ? nullptr : reinterpret_cast<uint16_t*>(q.data_ptr<at::BFloat16>());
+  float* qf = q_float ? q.data_ptr<float>() : nullptr;
   auto* kc = reinterpret_cast<uint16_t*>(k_cache.data_ptr<at::BFloat16>());
   auto* vc = reinterpret_cast<uint16_t*>(v_cache.data_ptr<at::BFloat16>());
   const int64_t width = (Hq + 2 * Hkv) * D;
@@ -283,7 +373,15 @@ at::Tensor rope_and_cache_bf16(const at::Tensor& qkv, const at::Tensor& cos,
       const uint16_t* row = in + t * width;
       const float* c = cp + t * half;
       const float* s = snp + t * half;
-      for (int64_t h = 0; h < Hq; ++h) rotate_bf16(row + h * D, c, s, qp + (t * Hq + h) * D, half);
+      if (qp) {
+        for (int64_t h = 0; h < Hq; ++h) rotate_bf16(row + h * D, c, s, qp + (t * Hq + h) * D, half);
+      } else {
+        std::vector<uint16_t> tmp(D);
+        for (int64_t h = 0; h < Hq; ++h) {
+          rotate_bf16(row + h * D, c, s, tmp.data(), half);
+          for (int64_t d = 0; d < D; ++d) qf[(t * Hq + h) * D + d] = bf2f(tmp[d]);
+        }
+      }
       if (sp[t] < 0) continue;
       uint16_t* kdst = kc + sp[t] * Hkv * D;
       for (int64_t h = 0; h < Hkv; ++h) rotate_bf16(row + (Hq + h) * D, c, s, kdst + h * D, half);
@@ -291,6 +389,39 @@ at::Tensor rope_and_cache_bf16(const at::Tensor& qkv, const at::Tensor& cos,
     }
   });
   return q;
+}
+
+// gu [M, 2I] bf16 (gate | up columns) -> [M, I] bf16: bf16(bf16(silu(gate)) * up), as
+// F.silu(gate) * up in bf16 (silu in fp32 and rounded; exp within ~1 ulp of torch's).
+at::Tensor silu_mul_bf16(const at::Tensor& gu) {
+  TORCH_CHECK(gu.dim() == 2 && gu.scalar_type() == at::kBFloat16 && gu.is_contiguous() &&
+                  gu.size(1) % 2 == 0,
+              "silu_mul_bf16: gu must be a contiguous bf16 [M, 2I] tensor");
+  const int64_t M = gu.size(0), I = gu.size(1) / 2;
+  at::Tensor y = at::empty({M, I}, gu.options());
+  const auto* gp = reinterpret_cast<const uint16_t*>(gu.data_ptr<at::BFloat16>());
+  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
+  for (int64_t m = 0; m < M; ++m) {
+    const uint16_t* g = gp + m * 2 * I;
+    const uint16_t* u = g + I;
+    uint16_t* o = yp + m * I;
+    int64_t i = 0;
+#if defined(CBB_BF16DP)
+    const __m512 one = _mm512_set1_ps(1.f);
+    for (; i + 16 <= I; i += 16) {
+      const __m512 a = widen16(g + i);
+      const __m512 s = _mm512_div_ps(a, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), a))));
+      const __m512 sr = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(s));  // silu's bf16 result
+      const __m256bh h = _mm512_cvtneps_pbh(_mm512_mul_ps(sr, widen16(u + i)));
+      std::memcpy(o + i, &h, sizeof h);
+    }
+#endif
+    for (; i < I; ++i) {
+      const float a = bf2f(g[i]);
+      o[i] = f2bf(bf2f(f2bf(a / (1.f + std::exp(-a)))) * bf2f(u[i]));
+    }
+  }
+  return y;
 }
 
 std::string isa() {
@@ -306,14 +437,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x [M, K] bf16, panels [ceil(N/16), ceil(K/2), 16, 2] bf16, bias [N] fp32 or None, N "
         "-> [M, N] bf16",
         py::arg("x"), py::arg("panels"), py::arg("bias"), py::arg("N"),
-        py::call_guard<py::gil_scoped_release>());
+        py::arg("residual") = py::none(), py::call_guard<py::gil_scoped_release>());
+  m.def("silu_mul_bf16", &silu_mul_bf16, "gu [M, 2I] bf16 -> silu(gate) * up [M, I] bf16",
+        py::arg("gu"), py::call_guard<py::gil_scoped_release>());
   m.def("rms_norm_bf16", &rms_norm_bf16, "x [M, H] bf16, w [H] bf16, eps -> [M, H] bf16",
         py::arg("x"), py::arg("w"), py::arg("eps"), py::call_guard<py::gil_scoped_release>());
   m.def("rope_and_cache_bf16", &rope_and_cache_bf16,
         "qkv [T, (Hq + 2 Hkv) * D] bf16, cos/sin [T, D/2] fp32, k/v caches bf16, slots [T] "
         "int64, Hq, Hkv, D -> rotated q [T, Hq, D] bf16 (k, v written into the caches)",
         py::arg("qkv"), py::arg("cos"), py::arg("sin"), py::arg("k_cache"), py::arg("v_cache"),
-        py::arg("slots"), py::arg("Hq"), py::arg("Hkv"), py::arg("D"),
+        py::arg("slots"), py::arg("Hq"), py::arg("Hkv"), py::arg("D"), py::arg("q_float") = false,
         py::call_guard<py::gil_scoped_release>());
   m.def("isa", &isa, "the instruction set the kernel was compiled for");
 }

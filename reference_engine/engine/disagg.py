@@ -100,6 +100,8 @@ class KVTransferMixin:
             assert seq.num_computed_tokens == payload.num_tokens == seq.num_external_tokens
             if payload.data is not None:  # None: the simulator's (priced, not moved)
                 self.executor.import_kv(seq.block_table[: payload.num_blocks], payload.data)  # type: ignore[attr-defined]
+            else:  # the simulator's: the copy-in's time on this worker's loop
+                self.executor.add_import(payload.num_tokens)  # type: ignore[attr-defined]
             seq.kv_import = None
             seq.num_external_tokens = 0
             self._num_importing -= 1

@@ -91,13 +91,13 @@ class Bf16Linear(nn.Module):
 
 
 class DotLinear(nn.Module):
-    """An nn.Linear whose bf16 weight lives only in cpu_bf16_dot's panels (inference only):
-    bf16 in and out, fp32 accumulation (vdpbf16ps)."""
+    """An nn.Linear whose bf16 weight lives only in cpu_bf16_dot's grouped panels (inference
+    only): bf16 in and out, fp32 accumulation (vdpbf16ps)."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.panels = cpu_bf16_dot.pack(linear.weight)
+        self.panels = cpu_bf16_dot.pack_grouped(linear.weight)  # one stream: ~1 ms a B=8 step
         b = linear.bias
         self.bias = None if b is None else b.detach().float().contiguous()
 
@@ -286,3 +286,31 @@ def optimize_cpu_linears(
         for parent, name, lin in linears:
             setattr(parent, name, make(lin))
     return impl
+
+
+def fused_layers_ok(model: nn.Module, impl: str) -> bool:
+    """Whether every decoder layer of `model` can run as one cpu_fused call a layer (its
+    linears swapped to "panels" in fp32 or "bf16-dp" in bf16, the C++ norms, rope and paged
+    attention built, dense MLPs). $CBBENCH_CPU_FUSED=0 keeps the module path (A/B runs)."""
+    from cbbench.reference_engine.model.llama import LlamaDecoderLayer, LlamaMLP, RMSNorm
+
+    if os.environ.get("CBBENCH_CPU_FUSED", "1").strip() == "0" or cpu_gemm.load() is None:
+        return False
+    kind = {"panels": (PanelLinear, torch.float32), "bf16-dp": (DotLinear, torch.bfloat16)}
+    if impl not in kind or (impl == "bf16-dp" and not cpu_bf16_dot.fast()):
+        return False
+    linear_type, dtype = kind[impl]
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not layers:
+        return False
+    for layer in layers:
+        if type(layer) is not LlamaDecoderLayer or type(layer.mlp) is not LlamaMLP:
+            return False
+        attn, mlp = layer.self_attn, layer.mlp
+        linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        norms = (layer.input_layernorm, layer.post_attention_layernorm)
+        if not all(type(lin) is linear_type for lin in linears):
+            return False
+        if not all(type(n) is RMSNorm and n.weight.dtype == dtype for n in norms):
+            return False
+    return True

@@ -27,7 +27,7 @@ from cbbench.reference_engine.core.executor import PLACEHOLDER, ScheduledChunk
 from cbbench.reference_engine.core.outputs import TokenLogprob
 from cbbench.reference_engine.core.sequence import Sequence
 from cbbench.reference_engine.errors import EngineError
-from cbbench.reference_engine.execution.cpu_linear import optimize_cpu_linears
+from cbbench.reference_engine.execution.cpu_linear import fused_layers_ok, optimize_cpu_linears
 from cbbench.reference_engine.execution.cuda_graphs import DecodeGraphs, capture_sizes
 from cbbench.reference_engine.execution.expert_predictor import ExpertPredictor
 from cbbench.reference_engine.execution.kv_cache import kv_bytes_per_block, kv_storage_dtype
@@ -147,6 +147,9 @@ class ModelRunner:
                 for m in self.model.modules():
                     if isinstance(m, RMSNorm) or (isinstance(m, LlamaAttention) and plain_kv):
                         m.cpu_kernel = True
+            if plain_kv and fused_layers_ok(self.model, self.linear_impl):  # cpu_fused.py
+                for m in self.model.model.layers:
+                    m.cpu_fused = "float32" if fp32 else "bfloat16"
         self.dtype = resolve_dtype(dtype, self.model_config)
         self.kv_cache_dtype = kv_cache_dtype
         self.kv_dtype = kv_storage_dtype(kv_cache_dtype, self.dtype, self.backend)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from cbbench.reference_engine.core.executor import ScheduledChunk
 from cbbench.reference_engine.execution.cost_model import CostModel
+from cbbench.reference_engine.execution.kv_import import import_rate, import_time_s
 from cbbench.reference_engine.execution.moe_cost import ExpertRouting, MoeSimSettings
 from cbbench.reference_engine.execution.step_jitter import StepJitter
 from cbbench.reference_engine.model.config import ModelConfig
@@ -40,6 +41,8 @@ class SimExecutor:
         self.clock = 0.0
         self.last_step_time = 0.0
         self._draft_time = 0.0  # speculative: draft-model time of this step (SimProposer)
+        self._import_time = 0.0  # P/D decode: KV copy-in of requests this step admits
+        self._import_rate = import_rate(cost_model.hardware)[0]
         self.modeled_gap_s = 0.0  # device idle before the last step (the clock can't show it)
         # the host's contention over time (co-located CPU workers: on a core + queued for one,
         # over on a core), a step starting at t taking slowdown(t) times as long; None: 1
@@ -82,6 +85,13 @@ class SimExecutor:
     def add_draft_time(self, seconds: float) -> None:
         """Charge the draft model's steps to the next execute()."""
         self._draft_time += seconds
+
+    def add_import(self, num_tokens: int) -> None:
+        """Charge an imported request's KV copy-in (its prompt's whole blocks) to the next
+        step, on this worker's loop (execution/kv_import.py)."""
+        bs = self.cost_model.block_size
+        nbytes = -(-num_tokens // bs) * bs * self.cost_model.kv_bytes_per_token
+        self._import_time += import_time_s(nbytes, self._import_rate)
 
     def execute(self, chunks: list[ScheduledChunk]) -> list[list[int]]:
         return self.run(self.prepare(chunks))
@@ -127,7 +137,9 @@ class SimExecutor:
             self.last_step_time *= self.slowdown(self.clock)
         if self.jitter is not None:
             self.last_step_time *= self.jitter.draw()
-        self._draft_time = 0.0
+        # the import runs on the loop before the forward; the host's contention slows it too
+        self.last_step_time += self._import_time * (self.slowdown(self.clock) if self.slowdown else 1.0)
+        self._draft_time = self._import_time = 0.0
         self.clock += self.last_step_time
         return [
             self._tokens(rid, start + n, spec) if s else [] for rid, start, n, spec, s, _ in step

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from cbbench.kernels import AttentionBackend, cpu_bf16_dot, cpu_ops
+from cbbench.reference_engine.model import cpu_fused
 from cbbench.reference_engine.model.config import ModelConfig
 from cbbench.reference_engine.model.rope import RotaryEmbedding
 from torch import nn
@@ -141,6 +142,9 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # "float32" / "bfloat16": the whole layer through cpu_fused's direct kernel calls (set
+        # by the ModelRunner where its kernels run every piece on the CPU)
+        self.cpu_fused: str | None = None
 
     def forward(
         self,
@@ -151,6 +155,9 @@ class LlamaDecoderLayer(nn.Module):
         meta: AttentionMetadata,
         backend: AttentionBackend,
     ) -> torch.Tensor:
+        if self.cpu_fused is not None and x.device.type == "cpu":
+            fused = cpu_fused.fp32_layer if self.cpu_fused == "float32" else cpu_fused.bf16_layer
+            return fused(self, x, cos, sin, kv_cache, meta, backend)
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta, backend)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -196,7 +203,13 @@ class LlamaForCausalLM(nn.Module):
         assert self.rotary_emb is not None, "call init_rope(device) first"
         cos, sin = self.rotary_emb.cos_sin(positions, max_position)
         x = self.model.embed_tokens(input_ids)
-        for i, layer in enumerate(self.model.layers):
+        layers = self.model.layers
+        if getattr(layers[0], "cpu_fused", None) is not None and x.device.type == "cpu":
+            cos, sin = cos.float().contiguous(), sin.float().contiguous()  # once, not per layer
+            for i, layer in enumerate(layers):
+                x = layer.forward(x, cos, sin, kv_caches[i], meta, backend)  # no module hooks
+            return self.model.norm(x)
+        for i, layer in enumerate(layers):
             x = layer(x, cos, sin, kv_caches[i], meta, backend)
         return self.model.norm(x)
 

@@ -5,9 +5,11 @@ Each worker is its own simulated `LLMEngine` with its own scheduler. A request a
 the prefill worker with the fewest outstanding requests and runs its prompt there (one
 token asked); when that token is out, its KV (the cost model's bytes per token over the
 prompt's whole blocks, so the KV dtype counts) crosses the link (`execution/kv_link.py`:
-latency + bytes / bandwidth), then enters the decode worker with the most KV headroom as an
+latency + bytes / bandwidth; plus the decode server's front end where a fit prices one and
+the link is not the measured hand-off that holds it: sim/pd_link.py), then enters the decode worker with the most KV headroom as an
 imported request (engine/disagg.py: it waits for a slot and blocks, its prompt counted as
-computed, its first token out on arrival) and decodes there. Events are taken in time
+computed, its first token out on arrival; its copy-in charged to the step that admits it,
+execution/kv_import.py) and decodes there. Events are taken in time
 order: an arrival or a transfer's end is handled once every busy worker's clock has reached
 it, else the busy worker with the earliest clock runs one step.
 
@@ -138,6 +140,7 @@ def simulate_pd(
     token_times: bool = False,
     slowdown: Sequence[Callable[[float], float] | None] | None = None,
     poll_interval_s: float | None = None,
+    decode_overhead: dict[str, float] | None = None,
 ) -> PDResult:
     """`num_prefill` prefill and `num_decode` decode workers of `config` (the prefill pool
     may have its own, `prefill_config`), the transfer priced by `link`; `num_prefill` 0:
@@ -148,7 +151,11 @@ def simulate_pd(
     `poll_interval_s`: the router reads each worker's running + waiting every that many
     seconds (the served router's `--poll-interval`) and takes the larger of that read and
     its own in-flight count (router/policy.py: ReplicaLoad), so a request that ended since
-    the last read still counts; None: the exact count at the arrival."""
+    the last read still counts; None: the exact count at the arrival.
+    `decode_overhead` (a from-run fit's `c_req`, `c_req_load`: one server's front end): the
+    decode server's API, paid by each request on its second server hop, after the link and
+    before the decode worker (`c_req + c_req_load x` the decode servers' mean outstanding
+    requests); None where the link is a measured hand-off, which holds it already."""
     if num_decode < 1 or num_prefill < 0:
         raise EngineError(f"P/D simulation needs >= 1 decode and >= 0 prefill workers, got "
                           f"{num_prefill}:{num_decode}")  # fmt: skip
@@ -264,8 +271,13 @@ def simulate_pd(
                     r.prefill_start_s, r.prefill_end_s = m.first_scheduled_time, m.first_token_time
                     r.kv_bytes = -(-r.prompt_len // block) * block * per_token
                     assert link is not None and r.prefill_end_s is not None
-                    heapq.heappush(transfers, (r.prefill_end_s + link.transfer_s(r.kv_bytes),
-                                   next(counter), o.request_id, o.new_token_ids[-1]))  # fmt: skip
+                    hop = 0.0
+                    if decode_overhead:  # the decode server's front end, at its load
+                        load = sum(outstanding[j] for j in decodes) / len(decodes)
+                        hop = (decode_overhead.get("c_req", 0.0)
+                               + decode_overhead.get("c_req_load", 0.0) * load)  # fmt: skip
+                    heapq.heappush(transfers, (r.prefill_end_s + link.transfer_s(r.kv_bytes)
+                                   + hop, next(counter), o.request_id, o.new_token_ids[-1]))  # fmt: skip
                 continue
             r.num_tokens += len(o.new_token_ids)
             if token_times:

@@ -33,6 +33,7 @@ from cbbench.harness.planning.pd_handoff import fit_handoff_runs
 from cbbench.harness.servers.launcher import start_server
 from cbbench.reference_engine.config.options import SIM_DEFAULTS, build_engine_config
 from cbbench.reference_engine.execution.cost_model import get_hardware
+from cbbench.reference_engine.execution.kv_import import describe as describe_import
 from cbbench.reference_engine.execution.kv_link import get_link
 from cbbench.reference_engine.router.options import POLL_INTERVAL_S
 from cbbench.reference_engine.router.pd_sim import simulate_pd
@@ -445,6 +446,8 @@ def main() -> None:
     print(f"KV link fitted on the measured pulls alone: {pull}; on the hand-off (TTFT less "
           f"its prefill queue, prefill, decode queue and the fit's request overhead): {link}"
           + (f" (from-run fit: {fr_link})" if fr_link else ""))  # fmt: skip
+    print(describe_import(get_hardware(fr_path or hw_path)) + "; the link is the measured "
+          "hand-off: the request overhead paid once")  # fmt: skip
     print("host contention (engine time on a core + queued for one) / on a core, median: "
           + "; ".join(f"{m} " + ", ".join(f"{r} {f:.2f}x" for r, f in sorted(slow[m].items()))
                       for m in DEPLOYMENTS))  # fmt: skip
