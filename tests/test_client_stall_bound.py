@@ -37,7 +37,7 @@ def test_stalled_loop_errors_stay_within_each_requests_bound():
     old = sys.getswitchinterval()
     with ServerProcess(cfg) as srv, tempfile.TemporaryDirectory() as tmp:
         bench = BenchConfig(
-            base_url=srv.url, workload=wl, concurrency=16, duration_s=2.5, warmup=0,
+            base_url=srv.url, workload=wl, concurrency=16, duration_s=4.0, warmup=0,
             workers=1, out_dir=os.path.join(tmp, "run"), name="stall", live=False,
             collect_server_times=True, kernel_timestamps=True,
         )  # fmt: skip
