@@ -125,5 +125,7 @@ def test_calibrate_from_run_fits_the_hand_off_of_disaggregated_runs(tmp_path, ca
     # bad input: one line naming what, no traceback
     assert main(["calibrate", "--from-run", str(tmp_path / "agg0"), "--kv-handoff",
                  str(tmp_path / "nope")]) != 0  # fmt: skip
-    assert "no requests.jsonl" in capsys.readouterr().err
+    got = capsys.readouterr()
+    assert "--kv-handoff" in got.err and "no requests.jsonl" in got.err
+    assert "request overhead" not in got.out  # refused before the fit, not after it
     assert main(["calibrate", "--kv-handoff", str(pd)]) != 0

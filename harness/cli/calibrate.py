@@ -136,6 +136,10 @@ def _from_run(args: argparse.Namespace) -> int:
         rc.check_runs(args.check_run, args.fit, args.server_config, args.model, dtype, console,
                       args.served_before)  # fmt: skip
         return 0
+    for f in args.kv_handoff:  # before the fit (minutes on long runs), not after it
+        if not (Path(f) / "requests.jsonl").is_file():
+            raise EngineError(f"--kv-handoff {f}: no requests.jsonl (a `cbbench bench --out` "
+                              "run folder of a disaggregated server)")  # fmt: skip
     c = rc.calibrate_from_runs(args.from_run, args.server_config, args.model, dtype, args.name,
                                args.holdout, args.check_run, args.served_before, args.server_ttft,
                                step_jitter=args.step_jitter, log=lambda m: console.print(m, highlight=False, soft_wrap=True))  # fmt: skip
