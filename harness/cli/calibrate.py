@@ -119,7 +119,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--step-jitter", action="store_true", help="also fit the server's step "
                    "jitter (measured / predicted one-step gaps) into the hardware JSON: sim and "
                    "plan then draw each step's time from it, so ITL and TTFT tails carry it; "
-                   "each replay is then one sample (means move by a few % between seeds)")
+                   "each replay is then one sample (means move by a few percent between seeds)")
     f.add_argument("--kv-handoff", nargs="+", default=[], metavar="RUN", help="disaggregated "
                    "bench runs: also fit the KV hand-off from their phase stamps (TTFT less "
                    "prefill queue, prefill, decode queue and this fit's request overhead, on KV "
