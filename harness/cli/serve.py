@@ -173,6 +173,8 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
+    if info.get("hugepages"):  # the CPU engine's weights and KV cache (CBBENCH_HUGEPAGES)
+        print(f"cbbench serve: huge pages: {info['hugepages']}", file=sys.stderr, flush=True)
 
     def ready() -> None:
         print(f"{READY_PREFIX}{url}", flush=True)

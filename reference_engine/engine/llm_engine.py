@@ -197,6 +197,7 @@ class LLMEngine(StepUpdate, KVTransferMixin):
             "kv_cache_dtype": self.config.kv_cache_dtype,
             "quantization": self.config.quantization,
             "linear_impl": getattr(self.executor, "linear_impl", None),
+            "hugepages": getattr(self.executor, "hugepages", None),  # CPU: weights, KV cache
             "attention_backend": getattr(self.executor, "attention_backend_name", None),
             "num_params": self.model_config.num_params(),
             "num_kv_blocks": self.block_manager.num_blocks,

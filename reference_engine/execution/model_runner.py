@@ -27,6 +27,7 @@ from cbbench.reference_engine.core.executor import PLACEHOLDER, ScheduledChunk
 from cbbench.reference_engine.core.outputs import TokenLogprob
 from cbbench.reference_engine.core.sequence import Sequence
 from cbbench.reference_engine.errors import EngineError
+from cbbench.reference_engine.execution import hugepages
 from cbbench.reference_engine.execution.cpu_linear import fused_layers_ok, optimize_cpu_linears
 from cbbench.reference_engine.execution.cuda_graphs import DecodeGraphs, capture_sizes
 from cbbench.reference_engine.execution.expert_predictor import ExpertPredictor
@@ -150,6 +151,7 @@ class ModelRunner:
             if plain_kv and fused_layers_ok(self.model, self.linear_impl):  # cpu_fused.py
                 for m in self.model.model.layers:
                     m.cpu_fused = "float32" if fp32 else "bfloat16"
+            self.weights_arena = hugepages.move_module(self.model)  # after packing: the panels
         self.dtype = resolve_dtype(dtype, self.model_config)
         self.kv_cache_dtype = kv_cache_dtype
         self.kv_dtype = kv_storage_dtype(kv_cache_dtype, self.dtype, self.backend)
@@ -162,16 +164,20 @@ class ModelRunner:
         # MoE layers read their expert counts back to split the batch: not capturable, eager
         use_graphs = self.device.type == "cuda" and not enforce_eager and not cfg.is_moe
         want_padded = (use_graphs or padded_decode) and max_num_seqs is not None
-        self.kv_cache = torch.zeros(
+        kv_shape = (
             cfg.num_hidden_layers,
             2,
             num_kv_blocks + (1 if want_padded else 0),  # + the padded rows' scratch block
             block_size,
             cfg.num_key_value_heads,
             kv_quant.row_width(cfg.head_dim, self.kv_dtype),  # int8 / fp8: + the row's scale
-            dtype=self.kv_dtype,
-            device=self.device,
         )
+        self.hugepages: str | None = None  # the start-up line: weights and KV cache
+        if self.device.type == "cpu":  # huge pages: the decode step streams both
+            self.kv_cache, kv_arena = hugepages.zeros(kv_shape, self.kv_dtype)
+            self.hugepages = f"{self.weights_arena.status}; {kv_arena.status}"
+        else:
+            self.kv_cache = torch.zeros(kv_shape, dtype=self.kv_dtype, device=self.device)
         self.sampler = Sampler(cfg.eos_token_ids, self.device, seed)
         self.rejection_sampler = RejectionSampler(self.device, seed)
         self.decode_graphs: DecodeGraphs | None = None

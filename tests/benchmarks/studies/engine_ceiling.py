@@ -6,7 +6,9 @@ For the compare-engines workload (its model folder and workload.json, or the `sm
 and the built-in workload saved under --out), one torch thread, per dtype:
 
 - the memory floor: CPU ms to read as many bytes as the model's weights once (a decode step
-  must stream every weight: the LM head and every projection);
+  must stream every weight: the LM head and every projection), on 4 KiB pages and on 2 MiB
+  pages (where the host allows; reference_engine/execution/hugepages.py); the engine's own
+  buffers follow $CBBENCH_HUGEPAGES (0: ordinary pages) for A/B runs;
 - one decode step (ModelRunner.execute) at batch 1 and 8, CPU ms;
 - the whole workload run in-process by LLMEngine (all 24 requests added at once, greedy,
   ignore_eos): steps, engine CPU-s, tok/CPU-s, and the host work the engine process adds per
@@ -97,6 +99,7 @@ def main() -> None:
     args = ap.parse_args()
     import json
 
+    from cbbench.reference_engine.execution import hugepages
     from cbbench.workloads import load_workload
 
     torch.set_num_threads(1)
@@ -112,10 +115,15 @@ def main() -> None:
         weights = torch.empty(_weight_count(folder), dtype=getattr(torch, dtype)).normal_()
         floor = _cpu_ms(lambda w=weights: w.sum(), 10)
         mb = weights.numel() * weights.element_size() / 1e6
+        huge, arena = hugepages.zeros(weights.shape, weights.dtype, "floor")
+        huge.copy_(weights)
         del weights
+        on_huge = (f", {_cpu_ms(lambda w=huge: w.sum(), 10):.1f} ms on 2 MiB pages"
+                   if arena.huge_bytes() else f" ({arena.status})")  # fmt: skip
+        del huge
         b1, b8 = _decode_ms(folder, dtype, 1), _decode_ms(folder, dtype, 8)
         w = _workload(folder, wl, dtype)
-        print(f"{dtype}: read {mb:.0f} MB of weights {floor:.1f} ms CPU; decode step B=1 "
+        print(f"{dtype}: read {mb:.0f} MB of weights {floor:.1f} ms CPU{on_huge}; decode step B=1 "
               f"{b1:.1f} ms, B=8 {b8:.1f} ms; workload {w['steps']} steps, {w['cpu_s']:.2f} "
               f"CPU-s = {tokens / w['cpu_s']:.1f} tok/CPU-s ({w['cpu_s'] / w['steps'] * 1e3:.1f}"
               f" ms/step), host work (stats + IPC encode) {w['host_ms']:.0f} ms in all")
