@@ -11,7 +11,7 @@
 // Pass 1 takes 16 tokens at a time (16 dot products summed by one transpose-and-add tree);
 // the softmax is vectorized (a polynomial exp within ~1 ulp of expf).
 // GQA: the G = Hq / Hkv query heads of a KV head read the same row slice. The scores
-// (Hq x L floats) and the outputs stay in L1/L2; the next row is prefetched.
+// (Hq x L floats) and the outputs stay in L1/L2; rows ahead are prefetched into L2.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -147,9 +147,16 @@ inline void softmax(float* s, int64_t L) {
   for (; t < L; ++t) s[t] *= inv;
 }
 
+// Software prefetch into L2, this many tokens ahead: a sequence's blocks lie anywhere in the
+// pool, so the hardware prefetcher restarts at every block (16 tokens); one row ahead into L1
+// (as before) left the B=8 step's attention at ~10 GB/s. 32 K / 16 V tokens ahead: 9 layers
+// of B=8 x 128 tokens, caches cold, one thread: bf16 1.98 -> 1.51 ms, fp32 2.49 -> 2.09 ms.
+constexpr int64_t kPrefetchK = 32;
+constexpr int64_t kPrefetchV = 16;
+
 inline void prefetch_row(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
-  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(c + i, _MM_HINT_T0);
+  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(c + i, _MM_HINT_T1);
 }
 
 template <typename T>
@@ -179,10 +186,12 @@ void decode_kernel(const float* qp, const T* kp, const T* vp, float* op, const i
       };
       int64_t t = 0;
       const __m512 scv = _mm512_set1_ps(sc);
+      for (int64_t u = 0; u < std::min(L, kPrefetchK); ++u) prefetch_row(row_at(kp, u), row_bytes);
       for (; t + 16 <= L; t += 16) {  // pass 1: scores of 16 tokens at a time, K read once
         const T* rows[16];
         for (int i = 0; i < 16; ++i) rows[i] = row_at(kp, t + i);
-        if (t + 16 < L) prefetch_row(row_at(kp, t + 16), row_bytes);
+        for (int64_t u = t + kPrefetchK; u < std::min(L, t + kPrefetchK + 16); ++u)
+          prefetch_row(row_at(kp, u), row_bytes);
         for (int64_t j = 0; j < nq; ++j) {
           const T* hr[16];
           for (int i = 0; i < 16; ++i) hr[i] = rows[i] + (j / G) * D;
@@ -193,11 +202,12 @@ void decode_kernel(const float* qp, const T* kp, const T* vp, float* op, const i
         const T* k = row_at(kp, t);
         for (int64_t j = 0; j < nq; ++j) s[j * L + t] = sc * dot(qb + j * D, k + (j / G) * D, D);
       }
+      for (int64_t u = 0; u < std::min(L, kPrefetchV); ++u) prefetch_row(row_at(vp, u), row_bytes);
       for (int64_t j = 0; j < nq; ++j) softmax(s + j * L, L);  // per query head
       std::fill(ob, ob + nq * D, 0.f);
       for (int64_t t = 0; t < L; ++t) {  // pass 2: weighted V, V read once
         const T* v = row_at(vp, t);
-        if (t + 1 < L) prefetch_row(row_at(vp, t + 1), row_bytes);
+        if (t + kPrefetchV < L) prefetch_row(row_at(vp, t + kPrefetchV), row_bytes);
         for (int64_t j = 0; j < nq; ++j) axpy(s[j * L + t], v + (j / G) * D, ob + j * D, D);
       }
     }
