@@ -20,7 +20,11 @@ constexpr int64_t kPanel = 32;  // outputs per panel (two zmm)
 constexpr int kMR = 12;         // most rows per micro-kernel call (24 accumulators)
 constexpr int kDecodeMR = 8;    // rows per call when M <= 16: 16 accumulators, one pass
 #ifndef CBBENCH_PREFETCH_K
-#define CBBENCH_PREFETCH_K 16   // k steps ahead (16 x 128 B = 2 KB)
+// k steps ahead, into L2 (64 x 128 B = 8 KB). With the weights on 2 MiB pages
+// (reference_engine/execution/hugepages.py) the 37 linears of `small` at 8 rows, cold, one
+// thread: 16 ahead into L1 8.97-9.09 ms, 64 ahead into L2 8.03-8.31 (256: 8.17-8.34); 1 row
+// and 64 rows unchanged within the noise.
+#define CBBENCH_PREFETCH_K 64
 #endif
 #ifndef CBBENCH_M_BLOCK
 #define CBBENCH_M_BLOCK 256     // rows per outer block: x block stays in L2 across panels
@@ -43,9 +47,9 @@ void micro(const float* x, int64_t ldx, const float* p, int64_t K, const float* 
   for (int64_t k = 0; k < K; ++k) {
     const float* pk = p + k * kPanel;
     // Past the panel's end this reads ahead into the next panel; prefetches never fault.
-    _mm_prefetch(reinterpret_cast<const char*>(pk + CBBENCH_PREFETCH_K * kPanel), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(pk + CBBENCH_PREFETCH_K * kPanel), _MM_HINT_T1);
     _mm_prefetch(reinterpret_cast<const char*>(pk + CBBENCH_PREFETCH_K * kPanel + 16),
-                 _MM_HINT_T0);
+                 _MM_HINT_T1);
     const __m512 w0 = _mm512_loadu_ps(pk);
     const __m512 w1 = _mm512_loadu_ps(pk + 16);
 #pragma GCC unroll 12
