@@ -346,10 +346,7 @@ class Response:
             k_read += one_ids
         if k_read:
             if not self.chunks and (
-                first_at < base + n_events - 1
-                or self.parser.pending
-                or self.tail
-                or self.user_read
+                first_at < base + n_events - 1 or self.parser.pending or self.tail or self.user_read
             ):
                 # a later event, or part of one, came in the same read (the kernel's stamp
                 # is the last segment's), or the read has no kernel stamp: the first token
