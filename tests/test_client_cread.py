@@ -176,6 +176,7 @@ def _outcome(reads: list[bytes], compiled: bool, stdlib: bool = False):
             r.sends,
             (k.n, k.answer_at, k.reasoning, k.tool, list(k.flags)),
             r.first_merged,
+            r.tail,
             r.parser.pending,
             dataclasses.asdict(rec),
         )
