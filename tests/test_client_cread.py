@@ -199,6 +199,7 @@ def _outcome(reads: list[bytes], compiled: bool, stdlib: bool = False):
             r.sends,
             _kinds(r.kinds),
             r.first_merged,
+            r.tail,
             r.parser.pending,
             dataclasses.asdict(rec),
         )

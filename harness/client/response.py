@@ -40,11 +40,11 @@ from collections.abc import Callable
 
 import httpx
 from cbbench.harness.client import cread, fast_events, http1
-from cbbench.harness.client.lateness import Lateness
 from cbbench.harness.client.reply import Reply
 from cbbench.harness.client.server_timing import server_times
 from cbbench.harness.client.sse import SSEParser
 from cbbench.harness.client.stream_kinds import USAGE_REASONING_ABOVE_TOTAL, StreamKinds
+from cbbench.harness.client.turns import LoopMarks
 from cbbench.harness.results.records import RequestRecord
 
 ERROR_TEXT_LIMIT = 300
@@ -97,21 +97,17 @@ dump_json: Callable[[object], bytes] = _dump_json_fast if orjson else _dump_json
 
 
 def merged_slack(resp: Response) -> int:
-    """How much earlier than its read's stamp a merged first token may have come (ns).
-
-    It came after the previous read (or the send): at most `stamp - earliest`. And the loop
-    read it late, or it would have read it alone: it came at most as early as the loop was
-    late around that read, `late` = `Lateness.worst` over [earliest, read] (every read's
-    wait, this one's too, and the loop-lag probe's lag), so `stamp - a <= read - a <= late`.
-    A loop that was never late reads events alone unless they were sent together: server
-    queueing before them is no error. (A stall only this stream waited through and the
-    100 ms probe missed is the one blind spot: docs/timing.md.)"""
+    """How much earlier than its read's stamp the first token may have come (ns): 0 when
+    its read was stamped by the kernel and ended with it (the stamp is its own segment's
+    arrival); else `stamp - floor`, where the floor is the latest moment it cannot have come
+    before: the send, or the worker loop's turn mark before the one preceding the read
+    (`turns.py`; a sound floor, not an estimate). The read merged it with a later event
+    (TCP: the stamp is the last segment's), or had no kernel stamp (the stamp is when the
+    loop got to it): either way it came in [floor, stamp]."""
     if resp.first_merged is None:
         return 0
-    lower, t, read = resp.first_merged
-    if resp.lateness is None or read is None:
-        return max(0, t - lower)
-    return max(0, min(t - lower, resp.lateness.worst(lower, read)))
+    floor, t = resp.first_merged
+    return max(0, t - floor)
 
 
 def use_stdlib_json(flag: bool = True) -> None:
@@ -169,9 +165,8 @@ class Response:
         "adapter",
         "send_window_ns",
         "first_merged",
-        "read_ns",
-        "lateness",
-        "last_read_ns",
+        "marks",
+        "tail",
         "user_read",
     )
 
@@ -201,15 +196,12 @@ class Response:
         self.connect_ns: int | None = None  # set-up of a connection opened for this request
         self.reused: bool | None = None  # sent on a connection that served a request before
         self.send_window_ns: int | None = None  # the raw client: sent stamp -> write returned
-        # (earliest, stamp, read): the first token's read merged it with later bytes (or
-        # had no kernel stamp; docs/timing.md "a bound per request"); how much earlier than
-        # the stamp it may have come (`merged_slack`) is settled at the end, when the loop's
-        # lateness around it is known
-        self.first_merged: tuple[int, int, int | None] | None = None
-        self.last_read_ns: int | None = None  # the previous read's stamp
+        # (floor, stamp): the first token's read merged it with later bytes (or had no
+        # kernel stamp; docs/timing.md "a bound per request"): it came in [floor, stamp]
+        self.first_merged: tuple[int, int] | None = None
         self.user_read = False  # this read was stamped in user space (no kernel stamp came)
-        self.read_ns: int | None = None  # when the loop read it (SockConn; None: unknown)
-        self.lateness: Lateness | None = None  # the worker's loop lateness (H1Pool)
+        self.tail = False  # this read ended inside a later chunk's framing (h1conn.Conn)
+        self.marks: LoopMarks | None = None  # the worker loop's turn marks (H1Pool)
 
     def sent(self, t: int, connect_ns: int | None = None, reused: bool | None = None) -> None:
         """The request was written at `t` (ns); the transport says what the connection cost."""
@@ -372,17 +364,15 @@ class Response:
             k_read += one_ids
         if k_read:
             if not self.chunks and (
-                first_at < base + n_events - 1 or self.parser.pending or self.user_read
+                first_at < base + n_events - 1 or self.parser.pending or self.tail or self.user_read
             ):
                 # a later event, or part of one, came in the same read (the kernel's stamp
                 # is the last segment's), or the read has no kernel stamp: the first token
-                # came after the previous read (or the send) at the earliest
-                lower = max(self.sent_ns or self.attempt_ns, self.last_read_ns or 0)
-                # no kernel stamp: when it came is unknown, the loop's lateness says nothing
-                read = None if self.user_read or self.read_ns is None else self.read_ns
-                self.first_merged = (lower, t, read)
+                # came after the send and after the loop's mark before last (turns.py)
+                marks = self.marks
+                floor = max(self.sent_ns or self.attempt_ns, marks.floor_ns if marks else 0)
+                self.first_merged = (floor, t)
             self.chunks.append((t, k_read))
-        self.last_read_ns = t
 
     def end(self, t: int) -> None:
         """The body is complete (as the transport saw it); raises RequestFailed if the
