@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from cbbench.harness.client import aio, cread
 from cbbench.harness.envflags import env_flag
 
