@@ -409,6 +409,9 @@ def test_old_spelling_note_is_printed_once_on_stderr(tmp_path) -> None:
         (["run", "--schedulers", "static,foo"], "cbbench run: error: --schedulers: unknown foo"),
         (["serve", "--max-queue-delay", "soon"], "expected a duration such as 50ms"),
         (["--no-such-flag"], "cbbench: error: unrecognized arguments: --no-such-flag"),
+        # an unknown flag of a command is named by that command (and its --help), not cbbench
+        (["report", "x", "--format", "md"],
+         "cbbench report: error: unrecognized arguments: --format md"),
     ],
 )  # fmt: skip
 def test_errors_are_one_line_and_a_hint(argv, message) -> None:
