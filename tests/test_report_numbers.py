@@ -19,3 +19,13 @@ def test_a_column_of_whole_numbers_has_no_decimals():
     assert fmt_column([8.0, 8.0, 7.0]) == ["8", "8", "7"]  # running peak: a count
     assert fmt_column([8.0, 7.42]) == ["8.00", "7.42"]  # one format a column still
     assert fmt_column([1024.0, None])[0] == "1,024"
+
+
+def test_a_fix_command_in_backticks_is_code_in_the_html_not_backticks():
+    from cbbench.harness.diagnose.base import ENGINES, Finding
+    from cbbench.harness.diagnose.render import _finding_html
+
+    fix = "serve --prefill-replicas 1 (`cbbench plan --space 'mode=a<b'` sizes P:D)"
+    f = Finding("pd-interference", "t", "c", ["e"], {e: fix for e in ENGINES})
+    out = _finding_html(f, "cbbench")
+    assert "`" not in out and "<code>cbbench plan --space &#x27;mode=a&lt;b&#x27;</code>" in out
