@@ -294,8 +294,11 @@ def run_measured(opts: RunOptions, spec: str, parent: Path, console: Console) ->
             result.run_dirs.append(res.run_dir)
             result.summaries[name] = s = res.summary
             s["kv_pool"] = kv_pool(_run_json(res.run_dir), mean_len)  # type: ignore[typeddict-item]
+            if res.interrupted:  # the table says "89/256 (Ctrl-C)", not "89/89"
+                s["interrupted_of"] = len(wl)  # type: ignore[typeddict-item]
+            done = s["counts"]["total"] if not res.interrupted else len(wl)
             console.print(
-                f"  {name}: {s['counts']['completed']}/{s['counts']['total']} requests in "
+                f"  {name}: {s['counts']['completed']}/{done} requests in "
                 f"{s['duration_s']:.1f}s, {s['output_throughput'] or 0:.1f} output tok/s "
                 f"-> {res.run_dir}"
             )
