@@ -134,6 +134,7 @@ _module = load()
 SCAN: Callable | None = _module.scan if _module is not None else None  # one read, one call
 COUNT: Callable | None = _module.count if _module is not None else None  # common chunks
 TIMES: Callable | None = _module.times if _module is not None else None  # token times, gaps
+FIRST: Callable | None = _module.first if _module is not None else None  # an answer's text
 
 
 def main() -> int:

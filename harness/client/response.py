@@ -124,6 +124,7 @@ count_common = fast_events.COUNT_COMMON  # the common chunk's typed decode (msgs
 _scan = cread.SCAN  # the compiled read path (framing, SSE split, common chunks), or None
 _count = cread.COUNT  # its common-chunk count over a list of events
 _times = cread.TIMES  # finish's token times and gaps in one C call (= spread + the loops)
+_first = cread.FIRST  # a common chunk's answer-field text, before the answer began
 _second = operator.itemgetter(1)
 _decode = True  # the compiled path decodes the common chunk (off: use_stdlib_json)
 
@@ -131,8 +132,9 @@ _decode = True  # the compiled path decodes the common chunk (off: use_stdlib_js
 def use_compiled_read(flag: bool = True) -> bool:
     """Read chunked bodies through the compiled path (when built) or not (tests of both
     paths, comparisons); whether it is in use now."""
-    global _scan, _count, _times
-    _scan, _count, _times = (cread.SCAN, cread.COUNT, cread.TIMES) if flag else (None,) * 3
+    global _scan, _count, _times, _first
+    compiled = (cread.SCAN, cread.COUNT, cread.TIMES, cread.FIRST)
+    _scan, _count, _times, _first = compiled if flag else (None,) * 4
     return _scan is not None
 
 
@@ -271,6 +273,9 @@ class Response:
         state, reply, sends, kinds = self.state, self.reply, self.sends, self.kinds
         typed = count_common if reply is None else None
         plain = kinds.plain  # a bare chunk can only be an answer token (stream_kinds.py)
+        # the compiled decode of a common chunk's text (`cread.first`): the classifier's
+        # input without orjson and _apply; a session keeps the dict, an adapter rewrites it
+        first = _first if _decode and reply is None and self.adapter is None else None
         n_events = len(events)
         while i < n_events:
             data = events[i]
@@ -278,55 +283,68 @@ class Response:
             if data == b"[DONE]":
                 state["done"] = True
                 continue
-            if fast is not None:
-                try:
-                    obj = fast(data)
-                except ValueError:
-                    obj = _parse_json_std(data)
+            got = first(data) if first is not None and not plain else None
+            if got is not None:  # a common chunk before the answer began: what _apply does
+                kinds.n += one_ids - synced  # with it (one token id, the classifier told its
+                synced = one_ids  # text), without the dict
+                state["ids_total"] = state.get("ids_total", 0) + 1
+                kinds.tokens(1, *kinds.content(got[0]))
+                k_read += 1
+                if first_at < 0:
+                    first_at = base + i - 1
+                if sends is not None and got[1] is not None:
+                    sends.append((t, got[1]))
             else:
-                obj = parse_json(data)
-            if type(obj) is not dict:
-                raise RequestFailed("protocol", f"SSE data is not a JSON object: {data[:80]!r}")
-            if self.adapter is not None:  # another API's event as a chat chunk, or nothing
-                obj = self.adapter.event(obj, state)  # (its events never pass count_common:
-                if obj is None:  # they have no `choices`)
-                    continue
-            # the common chunk, one answer token id and nothing else to fold in, counted here;
-            # anything else (reasoning, tool calls, usage, finish, errors, several ids, a
-            # session) -> _apply
-            choices = obj.get("choices")
-            if (
-                plain
-                and reply is None
-                and type(choices) is list
-                and choices
-                and not obj.get("usage")
-            ):
-                c = choices[0]
-                if type(c) is dict and "cbbench" not in obj and _bare(c.get("delta")):
-                    ids = c.get("token_ids")
-                    if (
-                        type(ids) is list
-                        and len(ids) == 1
-                        and type(ids[0]) is int
-                        and ids[0] >= 0
-                        and not c.get("finish_reason")
-                        and c.get("prompt_token_ids") is None
-                    ):
-                        one_ids += 1
-                        if first_at < 0:
-                            first_at = base + i - 1
-                        if sends is not None and "t_send_ns" in obj:
-                            sends.append((t, obj["t_send_ns"]))
+                if fast is not None:
+                    try:
+                        obj = fast(data)
+                    except ValueError:
+                        obj = _parse_json_std(data)
+                else:
+                    obj = parse_json(data)
+                if type(obj) is not dict:
+                    why = f"SSE data is not a JSON object: {data[:80]!r}"
+                    raise RequestFailed("protocol", why)
+                if self.adapter is not None:  # another API's event as a chat chunk, or none
+                    obj = self.adapter.event(obj, state)  # (its events never pass
+                    if obj is None:  # count_common: they have no `choices`)
                         continue
-            kinds.n += one_ids - synced  # the classifier counts every token before this one
-            synced = one_ids
-            k = _apply(obj, state, True, kinds, reply)
-            k_read += k
-            if k and first_at < 0:
-                first_at = base + i - 1
-            if k and sends is not None and "t_send_ns" in obj:
-                sends.append((t, obj["t_send_ns"]))
+                # the common chunk, one answer token id and nothing else to fold in, counted
+                # here; anything else (reasoning, tool calls, usage, finish, errors, several
+                # ids, a session) -> _apply
+                choices = obj.get("choices")
+                if (
+                    plain
+                    and reply is None
+                    and type(choices) is list
+                    and choices
+                    and not obj.get("usage")
+                ):
+                    c = choices[0]
+                    if type(c) is dict and "cbbench" not in obj and _bare(c.get("delta")):
+                        ids = c.get("token_ids")
+                        if (
+                            type(ids) is list
+                            and len(ids) == 1
+                            and type(ids[0]) is int
+                            and ids[0] >= 0
+                            and not c.get("finish_reason")
+                            and c.get("prompt_token_ids") is None
+                        ):
+                            one_ids += 1
+                            if first_at < 0:
+                                first_at = base + i - 1
+                            if sends is not None and "t_send_ns" in obj:
+                                sends.append((t, obj["t_send_ns"]))
+                            continue
+                kinds.n += one_ids - synced  # the classifier counts every token before it
+                synced = one_ids
+                k = _apply(obj, state, True, kinds, reply)
+                k_read += k
+                if k and first_at < 0:
+                    first_at = base + i - 1
+                if k and sends is not None and "t_send_ns" in obj:
+                    sends.append((t, obj["t_send_ns"]))
             if kinds.plain and not plain and reply is None and i < n_events:
                 m = (  # the answer began: the rest too
                     compiled(events, i, sends, t)
