@@ -299,3 +299,20 @@ def test_a_workload_longer_than_the_model_is_one_clear_error_up_front(capsys):
                  "ttft_p99=2s", "--hardware", "h100", "--price", "1"])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 2 and "max_model_len (2048 tokens)" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", [
+    ["plan", "--rate", "2", "--slo", "ttft_p99=2s", "--hardware", "h100", "--price", "1"],
+    ["sim"],
+    ["run"],  # measured: no server is started for nothing
+])  # fmt: skip
+def test_an_empty_workload_file_is_one_error_not_a_table_of_dashes(tmp_path, capsys, command):
+    """plan said every configuration misses at an infinite TTFT, sim printed a table of
+    dashes and `run` started three servers to send nothing, each exiting 0 but plan."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    code = main([*command, "--workload", str(empty), *(["--out", str(tmp_path / "o")]
+                                                        if command == ["run"] else [])])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and f"--workload {empty}: no requests" in err, err
+    assert not (tmp_path / "o").exists()

@@ -310,6 +310,8 @@ def plan(opts: PlanOptions, on_progress: Callable[[int, int], None] | None = Non
         )
     model = resolve_model(opts)
     wl = load_workload(opts.workload, seed=opts.seed, num_requests=opts.num_requests)
+    if not wl.requests:  # else every configuration "misses" with an infinite TTFT
+        raise CbbenchError(f"--workload {opts.workload}: no requests")
     wl, dropped = fit_context(wl, model, opts)
     if opts.rate is not None:
         wl = with_arrivals(wl, "poisson", rate=opts.rate, seed=wl.seed)

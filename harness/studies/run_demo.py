@@ -208,7 +208,8 @@ def run_demo(opts: RunOptions, console: Console | None = None) -> RunDemoResult:
     if opts.workload:  # a bad spec fails before any folder is made
         from cbbench.workloads import load_workload
 
-        load_workload(opts.workload, seed=opts.seed, num_requests=opts.num_requests)
+        if not load_workload(opts.workload, seed=opts.seed, num_requests=opts.num_requests):
+            raise CbbenchError(f"--workload {opts.workload}: no requests")  # no servers to start
     existed = opts.out is not None and Path(opts.out).exists()
     parent = parent_dir(opts.out)
     try:

@@ -239,6 +239,8 @@ def load_sim_workload(opts: SimOptions, console: Console) -> Workload:
     if opts.num_requests is not None and opts.num_requests < 1:
         raise CbbenchError(f"--num-requests must be >= 1, got {opts.num_requests}")
     wl = load_workload(opts.workload, seed=opts.seed, num_requests=opts.num_requests)
+    if not wl.requests:  # else a table of dashes, exit 0
+        raise CbbenchError(f"--workload {opts.workload}: no requests")
     if opts.rate is not None:
         wl = with_arrivals(wl, "poisson", rate=opts.rate, seed=wl.seed)
     if opts.drop_too_long:
