@@ -245,10 +245,8 @@ def load_sim_workload(opts: SimOptions, console: Console) -> Workload:
         wl = with_arrivals(wl, "poisson", rate=opts.rate, seed=wl.seed)
     if opts.drop_too_long:
         settings = {**opts.engine_defaults, **opts.engine}
-        limit = (
-            settings.get("max_model_len")
-            or resolve_model_config(settings.get("model", "tiny"), True).max_position_embeddings
-        )
+        limit = settings.get("max_model_len") or resolve_model_config(
+            settings.get("model", "tiny"), True).max_position_embeddings  # fmt: skip
         wl = drop_too_long(wl, limit, console, opts.workload)
     return wl
 
