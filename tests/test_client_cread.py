@@ -17,6 +17,7 @@ from cbbench.harness.client import cread, fast_events, response
 from cbbench.harness.client.api import ClientConfig, OpenAIClient
 from cbbench.harness.client.chunks import whole_chunks
 from cbbench.harness.client.sse import SSEParser
+from cbbench.harness.client.stream_kinds import REASONING_PARSERS, StreamKinds
 from cbbench.harness.results.records import RequestRecord
 from cbbench.harness.servers.fake_server import _chunk
 from hypothesis import HealthCheck, given, settings
@@ -48,6 +49,28 @@ COMMON = st.builds(
     st.integers(0, 50_000),
     st.integers(0, 2),
 )
+# the shapes `cread.first` decides (a stream's events before its answer began): the text the
+# classifier reads from `text` or a delta's `content`, blank, <think>, escaped, twice, ...
+FIRST_SHAPES = [
+    b'{"choices":[{"token_ids":[4],"text":"  "}],"t_send_ns":3}',
+    b'{"choices":[{"token_ids":[4],"text":""}]}',
+    b'{"choices":[{"token_ids":[4],"text":"<think>"}]}',
+    b'{"choices":[{"token_ids":[4],"text":" <think>x</think> a"}]}',
+    b'{"choices":[{"token_ids":[4],"text":"\\u0020a"}]}',
+    b'{"choices":[{"token_ids":[4],"text":"\xc2\xa0a"}]}',
+    b'{"choices":[{"token_ids":[4],"text":"a","text":"  "}]}',
+    b'{"choices":[{"token_ids":[4],"text":7}]}',
+    b'{"choices":[{"token_ids":[4],"text":null}]}',
+    b'{"choices":[{"token_ids":[4],"delta":{},"text":"a"}]}',
+    b'{"choices":[{"token_ids":[4],"delta":null,"text":"a"}]}',
+    b'{"choices":[{"token_ids":[4],"delta":{},"message":{"content":"<think>"},"text":"a"}]}',
+    b'{"choices":[{"token_ids":[4],"delta":{"role":"assistant"},"text":"a"}]}',
+    b'{"choices":[{"token_ids":[4],"delta":{"content":"a","content":" "}}]}',
+    b'{"choices":[{"token_ids":[4],"delta":{"content":" </think>"}}]}',
+    b'{"choices":[{"token_ids":[4],"delta":{"content":"b","reasoning":null}}]}',
+    b'{"choices":[{"token_ids":[4],"delta":{"content":"b"}}],"metrics":{"queue_time_ms":1}}',
+    b'{"choices":[{"token_ids":[4],"text":"b"}],"timings":{"prompt_ms":2}}',
+]
 OTHER = st.sampled_from(
     [
         b"[DONE]",
@@ -88,6 +111,7 @@ OTHER = st.sampled_from(
         b'{"choices":[{"token_ids":[7]}]',
         b'{"error":{"message":"boom"}}',
         b"",
+        *FIRST_SHAPES,
     ]
 )
 EVENT = st.one_of(COMMON, COMMON, COMMON, OTHER)
@@ -167,21 +191,25 @@ def _outcome(reads: list[bytes], compiled: bool, stdlib: bool = False):
         if exc is not None:
             response.fail_record(rec, getattr(exc, "kind", "x"), str(exc))
         response.finish(rec, r, 0, 10_000)
-        k = r.kinds
         return (
             ended,
             None if exc is None else (type(exc).__name__, str(exc)),
             r.state,
             r.chunks,
             r.sends,
-            (k.n, k.answer_at, k.reasoning, k.tool, list(k.flags)),
+            _kinds(r.kinds),
             r.first_merged,
+            r.tail,
             r.parser.pending,
             dataclasses.asdict(rec),
         )
     finally:
         response.use_compiled_read(True)
         response.use_stdlib_json(False)
+
+
+def _kinds(k: StreamKinds) -> dict:
+    return {name: getattr(k, name) for name in StreamKinds.__slots__}
 
 
 def _same(reads: list[bytes]):
@@ -236,6 +264,73 @@ def test_one_read_agrees_with_the_python_pieces(events, spell, end):
             assert payload == events_ref[n:] and n <= n_ref and sends == sends_ref[: len(sends)]
             if spell == b"%x" and all(s == 0 for _, s in events) and not decode:
                 assert n == 0
+
+
+# classifier states a stream's next event may meet: fresh, after blank text, inside <think>,
+# after field reasoning, after the answer began
+BEFORE = [
+    [],
+    [b'{"choices":[{"token_ids":[1],"text":" "}]}'],
+    [b'{"choices":[{"token_ids":[1],"text":"<think> r"}]}'],
+    [b'{"choices":[{"token_ids":[1],"delta":{"reasoning":"r"}}]}'],
+    [b'{"choices":[{"token_ids":[1],"text":"a"}]}'],
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(EVENT, st.sampled_from(REASONING_PARSERS), st.sampled_from(BEFORE))
+def test_first_is_what_apply_does_with_the_event(event, mode, before):
+    """`cread.first` takes an event only where what `_events` then does (one token id, the
+    classifier told its text) leaves the state, the classifier and the sends exactly as
+    orjson + `_apply` would, in every classifier state and mode."""
+    require_compiled()
+    got = cread.FIRST(event)
+    try:
+        obj = json.loads(event)
+    except ValueError:
+        assert got is None
+        return
+    if got is None:
+        return
+    text, t_send = got
+    assert t_send == obj.get("t_send_ns") and ("t_send_ns" in obj) == (t_send is not None)
+    states = []
+    for path in ("apply", "first"):
+        state: dict = {}
+        kinds = StreamKinds(mode)
+        for e in before:
+            response._apply(json.loads(e), state, True, kinds)
+        if path == "apply":
+            assert response._apply(obj, state, True, kinds) == 1
+        else:
+            state["ids_total"] = state.get("ids_total", 0) + 1
+            kinds.tokens(1, *kinds.content(text))
+        states.append((state, _kinds(kinds)))
+    assert states[0] == states[1]
+
+
+def test_first_refuses_what_it_cannot_decide_alone():
+    require_compiled()
+    take = {
+        b'{"choices":[{"token_ids":[4],"text":"a"}],"t_send_ns":-3}': ("a", -3),
+        b'{"choices":[{"token_ids":[4],"delta":{"content":"\xc3\xa9"}}]}': ("\u00e9", None),
+        b'{"choices":[{"token_ids":[4],"delta":{},"text":" x"}]}': (" x", None),
+        b'{"choices":[{"token_ids":[4],"delta":{"content":"b","reasoning":null}}]}': ("b", None),
+    }
+    for event, want in take.items():
+        assert cread.FIRST(event) == want, event
+    for event in FIRST_SHAPES[1:2] + FIRST_SHAPES[4:5] + FIRST_SHAPES[6:9] + [
+        FIRST_SHAPES[11],
+        FIRST_SHAPES[12],
+        FIRST_SHAPES[13],
+        FIRST_SHAPES[16],
+        FIRST_SHAPES[17],
+        b'{"choices":[{"token_ids":[4],"text":"a","finish_reason":"stop"}]}',
+        b'{"choices":[{"token_ids":[4],"text":"a"}],"cbbench":{}}',
+        b'{"choices":[{"token_ids":[4,5],"text":"a"}]}',
+        b'{"choices":[{"token_ids":[4],"text":"a"},{"token_ids":[5]}]}',
+    ]:
+        assert cread.FIRST(event) is None, event
 
 
 def _times_reference(chunks, t0):

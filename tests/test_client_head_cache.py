@@ -23,7 +23,8 @@ class _Done:
 
 
 class _Sink:
-    send_window_ns = read_ns = lateness = None
+    send_window_ns = marks = None
+    tail = False
     user_read = False
 
     def __init__(self) -> None:

@@ -1,8 +1,17 @@
-"""The per-request timing bound holds in a stalled run: a thread that holds the GIL for 30 ms
-at a time keeps the worker's loop from reading while tokens arrive every 4 ms, so reads merge
-segments and kernel stamps err (the healthy case is test_selftest_workers). Graded against
-the scripted server's log, request by request: the TTFT error never exceeds the request's
-own `stamp_bound_s`, and the worker's p99 bound covers the p99 error and names the cause."""
+"""The per-request timing bound is an upper bound in stalled runs, graded request by request
+against the scripted server's log (the healthy case is test_selftest_workers).
+
+The server logs, per request, when the request came (`t_recv_ns`, the kernel's stamp), when
+it stamped its first token (`t_send_ns`, right before the send) and when that send returned
+(`t_first_written_ns`): the first token reached the client's socket in between. So a
+request's TTFT error is at least (client stamp - written) + (t_recv - sent) and at most the
+same with `t_send_ns`; the first can only exceed the request's `stamp_bound_s` if the bound
+is not one (the server being preempted between its stamp and its send, ~4 ms slices on this
+shared machine, moves only the second). Two ways to stall the loop: 512 streams with a token
+every 10 ms on one worker (the loop is never idle, reads merge; the bound of the first pass,
+`lateness.py`, was exceeded here by up to 5 ms in 69 requests of 9,280), and a thread that
+holds the GIL 30 ms at a time.
+"""
 
 import io
 import os
@@ -10,6 +19,7 @@ import sys
 import tempfile
 import threading
 
+import numpy as np
 import pytest
 from cbbench.harness.cli.selftest import ServerProcess
 from cbbench.harness.client.h1conn import kernel_timestamps_supported
@@ -19,9 +29,12 @@ from cbbench.harness.studies.selftest import good_records
 from cbbench.workloads.spec import RequestSpec, Workload
 from rich.console import Console
 
-# the server stamps a chunk right before its send: a preemption in between (this machine
-# is shared) is counted as client error; allow that much
-SERVER_SLACK_S = 0.002
+# the kernel's stamp is CLOCK_REALTIME, moved to CLOCK_MONOTONIC with two clock reads
+CLOCK_SLACK_S = 0.0002
+
+pytestmark = pytest.mark.skipif(
+    kernel_timestamps_supported() is not None, reason="needs SO_TIMESTAMPNS"
+)
 
 
 def _hog(stop: threading.Event) -> None:
@@ -29,39 +42,63 @@ def _hog(stop: threading.Event) -> None:
         sum(range(10_000))
 
 
-@pytest.mark.skipif(kernel_timestamps_supported() is not None, reason="needs SO_TIMESTAMPNS")
-def test_stalled_loop_errors_stay_within_each_requests_bound():
-    cfg = FakeServerConfig(Behavior(ttft_s=0.03, itl_s=0.004, queue_time_s=None))
-    wl = Workload("stall", 0, tuple(RequestSpec(i, 16, 12) for i in range(400)))
+def _run(streams: int, itl_s: float, seconds: float, hog: bool):
+    cfg = FakeServerConfig(Behavior(ttft_s=0.03, itl_s=itl_s, queue_time_s=None))
+    wl = Workload("stall", 0, tuple(RequestSpec(i, 16, 12) for i in range(20_000)))
     stop = threading.Event()
     old = sys.getswitchinterval()
     with ServerProcess(cfg) as srv, tempfile.TemporaryDirectory() as tmp:
         bench = BenchConfig(
-            base_url=srv.url, workload=wl, concurrency=16, duration_s=4.0, warmup=0,
+            base_url=srv.url, workload=wl, concurrency=streams, duration_s=seconds, warmup=0,
             workers=1, out_dir=os.path.join(tmp, "run"), name="stall", live=False,
             collect_server_times=True, kernel_timestamps=True,
         )  # fmt: skip
-        sys.setswitchinterval(0.03)
-        hog = threading.Thread(target=_hog, args=(stop,), daemon=True)
-        hog.start()
+        thread = threading.Thread(target=_hog, args=(stop,), daemon=True)
+        if hog:
+            sys.setswitchinterval(0.03)
+            thread.start()
         try:
             res = run_bench(bench, console=Console(file=io.StringIO()))
         finally:
             stop.set()
-            hog.join(5)
+            if hog:
+                thread.join(5)
             sys.setswitchinterval(old)
-    recs = good_records(res.records)
-    assert len(recs) >= 50
-    errors, bounds = [], []
-    for r in recs:
+    return res
+
+
+def _graded(res) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per request with the server's whole log: (error low, error high, bound), seconds."""
+    lo, hi, bound = [], [], []
+    for r in good_records(res.records):
         x = r.extra
-        error = r.ttft_s - (x["server_send_ns"][0] - x["t_recv_ns"]) / 1e9
-        errors.append(error)
-        bounds.append(x["stamp_bound_s"])
-        assert error <= x["stamp_bound_s"] + SERVER_SLACK_S, (error, x["stamp_bound_s"])
-    errors.sort()
-    merged = sum(1 for r in recs if r.extra["stamp_bound_s"] > 0.004)
-    assert errors[-1] > 0.004 and merged, "the stall did not merge a first token: no test"
+        if "t_first_written_ns" not in x:  # its first chunk was held back or was its last
+            continue
+        stamp = x["server_send_ns"][0] + round(x["recv_minus_send_s"][0] * 1e9)
+        send_err = (x["t_recv_ns"] - x["sent_ns"]) / 1e9  # upload: the request's own stamp
+        lo.append((stamp - x["t_first_written_ns"]) / 1e9 + send_err)
+        hi.append(r.ttft_s - (x["server_send_ns"][0] - x["t_recv_ns"]) / 1e9)
+        bound.append(x["stamp_bound_s"])
+    return np.asarray(lo), np.asarray(hi), np.asarray(bound)
+
+
+def _check(res, merged_at_least: int) -> None:
+    lo, hi, bound = _graded(res)
+    assert len(lo) >= 50
+    over = np.flatnonzero(lo > bound + CLOCK_SLACK_S)
+    assert not over.size, [(lo[i], hi[i], bound[i]) for i in over[:5]]
+    # not vacuous: first tokens were stamped late (their reads merged) and were bounded
+    late = int(np.sum(lo > 0.004))
+    assert late >= merged_at_least, f"only {late} first tokens stamped > 4 ms late: no stall"
+    # the worker's bound (the p99 of the requests' bounds) covers the p99 error
     (w,) = res.summary["client"]["workers"]
-    assert w["timing_bound_s"] + SERVER_SLACK_S >= errors[int(0.99 * (len(errors) - 1))]
-    assert w["stall"] is not None
+    assert w["timing_bound_s"] + CLOCK_SLACK_S >= np.percentile(lo, 99)
+    assert w["stall"] is not None  # and says which resource ran out
+
+
+def test_a_loop_too_busy_to_read_on_time_stays_within_each_requests_bound():
+    _check(_run(512, 0.01, 3.0, hog=False), merged_at_least=5)
+
+
+def test_a_loop_stalled_by_a_thread_stays_within_each_requests_bound():
+    _check(_run(16, 0.004, 3.0, hog=True), merged_at_least=1)

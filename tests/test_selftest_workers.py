@@ -27,6 +27,9 @@ def test_measure_reports_the_error_of_each_worker():
             p50, p99 = w[f"{key}_error_ms_p50"], w[f"{key}_error_ms_p99"]
             assert p50 is not None and p50 <= p99
         assert w["bound_ms"] is not None and w["bound_ms"] >= w["send_window_ms_p99"] >= 0
+        # timed from the server's send returned, the first chunk's error can only be smaller
+        assert w["ttft_written_error_ms_p99"] <= w["ttft_error_ms_p99"]
+        assert w["bound_covers_client"] is (w["bound_ms"] >= w["ttft_written_error_ms_p99"])
         over = max(abs(w["ttft_error_ms_p99"]), abs(w["itl_error_ms_p99"])) > w["limit_ms"]
         assert w["error_exceeds"] == over
     assert m["timing_bound_ms"] == max(w["bound_ms"] for w in rows)

@@ -226,9 +226,18 @@ def _coverage(w: dict) -> str:
     """Whether a worker's reported bound covered its measured TTFT error, and why it stalled."""
     covers = w.get("bound_covers_ttft")
     said = "covers" if covers else "does NOT cover" if covers is False else "vs"
+    low = w.get("ttft_written_error_ms_p99")
+    client = w.get("bound_covers_client")
     return (
         f"worker {w['worker']}: bound {_fmt(w['bound_ms'])} ms {said} TTFT error p99 "
         f"{_fmt(w['ttft_error_ms_p99'])} ms"
+        + (
+            ""
+            if low is None
+            else f" ({_fmt(low)} ms from the server's send returned: "
+            + ("covered" if client else "NOT covered")
+            + ")"
+        )
         + (f" (stalled: {w['stall']})" if w.get("stall") else "")
     )
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from cbbench.harness.client.chunks import whole_chunks as _whole_chunks
-from cbbench.harness.client.lateness import Lateness
+from cbbench.harness.client.turns import LoopMarks
 
 _SIZE, _DATA, _CRLF, _TRAILER = range(4)
 READ_SIZE = 262144
@@ -36,9 +36,9 @@ _HEADS: dict[bytes, tuple[int, dict[str, str], bool, str, int]] = {}
 
 class Sink(Protocol):
     send_window_ns: int | None  # set by H1Pool: sent stamp -> the write returned
-    user_read: bool  # set by SockConn before each read: stamped in user space, not by the kernel
-    read_ns: int | None  # set by SockConn before each read: when the loop read it (user space)
-    lateness: Lateness | None  # set by H1Pool: how late the worker's loop was, over time
+    user_read: bool  # set before each read: stamped in user space, not by the kernel
+    marks: LoopMarks | None  # set by H1Pool: the worker loop's turn marks (turns.py)
+    tail: bool  # set by the chunk state machine: this read ended inside a later chunk's framing
 
     def sent(self, t: int, connect_ns: int | None, reused: bool | None) -> None: ...
     def head(self, status: int, header) -> None: ...
@@ -75,7 +75,7 @@ class PoolStats:
         # per kernel-stamped read: when the loop read it - the kernel's stamp (ns); how long
         # bytes waited for the loop (not a field: kept out of the counts run.json holds)
         self.read_delay_ns = array("q")
-        self.lateness = Lateness()  # the same waits (and the loop-lag probe's) over time
+        self.marks = LoopMarks()  # the loop's turn marks: a floor under any read's bytes
 
 
 class Conn:
@@ -266,6 +266,8 @@ class Conn:
                 if finished:
                     break
         self._buf = buf[pos:] if pos < n else b""
+        if self.sink is not None:  # bytes of a later chunk came in this read (their stamp)
+            self.sink.tail = bool(self._buf) or self._cstate == _DATA
         if out and self.sink is not None:
             self.sink.data(out[0] if len(out) == 1 else b"".join(out), t)
         if finished:
@@ -293,6 +295,8 @@ class ProtoConn(Conn, asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         t = time.monotonic_ns()
         self.stats.user_reads += 1
+        if self.sink is not None:
+            self.sink.user_read = True
         self.feed(data, t)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -347,10 +351,8 @@ class SockConn(Conn):
             else:
                 stats.kernel_reads += 1
                 stats.read_delay_ns.append(now - t)
-                stats.lateness.read(t, now)
             if self.sink is not None:  # its bound may not take the stamp as exact (response.py)
                 self.sink.user_read = t is now
-                self.sink.read_ns = now
             self.feed(data, t)
             if len(data) < READ_SIZE:
                 return  # drained: spare the syscall that would say EAGAIN

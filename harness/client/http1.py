@@ -232,7 +232,7 @@ class H1Pool:
             window = time.monotonic_ns() - conn.sent_ns
             self.send_window_ns.append(window)
             sink.send_window_ns = window
-            sink.lateness = self.stats.lateness
+            sink.marks = self.stats.marks
             watched = conn
             if deadline is not None:
                 self._busy[watched] = deadline

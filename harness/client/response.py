@@ -40,11 +40,11 @@ from collections.abc import Callable
 
 import httpx
 from cbbench.harness.client import cread, fast_events, http1
-from cbbench.harness.client.lateness import Lateness
 from cbbench.harness.client.reply import Reply
 from cbbench.harness.client.server_timing import server_times
 from cbbench.harness.client.sse import SSEParser
 from cbbench.harness.client.stream_kinds import USAGE_REASONING_ABOVE_TOTAL, StreamKinds
+from cbbench.harness.client.turns import LoopMarks
 from cbbench.harness.results.records import RequestRecord
 
 ERROR_TEXT_LIMIT = 300
@@ -97,21 +97,17 @@ dump_json: Callable[[object], bytes] = _dump_json_fast if orjson else _dump_json
 
 
 def merged_slack(resp: Response) -> int:
-    """How much earlier than its read's stamp a merged first token may have come (ns).
-
-    It came after the previous read (or the send): at most `stamp - earliest`. And the loop
-    read it late, or it would have read it alone: it came at most as early as the loop was
-    late around that read, `late` = `Lateness.worst` over [earliest, read] (every read's
-    wait, this one's too, and the loop-lag probe's lag), so `stamp - a <= read - a <= late`.
-    A loop that was never late reads events alone unless they were sent together: server
-    queueing before them is no error. (A stall only this stream waited through and the
-    100 ms probe missed is the one blind spot: docs/timing.md.)"""
+    """How much earlier than its read's stamp the first token may have come (ns): 0 when
+    its read was stamped by the kernel and ended with it (the stamp is its own segment's
+    arrival); else `stamp - floor`, where the floor is the latest moment it cannot have come
+    before: the send, or the worker loop's turn mark before the one preceding the read
+    (`turns.py`; a sound floor, not an estimate). The read merged it with a later event
+    (TCP: the stamp is the last segment's), or had no kernel stamp (the stamp is when the
+    loop got to it): either way it came in [floor, stamp]."""
     if resp.first_merged is None:
         return 0
-    lower, t, read = resp.first_merged
-    if resp.lateness is None or read is None:
-        return max(0, t - lower)
-    return max(0, min(t - lower, resp.lateness.worst(lower, read)))
+    floor, t = resp.first_merged
+    return max(0, t - floor)
 
 
 def use_stdlib_json(flag: bool = True) -> None:
@@ -128,6 +124,7 @@ count_common = fast_events.COUNT_COMMON  # the common chunk's typed decode (msgs
 _scan = cread.SCAN  # the compiled read path (framing, SSE split, common chunks), or None
 _count = cread.COUNT  # its common-chunk count over a list of events
 _times = cread.TIMES  # finish's token times and gaps in one C call (= spread + the loops)
+_first = cread.FIRST  # a common chunk's answer-field text, before the answer began
 _second = operator.itemgetter(1)
 _decode = True  # the compiled path decodes the common chunk (off: use_stdlib_json)
 
@@ -135,8 +132,9 @@ _decode = True  # the compiled path decodes the common chunk (off: use_stdlib_js
 def use_compiled_read(flag: bool = True) -> bool:
     """Read chunked bodies through the compiled path (when built) or not (tests of both
     paths, comparisons); whether it is in use now."""
-    global _scan, _count, _times
-    _scan, _count, _times = (cread.SCAN, cread.COUNT, cread.TIMES) if flag else (None,) * 3
+    global _scan, _count, _times, _first
+    compiled = (cread.SCAN, cread.COUNT, cread.TIMES, cread.FIRST)
+    _scan, _count, _times, _first = compiled if flag else (None,) * 4
     return _scan is not None
 
 
@@ -167,9 +165,8 @@ class Response:
         "adapter",
         "send_window_ns",
         "first_merged",
-        "read_ns",
-        "lateness",
-        "last_read_ns",
+        "marks",
+        "tail",
         "user_read",
     )
 
@@ -199,15 +196,12 @@ class Response:
         self.connect_ns: int | None = None  # set-up of a connection opened for this request
         self.reused: bool | None = None  # sent on a connection that served a request before
         self.send_window_ns: int | None = None  # the raw client: sent stamp -> write returned
-        # (earliest, stamp, read): the first token's read merged it with later bytes (or
-        # had no kernel stamp; docs/timing.md "a bound per request"); how much earlier than
-        # the stamp it may have come (`merged_slack`) is settled at the end, when the loop's
-        # lateness around it is known
-        self.first_merged: tuple[int, int, int | None] | None = None
-        self.last_read_ns: int | None = None  # the previous read's stamp
+        # (floor, stamp): the first token's read merged it with later bytes (or had no
+        # kernel stamp; docs/timing.md "a bound per request"): it came in [floor, stamp]
+        self.first_merged: tuple[int, int] | None = None
         self.user_read = False  # this read was stamped in user space (no kernel stamp came)
-        self.read_ns: int | None = None  # when the loop read it (SockConn; None: unknown)
-        self.lateness: Lateness | None = None  # the worker's loop lateness (H1Pool)
+        self.tail = False  # this read ended inside a later chunk's framing (h1conn.Conn)
+        self.marks: LoopMarks | None = None  # the worker loop's turn marks (H1Pool)
 
     def sent(self, t: int, connect_ns: int | None = None, reused: bool | None = None) -> None:
         """The request was written at `t` (ns); the transport says what the connection cost."""
@@ -279,6 +273,9 @@ class Response:
         state, reply, sends, kinds = self.state, self.reply, self.sends, self.kinds
         typed = count_common if reply is None else None
         plain = kinds.plain  # a bare chunk can only be an answer token (stream_kinds.py)
+        # the compiled decode of a common chunk's text (`cread.first`): the classifier's
+        # input without orjson and _apply; a session keeps the dict, an adapter rewrites it
+        first = _first if _decode and reply is None and self.adapter is None else None
         n_events = len(events)
         while i < n_events:
             data = events[i]
@@ -286,55 +283,68 @@ class Response:
             if data == b"[DONE]":
                 state["done"] = True
                 continue
-            if fast is not None:
-                try:
-                    obj = fast(data)
-                except ValueError:
-                    obj = _parse_json_std(data)
+            got = first(data) if first is not None and not plain else None
+            if got is not None:  # a common chunk before the answer began: what _apply does
+                kinds.n += one_ids - synced  # with it (one token id, the classifier told its
+                synced = one_ids  # text), without the dict
+                state["ids_total"] = state.get("ids_total", 0) + 1
+                kinds.tokens(1, *kinds.content(got[0]))
+                k_read += 1
+                if first_at < 0:
+                    first_at = base + i - 1
+                if sends is not None and got[1] is not None:
+                    sends.append((t, got[1]))
             else:
-                obj = parse_json(data)
-            if type(obj) is not dict:
-                raise RequestFailed("protocol", f"SSE data is not a JSON object: {data[:80]!r}")
-            if self.adapter is not None:  # another API's event as a chat chunk, or nothing
-                obj = self.adapter.event(obj, state)  # (its events never pass count_common:
-                if obj is None:  # they have no `choices`)
-                    continue
-            # the common chunk, one answer token id and nothing else to fold in, counted here;
-            # anything else (reasoning, tool calls, usage, finish, errors, several ids, a
-            # session) -> _apply
-            choices = obj.get("choices")
-            if (
-                plain
-                and reply is None
-                and type(choices) is list
-                and choices
-                and not obj.get("usage")
-            ):
-                c = choices[0]
-                if type(c) is dict and "cbbench" not in obj and _bare(c.get("delta")):
-                    ids = c.get("token_ids")
-                    if (
-                        type(ids) is list
-                        and len(ids) == 1
-                        and type(ids[0]) is int
-                        and ids[0] >= 0
-                        and not c.get("finish_reason")
-                        and c.get("prompt_token_ids") is None
-                    ):
-                        one_ids += 1
-                        if first_at < 0:
-                            first_at = base + i - 1
-                        if sends is not None and "t_send_ns" in obj:
-                            sends.append((t, obj["t_send_ns"]))
+                if fast is not None:
+                    try:
+                        obj = fast(data)
+                    except ValueError:
+                        obj = _parse_json_std(data)
+                else:
+                    obj = parse_json(data)
+                if type(obj) is not dict:
+                    why = f"SSE data is not a JSON object: {data[:80]!r}"
+                    raise RequestFailed("protocol", why)
+                if self.adapter is not None:  # another API's event as a chat chunk, or none
+                    obj = self.adapter.event(obj, state)  # (its events never pass
+                    if obj is None:  # count_common: they have no `choices`)
                         continue
-            kinds.n += one_ids - synced  # the classifier counts every token before this one
-            synced = one_ids
-            k = _apply(obj, state, True, kinds, reply)
-            k_read += k
-            if k and first_at < 0:
-                first_at = base + i - 1
-            if k and sends is not None and "t_send_ns" in obj:
-                sends.append((t, obj["t_send_ns"]))
+                # the common chunk, one answer token id and nothing else to fold in, counted
+                # here; anything else (reasoning, tool calls, usage, finish, errors, several
+                # ids, a session) -> _apply
+                choices = obj.get("choices")
+                if (
+                    plain
+                    and reply is None
+                    and type(choices) is list
+                    and choices
+                    and not obj.get("usage")
+                ):
+                    c = choices[0]
+                    if type(c) is dict and "cbbench" not in obj and _bare(c.get("delta")):
+                        ids = c.get("token_ids")
+                        if (
+                            type(ids) is list
+                            and len(ids) == 1
+                            and type(ids[0]) is int
+                            and ids[0] >= 0
+                            and not c.get("finish_reason")
+                            and c.get("prompt_token_ids") is None
+                        ):
+                            one_ids += 1
+                            if first_at < 0:
+                                first_at = base + i - 1
+                            if sends is not None and "t_send_ns" in obj:
+                                sends.append((t, obj["t_send_ns"]))
+                            continue
+                kinds.n += one_ids - synced  # the classifier counts every token before it
+                synced = one_ids
+                k = _apply(obj, state, True, kinds, reply)
+                k_read += k
+                if k and first_at < 0:
+                    first_at = base + i - 1
+                if k and sends is not None and "t_send_ns" in obj:
+                    sends.append((t, obj["t_send_ns"]))
             if kinds.plain and not plain and reply is None and i < n_events:
                 m = (  # the answer began: the rest too
                     compiled(events, i, sends, t)
@@ -354,17 +364,15 @@ class Response:
             k_read += one_ids
         if k_read:
             if not self.chunks and (
-                first_at < base + n_events - 1 or self.parser.pending or self.user_read
+                first_at < base + n_events - 1 or self.parser.pending or self.tail or self.user_read
             ):
                 # a later event, or part of one, came in the same read (the kernel's stamp
                 # is the last segment's), or the read has no kernel stamp: the first token
-                # came after the previous read (or the send) at the earliest
-                lower = max(self.sent_ns or self.attempt_ns, self.last_read_ns or 0)
-                # no kernel stamp: when it came is unknown, the loop's lateness says nothing
-                read = None if self.user_read or self.read_ns is None else self.read_ns
-                self.first_merged = (lower, t, read)
+                # came after the send and after the loop's mark before last (turns.py)
+                marks = self.marks
+                floor = max(self.sent_ns or self.attempt_ns, marks.floor_ns if marks else 0)
+                self.first_merged = (floor, t)
             self.chunks.append((t, k_read))
-        self.last_read_ns = t
 
     def end(self, t: int) -> None:
         """The body is complete (as the transport saw it); raises RequestFailed if the

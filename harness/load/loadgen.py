@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 from cbbench.harness.client.api import ClientConfig, OpenAIClient
-from cbbench.harness.client.lateness import Lateness
+from cbbench.harness.client.turns import LoopMarks
 from cbbench.harness.load.agent import AgentConversation
 from cbbench.harness.load.graph import CallSlots, GraphConversation, HeldSlot, predecessors
 from cbbench.harness.load.heap import FrozenHeap
@@ -40,7 +40,7 @@ from cbbench.harness.results.records import RequestRecord
 from cbbench.workloads.stats import describe_array
 
 SAMPLE_PERIOD_S = 0.1  # event-loop lag probe
-MARK_PERIOD_S = 0.01  # the lateness record's marker (`_marker`)
+MARK_PERIOD_S = 0.01  # the loop turn marks (`_marker`, client/turns.py)
 REPORT_PERIOD_S = 1.0  # one client sample a second to timeseries
 
 Emit = Callable[[str, object], None]
@@ -436,9 +436,6 @@ class Worker:
 
     async def _sampler(self, client: OpenAIClient) -> None:
         period = SAMPLE_PERIOD_S
-        # the lag goes on the lateness record merged reads are bounded by (response.py)
-        pool = getattr(client, "pool", None)
-        late = pool.stats.lateness if pool is not None else None
         last_report = time.monotonic()
         cpu0, wall0 = time.process_time(), time.monotonic()
         lags = self._lags  # the last partial second's are kept when the run ends (`run`)
@@ -447,8 +444,6 @@ class Worker:
             await asyncio.sleep(period)
             now = time.monotonic()
             lags.append(max(0.0, now - t - period))
-            if late is not None:
-                late.note(int(t * 1e9), int(lags[-1] * 1e9), int(now * 1e9))
             if now - last_report >= REPORT_PERIOD_S:
                 cpu = (time.process_time() - cpu0) / (now - wall0)
                 self.stats.loop_lag_s.extend(lags)
@@ -475,7 +470,7 @@ class Worker:
         cpu0 = time.process_time()
         sampler = asyncio.ensure_future(self._sampler(client))
         pool = getattr(client, "pool", None)
-        marker = asyncio.ensure_future(_marker(pool.stats.lateness)) if pool is not None else None
+        marker = asyncio.ensure_future(_marker(pool.stats.marks)) if pool is not None else None
         refill = asyncio.ensure_future(self.ahead.refill()) if self.ahead is not None else None
         stopped = asyncio.ensure_future(self.stop.wait())
         if self.sessions:
@@ -506,16 +501,13 @@ class Worker:
             self.stats.cpu_s = time.process_time() - cpu0
 
 
-async def _marker(late: Lateness) -> None:
-    """A timer every MARK_PERIOD_S, read as if bytes came at its due time: the loop's
-    lateness record (client/lateness.py) learns when the loop was last running, so an idle
-    stretch ended by a late wake-up counts as at most a period, not as the whole wait for
-    the server, and a stall as long as it was (100 wake-ups a second: ~0.2 % of a core)."""
-    period_ns = int(MARK_PERIOD_S * 1e9)
+async def _marker(marks: LoopMarks) -> None:
+    """The loop's turn marks every MARK_PERIOD_S (client/turns.py): the floor under the
+    arrival of a merged first token, so its bound is the stall it waited through, not its
+    whole TTFT (100 wake-ups a second: ~0.2 % of a core)."""
     while True:
-        t = time.monotonic_ns()
+        marks.mark(time.monotonic_ns())
         await asyncio.sleep(MARK_PERIOD_S)
-        late.read(t + period_ns, time.monotonic_ns())
 
 
 async def run_worker(

@@ -113,9 +113,10 @@ def worker_timing(measured: Sequence[RequestRecord], workers: dict) -> dict:
 def request_bound_p99(ok: Sequence[RequestRecord]) -> float | None:
     """p99 over requests of each one's bound on its TTFT error (`stamp_bound_s`, the raw
     client with kernel stamps: its send window, plus, when its first token shared a read
-    with a later event, the time from the previous read (or the send) to that read's
-    stamp; response.py). Each request's error is at most its bound, so the p99 of the
-    errors is at most this, however a stall fell. None when no request has one."""
+    with a later event, the time from the later of the send and the loop's turn mark
+    before last to that read's stamp; response.py, client/turns.py). Each request's error
+    is at most its bound, so the p99 of the errors is at most this, however a stall fell.
+    None when no request has one."""
     bounds = [r.extra["stamp_bound_s"] for r in ok if "stamp_bound_s" in r.extra]
     return float(np.percentile(bounds, 99)) if bounds else None
 

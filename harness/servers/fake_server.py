@@ -11,6 +11,11 @@ a client in another process can grade its own timing against it):
   `fake_conn.py`), so the server's own event-loop lag is not taken for the client's upload
   time, and `t_recv_stamp`: `kernel`, or `user` where the kernel gave no stamp (then it is
   the time the server's loop handled that read; one warning says why).
+- the last chunk's `cbbench` object also carries `t_first_written_ns`, read right after the
+  first chunk's `send` returned (absent when that chunk was not sent whole at once, or it
+  was the last): the first token reached the client's socket in [t_send_ns,
+  t_first_written_ns], so a client's error can be graded without the server's own
+  preemption between its stamp and its send (tests/test_client_stall_bound.py).
 The schedule: the first chunk is due at t_recv + ttft, chunk k at (first chunk sent) + k * itl:
 a server late with its first chunk (its loop busy with a burst of requests) keeps its token
 gap after it, as a decoding server does. One timer per
@@ -393,6 +398,8 @@ class _Stream:
                 self.t_first = now / 1e9
             payload = b"data: %s%d}\n\n" % (head, now)
             conn.write(b"%x\r\n%s\r\n" % (len(payload), payload))
+            if first and not conn.pending:  # its bytes were in the client's socket by now
+                self.final_extra["cbbench"]["t_first_written_ns"] = time.monotonic_ns()
             self.sent += k
             self.chunk_no += 1
             return self._next()

@@ -300,20 +300,52 @@ static int object(J *j, field_fn field, void *ctx) {
 
 #define KEY(name) (n == (Py_ssize_t)sizeof(name) - 1 && !memcmp(key, name, sizeof(name) - 1))
 
+/* a string value, kept (start, length) when it has no escape; else only checked */
+typedef struct {
+    cp s;
+    Py_ssize_t n;
+    int kind; /* 0 absent, 1 a plain string, 2 anything else (null, escapes, another type) */
+    int twice;
+} Text;
+
+static int text_value(J *j, Text *t) {
+    t->twice |= t->kind != 0;
+    if (j->p < j->e && *j->p == '"') {
+        int plain;
+        if (string(j, &t->s, &t->n, &plain)) return -1;
+        t->kind = plain ? 1 : 2;
+        return 0;
+    }
+    t->kind = 2;
+    return skip_value(j, 2);
+}
+
+typedef struct {
+    unsigned seen;
+    Py_ssize_t keys;
+    Text content;
+} Delta;
+
 static int delta_field(J *j, cp key, Py_ssize_t n, void *ctx) {
-    unsigned *seen = ctx, bit;
+    Delta *d = ctx;
+    unsigned bit;
+    d->keys++;
     if (KEY("reasoning")) bit = 1;
     else if (KEY("reasoning_content")) bit = 2;
     else if (KEY("tool_calls")) bit = 4;
+    else if (KEY("content")) return text_value(j, &d->content);
     else return skip_value(j, 2);
-    if (*seen & bit) return -1;
-    *seen |= bit;
+    if (d->seen & bit) return -1;
+    d->seen |= bit;
     return is_null(j);
 }
 
 typedef struct {
     unsigned seen;
     long long id;
+    int message, delta_obj; /* a `message` key; `delta` was an object (its keys in `delta`) */
+    Text text;
+    Delta delta;
 } Choice;
 
 static int choice_field(J *j, cp key, Py_ssize_t n, void *ctx) {
@@ -323,7 +355,11 @@ static int choice_field(J *j, cp key, Py_ssize_t n, void *ctx) {
     else if (KEY("finish_reason")) bit = 2;
     else if (KEY("prompt_token_ids")) bit = 4;
     else if (KEY("delta")) bit = 8;
-    else return skip_value(j, 2);
+    else if (KEY("text")) return text_value(j, &c->text);
+    else if (KEY("message")) {
+        c->message = 1;
+        return skip_value(j, 2);
+    } else return skip_value(j, 2);
     if (c->seen & bit) return -1;
     c->seen |= bit;
     if (bit == 1) {
@@ -337,8 +373,8 @@ static int choice_field(J *j, cp key, Py_ssize_t n, void *ctx) {
         return 0;
     }
     if (bit == 8 && j->p < j->e && *j->p == '{') {
-        unsigned dseen = 0;
-        return object(j, delta_field, &dseen);
+        c->delta_obj = 1;
+        return object(j, delta_field, &c->delta);
     }
     return is_null(j);
 }
@@ -346,6 +382,8 @@ static int choice_field(J *j, cp key, Py_ssize_t n, void *ctx) {
 typedef struct {
     unsigned seen;
     long long t_send;
+    int state_keys; /* `metrics` or `timings`: _apply keeps them (first) */
+    Choice choice;
 } Chunk;
 
 static int chunk_field(J *j, cp key, Py_ssize_t n, void *ctx) {
@@ -355,7 +393,10 @@ static int chunk_field(J *j, cp key, Py_ssize_t n, void *ctx) {
     else if (KEY("usage")) bit = 2;
     else if (KEY("t_send_ns")) bit = 4;
     else if (KEY("cbbench")) return -1;
-    else return skip_value(j, 1);
+    else if (KEY("metrics") || KEY("timings")) {
+        c->state_keys = 1;
+        return skip_value(j, 1);
+    } else return skip_value(j, 1);
     if (c->seen & bit) return -1;
     c->seen |= bit;
     if (bit == 2) return is_null(j);
@@ -363,22 +404,28 @@ static int chunk_field(J *j, cp key, Py_ssize_t n, void *ctx) {
     if (j->p >= j->e || *j->p != '[') return -1;  /* exactly one choice */
     j->p++;
     ws(j);
-    Choice ch = {0, 0};
-    if (object(j, choice_field, &ch) || !(ch.seen & 1)) return -1;
+    Choice *ch = &c->choice;
+    memset(ch, 0, sizeof(*ch));
+    if (object(j, choice_field, ch) || !(ch->seen & 1)) return -1;
     ws(j);
     if (j->p >= j->e || *j->p != ']') return -1;
     j->p++;
     return 0;
 }
 
+static int parse_chunk(cp p, Py_ssize_t n, Chunk *c) {
+    J j = {p, p + n};
+    memset(c, 0, sizeof(*c));
+    ws(&j);
+    if (object(&j, chunk_field, c) || !(c->seen & 1)) return 0;
+    ws(&j);
+    return j.p == j.e;
+}
+
 /* the common chunk: 1 (t_send_ns in *t_send when *has_send), 0 not it */
 static int common(cp p, Py_ssize_t n, long long *t_send, int *has_send) {
-    J j = {p, p + n};
-    Chunk c = {0, 0};
-    ws(&j);
-    if (object(&j, chunk_field, &c) || !(c.seen & 1)) return 0;
-    ws(&j);
-    if (j.p != j.e) return 0;
+    Chunk c;
+    if (!parse_chunk(p, n, &c)) return 0;
     *has_send = (c.seen & 4) != 0;
     *t_send = c.t_send;
     return 1;
@@ -604,9 +651,37 @@ fail:
     return NULL;
 }
 
+/* first(event) -> None | (text, t_send_ns or None): the common chunk (as `common`) whose
+   answer-field text the stream classifier needs, for a stream's events before its answer
+   began (response._events): the text StreamKinds.add reads, i.e. the choice's `text` when
+   its `delta` is null, absent or empty (and it has no `message`), else the delta's
+   `content`; a string with no escape and not empty. None (the Python path decides) for
+   anything else, for a `metrics` or `timings` key (_apply keeps those) or a text key given
+   twice. What _apply then does with such an event is: one token id, the classifier told
+   the text (`StreamKinds.content`, then `tokens`), nothing else in the state. */
+static PyObject *first(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1 || !PyBytes_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "first(event: bytes)");
+        return NULL;
+    }
+    Chunk c;
+    if (!parse_chunk((cp)PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]), &c) ||
+        c.state_keys || c.choice.message)
+        Py_RETURN_NONE;
+    Choice *ch = &c.choice;
+    Text *t = ch->delta_obj && ch->delta.keys > 0 ? &ch->delta.content : &ch->text;
+    if (t->kind != 1 || t->twice || t->n == 0) Py_RETURN_NONE;
+    PyObject *text = PyUnicode_DecodeUTF8((const char *)t->s, t->n, "strict");
+    if (text == NULL) return NULL;
+    if (!(c.seen & 4)) return Py_BuildValue("(NO)", text, Py_None);
+    return Py_BuildValue("(NL)", text, c.t_send);
+}
+
 static PyMethodDef methods[] = {
     {"count", (PyCFunction)(void (*)(void))count, METH_FASTCALL,
      "count(events, start, sends, t) -> the common chunks from events[start] on"},
+    {"first", (PyCFunction)(void (*)(void))first, METH_FASTCALL,
+     "first(event) -> None | (text, t_send_ns | None): a common chunk's answer-field text"},
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
      "scan(data, decode, sends, t) -> None | (last, payload, n_common, ascii)"},
     {"times", (PyCFunction)(void (*)(void))times, METH_FASTCALL,
