@@ -3,6 +3,7 @@ token-id prompts, return_token_ids, usage and the `cbbench` response fields end 
 records exactly."""
 
 import io
+from importlib.metadata import version
 
 from cbbench.harness.load.runner import BenchConfig, run_bench
 from cbbench.harness.servers.launcher import launch_reference_server
@@ -40,3 +41,6 @@ def test_bench_against_reference_engine(tmp_path):
             assert res.meta["target"]["model"] == "tiny"
             # the engine's self-description from /v1/models is kept with the run
             assert res.meta["target"]["engine"]["cbbench"]["attention_backend"] == "torch"
+            # and its version: the report's provenance line said "(version not reported)"
+            ident = res.meta["environment"]["server"]
+            assert ident["name"] == "cbbench" and ident["version"] == version("cbbench")

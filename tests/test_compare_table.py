@@ -71,3 +71,13 @@ def test_the_summary_type_names_every_key_summarize_writes():
     assert set(s) <= set(RunSummary.__annotations__)
     assert set(s["counts"]) <= set(Counts.__annotations__)
     assert set(s["ttft_s"]) == set(Stats.__annotations__)
+
+
+def test_a_run_cut_by_ctrl_c_counts_against_what_it_planned():
+    """`cbbench run` cut midway printed "requests ok / sent 89/89" for 89 of 256."""
+    summaries = _sim_summaries()
+    summaries["static"]["interrupted_of"] = 10
+    out = io.StringIO()
+    Console(file=out, width=200).print(comparison_table(summaries, "t"))
+    row = next(ln for ln in out.getvalue().splitlines() if "requests ok / sent" in ln)
+    assert "6/10 (Ctrl-C)" in row and "6/6" in row  # continuous: not cut

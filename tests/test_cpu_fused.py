@@ -87,7 +87,8 @@ def test_fused_layer_is_bitwise_the_module_path(dtype):
         chunks = [ScheduledChunk(c.seq, 1) for c in chunks]
 
 
-def test_fused_layer_can_be_turned_off(monkeypatch):
-    monkeypatch.setenv("CBBENCH_CPU_FUSED", "0")
+@pytest.mark.parametrize("value", ["0", "off"])  # the CBBENCH_* switches read one way
+def test_fused_layer_can_be_turned_off(monkeypatch, value):
+    monkeypatch.setenv("CBBENCH_CPU_FUSED", value)
     runner, _ = _runner_and_chunks("float32")
     assert all(layer.cpu_fused is None for layer in runner.model.model.layers)

@@ -343,6 +343,11 @@ def test_calibrate_grid_flags_run_the_grid_method(tmp_path) -> None:
     assert spec["fit"]["method"].startswith("grid")
     assert spec["fit"]["device"] == "cpu"
     assert set(spec["linear"]) and all(v >= 0 for v in spec["linear"].values())
+    # the fit table's step-time sums are in ms: a tiny model's steps read "0.00" in seconds
+    rows = [ln.split("|") for ln in (tmp_path / "fit.md").read_text().splitlines()
+            if ln.startswith("| all ")]  # fmt: skip
+    assert "measured (ms)" in (tmp_path / "fit.md").read_text()
+    assert len(rows) == 1 and float(rows[0][3].replace(",", "")) > 0, rows
 
 
 def test_calibrate_grid_flag_rejects_bad_list(capsys) -> None:
@@ -409,6 +414,9 @@ def test_old_spelling_note_is_printed_once_on_stderr(tmp_path) -> None:
         (["run", "--schedulers", "static,foo"], "cbbench run: error: --schedulers: unknown foo"),
         (["serve", "--max-queue-delay", "soon"], "expected a duration such as 50ms"),
         (["--no-such-flag"], "cbbench: error: unrecognized arguments: --no-such-flag"),
+        # an unknown flag of a command is named by that command (and its --help), not cbbench
+        (["report", "x", "--format", "md"],
+         "cbbench report: error: unrecognized arguments: --format md"),
     ],
 )  # fmt: skip
 def test_errors_are_one_line_and_a_hint(argv, message) -> None:

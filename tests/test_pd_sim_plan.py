@@ -185,3 +185,18 @@ def test_decode_pool_under_kv_pressure_preempts_and_still_finishes_everything():
     assert all(r.num_tokens == 64 and r.finished_s is not None for r in res.requests)
     assert all(len(r.token_times_s) == 64 for r in res.requests)
     assert max(r.phases()["decode_queue_s"] for r in res.requests) > 0  # waited for blocks
+
+
+def test_space_takes_custom_kv_links_beside_presets():
+    """A custom link's own commas are not list separators (presets and fit were the only
+    values --space kv_link took)."""
+    sp = plan_space.parse_space(
+        "mode=disaggregated;kv_link=same-node,bandwidth_gbps=50,latency_ms=0.1,"
+        "bandwidth_gbps=5,latency_ms=1,fit"
+    )
+    assert sp.kv_link == ["same-node", "bandwidth_gbps=50,latency_ms=0.1",
+                          "bandwidth_gbps=5,latency_ms=1", "fit"]  # fmt: skip
+    assert get_link(sp.kv_link[1]).latency_s == pytest.approx(1e-4)
+    for bad in ("warp", "bandwidth_gbps=x,latency_ms=1", "bandwidth_gbps=5"):
+        with pytest.raises(CbbenchError, match="--space kv_link"):
+            plan_space.parse_space(f"kv_link={bad}")

@@ -279,3 +279,40 @@ def test_speculative_decoding_is_in_the_space():
     assert '"method": "ngram", "num_speculative_tokens": 4' in plan_report.vllm_flags(
         ngram, "llama-3-8b")  # fmt: skip
     assert "spec" not in plan_report.serve_flags(off, "llama-3-8b")
+
+
+def test_a_workload_longer_than_the_model_is_one_clear_error_up_front(capsys):
+    """chat's 2,048-token outputs do not fit tiny's 2,048-token context: the plan said only
+    that the engine refused every configuration (after simulating); now it names the workload,
+    the model's max_model_len and the longest request before any simulation, and
+    --drop-too-long plans the rest."""
+    wl = load_workload("chat", seed=0, num_requests=600)
+    opts = options(model="tiny", num_requests=600)
+    with pytest.raises(CbbenchError, match=r"--workload chat: 2 of 600 requests exceed --model "
+                       r"tiny's max_model_len \(2048 tokens\).*--drop-too-long"):  # fmt: skip
+        planner.plan(opts)
+    kept, dropped = planner.fit_context(wl, "tiny", options(model="tiny", drop_too_long=True))
+    assert dropped == 2 and len(kept) == 598
+    assert all(r.prompt_len + r.output_len <= 2048 for r in kept.requests)
+    assert planner.fit_context(wl, "llama-3-8b", opts) == (wl, 0)  # 8k context: all fit
+    code = main(["plan", "--model", "tiny", "--workload", "chat", "--rate", "2", "--slo",
+                 "ttft_p99=2s", "--hardware", "h100", "--price", "1"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "max_model_len (2048 tokens)" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", [
+    ["plan", "--rate", "2", "--slo", "ttft_p99=2s", "--hardware", "h100", "--price", "1"],
+    ["sim"],
+    ["run"],  # measured: no server is started for nothing
+])  # fmt: skip
+def test_an_empty_workload_file_is_one_error_not_a_table_of_dashes(tmp_path, capsys, command):
+    """plan said every configuration misses at an infinite TTFT, sim printed a table of
+    dashes and `run` started three servers to send nothing, each exiting 0 but plan."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    code = main([*command, "--workload", str(empty), *(["--out", str(tmp_path / "o")]
+                                                        if command == ["run"] else [])])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and f"--workload {empty}: no requests" in err, err
+    assert not (tmp_path / "o").exists()

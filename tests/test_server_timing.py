@@ -45,6 +45,8 @@ def test_where_the_time_went_in_the_summary():
     assert split["remainder_s"] == pytest.approx(0.1)
     line = time_split_line(split)
     assert "queue 100.0 ms (10%)" in line and "client + network 100.0 ms (10%)" in line
+    # whose times: the server's ("cbbench's own times" read as the load generator's)
+    assert "the vllm server's own times" in line
     assert summarize(recs)["server_timing"]["decode_s"] == pytest.approx(0.6)
     assert "server_timing" not in summarize([_rec(0, 1.0, None)])
     # no queue time from the server: the remainder holds it, and the line says so

@@ -128,7 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     names = {command_name(m) for m in COMMAND_MODULES}
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(only=command if command in names else None)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named by the command's own parser: `cbbench report: error: ...`
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        cmd = sub.choices.get(getattr(args, "command", None) or "", parser)
+        cmd.error(f"unrecognized arguments: {' '.join(unknown)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -321,7 +321,7 @@ def fit_table(c) -> object:
 
     spec = c.spec
     t = Table(title=f"step-time fit ({spec.name}): {spec.fit['points']} measured engine steps")
-    for col in ("steps", "count", "measured s", "fitted s", "sum error", "mean |error|"):
+    for col in ("steps", "count", "measured (ms)", "fitted (ms)", "sum error", "mean |error|"):
         t.add_column(col, justify="right")
     groups = {
         "decode only": [i for i, w in enumerate(c.works) if w.num_prefill_seqs == 0],
@@ -334,7 +334,9 @@ def fit_table(c) -> object:
         m = sum(c.measured_s[i] for i in idx)
         p = sum(c.predicted_s[i] for i in idx)
         mean = sum(abs(c.predicted_s[i] / c.measured_s[i] - 1) for i in idx) / len(idx)
-        t.add_row(name, str(len(idx)), f"{m:.2f}", f"{p:.2f}", f"{p / m - 1:+.1%}", f"{mean:.1%}")
+        # in ms: a tiny model's steps summed to "0.00" in seconds
+        t.add_row(name, str(len(idx)), f"{m * 1e3:,.2f}", f"{p * 1e3:,.2f}", f"{p / m - 1:+.1%}",
+                  f"{mean:.1%}")  # fmt: skip
     assert spec.linear is not None
     units = {
         "c0": "ms per step",

@@ -53,6 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "each draft token's acceptance probability, which the simulator cannot "
                         "know (measure it on your traffic; default 0.7)")  # fmt: skip
     p.add_argument("--num-requests", type=int, default=600, help="requests simulated (600)")
+    p.add_argument("--drop-too-long", action="store_true",
+                   help="skip requests whose prompt + output exceed the model's max_model_len "
+                        "(else such a workload is an error naming the longest request)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="workload seed (0)")
     p.add_argument("--jobs", type=int, default=1, help="configurations in parallel processes")
     p.add_argument("--out", default=None, help="write plan.json and plan.html here")
@@ -89,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         hardware=args.hardware, price_per_replica_hour=args.price, model=args.model,
         space=plan_space.parse_space(args.space), num_requests=args.num_requests,
         seed=args.seed, jobs=args.jobs, goodput_share=share,
-        spec_acceptance_rate=args.spec_acceptance_rate,
+        spec_acceptance_rate=args.spec_acceptance_rate, drop_too_long=args.drop_too_long,
     )  # fmt: skip
     console = Console(soft_wrap=True)
     total = len(opts.space.configs())

@@ -19,6 +19,7 @@ from cbbench.reference_engine.config.options import (
 )
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.router.options import add_router_args, router_options_from_args
+from cbbench.reference_engine.server.quick_exit import exit_now
 from cbbench.reference_engine.server.reasoning import ReasoningOptions
 
 __all__ = ["READY_PREFIX", "add_engine_args", "engine_config_from_args", "register", "run"]
@@ -188,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
         stack.shutdown()
         sock.close()
     print("cbbench serve: stopped", file=sys.stderr, flush=True)
-    return 0
+    exit_now(0)  # everything is closed: ~0.05 s instead of Python's ~1 s teardown of torch
 
 
 def _replica_argv(args: argparse.Namespace) -> list[str]:

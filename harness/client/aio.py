@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import os
 from collections.abc import Coroutine
 from typing import Any, TypeVar
+
+from cbbench.harness.envflags import env_flag
 
 T = TypeVar("T")
 
 
 def loop_name(use_uvloop: bool = True) -> str:
     """ "uvloop" when `run` would use it, else "asyncio"."""
-    if not use_uvloop or os.environ.get("CBBENCH_NO_UVLOOP"):
+    if not use_uvloop or env_flag("CBBENCH_NO_UVLOOP"):
         return "asyncio"
     try:
         import uvloop  # noqa: F401

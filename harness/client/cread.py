@@ -26,6 +26,8 @@ import sysconfig
 from collections.abc import Callable
 from pathlib import Path
 
+from cbbench.harness.envflags import env_flag
+
 NAME = "_cbbench_cread"
 SOURCE = Path(__file__).parent / "csrc" / "cread.c"
 CFLAGS = ("-O2", "-fPIC", "-shared", "-fno-strict-aliasing", "-ffp-contract=off") + (
@@ -91,7 +93,7 @@ def _import(so: Path):  # noqa: ANN202
 def load(retry: bool = False):  # noqa: ANN201
     """The built module (building it first if needed), or None (see `reason`)."""
     global _reason
-    if os.environ.get("CBBENCH_NO_CREAD"):
+    if env_flag("CBBENCH_NO_CREAD"):
         _reason = "off (CBBENCH_NO_CREAD)"
         return None
     try:
@@ -138,7 +140,7 @@ FIRST: Callable | None = _module.first if _module is not None else None  # an an
 def main() -> int:
     module = load(retry=True)
     print(f"{NAME}: {'ready' if module is not None else _reason}")
-    return 0 if module is not None or os.environ.get("CBBENCH_NO_CREAD") else 1
+    return 0 if module is not None or env_flag("CBBENCH_NO_CREAD") else 1
 
 
 if __name__ == "__main__":

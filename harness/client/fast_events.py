@@ -35,9 +35,10 @@ tests/test_client_fast_events.py checks this against the general path on hostile
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Annotated
+
+from cbbench.harness.envflags import env_flag
 
 try:
     import msgspec
@@ -103,7 +104,7 @@ if msgspec is not None:
         return n
 
     COUNT_COMMON: Callable[[list[bytes], list | None, int], int] | None = (
-        None if os.environ.get("CBBENCH_NO_MSGSPEC") else count_common
+        None if env_flag("CBBENCH_NO_MSGSPEC") else count_common
     )
 else:  # pragma: no cover
     COUNT_COMMON = None

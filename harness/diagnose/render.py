@@ -70,19 +70,27 @@ def markdown(diags: list[Diagnosis]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _fix_html(text: str) -> str:
+    """A fix, escaped, its `command` spans as <code> (the HTML showed the backticks)."""
+    parts = escape(text).split("`")
+    if len(parts) % 2 == 0:  # an unpaired backtick: leave the text as it is
+        return escape(text)
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+
+
 def _finding_html(f: Finding, engine: str | None) -> str:
     """The finding, its fix for the run's engine in a line, and the other engines' fixes in a
     collapsed table (five engines' fixes per finding pushed the charts screens down)."""
     ev = "".join(f"<li>{escape(e)}</li>" for e in f.evidence)
     first, *others = engine_order(engine)
     fixes = "".join(
-        f"<tr><td class=name><b>{escape(e)}</b></td><td class=name>{escape(f.fixes[e])}</td></tr>"
+        f"<tr><td class=name><b>{escape(e)}</b></td><td class=name>{_fix_html(f.fixes[e])}</td></tr>"
         for e in others
     )
     return (
         f'<div class="finding"><p><b>{escape(f.title)}</b> <code>{escape(f.rule)}</code> '
         f"<span class=muted>{escape(f.severity)}</span><br>{escape(f.cause)}</p>"
-        f"<ul>{ev}</ul><p>fix ({escape(first)}): {escape(f.fixes[first])}</p>"
+        f"<ul>{ev}</ul><p>fix ({escape(first)}): {_fix_html(f.fixes[first])}</p>"
         f"<details><summary>fixes for {len(others)} other engines</summary><table>"
         f"<tr><th class=name>engine</th><th class=name>fix</th></tr>{fixes}</table></details></div>"
     )

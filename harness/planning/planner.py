@@ -23,6 +23,7 @@ searched (`PlanResult.interrupted`). Every figure is SIMULATED.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -30,10 +31,12 @@ from typing import Any
 
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.planning.space import PlanSpace, Slo, parse_speculative
+from cbbench.harness.studies.sim_graphs import fitting
 from cbbench.reference_engine.config.options import SIM_DEFAULTS, build_engine_config
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.execution.cost_model import get_hardware
 from cbbench.reference_engine.execution.kv_link import get_link
+from cbbench.reference_engine.model.config import resolve_model_config
 from cbbench.reference_engine.router.cluster_sim import simulate_cluster
 from cbbench.reference_engine.router.pd_sim import simulate_pd
 from cbbench.reference_engine.router.registry import make_policy
@@ -41,7 +44,7 @@ from cbbench.reference_engine.sim import intervals
 from cbbench.reference_engine.sim.intervals import error_of, interval_for
 from cbbench.reference_engine.sim.pd_link import resolve_link
 from cbbench.reference_engine.sim.request_overhead import overhead_of, with_overhead
-from cbbench.workloads import load_workload, with_arrivals
+from cbbench.workloads import Workload, load_workload, with_arrivals
 
 UNMEASURED_BAND = intervals.UNMEASURED_BAND  # a preset nothing measured (intervals.ELSEWHERE)
 MEETS, MISSES, CLOSE = "meets", "misses", "too close to call"
@@ -62,6 +65,7 @@ class PlanOptions:
     goodput_share: float | None = None  # share of requests within every SLO target
     # speculative configurations: each draft token's acceptance (the simulator models it)
     spec_acceptance_rate: float = 0.7
+    drop_too_long: bool = False  # skip requests longer than the model's max_model_len
 
 
 @dataclass
@@ -101,6 +105,7 @@ class PlanResult:
     total: int
     interrupted: bool = False
     refused: list[str] = field(default_factory=list)  # configurations the engine refused
+    dropped: int = 0  # requests longer than max_model_len skipped (--drop-too-long)
 
     def to_json(self) -> dict:
         return {
@@ -112,6 +117,7 @@ class PlanResult:
             "total": self.total,
             "interrupted": self.interrupted,
             "refused": self.refused,
+            "dropped_too_long": self.dropped,
             "chosen": asdict(self.chosen) if self.chosen else None,
             "frontier": [asdict(p) for p in self.frontier],
             "points": [asdict(p) for p in self.points],
@@ -274,6 +280,27 @@ def frontier(points: list[Point]) -> list[Point]:
     return best
 
 
+def fit_context(wl: Workload, model: str, opts: PlanOptions) -> tuple[Workload, int]:
+    """The workload whose requests fit `model`'s max_model_len, and how many went: a request
+    longer than it is refused by every configuration, so say so once, up front (or, with
+    --drop-too-long, skip those requests as `cbbench sim --drop-too-long` does)."""
+    limit = resolve_model_config(model, shape_only=True).max_position_embeddings
+    kept, _ = fitting(wl.requests, limit)
+    if len(kept) == len(wl.requests):
+        return wl, 0
+    longest = max(wl.requests, key=lambda r: r.prompt_len + r.output_len)
+    if not opts.drop_too_long or not kept:
+        raise CbbenchError(
+            f"--workload {opts.workload}: {len(wl.requests) - len(kept)} of {len(wl.requests)} "
+            f"requests exceed --model {model}'s max_model_len ({limit} tokens), the longest "
+            f"request {longest.index} at prompt {longest.prompt_len} + max_tokens "
+            f"{longest.output_len} = {longest.prompt_len + longest.output_len}: plan a model "
+            f"with a longer context"
+            + ("" if not kept else ", or add --drop-too-long to skip those requests")
+        )
+    return dataclasses.replace(wl, requests=kept), len(wl.requests) - len(kept)
+
+
 def plan(opts: PlanOptions, on_progress: Callable[[int, int], None] | None = None) -> PlanResult:
     if opts.rate is not None and opts.rate <= 0:
         raise CbbenchError(f"--rate must be > 0 requests/s, got {opts.rate}")
@@ -283,6 +310,9 @@ def plan(opts: PlanOptions, on_progress: Callable[[int, int], None] | None = Non
         )
     model = resolve_model(opts)
     wl = load_workload(opts.workload, seed=opts.seed, num_requests=opts.num_requests)
+    if not wl.requests:  # else every configuration "misses" with an infinite TTFT
+        raise CbbenchError(f"--workload {opts.workload}: no requests")
+    wl, dropped = fit_context(wl, model, opts)
     if opts.rate is not None:
         wl = with_arrivals(wl, "poisson", rate=opts.rate, seed=wl.seed)
     elif all(r.arrival_s is None for r in wl.requests):
@@ -331,7 +361,7 @@ def plan(opts: PlanOptions, on_progress: Callable[[int, int], None] | None = Non
     ok = [p for p in points if p.verdict == MEETS]
     chosen = min(ok, key=lambda p: (p.cost_per_hour, p.binding_ratio)) if ok else None
     return PlanResult(opts, model, source, points, chosen, frontier(points), searched,
-                      len(configs), interrupted, refused)  # fmt: skip
+                      len(configs), interrupted, refused, dropped)  # fmt: skip
 
 
 def with_tensor_parallel(configs: list[dict[str, Any]], model: str, hw) -> list[dict[str, Any]]:

@@ -168,6 +168,9 @@ def print_plan(res: PlanResult, console: Console, out: Path | None) -> None:
     console.print(f"plan: SLO {slos}; {band}; ${o.price_per_replica_hour:g} per GPU-hour; "
                   f"{res.searched} of {res.total} configurations, {len(res.points)} points "
                   "simulated", highlight=False, soft_wrap=True)  # fmt: skip
+    if res.dropped:
+        console.print(f"--drop-too-long: skipped {res.dropped} requests longer than "
+                      f"{res.model}'s max_model_len", highlight=False, soft_wrap=True)  # fmt: skip
     over = describe_overhead(overhead_of(get_hardware(o.hardware)))
     if over:
         console.print(over, highlight=False, soft_wrap=True)

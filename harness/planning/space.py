@@ -131,7 +131,8 @@ SPACE_KEYS = {
     "mode": "aggregated,disaggregated",
     "prefill": "prefill workers: 1..4, 1.., or 1,2",
     "decode": "decode workers, by bisection: 1..16, 1..",
-    "kv_link": "same-node,cross-node,loopback,fit (the --hardware JSON's measured fit.kv_link)",
+    "kv_link": "same-node,cross-node,loopback,fit (the --hardware JSON's measured fit.kv_link) "
+    "or bandwidth_gbps=B,latency_ms=L",
     "tp": "auto or GPUs per replica, e.g. 1,2,4,8",
 }
 
@@ -145,6 +146,33 @@ def _counts(value: str) -> tuple[int, int | None]:
     if a < 1 or (b is not None and b < a):
         raise ValueError(value)
     return a, b
+
+
+def _kv_links(vals: list[str]) -> list[str]:
+    """'same-node,bandwidth_gbps=50,latency_ms=0.1,fit' -> the presets and each custom link
+    (its KEY=V parts joined back; a repeated key starts the next one), each checked."""
+    from cbbench.reference_engine.errors import EngineError
+    from cbbench.reference_engine.execution.kv_link import get_link
+
+    links: list[str] = []
+    custom: dict[str, str] = {}
+    for v in vals + [""]:
+        k, sep, _ = v.partition("=")
+        if custom and (not sep or k in custom):
+            links.append(",".join(f"{a}={b}" for a, b in custom.items()))
+            custom = {}
+        if sep:
+            custom[k.strip()] = v.partition("=")[2].strip()
+        elif v:
+            links.append(v)
+    for link in links:
+        if link == "fit":
+            continue
+        try:
+            get_link(link)
+        except EngineError:
+            raise ValueError from None
+    return links
 
 
 def parse_space(text: str | None, base: PlanSpace | None = None) -> PlanSpace:
@@ -188,9 +216,7 @@ def parse_space(text: str | None, base: PlanSpace | None = None) -> PlanSpace:
             elif key == "decode":
                 sp.decode_min, sp.decode_max = _counts(value)
             elif key == "kv_link":
-                if any(v not in ("same-node", "cross-node", "loopback", "fit") for v in vals):
-                    raise ValueError
-                sp.kv_link = vals
+                sp.kv_link = _kv_links(vals)
             elif key == "chunked_prefill":
                 if any(v not in ("on", "off") for v in vals):
                     raise ValueError

@@ -61,9 +61,11 @@ def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
 
 
 def _tick_label(v: float) -> str:
+    """A tick as people write it: 15,000 ms (not "1.5e+04"), 0.25; exponents only past a
+    million or below 0.001."""
     if v == 0:
         return "0"
-    if abs(v) >= 1e4 or abs(v) < 1e-3:
+    if abs(v) >= 1e7 or abs(v) < 1e-3:
         return f"{v:.3g}"
     return f"{v:,.6g}" if abs(v) >= 1 else f"{v:.4g}"
 

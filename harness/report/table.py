@@ -233,6 +233,8 @@ def fmt_column(values: list[Any], unit: str = "") -> list[str]:
     finite = [abs(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
     top = max(finite, default=0.0)
     digits = 1 if top >= 100 else 2 if top >= 1 else 3
+    if finite and all(float(v).is_integer() for v in finite):
+        digits = 0  # counts (a running peak of 8 read "8.00")
     return [
         f"{v:,.{digits}f}"
         if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)

@@ -145,6 +145,14 @@ def _kv_rows(summaries: dict[str, dict], row: Callable[[str, Callable[[dict], st
     )
 
 
+def _ok_of(s: dict) -> str:
+    """'256/256'; a run cut by Ctrl-C against what it planned: '89/256 (Ctrl-C)'."""
+    planned = s.get("interrupted_of")
+    if planned:
+        return f"{s['counts']['completed']}/{planned} (Ctrl-C)"
+    return f"{s['counts']['completed']}/{s['counts']['total']}"
+
+
 def comparison_table(
     summaries: dict[str, dict], title: str, *, steps: bool = False, label: str = "metric"
 ) -> Table:
@@ -162,7 +170,7 @@ def comparison_table(
     def row(text: str, fn: Callable[[dict], str]) -> None:
         t.add_row(text, *[fn(s) for s in summaries.values()])
 
-    row("requests ok / sent", lambda s: f"{s['counts']['completed']}/{s['counts']['total']}")
+    row("requests ok / sent", _ok_of)
     if any_sim:
         row("engine steps", lambda s: str((s.get("sim") or {}).get("num_steps", "-")))
     row(f"duration ({unit})", lambda s: _f(s["duration_s"]))

@@ -56,5 +56,5 @@ def time_split_line(split: dict | None) -> str | None:
         parts[-1] += " (queue included: the server gave none)"
     return (
         f"where the time went (mean E2E {e2e * 1e3:.1f} ms, {split['count']} requests, "
-        f"{split['source']}'s own times): " + ", ".join(parts)
+        f"the {split['source']} server's own times): " + ", ".join(parts)
     )

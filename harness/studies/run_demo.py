@@ -208,7 +208,8 @@ def run_demo(opts: RunOptions, console: Console | None = None) -> RunDemoResult:
     if opts.workload:  # a bad spec fails before any folder is made
         from cbbench.workloads import load_workload
 
-        load_workload(opts.workload, seed=opts.seed, num_requests=opts.num_requests)
+        if not load_workload(opts.workload, seed=opts.seed, num_requests=opts.num_requests):
+            raise CbbenchError(f"--workload {opts.workload}: no requests")  # no servers to start
     existed = opts.out is not None and Path(opts.out).exists()
     parent = parent_dir(opts.out)
     try:
@@ -294,8 +295,11 @@ def run_measured(opts: RunOptions, spec: str, parent: Path, console: Console) ->
             result.run_dirs.append(res.run_dir)
             result.summaries[name] = s = res.summary
             s["kv_pool"] = kv_pool(_run_json(res.run_dir), mean_len)  # type: ignore[typeddict-item]
+            if res.interrupted:  # the table says "89/256 (Ctrl-C)", not "89/89"
+                s["interrupted_of"] = len(wl)  # type: ignore[typeddict-item]
+            done = s["counts"]["total"] if not res.interrupted else len(wl)
             console.print(
-                f"  {name}: {s['counts']['completed']}/{s['counts']['total']} requests in "
+                f"  {name}: {s['counts']['completed']}/{done} requests in "
                 f"{s['duration_s']:.1f}s, {s['output_throughput'] or 0:.1f} output tok/s "
                 f"-> {res.run_dir}"
             )

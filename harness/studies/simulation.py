@@ -239,14 +239,14 @@ def load_sim_workload(opts: SimOptions, console: Console) -> Workload:
     if opts.num_requests is not None and opts.num_requests < 1:
         raise CbbenchError(f"--num-requests must be >= 1, got {opts.num_requests}")
     wl = load_workload(opts.workload, seed=opts.seed, num_requests=opts.num_requests)
+    if not wl.requests:  # else a table of dashes, exit 0
+        raise CbbenchError(f"--workload {opts.workload}: no requests")
     if opts.rate is not None:
         wl = with_arrivals(wl, "poisson", rate=opts.rate, seed=wl.seed)
     if opts.drop_too_long:
         settings = {**opts.engine_defaults, **opts.engine}
-        limit = (
-            settings.get("max_model_len")
-            or resolve_model_config(settings.get("model", "tiny"), True).max_position_embeddings
-        )
+        limit = settings.get("max_model_len") or resolve_model_config(
+            settings.get("model", "tiny"), True).max_position_embeddings  # fmt: skip
         wl = drop_too_long(wl, limit, console, opts.workload)
     return wl
 

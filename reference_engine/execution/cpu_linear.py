@@ -294,7 +294,8 @@ def fused_layers_ok(model: nn.Module, impl: str) -> bool:
     attention built, dense MLPs). $CBBENCH_CPU_FUSED=0 keeps the module path (A/B runs)."""
     from cbbench.reference_engine.model.llama import LlamaDecoderLayer, LlamaMLP, RMSNorm
 
-    if os.environ.get("CBBENCH_CPU_FUSED", "1").strip() == "0" or cpu_gemm.load() is None:
+    off = os.environ.get("CBBENCH_CPU_FUSED", "1").strip().lower() in ("0", "false", "no", "off")
+    if off or cpu_gemm.load() is None:
         return False
     kind = {"panels": (PanelLinear, torch.float32), "bf16-dp": (DotLinear, torch.bfloat16)}
     if impl not in kind or (impl == "bf16-dp" and not cpu_bf16_dot.fast()):

@@ -20,6 +20,7 @@ from cbbench.reference_engine.model.llama import LlamaForCausalLM
 from cbbench.reference_engine.model.mixtral import model_class
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
+from torch.overrides import TorchFunctionMode
 
 DTYPES = {
     "float32": torch.float32,
@@ -48,8 +49,22 @@ def resolve_dtype(dtype: str | torch.dtype, cfg: ModelConfig | None = None) -> t
 resolve_config = resolve_model_config  # the loader's name for it
 
 
+class _NoInitOnMeta(TorchFunctionMode):
+    """Skips torch.nn.init's functions on meta tensors (they hold no values, so nothing is
+    lost). On meta, torch runs them through Python reference kernels whose first call imports
+    torch._dynamo: ~1.3 s of every engine's start (a `cbbench serve`'s included) for nothing."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            tensor = args[0] if args else kwargs.get("tensor")
+            if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+                return tensor
+        return func(*args, **kwargs)
+
+
 def _empty_model(cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device):
-    with torch.device("meta"):
+    with torch.device("meta"), _NoInitOnMeta():
         model = model_class(cfg)(cfg)
     model = model.to(dtype=dtype).to_empty(device=device)
     if cfg.tie_word_embeddings:

@@ -44,6 +44,16 @@ class ServingStack:
         self.engine.shutdown(wait=False)
 
 
+def _version() -> str | None:
+    """cbbench's installed version: a run's report names the server's (`server: cbbench X`)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("cbbench")
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def build_stack(
     config: EngineConfig,
     *,
@@ -77,7 +87,7 @@ def build_stack(
         info, max_model_len = llm_engine.describe(), llm_engine.max_model_len
         vocab_size = model_config.vocab_size
         engine = AsyncEngine(llm_engine, metrics)
-    info = {**info, "engine_process": engine_process}
+    info = {**info, "engine_process": engine_process, "version": _version()}
     info["config"] = json.loads(json.dumps(dataclasses.asdict(config), default=str))  # whole
     metrics.set_cache_config(info)
     body_parser = BodyParser(max_model_len)

@@ -29,6 +29,7 @@ from cbbench.reference_engine.config.engine_config import EngineConfig
 from cbbench.reference_engine.errors import EngineError, QueueFullError
 from cbbench.reference_engine.server.ipc import decode, encode
 from cbbench.reference_engine.server.lifeline import die_with_parent
+from cbbench.reference_engine.server.quick_exit import exit_now
 
 logger = logging.getLogger("cbbench.engine_core")
 
@@ -60,7 +61,7 @@ def run_engine_core(
         outbox.send(encode({"t": "error", "message": _describe(exc)}))
         outbox.close()
         ctx.term()
-        return
+        exit_now(0)
     outbox.send(encode({"t": "ready", **core.ready_info()}))
     try:
         core.serve(inbox, outbox, parent_pid)
@@ -71,6 +72,7 @@ def run_engine_core(
         inbox.close(linger=0)
         outbox.close()
         ctx.term()
+    exit_now(0)  # the server waits for this process: skip the interpreter's slow teardown
 
 
 def _describe(exc: BaseException) -> str:

@@ -1,0 +1,35 @@
+"""The CBBENCH_* on/off switches: `=0` (or empty/false/no/off) means "not set", as users expect."""
+
+from __future__ import annotations
+
+import pytest
+from cbbench.harness.client import aio, cread
+from cbbench.harness.envflags import env_flag
+
+
+@pytest.mark.parametrize("value", ["", "0", "false", "No", " off "])
+def test_false_words_leave_the_switch_unset(monkeypatch, value):
+    monkeypatch.setenv("CBBENCH_NO_CREAD", value)
+    assert not env_flag("CBBENCH_NO_CREAD")
+
+
+@pytest.mark.parametrize("value", ["1", "true", "yes", "ON"])
+def test_true_words_set_the_switch(monkeypatch, value):
+    monkeypatch.setenv("CBBENCH_NO_CREAD", value)
+    assert env_flag("CBBENCH_NO_CREAD")
+
+
+def test_no_cread_0_keeps_the_compiled_read_path_allowed(monkeypatch):
+    monkeypatch.setenv("CBBENCH_NO_CREAD", "0")
+    cread.load()
+    assert cread.reason() != "off (CBBENCH_NO_CREAD)"
+    monkeypatch.setenv("CBBENCH_NO_CREAD", "1")
+    assert cread.load() is None and cread.reason() == "off (CBBENCH_NO_CREAD)"
+
+
+def test_no_uvloop_0_keeps_uvloop(monkeypatch):
+    pytest.importorskip("uvloop")
+    monkeypatch.setenv("CBBENCH_NO_UVLOOP", "0")
+    assert aio.loop_name() == "uvloop"
+    monkeypatch.setenv("CBBENCH_NO_UVLOOP", "1")
+    assert aio.loop_name() == "asyncio"
