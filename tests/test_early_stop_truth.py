@@ -36,7 +36,7 @@ def test_every_request_sent_is_not_stopped_early(tmp_path, monkeypatch, capsys):
                          monkeypatch, capsys)  # fmt: skip
     assert rc == EXIT_FAILED
     assert "stopped early" not in err
-    assert "all 5 requests failed: HTTP 400: model 'gpt-4' is not served here" in err
+    assert "all 5 requests failed: HTTP 404: model 'gpt-4' is not served here" in err
     summary = load_run(tmp_path / "r").meta["summary"]
     assert "stopped_early" not in summary and summary["counts"]["failed"] == 5
 

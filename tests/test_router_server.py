@@ -100,7 +100,7 @@ def test_bad_input_gets_openai_errors(two_replicas):
         r = httpx.post(url + "/v1/completions", content=b"{not json")
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
         r = httpx.post(url + "/v1/completions", json={"prompt": "x", "model": "nope"})
-        assert r.status_code == 400 and r.json()["error"]["code"] == "model_not_found"
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
         r = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 10**6})
         assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
 

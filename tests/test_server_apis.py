@@ -104,7 +104,7 @@ def test_messages_stream_and_body_equal_chat(server):
 
 
 def test_each_api_errors_in_its_own_shape(server):
-    with pytest.raises(openai.BadRequestError) as e:
+    with pytest.raises(openai.NotFoundError) as e:  # 404 model_not_found, as OpenAI answers
         _oai(server).responses.create(model="nope", input="hi", max_output_tokens=4)
     assert e.value.body["message"].startswith("model 'nope' is not served")
     with pytest.raises(openai.BadRequestError, match="previous_response_id"):

@@ -61,7 +61,6 @@ def assert_error(r: httpx.Response, status: int, param: str | None = None) -> di
         ({"prompt": "hi", "top_p": 0}, "top_p"),
         ({"prompt": "hi", "stream": "yes"}, "stream"),
         ({"prompt": "hi", "n": 2}, "n"),
-        ({"prompt": "hi", "model": "gpt-4"}, "model"),
         ({"prompt": "hi", "stop": ["x"] * 17}, "stop"),
         ({"prompt": "hi", "min_tokens": 9, "max_tokens": 2}, None),
     ],
@@ -69,6 +68,22 @@ def assert_error(r: httpx.Response, status: int, param: str | None = None) -> di
 def test_completion_bad_requests_are_400(url, body, param):
     err = assert_error(post(url, "/v1/completions", body), 400, param)
     assert err["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/v1/completions", {"prompt": "hi", "model": "gpt-4"}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4"}),
+        ("/v1/embeddings", {"input": "hi", "model": "gpt-4"}),
+        ("/tokenize", {"prompt": "hi", "model": "gpt-4"}),
+    ],
+)
+def test_a_model_not_served_is_404_model_not_found(url, path, body):
+    """OpenAI and vLLM answer 404 for a model a server does not have (clients map it to
+    NotFoundError), not 400."""
+    err = assert_error(post(url, path, body), 404, "model")
+    assert err["code"] == "model_not_found" and "'gpt-4' is not served" in err["message"]
 
 
 @pytest.mark.parametrize(
@@ -97,7 +112,7 @@ def test_invalid_json_and_non_objects_are_400(url):
 
 
 def test_errors_never_echo_unbounded_input(url):
-    err = assert_error(post(url, "/v1/completions", {"prompt": "hi", "model": "m" * 20_000}), 400)
+    err = assert_error(post(url, "/v1/completions", {"prompt": "hi", "model": "m" * 20_000}), 404)
     assert len(err["message"]) <= 300
 
 

@@ -24,7 +24,13 @@ from cbbench.reference_engine.server import embeddings_api as E
 from cbbench.reference_engine.server import messages_api as M
 from cbbench.reference_engine.server import responses_api as R
 from cbbench.reference_engine.server.async_engine import RequestStream
-from cbbench.reference_engine.server.errors import APIError, QueueFull, ShuttingDown, bad_request
+from cbbench.reference_engine.server.errors import (
+    APIError,
+    QueueFull,
+    ShuttingDown,
+    bad_request,
+    model_not_found,
+)
 from cbbench.reference_engine.server.guard import arrival_ns
 from cbbench.reference_engine.server.serving import Generation
 from fastapi import FastAPI, Request
@@ -131,8 +137,7 @@ def _reasoning(A: Any, state: Any, body: Any, max_tokens: int) -> Any:
 async def _embed(A: Any, state: Any, request: Request, body: E.EmbeddingsRequest) -> Response:
     """One engine request per input, all at once (the scheduler batches them)."""
     if body.model is not None and body.model != state.model_name:
-        raise APIError(400, f"model {body.model!r} is not served here (serving "
-                       f"{state.model_name!r})", param="model", code="model_not_found")  # fmt: skip
+        raise model_not_found(body.model, state.model_name)
     if body.dimensions is not None:
         raise bad_request("dimensions: this model's embeddings have one size", "dimensions")
     prompts = []

@@ -31,6 +31,7 @@ from cbbench.reference_engine.server.errors import (
     ShuttingDown,
     bad_request,
     error_body,
+    model_not_found,
     truncate,
 )
 from cbbench.reference_engine.server.guard import GuardMiddleware
@@ -264,12 +265,7 @@ def _sampling_params(
     state: ServerState, body: P.SamplingFields, prompt_ids: list[int], chat: bool
 ) -> SamplingParams:
     if body.model is not None and body.model != state.model_name:
-        raise APIError(
-            400,
-            f"model {body.model!r} is not served here (serving {state.model_name!r})",
-            param="model",
-            code="model_not_found",
-        )
+        raise model_not_found(body.model, state.model_name)
     if not prompt_ids:
         raise bad_request("prompt is empty", "prompt")
     bad = [t for t in prompt_ids if not 0 <= t < state.vocab_size]

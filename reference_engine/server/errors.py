@@ -53,3 +53,13 @@ def error_body(
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, "invalid_request_error", param, code)
+
+
+def model_not_found(asked: str, served: str) -> APIError:
+    """A request named a model this server does not serve: 404, as OpenAI and vLLM answer."""
+    return APIError(
+        404,
+        f"model {asked!r} is not served here (serving {served!r})",
+        param="model",
+        code="model_not_found",
+    )

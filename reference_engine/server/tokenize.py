@@ -17,7 +17,7 @@ from typing import Any
 from cbbench.reference_engine.errors import EngineError
 from cbbench.reference_engine.model.tokenizer import encode_chat
 from cbbench.reference_engine.server import protocol as P
-from cbbench.reference_engine.server.errors import APIError, bad_request
+from cbbench.reference_engine.server.errors import bad_request, model_not_found
 from fastapi import Request
 from pydantic import Field
 
@@ -38,12 +38,7 @@ def add_tokenize_route(app, state, parse) -> None:
     async def tokenize(request: Request) -> dict[str, Any]:
         body: TokenizeRequest = await parse(state, request, TokenizeRequest)
         if body.model is not None and body.model != state.model_name:
-            raise APIError(
-                400,
-                f"model {body.model!r} is not served here (serving {state.model_name!r})",
-                param="model",
-                code="model_not_found",
-            )
+            raise model_not_found(body.model, state.model_name)
         if (body.prompt is None) == (body.messages is None):
             raise bad_request("give exactly one of prompt or messages", "prompt")
         tok = state.tokenizer
