@@ -96,9 +96,14 @@ def _check(res, merged_at_least: int) -> None:
     assert w["stall"] is not None  # and says which resource ran out
 
 
+# Not in the default run: whether 512 streams overload the loop depends on the machine (a
+# clean CI clone on a quiet 2-core host had 1 first token stamped late, and this test's own
+# guard failed). The default cover of the same bound: the next test, whose stalls are made.
+@pytest.mark.slow
 def test_a_loop_too_busy_to_read_on_time_stays_within_each_requests_bound():
     _check(_run(512, 0.01, 3.0, hog=False), merged_at_least=5)
 
 
 def test_a_loop_stalled_by_a_thread_stays_within_each_requests_bound():
-    _check(_run(16, 0.004, 3.0, hog=True), merged_at_least=1)
+    # 32 streams for 4 s: the 30 ms holds leave ~50-80 graded requests at 16 streams for 3 s
+    _check(_run(32, 0.004, 4.0, hog=True), merged_at_least=5)
