@@ -18,12 +18,14 @@ import sys
 import threading
 from typing import NoReturn
 
+JOIN_S = 5.0  # the most a finished server waits for each non-daemon thread
+
 
 def exit_now(code: int = 0) -> NoReturn:
     current = threading.current_thread()
     for thread in threading.enumerate():
         if thread is not current and not thread.daemon and thread.is_alive():
-            thread.join()  # as the interpreter's exit would
+            thread.join(JOIN_S)  # as the interpreter's exit would, but bounded: a hung one is left
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # closed or broken: nothing left to save
