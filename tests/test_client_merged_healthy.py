@@ -17,6 +17,10 @@ from cbbench.harness.studies.selftest import good_records
 from cbbench.workloads.spec import RequestSpec, Workload
 from rich.console import Console
 
+# serial (bounds of 60 ms against the server's log, and no warning printed): the README's command
+# runs it after the parallel phase, alone
+pytestmark = pytest.mark.serial
+
 SERVER_SLACK_S = 0.002  # as in test_client_stall_bound (a preemption before the server's stamp)
 TTFT_S = 0.6
 

@@ -25,6 +25,10 @@ from servers.fake import Behavior, FakeServerConfig, process
 
 from tests.process_support import readline_within
 
+# serial (TTFT/TTFO within 1-2 ms of the servers' logs): the README's command
+# runs it after the parallel phase, alone
+pytestmark = pytest.mark.serial
+
 N = 12
 # The fake server stamps a request's arrival with the kernel's receive time, the independent
 # one when its event loop has read it: on a loaded host that user-space stamp may be late by a

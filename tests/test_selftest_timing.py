@@ -4,10 +4,15 @@ kernel and user stamps side by side, first requests included."""
 import subprocess
 import sys
 
+import pytest
 from cbbench.harness.cli.selftest import ServerProcess
 from cbbench.harness.client.http1 import kernel_timestamps_supported
 from cbbench.harness.servers.fake_server import Behavior, FakeServerConfig
 from cbbench.harness.studies.selftest import measure
+
+# serial (TTFT/ITL errors in ms against the scripted server's log): the README's command
+# runs it after the parallel phase, alone
+pytestmark = pytest.mark.serial
 
 
 def test_measure_grades_ttft_and_itl_against_the_server_log():

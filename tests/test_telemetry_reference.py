@@ -19,6 +19,10 @@ from cbbench.harness.servers.launcher import start_reference_server
 from cbbench.harness.telemetry.adapters import CBBENCH, SERVER_FIELDS, detect
 from cbbench.harness.telemetry.prom import fetch_metrics
 
+# serial (100 Hz samples inside a ~0.12 s run): the README's command
+# runs it after the parallel phase, alone
+pytestmark = pytest.mark.serial
+
 OUTPUTS = [8, 80, 16, 64, 24, 48, 32, 72, 12, 56, 20, 40, 28, 68, 36, 60]
 SERVE_ARGS = {
     "static": ["--batch-size", "4"],
