@@ -88,6 +88,8 @@ def test_streams_timed_against_an_independent_servers_log(tmp_path, api):
     assert s["total_reasoning_tokens"] == 32 * N and s["ttfo_s"]["count"] == N
 
 
+# serial: latency within 1 ms of the server's log
+@pytest.mark.serial
 def test_embeddings_latency_against_the_servers_log(tmp_path):
     proc, url = _server("embeddings")
     try:

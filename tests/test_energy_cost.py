@@ -131,6 +131,8 @@ def bench(out: Path, url: str, price: list[float], nvml_power_mw: tuple[float, .
     return out
 
 
+# serial: the gate's $/1M tokens baseline within 5 %, set by run durations
+@pytest.mark.serial
 def test_bench_reports_energy_and_cost_and_the_gate_judges_cost(tmp_path):
     server = ThreadedServer(FakeServerConfig(default=Behavior(ttft_s=0.02, itl_s=0.01)))
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import time
 
+import pytest
 from cbbench.harness.cli import main
 from cbbench.harness.console import live, progress
 from cbbench.harness.console.progress import request_progress, step_progress
@@ -15,6 +16,8 @@ from rich.console import Console
 from servers.fake import Behavior, FakeServerConfig, threaded
 
 
+# serial: its worker line ends in ms unless a busy core stalled the client
+@pytest.mark.serial
 def test_piped_bench_prints_progress_lines_and_whole_footer_lines(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(live, "PLAIN_EVERY_S", 0.3)
     # 12 requests, one at a time, 0.15 s each: about 1.8 s of run
