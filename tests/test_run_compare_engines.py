@@ -28,6 +28,17 @@ def test_compare_engines_tiny(tmp_path, capsys, monkeypatch):
     measured = [r for r in run.records if not r.warmup]
     assert len(measured) == 3 and all(r.ok for r in measured)
     assert sum(r.output_tokens_server for r in measured) == tokens["reference"]
+    warm = load_run(out / "reference-warmup").records  # the warm-up request: a run of its own
+    assert len(warm) == 1 and warm[0].ok and len(run.records) == 3
+    ref = res["reference"]  # the server's CPU in the measured run, split, warm-up apart
+    assert ref["cpu_s"] == ref["engine_cpu_s"] + ref["api_cpu_s"]
+    assert ref["engine_cpu_s"] > 0 and ref["warmup_engine_cpu_s"] > 0
+    assert "warmup_api_cpu_s" in ref and ref["load_generator_cpu_s"] > 0
+    import os
+
+    spare = sorted(os.sched_getaffinity(0) - {0})
+    assert ref["host_cores"] == (spare or None)
+    assert "measured: engine processes" in text and "warm-up request (not counted)" in text
 
 
 def test_hf_modes_generate_exactly_the_asked_tokens(tmp_path):
