@@ -5,6 +5,7 @@ block, the engine process left bound, this process's cores given back afterwards
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from cbbench.harness.studies.engine_placement import (
     host_work_off,
     server_cpu,
 )
+
 from tests.process_support import kill, readline_within
 
 # a parent that starts a child, prints the child's pid, and then both sleep (or the child
@@ -71,7 +73,5 @@ def test_host_work_leaves_the_engine_cores_and_comes_back():
         assert os.sched_getaffinity(0) == mine  # the load generator's cores are given back
     finally:
         kill(parent)
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(child, 9)
-        except ProcessLookupError:
-            pass
