@@ -34,6 +34,8 @@ def test_compare_engines_tiny(tmp_path, capsys, monkeypatch):
     assert ref["cpu_s"] == ref["engine_cpu_s"] + ref["api_cpu_s"]
     assert ref["engine_cpu_s"] > 0 and ref["warmup_engine_cpu_s"] > 0
     assert "warmup_api_cpu_s" in ref and ref["load_generator_cpu_s"] > 0
+    # the measured run's steps (the server's /metrics): one a token at least, per request
+    assert ref["engine_steps"] >= max(r.output_tokens_server for r in measured)
     import os
 
     spare = sorted(os.sched_getaffinity(0) - {0})

@@ -24,6 +24,9 @@ from pathlib import Path
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.studies.engine_placement import (  # noqa: F401 - bind_engine, process_cpu_s: this module's names too
     bind_engine,
+    compute_thread_split,
+    engine_steps,
+    engine_thread_times,
     host_work_off,
     load_generator_cpu_s,
     process_cpu_s,
@@ -114,11 +117,15 @@ def _measure(url: str, pid: int, wl, args, out: Path, name: str) -> Measured:
         cpu0 = server_cpu(pid)
         _bench(url, dataclasses.replace(wl, requests=wl.requests[:1]), args,
                out / f"{name}-warmup", name + "-warmup")  # fmt: skip
-        cpu1, gen1 = server_cpu(pid), load_generator_cpu_s()
+        cpu1, gen1, steps1 = server_cpu(pid), load_generator_cpu_s(), engine_steps(url)
+        times1 = engine_thread_times(pid)
         tokens, wall = _bench(url, wl, args, out / name, name)
-        cpu2, gen2 = server_cpu(pid), load_generator_cpu_s()
+        times2 = engine_thread_times(pid)
+        cpu2, gen2, steps2 = server_cpu(pid), load_generator_cpu_s(), engine_steps(url)
     detail: dict = {"host_cores": sorted(spare) if spare else None,
-                    "load_generator_cpu_s": gen2 - gen1}  # fmt: skip
+                    "load_generator_cpu_s": gen2 - gen1,
+                    "engine_steps": None if None in (steps1, steps2) else steps2 - steps1,  # type: ignore[operator]
+                    "compute_thread": compute_thread_split(times1, times2)}  # fmt: skip
     if None in (cpu0, cpu1, cpu2):
         return (tokens, wall, None), detail
     warm, run = cpu1 - cpu0, cpu2 - cpu1  # type: ignore[operator]
@@ -319,6 +326,12 @@ def cpu_split_line(d: dict) -> str:
              if d.get("host_cores") else "API process and load generator free to share the "
              "engine cores")  # fmt: skip
     gen = f"load generator {d['load_generator_cpu_s']:.2f}"
+    if d.get("engine_steps") is not None:
+        gen += f"; {d['engine_steps']} engine steps"
+    if t := d.get("compute_thread"):
+        where += (f"; the engine's compute thread over the run's {t['wall_s']:.1f}s: on a core "
+                  f"{t['on_cpu_s']:.1f}s, waiting for one {t['waiting_for_core_s']:.1f}s, "
+                  f"blocked {t['blocked_s']:.1f}s")  # fmt: skip
     if "engine_cpu_s" not in d:
         return f"{gen} CPU-s; {where}"
     return (f"measured: engine processes {d['engine_cpu_s']:.2f} + API process "

@@ -135,3 +135,59 @@ def host_work_off(server_pid: int, engine_cores: set[int]) -> Iterator[set[int]]
         yield spare
     finally:
         _set_threads(os.getpid(), saved)
+
+
+# engine steps so far, from a server's /metrics: one histogram observation a step
+STEP_COUNTS = ("cbbench:scheduler_time_seconds_count", "vllm:iteration_tokens_total_count")
+
+
+def engine_steps(base_url: str) -> int | None:
+    """The server's engine steps so far (its /metrics); None where it says none we know."""
+    import httpx
+    from cbbench.harness.telemetry.prom import parse_metrics
+
+    try:
+        scrape = parse_metrics(httpx.get(f"{base_url}/metrics", timeout=10, trust_env=False).text)
+    except (httpx.HTTPError, ValueError):
+        return None
+    for name in STEP_COUNTS:
+        if rows := scrape.samples.get(name):
+            return int(sum(v for _, v in rows))
+    return None
+
+
+@dataclass(frozen=True)
+class ThreadTimes:
+    """Per thread of a server's engine processes: (CPU ns, ns runnable but waiting for a
+    core) from /proc/PID/task/TID/schedstat, at one moment."""
+
+    at_ns: int
+    threads: dict[int, tuple[int, int]]
+
+
+def engine_thread_times(server_pid: int) -> ThreadTimes:
+    threads: dict[int, tuple[int, int]] = {}
+    for pid in descendants(server_pid):
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    cpu, wait, _ = (task / "schedstat").read_text().split()
+                    threads[int(task.name)] = (int(cpu), int(wait))
+    return ThreadTimes(time.monotonic_ns(), threads)
+
+
+def compute_thread_split(before: ThreadTimes, after: ThreadTimes) -> dict[str, float] | None:
+    """Where the wall time between two snapshots went for the engine's busiest thread (its
+    compute thread): on a core, runnable but waiting for one (preempted: other processes
+    on its core), and the rest (blocked: waiting for work). None without schedstat."""
+    best: tuple[int, int] | None = None
+    for tid, (cpu, wait) in after.threads.items():
+        cpu0, wait0 = before.threads.get(tid, (0, 0))
+        if best is None or cpu - cpu0 > best[0]:
+            best = (cpu - cpu0, wait - wait0)
+    if best is None:
+        return None
+    wall = (after.at_ns - before.at_ns) / 1e9
+    on_cpu, waiting = best[0] / 1e9, best[1] / 1e9
+    return {"wall_s": wall, "on_cpu_s": on_cpu, "waiting_for_core_s": waiting,
+            "blocked_s": max(0.0, wall - on_cpu - waiting)}  # fmt: skip
