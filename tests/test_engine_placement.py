@@ -13,6 +13,8 @@ import time
 
 from cbbench.harness.studies.engine_placement import (
     bind_engine,
+    compute_thread_split,
+    engine_thread_times,
     host_work_off,
     server_cpu,
 )
@@ -75,3 +77,21 @@ def test_host_work_leaves_the_engine_cores_and_comes_back():
         kill(parent)
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, 9)
+
+
+def test_the_compute_thread_split_finds_the_busy_thread_and_adds_up():
+    parent, _child = _start(busy=0.4)
+    try:
+        before = engine_thread_times(parent.pid)
+        deadline = time.monotonic() + 30
+        while (cpu := server_cpu(parent.pid)) is not None and cpu.engine_s < 0.4:
+            assert time.monotonic() < deadline, "the busy child's CPU was never seen"
+            time.sleep(0.05)
+        time.sleep(0.2)  # the child sleeps now: blocked time
+        split = compute_thread_split(before, engine_thread_times(parent.pid))
+    finally:
+        kill(parent)
+    assert split is not None
+    assert split["on_cpu_s"] >= 0.2  # the busy loop's, not the sleeping parent's
+    parts = split["on_cpu_s"] + split["waiting_for_core_s"] + split["blocked_s"]
+    assert split["blocked_s"] > 0 and abs(parts - split["wall_s"]) < 0.05

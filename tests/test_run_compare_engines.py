@@ -36,6 +36,7 @@ def test_compare_engines_tiny(tmp_path, capsys, monkeypatch):
     assert "warmup_api_cpu_s" in ref and ref["load_generator_cpu_s"] > 0
     # the measured run's steps (the server's /metrics): one a token at least, per request
     assert ref["engine_steps"] >= max(r.output_tokens_server for r in measured)
+    assert ref["compute_thread"]["on_cpu_s"] > 0  # where its wall time went (schedstat)
     import os
 
     spare = sorted(os.sched_getaffinity(0) - {0})
