@@ -80,3 +80,49 @@ def test_backend_switches(monkeypatch):
     assert not TorchAttentionBackend(torch.device("cpu")).prefill_kernel
     q = torch.zeros(4, 2, 24)  # head_dim off 16: SDPA
     assert not cpu_attention.supports_prefill(q, torch.zeros(1, 16, 2, 24))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_model_steps_with_chunks_and_a_prefix_hit_match_sdpa(dtype):
+    """`tiny` (head_dim 16, GQA 2): step 1 prefills A's first 12 tokens and all of B; step 2
+    A's other 18 (chunked prefill), B's decode, and C, whose first block is A's (a prefix
+    hit: C computes from token 8). Hidden states and greedy tokens equal SDPA's."""
+    from cbbench.reference_engine.core.executor import ScheduledChunk
+    from cbbench.reference_engine.core.outputs import RequestMetrics
+    from cbbench.reference_engine.core.sequence import Sequence
+    from cbbench.reference_engine.execution.model_runner import ModelRunner, prepare_batch
+    from cbbench.reference_engine.sampling_params import SamplingParams
+
+    runner = ModelRunner("tiny", num_kv_blocks=16, block_size=8, dtype=dtype, num_threads=1)
+    prompt_a = [(5 * j) % 300 + 1 for j in range(30)]
+    prompts = {"a": prompt_a, "b": [7, 8, 9, 10, 11, 12, 13], "c": prompt_a[:8] + [50] * 12}
+    tables = {"a": [0, 1, 2, 3], "b": [4, 5], "c": [0, 6, 7]}  # c shares a's first block
+    seqs = {}
+    for name, p in prompts.items():
+        seqs[name] = Sequence(name, p, SamplingParams(temperature=0.0), RequestMetrics(0.0))
+        seqs[name].block_table = tables[name]
+
+    def chunk(name, start, n):
+        seqs[name].num_computed_tokens = start
+        return ScheduledChunk(seqs[name], n)
+
+    def steps():
+        yield [chunk("a", 0, 12), chunk("b", 0, 7)]
+        seqs["b"].token_ids.append(99)
+        yield [chunk("a", 12, 18), chunk("b", 7, 1), chunk("c", 8, 12)]
+
+    kv = {flag: runner.kv_cache.clone() for flag in (False, True)}
+    for chunks in steps():
+        out = {}
+        for flag in (False, True):
+            runner.backend.prefill_kernel = flag
+            b = prepare_batch(chunks, 8, runner.model_config.vocab_size, runner.device)
+            with torch.inference_mode():
+                h = runner.model(b.input_ids, b.positions, b.max_position, kv[flag], b.meta,
+                                 runner.backend)  # fmt: skip
+                logits = runner.model.compute_logits(h[[row for _, row in b.sample_rows]])
+            out[flag] = (h.float(), logits.argmax(-1))
+        tol = 2e-2 if dtype == "bfloat16" else 1e-5
+        torch.testing.assert_close(out[True][0], out[False][0], atol=tol, rtol=tol)
+        assert torch.equal(out[True][1], out[False][1])
+    runner.backend.prefill_kernel = True
