@@ -5,8 +5,10 @@
 Per dtype, one torch thread, CPU ms, the backend's switch (`prefill_kernel`) flipped in place
 and alternated (`--rounds` pairs): (1) the attention of one layer of `small` (8 heads of 64)
 for 8 prompts of 45-120 tokens (560 in all) over a shuffled block pool; (2) one whole
-560-token prefill step of those prompts through ModelRunner.execute. CPU time, not wall: on a
-shared machine wall time measures the neighbours.
+560-token prefill step of those prompts through ModelRunner.execute; (3) with --shapes, one
+layer's attention for other shapes (a 2048-token prompt, a 16-token chunk after 1984 cached
+tokens, GQA, head_dim 128). CPU time, not wall: on a shared machine wall time measures the
+neighbours.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--shapes", action="store_true", help="also the other shapes (fp32)")
     args = ap.parse_args()
     from cbbench.kernels.torch_backend import TorchAttentionBackend
     from cbbench.reference_engine.execution.model_runner import ModelRunner
@@ -88,6 +91,34 @@ def main() -> None:
             sdpa = " ".join(f"{x:.1f}" for x in res[what][False])
             cpp = " ".join(f"{x:.1f}" for x in res[what][True])
             print(f"{name}: {label} ({sum(LENS)} tokens), CPU ms: SDPA {sdpa} | C++ {cpp}")
+    if args.shapes:
+        _shapes()
+
+
+# (seq_lens, query_lens, KV heads, group, head_dim)
+SHAPES = [
+    ([2048], [2048], 8, 1, 64),
+    ([2000], [16], 8, 1, 64),
+    ([1024, 1024], [512, 512], 2, 7, 64),
+    ([300] * 4, [300] * 4, 2, 7, 128),
+]
+
+
+def _shapes() -> None:
+    from cbbench.kernels.reference import make_paged_case
+    from cbbench.kernels.torch_backend import TorchAttentionBackend
+
+    be = TorchAttentionBackend(torch.device("cpu"))
+    for lens, qlens, hkv, group, dim in SHAPES:
+        c = make_paged_case(lens, qlens, BLOCK, hkv, group, head_dim=dim)
+        args = (c["q"], c["k_cache"], c["v_cache"], c["block_tables"], c["seq_lens"],
+                c["query_start_loc"], dim**-0.5)  # fmt: skip
+        ms = {}
+        for flag in (False, True):
+            be.prefill_kernel = flag
+            ms[flag] = _cpu_ms(lambda a=be.paged_attention, x=args: a(*x), 3)
+        print(f"float32: seq_lens {lens}, queries {qlens}, {hkv} KV heads x {group}, head_dim "
+              f"{dim}: SDPA {ms[False]:.1f} ms, C++ {ms[True]:.1f} ms")  # fmt: skip
 
 
 if __name__ == "__main__":
