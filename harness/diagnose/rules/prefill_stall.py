@@ -56,10 +56,7 @@ def check(v: RunView) -> Finding | None:
         return None
     spikes = [(a, b) for a, b in stalls if b - a >= SPIKE * m_without]
     itl = [g for r in v.streams for g in r.itl_s]
-    distinct: dict[int, tuple[float, float]] = {}  # one stall hits every stream: one entry
-    for a, b in sorted(spikes, key=lambda ab: ab[0] - ab[1]):
-        distinct.setdefault(round(b / max(slack, 1e-3)), (a, b))
-    worst = list(distinct.values())[:3]
+    worst = _distinct(spikes)[:3]
     return Finding(
         rule=RULE.id,
         title="token gaps spike when prefills join the batch",
@@ -83,6 +80,16 @@ def check(v: RunView) -> Finding | None:
             "stalls": len(spikes),
         },
     )
+
+
+def _distinct(spikes: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The longest gaps first, each kept only when it overlaps none kept before: one stall
+    hits every running stream, each of whose gaps spans it with its own ends."""
+    kept: list[tuple[float, float]] = []
+    for a, b in sorted(spikes, key=lambda ab: ab[0] - ab[1]):
+        if all(b <= ka or a >= kb for ka, kb in kept):
+            kept.append((a, b))
+    return kept
 
 
 def _fixes(engine: dict) -> dict[str, str]:
