@@ -305,7 +305,9 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
     hw = get_hardware(any_cfg.hardware)
     steps_mode = hw.steps and not real
     where = f"{any_cfg.device} (real model)" if real else hw.name
-    b = any_cfg.static.batch_size
+    slots = {c.max_batch_slots for c in cfgs.values()}  # B of the schedulers simulated
+    b: int | str = slots.pop() if len(slots) == 1 else "/".join(
+        f"{c.max_batch_slots} ({n})" for n, c in cfgs.items())  # fmt: skip
     timeline = opts.timeline or (opts.workload == "seed-demo" and b == 4 and steps_mode)
     run_dirs: list[Path] = []
     for line in () if real else (ro.describe(ro.overhead_of(hw)), describe_jitter(hw)):
