@@ -114,3 +114,18 @@ def test_among_n_runs_leaves_out_what_is_meant_to_differ() -> None:
     assert (INCOMPARABLE, "request rate differs (a: 4, b: 8, c: 4)") in lines
     assert all("request rate" not in t for _, t in among(runs, skip=("request rate",)))
     assert json.dumps(among([("a", _meta())])) == "[]"
+
+
+def test_the_model_is_the_checkpoint_the_server_names_not_its_served_name() -> None:
+    """vLLM `--served-model-name tiny-llama` of /ckpt against cbbench serving /ckpt: the same
+    model (vLLM's card says `root: /ckpt`); it was 'not comparable: model differs'. Two
+    checkpoints served under one name are different models."""
+    vllm = _meta(target__model="tiny-llama")
+    vllm["target"]["engine"] = {"owned_by": "vllm", "root": "/ckpt"}
+    cb = _meta(target__model="/ckpt")
+    cb["target"]["engine"] = {"owned_by": "cbbench"}
+    assert "model" not in {d.aspect for d in differences(vllm, cb)}
+    other = _meta(target__model="tiny-llama")
+    other["target"]["engine"] = {"owned_by": "vllm", "root": "/other"}
+    d = {x.aspect: x for x in differences(vllm, other)}
+    assert d["model"].severity == INCOMPARABLE and (d["model"].a, d["model"].b) == ("/ckpt", "/other")

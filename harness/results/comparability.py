@@ -88,7 +88,9 @@ def identity(meta: dict[str, Any]) -> dict[str, tuple[Any, str]]:
         "workload": (name, INCOMPARABLE),
         "workload seed": (wd.get("seed", meta.get("seed")), INCOMPARABLE),
         "workload lengths": (lengths, INCOMPARABLE),
-        "model": (target.get("model") or meta.get("model"), INCOMPARABLE),
+        # the checkpoint where the server says it (vLLM's `root`), not the name it serves it
+        # under: `--served-model-name tiny-llama` of /ckpt is /ckpt served by cbbench
+        "model": (engine.get("root") or target.get("model") or meta.get("model"), INCOMPARABLE),
         "requests": (wd.get("num_requests"), CAUTION),
         "duration": (load.get("duration_s"), CAUTION),
         "warmup": (load.get("warmup"), CAUTION),
