@@ -51,7 +51,7 @@ def test_prompts_that_fit_one_chunk_get_disaggregation_not_a_smaller_budget() ->
     --max-num-batched-tokens (e.g. 512-2048)" cannot split them; long prompts keep it."""
     short = prefill_stall.check(RunView(_run(prompt=128)))
     assert short is not None
-    assert "already fit one prefill chunk" in short.fixes["vllm"], short.fixes
+    assert "fit in one chunk of 512 tokens" in short.fixes["vllm"], short.fixes
     assert "disaggregate" in short.fixes["cbbench"] and "--prefill-replicas" in short.fixes["cbbench"]
     long = prefill_stall.check(RunView(_run(prompt=1500)))
     assert "--max-num-batched-tokens" in long.fixes["vllm"], long.fixes

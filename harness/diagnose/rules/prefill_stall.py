@@ -115,8 +115,9 @@ def _fixes(engine: dict, longest_prompt: int) -> dict[str, str]:
     floor = max(64, budget // 4) if isinstance(budget, int) else SPLIT_FLOOR
     if longest_prompt <= floor and engine.get("enable_chunked_prefill") is not False:
         return {
-            k: f"the joining prompts (at most {longest_prompt} tokens) already fit one prefill "
-            f"chunk: a smaller step budget cannot split them, each stall is one whole prefill; "
+            k: f"the joining prompts (at most {longest_prompt} tokens) fit in one chunk of "
+            f"{floor} tokens, the smallest step budget worth suggesting: chunking cannot split "
+            "them, each stall is one whole prefill; "
             f"to keep prefills out of the decode steps, disaggregate ({how}); else the stalls "
             "are continuous batching's price for admitting requests at once"
             for k, how in DISAGGREGATE.items()
