@@ -268,29 +268,12 @@ def calibrate_from_runs(paths: list[str], server_config: str | None, model: str 
                      _mean(getattr(pred, f"{m}_s"))) for m in METRICS}  # fmt: skip
         out.checks.append((p, err, means))
     spec.fit["checks"] = [{"run": p, "errors": e} for p, e, _ in out.checks]
+    from cbbench.harness.planning.fit_error import measured_error
+
     spec.fit["measured_error"], spec.fit["measured_on"] = measured_error(
         fit.errors, [(p, e) for p, e, _ in out.checks], [str(p) for p in paths])
     return out
 
-
-def measured_error(errors: dict, checks: list[tuple[str, dict]],
-                   runs: list[str]) -> tuple[dict, str]:  # fmt: skip
-    """The error `sim` and `plan` intervals use, and where it was measured: per figure the
-    largest of the held-back requests' and each --check-run's (a fit can match its own
-    workload and miss another one's); the fit part's own (in-sample) only when neither exists."""
-    measured = [e for e in (errors.get("held_back"),) if e] + [e for _, e in checks if e]
-    where = ([f"the held-back requests of {', '.join(runs)}"] if errors.get("held_back") else [])
-    where += [f"--check-run {p}" for p, e in checks if e]
-    if not measured:
-        return dict(errors.get("all") or {}), (
-            f"the fitted requests of {', '.join(runs)} (in-sample: no held-back requests nor "
-            "--check-run, so the error of a new workload is not measured)")
-    worst: dict = {}
-    for err in measured:
-        for k, v in err.items():
-            if v is not None and (worst.get(k) is None or abs(v) > abs(worst[k])):
-                worst[k] = v
-    return worst, " and ".join(where)
 
 
 def check_runs(paths: list[str], hardware: str, server_config: str | None, model: str | None,
