@@ -129,3 +129,16 @@ def test_the_model_is_the_checkpoint_the_server_names_not_its_served_name() -> N
     other["target"]["engine"] = {"owned_by": "vllm", "root": "/other"}
     d = {x.aspect: x for x in differences(vllm, other)}
     assert d["model"].severity == INCOMPARABLE and (d["model"].a, d["model"].b) == ("/ckpt", "/other")
+
+
+def test_the_server_is_the_engine_not_the_http_frameworks_header() -> None:
+    """vLLM and cbbench both answer `server: uvicorn`: a gate between them said nothing about
+    comparing two engines. The engine (and version) from environment.server is the server."""
+    vllm, cb = _meta(), _meta()
+    for meta, name, version in ((vllm, "vllm", "0.32.0"), (cb, "cbbench", "0.1.0")):
+        meta["target"]["engine"] = {"owned_by": name, "server": "uvicorn"}
+        meta["environment"] = {"server": {"name": name, "version": version}}
+    d = {x.aspect: x for x in differences(vllm, cb)}
+    assert d["server"].severity == INFO and (d["server"].a, d["server"].b) == (
+        "vllm 0.32.0", "cbbench 0.1.0")  # fmt: skip
+    assert "server" not in {x.aspect for x in differences(vllm, vllm)}

@@ -94,9 +94,18 @@ def identity(meta: dict[str, Any]) -> dict[str, tuple[Any, str]]:
         "requests": (wd.get("num_requests"), CAUTION),
         "duration": (load.get("duration_s"), CAUTION),
         "warmup": (load.get("warmup"), CAUTION),
-        "server": (engine.get("server") or engine.get("owned_by"), INFO),
+        # the serving engine (vllm, sglang, cbbench: environment.server), not the HTTP
+        # framework's `server` header, which vLLM and cbbench share ("uvicorn")
+        "server": (_server_name(meta) or engine.get("owned_by") or engine.get("server"), INFO),
         "scheduler": (target.get("scheduler") or meta.get("scheduler"), INFO),
     }
+
+
+def _server_name(meta: dict[str, Any]) -> str | None:
+    server = _get(meta, "environment", "server")
+    if not isinstance(server, dict) or not server.get("name"):
+        return None
+    return " ".join(str(server[k]) for k in ("name", "version") if server.get(k))
 
 
 def differences(a: dict[str, Any], b: dict[str, Any]) -> list[Difference]:
