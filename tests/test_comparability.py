@@ -142,3 +142,7 @@ def test_the_server_is_the_engine_not_the_http_frameworks_header() -> None:
     assert d["server"].severity == INFO and (d["server"].a, d["server"].b) == (
         "vllm 0.32.0", "cbbench 0.1.0")  # fmt: skip
     assert "server" not in {x.aspect for x in differences(vllm, vllm)}
+    vllm["target"]["server_settings"] = {"enable_prefix_caching": True}
+    cb["target"]["server_settings"] = {"enable_prefix_caching": False}
+    d = {x.aspect: x for x in differences(vllm, cb)}
+    assert d["prefix caching"].severity == INFO and (d["prefix caching"].a, d["prefix caching"].b) == ("on", "off")

@@ -41,6 +41,8 @@ def _get(d: Any, *keys: str) -> Any:
 
 
 def _shown(v: Any) -> str:
+    if isinstance(v, bool):
+        return "on" if v else "off"
     if isinstance(v, float):
         return "all at once" if v == float("inf") else f"{v:g}"
     if isinstance(v, (dict, list)):
@@ -98,6 +100,8 @@ def identity(meta: dict[str, Any]) -> dict[str, tuple[Any, str]]:
         # framework's `server` header, which vLLM and cbbench share ("uvicorn")
         "server": (_server_name(meta) or engine.get("owned_by") or engine.get("server"), INFO),
         "scheduler": (target.get("scheduler") or meta.get("scheduler"), INFO),
+        # on in vLLM by default, off in cbbench serve: a shared-prefix workload gains from it
+        "prefix caching": (_get(target, "server_settings", "enable_prefix_caching"), INFO),
     }
 
 
