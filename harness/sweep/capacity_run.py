@@ -94,6 +94,8 @@ def find_max_rate(opts: SweepOptions) -> dict:
     try:
         res = search(measure, cfg)
         index["capacity"] = res.to_dict()
+        if res.undecided:  # it ended "cannot decide": not a complete answer
+            status = "undecided"
     except KeyboardInterrupt:
         status = "interrupted"
     index["status"] = status
