@@ -119,7 +119,8 @@ def test_among_n_runs_leaves_out_what_is_meant_to_differ() -> None:
 def test_the_model_is_the_checkpoint_the_server_names_not_its_served_name() -> None:
     """vLLM `--served-model-name tiny-llama` of /ckpt against cbbench serving /ckpt: the same
     model (vLLM's card says `root: /ckpt`); it was 'not comparable: model differs'. Two
-    checkpoints served under one name are different models."""
+    checkpoints served under one name are a caution (the same model copied to another path on
+    another host is common), under two names not comparable."""
     vllm = _meta(target__model="tiny-llama")
     vllm["target"]["engine"] = {"owned_by": "vllm", "root": "/ckpt"}
     cb = _meta(target__model="/ckpt")
@@ -128,7 +129,10 @@ def test_the_model_is_the_checkpoint_the_server_names_not_its_served_name() -> N
     other = _meta(target__model="tiny-llama")
     other["target"]["engine"] = {"owned_by": "vllm", "root": "/other"}
     d = {x.aspect: x for x in differences(vllm, other)}
-    assert d["model"].severity == INCOMPARABLE and (d["model"].a, d["model"].b) == ("/ckpt", "/other")
+    assert d["model"].severity == CAUTION and (d["model"].a, d["model"].b) == ("/ckpt", "/other")
+    renamed = _meta(target__model="llama")
+    renamed["target"]["engine"] = {"owned_by": "vllm", "root": "/other"}
+    assert {x.aspect: x for x in differences(vllm, renamed)}["model"].severity == INCOMPARABLE
 
 
 def test_the_server_is_the_engine_not_the_http_frameworks_header() -> None:

@@ -105,6 +105,11 @@ def identity(meta: dict[str, Any]) -> dict[str, tuple[Any, str]]:
     }
 
 
+def _served_name(meta: dict[str, Any]) -> Any:
+    target = meta.get("target") if isinstance(meta.get("target"), dict) else {}
+    return target.get("model") or meta.get("model")
+
+
 def _server_name(meta: dict[str, Any]) -> str | None:
     server = _get(meta, "environment", "server")
     if not isinstance(server, dict) or not server.get("name"):
@@ -120,6 +125,8 @@ def differences(a: dict[str, Any], b: dict[str, Any]) -> list[Difference]:
         vb = ib[aspect][0]
         if va is None or vb is None or _shown(va) == _shown(vb):
             continue
+        if aspect == "model" and _served_name(a) is not None and _served_name(a) == _served_name(b):
+            severity = CAUTION  # one served name from two paths: a copy on another host, likely
         out.append(Difference(aspect, _shown(va), _shown(vb), severity))
     return sorted(out, key=lambda d: SEVERITIES.index(d.severity))
 
