@@ -51,7 +51,7 @@ class TorchAttentionBackend:
         # fp32 / bf16 decode on CPU: the C++ kernel (cpu_attention), read in place; else split-KV
         self.paged_kernel = device.type == "cpu" and cpu_attention.available()
         # prefill chunks on CPU over an fp32 / bf16 cache: the C++ causal kernel, else SDPA
-        off = os.environ.get("CBBENCH_CPP_PREFILL", "") == "0"
+        off = os.environ.get("CBBENCH_CPP_PREFILL", "").strip().lower() in ("0", "off", "false", "no")
         self.prefill_kernel = self.paged_kernel and not off
         # int8 decode on CPU: the C++ int8 kernel (cpu_kv_attention), built on first use
         self.quant_kernel = device.type == "cpu"

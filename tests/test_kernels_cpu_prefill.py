@@ -73,8 +73,11 @@ def test_bad_block_id_is_one_clear_error():
 def test_backend_switches(monkeypatch):
     be = TorchAttentionBackend(torch.device("cpu"))
     assert be.prefill_kernel and be.describe()["prefill_kernel"] == "cpp"
-    monkeypatch.setenv("CBBENCH_CPP_PREFILL", "0")
-    assert TorchAttentionBackend(torch.device("cpu")).describe()["prefill_kernel"] == "sdpa"
+    for off in ("0", " Off", "false", "no"):  # the CBBENCH_* switches' false words
+        monkeypatch.setenv("CBBENCH_CPP_PREFILL", off)
+        assert TorchAttentionBackend(torch.device("cpu")).describe()["prefill_kernel"] == "sdpa"
+    monkeypatch.setenv("CBBENCH_CPP_PREFILL", "1")
+    assert TorchAttentionBackend(torch.device("cpu")).prefill_kernel
     monkeypatch.delenv("CBBENCH_CPP_PREFILL")
     monkeypatch.setattr(cpu_attention, "available", lambda: False)  # a failed build
     assert not TorchAttentionBackend(torch.device("cpu")).prefill_kernel
