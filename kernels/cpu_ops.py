@@ -1,6 +1,6 @@
 """Row ops of a CPU decode step in C++ (csrc/cpu_ops.cpp, built with the other CPU kernels
-by cpu_gemm.load()): RMSNorm, greedy argmax, rotary embedding fused with the KV-cache
-write, and the MLP's silu(gate) * up, fp32.
+by cpu_gemm.load()): RMSNorm, greedy argmax, and rotary embedding fused with the KV-cache
+write, fp32.
 
 On `small` (8 rows, 1 thread) F.rms_norm ran as six torch ops, ~65 us a call and 19 calls a
 step; torch's argmax over 8 x 32k logits took ~400 us. Each is one call here. Results equal
@@ -51,12 +51,3 @@ def rope_and_cache(
         qkv.contiguous(), cos.contiguous(), sin.contiguous(), k_cache, v_cache,
         slot_mapping.to(torch.int64).contiguous(), num_heads, num_kv_heads, head_dim,
     )  # fmt: skip
-
-
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """gate_up [..., 2I] fp32 -> F.silu(gate) * up [..., I] in one pass (bitwise torch's on one
-    thread: the same SLEEF exp steps and the same vector / scalar split of a row)."""
-    mod = cpu_gemm.load()
-    assert mod is not None, "cpu_ops: the CPU kernels are not built here"
-    g2 = gate_up.reshape(-1, gate_up.shape[-1]).contiguous()
-    return mod.silu_mul(g2).view(*gate_up.shape[:-1], gate_up.shape[-1] // 2)

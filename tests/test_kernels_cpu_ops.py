@@ -103,22 +103,3 @@ def test_rope_and_cache_rejects_a_slot_past_the_cache():
     kc, vc = torch.zeros(2, 2, 1, 8), torch.zeros(2, 2, 1, 8)
     with pytest.raises(RuntimeError, match="outside the cache"):
         cpu_ops.rope_and_cache(qkv, cos, sin, kc, vc, torch.tensor([1, 4]), 1, 1, 8)
-
-
-@pytest.mark.parametrize("rows, inter, scale", [(8, 2048, 1.0), (3, 100, 30.0), (2, 40, 4.0)])
-def test_silu_mul_is_bitwise_torch_silu_times_up(rows, inter, scale):
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)  # torch splits a row between threads elsewhere: its tail moves
-    try:
-        gen = torch.Generator().manual_seed(rows)
-        gu = torch.randn(rows, 2 * inter, generator=gen) * scale
-        gate, up = gu.split(inter, -1)
-        assert torch.equal(cpu_ops.silu_mul(gu), F.silu(gate) * up)  # 40: 32 vector + 8 scalar
-        edge = [-1e4, -104.0, -103.9, -88.0, -20.0, -1e-3, -0.0, 0.0, 1e-40, 20.0, 88.0, 99.9,
-                100.1, 3e38, float("inf"), float("-inf"), float("nan")] * 2  # fmt: skip
-        gu = torch.tensor([edge + [1.5] * len(edge)])
-        got, want = cpu_ops.silu_mul(gu), F.silu(gu[:, : len(edge)]) * gu[:, len(edge) :]
-        assert torch.equal(got.isnan(), want.isnan())
-        assert torch.equal(got.nan_to_num(), want.nan_to_num())
-    finally:
-        torch.set_num_threads(saved)

@@ -14,7 +14,6 @@ torch::Tensor rope_and_cache(const torch::Tensor& qkv, const torch::Tensor& cos,
                              const torch::Tensor& sin, torch::Tensor& k_cache,
                              torch::Tensor& v_cache, const torch::Tensor& slots, int64_t Hq,
                              int64_t Hkv, int64_t D);
-torch::Tensor silu_mul(const torch::Tensor& gu);
 void paged_prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
                              const torch::Tensor& v_cache, const torch::Tensor& block_tables,
                              const torch::Tensor& seq_lens, const torch::Tensor& query_start_loc,
@@ -33,8 +32,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("rope_and_cache", &rope_and_cache,
         "rotate q, k of a fused qkv row block, write k, v into their cache slots; returns q",
-        py::call_guard<py::gil_scoped_release>());
-  m.def("silu_mul", &silu_mul, "gu [M, 2I] fp32 -> silu(gate) * up [M, I]",
         py::call_guard<py::gil_scoped_release>());
   m.def("paged_prefill_attention", &paged_prefill_attention,
         "causal attention of every sequence with >= min_qlen queries into out (q's rows)",
