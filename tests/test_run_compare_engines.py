@@ -158,6 +158,9 @@ def test_both_servers_get_the_same_budget_and_the_settings_are_said(tmp_path, ca
     cmd = vllm_command(tmp_path, 8, 255, 8000, max_num_batched_tokens=step_budget())
     assert cmd[cmd.index("--max-num-batched-tokens") + 1] == str(step_budget()) == "2048"
     assert "--max-num-batched-tokens" not in vllm_command(tmp_path, 8, 255, 8000)
+    # prefix caching as the reference's default (off) where compare-engines asks for it
+    assert "--no-enable-prefix-caching" in vllm_command(tmp_path, 8, 255, 8000, prefix_caching=False)
+    assert not any("prefix-caching" in a for a in vllm_command(tmp_path, 8, 255, 8000))
     out = tmp_path / "cmp"
     argv = ["compare-engines", "--model", "tiny", "--num-requests", "2", "--max-batch", "2",
             "--engines", "reference", "--out", str(out)]  # fmt: skip
@@ -166,6 +169,7 @@ def test_both_servers_get_the_same_budget_and_the_settings_are_said(tmp_path, ca
     assert said in capsys.readouterr().out
     doc = json.loads((out / "compare.json").read_text())
     assert said in doc["settings"] and "1 compute thread(s) bound to core(s) 0-0" in doc["settings"]
+    assert "prefix caching off" in doc["settings"]
     engine = load_run(out / "reference").meta["target"]["engine"]  # what the server said
     assert _find(engine, "max_num_batched_tokens") == 2048
 

@@ -351,7 +351,7 @@ def settings_line(args, max_len: int) -> str:
         threads += (f"; API processes and the load generator on core(s) "
                     f"{_cores(sorted(spare))}")  # fmt: skip
     return (f"max_num_seqs {args.max_batch}, max_num_batched_tokens {step_budget()}, "
-            f"max_model_len {max_len}, dtype {args.dtype}, {threads}")  # fmt: skip
+            f"max_model_len {max_len}, dtype {args.dtype}, prefix caching off, {threads}")  # fmt: skip
 
 
 def results_table(results: dict[str, Result], args, n: int) -> Table:
