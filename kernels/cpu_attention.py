@@ -54,3 +54,39 @@ def paged_decode_attention(
         float(scale),
     )
     return out.to(q.dtype)
+
+
+def supports_prefill(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """The prefill kernel's case: the decode kernel's, with head_dim a multiple of 16."""
+    return supports(q, k_cache) and q.shape[-1] % 16 == 0
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    min_qlen: int = 2,
+) -> torch.Tensor:
+    """Causal attention (csrc/cpu_prefill_attention.cpp) of every sequence with at least
+    `min_qlen` queries: q [T, Hq, D] fp32 or bf16, sequence b's queries
+    q[query_start_loc[b]:query_start_loc[b + 1]] at the last positions of its seq_lens[b];
+    their rows of `out` (q's shape and dtype, contiguous) are written, the others kept."""
+    mod = cpu_gemm.load()
+    assert mod is not None, "cpu_attention: the CPU kernels are not built here"
+    mod.paged_prefill_attention(
+        q.contiguous(),
+        k_cache.contiguous(),
+        v_cache.contiguous(),
+        block_tables.to(torch.int32).contiguous(),
+        seq_lens.to(torch.int32).contiguous(),
+        query_start_loc.to(torch.int32).contiguous(),
+        float(scale),
+        out,
+        int(min_qlen),
+    )
+    return out

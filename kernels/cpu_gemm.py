@@ -26,7 +26,13 @@ import torch
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / f for f in ("cpu_gemm.cpp", "cpu_attention.cpp", "cpu_ops.cpp", "bindings.cpp")]
+SOURCES = [
+    CSRC / f
+    for f in (
+        "cpu_gemm.cpp", "cpu_attention.cpp", "cpu_prefill_attention.cpp", "cpu_ops.cpp",
+        "bindings.cpp",
+    )
+]  # fmt: skip
 PANEL = 32  # outputs per panel, as in the C++ source
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 

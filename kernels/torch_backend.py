@@ -9,8 +9,10 @@ batch's blocks are consecutive in the pool (a prompt's blocks usually are), thos
 read in place instead and merged by log-sum-exp (`torch_split_kv`): the copy is about half
 of a decode layer. GQA costs no copy: the G query
 heads that share a KV head become G query rows of that head (one query position, so they
-share one mask row). Sequences with several query tokens (prefill, chunked prefill) run one
-at a time: their work is compute, not per-call overhead.
+share one mask row). Sequences with several query tokens (prefill, chunked prefill, a prefix-cache hit's
+tail) run, on CPU over an fp32 or bf16 cache, in the C++ causal prefill kernel (cpu_attention:
+all of a step's prefills in one call per layer; `CBBENCH_CPP_PREFILL=0` turns it off for A/B
+runs); otherwise one at a time through SDPA.
 
 Quantized (int8 / fp8, kernels/kv_quant.py) and bf16 caches under an fp32 model: the write
 quantizes (or casts) each (token, head) row; attention gathers the packed blocks (a quarter
@@ -22,6 +24,8 @@ kernel, bf16 without cpu_attention) take the gather path.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +50,9 @@ class TorchAttentionBackend:
         self._workspace: torch.Tensor | None = None  # gather buffer, grown on demand
         # fp32 / bf16 decode on CPU: the C++ kernel (cpu_attention), read in place; else split-KV
         self.paged_kernel = device.type == "cpu" and cpu_attention.available()
+        # prefill chunks on CPU over an fp32 / bf16 cache: the C++ causal kernel, else SDPA
+        off = os.environ.get("CBBENCH_CPP_PREFILL", "").strip().lower() in ("0", "off", "false", "no")
+        self.prefill_kernel = self.paged_kernel and not off
         # int8 decode on CPU: the C++ int8 kernel (cpu_kv_attention), built on first use
         self.quant_kernel = device.type == "cpu"
         self.split_kv = device.type == "cpu" and torch_split_kv.available()
@@ -63,7 +70,9 @@ class TorchAttentionBackend:
         cpu = self.device.type == "cpu"
         fp32 = "cpp" if self.paged_kernel else ("split-kv" if self.split_kv and cpu else "gather")
         int8 = "cpp" if self.quant_kernel and cpu_kv_attention.available() else "gather"
-        return {"decode_kernel_fp32": fp32, "decode_kernel_bf16": fp32, "decode_kernel_int8": int8}
+        prefill = "cpp" if self.prefill_kernel else "sdpa"
+        return {"decode_kernel_fp32": fp32, "decode_kernel_bf16": fp32, "decode_kernel_int8": int8,
+                "prefill_kernel": prefill}  # fmt: skip
 
     def reshape_and_cache(
         self,
@@ -221,13 +230,17 @@ class TorchAttentionBackend:
             return self.paged_decode_attention(
                 q, k_cache, v_cache, block_tables, seq_lens, scale, max_seq_len=max_seq_len
             )
-        out = torch.empty_like(q)
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
         if decode:
             rows = torch.tensor([starts[b] for b in decode], device=q.device)
             idx = torch.tensor(decode, device=block_tables.device)
             out[rows] = self.paged_decode_attention(
                 q[rows], k_cache, v_cache, block_tables[idx], seq_lens[idx], scale
             )
+        if self.prefill_kernel and cpu_attention.supports_prefill(q, k_cache):
+            return cpu_attention.paged_prefill_attention(
+                q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out
+            )  # every sequence with 2 or more queries, in one call
         for b, qlen in enumerate(qlens):
             if qlen > 1:
                 out[starts[b] : starts[b + 1]] = self._prefill_one(

@@ -150,3 +150,22 @@ def test_context_fit_skips_a_call_with_every_call_that_needs_its_answer():
         assert r.graph.calls == sum(q.session_id == r.session_id for q in fitted.requests)
     reducers = [r for r in wl.requests if r.graph.name == "reducer"]
     assert any(r.index not in kept for r in reducers)  # the join needs every branch
+
+
+def test_context_fit_counts_a_calls_messages_with_the_servers_tokenizer():
+    """The trace's prompt_len is another tokenizer's count: with the server's (/tokenize;
+    here one token a character, as tiny's byte-level vocabulary nearly is) a call whose
+    recorded messages overflow is skipped before the run, not sent to get HTTP 400."""
+    import json as _json
+
+    from cbbench.harness.load.context_fit import fit_to_context
+
+    def chars(r) -> int:
+        return sum(len(m.get("content") or "") for m in _json.loads(r.graph.messages))
+
+    wl = load_workload("agent-graph", seed=0, num_requests=40)
+    by_prompt_len = fit_to_context(wl, 2048, 16)[0]  # no /tokenize: the trace's counts
+    assert any(chars(r) + r.output_len >= 2048 for r in by_prompt_len.requests)
+    fitted, fit = fit_to_context(wl, 2048, 16, count=len)
+    assert fit.skipped > 0 and fitted.requests
+    assert all(chars(r) + r.output_len < 2048 for r in fitted.requests)

@@ -147,3 +147,28 @@ def test_check_runs_with_a_preset_or_a_fit(tmp_path, capsys):
     assert "runs predicted on h100-sxm" in out and "%" in out
     assert main(["calibrate", "--check-run", str(tmp_path / "r")]) != 0
     assert "--check-run also with --fit" in capsys.readouterr().err
+
+
+def test_sim_intervals_use_the_check_runs_error_not_the_in_sample_one(tmp_path, capsys):
+    """`--holdout 0 --check-run B`: the in-sample error is ~0, B (a server twice as slow per
+    step) is what a new workload meets: the fit's measured error, and sim's interval, are B's
+    (they were the in-sample ~+-1 % and read "+-1% from the error measured on a1, a2")."""
+    _write_run(tmp_path / "a1", measured(1.0, 30, 4), {"max_num_seqs": 8})
+    _write_run(tmp_path / "a2", measured(3.0, 30, 5), {"max_num_seqs": 8})
+    slow = {k: 2 * v for k, v in TRUTH.items()}
+    _write_run(tmp_path / "b", measured(1.0, 20, 6, truth=slow), {"max_num_seqs": 8})
+    out = tmp_path / "fit.json"
+    assert main(["calibrate", "--from-run", str(tmp_path / "a1"), str(tmp_path / "a2"),
+                 "--holdout", "0", "--check-run", str(tmp_path / "b"), "--out", str(out)]) == 0  # fmt: skip
+    spec = get_hardware(str(out))
+    assert spec.fit["measured_error"]["tpot_mean"] < -0.3, spec.fit["measured_error"]
+    assert spec.fit["measured_on"] == f"--check-run {tmp_path / 'b'}"
+    capsys.readouterr()
+    assert main(["sim", "--hardware", str(out), "--model", "small", "--workload",
+                 "prompt=64,output=16", "--num-requests", "8", "--scheduler", "continuous"]) == 0  # fmt: skip
+    line = next(x for x in capsys.readouterr().out.splitlines() if "error measured on" in x)
+    assert "--check-run" in line and "+-1%" not in line, line
+    # no held-back requests nor check run: in-sample, and said so
+    assert main(["calibrate", "--from-run", str(tmp_path / "a1"), "--holdout", "0",
+                 "--out", str(out)]) == 0  # fmt: skip
+    assert "in-sample" in get_hardware(str(out)).fit["measured_on"]

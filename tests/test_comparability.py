@@ -114,3 +114,39 @@ def test_among_n_runs_leaves_out_what_is_meant_to_differ() -> None:
     assert (INCOMPARABLE, "request rate differs (a: 4, b: 8, c: 4)") in lines
     assert all("request rate" not in t for _, t in among(runs, skip=("request rate",)))
     assert json.dumps(among([("a", _meta())])) == "[]"
+
+
+def test_the_model_is_the_checkpoint_the_server_names_not_its_served_name() -> None:
+    """vLLM `--served-model-name tiny-llama` of /ckpt against cbbench serving /ckpt: the same
+    model (vLLM's card says `root: /ckpt`); it was 'not comparable: model differs'. Two
+    checkpoints served under one name are a caution (the same model copied to another path on
+    another host is common), under two names not comparable."""
+    vllm = _meta(target__model="tiny-llama")
+    vllm["target"]["engine"] = {"owned_by": "vllm", "root": "/ckpt"}
+    cb = _meta(target__model="/ckpt")
+    cb["target"]["engine"] = {"owned_by": "cbbench"}
+    assert "model" not in {d.aspect for d in differences(vllm, cb)}
+    other = _meta(target__model="tiny-llama")
+    other["target"]["engine"] = {"owned_by": "vllm", "root": "/other"}
+    d = {x.aspect: x for x in differences(vllm, other)}
+    assert d["model"].severity == CAUTION and (d["model"].a, d["model"].b) == ("/ckpt", "/other")
+    renamed = _meta(target__model="llama")
+    renamed["target"]["engine"] = {"owned_by": "vllm", "root": "/other"}
+    assert {x.aspect: x for x in differences(vllm, renamed)}["model"].severity == INCOMPARABLE
+
+
+def test_the_server_is_the_engine_not_the_http_frameworks_header() -> None:
+    """vLLM and cbbench both answer `server: uvicorn`: a gate between them said nothing about
+    comparing two engines. The engine (and version) from environment.server is the server."""
+    vllm, cb = _meta(), _meta()
+    for meta, name, version in ((vllm, "vllm", "0.32.0"), (cb, "cbbench", "0.1.0")):
+        meta["target"]["engine"] = {"owned_by": name, "server": "uvicorn"}
+        meta["environment"] = {"server": {"name": name, "version": version}}
+    d = {x.aspect: x for x in differences(vllm, cb)}
+    assert d["server"].severity == INFO and (d["server"].a, d["server"].b) == (
+        "vllm 0.32.0", "cbbench 0.1.0")  # fmt: skip
+    assert "server" not in {x.aspect for x in differences(vllm, vllm)}
+    vllm["target"]["server_settings"] = {"enable_prefix_caching": True}
+    cb["target"]["server_settings"] = {"enable_prefix_caching": False}
+    d = {x.aspect: x for x in differences(vllm, cb)}
+    assert d["prefix caching"].severity == INFO and (d["prefix caching"].a, d["prefix caching"].b) == ("on", "off")

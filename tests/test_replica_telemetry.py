@@ -33,6 +33,20 @@ def test_imbalance_figures():
     assert imbalance([2.0]) is None and imbalance([0.0, 0.0]) is None
 
 
+def test_pd_workers_are_judged_within_their_role():
+    """Behind the P/D router (p0, d0, d1): a prefill worker's load against a decode worker's is
+    no imbalance (1P:1D read "replica load max/mean 2"); two decode workers are peers."""
+    s = ReplicaSampler(router_url="http://127.0.0.1:9/metrics")
+    s._series = {"p0": {"load": [0.0, 0.0], "routed": [0.0, 20.0]},
+                 "d0": {"load": [4.0, 4.0], "routed": [0.0, 20.0]}}  # fmt: skip
+    assert s.summary()["imbalance"] == {}
+    s._series["d1"] = {"load": [1.0, 1.0], "routed": [0.0, 20.0]}
+    imb = s.summary()["imbalance"]
+    assert imb["load"]["max_over_mean"] == pytest.approx(1.6) and "routed" in imb
+    s._series = {"r0": {"load": [0.0, 0.0]}, "r1": {"load": [4.0, 4.0]}}  # plain replicas
+    assert s.summary()["imbalance"]["load"]["max_over_mean"] == 2.0
+
+
 def test_sampler_reads_one_metrics_url_per_replica():
     text = fixture("vllm.txt")
     busy = set_value(

@@ -27,6 +27,8 @@ def test_t_interval_matches_the_textbook_formula():
     assert same.half_width == 0 and same.lo == same.hi == pytest.approx(0.97)
     one = rs.t_interval([2.0])
     assert not one.resolved and math.isnan(one.lo) and "no interval" in one.text()
+    # the unit sits on the number, never after the note ("3.09 (1 replicate, no interval)x")
+    assert one.text(unit="x").endswith("x (1 replicate, no interval)")
     assert rs.t95(1) == pytest.approx(12.706) and rs.t95(100) == 1.96
 
 

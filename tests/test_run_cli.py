@@ -208,3 +208,34 @@ def test_a_presets_own_batch_size_is_the_default_b(tmp_path, capsys, monkeypatch
     argv = ["run", "--sim", "steps", "--workload", "seed-demo", "--schedulers", "static"]
     assert main([*argv, "--out", str(tmp_path / "s"), "--no-report"]) == 0
     assert "B=4" in capsys.readouterr().out
+
+
+def test_run_started_with_sigint_ignored_stops_on_sigint(tmp_path):
+    """`cbbench run &` from a script starts with SIGINT ignored (the shell's rule for background
+    jobs); `kill -INT` still stops it, as it stops `bench`: here while its first server starts."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "cbbench.harness.cli", "run", "--workload", "prompt=16,output=8"]
+    cmd += ["--num-requests", "4", "--batch-size", "2", "--schedulers", "static,continuous"]
+    cmd += ["--device", "cpu", "--no-live", "--no-report", "--out", str(out)]
+    env = {**os.environ, "COLUMNS": "200"}
+    ignore = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)  # noqa: E731
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, preexec_fn=ignore)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # bounded: the process ends
+            if "starting cbbench serve" in line:
+                proc.send_signal(signal.SIGINT)
+                break
+        stdout, stderr = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 130, (stdout[-1000:], stderr[-2000:])
+    assert "interrupted" in stdout and not (out / "continuous").exists()

@@ -28,6 +28,20 @@ def test_compare_engines_tiny(tmp_path, capsys, monkeypatch):
     measured = [r for r in run.records if not r.warmup]
     assert len(measured) == 3 and all(r.ok for r in measured)
     assert sum(r.output_tokens_server for r in measured) == tokens["reference"]
+    warm = load_run(out / "reference-warmup").records  # the warm-up request: a run of its own
+    assert len(warm) == 1 and warm[0].ok and len(run.records) == 3
+    ref = res["reference"]  # the server's CPU in the measured run, split, warm-up apart
+    assert ref["cpu_s"] == ref["engine_cpu_s"] + ref["api_cpu_s"]
+    assert ref["engine_cpu_s"] > 0 and ref["warmup_engine_cpu_s"] > 0
+    assert "warmup_api_cpu_s" in ref and ref["load_generator_cpu_s"] > 0
+    # the measured run's steps (the server's /metrics): one a token at least, per request
+    assert ref["engine_steps"] >= max(r.output_tokens_server for r in measured)
+    assert ref["compute_thread"]["on_cpu_s"] > 0  # where its wall time went (schedstat)
+    import os
+
+    spare = sorted(os.sched_getaffinity(0) - {0})
+    assert ref["host_cores"] == (spare or None)
+    assert "measured: engine processes" in text and "warm-up request (not counted)" in text
 
 
 def test_hf_modes_generate_exactly_the_asked_tokens(tmp_path):
@@ -144,6 +158,9 @@ def test_both_servers_get_the_same_budget_and_the_settings_are_said(tmp_path, ca
     cmd = vllm_command(tmp_path, 8, 255, 8000, max_num_batched_tokens=step_budget())
     assert cmd[cmd.index("--max-num-batched-tokens") + 1] == str(step_budget()) == "2048"
     assert "--max-num-batched-tokens" not in vllm_command(tmp_path, 8, 255, 8000)
+    # prefix caching as the reference's default (off) where compare-engines asks for it
+    assert "--no-enable-prefix-caching" in vllm_command(tmp_path, 8, 255, 8000, prefix_caching=False)
+    assert not any("prefix-caching" in a for a in vllm_command(tmp_path, 8, 255, 8000))
     out = tmp_path / "cmp"
     argv = ["compare-engines", "--model", "tiny", "--num-requests", "2", "--max-batch", "2",
             "--engines", "reference", "--out", str(out)]  # fmt: skip
@@ -152,6 +169,7 @@ def test_both_servers_get_the_same_budget_and_the_settings_are_said(tmp_path, ca
     assert said in capsys.readouterr().out
     doc = json.loads((out / "compare.json").read_text())
     assert said in doc["settings"] and "1 compute thread(s) bound to core(s) 0-0" in doc["settings"]
+    assert "prefix caching off" in doc["settings"]
     engine = load_run(out / "reference").meta["target"]["engine"]  # what the server said
     assert _find(engine, "max_num_batched_tokens") == 2048
 

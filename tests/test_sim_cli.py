@@ -131,3 +131,15 @@ def test_static_never_idles_a_drain_timeout_no_arrival_can_end():
     res = replay(wl.requests, cfg)
     assert res.steps[0].start_s == 0.0
     assert res.duration_s < 1.0
+
+
+def test_title_b_is_the_simulated_schedulers_batch(capsys, monkeypatch):
+    """`--schedulers continuous --max-num-seqs 16` titles B=16 (it said the static default,
+    B=32); schedulers of different limits name each one."""
+    monkeypatch.setenv("COLUMNS", "300")
+    argv = ["sim", "--workload", "prompt=64,output=16", "--num-requests", "8", "--max-num-seqs", "16"]
+    assert main([*argv, "--schedulers", "continuous"]) == 0
+    title = " ".join(capsys.readouterr().out.split())
+    assert "B=16 " in title and "B=32" not in title
+    assert main([*argv, "--schedulers", "static,continuous"]) == 0
+    assert "B=32 (static)/16 (continuous)" in " ".join(capsys.readouterr().out.split())

@@ -49,6 +49,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "on each other; 0 = each engine's own default)",
     )
     p.add_argument(
+        "--share-engine-cores",
+        action="store_true",
+        help="leave the servers' API processes and the load generator free to run on the "
+        "engine cores (default: moved to the other cores when there are any, for every engine)",
+    )
+    p.add_argument(
         "--out", default=None, help="folder (default results/runs/<time>-compare-engines)"
     )
     add_engine_args(p, only=("model", "seed", "dtype", "kv_cache_dtype"),
@@ -68,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         seed=engine_value(args, "seed"),
         vllm_python=args.vllm_python,
         threads=args.threads,
+        share_engine_cores=args.share_engine_cores,
         dtype=engine_value(args, "dtype"),
         kv_cache_dtype=engine_value(args, "kv_cache_dtype"),
         out=Path(args.out) if args.out else None,

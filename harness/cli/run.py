@@ -18,6 +18,7 @@ the table shows each run's KV blocks, capacity, running sequences and preemption
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -137,6 +138,10 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     opts = run_options(args)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # started with `&` by a script: the shell ignores SIGINT for it; as `bench` does,
+        # `kill -INT` (Ctrl-C) stops the run and keeps what finished, server start-up included
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     console = Console(soft_wrap=True)
     res = run_demo(opts, console)
     if res.summaries:

@@ -268,7 +268,12 @@ def calibrate_from_runs(paths: list[str], server_config: str | None, model: str 
                      _mean(getattr(pred, f"{m}_s"))) for m in METRICS}  # fmt: skip
         out.checks.append((p, err, means))
     spec.fit["checks"] = [{"run": p, "errors": e} for p, e, _ in out.checks]
+    from cbbench.harness.planning.fit_error import measured_error
+
+    spec.fit["measured_error"], spec.fit["measured_on"] = measured_error(
+        fit.errors, [(p, e) for p, e, _ in out.checks], [str(p) for p in paths])
     return out
+
 
 
 def check_runs(paths: list[str], hardware: str, server_config: str | None, model: str | None,

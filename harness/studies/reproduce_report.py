@@ -91,8 +91,9 @@ def run_rows(console: Console, label: str, s: rp.Setting, out: Path | None, fold
         c = row["conditions"]
         console.print(
             f"  {label} {w:<12} static B={c['static_batch_size']:<4} "
-            f"{iv(row['static_req_s']).text()} req/s  continuous "
-            f"{iv(row['continuous_req_s']).text()} req/s  gain {iv(row['gain_req_s']).text()}x"
+            f"{iv(row['static_req_s']).text(unit=' req/s')}  continuous "
+            f"{iv(row['continuous_req_s']).text(unit=' req/s')}  gain "
+            f"{iv(row['gain_req_s']).text(unit='x')}"
             f"  ({s.replicates} replicates, {time.perf_counter() - t0:.0f}s wall)",
             soft_wrap=True,
             highlight=False,
@@ -147,7 +148,7 @@ def gains_table(title: str, rows: dict) -> Table:
             f"{sd['gain']:.2f}x",
             iv(r["static_req_s"]).text(),
             iv(r["continuous_req_s"]).text(),
-            g.text() + "x",
+            g.text(unit="x"),
             f"[{g.lo:.2f}, {g.hi:.2f}]" if g.resolved else "-",
             f"{r['gain_makespan']['mean']:.2f}x",
             f"{c['static_batch_size']} ({c['static_batch_limited_by']})",
@@ -208,7 +209,7 @@ def sensitivity(console: Console, base: rp.Setting, jobs: int = 1) -> list[dict]
         for w in rp.WORKLOADS:
             with console.status(f"sensitivity: {label}: {w}"):
                 row = rj.run_replicates(w, s, jobs=jobs)
-            cells.append(iv(row["gain_req_s"]).text() + "x")
+            cells.append(iv(row["gain_req_s"]).text(unit="x"))
             bs.append(str(row["conditions"]["static_batch_size"]))
             entry["gains"][w] = {k: row[k] for k in ("gain_req_s", "gain_makespan",
                                  "conditions", "seeds")}  # fmt: skip
@@ -272,7 +273,7 @@ def verdicts(sim: dict, cpu: dict | None) -> list[str]:
         if rows is None:
             continue
         gains = "; ".join(
-            f"{w} {iv(rows[w]['gain_req_s']).text()}x" for w in rp.WORKLOADS
+            f"{w} {iv(rows[w]['gain_req_s']).text(unit='x')}" for w in rp.WORKLOADS
         )  # fmt: skip
         n = iv(rows["uniform"]["gain_req_s"]).n
         said = "; ".join(f"{claim}: {v}" for claim, v in claims(rows).items())

@@ -65,10 +65,11 @@ class Interval:
         d.update(lo=self.lo, hi=self.hi)
         return d
 
-    def text(self, spec: str = ".2f") -> str:
+    def text(self, spec: str = ".2f", unit: str = "") -> str:
+        """'2.28 ± 0.10x', or '3.09x (1 replicate, no interval)': the unit on the number."""
         if not self.resolved:
-            return f"{format(self.mean, spec)} (1 replicate, no interval)"
-        return f"{format(self.mean, spec)} ± {format(self.half_width, spec)}"
+            return f"{format(self.mean, spec)}{unit} (1 replicate, no interval)"
+        return f"{format(self.mean, spec)} ± {format(self.half_width, spec)}{unit}"
 
 
 def t_interval(values: Sequence[float]) -> Interval:

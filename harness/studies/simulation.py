@@ -21,6 +21,7 @@ from cbbench.harness.results import compare
 from cbbench.harness.results.records import RequestRecord
 from cbbench.harness.results.run_folder import RunWriter
 from cbbench.harness.results.summary import RunSummary, summarize
+from cbbench.harness.studies.sim_batch import batch_label
 from cbbench.harness.studies.sim_graphs import drop_too_long, graph_part, print_graph
 from cbbench.reference_engine.config.engine_config import SCHEDULERS, EngineConfig
 from cbbench.reference_engine.config.options import FLAGS, SIM_DEFAULTS, build_engine_config
@@ -88,10 +89,9 @@ def fit_static_batch(cfg: EngineConfig, console: Console) -> EngineConfig:
             f"static batching: one slot of max_model_len {max_len} needs more KV than the pool "
             f"holds ({blocks} blocks of {cfg.block_size}); lower --max-model-len"
         )
-    console.print(
-        f"[yellow]static: batch size {cfg.static.batch_size} -> {fits}: KV for max_model_len "
-        f"({max_len}) per slot only fits {fits} slots in {blocks} blocks[/yellow]"
-    )
+    console.print(f"[yellow]static: batch size {cfg.static.batch_size} -> {fits}: KV for "
+                  f"max_model_len ({max_len}) per slot only fits {fits} slots in {blocks} "
+                  "blocks[/yellow]")  # fmt: skip
     return dataclasses.replace(cfg, static=dataclasses.replace(cfg.static, batch_size=fits))
 
 
@@ -305,7 +305,7 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
     hw = get_hardware(any_cfg.hardware)
     steps_mode = hw.steps and not real
     where = f"{any_cfg.device} (real model)" if real else hw.name
-    b = any_cfg.static.batch_size
+    b = batch_label(cfgs)
     timeline = opts.timeline or (opts.workload == "seed-demo" and b == 4 and steps_mode)
     run_dirs: list[Path] = []
     for line in () if real else (ro.describe(ro.overhead_of(hw)), describe_jitter(hw)):

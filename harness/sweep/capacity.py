@@ -64,6 +64,18 @@ class CapacityConfig:
     requests_per_level: int = 40
     max_requests: int = 1000
     max_time_s: float = 600.0
+    queue_bound_s: float | None = None  # the SLO's TTFT (else E2E) bound: sizes each level
+
+    def first_size(self, rate: float) -> int:
+        """Requests of a level's first run: --num-requests, or more where the arrival span a
+        queue needs to show at this rate (verdict.QUEUE_SPAN x the bound) asks for more: known
+        before the run, so no run too short by that rule is spent."""
+        if not self.queue_bound_s:
+            return self.requests_per_level
+        from cbbench.harness.sweep.verdict import QUEUE_SPAN
+
+        span = math.ceil(QUEUE_SPAN * self.queue_bound_s * rate - 1e-9) + 1
+        return max(self.requests_per_level, span)
 
     def validate(self) -> None:
         if not 0 < self.goodput <= 1:
@@ -126,7 +138,7 @@ def find_max_rate(
         cannot judge: `res.undecided` says what it needs)."""
         need = cfg.repeats // 2 + 1
         met = missed = attempt = 0
-        n = cfg.requests_per_level
+        n = cfg.first_size(rate)
         while True:
             why = budget_left(n)
             if why:

@@ -22,6 +22,7 @@ def find_max_rate(opts: SweepOptions) -> dict:
     from cbbench.harness.results.summary import parse_slo
     from cbbench.harness.sweep.capacity import CapacityConfig, Trial
     from cbbench.harness.sweep.capacity import find_max_rate as search
+    from cbbench.harness.sweep.capacity_level import queue_bound
 
     _check(opts)
     out = opts.out
@@ -38,6 +39,7 @@ def find_max_rate(opts: SweepOptions) -> dict:
         requests_per_level=opts.load.num_requests,
         max_requests=opts.max_requests,
         max_time_s=opts.max_time_s,
+        queue_bound_s=queue_bound(parse_slo(slo)),
     )
     cfg.validate()
     out.mkdir(parents=True, exist_ok=True)
@@ -92,6 +94,8 @@ def find_max_rate(opts: SweepOptions) -> dict:
     try:
         res = search(measure, cfg)
         index["capacity"] = res.to_dict()
+        if res.undecided:  # it ended "cannot decide": not a complete answer
+            status = "undecided"
     except KeyboardInterrupt:
         status = "interrupted"
     index["status"] = status

@@ -41,6 +41,16 @@ def imbalance(values: Sequence[float]) -> dict | None:
     return {"max_over_mean": max(values) / mean, "cv": var**0.5 / mean, "mean": mean}
 
 
+def pools(names: list[str]) -> list[list[str]]:
+    """Replicas that share work: all of them, or behind cbbench's P/D router (prefill workers
+    p0, p1, ..., decode workers d0, d1, ...) each role's own: a prefill worker's load against
+    a decode worker's is no imbalance (1P:1D read "replica load max/mean 2")."""
+    if names and all(len(n) > 1 and n[0] in "pd" and n[1:].isdigit() for n in names):
+        by = [[n for n in names if n[0] == role] for role in "pd"]
+        return [p for p in by if p]
+    return [names]
+
+
 def _by_replica(scrape: Scrape) -> dict[str, Scrape]:
     """One Scrape per `replica` label value (samples without the label are dropped)."""
     out: dict[str, Scrape] = {}
@@ -138,12 +148,15 @@ class ReplicaSampler:
                 "per_replica": per,
             }
             imb: dict = {}
-            loads = [d["load"]["mean"] for d in per.values() if "load" in d]
-            if len(loads) == len(per) and (x := imbalance(loads)) is not None:
-                imb["load"] = x
-            routed_all = [d["routed"] for d in per.values() if "routed" in d]
-            if len(routed_all) == len(per) and (x := imbalance(routed_all)) is not None:
-                imb["routed"] = x
+            for pool in pools(list(per)):  # P/D: prefill and decode workers are not peers
+                ps = [per[n] for n in pool]
+                loads = [d["load"]["mean"] for d in ps if "load" in d]
+                routed_all = [d["routed"] for d in ps if "routed" in d]
+                for key, vals in (("load", loads), ("routed", routed_all)):
+                    x = imbalance(vals) if len(vals) == len(ps) else None
+                    if x is not None and x["max_over_mean"] > imb.get(key, {}).get(
+                            "max_over_mean", 0.0):  # fmt: skip
+                        imb[key] = x
             out["imbalance"] = imb
             return out
 

@@ -14,6 +14,10 @@ torch::Tensor rope_and_cache(const torch::Tensor& qkv, const torch::Tensor& cos,
                              const torch::Tensor& sin, torch::Tensor& k_cache,
                              torch::Tensor& v_cache, const torch::Tensor& slots, int64_t Hq,
                              int64_t Hkv, int64_t D);
+void paged_prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
+                             const torch::Tensor& v_cache, const torch::Tensor& block_tables,
+                             const torch::Tensor& seq_lens, const torch::Tensor& query_start_loc,
+                             double scale, torch::Tensor& out, int64_t min_qlen);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &pack, "W [N, K] -> panels [ceil(N/32), K, 32]",
@@ -28,5 +32,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("rope_and_cache", &rope_and_cache,
         "rotate q, k of a fused qkv row block, write k, v into their cache slots; returns q",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("paged_prefill_attention", &paged_prefill_attention,
+        "causal attention of every sequence with >= min_qlen queries into out (q's rows)",
         py::call_guard<py::gil_scoped_release>());
 }

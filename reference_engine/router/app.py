@@ -129,9 +129,15 @@ def create_router_app(
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         cards: dict[str, dict] = {}
+        roles: dict[str, int] = {}
         for r in pool.replicas:
             for card in r.models:
                 cards.setdefault(str(card.get("id")), card)
+                role = (card.get("cbbench") or {}).get("role")
+                if isinstance(role, str):
+                    roles[role] = roles.get(role, 0) + 1
+        if {"prefill", "decode"} <= set(roles):  # P/D: say so, not the first worker's role
+            cards = {k: _pd_card(c, roles) for k, c in cards.items()}
         return {"object": "list", "data": list(cards.values())}
 
     @app.get("/health")
@@ -371,3 +377,13 @@ def _is_error_body(content: bytes) -> bool:
 async def _until_disconnected(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+def _pd_card(card: dict, roles: dict[str, int]) -> dict:
+    """A P/D router's card: its workers' (the first one's settings), with role
+    "disaggregated" and the workers per role, where it said the prefill worker's "prefill"."""
+    info = card.get("cbbench")
+    if not isinstance(info, dict):
+        return card
+    workers = {k: v for k, v in roles.items() if k in ("prefill", "decode")}
+    return {**card, "cbbench": {**info, "role": "disaggregated", "workers": workers}}

@@ -249,9 +249,13 @@ def _install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(validation_message(list(errors)).error().body(), 400)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # OpenAI's shape: a string code or null, never the status as an int
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        body = error_body(truncate(str(exc.detail)), type_, None, exc.status_code)
+        detail = str(exc.detail)
+        if exc.status_code == 404 and detail == "Not Found":
+            detail = f"Invalid URL ({request.method} {request.url.path})"
+        body = error_body(truncate(detail), type_, None, None)
         return JSONResponse(body, exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)

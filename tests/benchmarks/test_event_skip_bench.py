@@ -17,11 +17,11 @@ peak memory). Run:
 
 from __future__ import annotations
 
-import os
 import resource
 import time
 
 import pytest
+from cbbench.harness.envflags import env_flag
 from cbbench.reference_engine.config.options import SIM_DEFAULTS, build_engine_config
 from cbbench.reference_engine.router.cluster_sim import simulate_cluster
 from cbbench.reference_engine.router.registry import make_policy
@@ -93,7 +93,7 @@ def test_single_skip_ratio(benchmark):
 
 
 SCALES = [(64, 6_400), (256, 25_600)]
-if os.environ.get("CBBENCH_SKIP_BIG"):
+if env_flag("CBBENCH_SKIP_BIG"):
     SCALES.append((1_000, 100_000))
 
 

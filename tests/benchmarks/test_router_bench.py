@@ -13,11 +13,11 @@ Run:
 
 from __future__ import annotations
 
-import os
 import random
 import time
 
 import pytest
+from cbbench.harness.envflags import env_flag
 from cbbench.reference_engine.config.options import SIM_DEFAULTS, build_engine_config
 from cbbench.reference_engine.router.cluster_sim import simulate_cluster
 from cbbench.reference_engine.router.policy import ReplicaLoad, RouteRequest
@@ -77,7 +77,7 @@ def test_decide(benchmark, policy):
 # (replicas, requests): how the simulation's wall time grows with both. The chat preset
 # (prompts median 64, outputs median 160), every request at t = 0, prefix caching on.
 SCALES = [(8, 800), (64, 6_400), (64, 25_600), (256, 25_600)]
-if os.environ.get("CBBENCH_ROUTER_SIM_BIG"):
+if env_flag("CBBENCH_ROUTER_SIM_BIG"):
     SCALES.append((1_000, 100_000))
 
 

