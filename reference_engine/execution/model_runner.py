@@ -36,6 +36,7 @@ from cbbench.reference_engine.execution.pooling import pooled
 from cbbench.reference_engine.execution.rejection_sampler import RejectionSampler, sample_chunks
 from cbbench.reference_engine.execution.sampler import Sampler, SampleRequest, token_logprobs
 from cbbench.reference_engine.kv_transfer.payload import KVLayout
+from cbbench.reference_engine.model import cpu_fused
 from cbbench.reference_engine.model.config import PRESETS, ModelConfig
 from cbbench.reference_engine.model.llama import AttentionMetadata, LlamaAttention, RMSNorm
 from cbbench.reference_engine.model.loader import (
@@ -152,6 +153,7 @@ class ModelRunner:
                 for m in self.model.model.layers:
                     m.cpu_fused = "float32" if fp32 else "bfloat16"
             self.weights_arena = hugepages.move_module(self.model)  # after packing: the panels
+            cpu_fused.forget(self.model.model.layers)  # plans read the moved weights
         self.dtype = resolve_dtype(dtype, self.model_config)
         self.kv_cache_dtype = kv_cache_dtype
         self.kv_dtype = kv_storage_dtype(kv_cache_dtype, self.dtype, self.backend)
