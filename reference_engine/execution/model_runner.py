@@ -311,7 +311,10 @@ class ModelRunner:
             self.last_embeddings = pooled(hidden, step)  # pooling requests (pooling.py)
             if not b.sample_rows:
                 return [[] for _ in step.drafts]
-            logits = self.model.compute_logits(hidden[[row for _, row in b.sample_rows]])
+            sample = [row for _, row in b.sample_rows]
+            if len(sample) != hidden.shape[0] or sample[-1] != len(sample) - 1:
+                hidden = hidden[sample]  # rows are increasing: all of them means 0..T-1
+            logits = self.model.compute_logits(hidden)
             rows = [i for i, _ in b.sample_rows]
             wanted = [
                 r for r, q in enumerate(step.sample_requests) if q.params.logprobs is not None
@@ -420,18 +423,20 @@ def prepare_items(
     max_blocks = max(len(t) for t in tables)
     padded = [t + [0] * (max_blocks - len(t)) for t in tables]
     block_tables = torch.tensor(padded, dtype=torch.int32)
-    if decode_only:
+    if decode_only:  # one row a sequence: its slot from the host lists (no tensor ops)
         pos = torch.tensor(starts, dtype=torch.int64)
-        seq_idx = torch.arange(len(items))
+        slots = torch.tensor([t[s // bs] * bs + s % bs for t, s in zip(tables, starts)],
+                             dtype=torch.int64)  # fmt: skip
+        qsl = list(range(len(items) + 1))
     else:
         qlen_t = torch.tensor(qlens, dtype=torch.int64)
         seq_idx = torch.repeat_interleave(torch.arange(len(items)), qlen_t)
         first = torch.cumsum(qlen_t, 0) - qlen_t  # row of each chunk's first token
         pos = torch.arange(len(input_ids)) - first[seq_idx] + torch.tensor(starts)[seq_idx]
-    slots = block_tables[seq_idx, pos // bs].to(torch.int64) * bs + pos % bs
-    qsl = [0]
-    for q in qlens:
-        qsl.append(qsl[-1] + q)
+        slots = block_tables[seq_idx, pos // bs].to(torch.int64) * bs + pos % bs
+        qsl = [0]
+        for q in qlens:
+            qsl.append(qsl[-1] + q)
     meta = AttentionMetadata(
         slot_mapping=to_device(slots, device),
         block_tables=to_device(block_tables, device),
