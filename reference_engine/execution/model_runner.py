@@ -425,8 +425,8 @@ def prepare_items(
     block_tables = torch.tensor(padded, dtype=torch.int32)
     if decode_only:  # one row a sequence: its slot from the host lists (no tensor ops)
         pos = torch.tensor(starts, dtype=torch.int64)
-        slots = torch.tensor([t[s // bs] * bs + s % bs for t, s in zip(tables, starts)],
-                             dtype=torch.int64)  # fmt: skip
+        slot_list = [t[s // bs] * bs + s % bs for t, s in zip(tables, starts, strict=True)]
+        slots = torch.tensor(slot_list, dtype=torch.int64)
         qsl = list(range(len(items) + 1))
     else:
         qlen_t = torch.tensor(qlens, dtype=torch.int64)
