@@ -66,7 +66,7 @@ def test_gate_and_report_say_read_with_care(thread_runs, tmp_path, capsys) -> No
     assert rc in (0, 1) and "not comparable" not in err  # comparable: judged
     assert "read with care: runs differ in cpu threads: baseline 1, candidate 2" in out
     md, html = tmp_path / "r.md", tmp_path / "r.html"
-    argv = ["report", str(thread_runs[1]), str(thread_runs[2]), "-o", str(html)]
+    argv = ["report", str(thread_runs[1]), str(thread_runs[2]), "--out", str(html)]
     assert main([*argv, "--markdown", str(md)]) == 0
     err = capsys.readouterr().err
     assert "cbbench report: read with care: cpu threads differs (t1: 1, t2: 2)" in err
