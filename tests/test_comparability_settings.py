@@ -34,7 +34,7 @@ def thread_runs(tmp_path_factory) -> dict[int, Path]:
             mp.setenv("CBBENCH_TORCH_THREADS", str(n))
             with serve(EngineConfig(model="tiny", max_model_len=128)) as (url, _):
                 argv = ["bench", "--base-url", url, "--workload", "prompt=16,output=4",
-                        "--num-requests", "24", "--rate", "inf", "--no-live", "--seed", "1",
+                        "--num-requests", "24", "--concurrency", "4", "--no-live", "--seed", "1",
                         "--out", str(root / f"t{n}")]  # fmt: skip
                 assert main(argv) == 0
             out[n] = root / f"t{n}"
