@@ -346,7 +346,9 @@ def run_bench(
     meta = {**_run_meta(cfg, name, engine, model, len(plans)), **fit_text_prompts(cfg, plans)}
     # the batching settings the server says it runs (calibrate --from-run replays with them)
     prom = next((s.url for s in samplers if isinstance(getattr(s, "url", None), str)), None)
-    meta["target"]["server_settings"] = read_server_settings(prom, engine)
+    meta["target"]["server_settings"] = read_server_settings(
+        prom, engine, base_url=cfg.base_url, api_key=cfg.api_key
+    )
     meta["environment"]["server"] = server_identity(cfg.base_url, engine, cfg.api_key)
     if cfg.concurrency is not None:  # what --concurrency could hold: at most every request
         meta["load"]["max_in_flight"] = sum(p.concurrency or 0 for p in plans)
