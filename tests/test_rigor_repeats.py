@@ -112,3 +112,9 @@ def test_interval_of_a_figure_that_cannot_be_negative_stops_at_zero() -> None:
     assert iv is not None and iv.low == 0.0 and iv.high > iv.mean
     signed = t_interval([-1.0, 0.5, 2.0])  # a signed quantity keeps its interval
     assert signed is not None and signed.low < -1.0
+
+
+def test_relative_change_of_a_figure_that_cannot_be_negative_stops_at_minus_100_percent() -> None:
+    # p50 TTFT of two 3-repeat folders on a noisy host: the gate printed [-103.1%, +113.2%]
+    d = compare([0.0040, 0.0118, 0.0095], [0.0098, 0.0076, 0.0091], "ttft_p50")
+    assert d is not None and d.low == -1.0 and d.verdict == "cannot tell"

@@ -132,6 +132,8 @@ def compare(
     half = t_ppf(1 - (1 - confidence) / 2, max(1.0, df)) * se
     d = mb - ma
     lo, hi = d - half, d + half
+    if min(a + b) >= 0 and ma > 0:  # b's mean cannot fall below 0: a change of -103 % read
+        lo = max(lo, -ma)
     verdict = "cannot tell" if lo <= 0 <= hi else ("higher" if d > 0 else "lower")
     scale = abs(ma) if ma else 1.0
     return Difference(name, ma, mb, mb / ma if ma else math.nan, lo / scale, hi / scale, verdict)
