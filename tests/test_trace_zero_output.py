@@ -1,0 +1,42 @@
+"""Trace rows with 0 output (or 0 prompt) tokens are skipped and counted when an Azure or
+Mooncake trace loads: replayed, a request for 0 tokens got HTTP 400 ("max_tokens: Input should
+be greater than or equal to 1"), an error the trace never had, and the run exited 3."""
+
+from __future__ import annotations
+
+import json
+
+from cbbench.workloads import load_workload
+
+AZURE = """TIMESTAMP,ContextTokens,GeneratedTokens
+2024-05-10T00:00:00.0000000Z,10,0
+2024-05-10T00:00:01.0000000Z,0,5
+2024-05-10T00:00:02.0000000Z,7,5
+2024-05-10T00:00:03.0000000Z,9,4
+"""
+
+
+def test_azure_rows_no_server_can_replay_are_skipped_and_counted(tmp_path):
+    path = tmp_path / "az.csv"
+    path.write_text(AZURE)
+    wl = load_workload(str(path))
+    assert [(r.arrival_s, r.prompt_len, r.output_len) for r in wl.requests] == [
+        (0.0, 7, 5),
+        (1.0, 9, 4),
+    ]
+    assert wl.source["rows_skipped"] == {"empty_prompt": 1, "zero_output": 1}
+
+
+def test_mooncake_zero_output_row_is_skipped_and_counted(tmp_path):
+    path = tmp_path / "mc.jsonl"
+    rows = [(0, 10, 5), (5, 10, 0), (9, 12, 3)]
+    path.write_text(
+        "".join(
+            json.dumps({"timestamp": t, "input_length": i, "output_length": o}) + "\n"
+            for t, i, o in rows
+        )
+    )
+    wl = load_workload(str(path))
+    assert [r.output_len for r in wl.requests] == [5, 3]
+    assert wl.source["rows_skipped"] == {"zero_output": 1}
+    assert load_workload(str(path), num_requests=2).requests[-1].output_len == 3
