@@ -58,3 +58,14 @@ def test_unused_arrival_flag_is_refused(trace, tmp_path, capsys, flags, named):
         assert main(["workload", *action, str(trace), *flags]) == 2
         assert named in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_show_names_the_burstiness_that_reproduces_the_gaps(trace, capsys):
+    """`show` printed "burstiness (CV of gaps): 3.03" for Mooncake, which bench's --burstiness
+    (the gamma shape, 1/CV²) reads as far smoother than Poisson."""
+    assert main(["workload", "show", str(trace)]) == 0
+    out = capsys.readouterr().out
+    gaps = [4.0, 6.0]
+    cv = (sum((g - 5.0) ** 2 for g in gaps) / 2) ** 0.5 / 5.0  # 0.2
+    assert f"CV of gaps: {cv:.3f} = --burstiness {1 / cv**2:.3g}" in out
+    assert "burstiness (CV" not in out

@@ -192,10 +192,13 @@ def run_show(args: argparse.Namespace) -> int:
         return 0
     console.print(stats_table(summary))
     if summary["open_loop"]:
+        cv = summary["burstiness"]
+        # bench's --burstiness is the gamma shape K = 1/CV^2 (vLLM's), not this CV: Mooncake's
+        # CV 3.03 read as "--burstiness 3.03" replays it smoother than Poisson (CV 0.57)
+        shape = f" = --burstiness {1 / (cv * cv):.3g} (gamma shape 1/CV²)" if cv else ""
         console.print(
             f"duration: {_fmt(summary['duration_s'])} s   mean rate: "
-            f"{_fmt(summary['mean_rate'], 3)} req/s   burstiness (CV of gaps): "
-            f"{_fmt(summary['burstiness'], 3)}"
+            f"{_fmt(summary['mean_rate'], 3)} req/s   CV of gaps: {_fmt(cv, 3)}{shape}"
         )
     else:
         console.print("arrivals: none (closed loop; all at once)")
