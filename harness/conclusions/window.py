@@ -140,7 +140,8 @@ def steady_window(records: list[RequestRecord]) -> Window | None:
     if w.duration_s < MIN_WINDOW_SHARE * span:
         w.warning = (
             f"the steady window is {w.duration_s:.1f} s, {w.duration_s / span:.0%} of the run: "
-            "too little plateau to stand for the run; run longer (--num-requests, --duration)"
+            "the summary leads with a short plateau, so its figures are few; run longer "
+            "(--num-requests, --duration)"
         )
     return w
 
