@@ -40,3 +40,20 @@ def test_mooncake_zero_output_row_is_skipped_and_counted(tmp_path):
     assert [r.output_len for r in wl.requests] == [5, 3]
     assert wl.source["rows_skipped"] == {"zero_output": 1}
     assert load_workload(str(path), num_requests=2).requests[-1].output_len == 3
+
+
+def test_a_trace_run_is_named_by_the_files_base_name(tmp_path):
+    """A replay of /work/shared/traces/azure_llm_2023_conv.csv was titled and named
+    `_work_shared_traces_azure_llm_2023_conv.csv` (its whole path, slashes made `_`)."""
+    from cbbench.harness.cli import main
+    from cbbench.harness.results.run_folder import load_run
+    from cbbench.harness.servers.launcher import launch_reference_server
+
+    deep = tmp_path / "data" / "traces"
+    deep.mkdir(parents=True)
+    (deep / "az.csv").write_text(AZURE)
+    out = tmp_path / "run"
+    with launch_reference_server(model="tiny", scheduler="continuous") as srv:
+        argv = ["bench", "--base-url", srv.base_url, "--workload", str(deep / "az.csv")]
+        assert main([*argv, "--out", str(out), "--no-live"]) == 0
+    assert load_run(out).meta["name"] == "az.csv"
