@@ -318,7 +318,7 @@ def run_bench(
     cfg.workload, fitted = fit_for_server(
         cfg.workload, engine.get("max_model_len"), cfg.endpoint, cfg.base_url, model, cfg.api_key
     )
-    name = cfg.name or f"{cfg.workload.name.replace('/', '_')}"
+    name = cfg.name or cfg.workload.short_name.replace("/", "_")
     run_dir = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(Path(name).name)
     if (run_dir / "requests.jsonl").exists():
         raise CbbenchError(f"{run_dir}: already holds a run; choose another --out")
