@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from cbbench.harness.client.chunks import whole_chunks as _whole_chunks
+from cbbench.harness.client.cread import RECV
 from cbbench.harness.client.turns import LoopMarks
 
 _SIZE, _DATA, _CRLF, _TRAILER = range(4)
@@ -31,6 +32,7 @@ _ANC_SIZE = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 0
 # parsed each time, and at most HEAD_CACHE distinct heads are kept. The headers dict is
 # shared between the responses of one head: read only (`Sink.head` gets its `get`).
 HEAD_CACHE = 256
+_recv = RECV  # a socket read and its stamp in one C call (cread.py), or None: the Python lines
 _HEADS: dict[bytes, tuple[int, dict[str, str], bool, str, int]] = {}
 
 
@@ -323,6 +325,9 @@ class SockConn(Conn):
         loop.add_reader(sock.fileno(), self._readable)
 
     def _readable(self) -> None:
+        if _recv is not None:
+            self._readable_c()
+            return
         sock, stats = self.sock, self.stats
         while not self.closed:
             try:
@@ -353,6 +358,36 @@ class SockConn(Conn):
                 stats.read_delay_ns.append(now - t)
             if self.sink is not None:  # its bound may not take the stamp as exact (response.py)
                 self.sink.user_read = t is now
+            self.feed(data, t)
+            if len(data) < READ_SIZE:
+                return  # drained: spare the syscall that would say EAGAIN
+
+    def _readable_c(self) -> None:
+        """`_readable` with the read and its stamp in one C call (`cread.RECV`: the same
+        clocks, the same rule; the Python lines above stay the reference)."""
+        fd, stats = self.sock.fileno(), self.stats
+        while not self.closed:
+            try:
+                got = _recv(fd, READ_SIZE)
+            except OSError as exc:
+                self._close()
+                self._lost(exc)
+                return
+            if got is None:
+                return
+            data, t, delay = got
+            if not data:
+                self._close()
+                self._lost(None)
+                return
+            user = delay < 0
+            if user:
+                stats.user_reads += 1
+            else:
+                stats.kernel_reads += 1
+                stats.read_delay_ns.append(delay)
+            if self.sink is not None:  # its bound may not take the stamp as exact (response.py)
+                self.sink.user_read = user
             self.feed(data, t)
             if len(data) < READ_SIZE:
                 return  # drained: spare the syscall that would say EAGAIN

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 
 import httpx
-from cbbench.harness.client import cread, fast_events, http1
+from cbbench.harness.client import cread, fast_events, h1conn, http1
 from cbbench.harness.client.reply import Reply
 from cbbench.harness.client.server_timing import server_times
 from cbbench.harness.client.sse import SSEParser
@@ -135,6 +135,7 @@ def use_compiled_read(flag: bool = True) -> bool:
     global _scan, _count, _times, _first
     compiled = (cread.SCAN, cread.COUNT, cread.TIMES, cread.FIRST)
     _scan, _count, _times, _first = compiled if flag else (None,) * 4
+    h1conn._recv = cread.RECV if flag else None  # the socket read and its stamp
     return _scan is not None
 
 

@@ -25,6 +25,11 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef __linux__
+#include <errno.h>
+#include <sys/socket.h>
+#include <time.h>
+#endif
 
 #define MAX_DEPTH 64
 #define MAX_NUMBER 64
@@ -677,11 +682,85 @@ static PyObject *first(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     return Py_BuildValue("(NL)", text, c.t_send);
 }
 
+
+#ifdef __linux__
+/* recv(fd, size) -> None | (data, t, delay): one read of a non-blocking socket with its
+   receive stamp, as h1conn.SockConn._readable's Python lines do it with socket.recvmsg:
+   `now` is CLOCK_MONOTONIC after the read; where the kernel attached SO_TIMESTAMPNS
+   (CLOCK_REALTIME), t = min(now, stamp - (realtime - now)) with realtime read after now,
+   and the read is kernel-stamped when that is below now (Python's min keeps `now` on a tie:
+   a user stamp); delay = now - t then, else -1 and t = now. None: nothing to read (EAGAIN,
+   EINTR); b"" at EOF; OSError for any other error. The bytes land in one kept buffer and
+   are copied out at their size (no 256 KiB object a read). The GIL is held: the socket
+   does not block. */
+#define STAMP_OPT 35 /* SO_TIMESTAMPNS(_OLD), as h1conn.SO_TIMESTAMPNS */
+#define RECV_MAX (1 << 18)
+static char recv_buf[RECV_MAX];
+
+static PyObject *recv_stamped(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "recv(fd, size)");
+        return NULL;
+    }
+    long fd = PyLong_AsLong(args[0]);
+    if (fd == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t size = PyLong_AsSsize_t(args[1]);
+    if (size == -1 && PyErr_Occurred()) return NULL;
+    if (size <= 0 || size > RECV_MAX || fd < 0 || fd > INT_MAX) {
+        PyErr_SetString(PyExc_ValueError, "recv: fd >= 0 and 0 < size <= 262144");
+        return NULL;
+    }
+    union {
+        char buf[CMSG_SPACE(sizeof(struct timespec))];
+        struct cmsghdr align;
+    } control;
+    struct iovec iov = {recv_buf, (size_t)size};
+    struct msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.buf;
+    msg.msg_controllen = sizeof control.buf;
+    ssize_t n = recvmsg((int)fd, &msg, 0);
+    if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) Py_RETURN_NONE;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    long long now = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec, t = now, delay = -1;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == STAMP_OPT &&
+            c->cmsg_len >= CMSG_LEN(16)) {
+            long long sec, nsec;
+            memcpy(&sec, CMSG_DATA(c), 8);
+            memcpy(&nsec, CMSG_DATA(c) + 8, 8);
+            struct timespec rt;
+            clock_gettime(CLOCK_REALTIME, &rt);
+            long long real = (long long)rt.tv_sec * 1000000000LL + rt.tv_nsec;
+            long long k = sec * 1000000000LL + nsec - (real - now);
+            if (k < now) {
+                t = k;
+                delay = now - k;
+            }
+            break;
+        }
+    }
+    PyObject *data = PyBytes_FromStringAndSize(recv_buf, n);
+    if (data == NULL) return NULL;
+    return Py_BuildValue("(NLL)", data, t, delay);
+}
+#endif
+
 static PyMethodDef methods[] = {
     {"count", (PyCFunction)(void (*)(void))count, METH_FASTCALL,
      "count(events, start, sends, t) -> the common chunks from events[start] on"},
     {"first", (PyCFunction)(void (*)(void))first, METH_FASTCALL,
      "first(event) -> None | (text, t_send_ns | None): a common chunk's answer-field text"},
+#ifdef __linux__
+    {"recv", (PyCFunction)(void (*)(void))recv_stamped, METH_FASTCALL,
+     "recv(fd, size) -> None | (data, t_ns, delay_ns or -1): one stamped socket read"},
+#endif
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
      "scan(data, decode, sends, t) -> None | (last, payload, n_common, ascii)"},
     {"times", (PyCFunction)(void (*)(void))times, METH_FASTCALL,
