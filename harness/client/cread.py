@@ -135,6 +135,7 @@ SCAN: Callable | None = _module.scan if _module is not None else None  # one rea
 COUNT: Callable | None = _module.count if _module is not None else None  # common chunks
 TIMES: Callable | None = _module.times if _module is not None else None  # token times, gaps
 FIRST: Callable | None = _module.first if _module is not None else None  # an answer's text
+LAST: Callable | None = _module.last if _module is not None else None  # the finish chunk
 # a socket read with its receive stamp (Linux: SO_TIMESTAMPNS), else None
 RECV: Callable | None = getattr(_module, "recv", None) if _module is not None else None
 

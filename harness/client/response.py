@@ -125,6 +125,7 @@ _scan = cread.SCAN  # the compiled read path (framing, SSE split, common chunks)
 _count = cread.COUNT  # its common-chunk count over a list of events
 _times = cread.TIMES  # finish's token times and gaps in one C call (= spread + the loops)
 _first = cread.FIRST  # a common chunk's answer-field text, before the answer began
+_last = cread.LAST  # the finish chunk: `first`'s, with a finish reason and a `cbbench` object
 _second = operator.itemgetter(1)
 _decode = True  # the compiled path decodes the common chunk (off: use_stdlib_json)
 
@@ -132,9 +133,9 @@ _decode = True  # the compiled path decodes the common chunk (off: use_stdlib_js
 def use_compiled_read(flag: bool = True) -> bool:
     """Read chunked bodies through the compiled path (when built) or not (tests of both
     paths, comparisons); whether it is in use now."""
-    global _scan, _count, _times, _first
-    compiled = (cread.SCAN, cread.COUNT, cread.TIMES, cread.FIRST)
-    _scan, _count, _times, _first = compiled if flag else (None,) * 4
+    global _scan, _count, _times, _first, _last
+    compiled = (cread.SCAN, cread.COUNT, cread.TIMES, cread.FIRST, cread.LAST)
+    _scan, _count, _times, _first, _last = compiled if flag else (None,) * 5
     h1conn._recv = cread.RECV if flag else None  # the socket read and its stamp
     return _scan is not None
 
@@ -277,6 +278,7 @@ class Response:
         # the compiled decode of a common chunk's text (`cread.first`): the classifier's
         # input without orjson and _apply; a session keeps the dict, an adapter rewrites it
         first = _first if _decode and reply is None and self.adapter is None else None
+        last = _last if first is not None else None  # the finish chunk, likewise
         n_events = len(events)
         while i < n_events:
             data = events[i]
@@ -288,6 +290,20 @@ class Response:
             if got is not None:  # a common chunk before the answer began: what _apply does
                 kinds.n += one_ids - synced  # with it (one token id, the classifier told its
                 synced = one_ids  # text), without the dict
+                state["ids_total"] = state.get("ids_total", 0) + 1
+                kinds.tokens(1, *kinds.content(got[0]))
+                k_read += 1
+                if first_at < 0:
+                    first_at = base + i - 1
+                if sends is not None and got[1] is not None:
+                    sends.append((t, got[1]))
+            elif last is not None and (got := last(data)) is not None:
+                kinds.n += one_ids - synced  # the finish chunk: what _apply does with it
+                synced = one_ids  # (its `cbbench` object, finish reason, one token id, the
+                if got[3] is not None:  # classifier told its text), without the dict
+                    state["cbbench"] = parse_json(got[3])
+                if got[2] is not None:
+                    state["finish"] = got[2]
                 state["ids_total"] = state.get("ids_total", 0) + 1
                 kinds.tokens(1, *kinds.content(got[0]))
                 k_read += 1

@@ -349,8 +349,10 @@ typedef struct {
     unsigned seen;
     long long id;
     int message, delta_obj; /* a `message` key; `delta` was an object (its keys in `delta`) */
+    int tail;               /* `last`: a finish reason may be a string (kept in `reason`) */
     Text text;
     Delta delta;
+    Text reason;
 } Choice;
 
 static int choice_field(J *j, cp key, Py_ssize_t n, void *ctx) {
@@ -381,6 +383,7 @@ static int choice_field(J *j, cp key, Py_ssize_t n, void *ctx) {
         c->delta_obj = 1;
         return object(j, delta_field, &c->delta);
     }
+    if (bit == 2 && c->tail && j->p < j->e && *j->p == '"') return text_value(j, &c->reason);
     return is_null(j);
 }
 
@@ -388,6 +391,9 @@ typedef struct {
     unsigned seen;
     long long t_send;
     int state_keys; /* `metrics` or `timings`: _apply keeps them (first) */
+    int tail;       /* `last`: a `cbbench` object is taken (its bytes in cb, cb_n) */
+    cp cb;
+    Py_ssize_t cb_n;
     Choice choice;
 } Chunk;
 
@@ -397,8 +403,13 @@ static int chunk_field(J *j, cp key, Py_ssize_t n, void *ctx) {
     if (KEY("choices")) bit = 1;
     else if (KEY("usage")) bit = 2;
     else if (KEY("t_send_ns")) bit = 4;
-    else if (KEY("cbbench")) return -1;
-    else if (KEY("metrics") || KEY("timings")) {
+    else if (KEY("cbbench")) {
+        if (!c->tail || c->cb != NULL || j->p >= j->e || *j->p != '{') return -1;
+        c->cb = j->p;
+        if (skip_value(j, 1)) return -1;
+        c->cb_n = j->p - c->cb;
+        return 0;
+    } else if (KEY("metrics") || KEY("timings")) {
         c->state_keys = 1;
         return skip_value(j, 1);
     } else return skip_value(j, 1);
@@ -411,6 +422,7 @@ static int chunk_field(J *j, cp key, Py_ssize_t n, void *ctx) {
     ws(j);
     Choice *ch = &c->choice;
     memset(ch, 0, sizeof(*ch));
+    ch->tail = c->tail;
     if (object(j, choice_field, ch) || !(ch->seen & 1)) return -1;
     ws(j);
     if (j->p >= j->e || *j->p != ']') return -1;
@@ -418,14 +430,17 @@ static int chunk_field(J *j, cp key, Py_ssize_t n, void *ctx) {
     return 0;
 }
 
-static int parse_chunk(cp p, Py_ssize_t n, Chunk *c) {
+static int parse_chunk_as(cp p, Py_ssize_t n, Chunk *c, int tail) {
     J j = {p, p + n};
     memset(c, 0, sizeof(*c));
+    c->tail = tail;
     ws(&j);
     if (object(&j, chunk_field, c) || !(c->seen & 1)) return 0;
     ws(&j);
     return j.p == j.e;
 }
+
+static int parse_chunk(cp p, Py_ssize_t n, Chunk *c) { return parse_chunk_as(p, n, c, 0); }
 
 /* the common chunk: 1 (t_send_ns in *t_send when *has_send), 0 not it */
 static int common(cp p, Py_ssize_t n, long long *t_send, int *has_send) {
@@ -752,9 +767,56 @@ static PyObject *recv_stamped(PyObject *self, PyObject *const *args, Py_ssize_t 
 }
 #endif
 
+/* last(event) -> None | (text, t_send_ns or None, finish_reason or None, cbbench or None):
+   a stream's finish chunk, which `first` and `count` refuse: the common chunk (as `first`
+   reads it: one token id, the answer-field text, no `metrics`, `timings` or `message`) with
+   a finish reason that is a plain non-empty string and/or a `cbbench` object (its bytes, for
+   the caller's JSON decode). None for anything else, and for the common chunk itself (no
+   finish reason, no `cbbench`: the counted paths take it). What _apply does with such an
+   event is what it does with `first`'s, plus `finish` and `cbbench` in the state. */
+static PyObject *last(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1 || !PyBytes_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "last(event: bytes)");
+        return NULL;
+    }
+    Chunk c;
+    if (!parse_chunk_as((cp)PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]), &c, 1) ||
+        c.state_keys || c.choice.message)
+        Py_RETURN_NONE;
+    Choice *ch = &c.choice;
+    Text *r = &ch->reason;
+    if (r->kind == 2 || (r->kind == 1 && r->n == 0) || (r->kind == 0 && c.cb == NULL))
+        Py_RETURN_NONE;
+    Text *t = ch->delta_obj && ch->delta.keys > 0 ? &ch->delta.content : &ch->text;
+    if (t->kind != 1 || t->twice || t->n == 0) Py_RETURN_NONE;
+    PyObject *out = PyTuple_New(4);
+    if (out == NULL) return NULL;
+    PyObject *v = PyUnicode_DecodeUTF8((const char *)t->s, t->n, "strict");
+    if (v == NULL) goto fail;
+    PyTuple_SET_ITEM(out, 0, v);
+    if (c.seen & 4) {
+        if ((v = PyLong_FromLongLong(c.t_send)) == NULL) goto fail;
+    } else v = Py_NewRef(Py_None);
+    PyTuple_SET_ITEM(out, 1, v);
+    if (r->kind == 1) {
+        if ((v = PyUnicode_DecodeUTF8((const char *)r->s, r->n, "strict")) == NULL) goto fail;
+    } else v = Py_NewRef(Py_None);
+    PyTuple_SET_ITEM(out, 2, v);
+    if (c.cb != NULL) {
+        if ((v = PyBytes_FromStringAndSize((const char *)c.cb, c.cb_n)) == NULL) goto fail;
+    } else v = Py_NewRef(Py_None);
+    PyTuple_SET_ITEM(out, 3, v);
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"count", (PyCFunction)(void (*)(void))count, METH_FASTCALL,
      "count(events, start, sends, t) -> the common chunks from events[start] on"},
+    {"last", (PyCFunction)(void (*)(void))last, METH_FASTCALL,
+     "last(event) -> None | (text, t_send_ns | None, finish_reason | None, cbbench | None)"},
     {"first", (PyCFunction)(void (*)(void))first, METH_FASTCALL,
      "first(event) -> None | (text, t_send_ns | None): a common chunk's answer-field text"},
 #ifdef __linux__
