@@ -97,6 +97,29 @@ LAST_SHAPES = [
     b'{"choices":[{"token_ids":[4],"text":"","finish_reason":"stop"}]}',
     b'{"choices":[{"token_ids":[4,5],"text":"a","finish_reason":"stop"}]}',
 ]
+# the usage chunks `cread.usage` decides (the first four), and what it leaves to Python
+USAGE_SHAPES = [
+    b'{"id": "fake", "choices": [], "usage": {"prompt_tokens": 16, "completion_tokens": 16}}',
+    b'{"choices":[ ],"usage":{"prompt_tokens":null,"total_tokens":3,"x":{"y":[1]}},"t_send_ns":2}',
+    b'{"usage":{"completion_tokens":-4},"choices":[]}',
+    b'{"choices":[],"usage":{"prompt_tokens":9223372036854775807}}',
+    b'{"choices":[],"usage":{}}',
+    b'{"choices":[],"usage":null}',
+    b'{"choices":[],"usage":{"prompt_tokens":1,"prompt_tokens":2}}',
+    b'{"choices":[],"usage":{"prompt_tokens":1.0}}',
+    b'{"choices":[],"usage":{"prompt_tokens":"1"}}',
+    b'{"choices":[],"usage":{"prompt_tokens":9223372036854775808}}',
+    b'{"choices":[],"usage":{"prompt_tokens":1,"prompt_tokens_details":{"cached_tokens":1}}}',
+    b'{"choices":[],"usage":{"completion_tokens":3,"completion_tokens_details":null}}',
+    b'{"choices":[],"usage":{"prompt_tokens":1},"cbbench":{"q":1}}',
+    b'{"choices":[],"usage":{"prompt_tokens":1},"error":"x"}',
+    b'{"choices":[],"usage":{"prompt_tokens":1},"metrics":{}}',
+    b'{"choices":[],"choices":[],"usage":{"prompt_tokens":1}}',
+    b'{"choices":[{"token_ids":[1]}],"usage":{"prompt_tokens":1}}',
+    b'{"usage":{"prompt_tokens":1}}',
+    b'{"choices":[],"usage":{"prompt_tokens":1}',
+    b'{"choices":[],"us\\u0061ge":{"prompt_tokens":1}}',
+]
 OTHER = st.sampled_from(
     [
         b"[DONE]",
@@ -139,6 +162,7 @@ OTHER = st.sampled_from(
         b"",
         *FIRST_SHAPES,
         *LAST_SHAPES,
+        *USAGE_SHAPES,
     ]
 )
 EVENT = st.one_of(COMMON, COMMON, COMMON, OTHER)
@@ -381,6 +405,44 @@ def test_last_takes_the_finish_chunks_and_refuses_the_rest():
     assert takes[1] == (" a", 3, "stop", None)
     for event in LAST_SHAPES[7:] + [SERVER + b"}", SERVER + b', "t_send_ns": 1}']:
         assert cread.LAST(event) is None, event
+
+
+@settings(max_examples=300, deadline=None)
+@given(EVENT, st.sampled_from(BEFORE))
+def test_usage_is_what_apply_does_with_the_usage_chunk(event, before):
+    """`cread.usage` takes an event only where what `_events` then does (the prompt and
+    completion counts into the state, no token) is what orjson + `_apply` do with it."""
+    require_compiled()
+    got = cread.USAGE(event)
+    try:
+        obj = json.loads(event)
+    except ValueError:
+        assert got is None
+        return
+    if got is None:
+        return
+    states = []
+    for path in ("apply", "usage"):
+        state: dict = {"usage_out": 1}  # an earlier usage (vLLM's continuous usage)
+        kinds = StreamKinds("auto")
+        for e in before:
+            response._apply(json.loads(e), state, True, kinds)
+        if path == "apply":
+            assert response._apply(obj, state, True, kinds) == 0
+        else:
+            state["usage_prompt"] = got[0]
+            if got[1] is not None:
+                state["usage_out"] = got[1]
+        states.append((state, _kinds(kinds)))
+    assert states[0] == states[1]
+
+
+def test_usage_takes_the_usage_chunks_and_refuses_the_rest():
+    require_compiled()
+    want = [(16, 16), (None, None), (None, -4), (2**63 - 1, None)]
+    assert [cread.USAGE(e) for e in USAGE_SHAPES[:4]] == want
+    for event in USAGE_SHAPES[4:]:
+        assert cread.USAGE(event) is None, event
 
 
 def test_first_refuses_what_it_cannot_decide_alone():

@@ -136,6 +136,7 @@ COUNT: Callable | None = _module.count if _module is not None else None  # commo
 TIMES: Callable | None = _module.times if _module is not None else None  # token times, gaps
 FIRST: Callable | None = _module.first if _module is not None else None  # an answer's text
 LAST: Callable | None = _module.last if _module is not None else None  # the finish chunk
+USAGE: Callable | None = _module.usage if _module is not None else None  # the usage chunk
 # a socket read with its receive stamp (Linux: SO_TIMESTAMPNS), else None
 RECV: Callable | None = getattr(_module, "recv", None) if _module is not None else None
 

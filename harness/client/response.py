@@ -126,6 +126,7 @@ _count = cread.COUNT  # its common-chunk count over a list of events
 _times = cread.TIMES  # finish's token times and gaps in one C call (= spread + the loops)
 _first = cread.FIRST  # a common chunk's answer-field text, before the answer began
 _last = cread.LAST  # the finish chunk: `first`'s, with a finish reason and a `cbbench` object
+_usage_c = cread.USAGE  # the usage chunk: no choices, the usage's token counts
 _second = operator.itemgetter(1)
 _decode = True  # the compiled path decodes the common chunk (off: use_stdlib_json)
 
@@ -133,9 +134,9 @@ _decode = True  # the compiled path decodes the common chunk (off: use_stdlib_js
 def use_compiled_read(flag: bool = True) -> bool:
     """Read chunked bodies through the compiled path (when built) or not (tests of both
     paths, comparisons); whether it is in use now."""
-    global _scan, _count, _times, _first, _last
-    compiled = (cread.SCAN, cread.COUNT, cread.TIMES, cread.FIRST, cread.LAST)
-    _scan, _count, _times, _first, _last = compiled if flag else (None,) * 5
+    global _scan, _count, _times, _first, _last, _usage_c
+    compiled = (cread.SCAN, cread.COUNT, cread.TIMES, cread.FIRST, cread.LAST, cread.USAGE)
+    _scan, _count, _times, _first, _last, _usage_c = compiled if flag else (None,) * 6
     h1conn._recv = cread.RECV if flag else None  # the socket read and its stamp
     return _scan is not None
 
@@ -279,6 +280,7 @@ class Response:
         # input without orjson and _apply; a session keeps the dict, an adapter rewrites it
         first = _first if _decode and reply is None and self.adapter is None else None
         last = _last if first is not None else None  # the finish chunk, likewise
+        usage = _usage_c if first is not None else None  # and the usage chunk
         n_events = len(events)
         while i < n_events:
             data = events[i]
@@ -311,6 +313,12 @@ class Response:
                     first_at = base + i - 1
                 if sends is not None and got[1] is not None:
                     sends.append((t, got[1]))
+            elif usage is not None and (got := usage(data)) is not None:
+                kinds.n += one_ids - synced  # the usage chunk: what _apply (_usage) does
+                synced = one_ids  # with it; no token
+                state["usage_prompt"] = got[0]
+                if got[1] is not None:
+                    state["usage_out"] = got[1]
             else:
                 if fast is not None:
                     try:

@@ -812,11 +812,89 @@ fail:
     return NULL;
 }
 
+/* usage(event) -> None | (prompt_tokens or None, completion_tokens or None): the stream's
+   usage chunk (`choices` an empty array, `usage` a non-empty object), as _apply folds it
+   (_usage: `prompt_tokens` and `completion_tokens` each an integer, null or absent; no
+   `*_tokens_details`, which _usage reads), with no `error`, `cbbench`, `metrics` or
+   `timings` key (_apply keeps or raises on those) and no recognised key given twice. None
+   for anything else: the Python path decides it. Such an event carries no token. */
+typedef struct {
+    unsigned seen;
+    long long v[2];
+    int has[2]; /* the value was an integer (else null or absent) */
+    Py_ssize_t keys;
+} Usage;
+
+static int usage_field(J *j, cp key, Py_ssize_t n, void *ctx) {
+    Usage *u = ctx;
+    int i;
+    u->keys++;
+    if (KEY("prompt_tokens")) i = 0;
+    else if (KEY("completion_tokens")) i = 1;
+    else if (KEY("prompt_tokens_details") || KEY("completion_tokens_details")) return -1;
+    else return skip_value(j, 2);
+    if (u->seen & (1u << i)) return -1;
+    u->seen |= 1u << i;
+    if (j->p < j->e && *j->p == 'n') return is_null(j);
+    u->has[i] = 1;
+    return integer(j, 1, &u->v[i]);
+}
+
+typedef struct {
+    unsigned seen;
+    Usage usage;
+} UsageChunk;
+
+static int usage_chunk_field(J *j, cp key, Py_ssize_t n, void *ctx) {
+    UsageChunk *c = ctx;
+    unsigned bit;
+    if (KEY("choices")) bit = 1;
+    else if (KEY("usage")) bit = 2;
+    else if (KEY("error") || KEY("cbbench") || KEY("metrics") || KEY("timings")) return -1;
+    else return skip_value(j, 1);
+    if (c->seen & bit) return -1;
+    c->seen |= bit;
+    if (bit == 2) return object(j, usage_field, &c->usage);
+    if (j->p >= j->e || *j->p != '[') return -1;
+    j->p++;
+    ws(j);
+    if (j->p >= j->e || *j->p != ']') return -1;
+    j->p++;
+    return 0;
+}
+
+static PyObject *usage(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1 || !PyBytes_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "usage(event: bytes)");
+        return NULL;
+    }
+    UsageChunk c;
+    memset(&c, 0, sizeof c);
+    J j = {(cp)PyBytes_AS_STRING(args[0]), (cp)PyBytes_AS_STRING(args[0]) + PyBytes_GET_SIZE(args[0])};
+    ws(&j);
+    if (object(&j, usage_chunk_field, &c) || c.seen != 3 || c.usage.keys == 0) Py_RETURN_NONE;
+    ws(&j);
+    if (j.p != j.e) Py_RETURN_NONE;
+    PyObject *out = PyTuple_New(2);
+    if (out == NULL) return NULL;
+    for (int i = 0; i < 2; i++) {
+        PyObject *v = c.usage.has[i] ? PyLong_FromLongLong(c.usage.v[i]) : Py_NewRef(Py_None);
+        if (v == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, i, v);
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"count", (PyCFunction)(void (*)(void))count, METH_FASTCALL,
      "count(events, start, sends, t) -> the common chunks from events[start] on"},
     {"last", (PyCFunction)(void (*)(void))last, METH_FASTCALL,
      "last(event) -> None | (text, t_send_ns | None, finish_reason | None, cbbench | None)"},
+    {"usage", (PyCFunction)(void (*)(void))usage, METH_FASTCALL,
+     "usage(event) -> None | (prompt_tokens | None, completion_tokens | None)"},
     {"first", (PyCFunction)(void (*)(void))first, METH_FASTCALL,
      "first(event) -> None | (text, t_send_ns | None): a common chunk's answer-field text"},
 #ifdef __linux__
