@@ -1,6 +1,9 @@
 """The raw client's compiled read path (`csrc/cread.c`): one C call per socket read does the
 chunked framing, the SSE split and the common chunk's decode that `chunks.py`, `sse.py` and
 `fast_events.py` do in Python (`Response.read_chunked` calls it; docs/performance.md).
+The same module reads a socket with its kernel stamp (`recv`, for `SockConn._readable`) and
+decodes a stream's first, finish and usage chunks (`first`, `last`, `usage`) as `_apply`
+would fold them (`Response._events`).
 
 Built like the CPU kernels: compiled once per source and interpreter with the C compiler
 (`CC`, else Python's, else `cc`), cached in `CBBENCH_KERNEL_DIR` (else `~/.cache/cbbench`)
