@@ -11,7 +11,7 @@ import socket
 import time
 
 import pytest
-from cbbench.harness.client import cread, h1conn, response
+from cbbench.harness.client import cread, h1conn, response, stamped
 from cbbench.harness.client.h1conn import SO_TIMESTAMPNS, PoolStats, SockConn
 from read_paths import require_compiled
 
@@ -63,8 +63,8 @@ def _read_both(payloads: list[bytes], stamps: bool, gap_s: float):
             lst, cli, srv = _pair(stamps)
             conn = Reads(cli, loop)
             sent = []
-            saved = h1conn._recv
-            h1conn._recv = recv
+            saved = stamped._recv
+            stamped._recv = recv
             try:
                 for p in payloads:
                     before = time.monotonic_ns()
@@ -73,7 +73,7 @@ def _read_both(payloads: list[bytes], stamps: bool, gap_s: float):
                     time.sleep(gap_s)
                     conn._readable()
             finally:
-                h1conn._recv = saved
+                stamped._recv = saved
                 conn.abort()
                 srv.close()
                 lst.close()
@@ -147,8 +147,8 @@ def test_a_reset_or_closed_connection_is_lost_on_both_paths(compiled):
     if compiled:
         require_compiled()
     loop = asyncio.new_event_loop()
-    saved = h1conn._recv
-    h1conn._recv = cread.RECV if compiled else None
+    saved = stamped._recv
+    stamped._recv = cread.RECV if compiled else None
     try:
         lst, cli, srv = _pair()
         conn = Reads(cli, loop)
@@ -169,7 +169,7 @@ def test_a_reset_or_closed_connection_is_lost_on_both_paths(compiled):
         assert len(conn.lost) == 1 and isinstance(conn.lost[0], OSError)
         lst.close()
     finally:
-        h1conn._recv = saved
+        stamped._recv = saved
         loop.close()
 
 
@@ -177,7 +177,7 @@ def test_the_switch_turns_the_compiled_read_off_and_on():
     require_compiled()
     try:
         response.use_compiled_read(False)
-        assert h1conn._recv is None
+        assert stamped._recv is None
     finally:
         response.use_compiled_read(True)
-    assert h1conn._recv is cread.RECV
+    assert stamped._recv is cread.RECV

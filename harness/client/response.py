@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 
 import httpx
-from cbbench.harness.client import cread, fast_events, h1conn, http1
+from cbbench.harness.client import cread, fast_events, http1, stamped
 from cbbench.harness.client.reply import Reply
 from cbbench.harness.client.server_timing import server_times
 from cbbench.harness.client.sse import SSEParser
@@ -137,7 +137,7 @@ def use_compiled_read(flag: bool = True) -> bool:
     global _scan, _count, _times, _first, _last, _usage_c
     compiled = (cread.SCAN, cread.COUNT, cread.TIMES, cread.FIRST, cread.LAST, cread.USAGE)
     _scan, _count, _times, _first, _last, _usage_c = compiled if flag else (None,) * 6
-    h1conn._recv = cread.RECV if flag else None  # the socket read and its stamp
+    stamped._recv = cread.RECV if flag else None  # the socket read and its stamp
     return _scan is not None
 
 
