@@ -77,6 +77,9 @@ def test_client_bound_from_loop_lag_and_send_lag():
     s = summarize(recs, 2.0, client={"loop_lag_s": [0.05] * 10, "cpu": [0.2]})
     assert s["client_bound"] and "event-loop lag" in s["client_bound_reason"]
     recs[1].send_lag_s = 0.5
+    assert summarize(recs, 2.0)["client_bound"] is False  # one late send is no verdict
+    for r in recs:  # every scheduled send (3, SUSTAINED_MIN_SAMPLES) late
+        r.scheduled_s, r.send_lag_s = 0.0, 0.5
     s = summarize(recs, 2.0)
     assert s["client_bound"] and "send lag" in s["client_bound_reason"]
 

@@ -81,9 +81,11 @@ def _write_run(folder, run: ObservedRun, settings: dict) -> None:
 
 
 def test_cli_from_run_writes_a_hardware_json_sim_and_plan_read(tmp_path, capsys):
-    _write_run(tmp_path / "a1", measured(1.0, 30, 4), {"max_num_seqs": 8})
-    _write_run(tmp_path / "a2", measured(3.0, 30, 5), {"max_num_seqs": 8})
-    _write_run(tmp_path / "b", measured(2.0, 20, 6), {"max_num_seqs": 8})
+    # a reference engine's run records its torch threads: kept with the fit, not replayed
+    recorded = {"max_num_seqs": 8, "cpu_threads": 2}
+    _write_run(tmp_path / "a1", measured(1.0, 30, 4), recorded)
+    _write_run(tmp_path / "a2", measured(3.0, 30, 5), recorded)
+    _write_run(tmp_path / "b", measured(2.0, 20, 6), recorded)
     out = tmp_path / "fit.json"
     assert main(["calibrate", "--from-run", str(tmp_path / "a1"), str(tmp_path / "a2"),
                  "--server-config", "max_num_batched_tokens=256", "--check-run",
@@ -92,7 +94,8 @@ def test_cli_from_run_writes_a_hardware_json_sim_and_plan_read(tmp_path, capsys)
     assert "held back" in text and "check: b" in text and "not identified: KV capacity" in text
     spec = get_hardware(str(out))
     assert spec.fit["method"] == "from-run" and spec.fit["model"] == "small"
-    assert spec.fit["server_settings"] == {"max_num_seqs": 8, "max_num_batched_tokens": 256}
+    assert spec.fit["server_settings"] == {"max_num_seqs": 8, "max_num_batched_tokens": 256,
+                                           "cpu_threads": 2}  # fmt: skip
     assert set(spec.fit["measured_error"]) >= {"ttft_mean", "tpot_mean", "e2e_mean"}
     assert spec.linear["c0"] == pytest.approx(TRUTH["c0"], rel=0.15)
     assert main(["sim", "--hardware", str(out), "--model", "small", "--workload",

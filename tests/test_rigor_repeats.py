@@ -104,3 +104,17 @@ def test_intervals_of_5_repeats_cover_the_true_mean_in_9_of_10_seeded_trials(tmp
         iv = index["aggregate"]["ttft_mean"]
         covered += iv["low"] <= ttft <= iv["high"]  # the server's mean TTFT: E[speed] = 1
     assert covered >= 9
+
+
+def test_interval_of_a_figure_that_cannot_be_negative_stops_at_zero() -> None:
+    # three noisy repeats of a p99 TTFT (ms): mean 21.3, t(0.975, 2) * s / sqrt(3) = 27
+    iv = t_interval([0.0078, 0.0214, 0.0346])
+    assert iv is not None and iv.low == 0.0 and iv.high > iv.mean
+    signed = t_interval([-1.0, 0.5, 2.0])  # a signed quantity keeps its interval
+    assert signed is not None and signed.low < -1.0
+
+
+def test_relative_change_of_a_figure_that_cannot_be_negative_stops_at_minus_100_percent() -> None:
+    # p50 TTFT of two 3-repeat folders on a noisy host: the gate printed [-103.1%, +113.2%]
+    d = compare([0.0040, 0.0118, 0.0095], [0.0098, 0.0076, 0.0091], "ttft_p50")
+    assert d is not None and d.low == -1.0 and d.verdict == "cannot tell"

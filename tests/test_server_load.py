@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import openai
@@ -215,9 +216,6 @@ def test_engine_failure_ends_streams_with_an_error_and_health_turns_503():
         assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down"
 
 
-# serial: A's 300 tokens must outlast B's and C's arrivals, a race between two processes' CPU
-# time that a busy neighbour core lost once (waiting never reached 2)
-@pytest.mark.serial
 def test_priority_field_orders_waiting_requests():
     # One sequence at a time: while A runs, B (priority 5) and then C (priority -5) wait;
     # C is admitted first although it arrived later.
@@ -226,36 +224,57 @@ def test_priority_field_orders_waiting_requests():
         max_model_len=512,
         continuous=ContinuousConfig(max_num_seqs=1, max_num_batched_tokens=512, policy="priority"),
     )
-    with serve(config) as (url, _):
-        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    with serve(config) as (url, stack):
+        # A is held after its first step until B and C both wait, so the order is the
+        # scheduler's, not a race between A's decode and their arrival (which a busy core
+        # lost once: A's 300 tokens finished before C came). Bounded: after 20 s it steps on.
+        engine, sched = stack.engine.engine, stack.engine.engine.scheduler
+        real_step, released, deadline = engine.step, [], time.monotonic() + 20
 
-        async def ask(priority: int, max_tokens: int) -> dict:
-            r = await client.completions.create(
-                model="tiny",
-                prompt=[5, 6, 7],
-                max_tokens=max_tokens,
-                extra_body={"ignore_eos": True, "priority": priority},
-            )
-            return r.model_extra["cbbench"]
+        def held_step():
+            if not released and sched.num_running >= 1 and time.monotonic() < deadline:
+                if sched.num_waiting < 2:
+                    time.sleep(0.001)  # not stepping: the engine loop takes B's and C's adds
+                    return []
+                released.append(True)
+            return real_step()
 
-        async def until(name: str, at_least: float) -> None:
-            for _ in range(2000):  # bounded: ~10 s
-                if scrape(url)[name] >= at_least:
-                    return
-                await asyncio.sleep(0.005)
-            raise AssertionError(f"{name} never reached {at_least}")
+        engine.step = held_step
 
-        async def main() -> tuple[dict, dict, dict]:
-            a = asyncio.ensure_future(ask(0, 300))  # long: B and C arrive while it runs
-            await until("vllm:num_requests_running", 1)
-            b = asyncio.ensure_future(ask(5, 2))
-            await until("vllm:num_requests_waiting", 1)
-            c = asyncio.ensure_future(ask(-5, 2))
-            await until("vllm:num_requests_waiting", 2)
-            return await a, await b, await c
+        async def main() -> tuple[list[str], dict[str, dict]]:
+            async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="x",
+                                          max_retries=0) as client:  # fmt: skip
+                done: list[str] = []
 
-        a, b, c = asyncio.run(main())
-        assert a["queue_time_s"] < c["queue_time_s"] < b["queue_time_s"]
+                async def ask(name: str, priority: int) -> dict:
+                    r = await client.completions.create(
+                        model="tiny",
+                        prompt=[5, 6, 7],
+                        max_tokens=20,
+                        extra_body={"ignore_eos": True, "priority": priority},
+                    )
+                    done.append(name)
+                    return r.model_extra["cbbench"]
+
+                async def until(name: str, at_least: float) -> None:
+                    for _ in range(2000):  # bounded: ~10 s
+                        if scrape(url)[name] >= at_least:
+                            return
+                        await asyncio.sleep(0.005)
+                    raise AssertionError(f"{name} never reached {at_least}")
+
+                a = asyncio.ensure_future(ask("A", 0))
+                await until("vllm:num_requests_running", 1)
+                b = asyncio.ensure_future(ask("B", 5))
+                await until("vllm:num_requests_waiting", 1)  # B waits before C is sent
+                c = asyncio.ensure_future(ask("C", -5))
+                info = {"A": await a, "B": await b, "C": await c}
+                return done, info
+
+        done, info = asyncio.run(main())
+        assert released, "B and C never both waited while A ran"
+        assert done == ["A", "C", "B"]  # one at a time: finished in the order admitted
+        assert info["A"]["queue_time_s"] < info["C"]["queue_time_s"] < info["B"]["queue_time_s"]
 
 
 def test_gauges_are_current_when_the_client_gets_its_last_token(server):

@@ -56,6 +56,10 @@ def test_fit_durations_sum_to_the_traced_run():
     steps = sum(len(f.requests) for f in fit_workloads(0.05))
     assert len(cal.works) >= steps  # at least one step per request (its prefill)
     assert sum(cal.predicted_s) == pytest.approx(sum(cal.measured_s), rel=0.02)
+    # the range it measured, which `plan` marks configurations beyond (planning/extrapolation)
+    assert cal.spec.fit["measured_steps"] == {
+        "max_tokens": max(w.num_tokens for w in cal.works),
+        "max_seqs": max(w.num_seqs for w in cal.works), "steps": len(cal.works)}  # fmt: skip
 
 
 def test_traced_clock_idles_virtually_and_rejects_bad_clocks():

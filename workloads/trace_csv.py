@@ -4,6 +4,7 @@ Azure: `TIMESTAMP` (wall clock such as `2023-11-16 18:15:46.6805900`, 100 ns dig
 and a `+00:00`/`Z` suffix are accepted), `ContextTokens`, `GeneratedTokens`.
 BurstGPT: `Timestamp` (seconds), `Model`, `Request tokens`, `Response tokens`, `Total tokens`,
 `Log Type`; failed requests (0 response tokens) are dropped by default and counted.
+Azure rows with 0 generated (or 0 context) tokens are skipped and counted (`replayable`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from cbbench.workloads.tracefile import (
     open_text,
     parse_length,
     parse_seconds,
+    replayable,
 )
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -124,11 +126,13 @@ def read_azure(path: str | Path, skipped: Counter) -> Iterator[TraceRow]:
             except ValueError:
                 raise WorkloadError(f"{where}: bad timestamp in TIMESTAMP: {row[i_ts]!r}") from None
             first_ns = ns if first_ns is None else first_ns
-            yield TraceRow(
+            out = TraceRow(
                 arrival_s=(ns - first_ns) / 1e9,
                 prompt_len=parse_length(row[i_ctx], "ContextTokens", where),
                 output_len=parse_length(row[i_gen], "GeneratedTokens", where),
             )
+            if replayable(out, skipped):
+                yield out
 
 
 def read_burstgpt(

@@ -18,6 +18,7 @@ from cbbench.workloads.tracefile import (
     open_text,
     parse_length,
     parse_seconds,
+    replayable,
 )
 
 MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
@@ -53,9 +54,11 @@ def read_mooncake(path: str | Path, skipped: Counter) -> Iterator[TraceRow]:
         for key in MOONCAKE_KEYS:
             if key not in obj:
                 raise WorkloadError(f"{where}: missing column '{key}'")
-        yield TraceRow(
+        row = TraceRow(
             arrival_s=parse_seconds(obj["timestamp"], "timestamp", where, scale=1e-3),
             prompt_len=parse_length(obj["input_length"], "input_length", where),
             output_len=parse_length(obj["output_length"], "output_length", where),
             prefix_ids=parse_ids(obj.get("hash_ids", []), "hash_ids", where),
         )
+        if replayable(row, skipped):  # 0 output or input tokens: skipped, counted
+            yield row

@@ -88,6 +88,18 @@ def parse_length(value: object, column: str, where: str) -> int:
     return n
 
 
+def replayable(row: TraceRow, skipped: Counter) -> bool:
+    """False, and counted, for a row no server can replay: 0 output tokens (`max_tokens` 0 is
+    refused with HTTP 400, an error the trace did not have) or an empty prompt."""
+    if row.output_len == 0:
+        skipped["zero_output"] += 1
+        return False
+    if row.prompt_len == 0:
+        skipped["empty_prompt"] += 1
+        return False
+    return True
+
+
 def parse_seconds(value: object, column: str, where: str, scale: float = 1.0) -> float:
     """A numeric timestamp, times `scale` to make seconds; finite and >= 0."""
     if isinstance(value, bool):

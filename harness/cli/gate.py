@@ -64,11 +64,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def print_differences(gate) -> None:
     """Before the table: a judged pair that is not comparable (--allow-incomparable) says so on
-    stderr, one line; other differences (the server or scheduler compared) one line on stdout."""
-    from cbbench.harness.results.comparability import INCOMPARABLE, summary_line
+    stderr, one line; what to read with care (request count, the server's batching or thread
+    settings) and what is compared (the server, its scheduler) one line each on stdout."""
+    from cbbench.harness.results.comparability import CAUTION, INCOMPARABLE, INFO, summary_line
 
     bad = [d for d in gate.differences if d.severity == INCOMPARABLE]
-    rest = [d for d in gate.differences if d.severity != INCOMPARABLE]
+    care = [d for d in gate.differences if d.severity == CAUTION]
+    rest = [d for d in gate.differences if d.severity == INFO]
+    if care:
+        print("read with care: runs differ in " + summary_line(care))
     if bad:
         print(
             "cbbench gate: warning: not comparable, judged anyway (--allow-incomparable): "

@@ -212,8 +212,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.worker and not args.headless:
         url = f"http://{args.web_host}:{args.web_port}"
         print(f"cbbench locust: web UI at {url} (cbbench page: {url}/cbbench)", flush=True)
+    background = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     proc = subprocess.Popen(cmd, env=env)
     previous = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
+    if background:  # a script's `&`: no Ctrl-C reaches Locust, so `kill -INT` this one is passed on
+        signal.signal(signal.SIGINT, lambda *_: proc.send_signal(signal.SIGINT))
     try:
         return proc.wait()
     except KeyboardInterrupt:  # Locust got the same SIGINT: let it write its results
@@ -224,3 +227,5 @@ def run(args: argparse.Namespace) -> int:
             return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if background:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -46,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
     report = build_report(args.runs)
     for warning in report.comparability_warnings():
         print(f"cbbench report: warning: not comparable: {warning}", file=sys.stderr)
+    for warning in report.comparability_warnings("caution"):
+        print(f"cbbench report: read with care: {warning}", file=sys.stderr)
     for warning in report.trust_warnings():
         print(f"cbbench report: warning: {warning}", file=sys.stderr)
     if not args.no_html:

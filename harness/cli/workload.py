@@ -78,12 +78,52 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def arrival_kind(args: argparse.Namespace) -> str | None:
+    """The --arrival the flags ask for: --time-scale or --target-rate alone means replay. A flag
+    the kind would not use is an error naming it (it was silently ignored: a "replay 20x faster"
+    convert wrote the trace's own times)."""
+    used = {
+        "--rate": args.rate is not None,
+        "--burstiness": args.burstiness != 1.0,
+        "--time-scale": args.time_scale != 1.0,
+        "--target-rate": args.target_rate is not None,
+        "--ramp-up": args.ramp_up != 0.0,
+    }
+    kind = args.arrival
+    if kind is None and (used["--time-scale"] or used["--target-rate"]):
+        kind = "replay"
+    takes = {
+        None: (),
+        "all-at-once": (),
+        "constant": ("--rate", "--ramp-up"),
+        "poisson": ("--rate", "--ramp-up"),
+        "gamma": ("--rate", "--burstiness", "--ramp-up"),
+        "replay": ("--time-scale", "--target-rate", "--ramp-up"),
+    }[kind]
+    for flag, given in used.items():
+        if given and flag not in takes:
+            what = f"--arrival {kind}" if kind else "no --arrival (the spec's own times are kept)"
+            hint = f"; it needs --arrival {_NEEDS[flag]}" if flag in _NEEDS else ""
+            raise CbbenchError(f"{flag} has no effect with {what}{hint}")
+    return kind
+
+
+_NEEDS = {
+    "--rate": "constant, poisson or gamma",
+    "--burstiness": "gamma",
+    "--ramp-up": "constant, poisson, gamma or replay",
+    "--time-scale": "replay",
+    "--target-rate": "replay",
+}
+
+
 def load_from_args(args: argparse.Namespace) -> Workload:
     wl = load_workload(args.spec, args.seed, args.num_requests, args.tokenizer)
-    if args.arrival is not None:
+    kind = arrival_kind(args)
+    if kind is not None:
         wl = with_arrivals(
             wl,
-            args.arrival,
+            kind,
             rate=args.rate,
             cv=_cv_of_shape(args.burstiness),
             seed=wl.seed,
@@ -134,7 +174,7 @@ def histogram(values: np.ndarray, bins: int, weights: np.ndarray | None = None) 
 
 def run_show(args: argparse.Namespace) -> int:
     big = None
-    if args.arrival is None and args.tokenizer is None:
+    if arrival_kind(args) is None and args.tokenizer is None:
         big = summarize_big(args.spec, args.seed, args.num_requests)
     if big is not None:  # streamed in bounded memory, never built
         summary, output_counts = big
@@ -152,10 +192,13 @@ def run_show(args: argparse.Namespace) -> int:
         return 0
     console.print(stats_table(summary))
     if summary["open_loop"]:
+        cv = summary["burstiness"]
+        # bench's --burstiness is the gamma shape K = 1/CV^2 (vLLM's), not this CV: Mooncake's
+        # CV 3.03 read as "--burstiness 3.03" replays it smoother than Poisson (CV 0.57)
+        shape = f" = --burstiness {1 / (cv * cv):.3g} (gamma shape 1/CV²)" if cv else ""
         console.print(
             f"duration: {_fmt(summary['duration_s'])} s   mean rate: "
-            f"{_fmt(summary['mean_rate'], 3)} req/s   burstiness (CV of gaps): "
-            f"{_fmt(summary['burstiness'], 3)}"
+            f"{_fmt(summary['mean_rate'], 3)} req/s   CV of gaps: {_fmt(cv, 3)}{shape}"
         )
     else:
         console.print("arrivals: none (closed loop; all at once)")

@@ -12,7 +12,9 @@ they held the server too):
 3. the band = level +- max(PLATEAU_TOLERANCE x level, 1 request);
 4. the window is the stretch where the smoothed in-flight stays inside the band (brief exits,
    up to two smoothing lengths, are noise and joined over), the stretch that covers most of
-   the second half; it ends at the last send at the latest (after it the run only drains).
+   the second half; it starts one median E2E after the first send at the earliest (in flight
+   is still filling before then) and ends at the last send at the latest (after it the run
+   only drains).
 vLLM's bench client uses a threshold of 0.95 x its `--max-concurrency` (steady_state.rs); this
 band generalises it to open loops, where the plateau is rate x latency, and it excludes a
 ramp that starts *above* the plateau (a server slow at first: warm-up, compilation).
@@ -128,6 +130,9 @@ def steady_window(records: list[RequestRecord]) -> Window | None:
     if not inside.any():
         return None
     start, end = _plateau_segment(inside, grid, 2 * k, second_half)
+    # in flight fills for one request lifetime (Little's law): no plateau before then. A 2 s
+    # flood whose requests lived 10 s was smoothed into a "steady window" over its ramp.
+    start = max(start, first + e2e)
     end = min(end, last_send)
     if end <= start:
         return None
@@ -135,7 +140,8 @@ def steady_window(records: list[RequestRecord]) -> Window | None:
     if w.duration_s < MIN_WINDOW_SHARE * span:
         w.warning = (
             f"the steady window is {w.duration_s:.1f} s, {w.duration_s / span:.0%} of the run: "
-            "too little plateau to stand for the run; run longer (--num-requests, --duration)"
+            "the summary leads with a short plateau, so its figures are few; run longer "
+            "(--num-requests, --duration)"
         )
     return w
 

@@ -129,7 +129,7 @@ def run_rigorous(
         if min_d is not None and not _mlperf(result, rigor, min_d, console) and code in (0, 3):
             code = mlperf.EXIT_INVALID
         return code, result.run_dir
-    name = cfg.name or cfg.workload.name.replace("/", "_")
+    name = cfg.name or cfg.workload.short_name.replace("/", "_")
     out = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(Path(name).name)
     if (out / REPEATS_FILE).exists() or (out / "requests.jsonl").exists():
         raise CbbenchError(f"{out}: already holds a run; choose another --out")

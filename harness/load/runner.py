@@ -318,7 +318,7 @@ def run_bench(
     cfg.workload, fitted = fit_for_server(
         cfg.workload, engine.get("max_model_len"), cfg.endpoint, cfg.base_url, model, cfg.api_key
     )
-    name = cfg.name or f"{cfg.workload.name.replace('/', '_')}"
+    name = cfg.name or cfg.workload.short_name.replace("/", "_")
     run_dir = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(Path(name).name)
     if (run_dir / "requests.jsonl").exists():
         raise CbbenchError(f"{run_dir}: already holds a run; choose another --out")
@@ -346,7 +346,9 @@ def run_bench(
     meta = {**_run_meta(cfg, name, engine, model, len(plans)), **fit_text_prompts(cfg, plans)}
     # the batching settings the server says it runs (calibrate --from-run replays with them)
     prom = next((s.url for s in samplers if isinstance(getattr(s, "url", None), str)), None)
-    meta["target"]["server_settings"] = read_server_settings(prom, engine)
+    meta["target"]["server_settings"] = read_server_settings(
+        prom, engine, base_url=cfg.base_url, api_key=cfg.api_key
+    )
     meta["environment"]["server"] = server_identity(cfg.base_url, engine, cfg.api_key)
     if cfg.concurrency is not None:  # what --concurrency could hold: at most every request
         meta["load"]["max_in_flight"] = sum(p.concurrency or 0 for p in plans)

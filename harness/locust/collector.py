@@ -36,7 +36,7 @@ def _now_iso() -> str:
 
 class RunCollector:
     def __init__(self, settings, workload: Workload, digest: str, meta_extra: dict) -> None:
-        name = settings.name or workload.name.replace("/", "_")
+        name = settings.name or workload.short_name.replace("/", "_")
         self.run_dir = (
             Path(settings.out_dir) if settings.out_dir else default_out_dir(Path(name).name)
         )

@@ -33,6 +33,7 @@ from cbbench.harness.load.text_fit import fetch_text_fit
 from cbbench.harness.load.words import WORDS
 from cbbench.harness.locust.collector import RunCollector
 from cbbench.harness.locust.dispenser import Dispenser, Plan, Ticket
+from cbbench.harness.locust.schedule_note import schedule_note
 from cbbench.harness.locust.settings import LocustSettings, load_workload_for, workload_digest
 from cbbench.harness.results.records import RequestRecord
 from cbbench.workloads.spec import RequestSpec
@@ -323,6 +324,10 @@ class LocustRun:
             if self.collector.meta.get("status") == "empty":
                 print("cbbench locust: no request finished (stopped before any test ran): "
                       "run.json says status 'empty'", flush=True)  # fmt: skip
+            opts = self.env.parsed_options
+            note = schedule_note(self.collector.records, getattr(opts, "num_users", None))
+            if note is not None:
+                print(note, flush=True)
             print(f"cbbench locust: run folder {self.collector.run_dir}", flush=True)
 
     # -- users (local and worker) -------------------------------------------------------

@@ -385,6 +385,8 @@ def hardware_from_fit(fit: RunFit, name: str, model: str, dtype: str, settings: 
             "request_overhead_per_in_flight_s": fit.coef.get("c_req_load", 0.0),
             "errors": fit.errors, "measured_error": measured,
             "identified": fit.identified, "notes": fit.notes,
+            **({"measured_steps": {**fit.measured_steps, "source": "the runs' replay"}}
+               if fit.measured_steps else {}),
             **({"step_jitter": fit.jitter} if fit.jitter else {}),
         },
     )  # fmt: skip

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from cbbench.harness.errors import CbbenchError
+from cbbench.harness.planning.extrapolation import outside
 from cbbench.harness.planning.space import PlanSpace, Slo, parse_speculative
 from cbbench.harness.studies.sim_graphs import fitting
 from cbbench.reference_engine.config.options import SIM_DEFAULTS, build_engine_config
@@ -83,6 +84,8 @@ class Point:
     goodput_share: float
     num_steps: int
     prefill: int = 0  # disaggregated: prefill workers (`replicas` are the decode workers)
+    # settings above the steps the fit measured (planning/extrapolation.py): {} inside
+    extrapolated: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def workers(self) -> int:
@@ -358,8 +361,12 @@ def plan(opts: PlanOptions, on_progress: Callable[[int, int], None] | None = Non
     finally:
         if pool is not None:
             pool.shutdown(wait=not interrupted, cancel_futures=True)
+    for p in points:
+        p.extrapolated = outside(p.config, hw.fit)
     ok = [p for p in points if p.verdict == MEETS]
-    chosen = min(ok, key=lambda p: (p.cost_per_hour, p.binding_ratio)) if ok else None
+    # at one cost, a point the fit measured before one it extrapolates, then the margin
+    chosen = min(ok, key=lambda p: (p.cost_per_hour, bool(p.extrapolated), p.binding_ratio),
+                 default=None)  # fmt: skip
     return PlanResult(opts, model, source, points, chosen, frontier(points), searched,
                       len(configs), interrupted, refused, dropped)  # fmt: skip
 

@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 
 from cbbench.harness.errors import CbbenchError
+from cbbench.harness.planning import extrapolation
 from cbbench.harness.planning.pd import frontiers_by_mode, pd_serve_lines, workers_text
 from cbbench.harness.planning.planner import CLOSE, MEETS, MISSES, PlanResult, Point
 from cbbench.harness.planning.space import parse_speculative
@@ -156,7 +157,8 @@ def frontier_table(res: PlanResult, points: list[Point] | None = None, mode: str
         )
     vary = varying_dims(res)
     for p in res.frontier if points is None else points:
-        t.add_row(workers_text(p), describe_config(p, vary), f"{p.cost_per_hour:.2f}",
+        mark = " (extrapolated)" if p.extrapolated else ""
+        t.add_row(workers_text(p), describe_config(p, vary) + mark, f"{p.cost_per_hour:.2f}",
                   binding_text(p), f"{p.binding_ratio:.2f}", p.verdict)  # fmt: skip
     return t
 
@@ -182,6 +184,10 @@ def print_plan(res: PlanResult, console: Console, out: Path | None) -> None:
         console.print(resolve_link(link, hw).line(overhead_of(hw)), highlight=False, soft_wrap=True)
     if links:
         console.print(describe_import(hw), highlight=False, soft_wrap=True)
+    if hw.linear is not None and extrapolation.measured_steps(hw.fit) is None:
+        console.print(f"hardware {o.hardware}: its fit records no measured step range (a preset "
+                      "or an older calibration): whether a budget extrapolates it is unknown",
+                      highlight=False, soft_wrap=True)  # fmt: skip
     fixed = fixed_dims(res)
     if fixed:
         console.print(f"every configuration: {fixed}", highlight=False, soft_wrap=True)
@@ -221,6 +227,11 @@ def print_plan(res: PlanResult, console: Console, out: Path | None) -> None:
                   f"{p.verdict} ({'; '.join(f'{k} {v}' for k, v in p.verdicts.items())}); "
                   f"binding {binding_text(p)}", highlight=False, markup=False,
                   soft_wrap=True)  # fmt: skip
+    if p.extrapolated:
+        console.print(f"EXTRAPOLATED: {extrapolation.describe(p.extrapolated)}: its step times "
+                      "there are the fit's model beyond what it measured; calibrate with larger "
+                      "steps, or keep the space within the measured range", highlight=False,
+                      markup=False, soft_wrap=True)  # fmt: skip
     if p.mode == "disaggregated":
         lines = pd_serve_lines(p, res.model, serve_flags(p, res.model), vllm_flags(p, res.model))
         for line in lines:
@@ -312,7 +323,8 @@ def html_page(res: PlanResult) -> str:
     frontier table and the chosen configuration's flags."""
     svg = frontier_svg(res)
     rows = "".join(
-        f"<tr><td>{workers_text(p)}</td><td>{html.escape(describe_config(p))}</td>"
+        f"<tr><td>{workers_text(p)}</td><td>{html.escape(describe_config(p))}"
+        f"{' (extrapolated)' if p.extrapolated else ''}</td>"
         f"<td>{p.cost_per_hour:.2f}</td><td>{html.escape(binding_text(p))}</td>"
         f"<td>{p.verdict}</td></tr>"
         for p in res.frontier
@@ -323,6 +335,8 @@ def html_page(res: PlanResult) -> str:
         p = res.chosen
         chosen = (f"<h2>Chosen: {workers_text(p)} x {html.escape(describe_config(p))}, "
                   f"${p.cost_per_hour:.2f}/hour ({p.verdict})</h2>"
+                  + (f"<p><b>EXTRAPOLATED:</b> {html.escape(extrapolation.describe(p.extrapolated))}"
+                     "</p>" if p.extrapolated else "") +
                   f"<pre>{html.escape(serve_flags(p, res.model))}\n"
                   f"{html.escape(vllm_flags(p, res.model))}</pre>")  # fmt: skip
     slos = ", ".join(f"{s.name} &lt;= {_s(s.target_s)}" for s in o.slos)

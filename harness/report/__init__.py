@@ -26,9 +26,10 @@ class Report:
     rows: list[dict]
     diagnoses: list = field(default_factory=list)  # harness.diagnose.Diagnosis, one per run
 
-    def comparability_warnings(self) -> list[str]:
-        """Why these runs should not be compared side by side (results/comparability.py)."""
-        return comparability_warnings(self.runs)
+    def comparability_warnings(self, severity: str = "incomparable") -> list[str]:
+        """Why these runs should not be compared side by side (results/comparability.py);
+        `severity="caution"`: what to read with care (request count, server settings)."""
+        return comparability_warnings(self.runs, severity)
 
     def trust_warnings(self) -> list[str]:
         """Runs killed, interrupted, or whose server stopped answering, and runs whose timing

@@ -84,7 +84,13 @@ def curve_charts(runs: list[LoadedRun], samples: list[RunSamples], rows: list[di
                     )
                 )
         out.append(
-            chart(f"{title} vs throughput", series, "output tokens/s", f"{title} p50 / p99 (ms)")
+            chart(
+                f"{title} vs throughput",
+                series,
+                "output tokens/s",
+                f"{title} p50 / p99 (ms)",
+                x_from_zero=True,
+            )
         )
     return out
 
@@ -257,4 +263,5 @@ def goodput_chart(runs: list[LoadedRun]) -> str:
         "offered requests/s",
         "requests meeting SLO (%)",
         y_range=(0.0, 100.0),
+        x_from_zero=True,
     )

@@ -93,8 +93,11 @@ def chart(
     height: int = 320,
     y_range: tuple[float, float] | None = None,
     bands: list[tuple[float, float, str, str]] | None = None,
+    x_from_zero: bool = False,
 ) -> str:
-    """`bands`: (x from, x to, color, label) shaded behind the series (a steady window)."""
+    """`bands`: (x from, x to, color, label) shaded behind the series (a steady window).
+    `x_from_zero`: the x axis starts at 0 (a rate or throughput, where the data's own range
+    drew two runs 7 % apart at the chart's two edges)."""
     pad_l, pad_r, pad_t = 64, 16, 30
     legended = [s for s in series if s.legend]
     legend_rows = math.ceil(len(legended) / 3)
@@ -120,11 +123,14 @@ def chart(
         return "".join(parts)
     x0, x1 = min(p[0] for p in finite), max(p[0] for p in finite)
     y0, y1 = y_range or (min(0.0, min(p[1] for p in finite)), max(p[1] for p in finite))
+    zero = x_from_zero and x0 >= 0
+    if zero:
+        x0 = 0.0
     if x1 <= x0:
-        x0, x1 = x0 - 0.5, x1 + 0.5
+        x0, x1 = (x0, x1 + 1.0) if zero else (x0 - 0.5, x1 + 0.5)
     if any(s.mode == "markers" for s in series):  # keep edge markers inside the frame
         pad = 0.03 * (x1 - x0)
-        x0, x1 = x0 - pad, x1 + pad
+        x0, x1 = (x0 if zero else x0 - pad), x1 + pad
     if y1 <= y0:
         y1 = y0 + 1.0
     xt, yt = nice_ticks(x0, x1), nice_ticks(y0, y1)

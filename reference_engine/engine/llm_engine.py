@@ -205,8 +205,18 @@ class LLMEngine(StepUpdate, KVTransferMixin):
             "max_model_len": self.max_model_len,
             "enable_prefix_caching": self.config.enable_prefix_caching,
             "num_seqs_limit": self.scheduler.limit_stats()["num_seqs_limit"],
+            "cpu_threads": self._cpu_threads(),
             **self.config.step_budget(),
         }
+
+    def _cpu_threads(self) -> int | None:
+        """torch's intra-op threads in this (the engine's) process: a real CPU engine's step
+        time scales with them; None for the simulated executor, which has no threads to use."""
+        if self.config.executor != "real":
+            return None
+        import torch
+
+        return torch.get_num_threads()
 
     @property
     def scheduler_name(self) -> str:

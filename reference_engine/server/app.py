@@ -139,6 +139,9 @@ def create_app(
             "object": "model",
             "created": state.created,
             "owned_by": "cbbench",
+            # vLLM's `root`: the checkpoint served (preset or folder, as given), whatever
+            # --served-model-name calls it; report and gate compare models by it
+            "root": ((engine_info or {}).get("config") or {}).get("model") or model_name,
             "max_model_len": max_model_len,
         }
         if engine_info:

@@ -44,6 +44,7 @@ from cbbench.reference_engine.execution.cost_model import (
     StepWork,
     fit_linear,
 )
+from cbbench.reference_engine.sim.step_range import step_range
 from cbbench.workloads.spec import RequestSpec
 
 
@@ -447,7 +448,8 @@ def calibrate(
         coef,
         {"model": model, "device": "cpu", "dtype": dtype, "clock": clock,
          "method": "engine step trace, NNLS on seconds, speed drift per window of "
-         f"{DRIFT_WINDOW} rounds", "points": len(works), **err},
+         f"{DRIFT_WINDOW} rounds", "points": len(works), **err,
+         "measured_steps": step_range(works)},
     )  # fmt: skip
     no_drift = measured_spec(f"{name}-no-drift", coef_nd, {**spec.fit, **err_nd,
                              "method": "engine step trace, NNLS on seconds, no drift factor"})  # fmt: skip

@@ -28,6 +28,7 @@ from cbbench.reference_engine.execution.cost_model import (
 from cbbench.reference_engine.model.config import resolve_model_config
 from cbbench.reference_engine.sampling_params import SamplingParams
 from cbbench.reference_engine.sim.calibration import Calibration, measured_spec
+from cbbench.reference_engine.sim.step_range import step_range
 
 BLOCK_SIZE = 16
 MAX_RUNS = 30  # per grid point, however short --min-time makes a step
@@ -146,7 +147,8 @@ def calibrate_grid(
         name or f"measured-{short}-{device.replace(':', '')}",
         coef,
         {"model": model, "device": device, "dtype": dtype, "method": "grid of runner steps, "
-         "NNLS on relative error", "points": len(works), **err},
+         "NNLS on relative error", "points": len(works), **err,
+         "measured_steps": step_range(works)},
     )  # fmt: skip
     fitted = CostModel(runner.model_config, spec, dtype, BLOCK_SIZE)
     return Calibration(spec, works, times, [fitted.time_of(w) for w in works])

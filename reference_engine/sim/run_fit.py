@@ -60,6 +60,7 @@ from cbbench.reference_engine.sim.run_fit_terms import (  # noqa: F401 (SETTINGS
     warm_prefix,
     what_runs_cannot_tell,
 )
+from cbbench.reference_engine.sim.step_range import step_range
 from cbbench.workloads.spec import RequestSpec
 
 # what a black-box fit can see: per step, batched token, sequence, decode context token,
@@ -121,6 +122,8 @@ class RunFit:
     jitter_gaps: int = 0  # one-step decode gaps it was (or would have been) fitted on
     identified: dict[str, str] = field(default_factory=dict)  # term -> verdict
     notes: list[str] = field(default_factory=list)  # what the runs cannot tell
+    # the largest step and batch of the runs' replay (sim/step_range.py): what the fit saw
+    measured_steps: dict = field(default_factory=dict)
 
 
 class _StepLog:
@@ -346,6 +349,7 @@ def fit_runs(
                                                 for m in METRICS))  # fmt: skip
         if best is None or _score(err) < best[0]:
             best = (_score(err), dict(coef), preds)
+            seen = step_range(w for _, slog, _ in sims for _, _, w, _ in slog.steps)
         groups: list[list] = [[] for _ in range(6)]
         for r, (_, slog, sreqs), part, ld in zip(runs, sims, parts, loads, strict=True):
             rows = _rows(r, slog, sreqs, part, measured, ld)
@@ -382,6 +386,7 @@ def fit_runs(
         for t in OVERHEAD_TERMS:
             fit.identified[t] = "measured (client TTFT less the server's own)"
     fit.notes = what_runs_cannot_tell(runs, preds, settings)
+    fit.measured_steps = seen
     computed = {True: [0], False: [0]}  # prompt tokens the server computed, by part
     for run, part in zip(runs, parts, strict=True):
         for r, q in zip(run.requests, part, strict=True):

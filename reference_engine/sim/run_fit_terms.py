@@ -17,6 +17,8 @@ HUBER_K, TUKEY_C = 1.345, 4.685
 SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "block_size",
             "num_kv_blocks", "enable_prefix_caching", "max_model_len",
             "tensor_parallel_size")  # fmt: skip
+# recorded with them, not replayed: the fitted step times hold for the threads they ran with
+RECORDED_ONLY = ("cpu_threads", "cpu_threads_bind")
 
 
 def fit_part(run, holdout: float) -> list[bool]:  # run: run_fit.ObservedRun (it imports this)
@@ -135,7 +137,7 @@ def engine_config(model: str, dtype: str, settings: dict, hardware: str,
                   reqs: list[RequestSpec]) -> EngineConfig:  # fmt: skip
     """The simulated server: continuous batching with the run's settings (vLLM's defaults
     where a setting is unknown: 256 sequences, chunked prefill with 2,048 tokens a step)."""
-    unknown = sorted(set(settings) - set(SETTINGS))
+    unknown = sorted(set(settings) - set(SETTINGS) - set(RECORDED_ONLY))
     if unknown:
         raise EngineError(f"server settings: unknown {unknown} (known: {', '.join(SETTINGS)})")
     longest = max(r.prompt_len + r.output_len for r in reqs)
