@@ -25,14 +25,48 @@ def _pair(stamps: bool = True) -> tuple[socket.socket, socket.socket, socket.soc
     lst = socket.socket()
     lst.bind(("127.0.0.1", 0))
     lst.listen()
-    cli = socket.create_connection(lst.getsockname())
+    cli = socket.socket()
+    # a window for the largest payload at once: else its tail is sent only when the read
+    # opens the window, 30 ms after sendall returned, and is stamped then
+    cli.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    cli.connect(lst.getsockname())
     srv, _ = lst.accept()
     cli.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     srv.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     if stamps:
         cli.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     cli.setblocking(False)
+    if stamps:
+        _until_stamped(cli, srv)
     return lst, cli, srv
+
+
+def _until_stamped(cli: socket.socket, srv: socket.socket) -> None:
+    """Linux turns receive stamping on for the host a moment after the first socket asks
+    (a deferred switch), so the first bytes may come unstamped: send a byte until one is."""
+    sent = got = 0
+    stamped = False
+    for _ in range(200):
+        srv.sendall(b".")
+        sent += 1
+        time.sleep(0.002)
+        try:
+            data, anc, _, _ = cli.recvmsg(256, 1024)
+        except BlockingIOError:
+            continue
+        got += len(data)
+        if anc:
+            stamped = True
+            break
+    if not stamped:
+        pytest.fail("the kernel stamped none of 200 reads with SO_TIMESTAMPNS on")
+    deadline = time.monotonic() + 5
+    while got < sent and time.monotonic() < deadline:  # leave nothing behind for the test
+        try:
+            got += len(cli.recv(256))
+        except BlockingIOError:
+            time.sleep(0.001)
+    assert got == sent, "warm-up bytes still in flight after 5 s"
 
 
 class Reads(SockConn):
