@@ -71,6 +71,55 @@ FIRST_SHAPES = [
     b'{"choices":[{"token_ids":[4],"delta":{"content":"b"}}],"metrics":{"queue_time_ms":1}}',
     b'{"choices":[{"token_ids":[4],"text":"b"}],"timings":{"prompt_ms":2}}',
 ]
+# the finish chunks `cread.last` decides: a finish reason and/or a `cbbench` object on the
+# common chunk (the fake server's own, the chat shape, nested and odd objects, what it refuses)
+FAKE_CB = b'{"t_recv_ns": 5, "queue_time_s": 0.001, "scheduler": "fake", "x": 1.5e-3}'
+LAST_SHAPES = [
+    SERVER.replace(b'"finish_reason": null', b'"finish_reason": "length"')
+    + b', "cbbench": '
+    + FAKE_CB
+    + b', "t_send_ns": 7}',
+    b'{"choices":[{"token_ids":[4],"text":" a","finish_reason":"stop"}],"t_send_ns":3}',
+    b'{"choices":[{"token_ids":[4],"delta":{"content":"b"},"finish_reason":"length"}]}',
+    b'{"choices":[{"token_ids":[4],"text":"a"}],"cbbench":{"k":{"n":[1,{"m":null}]},"s":"\\u00e9"}}',
+    b'{"choices":[{"token_ids":[4],"text":"a","finish_reason":null}],"cbbench":{}}',
+    b'{"choices":[{"token_ids":[4],"text":"<think>","finish_reason":"stop"}]}',
+    b'{"choices":[{"token_ids":[4],"text":" ","finish_reason":"stop"}]}',
+    b'{"choices":[{"token_ids":[4],"text":"a","finish_reason":""}],"cbbench":{"q":1}}',
+    b'{"choices":[{"token_ids":[4],"text":"a","finish_reason":"st\\u006fp"}]}',
+    b'{"choices":[{"token_ids":[4],"text":"a","finish_reason":5}]}',
+    b'{"choices":[{"token_ids":[4],"text":"a","finish_reason":"stop","finish_reason":null}]}',
+    b'{"choices":[{"token_ids":[4],"text":"a"}],"cbbench":{"a":1},"cbbench":{"b":2}}',
+    b'{"choices":[{"token_ids":[4],"text":"a"}],"cbbench":"x"}',
+    b'{"choices":[{"token_ids":[4],"text":"a"}],"cbbench":{"a":1,}}',
+    b'{"choices":[{"token_ids":[4],"text":"a","finish_reason":"stop"}],"usage":{"x":1}}',
+    b'{"choices":[{"token_ids":[4],"text":"a","finish_reason":"stop"}],"metrics":{}}',
+    b'{"choices":[{"token_ids":[4],"text":"","finish_reason":"stop"}]}',
+    b'{"choices":[{"token_ids":[4,5],"text":"a","finish_reason":"stop"}]}',
+]
+# the usage chunks `cread.usage` decides (the first four), and what it leaves to Python
+USAGE_SHAPES = [
+    b'{"id": "fake", "choices": [], "usage": {"prompt_tokens": 16, "completion_tokens": 16}}',
+    b'{"choices":[ ],"usage":{"prompt_tokens":null,"total_tokens":3,"x":{"y":[1]}},"t_send_ns":2}',
+    b'{"usage":{"completion_tokens":-4},"choices":[]}',
+    b'{"choices":[],"usage":{"prompt_tokens":9223372036854775807}}',
+    b'{"choices":[],"usage":{}}',
+    b'{"choices":[],"usage":null}',
+    b'{"choices":[],"usage":{"prompt_tokens":1,"prompt_tokens":2}}',
+    b'{"choices":[],"usage":{"prompt_tokens":1.0}}',
+    b'{"choices":[],"usage":{"prompt_tokens":"1"}}',
+    b'{"choices":[],"usage":{"prompt_tokens":9223372036854775808}}',
+    b'{"choices":[],"usage":{"prompt_tokens":1,"prompt_tokens_details":{"cached_tokens":1}}}',
+    b'{"choices":[],"usage":{"completion_tokens":3,"completion_tokens_details":null}}',
+    b'{"choices":[],"usage":{"prompt_tokens":1},"cbbench":{"q":1}}',
+    b'{"choices":[],"usage":{"prompt_tokens":1},"error":"x"}',
+    b'{"choices":[],"usage":{"prompt_tokens":1},"metrics":{}}',
+    b'{"choices":[],"choices":[],"usage":{"prompt_tokens":1}}',
+    b'{"choices":[{"token_ids":[1]}],"usage":{"prompt_tokens":1}}',
+    b'{"usage":{"prompt_tokens":1}}',
+    b'{"choices":[],"usage":{"prompt_tokens":1}',
+    b'{"choices":[],"us\\u0061ge":{"prompt_tokens":1}}',
+]
 OTHER = st.sampled_from(
     [
         b"[DONE]",
@@ -112,6 +161,8 @@ OTHER = st.sampled_from(
         b'{"error":{"message":"boom"}}',
         b"",
         *FIRST_SHAPES,
+        *LAST_SHAPES,
+        *USAGE_SHAPES,
     ]
 )
 EVENT = st.one_of(COMMON, COMMON, COMMON, OTHER)
@@ -307,6 +358,91 @@ def test_first_is_what_apply_does_with_the_event(event, mode, before):
             kinds.tokens(1, *kinds.content(text))
         states.append((state, _kinds(kinds)))
     assert states[0] == states[1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(EVENT, st.sampled_from(REASONING_PARSERS), st.sampled_from(BEFORE))
+def test_last_is_what_apply_does_with_the_finish_chunk(event, mode, before):
+    """`cread.last` takes an event only where what `_events` then does (its `cbbench`
+    object and finish reason into the state, one token id, the classifier told its text)
+    leaves the state, the classifier and the sends exactly as orjson + `_apply` would."""
+    require_compiled()
+    got = cread.LAST(event)
+    try:
+        obj = json.loads(event)
+    except ValueError:
+        assert got is None
+        return
+    if got is None:
+        return
+    text, t_send, reason, cb = got
+    assert reason is not None or cb is not None  # the common chunk is the counted paths'
+    assert t_send == obj.get("t_send_ns") and ("t_send_ns" in obj) == (t_send is not None)
+    states = []
+    for path in ("apply", "last"):
+        state: dict = {}
+        kinds = StreamKinds(mode)
+        for e in before:
+            response._apply(json.loads(e), state, True, kinds)
+        if path == "apply":
+            assert response._apply(obj, state, True, kinds) == 1
+        else:
+            if cb is not None:
+                state["cbbench"] = response.parse_json(cb)
+            if reason is not None:
+                state["finish"] = reason
+            state["ids_total"] = state.get("ids_total", 0) + 1
+            kinds.tokens(1, *kinds.content(text))
+        states.append((state, _kinds(kinds)))
+    assert states[0] == states[1]
+
+
+def test_last_takes_the_finish_chunks_and_refuses_the_rest():
+    require_compiled()
+    takes = [cread.LAST(e) for e in LAST_SHAPES[:7]]
+    assert all(t is not None for t in takes)
+    assert takes[0][1:] == (7, "length", FAKE_CB)
+    assert takes[1] == (" a", 3, "stop", None)
+    for event in LAST_SHAPES[7:] + [SERVER + b"}", SERVER + b', "t_send_ns": 1}']:
+        assert cread.LAST(event) is None, event
+
+
+@settings(max_examples=300, deadline=None)
+@given(EVENT, st.sampled_from(BEFORE))
+def test_usage_is_what_apply_does_with_the_usage_chunk(event, before):
+    """`cread.usage` takes an event only where what `_events` then does (the prompt and
+    completion counts into the state, no token) is what orjson + `_apply` do with it."""
+    require_compiled()
+    got = cread.USAGE(event)
+    try:
+        obj = json.loads(event)
+    except ValueError:
+        assert got is None
+        return
+    if got is None:
+        return
+    states = []
+    for path in ("apply", "usage"):
+        state: dict = {"usage_out": 1}  # an earlier usage (vLLM's continuous usage)
+        kinds = StreamKinds("auto")
+        for e in before:
+            response._apply(json.loads(e), state, True, kinds)
+        if path == "apply":
+            assert response._apply(obj, state, True, kinds) == 0
+        else:
+            state["usage_prompt"] = got[0]
+            if got[1] is not None:
+                state["usage_out"] = got[1]
+        states.append((state, _kinds(kinds)))
+    assert states[0] == states[1]
+
+
+def test_usage_takes_the_usage_chunks_and_refuses_the_rest():
+    require_compiled()
+    want = [(16, 16), (None, None), (None, -4), (2**63 - 1, None)]
+    assert [cread.USAGE(e) for e in USAGE_SHAPES[:4]] == want
+    for event in USAGE_SHAPES[4:]:
+        assert cread.USAGE(event) is None, event
 
 
 def test_first_refuses_what_it_cannot_decide_alone():

@@ -1,6 +1,9 @@
 """The raw client's compiled read path (`csrc/cread.c`): one C call per socket read does the
 chunked framing, the SSE split and the common chunk's decode that `chunks.py`, `sse.py` and
 `fast_events.py` do in Python (`Response.read_chunked` calls it; docs/performance.md).
+The same module reads a socket with its kernel stamp (`recv`, for `SockConn._readable`) and
+decodes a stream's first, finish and usage chunks (`first`, `last`, `usage`) as `_apply`
+would fold them (`Response._events`).
 
 Built like the CPU kernels: compiled once per source and interpreter with the C compiler
 (`CC`, else Python's, else `cc`), cached in `CBBENCH_KERNEL_DIR` (else `~/.cache/cbbench`)
@@ -135,6 +138,10 @@ SCAN: Callable | None = _module.scan if _module is not None else None  # one rea
 COUNT: Callable | None = _module.count if _module is not None else None  # common chunks
 TIMES: Callable | None = _module.times if _module is not None else None  # token times, gaps
 FIRST: Callable | None = _module.first if _module is not None else None  # an answer's text
+LAST: Callable | None = _module.last if _module is not None else None  # the finish chunk
+USAGE: Callable | None = _module.usage if _module is not None else None  # the usage chunk
+# a socket read with its receive stamp (Linux: SO_TIMESTAMPNS), else None
+RECV: Callable | None = getattr(_module, "recv", None) if _module is not None else None
 
 
 def main() -> int:

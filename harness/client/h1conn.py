@@ -7,25 +7,23 @@ time of every read). The pool that owns them, and the timing rules, are in `http
 from __future__ import annotations
 
 import asyncio
-import platform
 import socket
-import struct
-import sys
 import time
 from array import array
 from dataclasses import dataclass
 from typing import Protocol
 
+from cbbench.harness.client import stamped
 from cbbench.harness.client.chunks import whole_chunks as _whole_chunks
+from cbbench.harness.client.stamped import (  # noqa: F401 - where the pool and tests find them
+    _ANC_SIZE,
+    SO_TIMESTAMPNS,
+    kernel_timestamps_supported,
+)
 from cbbench.harness.client.turns import LoopMarks
 
 _SIZE, _DATA, _CRLF, _TRAILER = range(4)
 READ_SIZE = 262144
-# SO_TIMESTAMPNS(_OLD) = SCM_TIMESTAMPNS on the asm-generic ABI (x86, arm, riscv, ...); Python's
-# socket module does not export it. 64-bit only: the cmsg is a native struct timespec.
-SO_TIMESTAMPNS = 35
-_GENERIC_ABI = ("x86_64", "aarch64", "arm64", "riscv64", "ppc64le", "s390x", "loongarch64")
-_ANC_SIZE = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 0
 # parsed response heads by their bytes (status, headers, keep-alive, body mode, length): a
 # server's responses repeat theirs byte for byte; a head that varies (a date, an id) is
 # parsed each time, and at most HEAD_CACHE distinct heads are kept. The headers dict is
@@ -323,36 +321,30 @@ class SockConn(Conn):
         loop.add_reader(sock.fileno(), self._readable)
 
     def _readable(self) -> None:
-        sock, stats = self.sock, self.stats
+        sock, stats, recv = self.sock, self.stats, stamped._recv
+        fd = sock.fileno()
         while not self.closed:
-            try:
-                data, anc, _, _ = sock.recvmsg(READ_SIZE, _ANC_SIZE)
-            except (BlockingIOError, InterruptedError):
-                return
+            try:  # the bytes and their stamp (stamped.py: one C call where it is built)
+                got = recv(fd, READ_SIZE) if recv is not None else stamped.read_py(sock, READ_SIZE)
             except OSError as exc:
                 self._close()
                 self._lost(exc)
                 return
+            if got is None:
+                return
+            data, t, delay = got
             if not data:
                 self._close()
                 self._lost(None)
                 return
-            now = time.monotonic_ns()
-            t = now
-            for level, kind, cdata in anc:
-                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(cdata) >= 16:
-                    sec, nsec = struct.unpack_from("qq", cdata)
-                    # CLOCK_REALTIME -> CLOCK_MONOTONIC (both slew alike; a step between the
-                    # two reads of the clocks is the only error)
-                    t = min(now, sec * 1_000_000_000 + nsec - (time.time_ns() - now))
-                    break
-            if t is now:
+            user = delay < 0
+            if user:
                 stats.user_reads += 1
             else:
                 stats.kernel_reads += 1
-                stats.read_delay_ns.append(now - t)
+                stats.read_delay_ns.append(delay)
             if self.sink is not None:  # its bound may not take the stamp as exact (response.py)
-                self.sink.user_read = t is now
+                self.sink.user_read = user
             self.feed(data, t)
             if len(data) < READ_SIZE:
                 return  # drained: spare the syscall that would say EAGAIN
@@ -385,12 +377,3 @@ class SockConn(Conn):
         if not self.closed:
             self._close()
         self.closed = True
-
-
-def kernel_timestamps_supported() -> str | None:
-    """None when SO_TIMESTAMPNS can be used here, else why not."""
-    if sys.platform != "linux":
-        return f"not Linux ({sys.platform})"
-    if platform.machine().lower() not in _GENERIC_ABI or not _ANC_SIZE:
-        return f"SO_TIMESTAMPNS not mapped for {platform.machine()}"
-    return None

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 
 import httpx
-from cbbench.harness.client import cread, fast_events, http1
+from cbbench.harness.client import cread, fast_events, http1, stamped
 from cbbench.harness.client.reply import Reply
 from cbbench.harness.client.server_timing import server_times
 from cbbench.harness.client.sse import SSEParser
@@ -125,6 +125,8 @@ _scan = cread.SCAN  # the compiled read path (framing, SSE split, common chunks)
 _count = cread.COUNT  # its common-chunk count over a list of events
 _times = cread.TIMES  # finish's token times and gaps in one C call (= spread + the loops)
 _first = cread.FIRST  # a common chunk's answer-field text, before the answer began
+_last = cread.LAST  # the finish chunk: `first`'s, with a finish reason and a `cbbench` object
+_usage_c = cread.USAGE  # the usage chunk: no choices, the usage's token counts
 _second = operator.itemgetter(1)
 _decode = True  # the compiled path decodes the common chunk (off: use_stdlib_json)
 
@@ -132,9 +134,10 @@ _decode = True  # the compiled path decodes the common chunk (off: use_stdlib_js
 def use_compiled_read(flag: bool = True) -> bool:
     """Read chunked bodies through the compiled path (when built) or not (tests of both
     paths, comparisons); whether it is in use now."""
-    global _scan, _count, _times, _first
-    compiled = (cread.SCAN, cread.COUNT, cread.TIMES, cread.FIRST)
-    _scan, _count, _times, _first = compiled if flag else (None,) * 4
+    global _scan, _count, _times, _first, _last, _usage_c
+    compiled = (cread.SCAN, cread.COUNT, cread.TIMES, cread.FIRST, cread.LAST, cread.USAGE)
+    _scan, _count, _times, _first, _last, _usage_c = compiled if flag else (None,) * 6
+    stamped._recv = cread.RECV if flag else None  # the socket read and its stamp
     return _scan is not None
 
 
@@ -276,6 +279,8 @@ class Response:
         # the compiled decode of a common chunk's text (`cread.first`): the classifier's
         # input without orjson and _apply; a session keeps the dict, an adapter rewrites it
         first = _first if _decode and reply is None and self.adapter is None else None
+        last = _last if first is not None else None  # the finish chunk, likewise
+        usage = _usage_c if first is not None else None  # and the usage chunk
         n_events = len(events)
         while i < n_events:
             data = events[i]
@@ -294,6 +299,26 @@ class Response:
                     first_at = base + i - 1
                 if sends is not None and got[1] is not None:
                     sends.append((t, got[1]))
+            elif last is not None and (got := last(data)) is not None:
+                kinds.n += one_ids - synced  # the finish chunk: what _apply does with it
+                synced = one_ids  # (its `cbbench` object, finish reason, one token id, the
+                if got[3] is not None:  # classifier told its text), without the dict
+                    state["cbbench"] = parse_json(got[3])
+                if got[2] is not None:
+                    state["finish"] = got[2]
+                state["ids_total"] = state.get("ids_total", 0) + 1
+                kinds.tokens(1, *kinds.content(got[0]))
+                k_read += 1
+                if first_at < 0:
+                    first_at = base + i - 1
+                if sends is not None and got[1] is not None:
+                    sends.append((t, got[1]))
+            elif usage is not None and (got := usage(data)) is not None:
+                kinds.n += one_ids - synced  # the usage chunk: what _apply (_usage) does
+                synced = one_ids  # with it; no token
+                state["usage_prompt"] = got[0]
+                if got[1] is not None:
+                    state["usage_out"] = got[1]
             else:
                 if fast is not None:
                     try:

@@ -178,7 +178,7 @@ class Worker:
 
     def _record(self, job: Job) -> RequestRecord:
         tag = "w" if job.warmup else ""
-        return RequestRecord(
+        return RequestRecord.build(
             id=f"cbb-{tag}{job.index}",
             index=job.index,
             prompt_len=job.prompt_len,

@@ -25,6 +25,11 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef __linux__
+#include <errno.h>
+#include <sys/socket.h>
+#include <time.h>
+#endif
 
 #define MAX_DEPTH 64
 #define MAX_NUMBER 64
@@ -344,8 +349,10 @@ typedef struct {
     unsigned seen;
     long long id;
     int message, delta_obj; /* a `message` key; `delta` was an object (its keys in `delta`) */
+    int tail;               /* `last`: a finish reason may be a string (kept in `reason`) */
     Text text;
     Delta delta;
+    Text reason;
 } Choice;
 
 static int choice_field(J *j, cp key, Py_ssize_t n, void *ctx) {
@@ -376,6 +383,7 @@ static int choice_field(J *j, cp key, Py_ssize_t n, void *ctx) {
         c->delta_obj = 1;
         return object(j, delta_field, &c->delta);
     }
+    if (bit == 2 && c->tail && j->p < j->e && *j->p == '"') return text_value(j, &c->reason);
     return is_null(j);
 }
 
@@ -383,6 +391,9 @@ typedef struct {
     unsigned seen;
     long long t_send;
     int state_keys; /* `metrics` or `timings`: _apply keeps them (first) */
+    int tail;       /* `last`: a `cbbench` object is taken (its bytes in cb, cb_n) */
+    cp cb;
+    Py_ssize_t cb_n;
     Choice choice;
 } Chunk;
 
@@ -392,8 +403,13 @@ static int chunk_field(J *j, cp key, Py_ssize_t n, void *ctx) {
     if (KEY("choices")) bit = 1;
     else if (KEY("usage")) bit = 2;
     else if (KEY("t_send_ns")) bit = 4;
-    else if (KEY("cbbench")) return -1;
-    else if (KEY("metrics") || KEY("timings")) {
+    else if (KEY("cbbench")) {
+        if (!c->tail || c->cb != NULL || j->p >= j->e || *j->p != '{') return -1;
+        c->cb = j->p;
+        if (skip_value(j, 1)) return -1;
+        c->cb_n = j->p - c->cb;
+        return 0;
+    } else if (KEY("metrics") || KEY("timings")) {
         c->state_keys = 1;
         return skip_value(j, 1);
     } else return skip_value(j, 1);
@@ -406,6 +422,7 @@ static int chunk_field(J *j, cp key, Py_ssize_t n, void *ctx) {
     ws(j);
     Choice *ch = &c->choice;
     memset(ch, 0, sizeof(*ch));
+    ch->tail = c->tail;
     if (object(j, choice_field, ch) || !(ch->seen & 1)) return -1;
     ws(j);
     if (j->p >= j->e || *j->p != ']') return -1;
@@ -413,14 +430,17 @@ static int chunk_field(J *j, cp key, Py_ssize_t n, void *ctx) {
     return 0;
 }
 
-static int parse_chunk(cp p, Py_ssize_t n, Chunk *c) {
+static int parse_chunk_as(cp p, Py_ssize_t n, Chunk *c, int tail) {
     J j = {p, p + n};
     memset(c, 0, sizeof(*c));
+    c->tail = tail;
     ws(&j);
     if (object(&j, chunk_field, c) || !(c->seen & 1)) return 0;
     ws(&j);
     return j.p == j.e;
 }
+
+static int parse_chunk(cp p, Py_ssize_t n, Chunk *c) { return parse_chunk_as(p, n, c, 0); }
 
 /* the common chunk: 1 (t_send_ns in *t_send when *has_send), 0 not it */
 static int common(cp p, Py_ssize_t n, long long *t_send, int *has_send) {
@@ -677,11 +697,210 @@ static PyObject *first(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     return Py_BuildValue("(NL)", text, c.t_send);
 }
 
+
+#ifdef __linux__
+/* recv(fd, size) -> None | (data, t, delay): one read of a non-blocking socket with its
+   receive stamp, as h1conn.SockConn._readable's Python lines do it with socket.recvmsg:
+   `now` is CLOCK_MONOTONIC after the read; where the kernel attached SO_TIMESTAMPNS
+   (CLOCK_REALTIME), t = min(now, stamp - (realtime - now)) with realtime read after now,
+   and the read is kernel-stamped when that is below now (Python's min keeps `now` on a tie:
+   a user stamp); delay = now - t then, else -1 and t = now. None: nothing to read (EAGAIN,
+   EINTR); b"" at EOF; OSError for any other error. The bytes land in one kept buffer and
+   are copied out at their size (no 256 KiB object a read). The GIL is held: the socket
+   does not block. */
+#define STAMP_OPT 35 /* SO_TIMESTAMPNS(_OLD), as h1conn.SO_TIMESTAMPNS */
+#define RECV_MAX (1 << 18)
+static char recv_buf[RECV_MAX];
+
+static PyObject *recv_stamped(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "recv(fd, size)");
+        return NULL;
+    }
+    long fd = PyLong_AsLong(args[0]);
+    if (fd == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t size = PyLong_AsSsize_t(args[1]);
+    if (size == -1 && PyErr_Occurred()) return NULL;
+    if (size <= 0 || size > RECV_MAX || fd < 0 || fd > INT_MAX) {
+        PyErr_SetString(PyExc_ValueError, "recv: fd >= 0 and 0 < size <= 262144");
+        return NULL;
+    }
+    union {
+        char buf[CMSG_SPACE(sizeof(struct timespec))];
+        struct cmsghdr align;
+    } control;
+    struct iovec iov = {recv_buf, (size_t)size};
+    struct msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.buf;
+    msg.msg_controllen = sizeof control.buf;
+    ssize_t n = recvmsg((int)fd, &msg, 0);
+    if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) Py_RETURN_NONE;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    long long now = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec, t = now, delay = -1;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == STAMP_OPT &&
+            c->cmsg_len >= CMSG_LEN(16)) {
+            long long sec, nsec;
+            memcpy(&sec, CMSG_DATA(c), 8);
+            memcpy(&nsec, CMSG_DATA(c) + 8, 8);
+            struct timespec rt;
+            clock_gettime(CLOCK_REALTIME, &rt);
+            long long real = (long long)rt.tv_sec * 1000000000LL + rt.tv_nsec;
+            long long k = sec * 1000000000LL + nsec - (real - now);
+            if (k < now) {
+                t = k;
+                delay = now - k;
+            }
+            break;
+        }
+    }
+    PyObject *data = PyBytes_FromStringAndSize(recv_buf, n);
+    if (data == NULL) return NULL;
+    return Py_BuildValue("(NLL)", data, t, delay);
+}
+#endif
+
+/* last(event) -> None | (text, t_send_ns or None, finish_reason or None, cbbench or None):
+   a stream's finish chunk, which `first` and `count` refuse: the common chunk (as `first`
+   reads it: one token id, the answer-field text, no `metrics`, `timings` or `message`) with
+   a finish reason that is a plain non-empty string and/or a `cbbench` object (its bytes, for
+   the caller's JSON decode). None for anything else, and for the common chunk itself (no
+   finish reason, no `cbbench`: the counted paths take it). What _apply does with such an
+   event is what it does with `first`'s, plus `finish` and `cbbench` in the state. */
+static PyObject *last(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1 || !PyBytes_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "last(event: bytes)");
+        return NULL;
+    }
+    Chunk c;
+    if (!parse_chunk_as((cp)PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]), &c, 1) ||
+        c.state_keys || c.choice.message)
+        Py_RETURN_NONE;
+    Choice *ch = &c.choice;
+    Text *r = &ch->reason;
+    if (r->kind == 2 || (r->kind == 1 && r->n == 0) || (r->kind == 0 && c.cb == NULL))
+        Py_RETURN_NONE;
+    Text *t = ch->delta_obj && ch->delta.keys > 0 ? &ch->delta.content : &ch->text;
+    if (t->kind != 1 || t->twice || t->n == 0) Py_RETURN_NONE;
+    PyObject *out = PyTuple_New(4);
+    if (out == NULL) return NULL;
+    PyObject *v = PyUnicode_DecodeUTF8((const char *)t->s, t->n, "strict");
+    if (v == NULL) goto fail;
+    PyTuple_SET_ITEM(out, 0, v);
+    if (c.seen & 4) {
+        if ((v = PyLong_FromLongLong(c.t_send)) == NULL) goto fail;
+    } else v = Py_NewRef(Py_None);
+    PyTuple_SET_ITEM(out, 1, v);
+    if (r->kind == 1) {
+        if ((v = PyUnicode_DecodeUTF8((const char *)r->s, r->n, "strict")) == NULL) goto fail;
+    } else v = Py_NewRef(Py_None);
+    PyTuple_SET_ITEM(out, 2, v);
+    if (c.cb != NULL) {
+        if ((v = PyBytes_FromStringAndSize((const char *)c.cb, c.cb_n)) == NULL) goto fail;
+    } else v = Py_NewRef(Py_None);
+    PyTuple_SET_ITEM(out, 3, v);
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* usage(event) -> None | (prompt_tokens or None, completion_tokens or None): the stream's
+   usage chunk (`choices` an empty array, `usage` a non-empty object), as _apply folds it
+   (_usage: `prompt_tokens` and `completion_tokens` each an integer, null or absent; no
+   `*_tokens_details`, which _usage reads), with no `error`, `cbbench`, `metrics` or
+   `timings` key (_apply keeps or raises on those) and no recognised key given twice. None
+   for anything else: the Python path decides it. Such an event carries no token. */
+typedef struct {
+    unsigned seen;
+    long long v[2];
+    int has[2]; /* the value was an integer (else null or absent) */
+    Py_ssize_t keys;
+} Usage;
+
+static int usage_field(J *j, cp key, Py_ssize_t n, void *ctx) {
+    Usage *u = ctx;
+    int i;
+    u->keys++;
+    if (KEY("prompt_tokens")) i = 0;
+    else if (KEY("completion_tokens")) i = 1;
+    else if (KEY("prompt_tokens_details") || KEY("completion_tokens_details")) return -1;
+    else return skip_value(j, 2);
+    if (u->seen & (1u << i)) return -1;
+    u->seen |= 1u << i;
+    if (j->p < j->e && *j->p == 'n') return is_null(j);
+    u->has[i] = 1;
+    return integer(j, 1, &u->v[i]);
+}
+
+typedef struct {
+    unsigned seen;
+    Usage usage;
+} UsageChunk;
+
+static int usage_chunk_field(J *j, cp key, Py_ssize_t n, void *ctx) {
+    UsageChunk *c = ctx;
+    unsigned bit;
+    if (KEY("choices")) bit = 1;
+    else if (KEY("usage")) bit = 2;
+    else if (KEY("error") || KEY("cbbench") || KEY("metrics") || KEY("timings")) return -1;
+    else return skip_value(j, 1);
+    if (c->seen & bit) return -1;
+    c->seen |= bit;
+    if (bit == 2) return object(j, usage_field, &c->usage);
+    if (j->p >= j->e || *j->p != '[') return -1;
+    j->p++;
+    ws(j);
+    if (j->p >= j->e || *j->p != ']') return -1;
+    j->p++;
+    return 0;
+}
+
+static PyObject *usage(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1 || !PyBytes_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "usage(event: bytes)");
+        return NULL;
+    }
+    UsageChunk c;
+    memset(&c, 0, sizeof c);
+    J j = {(cp)PyBytes_AS_STRING(args[0]), (cp)PyBytes_AS_STRING(args[0]) + PyBytes_GET_SIZE(args[0])};
+    ws(&j);
+    if (object(&j, usage_chunk_field, &c) || c.seen != 3 || c.usage.keys == 0) Py_RETURN_NONE;
+    ws(&j);
+    if (j.p != j.e) Py_RETURN_NONE;
+    PyObject *out = PyTuple_New(2);
+    if (out == NULL) return NULL;
+    for (int i = 0; i < 2; i++) {
+        PyObject *v = c.usage.has[i] ? PyLong_FromLongLong(c.usage.v[i]) : Py_NewRef(Py_None);
+        if (v == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, i, v);
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"count", (PyCFunction)(void (*)(void))count, METH_FASTCALL,
      "count(events, start, sends, t) -> the common chunks from events[start] on"},
+    {"last", (PyCFunction)(void (*)(void))last, METH_FASTCALL,
+     "last(event) -> None | (text, t_send_ns | None, finish_reason | None, cbbench | None)"},
+    {"usage", (PyCFunction)(void (*)(void))usage, METH_FASTCALL,
+     "usage(event) -> None | (prompt_tokens | None, completion_tokens | None)"},
     {"first", (PyCFunction)(void (*)(void))first, METH_FASTCALL,
      "first(event) -> None | (text, t_send_ns | None): a common chunk's answer-field text"},
+#ifdef __linux__
+    {"recv", (PyCFunction)(void (*)(void))recv_stamped, METH_FASTCALL,
+     "recv(fd, size) -> None | (data, t_ns, delay_ns or -1): one stamped socket read"},
+#endif
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
      "scan(data, decode, sends, t) -> None | (last, payload, n_common, ascii)"},
     {"times", (PyCFunction)(void (*)(void))times, METH_FASTCALL,
