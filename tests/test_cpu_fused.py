@@ -92,3 +92,26 @@ def test_fused_layer_can_be_turned_off(monkeypatch, value):
     monkeypatch.setenv("CBBENCH_CPU_FUSED", value)
     runner, _ = _runner_and_chunks("float32")
     assert all(layer.cpu_fused is None for layer in runner.model.model.layers)
+
+
+@pytest.mark.skipif(cpu_gemm.load() is None, reason="the CPU kernels are not built here")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_layer_plans_follow_replaced_weights_after_forget(dtype):
+    """The stack reads its weights from plans cached at the first step; `forget` (called by
+    the ModelRunner after moving weights to huge pages) makes the next step read them again."""
+    from cbbench.reference_engine.model import cpu_fused
+
+    runner, chunks = _runner_and_chunks(dtype)
+    mode = runner.model.model.layers[0].cpu_fused
+    if mode is None:
+        pytest.skip("no fused layer here (no vdpbf16ps for bf16)")
+    before, _ = _forward(runner, chunks, mode)  # plans cached
+    lin = runner.model.model.layers[0].mlp.down_proj
+    lin.panels = lin.panels.clone().mul_(2)  # a new tensor, as a move to huge pages would be
+    stale, _ = _forward(runner, chunks, mode)
+    assert torch.equal(stale, before)  # still the cached plan's tensor
+    cpu_fused.forget(runner.model.model.layers)
+    got, _ = _forward(runner, chunks, mode)
+    want, _ = _forward(runner, chunks, None)  # the module path reads the new panels
+    assert not torch.equal(got, before)
+    assert torch.equal(got, want)

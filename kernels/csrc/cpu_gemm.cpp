@@ -26,6 +26,11 @@ constexpr int kDecodeMR = 8;    // rows per call when M <= 16: 16 accumulators, 
 // and 64 rows unchanged within the noise.
 #define CBBENCH_PREFETCH_K 64
 #endif
+// Software prefetch only for tiles of 8 or more rows: below that a tile is a pure stream the
+// hardware prefetcher keeps up with, and the prefetches cost more than they saved (the 37
+// linears of `small`, cold, huge pages, one thread: 1 row 8.0 -> 7.4 ms, 2-3 rows 9.5-9.8 ->
+// 7.2-7.4, 4-5 rows 9.8 -> 7.0-8.1 without them; 8 rows unchanged, where they stay).
+constexpr int kPrefetchMinRows = 8;
 #ifndef CBBENCH_M_BLOCK
 #define CBBENCH_M_BLOCK 256     // rows per outer block: x block stays in L2 across panels
 #endif
@@ -47,9 +52,11 @@ void micro(const float* x, int64_t ldx, const float* p, int64_t K, const float* 
   for (int64_t k = 0; k < K; ++k) {
     const float* pk = p + k * kPanel;
     // Past the panel's end this reads ahead into the next panel; prefetches never fault.
-    _mm_prefetch(reinterpret_cast<const char*>(pk + CBBENCH_PREFETCH_K * kPanel), _MM_HINT_T1);
-    _mm_prefetch(reinterpret_cast<const char*>(pk + CBBENCH_PREFETCH_K * kPanel + 16),
-                 _MM_HINT_T1);
+    if constexpr (MR >= kPrefetchMinRows) {
+      _mm_prefetch(reinterpret_cast<const char*>(pk + CBBENCH_PREFETCH_K * kPanel), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(pk + CBBENCH_PREFETCH_K * kPanel + 16),
+                   _MM_HINT_T1);
+    }
     const __m512 w0 = _mm512_loadu_ps(pk);
     const __m512 w1 = _mm512_loadu_ps(pk + 16);
 #pragma GCC unroll 12

@@ -36,6 +36,7 @@ from cbbench.reference_engine.execution.pooling import pooled
 from cbbench.reference_engine.execution.rejection_sampler import RejectionSampler, sample_chunks
 from cbbench.reference_engine.execution.sampler import Sampler, SampleRequest, token_logprobs
 from cbbench.reference_engine.kv_transfer.payload import KVLayout
+from cbbench.reference_engine.model import cpu_fused
 from cbbench.reference_engine.model.config import PRESETS, ModelConfig
 from cbbench.reference_engine.model.llama import AttentionMetadata, LlamaAttention, RMSNorm
 from cbbench.reference_engine.model.loader import (
@@ -152,6 +153,7 @@ class ModelRunner:
                 for m in self.model.model.layers:
                     m.cpu_fused = "float32" if fp32 else "bfloat16"
             self.weights_arena = hugepages.move_module(self.model)  # after packing: the panels
+            cpu_fused.forget(self.model.model.layers)  # plans read the moved weights
         self.dtype = resolve_dtype(dtype, self.model_config)
         self.kv_cache_dtype = kv_cache_dtype
         self.kv_dtype = kv_storage_dtype(kv_cache_dtype, self.dtype, self.backend)
@@ -309,7 +311,10 @@ class ModelRunner:
             self.last_embeddings = pooled(hidden, step)  # pooling requests (pooling.py)
             if not b.sample_rows:
                 return [[] for _ in step.drafts]
-            logits = self.model.compute_logits(hidden[[row for _, row in b.sample_rows]])
+            sample = [row for _, row in b.sample_rows]
+            if len(sample) != hidden.shape[0] or sample[-1] != len(sample) - 1:
+                hidden = hidden[sample]  # rows are increasing: all of them means 0..T-1
+            logits = self.model.compute_logits(hidden)
             rows = [i for i, _ in b.sample_rows]
             wanted = [
                 r for r, q in enumerate(step.sample_requests) if q.params.logprobs is not None
@@ -418,18 +423,20 @@ def prepare_items(
     max_blocks = max(len(t) for t in tables)
     padded = [t + [0] * (max_blocks - len(t)) for t in tables]
     block_tables = torch.tensor(padded, dtype=torch.int32)
-    if decode_only:
+    if decode_only:  # one row a sequence: its slot from the host lists (no tensor ops)
         pos = torch.tensor(starts, dtype=torch.int64)
-        seq_idx = torch.arange(len(items))
+        slot_list = [t[s // bs] * bs + s % bs for t, s in zip(tables, starts, strict=True)]
+        slots = torch.tensor(slot_list, dtype=torch.int64)
+        qsl = list(range(len(items) + 1))
     else:
         qlen_t = torch.tensor(qlens, dtype=torch.int64)
         seq_idx = torch.repeat_interleave(torch.arange(len(items)), qlen_t)
         first = torch.cumsum(qlen_t, 0) - qlen_t  # row of each chunk's first token
         pos = torch.arange(len(input_ids)) - first[seq_idx] + torch.tensor(starts)[seq_idx]
-    slots = block_tables[seq_idx, pos // bs].to(torch.int64) * bs + pos % bs
-    qsl = [0]
-    for q in qlens:
-        qsl.append(qsl[-1] + q)
+        slots = block_tables[seq_idx, pos // bs].to(torch.int64) * bs + pos % bs
+        qsl = [0]
+        for q in qlens:
+            qsl.append(qsl[-1] + q)
     meta = AttentionMetadata(
         slot_mapping=to_device(slots, device),
         block_tables=to_device(block_tables, device),

@@ -18,7 +18,8 @@ attention; prefill chunks go through the attention backend as before.
 
 from __future__ import annotations
 
-from typing import Any
+import weakref
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +30,97 @@ from torch import nn
 # and `Any` here (no import cycle)
 LlamaDecoderLayer = nn.Module
 AttentionMetadata = Any
+
+
+class LayerPlan(NamedTuple):
+    """What a fused layer reads from its modules, read once (nn.Module.__getattr__ costs ~1 us
+    a lookup; a layer needs 19 of them)."""
+
+    norm1: torch.Tensor
+    eps1: float
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    qkv_out: int
+    o: torch.Tensor
+    o_out: int
+    norm2: torch.Tensor
+    eps2: float
+    gate_up: torch.Tensor
+    gate_up_out: int
+    inter: int
+    down: torch.Tensor
+    down_out: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    q_size: int
+    scale: float
+
+
+def layer_plan(layer: LlamaDecoderLayer) -> LayerPlan:
+    attn, mlp = layer.self_attn, layer.mlp
+    n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
+    qkv, o, gu, down = attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj
+    return LayerPlan(
+        n1.weight, n1.eps, qkv.panels, qkv.bias, qkv.out_features, o.panels, o.out_features,
+        n2.weight, n2.eps, gu.panels, gu.out_features, mlp.intermediate_size, down.panels,
+        down.out_features, attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.q_size,
+        attn.scale,
+    )  # fmt: skip
+
+
+class _Stack:
+    """The plans of a model's layers, and per-layer (K, V) views of the last KV cache seen."""
+
+    __slots__ = ("mode", "plans", "kv_key", "kv")
+
+    def __init__(self, layers: nn.ModuleList) -> None:
+        self.mode = layers[0].cpu_fused
+        self.plans = [layer_plan(layer) for layer in layers]
+        self.kv_key: tuple | None = None
+        self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+
+_STACKS: weakref.WeakKeyDictionary[nn.ModuleList, _Stack] = weakref.WeakKeyDictionary()
+
+
+def forget(layers: nn.ModuleList) -> None:
+    """Drop the cached plans (after the layers' weights were replaced, e.g. moved to huge
+    pages): the next `forward_layers` reads the modules again."""
+    _STACKS.pop(layers, None)
+
+
+def forward_layers(
+    layers: nn.ModuleList,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    kv_caches: torch.Tensor,
+    meta: AttentionMetadata,
+    backend: AttentionBackend,
+) -> torch.Tensor:
+    """Every layer of the stack, one fused call each (`cpu_fused` set alike on all of them);
+    the same calls, in the same order, as calling each layer."""
+    st = _STACKS.get(layers)
+    if st is None or st.mode != layers[0].cpu_fused:
+        st = _STACKS[layers] = _Stack(layers)
+    key = (kv_caches.data_ptr(), kv_caches.shape, kv_caches.stride())  # views keep it alive
+    if st.kv_key != key:
+        st.kv = [(c[0], c[1]) for c in kv_caches.unbind(0)]
+        st.kv_key = key
+    decode = meta.decode_only and getattr(backend, "paged_kernel", False)
+    if st.mode == "float32":
+        ops = cpu_gemm.load()
+        assert ops is not None
+        for plan, (k, v) in zip(st.plans, st.kv, strict=True):
+            x = _fp32(ops, plan, x, cos, sin, k, v, meta, backend, decode)
+    else:
+        dot = cpu_bf16_dot.load()
+        ops = cpu_gemm.load()
+        assert dot is not None and ops is not None
+        for plan, (k, v) in zip(st.plans, st.kv, strict=True):
+            x = _bf16(dot, ops, plan, x, cos, sin, k, v, meta, backend, decode)
+    return x
 
 
 def bf16_layer(
@@ -43,26 +135,9 @@ def bf16_layer(
     """x [T, H] bf16 -> the layer's output; cos/sin fp32 contiguous [T, D/2]."""
     dot, ops = cpu_bf16_dot.load(), cpu_gemm.load()
     assert dot is not None and ops is not None
-    attn, mlp = layer.self_attn, layer.mlp
-    norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
-    qkv_proj, o_proj = attn.qkv_proj, attn.o_proj
-    k_cache, v_cache = kv_cache[0], kv_cache[1]
-    h = dot.rms_norm_bf16(x, norm1.weight, norm1.eps)
-    qkv = dot.linear_bf16dp(h, qkv_proj.panels, qkv_proj.bias, qkv_proj.out_features)
-    args = (meta.slot_mapping, attn.num_heads, attn.num_kv_heads, attn.head_dim)
-    if meta.decode_only and getattr(backend, "paged_kernel", False):  # fp32 query wanted
-        q = dot.rope_and_cache_bf16(qkv, cos, sin, k_cache, v_cache, *args, True)
-        o = ops.paged_decode_attention(
-            q, k_cache, v_cache, meta.block_tables, meta.seq_lens, attn.scale
-        )  # fp32; the projection rounds it to bf16 as .to(bf16) would
-    else:
-        q = dot.rope_and_cache_bf16(qkv, cos, sin, k_cache, v_cache, *args, False)
-        o = _attention(attn, q, k_cache, v_cache, meta, backend)
-    x = dot.linear_bf16dp(o.view(x.shape[0], attn.q_size), o_proj.panels, None, o_proj.out_features, x)
-    h = dot.rms_norm_bf16(x, norm2.weight, norm2.eps)
-    gate_up, down = mlp.gate_up_proj, mlp.down_proj
-    a = dot.silu_mul_bf16(dot.linear_bf16dp(h, gate_up.panels, None, gate_up.out_features))
-    return dot.linear_bf16dp(a, down.panels, None, down.out_features, x)
+    decode = meta.decode_only and getattr(backend, "paged_kernel", False)
+    plan = layer_plan(layer)
+    return _bf16(dot, ops, plan, x, cos, sin, kv_cache[0], kv_cache[1], meta, backend, decode)
 
 
 def fp32_layer(
@@ -77,39 +152,53 @@ def fp32_layer(
     """x [T, H] fp32 -> the layer's output; cos/sin fp32 contiguous [T, D/2]."""
     ops = cpu_gemm.load()
     assert ops is not None
-    attn, mlp = layer.self_attn, layer.mlp
-    norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
-    qkv_proj, o_proj = attn.qkv_proj, attn.o_proj
-    k_cache, v_cache = kv_cache[0], kv_cache[1]
-    h = ops.rms_norm(x, norm1.weight, norm1.eps)
-    qkv = ops.linear(h, qkv_proj.panels, qkv_proj.bias, qkv_proj.out_features)
-    q = ops.rope_and_cache(
-        qkv, cos, sin, k_cache, v_cache, meta.slot_mapping,
-        attn.num_heads, attn.num_kv_heads, attn.head_dim,
-    )  # fmt: skip
-    if meta.decode_only and getattr(backend, "paged_kernel", False):
-        o = ops.paged_decode_attention(
-            q, k_cache, v_cache, meta.block_tables, meta.seq_lens, attn.scale
-        )
+    decode = meta.decode_only and getattr(backend, "paged_kernel", False)
+    plan = layer_plan(layer)
+    return _fp32(ops, plan, x, cos, sin, kv_cache[0], kv_cache[1], meta, backend, decode)
+
+
+def _bf16(dot, ops, p: LayerPlan, x, cos, sin, k_cache, v_cache, meta, backend, decode: bool):
+    h = dot.rms_norm_bf16(x, p.norm1, p.eps1)
+    qkv = dot.linear_bf16dp(h, p.qkv, p.qkv_bias, p.qkv_out)
+    args = (meta.slot_mapping, p.num_heads, p.num_kv_heads, p.head_dim)
+    if decode:  # the C++ paged kernel wants an fp32 query
+        q = dot.rope_and_cache_bf16(qkv, cos, sin, k_cache, v_cache, *args, True)
+        o = ops.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, p.scale)
+        # fp32; the projection rounds it to bf16 as .to(bf16) would
     else:
-        o = _attention(attn, q, k_cache, v_cache, meta, backend)
-    x = ops.linear(o.view(x.shape[0], attn.q_size), o_proj.panels, None, o_proj.out_features).add_(x)
-    h = ops.rms_norm(x, norm2.weight, norm2.eps)
-    gate, up = ops.linear(h, mlp.gate_up_proj.panels, None, mlp.gate_up_proj.out_features).split(
-        mlp.intermediate_size, dim=-1
+        q = dot.rope_and_cache_bf16(qkv, cos, sin, k_cache, v_cache, *args, False)
+        o = _attention(p.scale, q, k_cache, v_cache, meta, backend)
+    x = dot.linear_bf16dp(o.view(x.shape[0], p.q_size), p.o, None, p.o_out, x)
+    h = dot.rms_norm_bf16(x, p.norm2, p.eps2)
+    a = dot.silu_mul_bf16(dot.linear_bf16dp(h, p.gate_up, None, p.gate_up_out))
+    return dot.linear_bf16dp(a, p.down, None, p.down_out, x)
+
+
+def _fp32(ops, p: LayerPlan, x, cos, sin, k_cache, v_cache, meta, backend, decode: bool):
+    h = ops.rms_norm(x, p.norm1, p.eps1)
+    qkv = ops.linear(h, p.qkv, p.qkv_bias, p.qkv_out)
+    q = ops.rope_and_cache(
+        qkv, cos, sin, k_cache, v_cache, meta.slot_mapping, p.num_heads, p.num_kv_heads, p.head_dim
     )
-    a = F.silu(gate).mul_(up)
-    return ops.linear(a, mlp.down_proj.panels, None, mlp.down_proj.out_features).add_(x)
+    if decode:
+        o = ops.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, p.scale)
+    else:
+        o = _attention(p.scale, q, k_cache, v_cache, meta, backend)
+    x = ops.linear(o.view(x.shape[0], p.q_size), p.o, None, p.o_out).add_(x)
+    h = ops.rms_norm(x, p.norm2, p.eps2)
+    gate_up = ops.linear(h, p.gate_up, None, p.gate_up_out)
+    a = F.silu(gate_up[:, : p.inter]).mul_(gate_up[:, p.inter :])
+    return ops.linear(a, p.down, None, p.down_out).add_(x)
 
 
-def _attention(attn, q, k_cache, v_cache, meta: AttentionMetadata, backend: AttentionBackend):
+def _attention(scale: float, q, k_cache, v_cache, meta: AttentionMetadata, backend: AttentionBackend):
     """The backend's attention for a step with prefill chunks (or without the C++ kernel)."""
     if meta.decode_only:
         return backend.paged_decode_attention(
-            q, k_cache, v_cache, meta.block_tables, meta.seq_lens, attn.scale,
+            q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale,
             max_seq_len=meta.max_seq_len,
         )  # fmt: skip
     return backend.paged_attention(
-        q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, attn.scale,
+        q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale,
         max_query_len=meta.max_query_len, max_seq_len=meta.max_seq_len,
     )  # fmt: skip

@@ -206,8 +206,7 @@ class LlamaForCausalLM(nn.Module):
         layers = self.model.layers
         if getattr(layers[0], "cpu_fused", None) is not None and x.device.type == "cpu":
             cos, sin = cos.float().contiguous(), sin.float().contiguous()  # once, not per layer
-            for i, layer in enumerate(layers):
-                x = layer.forward(x, cos, sin, kv_caches[i], meta, backend)  # no module hooks
+            x = cpu_fused.forward_layers(layers, x, cos, sin, kv_caches, meta, backend)
             return self.model.norm(x)
         for i, layer in enumerate(layers):
             x = layer(x, cos, sin, kv_caches[i], meta, backend)
