@@ -113,6 +113,7 @@ def test_locust_client_speaks_every_endpoint(api):
         assert s.ttfo_s > s.ttft_s >= 0.02
 
 
+@pytest.mark.serial  # a TPOT of ~70 us graded within 15 %: a busy neighbour core moves it
 @pytest.mark.parametrize("endpoint", ["responses", "messages"])
 def test_bench_timed_against_the_engines_own_stamps(engine, tmp_path, endpoint):
     """`cbbench_send_times`: the engine stamps each delta's send (as the event is built) and
