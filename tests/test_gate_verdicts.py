@@ -172,3 +172,28 @@ def test_a_passing_side_tail_interval_passes_only_where_the_runs_reach_the_tail(
     assert inconclusive(rule, 0.437, 0.342, 0.545, "pass", 56)[0] == CANNOT_TELL
     assert inconclusive(rule, 0.437, 0.342, 0.545, "pass", 400) == ("pass", "")
     assert inconclusive(rule, 0.6, 0.3, 1.12, "pass", 400)[0] == CANNOT_TELL  # reaches the limit
+
+
+def test_a_zero_baseline_tpot_is_judged_not_an_input_error(tmp_path: Path, capsys) -> None:
+    """A baseline whose TPOT p50 is 0 (its tokens came in one read) has no ratio: the gate
+    judges the other rules and says 'cannot tell' for TPOT (exit 2 before, nothing judged)."""
+    base = write_run(tmp_path / "b", n=200, seed=1, tpot_scale=0.0, max_output=SHORT)
+    flat = write_run(tmp_path / "f", n=200, seed=2, tpot_scale=0.0, max_output=SHORT)
+    slow = write_run(tmp_path / "s", n=200, seed=2, max_output=SHORT)
+    res = run_gate(load_run(base), load_run(slow), DEFAULT_POLICY)
+    tpot = [r for r in res.results if r.rule.metric == "tpot" and r.rule.relative]
+    assert tpot and all(r.verdict == "cannot tell" and "is 0" in r.note for r in tpot)
+    others = [r for r in res.results if r not in tpot]
+    assert others and not any("is 0" in r.note for r in others)
+    # the other rules still judge: 10 ms a token made every E2E slower, and that fails
+    assert any(r.failed and r.rule.metric == "e2e" for r in others)
+    same = run_gate(load_run(base), load_run(flat), DEFAULT_POLICY)
+    assert all(r.verdict == "pass" for r in same.results if r.rule.metric == "tpot")
+    assert same.passed
+    tpot_only = Policy(rules=tuple(r for r in DEFAULT_POLICY.rules if r.metric == "tpot"))
+    alone = run_gate(load_run(base), load_run(slow), tpot_only)
+    assert alone.passed and alone.undecided
+    argv = ["gate", "--baseline", str(base), "--candidate", str(slow)]
+    assert main(argv) == 1  # judged: the E2E rule fails; before, exit 2 and no table
+    out = capsys.readouterr().out
+    assert "a ratio is undefined" in out and "Traceback" not in out

@@ -11,7 +11,7 @@ import math
 
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.gate.policy import COST, LATENCY, Policy, Rule
-from cbbench.harness.gate.verdict import GateResult, RuleResult, _verdict
+from cbbench.harness.gate.verdict import GateResult, RuleResult, _verdict, zero_baseline
 from cbbench.harness.results.comparability import differences, incomparable, summary_line
 from cbbench.harness.results.formats.imported import is_aggregate_only
 from cbbench.harness.results.run_folder import Run
@@ -64,7 +64,7 @@ def judge_point(rule: Rule, base: Run, cand: Run, note: str):
         )
     if rule.relative:
         if b <= 0:
-            raise CbbenchError(f"{rule.metric}: baseline {rule.stat} is 0, a ratio is undefined")
+            return zero_baseline(rule, b, c)
         est = c / b
     else:
         est = c

@@ -27,7 +27,13 @@ import numpy as np
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.gate.aggregates import gate_on_aggregates
 from cbbench.harness.gate.policy import COST, LATENCY, SESSION_SUCCESS, Policy, Rule
-from cbbench.harness.gate.verdict import GateResult, RuleResult, _verdict, inconclusive
+from cbbench.harness.gate.verdict import (
+    GateResult,
+    RuleResult,
+    _verdict,
+    inconclusive,
+    zero_baseline,
+)
 from cbbench.harness.report.samples import RunSamples
 from cbbench.harness.results.comparability import differences, incomparable, summary_line
 from cbbench.harness.results.formats.imported import is_aggregate_only
@@ -245,7 +251,7 @@ def judge(rule: Rule, base: RunSamples, cand: RunSamples, policy: Policy) -> Rul
         c_point, c_draws = _throughput_boot(cand, rule.metric, rng, n)
     if rule.relative:
         if b_point <= 0:
-            raise CbbenchError(f"{rule.metric}: baseline {rule.stat} is 0, a ratio is undefined")
+            return zero_baseline(rule, b_point, c_point)
         with np.errstate(invalid="ignore", divide="ignore"):
             draws = c_draws / b_draws
         est = c_point / b_point

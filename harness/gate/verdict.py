@@ -52,6 +52,23 @@ class GateResult:
         return self.passed and any(r.verdict == "cannot tell" for r in self.results)
 
 
+def zero_baseline(rule: Rule, base: float, cand: float) -> RuleResult:
+    """A relative rule whose baseline statistic is 0 (a TPOT p50 of 0: the baseline's tokens
+    came in one read): no ratio exists. Both 0 is no change; a candidate above 0 passes a
+    floor (`max_decrease`: higher is better) and cannot be told against a ceiling: the gate
+    goes on with the other rules instead of stopping."""
+    nan = math.nan
+    what = f"baseline {rule.stat} {rule.metric} is 0"
+    if cand == 0:
+        return RuleResult(rule, base, cand, nan, nan, nan, nan, "pass", f"{what} in both runs")
+    if rule.limit == "max_decrease":
+        return RuleResult(
+            rule, base, cand, nan, nan, nan, nan, "pass", f"{what}: any value is above it"
+        )
+    note = f"{what}: a ratio is undefined; hold it to an absolute bound (max) instead"
+    return RuleResult(rule, base, cand, nan, nan, nan, nan, CANNOT_TELL, note)
+
+
 def _verdict(rule: Rule, estimate: float, low: float, high: float) -> tuple[str, float]:
     if rule.limit == "max_increase":
         bound = 1.0 + rule.value
