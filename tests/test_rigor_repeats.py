@@ -118,3 +118,18 @@ def test_relative_change_of_a_figure_that_cannot_be_negative_stops_at_minus_100_
     # p50 TTFT of two 3-repeat folders on a noisy host: the gate printed [-103.1%, +113.2%]
     d = compare([0.0040, 0.0118, 0.0095], [0.0098, 0.0076, 0.0091], "ttft_p50")
     assert d is not None and d.low == -1.0 and d.verdict == "cannot tell"
+
+
+def test_gate_between_repeats_of_a_zero_baseline_is_cannot_tell_not_a_ratio() -> None:
+    """Repeats whose TPOT p50 was 0 in every baseline run: no ratio, 'cannot tell' (a
+    nan ratio was compared with the limit before and read as a verdict)."""
+    from cbbench.harness.gate.policy import DEFAULT_POLICY, Rule
+    from cbbench.harness.gate.repeated import judge_repeated
+
+    rule = Rule("tpot", "max_increase", 0.10, "p50")
+    base = [{"summary": {"tpot_s": {"p50": 0.0}}} for _ in range(3)]
+    cand = [{"summary": {"tpot_s": {"p50": v}}} for v in (0.010, 0.011, 0.012)]
+    res = judge_repeated(rule, base, cand, DEFAULT_POLICY)
+    assert res.verdict == "cannot tell" and "is 0" in res.note
+    same = judge_repeated(rule, base, base, DEFAULT_POLICY)
+    assert same.verdict == "pass"

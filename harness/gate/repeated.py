@@ -25,7 +25,7 @@ from cbbench.harness.conclusions.repeats import (
 from cbbench.harness.conclusions.window import run_lead
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.gate.policy import LATENCY, Policy, Rule
-from cbbench.harness.gate.verdict import GateResult, RuleResult
+from cbbench.harness.gate.verdict import GateResult, RuleResult, zero_baseline
 from cbbench.harness.results.outcome import incomplete_reason
 
 SUMMARY_KEYS = {"queue": "server_queue_s"}  # a metric whose summary block is named otherwise
@@ -78,6 +78,8 @@ def judge_repeated(rule: Rule, base: list[dict], cand: list[dict], policy: Polic
         return RuleResult(rule, None, None, nan, nan, nan, nan, "n/a", "too few runs report it")
     d = compare(a, b, rule.metric, policy.confidence)
     assert d is not None
+    if rule.relative and d.a_mean <= 0:
+        return zero_baseline(rule, d.a_mean, d.b_mean)
     if rule.relative:
         est, low, high = d.ratio, 1 + d.low, 1 + d.high
         bound = 1 + rule.value if rule.limit == "max_increase" else 1 - rule.value
