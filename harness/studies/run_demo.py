@@ -28,8 +28,9 @@ from rich.console import Console
 
 DEFAULT_SLO = "ttft=10s,tpot=100ms"
 # each freshly started server gets one unmeasured request first (bench --warmup 1): a cold
-# server's first requests streamed every token in one burst at ~50 ms (seed-demo: TPOT p50
-# 0.0 ms, TTFT 50 ms against 6 ms warm), and that decided the comparison of short runs
+# engine's first steps are slower, and short runs are decided by their first requests (before
+# the API process loaded anyio's backend at start, seed-demo read TPOT p50 0.0 ms: every token
+# of the first requests in one burst at ~50 ms)
 RUN_WARMUP = 1
 # The default workload: mixed output lengths (the case continuous batching is for), sized so
 # that all three schedulers finish in about two minutes on 2 CPU cores with the tiny model.
