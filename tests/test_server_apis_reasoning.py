@@ -232,6 +232,8 @@ def reasoning_serve():
         yield srv
 
 
+@pytest.mark.serial  # TTFO > TTFT needs the answer in a later read than the first token:
+# 16 tiny tokens take ~11 ms, and a worker stalled beside the parallel phase read all in one
 @pytest.mark.parametrize("endpoint", ["responses", "messages"])
 def test_cbbench_bench_cli_against_cbbench_serve(reasoning_serve, tmp_path, endpoint):
     """As a user runs them: `cbbench serve --reasoning-parser deepseek_r1` (its own process,

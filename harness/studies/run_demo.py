@@ -27,10 +27,9 @@ from cbbench.workloads.presets import PRESETS, preset_settings
 from rich.console import Console
 
 DEFAULT_SLO = "ttft=10s,tpot=100ms"
-# each freshly started server gets one unmeasured request first (bench --warmup 1): a cold
-# engine's first steps are slower, and short runs are decided by their first requests (before
-# the API process loaded anyio's backend at start, seed-demo read TPOT p50 0.0 ms: every token
-# of the first requests in one burst at ~50 ms)
+# each fresh server gets one unmeasured request first (bench --warmup 1): a cold engine's first
+# steps are slower, and a short run is decided by its first requests (seed-demo read TPOT p50
+# 0.0 ms before the API process loaded anyio's backend at start: tokens in one burst)
 RUN_WARMUP = 1
 # The default workload: mixed output lengths (the case continuous batching is for), sized so
 # that all three schedulers finish in about two minutes on 2 CPU cores with the tiny model.
