@@ -12,8 +12,8 @@ torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 torch::Tensor argmax_rows(const torch::Tensor& x);
 torch::Tensor silu_mul(const torch::Tensor& gu, int64_t I);
-torch::Tensor sample_rows(const torch::Tensor& x, const torch::Tensor& rows,
-                          const torch::Tensor& temps, const torch::Tensor& u);
+std::vector<int64_t> sample_rows(const torch::Tensor& x, const std::vector<int64_t>& rows,
+                                 const std::vector<double>& temps, const std::vector<double>& u);
 torch::Tensor rope_and_cache(const torch::Tensor& qkv, const torch::Tensor& cos,
                              const torch::Tensor& sin, torch::Tensor& k_cache,
                              torch::Tensor& v_cache, const torch::Tensor& slots, int64_t Hq,
