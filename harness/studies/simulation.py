@@ -17,6 +17,7 @@ from typing import Any
 
 from cbbench.harness.console.progress import request_progress
 from cbbench.harness.errors import CbbenchError
+from cbbench.harness.planning import extrapolation
 from cbbench.harness.results import compare
 from cbbench.harness.results.records import RequestRecord
 from cbbench.harness.results.run_folder import RunWriter
@@ -70,6 +71,7 @@ class SimStudy:
     title: str
     steps_mode: bool
     timeline: bool
+    extrapolated: dict[str, dict] = field(default_factory=dict)  # engine -> beyond the fit
 
 
 def fit_static_batch(cfg: EngineConfig, console: Console) -> EngineConfig:
@@ -143,8 +145,10 @@ def write_run(
     workload_name: str,
     rate: float | None = None,
     command: list[str] | None = None,
+    extrapolated: dict | None = None,
 ) -> Path:
-    """One run folder (run.json, requests.jsonl, timeseries) for one replay."""
+    """One run folder (run.json, requests.jsonl, timeseries) for one replay; `extrapolated`:
+    the settings beyond the hardware fit's measured steps (planning/extrapolation.py)."""
     d = out / scheduler
     writer = RunWriter(d)
     try:
@@ -187,6 +191,7 @@ def write_run(
                 "num_kv_blocks": res.num_kv_blocks,
                 "max_model_len": res.max_model_len,
                 "summary": summary,
+                **({"extrapolated": extrapolated} if extrapolated else {}),
             }
         )
     finally:
@@ -312,11 +317,13 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
         if line:  # a from-run fit's request overhead and step jitter
             console.print(line, highlight=False, soft_wrap=True)
 
+    extrapolated: dict[str, dict] = {}  # engine -> extrapolation.outside (the fit's range)
+
     def save(name: str, res: SimResult) -> None:
         if opts.out is not None:
             d = write_run(
                 opts.out, name, res, wl, workload_name=opts.workload, rate=opts.rate,
-                command=opts.command,
+                command=opts.command, extrapolated=extrapolated.get(name),
             )  # fmt: skip
             run_dirs.append(d)
             console.print(f"  run folder: {d}")
@@ -345,6 +352,8 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
             f"in turn, each clock = its own measured step times"
         )
     else:
+        if note := extrapolation.no_range_line(hw):
+            console.print(note, highlight=False, soft_wrap=True)
         for name, cfg in cfgs.items():
             if name == "static":
                 cfg = fit_static_batch(cfg, console)
@@ -358,12 +367,16 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
                 f"{tput:.1f} output tok/{'step' if steps_mode else 's'}"
             )
             print_interval(console, name, hw, results[name])
+            if ext := extrapolation.of_engine(cfg, hw.fit):  # as `plan` marks its choice
+                extrapolated[name] = ext
+                console.print(extrapolation.line(name, ext), highlight=False, markup=False)
             print_graph(console, name, run_summary(results[name], name), True)
             save(name, results[name])
         title = (f"SIMULATED: {any_cfg.model} on {where}, workload {opts.workload} ({len(wl)} "
                  f"requests, seed {wl.seed}), B={b}" + (" — 1 time unit per step" if steps_mode
                  else " — modelled step times, not measurements"))  # fmt: skip
-    return SimStudy(opts, wl, dict(settings), results, run_dirs, title, steps_mode, timeline)
+    return SimStudy(opts, wl, dict(settings), results, run_dirs, title, steps_mode, timeline,
+                    extrapolated)  # fmt: skip
 
 
 def print_interval(console: Console, name: str, hw, res: SimResult) -> None:
