@@ -65,6 +65,13 @@ def test_each_server_in_cbbench_names_and_its_own() -> None:
     off = from_sglang({**SGLANG, "chunked_prefill_size": -1, "disable_radix_cache": True})
     assert off["enable_chunked_prefill"] is False and off["max_num_batched_tokens"] == 16384
     assert off["enable_prefix_caching"] is False
+    # newer: the cap the scheduler resolved, per DP rank, and its KV capacity
+    auto = {**SGLANG, "max_running_requests": None, "dp_size": 2, "max_total_num_tokens": None,
+            "internal_states": [{"effective_max_running_requests_per_dp": 48,
+                                 "memory_usage": {"kvcache": 0.2, "token_capacity": 20480}}]}
+    assert from_sglang(auto)["max_num_seqs"] == 48 and from_sglang(auto)["num_kv_blocks"] == 20480
+    # a total across 2 DP ranks without the per-rank cap: not an engine's max_num_seqs
+    assert "max_num_seqs" not in from_sglang({**SGLANG, "dp_size": 2})
     tgi = from_tgi(TGI)
     assert "max_num_seqs" not in tgi  # max_batch_size null: TGI did not say
     assert tgi["max_model_len"] == 2048 and tgi["max_concurrent_requests"] == 128

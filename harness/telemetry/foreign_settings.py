@@ -8,7 +8,9 @@ server's own name (`OWN`). What a server does not say is left out: "unknown" whe
 meet (results/comparability.py), never guessed.
 
 - SGLang `/server_info` (newer) or `/get_server_info`: its ServerArgs as a dict, the
-  scheduler's info and `version` (python/sglang/srt/entrypoints/http_server.py).
+  scheduler's info (max_total_num_tokens, ...), `internal_states` (one per DP rank: newer
+  servers put effective_max_running_requests_per_dp and memory_usage.token_capacity there)
+  and `version` (python/sglang/srt/entrypoints/http_server.py; the native-API docs' example).
 - TGI `/info`: its router's `Info` (router/src/lib.rs, served by router/src/server.rs);
   batch limits only in versions before the v3 backend moved them out of the router.
 - llama.cpp `/props`: `total_slots` (its `--parallel`), `default_generation_settings.n_ctx`
@@ -38,7 +40,9 @@ def _own(kind: str, data: dict) -> dict:
 
 
 def from_sglang(data: object) -> dict:
-    """SGLang's server info: max_running_requests is max_num_seqs; chunked_prefill_size > 0
+    """SGLang's server info: the running-requests cap is max_num_seqs (`internal_states`'
+    effective_max_running_requests_per_dp, as newer servers report it, else the
+    max_running_requests argument); chunked_prefill_size > 0
     is chunked prefill on (-1 or 0: off), and a step's prefill tokens are held under both it
     and max_prefill_tokens (its PrefillAdder), so their minimum is max_num_batched_tokens;
     the radix cache is prefix caching; page_size is block_size; its KV pool of
@@ -46,7 +50,13 @@ def from_sglang(data: object) -> dict:
     if not isinstance(data, dict) or not any(k in data for k in ("tp_size", "model_path")):
         return {}
     out = {}
-    if (v := _int(data.get("max_running_requests"))) is not None:
+    states = data.get("internal_states")
+    state = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
+    # the cap the scheduler runs with (resolved where the argument is left to auto), per DP
+    # rank; else the argument itself, which is per engine only without data parallelism
+    per_rank = _int(state.get("effective_max_running_requests_per_dp"))
+    given = _int(data.get("max_running_requests")) if data.get("dp_size") in (None, 1) else None
+    if (v := per_rank if per_rank is not None else given) is not None:
         out["max_num_seqs"] = v
     chunk, prefill = _int(data.get("chunked_prefill_size")), _int(data.get("max_prefill_tokens"))
     if chunk is not None:
@@ -58,7 +68,9 @@ def from_sglang(data: object) -> dict:
         out["enable_prefix_caching"] = not data["disable_radix_cache"]
     if (v := _int(data.get("page_size"))) is not None and v > 0:
         out["block_size"] = v
-        if (pool := _int(data.get("max_total_num_tokens"))) is not None:
+        memory = state.get("memory_usage") if isinstance(state.get("memory_usage"), dict) else {}
+        pool = _int(data.get("max_total_num_tokens")) or _int(memory.get("token_capacity"))
+        if pool is not None:
             out["num_kv_blocks"] = pool // v
     if (v := _int(data.get("context_length"))) is not None:
         out["max_model_len"] = v
