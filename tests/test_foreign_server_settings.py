@@ -172,6 +172,9 @@ def test_bench_records_them_and_gate_report_read_with_care(
     assert main(["report", str(tmp_path / "a"), str(tmp_path / "b"),
                  "--out", str(tmp_path / "r.html")]) == 0  # fmt: skip
     err = capsys.readouterr().err
+    if kind == "llamacpp":  # the header names what the server told, in cbbench's names
+        header = next(x for x in (tmp_path / "r.html").read_text().split("<") if "server: " in x)
+        assert "max_num_seqs 4," in header and "max_model_len 4096" in header
     aspect = line.split(":")[0]
     assert f"cbbench report: read with care: {aspect} differs (a: " in err, err
 
