@@ -8,7 +8,9 @@
   told `--allow-incomparable`; `report` warns on the terminal and in the report.
 - `caution`: comparable, but read with care (another request count, duration or warmup;
   another batching or thread setting of the server: max_num_seqs, max_num_batched_tokens,
-  chunked prefill, CPU threads or their binding, from `target.server_settings`).
+  chunked prefill, CPU threads or their binding, tensor parallel size, KV dtype, and a setting
+  SGLang, TGI or llama.cpp says under its own name where both runs say it, from
+  `target.server_settings`).
 - `info`: what is being compared (the server, its scheduler): shown, never refused.
 A value a run does not record (an older run.json) is unknown and never counts as a difference.
 A server setting that a run's server did not tell (vLLM without its dev-mode /server_info) is
