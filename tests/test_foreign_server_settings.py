@@ -86,7 +86,7 @@ class Foreign:
     `payload` is what the endpoint answers (a dict: JSON; "404"; "junk"; "hang")."""
 
     def __init__(self, url_engine_app) -> None:
-        self.kind, self.payload, self.hits = "sglang", SGLANG, 0
+        self.kind, self.payload, self.hits, self.older = "sglang", SGLANG, 0, False
         self.app = Starlette(routes=[
             Route("/v1/models", self.models),
             *[Route(p, self.settings) for p in ("/server_info", "/get_server_info", "/info",
@@ -99,10 +99,9 @@ class Foreign:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def settings(self, request):
-        if request.url.path not in (PATH[self.kind], "/get_server_info"):
+        served = "/get_server_info" if self.older else PATH[self.kind]
+        if request.url.path != served:
             return JSONResponse({"detail": "Not Found"}, status_code=404)
-        if request.url.path == "/get_server_info" and self.kind == "sglang":
-            return JSONResponse(self.payload)  # only reached after /server_info's 404
         self.hits += 1
         if self.payload == "404":
             return JSONResponse({"detail": "Not Found"}, status_code=404)
@@ -143,7 +142,7 @@ def _bench(foreign: Foreign, out: Path) -> dict:
 def test_bench_records_them_and_gate_report_read_with_care(
     foreign, tmp_path, capsys, kind, payload, changed, line
 ) -> None:
-    foreign.kind, foreign.payload, foreign.hits = kind, payload, 0
+    foreign.kind, foreign.payload, foreign.hits, foreign.older = kind, payload, 0, False
     a = _bench(foreign, tmp_path / "a")
     assert foreign.hits == 1  # one GET
     foreign.payload = {**payload, **changed}
@@ -179,15 +178,18 @@ def test_bench_records_them_and_gate_report_read_with_care(
     assert f"cbbench report: read with care: {aspect} differs (a: " in err, err
 
 
+@pytest.mark.parametrize("kind", ["llamacpp", "sglang"])
 @pytest.mark.parametrize("payload", ["404", "junk"])
-def test_a_server_without_the_endpoint_or_with_junk_runs_as_before(foreign, tmp_path, payload):
-    foreign.kind, foreign.payload, foreign.hits = "llamacpp", payload, 0
+def test_a_server_without_the_endpoint_or_with_junk_runs_as_before(
+    foreign, tmp_path, payload, kind
+):
+    foreign.kind, foreign.payload, foreign.hits, foreign.older = kind, payload, 0, False
     settings = _bench(foreign, tmp_path / "r")
     assert foreign.hits == 1 and "max_num_seqs" not in settings  # one try, nothing guessed
 
 
 def test_a_hanging_endpoint_is_one_bounded_try(foreign) -> None:
-    foreign.kind, foreign.payload, foreign.hits = "tgi", "hang", 0
+    foreign.kind, foreign.payload, foreign.hits, foreign.older = "tgi", "hang", 0, False
     engine = {"models": ["tiny"], "owned_by": "tiny"}
     assert read_server_settings(None, engine, timeout_s=0.3, base_url=foreign.url) == {}
     assert foreign.hits == 1
@@ -195,7 +197,8 @@ def test_a_hanging_endpoint_is_one_bounded_try(foreign) -> None:
 
 def test_sglang_before_server_info_answers_at_get_server_info(foreign) -> None:
     """An SGLang without /server_info (404) is asked once more at /get_server_info."""
-    foreign.kind, foreign.payload = "llamacpp", SGLANG  # /server_info: 404 here
+    foreign.kind, foreign.payload, foreign.hits, foreign.older = "sglang", SGLANG, 0, True
     engine = {"models": ["tiny"], "owned_by": "sglang"}
     got = read_server_settings(None, engine, base_url=foreign.url)
     assert got["max_num_seqs"] == 64 and got["tensor_parallel_size"] == 1
+    assert foreign.hits == 1

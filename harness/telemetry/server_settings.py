@@ -122,10 +122,12 @@ def read_server_settings(
     timeout_s: float = 5.0,
     base_url: str | None = None,
     api_key: str | None = None,
+    read: dict | None = None,
 ) -> dict:
     """/v1/models' settings, then (with `base_url`) a vLLM server's /server_info or SGLang's,
     TGI's or llama.cpp's settings endpoint, then /metrics': each one bounded GET;
-    unreachable, absent (404) or junk: skipped."""
+    unreachable, absent (404) or junk: skipped. `read`: the settings endpoint's answer where
+    the caller has it already (the run's environment.server asked SGLang): not asked again."""
     import httpx
 
     out = from_models(engine)
@@ -141,9 +143,10 @@ def read_server_settings(
         except (httpx.HTTPError, ValueError):
             pass
     kind = server_kind(engine)
-    if base_url and kind in ENDPOINTS:
-        out.update({k: v for k, v in _foreign(kind, base_url, api_key, timeout_s).items()
-                    if k not in out})  # fmt: skip
+    if kind in ENDPOINTS and (base_url or read is not None):
+        told = (ENDPOINTS[kind][1](read) if read is not None
+                else _foreign(kind, base_url or "", api_key, timeout_s))  # fmt: skip
+        out.update({k: v for k, v in told.items() if k not in out})
     if metrics_url:
         try:
             resp = httpx.get(metrics_url, timeout=timeout_s, trust_env=False)
