@@ -17,13 +17,13 @@ from typing import Any
 
 from cbbench.harness.console.progress import request_progress
 from cbbench.harness.errors import CbbenchError
-from cbbench.harness.planning import extrapolation
 from cbbench.harness.results import compare
 from cbbench.harness.results.records import RequestRecord
 from cbbench.harness.results.run_folder import RunWriter
 from cbbench.harness.results.summary import RunSummary, summarize
 from cbbench.harness.studies.sim_batch import batch_label
 from cbbench.harness.studies.sim_graphs import drop_too_long, graph_part, print_graph
+from cbbench.harness.studies.sim_notes import print_extrapolation, print_interval, print_no_range
 from cbbench.reference_engine.config.engine_config import SCHEDULERS, EngineConfig
 from cbbench.reference_engine.config.options import FLAGS, SIM_DEFAULTS, build_engine_config
 from cbbench.reference_engine.core.block_manager import cdiv
@@ -352,8 +352,7 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
             f"in turn, each clock = its own measured step times"
         )
     else:
-        if note := extrapolation.no_range_line(hw):
-            console.print(note, highlight=False, soft_wrap=True)
+        print_no_range(console, hw)
         for name, cfg in cfgs.items():
             if name == "static":
                 cfg = fit_static_batch(cfg, console)
@@ -367,9 +366,8 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
                 f"{tput:.1f} output tok/{'step' if steps_mode else 's'}"
             )
             print_interval(console, name, hw, results[name])
-            if ext := extrapolation.of_engine(cfg, hw.fit):  # as `plan` marks its choice
+            if ext := print_extrapolation(console, name, cfg, hw):  # as `plan` marks its choice
                 extrapolated[name] = ext
-                console.print(extrapolation.line(name, ext), highlight=False, markup=False)
             print_graph(console, name, run_summary(results[name], name), True)
             save(name, results[name])
         title = (f"SIMULATED: {any_cfg.model} on {where}, workload {opts.workload} ({len(wl)} "
@@ -377,26 +375,6 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
                  else " — modelled step times, not measurements"))  # fmt: skip
     return SimStudy(opts, wl, dict(settings), results, run_dirs, title, steps_mode, timeline,
                     extrapolated)  # fmt: skip
-
-
-def print_interval(console: Console, name: str, hw, res: SimResult) -> None:
-    """This run's interval (reference_engine/sim/intervals.py): a calibrated fit's from its
-    residuals, else from the error the hardware was measured with; or "error unknown"."""
-    from cbbench.reference_engine.sim.intervals import error_of, interval_for
-
-    iv = interval_for(hw.fit, len(res.steps)) if hw.linear is not None else None
-    s = res.summary()
-    if hw.steps or not s["output_throughput"]:
-        return
-    words = f"{iv.level:.0%} prediction interval from the fit's residuals" if iv else ""
-    if iv is None:
-        iv, kind, words = error_of(hw)
-        if kind == "unknown":
-            return console.print(f"  {name}: {words}", highlight=False, soft_wrap=True)
-    lo, hi = iv.throughput(s["output_throughput"])
-    p_lo, p_hi = iv.latency(s["e2e_s"]["p99"])
-    console.print(f"  {name}: {words}: {lo:.1f}-{hi:.1f} output tok/s, p99 E2E "
-                  f"{p_lo:.2f}-{p_hi:.2f} s", highlight=False, soft_wrap=True)  # fmt: skip
 
 
 def print_study(study: SimStudy, console: Console) -> None:
