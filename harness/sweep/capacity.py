@@ -116,21 +116,37 @@ def find_max_rate(
     measure: Callable[[float, int, int], Trial],
     cfg: CapacityConfig,
     on_trial: Callable[[Trial], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> CapacityResult:
     cfg.validate()
-    t0 = time.monotonic()
+    t0 = clock()
     res = CapacityResult(None, (None, None))
     lo: float | None = None
     hi: float | None = None
 
-    def budget_left(requests: int) -> str | None:
+    overhead = [0.0]  # the most any run took beyond its arrival span (start-up, drain)
+
+    def budget_left(rate: float, requests: int) -> str | None:
         if res.requests + requests > cfg.max_requests:
             return f"request budget ({cfg.max_requests}) reached"
-        spent = time.monotonic() - t0
-        per_request = spent / max(1, res.requests)
-        if spent + requests * per_request > cfg.max_time_s:
+        if clock() - t0 + level_seconds(rate, requests) > cfg.max_time_s:
             return f"time budget ({cfg.max_time_s:g} s) reached"
         return None
+
+    def level_seconds(rate: float, requests: int) -> float:
+        """A run's time: its arrivals at the rate (at most the most served yet: a queue past
+        it drains at the server's pace) plus the largest overhead seen. Not the seconds per
+        request so far: slow low-rate levels made a short fast one look too long to run."""
+        served = [t.achieved_rps for t in res.trials if t.achieved_rps]
+        pace = min(rate, max(served)) if served else rate
+        return requests / pace + overhead[0]
+
+    def run(rate: float, attempt: int, n: int) -> Trial:
+        start = clock()
+        trial = measure(rate, attempt, n)
+        wall = clock() - start
+        overhead[0] = max(overhead[0], wall - trial.requests / rate)
+        return trial
 
     def level(rate: float) -> bool | None:
         """Met (True) or missed (False) by REPEAT_RULE over the runs it can judge; a run too
@@ -140,7 +156,7 @@ def find_max_rate(
         met = missed = attempt = 0
         n = cfg.first_size(rate)
         while True:
-            why = budget_left(n)
+            why = budget_left(rate, n)
             if why:
                 res.stopped = why
                 if n > cfg.requests_per_level:  # it was lengthening: say for what
@@ -149,7 +165,7 @@ def find_max_rate(
                         f"more than the budget leaves; raise --max-requests or --max-time"
                     )
                 return None
-            trial = measure(rate, attempt, n)
+            trial = run(rate, attempt, n)
             res.trials.append(trial)
             res.requests += trial.requests
             if on_trial:
@@ -215,5 +231,5 @@ def find_max_rate(
         lo = peak
     res.max_rate = lo
     res.interval = (lo, hi)
-    res.wall_s = time.monotonic() - t0
+    res.wall_s = clock() - t0
     return res
