@@ -110,6 +110,9 @@ def print_capacity(index: dict) -> None:
         lo, hi = cap["interval"]
         if cap.get("undecided"):
             below = f"; met up to {lo:.3g} req/s" if lo is not None else ""
+            _, capped, why = cap["stopped"].partition("; capped at ")
+            if lo is not None and capped:  # say where a number no level's row shows comes from
+                below += f" (capped at {why})"
             print(f"cannot decide: {cap['undecided']}{below}")
         elif lo is None:
             print(f"no rate met the SLO ({cap['stopped']})")

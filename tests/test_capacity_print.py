@@ -1,0 +1,26 @@
+"""What `sweep --find-max-rate` prints at its end, from sweep.json's `capacity`."""
+
+from __future__ import annotations
+
+from cbbench.harness.sweep.capacity import CapacityConfig, Trial, find_max_rate
+from cbbench.harness.sweep.capacity_run import print_capacity
+
+
+def test_an_undecided_search_says_why_its_met_rate_is_below_the_met_level(capsys) -> None:
+    """vLLM-cpu: 8/s was met serving 7.89/s, then 16/s could not be paid for. It printed
+    'met up to 7.89 req/s' under a table whose 8/s row shows 7.69 req/s (the whole run's):
+    7.89, the cap at the most served, was nowhere explained."""
+
+    def measure(rate: float, attempt: int, n: int) -> Trial:
+        if rate >= 16:
+            return Trial(rate, attempt, None, None, n, state="undecided", why="cut")
+        return Trial(rate, attempt, 1.0, min(rate, 7.89), requests=n)
+
+    res = find_max_rate(measure, CapacityConfig(start_rate=8.0))
+    assert res.undecided and res.max_rate == 7.89
+    index = {"capacity": res.to_dict(), "slo": "ttft_p99=1s", "goodput": 0.95, "repeats": 3}
+    print_capacity(index)
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.startswith("cannot decide: rate 16/s: cut; met up to 7.89 req/s")
+    assert "(capped at 7.89 req/s, the most the server served in any level" in line
+    assert "(the met rate was 8/s))" in line
