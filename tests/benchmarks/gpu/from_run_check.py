@@ -33,12 +33,18 @@ SPEC_B = {"prompt": {"dist": "uniform", "min": 32, "max": 2048},
           "output": {"dist": "uniform", "min": 16, "max": 512}}  # fmt: skip
 
 
+DRY_RUN = False  # --dry-run: print the commands, run none (run_all.py: no vLLM in the image)
+
+
 def cbbench(*args: str) -> None:
     print("$ cbbench " + " ".join(args), flush=True)
+    if DRY_RUN:
+        return
     subprocess.run([sys.executable, "-m", "cbbench.harness.cli", *args], check=True, timeout=3600)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    global DRY_RUN
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--base-url", required=True)
     ap.add_argument("--model", required=True)
@@ -48,7 +54,9 @@ def main() -> None:
     ap.add_argument("--rates", default="4,10")
     ap.add_argument("--check-rate", default="7")
     ap.add_argument("--num-requests", default="300")
-    a = ap.parse_args()
+    ap.add_argument("--dry-run", action="store_true", help="write the specs, print the commands")
+    a = ap.parse_args(argv)
+    DRY_RUN = a.dry_run
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     for name, spec in (("a", SPEC_A), ("b", SPEC_B)):
