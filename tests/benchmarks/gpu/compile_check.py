@@ -107,9 +107,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--dtypes: choose from {','.join(DTYPES)}, got {args.dtypes!r}")
     results = compile_all(archs, dtypes, args.dry_run)
     for r in results:
-        status = f"ok, {r['shared_bytes']} B shared" if r["ok"] else f"FAILED\n{r['error']}"
         if r.get("dry_run"):
             status = "typed source built (dry run: not compiled)"
+        elif r["ok"]:
+            status = f"ok, {r['shared_bytes']} B shared"
+        else:
+            status = f"FAILED\n{r['error']}"
         print(f"{r['arch']} {r['kernel']:<18} {r['dtype']}: {status}")
     return 0 if all(r["ok"] for r in results) else 1
 

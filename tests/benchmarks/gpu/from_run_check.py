@@ -71,8 +71,19 @@ def main(argv: list[str] | None = None) -> None:
             "--out", str(out / "b"))  # fmt: skip
     cbbench("bench", *common, "--workload", str(out / "spec-a.json"), "--rate", rates[-1],
             "--out", str(out / "a2"))  # fmt: skip
-    runs = ["--from-run", str(out / "a1"), str(out / "a2"), "--server-config", a.server_config,
-            "--model", a.model, "--dtype", "bfloat16", "--check-run", str(out / "b")]
+    runs = [
+        "--from-run",
+        str(out / "a1"),
+        str(out / "a2"),
+        "--server-config",
+        a.server_config,
+        "--model",
+        a.model,
+        "--dtype",
+        "bfloat16",
+        "--check-run",
+        str(out / "b"),
+    ]
     cbbench("calibrate", *runs, "--out", str(out / "fit-half.json"))  # first halves -> whole
     cbbench("calibrate", *runs, "--holdout", "0", "--out", str(out / "fit-all.json"))  # A -> B
     cbbench("calibrate", "--check-run", str(out / "a1"), str(out / "a2"), str(out / "b"),
