@@ -176,6 +176,18 @@ def _last_line(text: str) -> str:
     return lines[-1][:160] if lines else ""
 
 
+def classify(rc: int | None, output: str) -> str:
+    """pass (0) | needs-cuda (2 in one clean line) | timeout (None) | fail (anything else,
+    a traceback above all)."""
+    if rc is None:
+        return "timeout"
+    if rc == 0:
+        return "pass"
+    if rc == NEEDS_CUDA and "Traceback" not in output:
+        return "needs-cuda"
+    return "fail"
+
+
 def run_check(check: Check, root: Path, dry: bool, interpret: bool, limit_s: float) -> Outcome:
     out_dir = root / check.name
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -201,14 +213,7 @@ def run_check(check: Check, root: Path, dry: bool, interpret: bool, limit_s: flo
             rc = None
     seconds = time.monotonic() - t0
     text = log.read_text(errors="replace")
-    if rc is None:
-        status = "timeout"
-    elif rc == 0:
-        status = "pass"
-    elif rc == NEEDS_CUDA and "Traceback" not in text:
-        status = "needs-cuda"
-    else:
-        status = "fail"
+    status = classify(rc, text)
     files = sorted(str(p.relative_to(root)) for p in out_dir.rglob("*") if p.is_file())
     return Outcome(check.name, status, rc, round(seconds, 1), _last_line(text), files)
 

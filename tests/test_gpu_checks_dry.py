@@ -1,0 +1,105 @@
+"""The GPU checks' driver (tests/benchmarks/gpu/run_all.py) in its CPU dry run, so that the
+scripts cannot rot silently between the rare sessions that are lent a GPU: every check
+starts, parses its arguments, imports and builds its tiny model here, and where it needs
+CUDA it refuses in one line with exit 2, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.benchmarks.gpu import run_all
+
+GPU_DIR = Path(run_all.__file__).parent
+HELPERS = {"run_all", "kernels_check", "kernels_report", "graphs_check"}  # run by engine_check
+
+
+def test_every_check_script_is_in_the_driver():
+    scripts = {p.stem for p in GPU_DIR.glob("*.py")} - HELPERS
+    assert scripts == {c.module for c in run_all.CHECKS}
+    names = [c.name for c in run_all.CHECKS]
+    assert len(set(names)) == len(names)
+    # sized for one 10-minute device call: the budget bounds the sum, and every check's own
+    # bound fits in it
+    assert all(c.timeout_s <= 540 for c in run_all.CHECKS)
+
+
+def test_classify():
+    assert run_all.classify(0, "ok") == "pass"
+    assert run_all.classify(2, "x: needs an NVIDIA GPU\n") == "needs-cuda"
+    assert run_all.classify(2, "Traceback (most recent call last):\n  ...\n") == "fail"
+    assert run_all.classify(None, "") == "timeout"
+    assert run_all.classify(1, "FAIL") == "fail"
+
+
+def test_budget_and_timeout_bound_each_check(tmp_path):
+    from_run = next(c for c in run_all.CHECKS if c.name == "from_run")
+    assert run_all.run_serial([from_run], tmp_path, True, False, budget=5) == [
+        run_all.Outcome("from_run", "skipped", None, 0.0, "budget spent")
+    ]
+    pd = next(c for c in run_all.CHECKS if c.name == "pd")
+    o = run_all.run_check(pd, tmp_path, True, False, limit_s=0.1)  # torch not even imported
+    assert o.status == "timeout" and o.rc is None and o.files == ["pd/log.txt"]
+
+
+@pytest.mark.timeout(240)
+def test_dry_run_of_every_check(tmp_path):
+    """~13 s on 2 shared cores (3 checks side by side; torch's import dominates)."""
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.benchmarks.gpu.run_all", "--out", str(out), "--dry-run",
+         "--jobs", "3"],
+        capture_output=True, text=True, timeout=220,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "gpu-checks.tar.gz",
+        "summary.json",
+        "summary.txt",
+    ]  # fmt: skip  (the device tool returns at most 8 files)
+    doc = json.loads((out / "summary.json").read_text())
+    status = {c["name"]: c["status"] for c in doc["checks"]}
+    want = {c.name: "pass" for c in run_all.CHECKS} | {"telemetry": "needs-cuda"}
+    assert status == want, proc.stdout[-4000:]
+    with tarfile.open(out / "gpu-checks.tar.gz") as tar:
+        tar.extractall(tmp_path / "x", filter="data")
+    root = tmp_path / "x" / "gpu-checks"
+    for c in run_all.CHECKS:
+        log = (root / c.name / "log.txt").read_text()
+        assert "Traceback" not in log, log[-3000:]
+    env = json.loads((root / "env" / "env.json").read_text())
+    assert [p["warmup"] for p in env["probes"]] == [False, True]
+    assert all(p["ttft_first_s"] > 0 and p["warmup_s"] is None for p in env["probes"])  # CPU
+    dry = json.loads((root / "kernels_engine" / "dry_run.json").read_text())
+    assert dry["engine"]["identical_streams"] == "3/3" and dry["modes"]["passed"]
+    pd = json.loads((root / "pd" / "pd_check.json").read_text())
+    assert [r["kv_cache_dtype"] for r in pd] == ["auto", "fp8"]
+    assert all(r["identical"] == r["requests"] == 2 and r["leaked_blocks"] == 0 for r in pd)
+    rows = json.loads((root / "reproduce" / "gpu-util.json").read_text())
+    assert len(rows) == 6 and {r["scheduler"] for r in rows} == {"static", "continuous"}
+    assert (root / "t0" / "t0_check.json").exists()
+    assert (out / "summary.txt").read_text().startswith("GPU checks (dry run, CPU)")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_dry_run_under_the_triton_interpreter(tmp_path):
+    """--interpret: the kernels' correctness grid and the engine on the Triton kernels
+    (TRITON_INTERPRET=1), tiny sizes."""
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.benchmarks.gpu.run_all", "--out", str(out), "--dry-run",
+         "--interpret", "--only", "kernels_engine"],
+        capture_output=True, text=True, timeout=580,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    with tarfile.open(out / "gpu-checks.tar.gz") as tar:
+        tar.extractall(tmp_path / "x", filter="data")
+    dry = json.loads((tmp_path / "x/gpu-checks/kernels_engine/dry_run.json").read_text())
+    assert dry["interpret"] and dry["engine"]["checked"]["backend"] == "triton"
+    assert dry["correctness"] and all(c["passed"] for c in dry["correctness"])
