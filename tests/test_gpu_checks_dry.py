@@ -16,7 +16,7 @@ import pytest
 from tests.benchmarks.gpu import run_all
 
 GPU_DIR = Path(run_all.__file__).parent
-HELPERS = {"run_all", "kernels_check", "kernels_report", "graphs_check"}  # run by engine_check
+HELPERS = {"run_all", "kernels_report", "graphs_check"}  # run by kernels_check, engine_check
 
 
 def test_every_check_script_is_in_the_driver():
@@ -64,7 +64,10 @@ def test_dry_run_of_every_check(tmp_path):
     ]  # fmt: skip  (the device tool returns at most 8 files)
     doc = json.loads((out / "summary.json").read_text())
     status = {c["name"]: c["status"] for c in doc["checks"]}
-    want = {c.name: "pass" for c in run_all.CHECKS} | {"telemetry": "needs-cuda"}
+    want = {c.name: "pass" for c in run_all.CHECKS} | {
+        "telemetry": "needs-cuda",
+        "kernels": "needs-cuda",
+    }
     assert status == want, proc.stdout[-4000:]
     with tarfile.open(out / "gpu-checks.tar.gz") as tar:
         tar.extractall(tmp_path / "x", filter="data")
@@ -75,7 +78,7 @@ def test_dry_run_of_every_check(tmp_path):
     env = json.loads((root / "env" / "env.json").read_text())
     assert [p["warmup"] for p in env["probes"]] == [False, True]
     assert all(p["ttft_first_s"] > 0 and p["warmup_s"] is None for p in env["probes"])  # CPU
-    dry = json.loads((root / "kernels_engine" / "dry_run.json").read_text())
+    dry = json.loads((root / "engine" / "dry_run.json").read_text())
     assert dry["engine"]["identical_streams"] == "3/3" and dry["modes"]["passed"]
     pd = json.loads((root / "pd" / "pd_check.json").read_text())
     assert [r["kv_cache_dtype"] for r in pd] == ["auto", "fp8"]
@@ -94,12 +97,12 @@ def test_dry_run_under_the_triton_interpreter(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "tests.benchmarks.gpu.run_all", "--out", str(out), "--dry-run",
-         "--interpret", "--only", "kernels_engine"],
+         "--interpret", "--only", "engine"],
         capture_output=True, text=True, timeout=580,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:]
     with tarfile.open(out / "gpu-checks.tar.gz") as tar:
         tar.extractall(tmp_path / "x", filter="data")
-    dry = json.loads((tmp_path / "x/gpu-checks/kernels_engine/dry_run.json").read_text())
+    dry = json.loads((tmp_path / "x/gpu-checks/engine/dry_run.json").read_text())
     assert dry["interpret"] and dry["engine"]["checked"]["backend"] == "triton"
     assert dry["correctness"] and all(c["passed"] for c in dry["correctness"])

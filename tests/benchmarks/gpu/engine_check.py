@@ -6,7 +6,8 @@
 Runs tests/benchmarks/gpu/kernels_check.py's kernel checks, then `engine_check` on CUDA with --engine-model,
 and writes one bench_gpu.json + summary.txt; then graphs_check.py's engine modes (eager vs
 decode CUDA graphs, sync vs async scheduling: tok/s, step gap, graph == eager outputs) into
-engine_modes.json + engine_modes.txt. `--modes-only` runs just the modes. Exits 2 without
+engine_modes.json + engine_modes.txt. `--modes-only` runs just the modes, `--engine-only` the engine check and the modes
+(engine.json). Exits 2 without
 CUDA or Triton (one line), and 3 when a correctness case fails, the engine does not run on the Triton
 kernels, or a modes check fails. `--dry-run [--interpret]`: the CPU path (run_all.py).
 """
@@ -130,7 +131,8 @@ def dry_run(out: Path, interpret: bool) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    flags = {f: f in argv for f in ("--modes-only", "--dry-run", "--interpret")}
+    names = ("--modes-only", "--engine-only", "--dry-run", "--interpret")
+    flags = {f: f in argv for f in names}
     argv = [a for a in argv if a not in flags]
     if "--engine-model" not in argv:
         argv += ["--engine-model", "small"]
@@ -138,15 +140,22 @@ def main(argv: list[str] | None = None) -> int:
     if flags["--dry-run"]:
         return dry_run(args.out, flags["--interpret"])
     rc = 0
-    if flags["--modes-only"]:
-        if not torch.cuda.is_available():
-            print(
-                "gpu_check: no CUDA device visible to torch; this check needs a GPU "
-                "(--dry-run: the CPU path)",
-                file=sys.stderr,
-            )
-            return 2
-    else:
+    if (flags["--modes-only"] or flags["--engine-only"]) and not torch.cuda.is_available():
+        print(
+            "gpu_check: no CUDA device visible to torch; this check needs a GPU "
+            "(--dry-run: the CPU path)",
+            file=sys.stderr,
+        )
+        return 2
+    if flags["--engine-only"]:  # run_all.py: the kernels ran as their own check
+        eng = engine_check("cuda", args.engine_model or "small")
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "engine.json").write_text(json.dumps(eng, indent=2, default=str) + "\n")
+        print(f"engine on {eng['checked']['backend']}: {eng['identical_streams']} streams "
+              f"identical to torch, {eng['checked']['output_tok_per_s']:.0f} tok/s vs torch "
+              f"{eng['torch']['output_tok_per_s']:.0f} -> {'ok' if eng['passed'] else 'FAIL'}")  # fmt: skip
+        rc = 0 if eng["passed"] else 3
+    elif not flags["--modes-only"]:
         report = bench_gpu.kernel_report(args)
         if isinstance(report, int):
             return report

@@ -135,7 +135,7 @@ def run_probe(warmup: bool, timeout_s: float, cuda: bool) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.benchmarks.gpu.env_check")
     p.add_argument("--out", type=Path, required=True, help="folder for env.json")
-    p.add_argument("--probe-timeout", type=float, default=35.0, help="seconds per probe")
+    p.add_argument("--probe-timeout", type=float, default=40.0, help="seconds per probe")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"machine": device_info(), "imports": imports()}
