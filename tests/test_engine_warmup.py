@@ -65,6 +65,14 @@ def test_warm_up_restores_moe_expert_counters():
     assert engine.executor.expert_load() == load
 
 
+def test_warm_up_skips_a_pool_too_small_for_it():
+    cfg = EngineConfig(model="tiny", device="cpu", dtype="float32", num_kv_blocks=4,
+                       block_size=1, max_model_len=2,
+                       continuous=ContinuousConfig(max_num_seqs=1, max_num_batched_tokens=2))  # fmt: skip
+    engine = LLMEngine.from_config(cfg)
+    assert warm_up(engine.executor, engine.max_model_len) is None
+
+
 def test_warm_up_runs_on_cuda_only():
     assert should_warm_up(SimpleNamespace(device=torch.device("cuda", 0)))
     assert not should_warm_up(SimpleNamespace(device=torch.device("cpu")))

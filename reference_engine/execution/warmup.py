@@ -38,13 +38,15 @@ def should_warm_up(runner) -> bool:
     return device is not None and device.type == "cuda"
 
 
-def warm_up(runner, max_model_len: int) -> WarmupReport:
-    """Run the dummy steps on `runner` (a ModelRunner); see the module docstring."""
+def warm_up(runner, max_model_len: int) -> WarmupReport | None:
+    """Run the dummy steps on `runner` (a ModelRunner); see the module docstring. None (no
+    warm-up) where a 3-token sequence cannot fit."""
     import torch
 
     bs = runner.block_size
     n = min(2 * bs + 3, max_model_len - 1, runner.num_kv_blocks * bs - 1)  # + 1 decoded
-    assert n >= 2, f"warm-up needs 3 KV slots (max_model_len {max_model_len}, block {bs})"
+    if n < 2:
+        return None
     first = min(n - 1, bs + 1)  # then the rest over its cached prefix (crosses a block edge)
     bm = BlockManager(runner.num_kv_blocks, bs, False)
     params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
