@@ -3,8 +3,9 @@ voice on stderr.
 
 - Folder: `<root>/<name>-<key>`, the key a hash of everything that makes two builds differ:
   torch's version and include paths (so the environment torch lives in), Python's include
-  folder, the compiler (`CXX`), the flags and the sources' bytes. Two environments on one
-  machine never share (and so never rebuild) each other's kernels; one environment builds once.
+  folder, the compiler (`CXX`), the flags, the sources' bytes and the headers beside them.
+  Two environments on one machine never share (and so never rebuild) each other's kernels;
+  one environment builds once.
   Root: `CBBENCH_KERNEL_DIR`, else `TORCH_EXTENSIONS_DIR`, else torch's extension cache, then
   `cbbench/`.
 - Lock: `fcntl.flock` on `<folder>/cbbench.lock`, an OS lock the kernel drops when its holder
@@ -89,6 +90,8 @@ def build_key(
         h.update(part.encode() + b"\0")
     for src in sources:
         h.update(Path(src).name.encode() + b"\0" + Path(src).read_bytes())
+    for header in sorted({f for src in sources for f in Path(src).parent.glob("*.h")}):
+        h.update(header.name.encode() + b"\0" + header.read_bytes())  # included, not listed
     return h.hexdigest()[:16]
 
 

@@ -30,7 +30,7 @@ SOURCES = [
     CSRC / f
     for f in (
         "cpu_gemm.cpp", "cpu_attention.cpp", "cpu_prefill_attention.cpp", "cpu_ops.cpp",
-        "bindings.cpp",
+        "cpu_sample.cpp", "bindings.cpp",
     )
 ]  # fmt: skip
 PANEL = 32  # outputs per panel, as in the C++ source

@@ -1,6 +1,6 @@
 """Row ops of a CPU decode step in C++ (csrc/cpu_ops.cpp, built with the other CPU kernels
 by cpu_gemm.load()): RMSNorm, greedy argmax, and rotary embedding fused with the KV-cache
-write, fp32.
+write, fp32; and a temperature draw by inverse CDF (csrc/cpu_sample.cpp).
 
 On `small` (8 rows, 1 thread) F.rms_norm ran as six torch ops, ~65 us a call and 19 calls a
 step; torch's argmax over 8 x 32k logits took ~400 us. Each is one call here. Results equal
@@ -51,3 +51,15 @@ def rope_and_cache(
         qkv.contiguous(), cos.contiguous(), sin.contiguous(), k_cache, v_cache,
         slot_mapping.to(torch.int64).contiguous(), num_heads, num_kv_heads, head_dim,
     )  # fmt: skip
+
+
+def sample_rows(
+    x: torch.Tensor, rows: torch.Tensor, temps: torch.Tensor, u: torch.Tensor
+) -> torch.Tensor:
+    """x [N, V] fp32 logits; rows [R] int64; temps [R] fp32 > 0; u [R] fp64 in [0, 1) ->
+    int64 [R]: for each row, the first token whose running sum of exp(x / T - max) reaches
+    (1 - u) of the row's sum (the torch path's inverse CDF, sums in fp64); -1 for a row with
+    a NaN, a +inf or no finite logit (draw those with torch)."""
+    mod = cpu_gemm.load()
+    assert mod is not None, "cpu_ops: the CPU kernels are not built here"
+    return mod.sample_rows(x.contiguous(), rows, temps, u)

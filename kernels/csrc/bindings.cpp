@@ -10,6 +10,8 @@ torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor
                                      const torch::Tensor& seq_lens, double scale);
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 torch::Tensor argmax_rows(const torch::Tensor& x);
+torch::Tensor sample_rows(const torch::Tensor& x, const torch::Tensor& rows,
+                          const torch::Tensor& temps, const torch::Tensor& u);
 torch::Tensor rope_and_cache(const torch::Tensor& qkv, const torch::Tensor& cos,
                              const torch::Tensor& sin, torch::Tensor& k_cache,
                              torch::Tensor& v_cache, const torch::Tensor& slots, int64_t Hq,
@@ -29,6 +31,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("rms_norm", &rms_norm, "x [N, H] / rms * weight", py::call_guard<py::gil_scoped_release>());
   m.def("argmax_rows", &argmax_rows, "x [N, V] -> int64 [N], as torch.argmax(dim=-1)",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("sample_rows", &sample_rows,
+        "draw a token from softmax(x[rows] / temps) by inverse CDF at u; -1: not drawable here",
         py::call_guard<py::gil_scoped_release>());
   m.def("rope_and_cache", &rope_and_cache,
         "rotate q, k of a fused qkv row block, write k, v into their cache slots; returns q",

@@ -10,10 +10,11 @@ and the built-in workload saved under --out), one torch thread, per dtype:
   pages (where the host allows; reference_engine/execution/hugepages.py); the engine's own
   buffers follow $CBBENCH_HUGEPAGES (0: ordinary pages) for A/B runs;
 - one decode step (ModelRunner.execute) at batch 1 and 8, CPU ms;
-- the whole workload run in-process by LLMEngine (all 24 requests added at once, greedy,
-  ignore_eos): steps, engine CPU-s, tok/CPU-s, the host work the engine process adds per
-  step (get_stats + the IPC encode of the step message), CPU ms in all, and the minor page
-  faults of the run (glibc handing freed activations back and faulting them in again).
+- the whole workload run in-process by LLMEngine (all 24 requests added at once, ignore_eos,
+  sampled at --temperature: 1.0 by default, the server's default, as compare-engines' requests
+  set none): steps, engine CPU-s, tok/CPU-s, the host work the engine process adds per step
+  (get_stats + the IPC encode of the step message), CPU ms in all, and the minor page faults
+  of the run (glibc handing freed activations back and faulting them in again).
 
 CPU seconds, not wall: on a shared machine wall time measures the neighbours. A memory-bound
 step still slows when neighbours use the memory bus; repeat the command and compare.
@@ -58,7 +59,7 @@ def _decode_ms(folder: Path, dtype: str, batch: int) -> float:
     return _cpu_ms(lambda: runner.execute(chunks), 30)
 
 
-def _workload(folder: Path, wl, dtype: str) -> dict:
+def _workload(folder: Path, wl, dtype: str, temperature: float = 1.0) -> dict:
     from cbbench.harness.load.prompts import PromptBuilder
     from cbbench.reference_engine.config.engine_config import EngineConfig
     from cbbench.reference_engine.engine.llm_engine import LLMEngine
@@ -74,7 +75,7 @@ def _workload(folder: Path, wl, dtype: str) -> dict:
 
     def run(measure: bool) -> dict:
         for i, (prompt, out) in enumerate(reqs):
-            sp = SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True)
+            sp = SamplingParams(temperature=temperature, max_tokens=out, ignore_eos=True)
             engine.add_request(f"r{i}", prompt, sp)
         steps, step_s, host_s = 0, 0.0, 0.0
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -100,6 +101,7 @@ def main() -> None:
     ap.add_argument("--model", default="small")
     ap.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--out", type=Path, default=Path("results/engine-ceiling"))
+    ap.add_argument("--temperature", type=float, default=1.0, help="0: greedy")
     args = ap.parse_args()
     import json
 
@@ -114,7 +116,8 @@ def main() -> None:
     folder = model_folder(args.model, args.out, 0)
     tokens = sum(r.output_len for r in wl.requests)
     print(f"workload: {len(wl.requests)} requests, {sum(r.prompt_len for r in wl.requests)} "
-          f"prompt + {tokens} output tokens, max batch 8, 1 torch thread")  # fmt: skip
+          f"prompt + {tokens} output tokens, max batch 8, 1 torch thread, temperature "
+          f"{args.temperature}")  # fmt: skip
     for dtype in args.dtype:
         weights = torch.empty(_weight_count(folder), dtype=getattr(torch, dtype)).normal_()
         floor = _cpu_ms(lambda w=weights: w.sum(), 10)
@@ -126,7 +129,7 @@ def main() -> None:
                    if arena.huge_bytes() else f" ({arena.status})")  # fmt: skip
         del huge
         b1, b8 = _decode_ms(folder, dtype, 1), _decode_ms(folder, dtype, 8)
-        w = _workload(folder, wl, dtype)
+        w = _workload(folder, wl, dtype, args.temperature)
         print(f"{dtype}: read {mb:.0f} MB of weights {floor:.1f} ms CPU{on_huge}; decode step B=1 "
               f"{b1:.1f} ms, B=8 {b8:.1f} ms; workload {w['steps']} steps, {w['cpu_s']:.2f} "
               f"CPU-s = {tokens / w['cpu_s']:.1f} tok/CPU-s ({w['cpu_s'] / w['steps'] * 1e3:.1f}"

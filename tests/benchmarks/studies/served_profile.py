@@ -21,7 +21,7 @@ from pathlib import Path
 
 
 def _cpu_s(pid: int) -> float:
-    from cbbench.harness.studies.compare_engines import _stat
+    from cbbench.harness.studies.engine_placement import _stat
 
     f = _stat(pid)
     return 0.0 if f is None else (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
@@ -44,6 +44,7 @@ def main() -> None:
     from cbbench.harness.load.runner import BenchConfig, run_bench
     from cbbench.harness.servers.launcher import launch_reference_server
     from cbbench.harness.studies import compare_engines as ce
+    from cbbench.harness.studies import engine_placement as ep
     from cbbench.reference_engine.config.options import engine_argv
     from cbbench.workloads import load_workload
     from rich.console import Console
@@ -68,10 +69,10 @@ def main() -> None:
                                                       flags) as server:  # fmt: skip
         api = server.process.pid
         engine = [int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit()
-                  and (f := ce._stat(int(e.name))) is not None and int(f[1]) == api]
+                  and (f := ep._stat(int(e.name))) is not None and int(f[1]) == api]
         assert engine, "the server has no engine process"
         if args.bind:
-            ce.bind_engine(api, {0})
+            ep.bind_engine(api, {0})
         for rep in range(args.repeats):
             api0, eng0, th0 = _cpu_s(api), sum(map(_cpu_s, engine)), _threads(engine[-1])
             me0, w0 = time.process_time(), time.perf_counter()
