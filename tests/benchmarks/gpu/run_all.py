@@ -18,9 +18,11 @@ tiny sizes. Exit status: 0 when every check that ran passed, else 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -131,12 +133,17 @@ def run_check(check: Check, root: Path, dry: bool, interpret: bool, limit_s: flo
     with log.open("w") as fh:
         fh.write("$ " + " ".join(argv) + "\n")
         fh.flush()
+        # its own process group: a timeout ends the check's children too (env_check's
+        # probes, a server), which would otherwise hold the GPU into the next check
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)  # fmt: skip
         try:
-            proc = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                  timeout=limit_s, start_new_session=True)  # fmt: skip
-            rc: int | None = proc.returncode
+            rc: int | None = proc.wait(timeout=limit_s)
         except subprocess.TimeoutExpired:
             rc = None
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     seconds = time.monotonic() - t0
     text = log.read_text(errors="replace")
     status = classify(rc, text)
