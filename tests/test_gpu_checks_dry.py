@@ -89,6 +89,25 @@ def test_dry_run_of_every_check(tmp_path):
     assert (out / "summary.txt").read_text().startswith("GPU checks (dry run, CPU)")
 
 
+@pytest.mark.timeout(420)
+def test_gpu_mode_on_a_cpu_refuses_in_one_line(tmp_path):
+    """The GPU arguments here: every check that needs CUDA or NVML exits 2 with one line
+    (classified needs-cuda: no traceback), and the driver's exit says not all passed."""
+    need = ["kernels", "engine", "pd", "telemetry", "t0", "reproduce"]
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.benchmarks.gpu.run_all", "--out", str(out), "--jobs", "4",
+         "--only", ",".join(need)],
+        capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout[-4000:]
+    doc = json.loads((out / "summary.json").read_text())
+    assert {c["name"]: (c["status"], c["rc"]) for c in doc["checks"]} == {
+        n: ("needs-cuda", 2) for n in need
+    }, proc.stdout[-4000:]
+    assert all("needs" in c["last_line"] or "CUDA" in c["last_line"] for c in doc["checks"])
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_dry_run_under_the_triton_interpreter(tmp_path):
