@@ -53,13 +53,20 @@ def rope_and_cache(
     )  # fmt: skip
 
 
-def sample_rows(
-    x: torch.Tensor, rows: torch.Tensor, temps: torch.Tensor, u: torch.Tensor
-) -> torch.Tensor:
-    """x [N, V] fp32 logits; rows [R] int64; temps [R] fp32 > 0; u [R] fp64 in [0, 1) ->
-    int64 [R]: for each row, the first token whose running sum of exp(x / T - max) reaches
-    (1 - u) of the row's sum (the torch path's inverse CDF, sums in fp64); -1 for a row with
-    a NaN, a +inf or no finite logit (draw those with torch)."""
+def sample_rows(x: torch.Tensor, rows: list[int], temps: list[float], u: list[float]) -> list[int]:
+    """x [N, V] fp32 logits; per draw a row of x, a temperature > 0 and u in [0, 1) -> per
+    draw the first token whose running sum of exp(x / T - max) reaches (1 - u) of the row's
+    sum (the torch path's inverse CDF, sums in fp64); -1 for a row with a NaN, a +inf or no
+    finite logit (draw those with torch)."""
     mod = cpu_gemm.load()
     assert mod is not None, "cpu_ops: the CPU kernels are not built here"
     return mod.sample_rows(x.contiguous(), rows, temps, u)
+
+
+def silu_mul(gate_up: torch.Tensor, intermediate: int) -> torch.Tensor:
+    """gate_up [..., 2 I] fp32 (gate columns, then up) -> silu(gate) * up [..., I] in one pass
+    (torch: a silu, a copy and a mul over strided halves); within a few ulp of torch's."""
+    mod = cpu_gemm.load()
+    assert mod is not None, "cpu_ops: the CPU kernels are not built here"
+    x2 = gate_up.reshape(-1, gate_up.shape[-1]).contiguous()
+    return mod.silu_mul(x2, intermediate).view(*gate_up.shape[:-1], intermediate)

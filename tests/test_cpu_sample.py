@@ -43,8 +43,7 @@ def test_picks_are_the_inverse_cdf(vocab):
     temps = torch.rand(n, generator=gen) * 2 + 0.05
     u = torch.rand(n, dtype=torch.float64, generator=gen)
     u[0], u[1] = 0.0, 1.0 - 2**-53  # the last positive weight; the first
-    rows = torch.arange(n)
-    got = cpu_ops.sample_rows(x, rows, temps, u)
+    got = torch.tensor(cpu_ops.sample_rows(x, list(range(n)), temps.tolist(), u.tolist()))
     for r in range(n):
         _check_pick(x[r], float(temps[r]), float(u[r]), int(got[r]))
     # the torch path (softmax, fp64 cumsum, searchsorted) picks the same but for rounding
@@ -58,9 +57,8 @@ def test_a_grid_of_u_lands_in_proportion_to_the_softmax():
     p = torch.softmax(x[0].double() / 0.7, dim=0)
     m = 20000
     u = (torch.arange(m, dtype=torch.float64) + 0.5) / m
-    got = cpu_ops.sample_rows(x.expand(m, -1).contiguous(), torch.zeros(m, dtype=torch.int64),
-                              torch.full((m,), 0.7), u)  # fmt: skip
-    counts = torch.bincount(got, minlength=x.shape[1]).double()
+    got = cpu_ops.sample_rows(x, [0] * m, [0.7] * m, u.tolist())
+    counts = torch.bincount(torch.tensor(got), minlength=x.shape[1]).double()
     assert counts[p == 0].sum() == 0
     assert torch.all((counts - p * m).abs() <= 1.0)  # each token's share of a uniform grid
 
@@ -70,23 +68,22 @@ def test_draws_only_the_rows_asked_and_declines_nan_inf_and_all_masked():
     x[1, 3] = float("nan")
     x[2, 5] = float("inf")
     x[3] = float("-inf")
-    rows = torch.tensor([4, 1, 2, 3, 0])
-    u = torch.full((5,), 0.25, dtype=torch.float64)
-    got = cpu_ops.sample_rows(x, rows, torch.ones(5), u)
-    assert got[1:4].tolist() == [-1, -1, -1]
+    got = cpu_ops.sample_rows(x, [4, 1, 2, 3, 0], [1.0] * 5, [0.25] * 5)
+    assert got[1:4] == [-1, -1, -1]
     _check_pick(x[4], 1.0, 0.25, int(got[0]))
     _check_pick(x[0], 1.0, 0.25, int(got[4]))
 
 
 def test_bad_arguments_are_errors_not_crashes():
     x = torch.randn(2, 8)
-    u = torch.zeros(1, dtype=torch.float64)
     with pytest.raises(RuntimeError, match="out of range"):
-        cpu_ops.sample_rows(x, torch.tensor([2]), torch.ones(1), u)
+        cpu_ops.sample_rows(x, [2], [1.0], [0.0])
     with pytest.raises(RuntimeError, match="temperature"):
-        cpu_ops.sample_rows(x, torch.tensor([0]), torch.zeros(1), u)
+        cpu_ops.sample_rows(x, [0], [0.0], [0.0])
     with pytest.raises(RuntimeError, match="temperature"):
-        cpu_ops.sample_rows(x, torch.tensor([0]), torch.ones(1), torch.ones(1, dtype=torch.float64))
+        cpu_ops.sample_rows(x, [0], [1.0], [1.0])
+    with pytest.raises(RuntimeError, match="one temperature and one u per row"):
+        cpu_ops.sample_rows(x, [0, 1], [1.0], [0.5])
 
 
 def _req(n: int, **kw) -> SampleRequest:
@@ -102,7 +99,7 @@ def test_sampler_takes_the_kernel_for_plain_rows_and_torch_for_the_rest(monkeypa
             _req(14, temperature=1.0, seed=4)]  # fmt: skip
     calls = []
     real = cpu_ops.sample_rows
-    monkeypatch.setattr(cpu_ops, "sample_rows", lambda *a: calls.append(a[1].tolist()) or real(*a))
+    monkeypatch.setattr(cpu_ops, "sample_rows", lambda *a: calls.append(list(a[1])) or real(*a))
     got = Sampler((), torch.device("cpu"))(logits.clone(), reqs)
     assert calls == [[0, 2, 3, 4]]
     assert got[1] == int(logits[1].argmax())

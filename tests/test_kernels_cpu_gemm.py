@@ -45,6 +45,22 @@ def test_panels_equal_f_linear(threads, n_out, k_in, with_bias):
 
 
 @needs_panels
+@pytest.mark.parametrize("n_out", [64, 45, 7])
+def test_residual_is_added_after_the_sum_bitwise(n_out):
+    gen = torch.Generator().manual_seed(n_out)
+    w, b = torch.randn(n_out, 40, generator=gen), torch.randn(n_out, generator=gen)
+    panels, bias = cpu_gemm.pack(w, b)
+    mod = cpu_gemm.load()
+    for rows in (1, 8, 13, 300):
+        x, r = torch.randn(rows, 40, generator=gen), torch.randn(rows, n_out, generator=gen)
+        got = mod.linear(x, panels, bias, n_out, r)
+        assert torch.equal(got, mod.linear(x, panels, bias, n_out).add_(r))
+        assert torch.equal(got, r + mod.linear(x, panels, bias, n_out))  # either order
+    with pytest.raises(RuntimeError, match="residual must be contiguous fp32"):
+        mod.linear(x, panels, bias, n_out, torch.randn(rows, n_out + 1))
+
+
+@needs_panels
 def test_panel_linear_takes_any_leading_dims_and_strided_rows():
     lin = torch.nn.Linear(48, 80)
     fast = PanelLinear(lin)

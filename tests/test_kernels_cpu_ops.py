@@ -103,3 +103,19 @@ def test_rope_and_cache_rejects_a_slot_past_the_cache():
     kc, vc = torch.zeros(2, 2, 1, 8), torch.zeros(2, 2, 1, 8)
     with pytest.raises(RuntimeError, match="outside the cache"):
         cpu_ops.rope_and_cache(qkv, cos, sin, kc, vc, torch.tensor([1, 4]), 1, 1, 8)
+
+
+@pytest.mark.parametrize("inter", [2048, 1408, 37, 5, 16])
+def test_silu_mul_is_torchs_within_a_few_ulp(inter):
+    gen = torch.Generator().manual_seed(inter)
+    gu = torch.randn(40, 2 * inter, generator=gen) * 6
+    edges = [float("nan"), float("inf"), -float("inf"), 100.0, -100.0, -88.0, 88.0, 0.0, -0.0]
+    gu[0, : min(inter, len(edges))] = torch.tensor(edges[: min(inter, len(edges))])
+    want = F.silu(gu[:, :inter]) * gu[:, inter:]
+    got = cpu_ops.silu_mul(gu, inter)
+    assert torch.equal(got.isnan(), want.isnan())
+    torch.testing.assert_close(got.nan_to_num(), want.nan_to_num(), rtol=5e-7, atol=0)
+    three_d = cpu_ops.silu_mul(gu.view(4, 10, 2 * inter), inter)  # leading dims kept
+    assert torch.equal(three_d.view(40, inter).nan_to_num(), got.nan_to_num())
+    with pytest.raises(RuntimeError, match="silu_mul"):
+        cpu_gemm.load().silu_mul(gu[:, 1:].contiguous(), inter)

@@ -230,6 +230,9 @@ def test_vllm_and_sglang_say_who_they_are():
         ident = server_identity(url, probe_server(url))
     assert ident["name"] == "sglang" and ident["version"] == "0.5.1"
     assert ident["server_info"]["chunked_prefill_size"] == 8192
+    sgl["/server_info"] = json.dumps({**info, "version": "0.5.4"})  # newer: /server_info
+    with JsonPaths(sgl) as url:
+        assert server_identity(url, probe_server(url))["version"] == "0.5.4"
     bare = JsonPaths({"/v1/models": json.dumps({"data": [{"id": "m"}]})})
     with bare as url:  # a server that names no engine: nothing asked beyond /v1/models
         ident = server_identity(url, probe_server(url))

@@ -94,3 +94,30 @@ def test_bench_at_twice_capacity_stops_with_the_line_and_keeps_its_records(
     assert len(lines) == meta["summary"]["counts"]["total"] > 30  # every finished request kept
     assert len(lines) < 600
     assert meta["summary"]["steady_window"] is None  # no steady state to report
+
+
+def test_a_short_flood_is_said_too_short_to_judge(tmp_path: Path, capsys) -> None:
+    """60 requests in ~1 s at 4x the fake server's capacity: the rule needs 5 s of sends, so
+    the run is not judged and says so (offered and served, the server fell behind), exit 0;
+    before, only "no steady window found" was said."""
+    cfg = FakeServerConfig(default=Behavior(ttft_s=0.05, itl_s=0.01), load=LoadModel(slots=2))
+    out = tmp_path / "run"
+    with threaded(cfg) as srv:
+        argv = ["bench", "--base-url", srv.url, "--workload", "prompt=16,output=10"]
+        argv += ["--rate", "60", "--num-requests", "60", "--out", str(out)]
+        assert main([*argv, *NO_TELEMETRY]) == 0
+    text = capsys.readouterr().out
+    line = next(x for x in text.splitlines() if x.startswith("too short to judge over-sat"))
+    assert "the check needs >= 5 s and >= 30 requests" in line and "fell behind" in line
+    short = json.loads((out / "run.json").read_text())["summary"]["saturation_not_judged"]
+    assert short["requests"] == 60 and short["sends_s"] < 5.0
+    assert short["served_rps"] < 0.6 * short["offered_rps"]  # capacity 14.3/s
+
+
+def test_what_the_watch_does_not_judge_says_why() -> None:
+    assert SaturationWatch([0.0, 0.5, 1.0]).too_short_to_judge  # open loop, too short
+    assert not SaturationWatch(None).too_short_to_judge  # closed loop: never judged
+    assert not SaturationWatch([0.0] * 100).too_short_to_judge  # all at once: by design
+    assert not SaturationWatch([i * 0.1 for i in range(100)]).too_short_to_judge  # judged
+    kept_up = saturation.too_short([0.0, 1.0, 2.0], 3, 2.1)
+    assert kept_up["offered_rps"] == 1.0 and "fell behind" not in kept_up["line"]

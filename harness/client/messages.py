@@ -210,7 +210,9 @@ def body(obj: dict, state: dict) -> dict:
         elif b.get("type") == "thinking":
             thinking.append(b.get("thinking") or "")
         elif b.get("type") == "tool_use":
-            calls.append({"index": len(calls), "function": {"arguments": json.dumps(b.get("input"))}})
+            calls.append(
+                {"index": len(calls), "function": {"arguments": json.dumps(b.get("input"))}}
+            )
     msg: dict = {"role": "assistant", "content": "".join(text) or None}
     if thinking:
         msg["reasoning"] = "".join(thinking)

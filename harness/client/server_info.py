@@ -2,7 +2,7 @@
 
 - vLLM: `/version`, the `vllm:cache_config_info` gauge's labels on `/metrics` (block size,
   GPU memory utilization, KV blocks, prefix caching, ...), the model card of `/v1/models`.
-- SGLang: `/get_server_info` (its whole server args and version).
+- SGLang: `/server_info`, else `/get_server_info` (older): its whole server args and version.
 - cbbench's reference engine: the `cbbench` block of `/v1/models` (its whole config).
 Each look-up is one bounded GET; what a server does not answer is left out, never guessed.
 """
@@ -32,14 +32,18 @@ def same_host(base_url: str) -> bool:
     return host in ("localhost", socket.gethostname(), socket.getfqdn())
 
 
-def _get(base_url: str, path: str, headers: dict) -> httpx.Response | None:
-    try:
-        r = httpx.get(
-            base_url.rstrip("/") + path, headers=headers, timeout=TIMEOUT_S, trust_env=False
-        )
-    except httpx.HTTPError:
-        return None
-    return r if r.status_code == 200 else None
+def _get(base_url: str, path: str, headers: dict, *fallbacks: str) -> httpx.Response | None:
+    """One bounded GET; the next of `fallbacks` only after a 404 (an older server's path)."""
+    for p in (path, *fallbacks):
+        try:
+            r = httpx.get(
+                base_url.rstrip("/") + p, headers=headers, timeout=TIMEOUT_S, trust_env=False
+            )
+        except httpx.HTTPError:
+            return None
+        if r.status_code != 404:
+            return r if r.status_code == 200 else None
+    return None
 
 
 def cache_config_info(metrics_text: str) -> dict | None:
@@ -85,8 +89,8 @@ def server_identity(base_url: str, engine: dict, api_key: str | None = None) -> 
         info = cache_config_info(r.text) if r is not None else None
         if info:
             out["cache_config_info"] = info
-    elif kind == "sglang":
-        r = _get(base_url, "/get_server_info", headers)
+    elif kind == "sglang":  # newer servers: /server_info (/get_server_info deprecated)
+        r = _get(base_url, "/server_info", headers, "/get_server_info")
         if r is not None:
             try:
                 data = r.json()

@@ -4,6 +4,7 @@ prints for them."""
 
 from __future__ import annotations
 
+from cbbench.harness.conclusions.saturation import too_short
 from cbbench.harness.conclusions.window import add_window_summary, window_line
 from cbbench.harness.results.records import RequestRecord
 
@@ -17,6 +18,12 @@ def add_run_conclusions(
     add_window_summary(summary, records, window, slo, steady=found is None)
     if found is not None:
         summary["over_saturated"] = found
+        return
+    short = next((o for o in observers if getattr(o, "too_short_to_judge", False)), None)
+    if short is not None:
+        done = [r for r in records if not r.warmup and r.ok and r.end_s is not None]
+        last = max((r.end_s for r in done), default=None)
+        summary["saturation_not_judged"] = too_short(short.arrivals, len(done), last)
 
 
 def conclusion_lines(summary: dict, window_table: bool = False) -> list[str]:
@@ -26,6 +33,8 @@ def conclusion_lines(summary: dict, window_table: bool = False) -> list[str]:
     w = window_line(summary)
     if w and not (window_table and summary.get("window_figures")):
         lines.append(w)
+    if (summary.get("saturation_not_judged") or {}).get("line"):
+        lines.append(summary["saturation_not_judged"]["line"])
     sat = summary.get("over_saturated")
     if sat:
         kept = (summary.get("counts") or {}).get("total", 0)

@@ -174,3 +174,23 @@ def saturation_line(t_s: float, offered_rps: float | None, served_rps: float | N
     offered = "?" if offered_rps is None else f"{offered_rps:.1f}"
     served = "?" if served_rps is None else f"{served_rps:.1f}"
     return f"over-saturated at t = {t_s:.1f} s ({offered} req/s offered, {served} served)"
+
+
+def too_short(arrivals: Sequence[float], served: int, last_end_s: float | None) -> dict:
+    """An open loop with too few sends or too short a span for the rule (MIN_POINTS requests,
+    MIN_SECONDS of sends): what it offered and what the server served (finished requests over
+    first send to last finish), said instead of silence. A burst that a server falls behind
+    on is not called over-saturated (it drains once the sends end); that it fell behind is said."""
+    span = arrivals[-1] - arrivals[0]
+    offered = (len(arrivals) - 1) / span if span > 0 else None  # the rate between sends
+    took = (last_end_s - arrivals[0]) if last_end_s is not None else None
+    served_rps = served / took if took and took > 0 else None
+    line = (f"too short to judge over-saturation: {span:.1f} s of sends ({len(arrivals)} "
+            f"requests), the check needs >= {MIN_SECONDS:g} s and >= {MIN_POINTS} requests")  # fmt: skip
+    if offered is not None and served_rps is not None:
+        line += f"; offered {offered:.1f} req/s, served {served_rps:.1f}"
+        if served_rps < SERVED_SHARE * offered:
+            line += " (the server fell behind: a longer run at this rate would tell whether it keeps up)"
+    return {"sends_s": span, "requests": len(arrivals), "need_s": MIN_SECONDS,
+            "need_requests": MIN_POINTS, "offered_rps": offered, "served_rps": served_rps,
+            "line": line}  # fmt: skip

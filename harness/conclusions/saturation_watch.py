@@ -4,7 +4,8 @@ and, with `--on-saturation stop`, stops the run the way the runner's own early s
 no new request is sent, the ones in flight are cancelled, every finished one is kept.
 
 Only open loops with a spread of arrival times are judged: a closed loop caps what is in
-flight, and an all-at-once burst queues by design.
+flight, and an all-at-once burst queues by design. An open loop too short or too small for
+the rule is not judged, and says so (`too_short_to_judge`, saturation.too_short).
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ class SaturationWatch:
         self.judged = (
             len(self.arrivals) >= saturation.MIN_POINTS
             and self.arrivals[-1] - self.arrivals[0] >= saturation.MIN_SECONDS
+        )
+        # an open loop with a spread of sends, too few or too short for the rule: said so
+        self.too_short_to_judge = (
+            not self.judged and len(self.arrivals) > 1 and self.arrivals[-1] > self.arrivals[0]
         )
         self.stop_run = on_saturation == "stop"
         self.found: dict | None = None  # the verdict, once seen

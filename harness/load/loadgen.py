@@ -517,6 +517,7 @@ async def run_worker(
     stop_check: Callable[[], bool] | None = None,
 ) -> WorkerStats:
     """Warm up, wait for t0 (`await wait_t0()` -> int ns), run, emit records; returns stats."""
+
     def emit_then_check(kind: str, payload) -> None:
         """A stop decided by a record (the same client error five times) is seen at that
         record, not at the watcher's next poll: a closed loop of 2 ms 404s would otherwise

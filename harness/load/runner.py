@@ -346,10 +346,11 @@ def run_bench(
     meta = {**_run_meta(cfg, name, engine, model, len(plans)), **fit_text_prompts(cfg, plans)}
     # the batching settings the server says it runs (calibrate --from-run replays with them)
     prom = next((s.url for s in samplers if isinstance(getattr(s, "url", None), str)), None)
-    meta["target"]["server_settings"] = read_server_settings(
-        prom, engine, base_url=cfg.base_url, api_key=cfg.api_key
+    server = meta["environment"]["server"] = server_identity(cfg.base_url, engine, cfg.api_key)
+    asked = server.get("server_info", {}) if server.get("name") == "sglang" else None
+    meta["target"]["server_settings"] = read_server_settings(  # SGLang's: asked once, above
+        prom, engine, base_url=cfg.base_url, api_key=cfg.api_key, read=asked
     )
-    meta["environment"]["server"] = server_identity(cfg.base_url, engine, cfg.api_key)
     if cfg.concurrency is not None:  # what --concurrency could hold: at most every request
         meta["load"]["max_in_flight"] = sum(p.concurrency or 0 for p in plans)
     meta["cache"] = prepare_cache(  # flush, prime (prompts built as the workers build them)

@@ -31,6 +31,7 @@ from cbbench.reference_engine.sim.run_fit import (
     fit_runs,
     simulate_run,
 )
+from cbbench.reference_engine.sim.run_fit_terms import RECORDED_ONLY
 from rich.console import Console
 from rich.table import Table
 
@@ -102,7 +103,13 @@ def observed(path: str, use_itl: bool = True,
     running = [s["running"] for s in series if s.get("running") is not None]
     return (ObservedRun(run.name, reqs, preempt if said else None,
                         sum(running) / len(running) if running else None),
-            dict(target.get("server_settings") or {}), root)  # fmt: skip
+            _replayed(target.get("server_settings") or {}), root)  # fmt: skip
+
+
+def _replayed(settings: dict) -> dict:
+    """The recorded settings the replay knows (SGLang's schedule_policy and the like stay in
+    run.json, out of the fit)."""
+    return {k: v for k, v in settings.items() if k in SETTINGS or k in RECORDED_ONLY}
 
 
 def served_device(path: str) -> str | None:

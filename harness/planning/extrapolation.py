@@ -49,3 +49,25 @@ def describe(extrapolated: dict[str, dict[str, float]]) -> str:
         f"({v['measured_max']:g} {units.get(k, '')})".rstrip()
         for k, v in extrapolated.items()
     )
+
+
+def of_engine(cfg, fit: dict | None) -> dict[str, dict[str, float]]:
+    """`outside` for an EngineConfig (`cbbench sim`): its batch slots (max_num_seqs, a static
+    or dynamic batch size) and, continuous, its token budget."""
+    config = {"scheduler": cfg.scheduler, "max_num_seqs": cfg.max_batch_slots}
+    return outside({**config, **cfg.step_budget()}, fit)
+
+
+def line(name: str, extrapolated: dict[str, dict[str, float]]) -> str:
+    """The EXTRAPOLATED line `plan` prints for its choice, for one of `sim`'s engines."""
+    return (f"EXTRAPOLATED: {name}: {describe(extrapolated)}: its step times there are the "
+            "fit's model beyond what it measured; calibrate with larger steps, or keep the "
+            "settings within the measured range")  # fmt: skip
+
+
+def no_range_line(hw) -> str | None:
+    """Said once where a fitted hardware records no measured range (a preset or an older fit)."""
+    if hw.linear is None or measured_steps(hw.fit) is not None:
+        return None
+    return (f"hardware {hw.name}: its fit records no measured step range (a preset or an "
+            "older calibration): whether a budget extrapolates it is unknown")

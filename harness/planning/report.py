@@ -184,10 +184,8 @@ def print_plan(res: PlanResult, console: Console, out: Path | None) -> None:
         console.print(resolve_link(link, hw).line(overhead_of(hw)), highlight=False, soft_wrap=True)
     if links:
         console.print(describe_import(hw), highlight=False, soft_wrap=True)
-    if hw.linear is not None and extrapolation.measured_steps(hw.fit) is None:
-        console.print(f"hardware {o.hardware}: its fit records no measured step range (a preset "
-                      "or an older calibration): whether a budget extrapolates it is unknown",
-                      highlight=False, soft_wrap=True)  # fmt: skip
+    if note := extrapolation.no_range_line(hw):
+        console.print(note, highlight=False, soft_wrap=True)
     fixed = fixed_dims(res)
     if fixed:
         console.print(f"every configuration: {fixed}", highlight=False, soft_wrap=True)

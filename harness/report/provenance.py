@@ -25,12 +25,18 @@ _SERVER_KEYS = (
     "dtype",
     "num_kv_blocks",
     "max_model_len",
+    "enable_chunked_prefill",
+    "tensor_parallel_size",
+    "kv_cache_dtype",
 )
 
 
-def _settings(server: dict) -> str:
+def _settings(server: dict, told: Any = None) -> str:
+    """`told`: run.json's `target.server_settings` (any server's, in cbbench's names: TGI's and
+    llama.cpp's only there), after what the server's own identity holds."""
     found: dict[str, Any] = {}
-    for src in (server.get("cache_config_info"), server.get("config"), server.get("server_info")):
+    sources = (server.get("cache_config_info"), server.get("config"), server.get("server_info"), told)
+    for src in sources:
         if isinstance(src, dict):
             for k in _SERVER_KEYS:
                 if k in src and k not in found and src[k] not in (None, ""):
@@ -66,7 +72,7 @@ def environment_lines(meta: dict) -> list[str]:
     if isinstance(server, dict):
         name = server.get("name") or "unknown"
         version = server.get("version") or "(version not reported)"
-        settings = _settings(server)
+        settings = _settings(server, (meta.get("target") or {}).get("server_settings"))
         lines.append(f"server: {name} {version}" + (f"; {settings}" if settings else ""))
     if "gpus" in env or "gpu" in env:
         where = "" if not isinstance(server, dict) or server.get("same_host") else " (client host)"

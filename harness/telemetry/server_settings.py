@@ -7,12 +7,15 @@ caching: labels of a gauge set to 1), `/v1/models`' max_model_len, and vLLM's de
 endpoint `/server_info` (only with `VLLM_SERVER_DEV_MODE=1`: its scheduler config and the
 `VLLM_CPU_OMP_THREADS_BIND` it runs with). Without that endpoint a vLLM server's max_num_seqs,
 token budget and threads are not told: they stay out of run.json (unknown), and
-`calibrate --server-config` gives them.
+`calibrate --server-config` gives them. SGLang (/server_info), TGI (/info) and llama.cpp
+(/props): harness/telemetry/foreign_settings.py.
 """
 
 from __future__ import annotations
 
 import re
+
+from cbbench.harness.telemetry.foreign_settings import ENDPOINTS, server_kind
 
 _INFO = re.compile(r"^vllm:cache_config_info\{([^}]*)\}", re.MULTILINE)
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -55,7 +58,8 @@ def from_models(engine: dict) -> dict:
                          ("enable_chunked_prefill", "enable_chunked_prefill"),
                          ("block_size", "block_size"), ("num_kv_blocks", "num_kv_blocks"),
                          ("enable_prefix_caching", "enable_prefix_caching"),
-                         ("cpu_threads", "cpu_threads")):  # fmt: skip
+                         ("cpu_threads", "cpu_threads"),
+                         ("kv_cache_dtype", "kv_cache_dtype")):  # fmt: skip
             if info.get(src) is not None:
                 out[key] = info[src]
     return out
@@ -78,9 +82,38 @@ def from_server_info(data: object) -> dict:
     cache = config.get("cache_config")
     if isinstance(cache, dict) and isinstance(cache.get("enable_prefix_caching"), bool):
         out["enable_prefix_caching"] = cache["enable_prefix_caching"]
+    if isinstance(cache, dict) and isinstance(cache.get("cache_dtype"), str):
+        out["kv_cache_dtype"] = cache["cache_dtype"]
+    par = config.get("parallel_config")
+    if isinstance(par, dict) and isinstance(par.get("tensor_parallel_size"), int):
+        out["tensor_parallel_size"] = par["tensor_parallel_size"]
     if isinstance(env, dict) and env.get("VLLM_CPU_OMP_THREADS_BIND") is not None:
         out["cpu_threads_bind"] = str(env["VLLM_CPU_OMP_THREADS_BIND"])
     return out
+
+
+def _foreign(kind: str, base_url: str, api_key: str | None, timeout_s: float) -> dict:
+    """SGLang's, TGI's or llama.cpp's own settings endpoint (foreign_settings.ENDPOINTS): one
+    bounded GET each, the next path only after a 404; junk or no answer: nothing."""
+    import httpx
+
+    paths, parse = ENDPOINTS[kind]
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    root = base_url.rstrip("/").removesuffix("/v1")
+    for path in paths:
+        try:
+            resp = httpx.get(f"{root}{path}", headers=headers, timeout=timeout_s, trust_env=False)
+        except httpx.HTTPError:
+            return {}
+        if resp.status_code == 404:
+            continue
+        if resp.status_code != 200:
+            return {}
+        try:
+            return parse(resp.json())
+        except ValueError:
+            return {}
+    return {}
 
 
 def read_server_settings(
@@ -89,9 +122,12 @@ def read_server_settings(
     timeout_s: float = 5.0,
     base_url: str | None = None,
     api_key: str | None = None,
+    read: dict | None = None,
 ) -> dict:
-    """/v1/models' settings, then /metrics', then (a vLLM server with `base_url`) its
-    /server_info: each one bounded GET; unreachable or absent (404): skipped."""
+    """/v1/models' settings, then (with `base_url`) a vLLM server's /server_info or SGLang's,
+    TGI's or llama.cpp's settings endpoint, then /metrics': each one bounded GET;
+    unreachable, absent (404) or junk: skipped. `read`: the settings endpoint's answer where
+    the caller has it already (the run's environment.server asked SGLang): not asked again."""
     import httpx
 
     out = from_models(engine)
@@ -106,6 +142,11 @@ def read_server_settings(
                             if k not in out})  # fmt: skip
         except (httpx.HTTPError, ValueError):
             pass
+    kind = server_kind(engine)
+    if kind in ENDPOINTS and (base_url or read is not None):
+        told = (ENDPOINTS[kind][1](read) if read is not None
+                else _foreign(kind, base_url or "", api_key, timeout_s))  # fmt: skip
+        out.update({k: v for k, v in told.items() if k not in out})
     if metrics_url:
         try:
             resp = httpx.get(metrics_url, timeout=timeout_s, trust_env=False)

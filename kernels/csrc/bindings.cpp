@@ -3,15 +3,17 @@
 
 torch::Tensor pack(const torch::Tensor& w);
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& panels,
-                     const c10::optional<torch::Tensor>& bias, int64_t N);
+                     const c10::optional<torch::Tensor>& bias, int64_t N,
+                     const c10::optional<torch::Tensor>& residual);
 torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
                                      const torch::Tensor& v_cache,
                                      const torch::Tensor& block_tables,
                                      const torch::Tensor& seq_lens, double scale);
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 torch::Tensor argmax_rows(const torch::Tensor& x);
-torch::Tensor sample_rows(const torch::Tensor& x, const torch::Tensor& rows,
-                          const torch::Tensor& temps, const torch::Tensor& u);
+torch::Tensor silu_mul(const torch::Tensor& gu, int64_t I);
+std::vector<int64_t> sample_rows(const torch::Tensor& x, const std::vector<int64_t>& rows,
+                                 const std::vector<double>& temps, const std::vector<double>& u);
 torch::Tensor rope_and_cache(const torch::Tensor& qkv, const torch::Tensor& cos,
                              const torch::Tensor& sin, torch::Tensor& k_cache,
                              torch::Tensor& v_cache, const torch::Tensor& slots, int64_t Hq,
@@ -24,7 +26,10 @@ void paged_prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cach
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &pack, "W [N, K] -> panels [ceil(N/32), K, 32]",
         py::call_guard<py::gil_scoped_release>());
-  m.def("linear", &linear, "x @ W^T (+ bias) from panels",
+  m.def("linear", &linear, "x @ W^T (+ bias) (+ residual) from panels", py::arg("x"),
+        py::arg("panels"), py::arg("bias"), py::arg("N"), py::arg("residual") = py::none(),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("silu_mul", &silu_mul, "gu [M, 2I] -> silu(gu[:, :I]) * gu[:, I:]",
         py::call_guard<py::gil_scoped_release>());
   m.def("paged_decode_attention", &paged_decode_attention,
         "q [B, Hq, D], caches [NB, BS, Hkv, D], block_tables [B, MB] int32, seq_lens [B] int32",

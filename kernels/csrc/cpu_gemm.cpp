@@ -36,11 +36,11 @@ constexpr int kPrefetchMinRows = 8;
 #endif
 
 using Micro = void (*)(const float*, int64_t, const float*, int64_t, const float*, float*,
-                       int64_t, __mmask16, __mmask16);
+                       int64_t, const float*, __mmask16, __mmask16);
 
 template <int MR>
 void micro(const float* x, int64_t ldx, const float* p, int64_t K, const float* bias,
-           float* y, int64_t ldy, __mmask16 mask0, __mmask16 mask1) {
+           float* y, int64_t ldy, const float* res, __mmask16 mask0, __mmask16 mask1) {
   __m512 a[MR], b[MR];
   const __m512 bias0 = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
   const __m512 bias1 = bias ? _mm512_loadu_ps(bias + 16) : _mm512_setzero_ps();
@@ -64,6 +64,13 @@ void micro(const float* x, int64_t ldx, const float* p, int64_t K, const float* 
       const __m512 xv = _mm512_set1_ps(x[r * ldx + k]);
       a[r] = _mm512_fmadd_ps(xv, w0, a[r]);
       b[r] = _mm512_fmadd_ps(xv, w1, b[r]);
+    }
+  }
+  if (res) {  // + residual [.., ldy], after the sum: bitwise (x @ W^T + bias) + residual
+#pragma GCC unroll 12
+    for (int r = 0; r < MR; ++r) {
+      a[r] = _mm512_add_ps(a[r], _mm512_maskz_loadu_ps(mask0, res + r * ldy));
+      b[r] = _mm512_add_ps(b[r], _mm512_maskz_loadu_ps(mask1, res + r * ldy + 16));
     }
   }
 #pragma GCC unroll 12
@@ -93,9 +100,11 @@ at::Tensor pack(const at::Tensor& w) {
   return padded.view({NP, kPanel, K}).transpose(1, 2).contiguous();
 }
 
-// x [M, K] fp32 contiguous, panels from pack(), bias: none or [NP * 32] (zero past N).
+// x [M, K] fp32 contiguous, panels from pack(), bias: none or [NP * 32] (zero past N),
+// residual: none or [M, N] fp32 contiguous, added to the output (the residual stream).
 at::Tensor linear(const at::Tensor& x, const at::Tensor& panels,
-                     const c10::optional<at::Tensor>& bias, int64_t N) {
+                     const c10::optional<at::Tensor>& bias, int64_t N,
+                     const c10::optional<at::Tensor>& residual) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "linear: x must be contiguous 2-D fp32");
   TORCH_CHECK(panels.dim() == 3 && panels.size(2) == kPanel && panels.is_contiguous() &&
@@ -110,6 +119,13 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& panels,
                     bias->scalar_type() == at::kFloat,
                 "linear: bias must be fp32 [NP * 32]");
     bp = bias->data_ptr<float>();
+  }
+  const float* rp = nullptr;
+  if (residual.has_value()) {
+    TORCH_CHECK(residual->is_contiguous() && residual->scalar_type() == at::kFloat &&
+                    residual->dim() == 2 && residual->size(0) == M && residual->size(1) == N,
+                "linear: residual must be contiguous fp32 [M, N]");
+    rp = residual->data_ptr<float>();
   }
   auto y = at::empty({M, N}, x.options());
   if (M == 0) return y;
@@ -129,7 +145,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& panels,
         const float* bn = bp ? bp + n * kPanel : nullptr;
         for (int64_t m = mc; m < mc_end; m += mr) {
           const int64_t rows = std::min<int64_t>(mr, mc_end - m);
-          kMicro[rows](xp + m * K, K, pn, K, bn, yp + m * N + n * kPanel, N, m0, m1);
+          kMicro[rows](xp + m * K, K, pn, K, bn, yp + m * N + n * kPanel, N,
+                       rp ? rp + m * N + n * kPanel : nullptr, m0, m1);
         }
       }
     });

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "vec_math.h"
+
 #ifndef __AVX512F__
 #error "cpu_ops needs AVX-512F (built with -march=native)"
 #endif
@@ -158,4 +160,33 @@ at::Tensor rope_and_cache(const at::Tensor& qkv, const at::Tensor& cos,
     }
   });
   return q;
+}
+
+// silu(gate) * up of a fused gate|up projection, one pass: gu [M, 2I] fp32 contiguous (gate
+// columns, then up) -> [M, I]. silu(g) = g / (1 + exp(-g)) as torch writes it; the exp is
+// vec_math.h's (~1 ulp), so values are torch's F.silu(gate) * up within a few ulp.
+at::Tensor silu_mul(const at::Tensor& gu, int64_t I) {
+  TORCH_CHECK(gu.dim() == 2 && gu.scalar_type() == at::kFloat && gu.is_contiguous() &&
+                  I > 0 && gu.size(1) == 2 * I,
+              "silu_mul: gu must be contiguous fp32 [M, 2 * I]");
+  const int64_t M = gu.size(0);
+  auto out = at::empty({M, I}, gu.options());
+  const float* gp = gu.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const __m512 one = _mm512_set1_ps(1.f);
+  at::parallel_for(0, M, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      const float* g = gp + m * 2 * I;
+      const float* u = g + I;
+      float* o = op + m * I;
+      for (int64_t i = 0; i < I; i += 16) {
+        const __mmask16 k = I - i >= 16 ? 0xFFFF : tail_mask(I - i);
+        const __m512 gv = _mm512_maskz_loadu_ps(k, g + i);
+        const __m512 e = cbb::exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+        const __m512 s = _mm512_div_ps(gv, _mm512_add_ps(one, e));
+        _mm512_mask_storeu_ps(o + i, k, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(k, u + i)));
+      }
+    }
+  });
+  return out;
 }

@@ -38,7 +38,12 @@ from cbbench.reference_engine.execution.sampler import Sampler, SampleRequest, t
 from cbbench.reference_engine.kv_transfer.payload import KVLayout
 from cbbench.reference_engine.model import cpu_fused
 from cbbench.reference_engine.model.config import PRESETS, ModelConfig
-from cbbench.reference_engine.model.llama import AttentionMetadata, LlamaAttention, RMSNorm
+from cbbench.reference_engine.model.llama import (
+    AttentionMetadata,
+    LlamaAttention,
+    LlamaMLP,
+    RMSNorm,
+)
 from cbbench.reference_engine.model.loader import (
     load_model,
     random_model,
@@ -141,8 +146,10 @@ class ModelRunner:
             fp32 = self.model.model.embed_tokens.weight.dtype == torch.float32
             plain_kv = kv_cache_dtype == "auto"  # the fused write stores fp32 rows only
             if cpu_ops.available() and fp32:
-                for m in self.model.modules():  # C++ norms, and rope fused with the cache write
-                    if isinstance(m, RMSNorm) or (isinstance(m, LlamaAttention) and plain_kv):
+                for m in self.model.modules():  # C++ norms, silu * up, rope + cache write
+                    if isinstance(m, (RMSNorm, LlamaMLP)) or (
+                        isinstance(m, LlamaAttention) and plain_kv
+                    ):
                         m.cpu_kernel = True
             bf16 = self.model.model.embed_tokens.weight.dtype == torch.bfloat16
             if bf16 and cpu_bf16_dot.fast():  # their bf16 twins (HF's rounding, one pass)

@@ -5,10 +5,10 @@ a few dtype / layout checks a layer; on `small` (9 layers, 8 rows, one thread) t
 was ~2.5 ms of a ~13 ms bf16 decode step. Here a layer is 8-9 calls into the kernel modules:
 norm -> qkv -> rope + cache write -> attention -> o_proj + residual -> norm -> gate/up ->
 silu * up -> down + residual, the residual adds fused into the projections (bf16: rounded
-as torch's add of the rounded projection; fp32: the same add) and, in bf16, silu * up in
-one pass. Equal to the module path: bitwise in fp32 (the same kernels and torch ops); in
-bf16 too, up to silu's exp (an AVX-512 polynomial within ~1 ulp of torch's, after which
-the value is rounded to bf16).
+as torch's add of the rounded projection; fp32: the same add) and silu * up in one pass.
+Equal to the module path: bitwise in fp32 (the same kernels: its LlamaMLP takes the C++
+silu * up too); in bf16 too, up to silu's exp (an AVX-512 polynomial within ~1 ulp of
+torch's, after which the value is rounded to bf16).
 
 The ModelRunner turns it on (`LlamaDecoderLayer.cpu_fused`) where every piece runs here:
 fp32 with the "panels" linears and cpu_ops, bf16 with "bf16-dp" and cpu_bf16_dot, a plain
@@ -22,7 +22,6 @@ import weakref
 from typing import Any, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from cbbench.kernels import AttentionBackend, cpu_bf16_dot, cpu_gemm
 from torch import nn
 
@@ -184,11 +183,10 @@ def _fp32(ops, p: LayerPlan, x, cos, sin, k_cache, v_cache, meta, backend, decod
         o = ops.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, p.scale)
     else:
         o = _attention(p.scale, q, k_cache, v_cache, meta, backend)
-    x = ops.linear(o.view(x.shape[0], p.q_size), p.o, None, p.o_out).add_(x)
+    x = ops.linear(o.view(x.shape[0], p.q_size), p.o, None, p.o_out, x)  # + the residual
     h = ops.rms_norm(x, p.norm2, p.eps2)
-    gate_up = ops.linear(h, p.gate_up, None, p.gate_up_out)
-    a = F.silu(gate_up[:, : p.inter]).mul_(gate_up[:, p.inter :])
-    return ops.linear(a, p.down, None, p.down_out).add_(x)
+    a = ops.silu_mul(ops.linear(h, p.gate_up, None, p.gate_up_out), p.inter)
+    return ops.linear(a, p.down, None, p.down_out, x)
 
 
 def _attention(scale: float, q, k_cache, v_cache, meta: AttentionMetadata, backend: AttentionBackend):

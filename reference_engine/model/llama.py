@@ -129,9 +129,14 @@ class LlamaMLP(nn.Module):
         inter = self.intermediate_size = intermediate_size or cfg.intermediate_size
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * inter, bias=False)
         self.down_proj = nn.Linear(inter, cfg.hidden_size, bias=False)
+        self.cpu_kernel = False  # fp32 on CPU: silu * up in one C++ pass (the ModelRunner sets it)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.cpu_kernel and gate_up.device.type == "cpu" and gate_up.dtype == torch.float32:
+            a = cpu_ops.silu_mul(gate_up, self.intermediate_size)
+            return self.down_proj(a)
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
