@@ -31,7 +31,7 @@ def test_refuses_loudly_without_cuda(tmp_path, capsys):
     from tests.benchmarks.gpu.kernels_check import main
 
     assert not torch.cuda.is_available()
-    assert main(["--out", str(tmp_path / "o")]) == 1
+    assert main(["--out", str(tmp_path / "o")]) == 2
     assert "no CUDA device" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 

@@ -187,7 +187,7 @@ def test_gpu_check_exit_code_follows_nvml(tmp_path) -> None:
     if report["summary"]["available"]:
         assert rc == 0 and report["samples"] and report["load"]["matmuls"] > 0
     else:
-        assert rc == 1 and report["samples"] == [] and report["load"] is None
+        assert rc == 2 and report["samples"] == [] and report["load"] is None  # run_all: needs-cuda
         assert report["summary"]["reason"].startswith("no NVIDIA")
 
 

@@ -22,6 +22,7 @@ from cbbench.reference_engine.engine.disagg import KVTransferMixin
 from cbbench.reference_engine.engine.update import StepUpdate
 from cbbench.reference_engine.errors import EngineError, QueueFullError
 from cbbench.reference_engine.execution.cost_model import CostModel, get_hardware
+from cbbench.reference_engine.execution.warmup import WarmupReport, should_warm_up, warm_up
 from cbbench.reference_engine.kv_transfer.payload import KVPayload
 from cbbench.reference_engine.model.config import ModelConfig, resolve_model_config
 from cbbench.reference_engine.sampling_params import SamplingParams
@@ -80,6 +81,7 @@ class LLMEngine(StepUpdate, KVTransferMixin):
         self._last_compute_end: float | None = None  # for the step gap
         self._pipeline = AsyncPipeline(self) if config.async_scheduling else None
         self._init_kv_transfer()
+        self.warmup: WarmupReport | None = None  # from_config on CUDA (execution/warmup.py)
         if config.async_scheduling and hasattr(executor, "overlap_host"):
             executor.overlap_host = True  # the simulator: host work hides behind the device
 
@@ -135,7 +137,10 @@ class LLMEngine(StepUpdate, KVTransferMixin):
             mc = executor.model_config
         if num_blocks < 1:
             raise EngineError("the KV cache holds no block: raise kv_cache_memory_gb")
-        return cls(config, mc, executor, num_blocks, max_model_len)
+        engine = cls(config, mc, executor, num_blocks, max_model_len)
+        if config.executor != "sim" and should_warm_up(executor):  # CUDA: Triton's JIT
+            engine.warmup = warm_up(executor, max_model_len)
+        return engine
 
     @staticmethod
     def _default_num_blocks(config, mc, dtype, max_model_len, bytes_per_block_fn) -> int:

@@ -233,14 +233,15 @@ class ModelRunner:
     def export_kv(self, block_ids: list[int]) -> bytes:
         """The blocks' K and V over all layers, in the cache's storage dtype, as bytes."""
         idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
-        blocks = self.kv_cache.index_select(2, idx).contiguous().cpu()
-        return blocks.view(torch.uint8).numpy().tobytes()
+        # as raw bytes: index_select / index_copy_ have no fp8 kernels on some devices (CPU)
+        blocks = self.kv_cache.view(torch.uint8).index_select(2, idx).contiguous().cpu()
+        return blocks.numpy().tobytes()
 
     def import_kv(self, block_ids: list[int], data: bytes) -> None:
         """Write an `export_kv` payload into these blocks (same layout: checked by the caller)."""
-        c = self.kv_cache
+        c = self.kv_cache.view(torch.uint8)  # the same bytes in any storage dtype (fp8 too)
         shape = (c.shape[0], 2, len(block_ids), *c.shape[3:])
-        src = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(c.dtype).view(shape)
+        src = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(shape)
         idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
         c.index_copy_(2, idx, src.to(self.device))
 

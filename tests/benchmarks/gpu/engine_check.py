@@ -6,9 +6,10 @@
 Runs tests/benchmarks/gpu/kernels_check.py's kernel checks, then `engine_check` on CUDA with --engine-model,
 and writes one bench_gpu.json + summary.txt; then graphs_check.py's engine modes (eager vs
 decode CUDA graphs, sync vs async scheduling: tok/s, step gap, graph == eager outputs) into
-engine_modes.json + engine_modes.txt. `--modes-only` runs just the modes. Exits 1 without
-CUDA or Triton, and 3 when a correctness case fails, the engine does not run on the Triton
-kernels, or a modes check fails.
+engine_modes.json + engine_modes.txt. `--modes-only` runs just the modes, `--engine-only` the engine check and the modes
+(engine.json). Exits 2 without
+CUDA or Triton (one line), and 3 when a correctness case fails, the engine does not run on the Triton
+kernels, or a modes check fails. `--dry-run [--interpret]`: the CPU path (run_all.py).
 """
 
 from __future__ import annotations
@@ -98,22 +99,63 @@ def engine_check(
     return result
 
 
+def dry_run(out: Path, interpret: bool) -> int:
+    """The CPU path (run_all.py --dry-run): the same code at tiny sizes on the "tiny" model;
+    `interpret` (TRITON_INTERPRET=1 set by the caller) runs the Triton kernels' correctness
+    grid and the engine on them, else the engine on torch. Writes dry_run.json; 3 when a
+    check that must hold on any device fails (correctness, streams, modes)."""
+    from tests.benchmarks.gpu.graphs_check import modes_check
+
+    device = torch.device("cpu")
+    report: dict = {"interpret": interpret}
+    ok = True
+    if interpret:
+        grid = bench_gpu.correctness_grid(device, [torch.float32], quick=True)
+        report["correctness"] = [c.__dict__ for c in grid]
+        ok &= all(c.passed for c in grid)
+    eng = engine_check("cpu", "tiny", backend="triton" if interpret else "torch",
+                       num_requests=3, max_tokens=6, max_prompt=40, token_budget=16)  # fmt: skip
+    report["engine"] = eng
+    ok &= eng["identical_streams"] == "3/3" and (eng["passed"] or not interpret)
+    modes = modes_check("cpu", "tiny", num_requests=3, max_tokens=4, max_num_seqs=4,
+                        max_model_len=64, num_kv_blocks=40)  # fmt: skip
+    report["modes"] = modes
+    ok &= modes["passed"]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "dry_run.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(f"engine_check --dry-run: engine {eng['checked']['backend']} "
+          f"{eng['identical_streams']} streams identical to torch; modes "
+          f"{'passed' if modes['passed'] else 'FAILED'} -> {'ok' if ok else 'FAIL'}")  # fmt: skip
+    return 0 if ok else 3
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    modes_only = "--modes-only" in argv
-    argv = [a for a in argv if a != "--modes-only"]
+    names = ("--modes-only", "--engine-only", "--dry-run", "--interpret")
+    flags = {f: f in argv for f in names}
+    argv = [a for a in argv if a not in flags]
     if "--engine-model" not in argv:
         argv += ["--engine-model", "small"]
     args = bench_gpu.parse_args(argv)
+    if flags["--dry-run"]:
+        return dry_run(args.out, flags["--interpret"])
     rc = 0
-    if modes_only:
-        if not torch.cuda.is_available():
-            print(
-                "gpu_check: no CUDA device visible to torch; this check needs a GPU",
-                file=sys.stderr,
-            )
-            return 1
-    else:
+    if (flags["--modes-only"] or flags["--engine-only"]) and not torch.cuda.is_available():
+        print(
+            "gpu_check: no CUDA device visible to torch; this check needs a GPU "
+            "(--dry-run: the CPU path)",
+            file=sys.stderr,
+        )
+        return 2
+    if flags["--engine-only"]:  # run_all.py: the kernels ran as their own check
+        eng = engine_check("cuda", args.engine_model or "small")
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "engine.json").write_text(json.dumps(eng, indent=2, default=str) + "\n")
+        print(f"engine on {eng['checked']['backend']}: {eng['identical_streams']} streams "
+              f"identical to torch, {eng['checked']['output_tok_per_s']:.0f} tok/s vs torch "
+              f"{eng['torch']['output_tok_per_s']:.0f} -> {'ok' if eng['passed'] else 'FAIL'}")  # fmt: skip
+        rc = 0 if eng["passed"] else 3
+    elif not flags["--modes-only"]:
         report = bench_gpu.kernel_report(args)
         if isinstance(report, int):
             return report

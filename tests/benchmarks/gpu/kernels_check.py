@@ -4,7 +4,7 @@ prefill throughput. Under 5 minutes on one GPU.
     python -m tests.benchmarks.gpu.kernels_check --out results/gpu-check          # kernels only
     python -m tests.benchmarks.gpu.engine_check --out results/gpu-check # + the engine on them
 
-Writes DIR/bench_gpu.json and DIR/summary.txt. Exits 1 without CUDA or Triton, and 3 when a
+Writes DIR/bench_gpu.json and DIR/summary.txt. Exits 2 without CUDA or Triton (one line), and 3 when a
 correctness case fails. The engine end to end on the Triton path lives with the engine
 (tests/benchmarks/gpu/engine_check.py): kernels/ imports nothing from the engine.
 """
@@ -341,12 +341,12 @@ def kernel_report(args: argparse.Namespace) -> dict | int:
     """The kernel checks' report, or an exit code when CUDA or Triton is missing."""
     if not torch.cuda.is_available():
         print("bench_gpu: no CUDA device visible to torch; this check needs a GPU", file=sys.stderr)
-        return 1
+        return 2
     try:
         import triton
     except ImportError:
         print("bench_gpu: triton is not installed (pip install 'cbbench[gpu]')", file=sys.stderr)
-        return 1
+        return 2
     device = torch.device("cuda")
     name = torch.cuda.get_device_name(device)
     src = torch.empty(1 << 30, dtype=torch.uint8, device=device)

@@ -7,7 +7,7 @@ For each KV dtype (auto, fp8): an aggregated engine, a prefill engine (kv_export
 decode engine (kv_import) on cuda:0; greedy outputs of the decode engine must equal the
 aggregated engine's token for token, both pools end empty, and the payload's bytes per
 token are reported with the export (device -> host) and import (host -> device) times.
-Writes pd_check.json; exits 1 without CUDA, 3 when a stream differs or a block leaks.
+Writes pd_check.json; exits 2 without CUDA, 3 when a stream differs or a block leaks.
 """
 
 from __future__ import annotations
@@ -31,12 +31,14 @@ def drain(engine) -> dict:
     return out
 
 
-def check(model: str, kv_dtype: str, n: int = 8, max_tokens: int = 32) -> dict:
+def check(
+    model: str, kv_dtype: str, n: int = 8, max_tokens: int = 32, device: str = "cuda"
+) -> dict:
     from cbbench.reference_engine.config.engine_config import EngineConfig
     from cbbench.reference_engine.engine.llm_engine import LLMEngine
     from cbbench.reference_engine.sampling_params import SamplingParams
 
-    cfg = EngineConfig(model=model, device="cuda", kv_cache_dtype=kv_dtype, dtype="float32")
+    cfg = EngineConfig(model=model, device=device, kv_cache_dtype=kv_dtype, dtype="float32")
     agg, pre, dec = (LLMEngine.from_config(cfg) for _ in range(3))
     prompts = [[(7 * i + j) % 500 + 3 for j in range(16 + 97 * i)] for i in range(n)]
     greedy = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
@@ -46,7 +48,8 @@ def check(model: str, kv_dtype: str, n: int = 8, max_tokens: int = 32) -> dict:
     want = drain(agg)
     t0 = time.perf_counter()
     shipped = drain(pre)
-    torch.cuda.synchronize()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
     prefill_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     for i, p in enumerate(prompts):
@@ -62,15 +65,19 @@ def check(model: str, kv_dtype: str, n: int = 8, max_tokens: int = 32) -> dict:
             "leaked_blocks": pre.block_manager.num_used_blocks + dec.block_manager.num_used_blocks}  # fmt: skip
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="small")
     ap.add_argument("--out", default="results/gpu-check")
-    args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("pd_check: CUDA is not available", file=sys.stderr)
-        return 1
-    results = [check(args.model, kv) for kv in ("auto", "fp8")]
+    ap.add_argument("--device", default="cuda",
+                    help="cuda; cpu: the dry run (2 requests, 4 tokens; run_all.py)")  # fmt: skip
+    args = ap.parse_args(argv)
+    cpu = args.device == "cpu"
+    if not cpu and not torch.cuda.is_available():
+        print("pd_check: CUDA is not available (--device cpu: the dry run)", file=sys.stderr)
+        return 2
+    size = {"n": 2, "max_tokens": 4} if cpu else {}
+    results = [check(args.model, kv, device=args.device, **size) for kv in ("auto", "fp8")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "pd_check.json").write_text(json.dumps(results, indent=2))

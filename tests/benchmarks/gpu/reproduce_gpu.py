@@ -10,7 +10,8 @@ max_model_len reservation in the same KV pool), with NVML sampled every 0.1 s.
 
     python -m tests.benchmarks.gpu.reproduce_gpu --model qwen2.5-0.5b --out gpu-util.json
 
-Without CUDA it says so and exits 2 (it is never a test that passes by skipping).
+Without CUDA it says so and exits 2 (it is never a test that passes by skipping);
+`--device cpu --dry-run` runs the same path on the CPU (tiny sizes: run_all.py's dry run).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="KV pool in blocks of 16 (default: B x the mean request, so memory "
                    "binds static's batch as on a full-size server)")  # fmt: skip
     p.add_argument("--out", default=None, help="write the rows as JSON here")
+    p.add_argument("--dry-run", action="store_true",
+                   help="allow --device cpu: the same code path at tiny sizes (run_all.py)")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -62,7 +65,8 @@ def run(args: argparse.Namespace) -> list[dict]:
     import torch
     from cbbench.harness.telemetry.gpu import GpuSampler
 
-    if not args.device.startswith("cuda") or not torch.cuda.is_available():
+    cuda = args.device.startswith("cuda") and torch.cuda.is_available()
+    if not cuda and not (args.dry_run and args.device == "cpu"):
         raise CbbenchError(f"device {args.device!r}: this check needs CUDA (none here)")
     from cbbench.reference_engine.sim.simulate import replay
 
