@@ -26,6 +26,7 @@ from dataclasses import replace
 import numpy as np
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.gate.aggregates import gate_on_aggregates
+from cbbench.harness.gate.client_notes import client_notes
 from cbbench.harness.gate.policy import COST, LATENCY, SESSION_SUCCESS, Policy, Rule
 from cbbench.harness.gate.verdict import (
     GateResult,
@@ -358,7 +359,8 @@ def run_gate(
         for rule in with_ttfo(policy.rules, bs, cs)
     ]
     if unsaid := untold(base.meta, cand.meta):
-        notes.append(unsaid)
+        notes.append(f"read with care: {unsaid}")
+    notes += client_notes([("baseline", base.meta), ("candidate", cand.meta)])
     return GateResult(
         results, policy, str(base.dir), str(cand.dir), differences(base.meta, cand.meta),
         notes=notes,
