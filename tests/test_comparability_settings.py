@@ -206,12 +206,17 @@ def test_gate_says_when_a_runs_load_generator_may_have_made_its_numbers(
     policy.write_text('[[rules]]\nmetric = "e2e"\nstat = "p50"\nmax_increase = 10.0\n')
     capsys.readouterr()
     argv = ["gate", "--baseline", str(thread_runs[1]), "--policy-file", str(policy)]
-    assert main([*argv, "--candidate", str(busy)]) in (0, 1)
+    md = tmp_path / "gate.md"
+    assert main([*argv, "--candidate", str(busy), "--markdown", str(md)]) in (0, 1)
     out = capsys.readouterr().out
-    assert (
+    line = (
         "read with care: the candidate's load generator may have made its numbers: CLIENT-BOUND "
         "(event-loop lag p99 533.2 ms); timing error bound 330.8 ms (148% of TTFT p50 223.2 ms)"
-    ) in out, out
+    )
+    assert line in out, out
+    # the PR comment too (before, --markdown had the table only: no care line)
+    text = md.read_text()
+    assert f"- {line}" in text and "- read with care: runs differ in cpu threads: " in text
     base = _meta(thread_runs[1])["summary"]
     flagged = base.get("client_bound") or base["client"].get("timing_bound_exceeded")
     assert ("baseline's load generator" in out) == bool(flagged)  # this host may stall it too

@@ -172,8 +172,9 @@ def _method(gate) -> str:
     return f"{gate.policy.source}, {conf} {gate.method}"
 
 
-def markdown(gate, escape_html: bool = True) -> str:
-    """The table as Markdown: for a PR comment (`<`, `>` escaped) or a log (as typed)."""
+def markdown(gate, escape_html: bool = True, notes: bool = False) -> str:
+    """The table as Markdown: for a PR comment (`<`, `>` escaped) or a log (as typed);
+    `notes`: with what the terminal prints around it (what to read with care, the windows)."""
 
     def cell(text: str) -> str:
         text = text.replace("|", "\\|")
@@ -213,6 +214,12 @@ def markdown(gate, escape_html: bool = True) -> str:
         )
     if gate.note:
         lines += ["", cell(gate.note)]
+    if notes:
+        from cbbench.harness.results.comparability import CAUTION, summary_line
+
+        care = [d for d in gate.differences if d.severity == CAUTION]
+        said = [f"read with care: runs differ in {summary_line(care)}"] if care else []
+        lines += ["", *(f"- {cell(x)}" for x in said + list(gate.notes))]
     return "\n".join(lines) + "\n"
 
 
@@ -285,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
     if args.junit:
         _write(args.junit, junit(gate))
     if args.markdown:
-        _write(args.markdown, markdown(gate))
+        _write(args.markdown, markdown(gate, notes=True))
     if not gate.passed:
         return 1
     return 3 if args.fail_on_cannot_tell and gate.undecided else 0
