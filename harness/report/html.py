@@ -25,6 +25,7 @@ from cbbench.harness.report.runs import (
     comparability_warnings,
     flatten,
     load_level,
+    sweep_answers,
     timing_warnings,
     trust_warnings,
     workload_identity,
@@ -238,6 +239,7 @@ def render(
         f'<p class="warn">Incomplete: {escape(w)}</p>' for w in trust_warnings(runs)
     )
     warn_html += "".join(f'<p class="warn">Timing: {escape(w)}</p>' for w in timing_warnings(runs))
+    warn_html += "".join(f"<p>Sweep: {escape(w)}</p>" for w in sweep_answers(runs))
     sections = [
         (
             "Summary",

@@ -12,6 +12,7 @@ from cbbench.harness.report.rigor import rigor_markdown
 from cbbench.harness.report.runs import (
     LoadedRun,
     comparability_warnings,
+    sweep_answers,
     timing_warnings,
     trust_warnings,
 )
@@ -78,6 +79,7 @@ def render_markdown(runs: list[LoadedRun], rows: list[dict]) -> str:
         lines.append(f"- **Incomplete:** {md_text(w)}")
     for w in timing_warnings(runs):
         lines.append(f"- **Timing:** {md_text(w)}")
+    lines += [f"- **Sweep:** {md_text(w)}" for w in sweep_answers(runs)]
     if any(lr.simulated for lr in runs):
         lines.append("- Runs marked **SIMULATED** come from the simulator, not a measured server.")
     common, own = grouped(runs)

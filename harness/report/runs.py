@@ -206,3 +206,25 @@ def flatten(meta: dict[str, Any], prefix: str = "", skip: tuple[str, ...] = ()) 
         else:
             out[key] = v if isinstance(v, str) else json.dumps(v, default=str)
     return out
+
+
+def sweep_answers(runs: list[LoadedRun]) -> list[str]:
+    """What each capacity search among the runs' sweep folders concluded (sweep.json's
+    `capacity`, the lines `sweep --find-max-rate` printed), one line each: the report of a
+    sweep folder otherwise showed its levels and not the answer they were run for."""
+    from cbbench.harness.conclusions.capacity_answer import capacity_lines
+
+    out, seen = [], set()
+    for lr in runs:
+        folder = lr.run.dir.parent
+        if not lr.in_sweep or folder in seen:
+            continue
+        seen.add(folder)
+        try:
+            index = json.loads((folder / SWEEP_FILE).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            continue
+        lines = capacity_lines(index) if isinstance(index, dict) else []
+        if lines:
+            out.append(f"{lr.sweep}: capacity search: " + "; ".join(lines))
+    return out

@@ -105,22 +105,7 @@ def find_max_rate(opts: SweepOptions) -> dict:
 
 
 def print_capacity(index: dict) -> None:
-    cap = index.get("capacity")
-    if cap:
-        lo, hi = cap["interval"]
-        if cap.get("undecided"):
-            below = f"; met up to {lo:.3g} req/s" if lo is not None else ""
-            _, capped, why = cap["stopped"].partition("; capped at ")
-            if lo is not None and capped:  # say where a number no level's row shows comes from
-                below += f" (capped at {why})"
-            print(f"cannot decide: {cap['undecided']}{below}")
-        elif lo is None:
-            print(f"no rate met the SLO ({cap['stopped']})")
-        else:
-            upper = f"{hi:.3g}" if hi is not None else "?"
-            print(
-                f"max rate meeting {index['slo']} for {index['goodput']:.0%} of requests: "
-                f"{lo:.3g} req/s (interval [{lo:.3g}, {upper}); {cap['stopped']}; "
-                f"{cap['requests']} requests, {cap['wall_s']:.0f} s)"
-            )
-        print(f"rule: {cap.get('rule', '')} (--repeats {index.get('repeats', '?')})")
+    from cbbench.harness.conclusions.capacity_answer import capacity_lines
+
+    for line in capacity_lines(index):
+        print(line)
