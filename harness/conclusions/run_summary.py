@@ -35,6 +35,8 @@ def conclusion_lines(summary: dict, window_table: bool = False) -> list[str]:
         lines.append(w)
     if (summary.get("saturation_not_judged") or {}).get("line"):
         lines.append(summary["saturation_not_judged"]["line"])
+    if (summary.get("duration_not_reached") or {}).get("line"):
+        lines.append(summary["duration_not_reached"]["line"])
     sat = summary.get("over_saturated")
     if sat:
         kept = (summary.get("counts") or {}).get("total", 0)
@@ -46,3 +48,22 @@ def conclusion_lines(summary: dict, window_table: bool = False) -> list[str]:
         else:
             lines.append(f"{sat['line']}: {sat['reason']} (--on-saturation continue: ran on)")
     return lines
+
+
+def duration_not_reached(
+    records: list[RequestRecord], duration_s: float | None, planned: int
+) -> dict | None:
+    """A run given --duration that sent every planned request well before it: the request
+    count (--num-requests, or the workload's own: 200 for a preset) ended it first, which the
+    summary's "duration" alone leaves the reader to notice. None when the duration was used."""
+    sent = [r.sent_s for r in records if not r.warmup and r.sent_s is not None]
+    if duration_s is None or not sent or len(sent) < planned:
+        return None
+    last = max(sent)
+    if last >= 0.9 * duration_s:
+        return None
+    line = (f"ended before --duration {duration_s:g} s: all {planned} requests were sent by "
+            f"{last:.1f} s (the request count ends a run first: --num-requests, else the "
+            "workload's own; raise it to run for the duration)")  # fmt: skip
+    return {"duration_s": duration_s, "requests": planned, "last_send_s": round(last, 3),
+            "line": line}  # fmt: skip

@@ -28,6 +28,7 @@ from cbbench.harness.conclusions.run_summary import (
     OVER_SATURATED,
     add_run_conclusions,
     conclusion_lines,
+    duration_not_reached,
 )
 from cbbench.harness.console.live import LiveStats, LiveView, print_summary
 from cbbench.harness.console.outcome import outcome_lines, worker_timing_lines
@@ -476,6 +477,10 @@ def run_bench(
         if not interrupted:
             failure = failure or stopped_early or all_failed(summary)
         add_run_conclusions(summary, records, cfg.window, cfg.slo, observers)
+        if not interrupted and not stopped_early and not summary.get("over_saturated"):
+            short = duration_not_reached(records, cfg.duration_s, planned)
+            if short:
+                summary["duration_not_reached"] = short
         crashed = [st["crashed"] for st in worker_stats.values() if "crashed" in st]
         if crashed:
             summary["worker_crashes"] = crashed
