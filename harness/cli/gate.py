@@ -277,7 +277,10 @@ def run(args: argparse.Namespace) -> int:
                 "--window: repeats folders are judged on the figures each run led with "
                 "(set it on `bench --repeats`)"
             )
-        gate = run_repeated_gate(args.baseline, args.candidate, policy, args.allow_incomplete)
+        gate = run_repeated_gate(
+            args.baseline, args.candidate, policy, args.allow_incomplete, args.allow_incomparable
+        )
+        print_differences(gate)
     else:
         base, cand = load_run(args.baseline), load_run(args.candidate)
         if args.allow_incomplete:  # judged anyway: say on what

@@ -97,9 +97,29 @@ def judge_repeated(rule: Rule, base: list[dict], cand: list[dict], policy: Polic
 
 
 def run_repeated_gate(
-    base_dir: str, cand_dir: str, policy: Policy, allow_incomplete: bool = False
+    base_dir: str,
+    cand_dir: str,
+    policy: Policy,
+    allow_incomplete: bool = False,
+    allow_incomparable: bool = False,
 ) -> GateResult:
+    """Each rule on the run means. The repeats are compared as single runs are (the first
+    of each: a --repeats folder repeats one configuration): incomparable ones are refused
+    unless `allow_incomparable`, what to read with care is kept for the caller to print."""
+    from cbbench.harness.results.comparability import (
+        differences,
+        incomparable,
+        summary_line,
+        untold,
+    )
+
     base, cand = load_repeats(base_dir, allow_incomplete), load_repeats(cand_dir, allow_incomplete)
+    found = differences(base[0], cand[0])
+    bad = incomparable(found)
+    if bad and not allow_incomparable:
+        raise CbbenchError(
+            f"not comparable: {summary_line(bad)} (--allow-incomparable judges them anyway)"
+        )
     kinds = {str(run_lead(m)) for m in base + cand}
     if len(kinds) > 1:
         raise CbbenchError(
@@ -108,4 +128,6 @@ def run_repeated_gate(
         )
     results = [judge_repeated(r, base, cand, policy) for r in policy.rules]
     method = "Welch t-interval over run means"
-    return GateResult(results, policy, base_dir, cand_dir, method=method)
+    unsaid = untold(base[0], cand[0])
+    notes = [f"read with care: {unsaid}"] if unsaid else []
+    return GateResult(results, policy, base_dir, cand_dir, found, notes=notes, method=method)
