@@ -21,6 +21,8 @@
 #include <limits>
 #include <vector>
 
+#include "vec_math.h"
+
 #ifndef __AVX512F__
 #error "cpu_attention needs AVX-512F (built with -march=native)"
 #endif
@@ -102,23 +104,6 @@ inline __m512 dot16(const float* q, const T* const* rows, int64_t d) {
   return hsum16(acc);
 }
 
-// exp(x) for fp32 lanes (Cephes' range reduction and polynomial, ~1 ulp; x <= 0 here, a
-// score minus its row's maximum; the scaling by 2^n underflows to 0 as expf does)
-inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-104.f));
-  const __m512 fx = _mm512_roundscale_ps(
-      _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
-  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
-  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.f)));
-  return _mm512_scalef_ps(y, fx);
-}
 
 // s[0..L) <- softmax(s), vectorized (the scalar loop's expf was ~1/3 of a decode layer's
 // attention at 128 tokens)
@@ -131,13 +116,13 @@ inline void softmax(float* s, int64_t L) {
   const __m512 mb = _mm512_set1_ps(m);
   __m512 sv = _mm512_setzero_ps();
   for (t = 0; t + 16 <= L; t += 16) {
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + t), mb));
+    const __m512 e = cbb::exp16_nonpos(_mm512_sub_ps(_mm512_loadu_ps(s + t), mb));
     _mm512_storeu_ps(s + t, e);
     sv = _mm512_add_ps(sv, e);
   }
   if (t < L) {
     const __mmask16 k = static_cast<__mmask16>((1u << (L - t)) - 1);
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), mb));
+    const __m512 e = cbb::exp16_nonpos(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), mb));
     _mm512_mask_storeu_ps(s + t, k, e);
     sv = _mm512_add_ps(sv, _mm512_maskz_mov_ps(k, e));
   }

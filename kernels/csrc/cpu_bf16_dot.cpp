@@ -30,6 +30,8 @@
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
+
+#include "vec_math.h"
 #define CBB_BF16DP 1
 #endif
 
@@ -201,27 +203,6 @@ void add_residual(uint16_t* y, const uint16_t* r, int mr, int64_t N, int64_t n0,
     for (; n < n1; ++n) y[i * N + n] = f2bf(bf2f(y[i * N + n]) + bf2f(r[i * N + n]));
   }
 }
-
-#if defined(CBB_BF16DP)
-// exp(x) for fp32 lanes (Cephes' range reduction and polynomial, ~1 ulp; the final scaling
-// by 2^n under- and overflows to 0 and inf as expf does; NaN stays NaN): silu's exp(-g).
-inline __m512 exp16(__m512 x0) {
-  const __mmask16 nan = _mm512_cmp_ps_mask(x0, x0, _CMP_UNORD_Q);
-  __m512 x = _mm512_min_ps(_mm512_max_ps(x0, _mm512_set1_ps(-104.f)), _mm512_set1_ps(89.f));
-  const __m512 fx = _mm512_roundscale_ps(
-      _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
-  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
-  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.f)));
-  return _mm512_mask_mov_ps(_mm512_scalef_ps(y, fx), nan, x0);
-}
-#endif
 
 using MicroFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, int,
                          const float*, uint16_t*, int64_t, bool);
@@ -427,7 +408,7 @@ at::Tensor silu_mul_bf16(const at::Tensor& gu) {
     const __m512 one = _mm512_set1_ps(1.f);
     for (; i + 16 <= I; i += 16) {
       const __m512 a = widen16(g + i);
-      const __m512 s = _mm512_div_ps(a, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), a))));
+      const __m512 s = _mm512_div_ps(a, _mm512_add_ps(one, cbb::exp16(_mm512_sub_ps(_mm512_setzero_ps(), a))));
       const __m512 sr = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(s));  // silu's bf16 result
       const __m256bh h = _mm512_cvtneps_pbh(_mm512_mul_ps(sr, widen16(u + i)));
       std::memcpy(o + i, &h, sizeof h);

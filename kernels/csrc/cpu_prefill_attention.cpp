@@ -24,6 +24,8 @@
 #include <limits>
 #include <vector>
 
+#include "vec_math.h"
+
 #ifndef __AVX512F__
 #error "cpu_prefill_attention needs AVX-512F (built with -march=native)"
 #endif
@@ -36,22 +38,6 @@ constexpr int64_t kKeys = 16;  // keys per K tile: one zmm of scores per row
 inline float widen(float x) { return x; }
 inline float widen(at::BFloat16 x) { return static_cast<float>(x); }
 
-// exp(x) for x <= 0 (a score minus its row's maximum), as cpu_attention.cpp's exp16
-inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-104.f));
-  const __m512 fx = _mm512_roundscale_ps(
-      _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
-  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
-  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.f)));
-  return _mm512_scalef_ps(y, fx);
-}
 
 // K of one (sequence, KV head) -> kt [ceil(L/16)][D][16] (keys past L zero); V -> vp [L][D]
 template <typename T>
@@ -95,12 +81,12 @@ void softmax_row(float* s, int64_t lim, int64_t n) {
   const __m512 mb = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
   __m512 sv = _mm512_setzero_ps();
   for (t = 0; t + 16 <= lim; t += 16) {
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + t), mb));
+    const __m512 e = cbb::exp16_nonpos(_mm512_sub_ps(_mm512_loadu_ps(s + t), mb));
     _mm512_storeu_ps(s + t, e);
     sv = _mm512_add_ps(sv, e);
   }
   if (t < lim) {  // the partial tile: visible lanes exp'd, the rest 0
-    const __m512 e = _mm512_maskz_mov_ps(tail, exp16(_mm512_sub_ps(_mm512_loadu_ps(s + t), mb)));
+    const __m512 e = _mm512_maskz_mov_ps(tail, cbb::exp16_nonpos(_mm512_sub_ps(_mm512_loadu_ps(s + t), mb)));
     _mm512_storeu_ps(s + t, e);
     sv = _mm512_add_ps(sv, e);
     t += 16;
