@@ -31,3 +31,13 @@ def client_notes(runs: list[tuple[str, dict[str, Any]]]) -> list[str]:
                 + " (more --workers, cores or hosts)"
             )
     return out
+
+
+def repeats_client_notes(side: str, metas: list[dict[str, Any]]) -> list[str]:
+    """For a --repeats folder: one line when any of its repeats was flagged (how many, and the
+    first one's line), not one per repeat."""
+    flagged = [line for i, m in enumerate(metas, 1) for line in client_notes([(f"repeat {i}", m)])]
+    if not flagged:
+        return []
+    first = flagged[0].removeprefix("read with care: the ")
+    return [f"read with care: the {side}: {len(flagged)} of {len(metas)} repeats flagged; {first}"]

@@ -106,6 +106,7 @@ def run_repeated_gate(
     """Each rule on the run means. The repeats are compared as single runs are (the first
     of each: a --repeats folder repeats one configuration): incomparable ones are refused
     unless `allow_incomparable`, what to read with care is kept for the caller to print."""
+    from cbbench.harness.gate.client_notes import repeats_client_notes
     from cbbench.harness.results.comparability import (
         differences,
         incomparable,
@@ -130,4 +131,5 @@ def run_repeated_gate(
     method = "Welch t-interval over run means"
     unsaid = untold(base[0], cand[0])
     notes = [f"read with care: {unsaid}"] if unsaid else []
+    notes += repeats_client_notes("baseline", base) + repeats_client_notes("candidate", cand)
     return GateResult(results, policy, base_dir, cand_dir, found, notes=notes, method=method)
