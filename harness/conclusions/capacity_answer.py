@@ -17,6 +17,12 @@ def capacity_lines(index: dict[str, Any]) -> list[str]:
         _, capped, why = cap["stopped"].partition("; capped at ")
         if lo is not None and capped:  # say where a number no level's row shows comes from
             below += f" (capped at {why})"
+        offered = cap.get("offered")
+        if lo is not None and offered:  # the met level's runs offered less than it
+            below += (
+                f" (met at {offered['offered_rps']:.3g} req/s offered, below the "
+                f"{offered['level']:.4g}/s level)"
+            )
         first = f"cannot decide: {cap['undecided']}{below}"
     elif lo is None:
         first = f"no rate met the SLO ({cap['stopped']})"

@@ -15,6 +15,13 @@ requests or time would be exceeded. The answer is never above the highest rate t
 served in any level (Trial.achieved_rps, verdict.py's completions per second): it is capped
 there, and `stopped` says so.
 
+A level is judged by the load it actually offered (Trial.offered_rps: requests sent / send
+span): a met run that offered less than (1 - OFFERED_TOLERANCE) of its nominal rate (a low
+Poisson draw, sends lagging their schedule) is "met at X req/s offered (below the Y/s
+level)", and the answer credits that level only with the highest rate its met runs offered
+(`offered` in to_dict says so). The tolerance is the search's default precision: a shortfall
+under it moves the answer by less than the search claims to resolve.
+
 The search only sees `measure(rate, attempt, requests) -> Trial`, so it runs the same against
 a real server (`cbbench sweep --find-max-rate`) and against a model in unit tests.
 """
@@ -29,6 +36,8 @@ from dataclasses import asdict, dataclass, field
 from cbbench.harness.errors import CbbenchError
 
 REPEAT_RULE = "a level is met when its first run is, else when most of its runs are"
+OFFERED_TOLERANCE = 0.10  # a met run offering less than 90 % of its level's rate is credited at
+# what it offered (module docstring)
 
 
 @dataclass
@@ -42,6 +51,14 @@ class Trial:
     state: str | None = None  # met | missed | undecided (capacity_level); None: by goodput
     why: str = ""  # what decided the state
     needed_requests: int | None = None  # undecided: the requests a level here needs
+    offered_rps: float | None = None  # sent: requests sent / send span; None: not measured
+
+    def short_offer(self) -> str | None:
+        """'met at X req/s offered (below the Y/s level)' when this run offered less than
+        (1 - OFFERED_TOLERANCE) of its rate; None when it offered the level (or unmeasured)."""
+        if self.offered_rps is None or self.offered_rps >= (1 - OFFERED_TOLERANCE) * self.rate:
+            return None
+        return f"met at {self.offered_rps:.3g} req/s offered (below the {self.rate:.4g}/s level)"
 
     def verdict(self, goodput: float) -> str:
         if self.state is not None:
@@ -98,6 +115,7 @@ class CapacityResult:
     requests: int = 0
     wall_s: float = 0.0
     undecided: str | None = None  # the level it could not judge, and what that needs
+    offered: dict | None = None  # the answer level's met runs offered below it (docstring)
 
     def to_dict(self) -> dict:
         return {
@@ -105,6 +123,7 @@ class CapacityResult:
             "interval": list(self.interval),
             "stopped": self.stopped,
             "undecided": self.undecided,
+            "offered": self.offered,
             "rule": REPEAT_RULE,
             "requests": self.requests,
             "wall_s": round(self.wall_s, 2),
@@ -228,6 +247,8 @@ def find_max_rate(
             lo = mid
         else:
             hi = mid
+    if lo is not None:
+        lo = credit_offered(res, lo, cfg.goodput)
     peak = max((t.achieved_rps for t in res.trials if t.achieved_rps), default=None)
     if lo is not None and peak is not None and lo > peak:  # never above what was served
         res.stopped += (
@@ -239,3 +260,34 @@ def find_max_rate(
     res.interval = (lo, hi)
     res.wall_s = clock() - t0
     return res
+
+
+def credit_offered(res: CapacityResult, lo: float, goodput: float) -> float:
+    """The answer credited by the load actually offered (module docstring): each met level
+    counts at its rate, or at the most its met runs offered when all of them fell more than
+    OFFERED_TOLERANCE short of it; the answer is the highest of those, at most `lo`."""
+    met: dict[float, list[Trial]] = {}
+    for t in res.trials:
+        if t.rate <= lo and t.meets(goodput):
+            met.setdefault(t.rate, []).append(t)
+    if lo not in met:
+        return lo
+    credit: dict[float, float] = {}
+    for rate, runs in met.items():
+        short = [t for t in runs if t.short_offer()]
+        credit[rate] = rate if len(short) < len(runs) else max(t.offered_rps or 0 for t in short)
+    if credit[lo] >= lo:
+        return lo
+    best = max(credit.values())
+    res.offered = {
+        "level": lo,
+        "offered_rps": credit[lo],
+        "tolerance": OFFERED_TOLERANCE,
+        "answer": best,
+    }
+    res.stopped += (
+        f"; met at {credit[lo]:.3g} req/s offered (below the {lo:.4g}/s level: its sends fell "
+        f"more than {OFFERED_TOLERANCE:.0%} short), so the answer is the most offered by met "
+        f"runs, {best:.3g} req/s"
+    )
+    return best

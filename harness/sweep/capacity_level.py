@@ -50,6 +50,16 @@ class LevelJudgement:
         return asdict(self)
 
 
+def offered_rps(records: Sequence[RequestRecord]) -> float | None:
+    """The rate a level actually offered: (requests sent - 1) / (last send - first send),
+    over every measured request that was sent (failed ones too). A Poisson draw and sends
+    that lag their schedule both move it off the level's nominal rate; None: < 2 sends."""
+    sent = sorted(r.sent_s for r in records if not r.warmup and r.sent_s is not None)
+    if len(sent) < 2 or sent[-1] <= sent[0]:
+        return None
+    return (len(sent) - 1) / (sent[-1] - sent[0])
+
+
 def allowed_misses(planned: int, goodput: float) -> int:
     return math.floor((1.0 - goodput) * planned + 1e-9)
 

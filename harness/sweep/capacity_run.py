@@ -75,20 +75,22 @@ def find_max_rate(opts: SweepOptions) -> dict:
             raise KeyboardInterrupt
         judged = lv["capacity"] or {}
         good = judged.get("goodput_fraction", lv["goodput_fraction"])  # of what finished
-        stop = f"; stopped: {lv['stopped_early']}" if lv["stopped_early"] else ""
-        print(
-            f"  {judged.get('state', '?')}: {judged.get('why', '')}; goodput "
-            f"{'–' if good is None else f'{good:.0%}'} of the finished{stop}",
-            file=sys.stderr,
-        )
         served = (lv.get("verdict") or {}).get("achieved_rps")  # verdict.py's served rate
         if served is None:
             served = lv["request_throughput"]
-        return Trial(
+        trial = Trial(
             rate, attempt, good, served, lv["requests"] or 0, name,
             state=judged.get("state"), why=judged.get("why", ""),
-            needed_requests=judged.get("needed_requests"),
+            needed_requests=judged.get("needed_requests"), offered_rps=lv.get("offered_rps"),
         )  # fmt: skip
+        stop = f"; stopped: {lv['stopped_early']}" if lv["stopped_early"] else ""
+        state = (trial.meets(opts.goodput) and trial.short_offer()) or judged.get("state", "?")
+        print(
+            f"  {state}: {judged.get('why', '')}; goodput "
+            f"{'–' if good is None else f'{good:.0%}'} of the finished{stop}",
+            file=sys.stderr,
+        )
+        return trial
 
     status = "complete"
     try:

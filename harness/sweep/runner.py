@@ -22,7 +22,12 @@ from pathlib import Path
 
 from cbbench.harness.errors import CbbenchError
 from cbbench.harness.load.options import ClientOptions, LoadOptions, bench_config
-from cbbench.harness.sweep.capacity_level import SloWatch, judge_capacity_level, queue_bound
+from cbbench.harness.sweep.capacity_level import (
+    SloWatch,
+    judge_capacity_level,
+    offered_rps,
+    queue_bound,
+)
 from cbbench.harness.sweep.levels import Level, SaturationWatch, auto_rates
 from cbbench.harness.sweep.verdict import SUSTAINED, judge_closed_level, judge_level, label
 from cbbench.harness.telemetry import TelemetryOptions, build_samplers
@@ -127,6 +132,7 @@ def run_level(
         "rate": None if level.rate is None or math.isinf(level.rate) else level.rate,
         "all_at_once": level.rate is not None and math.isinf(level.rate),
         "concurrency": level.concurrency,
+        "offered_rps": offered_rps(result.records) if open_loop else None,  # sent/send span
         "request_throughput": s.get("request_throughput"),
         "output_throughput": s.get("output_throughput"),
         "ttft_p50_s": (s.get("ttft_s") or {}).get("p50"),
