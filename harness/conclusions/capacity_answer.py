@@ -33,4 +33,12 @@ def capacity_lines(index: dict[str, Any]) -> list[str]:
             f"{lo:.3g} req/s (interval [{lo:.3g}, {upper}); {cap['stopped']}; "
             f"{cap['requests']} requests, {cap['wall_s']:.0f} s)"
         )
-    return [first, f"rule: {cap.get('rule', '')} (--repeats {index.get('repeats', '?')})"]
+    lines = [first, f"rule: {cap.get('rule', '')} (--repeats {index.get('repeats', '?')})"]
+    near = [t for t in cap.get("trials", []) if t.get("timing_note")]
+    if near:  # one line: the levels whose verdict the client's own timing error could flip
+        rates = ", ".join(dict.fromkeys(f"{t['rate']:.4g}/s" for t in near))
+        lines.append(
+            f"read with care: the verdict at {rates} lies within the load generator's timing "
+            f"error bound of the SLO ({near[0]['run'] or near[0]['rate']}: {near[0]['timing_note']})"
+        )
+    return lines

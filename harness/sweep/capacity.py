@@ -52,6 +52,7 @@ class Trial:
     why: str = ""  # what decided the state
     needed_requests: int | None = None  # undecided: the requests a level here needs
     offered_rps: float | None = None  # sent: requests sent / send span; None: not measured
+    timing_note: str | None = None  # the timing error bound could flip this verdict
 
     def short_offer(self) -> str | None:
         """'met at X req/s offered (below the Y/s level)' when this run offered less than

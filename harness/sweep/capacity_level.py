@@ -45,9 +45,34 @@ class LevelJudgement:
     allowed_misses: int
     why: str  # one line: what decided it
     needed_requests: int | None = None  # UNDECIDED: a level at this rate needs this many
+    timing_note: str | None = None  # the verdict lies within the client's timing bound
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+SHIFTED = ("ttft", "ttfo", "e2e")  # latencies a timestamp error moves by up to the bound
+
+
+def timing_note(
+    measured: Sequence[RequestRecord], slo: dict[str, float], j: LevelJudgement, bound: float
+) -> str | None:
+    """Whether the load generator's timing error bound (summary client.timing_bound_s,
+    harness/results/client_timing.py) could flip a met or missed-by-misses verdict: each
+    TTFT / TTFO / E2E moved by the bound toward the threshold (TPOT is a difference of two
+    stamps over many tokens: left as measured). None when it could not."""
+    if bound <= 0 or not (j.state == MET or j.state == MISSED and j.misses > j.allowed_misses):
+        return None  # undecided, or missed for not being sustained (rates, not latencies)
+    sign = 1.0 if j.state == MET else -1.0  # met: could it miss? missed: could it meet?
+    moved = {k: (b - sign * bound if k in SHIFTED else b) for k, b in slo.items()}
+    misses = sum(not meets_slo(r, moved) for r in measured)
+    if (misses > j.allowed_misses) == (j.state == MISSED):
+        return None
+    return (
+        f"{j.state} with {j.misses} misses ({j.allowed_misses} allowed), but {misses} with "
+        f"every TTFT/E2E {'+' if sign > 0 else '-'}{bound * 1e3:.0f} ms (the load "
+        "generator's timing error bound)"
+    )
 
 
 def offered_rps(records: Sequence[RequestRecord]) -> float | None:
@@ -76,9 +101,26 @@ def judge_capacity_level(
     goodput: float,
     planned: int,
     stopped: str | None = None,
+    timing_bound_s: float | None = None,
 ) -> LevelJudgement:
     """The level's state (module docstring). `stopped`: why the level was stopped early, if
-    it was (the SLO watch's reason, or a time limit)."""
+    it was (the SLO watch's reason, or a time limit). `timing_bound_s`: the run's load
+    generator timing error bound; `timing_note` says when it could flip the verdict."""
+    j = _judge(records, rate, slo, goodput, planned, stopped)
+    if timing_bound_s:
+        measured = [r for r in records if not r.warmup]
+        j.timing_note = timing_note(measured, slo, j, timing_bound_s)
+    return j
+
+
+def _judge(
+    records: Sequence[RequestRecord],
+    rate: float,
+    slo: dict[str, float],
+    goodput: float,
+    planned: int,
+    stopped: str | None,
+) -> LevelJudgement:
     measured = [r for r in records if not r.warmup]
     n = len(measured)
     misses = sum(not meets_slo(r, slo) for r in measured)

@@ -82,6 +82,7 @@ def find_max_rate(opts: SweepOptions) -> dict:
             rate, attempt, good, served, lv["requests"] or 0, name,
             state=judged.get("state"), why=judged.get("why", ""),
             needed_requests=judged.get("needed_requests"), offered_rps=lv.get("offered_rps"),
+            timing_note=judged.get("timing_note"),
         )  # fmt: skip
         stop = f"; stopped: {lv['stopped_early']}" if lv["stopped_early"] else ""
         state = (trial.meets(opts.goodput) and trial.short_offer()) or judged.get("state", "?")

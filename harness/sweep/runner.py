@@ -124,7 +124,8 @@ def run_level(
     judged = None
     if capacity is not None and open_loop:
         judged = judge_capacity_level(
-            result.records, level.rate, capacity[0], capacity[1], planned, watch.stop_reason
+            result.records, level.rate, capacity[0], capacity[1], planned, watch.stop_reason,
+            (s.get("client") or {}).get("timing_bound_s"),
         ).to_dict()
     return {
         "name": level.name,
