@@ -148,7 +148,8 @@ def run_check(check: Check, root: Path, dry: bool, interpret: bool, limit_s: flo
             rc = None
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            with contextlib.suppress(subprocess.TimeoutExpired):  # a child stuck in the
+                proc.wait(timeout=30)  # kernel (D state) must not hold the whole run
     seconds = time.monotonic() - t0
     text = log.read_text(errors="replace")
     status = classify(rc, text)
